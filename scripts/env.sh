@@ -1,0 +1,8 @@
+# Shared settings for loco's scripts. Source it; do not run it.
+# The virtual environment that carries LibTorch lives outside the repository so
+# that a fresh clone (CI's, for one) reuses it instead of downloading 3 GB again.
+LOCO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOCO_VENV="${LOCO_VENV:-$HOME/.cache/loco-venv}"
+LOCO_BUILD="${LOCO_BUILD:-$LOCO_ROOT/build}"
+LOCO_TORCH_VERSION="2.11.0"
+export LOCO_ROOT LOCO_VENV LOCO_BUILD LOCO_TORCH_VERSION
