@@ -1,0 +1,202 @@
+#pragma once
+// The typed actor API.
+//
+//   class Counter { public: explicit Counter(int start); int add(int n); int get() const; };
+//   LOCO_REGISTER(Counter, loco::ActorClass<Counter>("Counter")
+//                              .constructor<int>()
+//                              .method("add", &Counter::add)
+//                              .method("get", &Counter::get));
+//
+//   auto counter = runtime->spawn<Counter>(loco::ActorOptions().with_name("c"), 10);
+//   int v = counter.call(&Counter::add, 3).get(loco::Millis(1000));   // 13
+//   counter.tell(&Counter::add, 1);                                    // one-way
+//
+// A method of another class, or arguments that do not convert to the method's
+// parameter types, fail to compile. Arguments and results are any
+// msgpack-serializable type; loco::Blob travels as its own frame, uncopied.
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+#include "runtime/core/core.hpp"
+
+namespace loco {
+
+struct ActorOptions {
+  std::string name;       // unique in the cluster; "" for an anonymous actor
+  Resources resources{};  // what the actor needs on its node; default {cpu: 1}
+  int max_restarts = 0;   // restarts on another node after its node dies
+
+  ActorOptions& with_name(std::string n) { name = std::move(n); return *this; }
+  ActorOptions& with_resources(Resources r) { resources = std::move(r); return *this; }
+  ActorOptions& with_max_restarts(int n) { max_restarts = n; return *this; }
+};
+
+// The result of a call. get() waits at most `timeout`, then throws TimeoutError;
+// errors raised remotely are rethrown as their own types (ActorDiedError, ...).
+template <class R>
+class [[nodiscard]] Future {
+ public:
+  Future(std::shared_ptr<detail::Core> core, std::shared_ptr<detail::CallState> st)
+      : core_(std::move(core)), st_(std::move(st)) {}
+
+  R get(Millis timeout = Millis(60000)) {
+    core_->await(*st_, timeout);
+    if constexpr (!std::is_void_v<R>) return detail::unpack_payload<R>(st_->result, "reply of " + st_->what);
+  }
+  bool ready() const {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    return st_->done;
+  }
+
+ private:
+  std::shared_ptr<detail::Core> core_;
+  std::shared_ptr<detail::CallState> st_;
+};
+
+namespace detail {
+
+template <class... Params, class... Args>
+constexpr bool args_convert() {
+  if constexpr (sizeof...(Params) != sizeof...(Args))
+    return false;
+  else
+    return (std::is_convertible_v<Args, std::decay_t<Params>> && ...);
+}
+
+template <class R>
+Payload pack_result(const std::function<R()>& f) {
+  if constexpr (std::is_void_v<R>) {
+    f();
+    return pack_payload(msgpack::type::nil_t());
+  } else {
+    return pack_payload(f());
+  }
+}
+
+}  // namespace detail
+
+template <class T>
+class ActorHandle {
+ public:
+  ActorHandle() = default;
+  ActorHandle(std::shared_ptr<detail::Core> core, std::shared_ptr<detail::ActorRef> ref)
+      : core_(std::move(core)), ref_(std::move(ref)) {}
+
+  template <class R, class... Params, class... Args>
+  Future<R> call(R (T::*method)(Params...), Args&&... args) const {
+    static_assert(detail::args_convert<Params...>(),
+                  "arguments do not match the method's parameters");
+    return invoke<R, Params...>(detail::method_name<T>(method), false, std::forward<Args>(args)...);
+  }
+  template <class R, class... Params, class... Args>
+  Future<R> call(R (T::*method)(Params...) const, Args&&... args) const {
+    static_assert(detail::args_convert<Params...>(),
+                  "arguments do not match the method's parameters");
+    return invoke<R, Params...>(detail::method_name<T>(method), false, std::forward<Args>(args)...);
+  }
+  // One-way: no reply, errors are logged by the actor's node.
+  template <class R, class... Params, class... Args>
+  void tell(R (T::*method)(Params...), Args&&... args) const {
+    static_assert(detail::args_convert<Params...>(),
+                  "arguments do not match the method's parameters");
+    (void)invoke<R, Params...>(detail::method_name<T>(method), true, std::forward<Args>(args)...);
+  }
+
+  const std::string& id() const { return ref_->id; }
+  const std::string& name() const { return ref_->name; }
+  // "HOST:PORT" of the node that hosts the actor as far as this handle knows.
+  std::string address() const {
+    std::lock_guard<std::mutex> lock(ref_->mu);
+    return ref_->address;
+  }
+  explicit operator bool() const { return ref_ != nullptr; }
+
+ private:
+  template <class R, class... Params, class... Args>
+  Future<R> invoke(const std::string& method, bool oneway, Args&&... args) const {
+    // Pack as the method's own parameter types, so the wire matches the callee.
+    auto tuple = std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...);
+    return Future<R>(core_, core_->call(ref_, method, detail::pack_payload(tuple), oneway));
+  }
+
+  std::shared_ptr<detail::Core> core_;
+  std::shared_ptr<detail::ActorRef> ref_;
+};
+
+// Registers T as an actor class under `name`. Keep the object at namespace
+// scope (LOCO_REGISTER does) so registration happens when the program or the
+// plugin that defines it is loaded.
+template <class T>
+class ActorClass {
+ public:
+  explicit ActorClass(const std::string& name)
+      : entry_(&detail::Registry::instance().entry_for(name, typeid(T))) {
+    detail::TypeSlot<T>::entry = entry_;
+    if constexpr (std::is_default_constructible_v<T>) constructor<>();
+  }
+
+  template <class... A>
+  ActorClass& constructor() {
+    static_assert(std::is_constructible_v<T, A...>, "T has no such constructor");
+    entry_->factory = [](detail::Payload& args) -> std::shared_ptr<void> {
+      auto tuple = detail::unpack_payload<std::tuple<std::decay_t<A>...>>(args, "constructor arguments");
+      return std::apply([](auto&&... a) { return std::make_shared<T>(std::move(a)...); },
+                        std::move(tuple));
+    };
+    return *this;
+  }
+
+  template <class R, class... A>
+  ActorClass& method(const std::string& name, R (T::*m)(A...)) {
+    return add(name, m);
+  }
+  template <class R, class... A>
+  ActorClass& method(const std::string& name, R (T::*m)(A...) const) {
+    return add(name, m);
+  }
+
+ private:
+  template <class M>
+  ActorClass& add(const std::string& name, M m) {
+    if (entry_->find(name)) return *this;  // a plugin loaded twice registers twice
+    detail::MethodEntry e;
+    e.name = name;
+    e.pointer = m;
+    e.invoke = make_invoker(name, m);
+    entry_->methods.push_back(std::move(e));
+    return *this;
+  }
+
+  template <class R, class... A, class M>
+  static auto invoker_for(const std::string& what, M m) {
+    return [what, m](void* self, detail::Payload& args) -> detail::Payload {
+      auto tuple = detail::unpack_payload<std::tuple<std::decay_t<A>...>>(args, "arguments of " + what);
+      std::function<R()> f = [&]() -> R {
+        return std::apply([&](auto&&... a) -> R { return (static_cast<T*>(self)->*m)(std::move(a)...); },
+                          std::move(tuple));
+      };
+      return detail::pack_result<R>(f);
+    };
+  }
+  template <class R, class... A>
+  auto make_invoker(const std::string& name, R (T::*m)(A...)) {
+    return invoker_for<R, A...>(entry_->name + "." + name, m);
+  }
+  template <class R, class... A>
+  auto make_invoker(const std::string& name, R (T::*m)(A...) const) {
+    return invoker_for<R, A...>(entry_->name + "." + name, m);
+  }
+
+  detail::ClassEntry* entry_;
+};
+
+#define LOCO_CONCAT_INNER(a, b) a##b
+#define LOCO_CONCAT(a, b) LOCO_CONCAT_INNER(a, b)
+// LOCO_REGISTER(Type, loco::ActorClass<Type>("Name").method(...)...);
+#define LOCO_REGISTER(Type, ...)                                                \
+  [[maybe_unused]] static const bool LOCO_CONCAT(loco_registration_, __LINE__) = \
+      ((void)(__VA_ARGS__), true)
+
+}  // namespace loco

@@ -1,0 +1,92 @@
+#pragma once
+// Records the head, the nodes and the clients exchange, and that the head keeps
+// in the membership store. All msgpack-serializable.
+#include <cstdint>
+#include <map>
+#include <msgpack.hpp>
+#include <string>
+#include <vector>
+
+namespace loco {
+
+using Resources = std::map<std::string, double>;
+
+// "cpu=2,gpu=1" -> {cpu: 2, gpu: 1}; throws std::invalid_argument naming the bad part.
+Resources parse_resources(const std::string& text);
+std::string format_resources(const Resources& r);
+
+struct NodeRecord {
+  std::string id;
+  std::string address;  // "HOST:PORT" of its ROUTER
+  Resources resources;
+  std::string state;  // "alive", "dead", "left"
+  std::string hostname;
+  int64_t pid = 0;
+  int64_t started_unix_ms = 0;
+  std::string reason;  // why it is dead or left
+  MSGPACK_DEFINE(id, address, resources, state, hostname, pid, started_unix_ms, reason)
+};
+
+struct ActorInfo {
+  std::string id;
+  std::string name;  // empty for anonymous actors
+  std::string class_name;
+  std::string node_id;
+  std::string address;  // of its node
+  std::string state;    // "pending", "alive", "restarting", "dead"
+  int restarts = 0;
+  int max_restarts = 0;
+  Resources resources;
+  std::string reason;  // why it is dead or restarting
+  MSGPACK_DEFINE(id, name, class_name, node_id, address, state, restarts, max_restarts, resources,
+                 reason)
+};
+
+// What the head stores for an actor: its info and how to construct it again.
+struct ActorRecord {
+  ActorInfo info;
+  std::string ctor_args;  // msgpack body of the constructor arguments
+  MSGPACK_DEFINE(info, ctor_args)
+};
+
+struct SpawnRequest {
+  std::string class_name;
+  std::string ctor_args;
+  std::string name;
+  Resources resources;
+  int max_restarts = 0;
+  MSGPACK_DEFINE(class_name, ctor_args, name, resources, max_restarts)
+};
+
+// What a node learns from the head when it joins.
+struct ClusterInfo {
+  std::string redis_url;
+  int64_t detect_ms = 0;
+  int64_t heartbeat_ms = 0;
+  MSGPACK_DEFINE(redis_url, detect_ms, heartbeat_ms)
+};
+
+struct NodeStatus {
+  NodeRecord node;
+  Resources used;
+  MSGPACK_DEFINE(node, used)
+};
+
+struct ClusterStatus {
+  std::string head_address;
+  std::string redis_url;
+  std::vector<NodeStatus> nodes;
+  std::vector<ActorInfo> actors;
+  std::vector<std::string> recent_events;  // newest last, human-readable
+  MSGPACK_DEFINE(head_address, redis_url, nodes, actors, recent_events)
+};
+
+// The node's built-in service: the head talks to it to place actors.
+struct CreateActorRequest {
+  std::string actor_id;
+  std::string class_name;
+  std::string ctor_args;
+  MSGPACK_DEFINE(actor_id, class_name, ctor_args)
+};
+
+}  // namespace loco

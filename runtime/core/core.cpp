@@ -1,0 +1,465 @@
+#include "runtime/core/core.hpp"
+
+#include <spdlog/spdlog.h>
+
+namespace loco::detail {
+
+std::string ActorRef::describe() const {
+  if (fixed) return "the head";
+  std::string out = class_name.empty() ? "actor" : class_name;
+  if (!name.empty()) out += " '" + name + "'";
+  return out + " (" + id + ")";
+}
+
+struct Core::Mailbox {
+  std::string id;
+  const ClassEntry* cls = nullptr;
+  std::shared_ptr<void> instance;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Inbound> queue;
+  bool stopping = false;
+  std::thread thread;
+};
+
+namespace {
+thread_local std::shared_ptr<Core>* tl_core = nullptr;
+}
+
+std::shared_ptr<Core>& current_core() {
+  static std::shared_ptr<Core> process_core;
+  return tl_core ? *tl_core : process_core;
+}
+
+Core::Core(CoreOptions opts) : opts_(std::move(opts)) {
+  head_ref_ = std::make_shared<ActorRef>();
+  head_ref_->id = "@head";
+  head_ref_->fixed = true;
+  head_ref_->address = opts_.head_address;
+  Transport::Options topts;
+  topts.bind = opts_.bind;
+  // ZeroMQ's own per-frame limit sits above ours so that an oversized message
+  // reaches decode() and gets an error reply instead of a silent disconnect.
+  topts.max_frame_bytes = opts_.max_message_bytes + (size_t(64) << 20);
+  transport_ = std::make_unique<Transport>(
+      topts,
+      [this](zmq::message_t&& rid, std::vector<zmq::message_t>&& f) {
+        on_inbound(std::move(rid), std::move(f));
+      },
+      [this](const std::string& peer, std::vector<zmq::message_t>&& f) {
+        on_reply(peer, std::move(f));
+      },
+      [this](int64_t now) { on_tick(now); });
+  address_ = transport_->bound_address();
+  if (!address_.empty() && !opts_.advertise.empty())
+    address_ = opts_.advertise + address_.substr(address_.rfind(':'));
+  if (head_ref_->address.empty()) head_ref_->address = address_;
+}
+
+Core::~Core() { shutdown(); }
+
+std::string Core::address() const { return address_; }
+
+void Core::shutdown() {
+  std::map<std::string, std::shared_ptr<Mailbox>> boxes;
+  {
+    std::lock_guard<std::mutex> lock(actors_mu_);
+    boxes.swap(actors_);
+  }
+  for (auto& [id, box] : boxes) {
+    {
+      std::lock_guard<std::mutex> lock(box->mu);
+      box->stopping = true;
+    }
+    box->cv.notify_all();
+    if (box->thread.joinable()) {
+      if (box->thread.get_id() == std::this_thread::get_id())
+        box->thread.detach();
+      else
+        box->thread.join();
+    }
+  }
+  if (transport_) transport_->stop();
+  // Whoever still waits learns that this process is going away.
+  std::unordered_map<uint64_t, std::shared_ptr<CallState>> pending;
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    pending.swap(pending_);
+  }
+  for (auto& [corr, st] : pending) finish(st, "ActorDiedError", "the calling process is shutting down", {});
+}
+
+void Core::resolve(ActorRef& ref) {
+  Backoff backoff(Millis(50), Millis(500));
+  int64_t deadline = now_ms() + opts_.resolve_timeout_ms;
+  while (true) {
+    ActorInfo info = head_call<ActorInfo>("locate", Millis(opts_.resolve_timeout_ms), ref.id);
+    if (info.state == "dead")
+      throw ActorDiedError(ref.describe() + " is dead: " + info.reason);
+    bool usable = info.state == "alive";
+    if (usable) {
+      std::lock_guard<std::mutex> lock(calls_mu_);
+      auto it = dead_peers_.find(info.address);
+      // The head has not noticed the death we saw yet: wait for it to catch up.
+      if (it != dead_peers_.end()) usable = false;
+    }
+    if (usable) {
+      std::lock_guard<std::mutex> lock(ref.mu);
+      ref.address = info.address;
+      ref.node_id = info.node_id;
+      if (ref.class_name.empty()) ref.class_name = info.class_name;
+      return;
+    }
+    if (now_ms() >= deadline)
+      throw ActorDiedError(ref.describe() + " is not reachable: state " + info.state +
+                           (info.reason.empty() ? "" : " (" + info.reason + ")") + " after " +
+                           human_ms(opts_.resolve_timeout_ms));
+    std::this_thread::sleep_for(backoff.next());
+  }
+}
+
+std::shared_ptr<CallState> Core::call(const std::shared_ptr<ActorRef>& ref,
+                                      const std::string& method, Payload&& args, bool oneway) {
+  auto st = std::make_shared<CallState>();
+  st->ref = ref;
+  st->what = method + " on " + ref->describe();
+  std::string addr;
+  {
+    std::lock_guard<std::mutex> lock(ref->mu);
+    addr = ref->address;
+  }
+  if (addr.empty()) {
+    resolve(*ref);
+    std::lock_guard<std::mutex> lock(ref->mu);
+    addr = ref->address;
+  }
+  st->peer = addr;
+  Envelope env;
+  env.kind = static_cast<uint8_t>(oneway ? Kind::Tell : Kind::Request);
+  env.sender = opts_.self_name;
+  env.target = ref->id;
+  env.method = method;
+  if (!oneway) {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    env.corr = st->corr = next_corr_++;
+    pending_.emplace(env.corr, st);
+    PeerState& ps = peers_[addr];
+    // Silence is measured from the moment we start waiting on a peer.
+    if (ps.pending++ == 0) ps.last_heard = ps.last_ping = now_ms();
+  } else {
+    st->done = true;
+  }
+  transport_->send_to_peer(addr, encode(env, std::move(args)));
+  return st;
+}
+
+void Core::await(CallState& st, Millis timeout) {
+  {
+    std::unique_lock<std::mutex> lock(st.mu);
+    if (!st.cv.wait_for(lock, timeout, [&] { return st.done; })) {
+      lock.unlock();
+      bool removed = false;
+      {
+        std::lock_guard<std::mutex> l(calls_mu_);
+        if (pending_.erase(st.corr)) {
+          removed = true;
+          auto it = peers_.find(st.peer);
+          if (it != peers_.end() && it->second.pending > 0) --it->second.pending;
+        }
+      }
+      if (removed)
+        throw TimeoutError(st.what + " got no reply within " + human_ms(timeout.count()));
+      lock.lock();
+      st.cv.wait(lock, [&] { return st.done; });  // finished concurrently: take its outcome
+    }
+  }
+  if (st.error_type.empty()) return;
+  if ((st.error_type == "ActorDiedError" || st.error_type == "ActorNotFoundError") && st.ref &&
+      !st.ref->fixed) {
+    // Next call through any copy of the handle asks the head where the actor is now.
+    std::lock_guard<std::mutex> lock(st.ref->mu);
+    if (st.ref->address == st.peer) st.ref->address.clear();
+  }
+  throw_error(st.error_type, st.error_message);
+}
+
+void Core::finish(const std::shared_ptr<CallState>& st, const std::string& error_type,
+                  const std::string& error_message, Payload&& result) {
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (st->done) return;
+    st->error_type = error_type;
+    st->error_message = error_message;
+    st->result = std::move(result);
+    st->done = true;
+  }
+  st->cv.notify_all();
+}
+
+void Core::on_reply(const std::string& peer, std::vector<zmq::message_t>&& frames) {
+  int64_t now = now_ms();
+  Decoded d;
+  try {
+    d = decode(std::move(frames), opts_.max_message_bytes + (size_t(1) << 20));
+  } catch (const ProtocolError& e) {
+    spdlog::warn("dropped a malformed reply from {}: {}", peer, e.what());
+    return;
+  }
+  std::shared_ptr<CallState> st;
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    PeerState& ps = peers_[peer];
+    ps.last_heard = now;
+    dead_peers_.erase(peer);
+    if (d.env.k() == Kind::Pong) return;
+    auto it = pending_.find(d.env.corr);
+    if (it == pending_.end()) return;  // timed out earlier, or a stale duplicate
+    st = std::move(it->second);
+    pending_.erase(it);
+    if (ps.pending > 0) --ps.pending;
+  }
+  if (d.env.k() == Kind::Error) {
+    std::string type = d.env.error_type.empty() ? "RemoteError" : d.env.error_type;
+    finish(st, type, d.env.error_message, {});
+  } else {
+    finish(st, "", "", std::move(d.payload));
+  }
+}
+
+void Core::on_tick(int64_t now) {
+  std::vector<std::pair<std::shared_ptr<CallState>, int64_t>> died;
+  std::vector<std::string> dead, to_ping;
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    for (auto& [peer, ps] : peers_) {
+      if (ps.pending == 0) continue;
+      int64_t silent = now - ps.last_heard;
+      if (silent >= opts_.detect_ms) {
+        dead.push_back(peer);
+        dead_peers_[peer] = now;
+        ps.pending = 0;
+      } else if (silent >= opts_.heartbeat_ms && now - ps.last_ping >= opts_.heartbeat_ms) {
+        ps.last_ping = now;
+        to_ping.push_back(peer);
+      }
+    }
+    if (!dead.empty()) {
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (std::find(dead.begin(), dead.end(), it->second->peer) != dead.end()) {
+          died.emplace_back(it->second, now - peers_[it->second->peer].last_heard);
+          it = pending_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto it = dead_peers_.begin(); it != dead_peers_.end();)
+      it = now - it->second > 60000 ? dead_peers_.erase(it) : std::next(it);
+  }
+  for (auto& [st, silent] : died) {
+    std::string node;
+    {
+      std::lock_guard<std::mutex> lock(st->ref->mu);
+      node = st->ref->node_id.empty() ? st->peer : st->ref->node_id + " (" + st->peer + ")";
+    }
+    std::string who = st->ref->fixed ? "the head at " + st->peer
+                                     : st->ref->describe() + " on node " + node;
+    finish(st, "ActorDiedError",
+           who + " died or is unreachable: no answer to heartbeats for " + human_ms(silent) +
+               " (call " + st->what + ")",
+           {});
+  }
+  for (const std::string& peer : dead) transport_->drop_peer(peer);
+  for (const std::string& peer : to_ping) {
+    Envelope ping;
+    ping.kind = static_cast<uint8_t>(Kind::Ping);
+    ping.sender = opts_.self_name;
+    transport_->send_to_peer(peer, encode(ping));
+  }
+}
+
+void Core::send_error(zmq::message_t&& rid, uint64_t corr, const std::string& type,
+                      const std::string& message) {
+  Envelope env;
+  env.kind = static_cast<uint8_t>(Kind::Error);
+  env.corr = corr;
+  env.sender = opts_.self_name;
+  env.error_type = type;
+  env.error_message = message;
+  transport_->reply(std::move(rid), encode(env));
+}
+
+void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames) {
+  if (frames.empty()) {
+    spdlog::warn("dropped an empty message");
+    return;
+  }
+  Decoded d;
+  try {
+    d = decode(std::move(frames), opts_.max_message_bytes);
+  } catch (const ProtocolError& e) {
+    uint64_t corr = salvage_corr(frames[0]);
+    spdlog::warn("rejected a message (corr {}): {}", corr, e.what());
+    send_error(std::move(rid), corr, "ProtocolError", e.what());
+    return;
+  }
+  switch (d.env.k()) {
+    case Kind::Ping: {
+      Envelope pong;
+      pong.kind = static_cast<uint8_t>(Kind::Pong);
+      pong.corr = d.env.corr;
+      pong.sender = opts_.self_name;
+      transport_->reply(std::move(rid), encode(pong));
+      return;
+    }
+    case Kind::Request:
+    case Kind::Tell:
+      break;
+    default:
+      spdlog::warn("dropped an unexpected {} message from {}", int(d.env.kind), d.env.sender);
+      return;
+  }
+  std::shared_ptr<Mailbox> box;
+  {
+    std::lock_guard<std::mutex> lock(actors_mu_);
+    auto it = actors_.find(d.env.target);
+    if (it != actors_.end()) box = it->second;
+  }
+  if (!box) {
+    std::string msg = "no actor '" + d.env.target + "' on " + opts_.self_name +
+                      (address_.empty() ? "" : " (" + address_ + ")");
+    if (d.env.k() == Kind::Request)
+      send_error(std::move(rid), d.env.corr, "ActorNotFoundError", msg);
+    else
+      spdlog::warn("dropped a one-way call {}: {}", d.env.method, msg);
+    return;
+  }
+  bool was_empty;
+  {
+    std::lock_guard<std::mutex> lock(box->mu);
+    was_empty = box->queue.empty();
+    box->queue.push_back(Inbound{std::move(rid), std::move(d.env), std::move(d.payload)});
+  }
+  if (was_empty) box->cv.notify_one();
+}
+
+void Core::post(const std::string& actor_id, const std::string& method, Payload&& args) {
+  std::shared_ptr<Mailbox> box;
+  {
+    std::lock_guard<std::mutex> lock(actors_mu_);
+    auto it = actors_.find(actor_id);
+    if (it == actors_.end()) return;
+    box = it->second;
+  }
+  Envelope env;
+  env.kind = static_cast<uint8_t>(Kind::Tell);
+  env.sender = opts_.self_name;
+  env.target = actor_id;
+  env.method = method;
+  bool was_empty;
+  {
+    std::lock_guard<std::mutex> lock(box->mu);
+    was_empty = box->queue.empty();
+    box->queue.push_back(Inbound{zmq::message_t(), std::move(env), std::move(args)});
+  }
+  if (was_empty) box->cv.notify_one();
+}
+
+void Core::host(const std::string& actor_id, const ClassEntry& cls, std::shared_ptr<void> instance) {
+  auto box = std::make_shared<Mailbox>();
+  box->id = actor_id;
+  box->cls = &cls;
+  box->instance = std::move(instance);
+  {
+    std::lock_guard<std::mutex> lock(actors_mu_);
+    if (actors_.count(actor_id))
+      throw std::logic_error("actor " + actor_id + " is already hosted here");
+    actors_[actor_id] = box;
+  }
+  box->thread = std::thread([this, box] { run_mailbox(box); });
+}
+
+bool Core::unhost(const std::string& actor_id) {
+  std::shared_ptr<Mailbox> box;
+  {
+    std::lock_guard<std::mutex> lock(actors_mu_);
+    auto it = actors_.find(actor_id);
+    if (it == actors_.end()) return false;
+    box = it->second;
+    actors_.erase(it);
+  }
+  {
+    std::lock_guard<std::mutex> lock(box->mu);
+    box->stopping = true;
+  }
+  box->cv.notify_all();
+  if (box->thread.get_id() == std::this_thread::get_id())
+    box->thread.detach();
+  else if (box->thread.joinable())
+    box->thread.join();
+  return true;
+}
+
+std::vector<std::string> Core::hosted() const {
+  std::lock_guard<std::mutex> lock(actors_mu_);
+  std::vector<std::string> out;
+  for (auto& [id, _] : actors_)
+    if (id[0] != '@') out.push_back(id);
+  return out;
+}
+
+void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
+  std::shared_ptr<Core> self = shared_from_this();
+  tl_core = &self;
+  std::deque<Inbound> batch;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(box->mu);
+      box->cv.wait(lock, [&] { return box->stopping || !box->queue.empty(); });
+      if (box->stopping) break;
+      batch.swap(box->queue);
+    }
+    for (Inbound& in : batch) {
+      bool wants_reply = in.env.k() == Kind::Request;
+      const MethodEntry* m = box->cls->find(in.env.method);
+      std::string what = box->cls->name + "." + in.env.method;
+      if (!m) {
+        std::string msg = "actor class " + box->cls->name + " has no method '" + in.env.method +
+                          "' (it has: " + box->cls->method_list() + ")";
+        if (wants_reply)
+          send_error(std::move(in.routing_id), in.env.corr, "MethodNotFoundError", msg);
+        else
+          spdlog::warn("dropped a one-way call: {}", msg);
+        continue;
+      }
+      std::string err_type, err_msg;
+      Payload result;
+      try {
+        result = m->invoke(box->instance.get(), in.payload);
+      } catch (const Error& e) {
+        err_type = e.type();
+        err_msg = what + ": " + e.what();
+      } catch (const std::exception& e) {
+        err_type = "RemoteError";
+        err_msg = what + " raised: " + e.what();
+      }
+      if (!wants_reply) {
+        if (!err_type.empty()) spdlog::warn("one-way call failed: {}", err_msg);
+        continue;
+      }
+      if (!err_type.empty()) {
+        send_error(std::move(in.routing_id), in.env.corr, err_type, err_msg);
+        continue;
+      }
+      Envelope env;
+      env.kind = static_cast<uint8_t>(Kind::Reply);
+      env.corr = in.env.corr;
+      env.sender = opts_.self_name;
+      transport_->reply(std::move(in.routing_id), encode(env, std::move(result)));
+    }
+    batch.clear();
+  }
+  tl_core = nullptr;
+}
+
+}  // namespace loco::detail

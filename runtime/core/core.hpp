@@ -1,0 +1,163 @@
+#pragma once
+// The per-process engine behind handles, nodes and the head: sends calls,
+// matches replies, detects peers that stopped answering, and runs the actors
+// this process hosts, each on its own thread, one message at a time.
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "runtime/core/cluster_types.hpp"
+#include "runtime/core/codec.hpp"
+#include "runtime/core/registry.hpp"
+#include "runtime/core/transport.hpp"
+#include "runtime/core/util.hpp"
+
+namespace loco::detail {
+
+// Where an actor is; shared by every copy of a handle so that a re-resolved
+// location (after a restart) serves them all.
+struct ActorRef {
+  std::string id;
+  std::string name;
+  std::string class_name;
+  bool fixed = false;  // a system actor at a known address (the head): never re-resolved
+  std::mutex mu;
+  std::string address;  // "" when unknown or stale
+  std::string node_id;
+
+  std::string describe() const;  // "Counter 'c' (a-1f2e)"
+};
+
+// One call in flight.
+struct CallState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::string error_type;  // empty on success
+  std::string error_message;
+  Payload result;
+  // For error messages and failure detection.
+  uint64_t corr = 0;
+  std::string peer;
+  std::string what;  // "Counter.add on Counter 'c' (a-1f2e)"
+  std::shared_ptr<ActorRef> ref;
+};
+
+struct CoreOptions {
+  std::string bind;          // "tcp://HOST:PORT"; empty for a driver
+  std::string advertise;     // host to advertise instead of the bound one ("" = bound host)
+  std::string head_address;  // "HOST:PORT"
+  std::string self_name;     // "driver", "node n-..", "head": the sender of our messages
+  int64_t detect_ms = 2000;     // a peer silent this long while we wait on it is dead
+  int64_t heartbeat_ms = 400;   // ping a peer we wait on after this much silence
+  size_t max_message_bytes = size_t(1) << 30;
+  int64_t resolve_timeout_ms = 15000;  // how long a handle waits for a restarting actor
+};
+
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  explicit Core(CoreOptions opts);
+  ~Core();
+
+  const CoreOptions& options() const { return opts_; }
+  // "HOST:PORT" other processes reach this one at ("" for a driver).
+  std::string address() const;
+
+  // Sends `method` with `args` to the actor. Never blocks on the network; may
+  // block to resolve an actor whose location is unknown (asks the head).
+  std::shared_ptr<CallState> call(const std::shared_ptr<ActorRef>& ref, const std::string& method,
+                                   Payload&& args, bool oneway);
+  // Waits for the reply; throws its error, or TimeoutError.
+  void await(CallState& st, Millis timeout);
+
+  // A call to the head's service, retried while the head is unreachable (it may
+  // be restarting), until `timeout`.
+  template <class R, class... A>
+  R head_call(const std::string& method, Millis timeout, const A&... args);
+
+  // Hosting (nodes and the head).
+  void host(const std::string& actor_id, const ClassEntry& cls, std::shared_ptr<void> instance);
+  bool unhost(const std::string& actor_id);
+  std::vector<std::string> hosted() const;
+
+  // Queues a one-way call to an actor hosted here, without going through a socket.
+  void post(const std::string& actor_id, const std::string& method, Payload&& args);
+
+  std::shared_ptr<ActorRef> head_ref() const { return head_ref_; }
+  void shutdown();
+
+ private:
+  struct Inbound {
+    zmq::message_t routing_id;
+    Envelope env;
+    Payload payload;
+  };
+  struct Mailbox;
+  struct PeerState {
+    int pending = 0;
+    int64_t last_heard = 0;
+    int64_t last_ping = 0;
+  };
+
+  void on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames);
+  void on_reply(const std::string& peer, std::vector<zmq::message_t>&& frames);
+  void on_tick(int64_t now);
+  void send_error(zmq::message_t&& rid, uint64_t corr, const std::string& type,
+                  const std::string& message);
+  void run_mailbox(std::shared_ptr<Mailbox> box);
+  void finish(const std::shared_ptr<CallState>& st, const std::string& error_type,
+              const std::string& error_message, Payload&& result);
+  void resolve(ActorRef& ref);
+
+  CoreOptions opts_;
+  std::string address_;
+  std::shared_ptr<ActorRef> head_ref_;
+
+  std::mutex calls_mu_;
+  uint64_t next_corr_ = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<CallState>> pending_;
+  std::map<std::string, PeerState> peers_;
+  std::map<std::string, int64_t> dead_peers_;  // address -> when we declared it dead
+
+  mutable std::mutex actors_mu_;
+  std::map<std::string, std::shared_ptr<Mailbox>> actors_;
+
+  std::unique_ptr<Transport> transport_;
+};
+
+// The Core of the process that runs the current actor method, or of the
+// process's driver runtime. Set by nodes and by Runtime::connect.
+std::shared_ptr<Core>& current_core();
+
+template <class R, class... A>
+R Core::head_call(const std::string& method, Millis timeout, const A&... args) {
+  int64_t deadline = now_ms() + timeout.count();
+  Backoff backoff(Millis(100), Millis(1000));
+  while (true) {
+    auto st = call(head_ref_, method, pack_payload(std::make_tuple(args...)), false);
+    try {
+      await(*st, Millis(std::max<int64_t>(1, deadline - now_ms())));
+      if constexpr (std::is_void_v<R>) {
+        return;
+      } else {
+        return unpack_payload<R>(st->result, "reply of head." + method);
+      }
+    } catch (const ActorDiedError& e) {
+      // The head is unreachable: it may be restarting. Retry until the deadline.
+      if (now_ms() + 100 >= deadline)
+        throw ClusterError("head at " + opts_.head_address + " unreachable: " + e.what());
+      std::this_thread::sleep_for(std::min(backoff.next(), Millis(deadline - now_ms())));
+    } catch (const TimeoutError&) {
+      throw ClusterError("head at " + opts_.head_address + " did not answer " + method +
+                         " within " + human_ms(timeout.count()));
+    }
+  }
+}
+
+}  // namespace loco::detail

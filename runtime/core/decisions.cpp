@@ -1,0 +1,127 @@
+#include "runtime/core/decisions.hpp"
+
+#include <cstdio>
+#include <limits>
+
+#include "runtime/core/util.hpp"
+
+namespace loco {
+namespace {
+
+double get(const Resources& r, const std::string& k) {
+  auto it = r.find(k);
+  return it == r.end() ? 0.0 : it->second;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+}  // namespace
+
+Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
+                const std::set<std::string>& exclude) {
+  const NodeView* best = nullptr;
+  double best_cpu = -std::numeric_limits<double>::infinity();
+  for (const NodeView& n : nodes) {
+    if (exclude.count(n.id)) continue;
+    bool fits = true;
+    for (auto& [k, need] : demand)
+      if (need > 0 && get(n.total, k) - get(n.used, k) + 1e-9 < need) fits = false;
+    if (!fits) continue;
+    double cpu_left = get(n.total, "cpu") - get(n.used, "cpu") - get(demand, "cpu");
+    bool better = !best || cpu_left > best_cpu ||
+                  (cpu_left == best_cpu && (n.actors < best->actors ||
+                                            (n.actors == best->actors && n.id < best->id)));
+    if (better) {
+      best = &n;
+      best_cpu = cpu_left;
+    }
+  }
+  if (best) return {best->id, ""};
+
+  int live = 0;
+  for (const NodeView& n : nodes) live += exclude.count(n.id) ? 0 : 1;
+  if (live == 0) return {std::nullopt, "no live node in the cluster"};
+  // Name every resource that no single node has enough of.
+  std::string reason;
+  for (auto& [k, need] : demand) {
+    if (need <= 0) continue;
+    double largest = 0, total = 0;
+    std::string where;
+    for (const NodeView& n : nodes) {
+      if (exclude.count(n.id)) continue;
+      double free = get(n.total, k) - get(n.used, k);
+      total += get(n.total, k);
+      if (free > largest || where.empty()) {
+        largest = std::max(largest, free);
+        where = n.id;
+      }
+    }
+    if (largest + 1e-9 >= need) continue;
+    if (!reason.empty()) reason += "; ";
+    reason += "no node has " + num(need) + " free " + k + " (most free: " + num(largest) +
+              " on " + where + ", cluster total " + num(total) + ")";
+  }
+  if (reason.empty()) reason = "no single node has all of " + format_resources(demand) + " free";
+  return {std::nullopt, reason};
+}
+
+void FailureDetector::observe(const std::string& node, const std::optional<std::string>& heartbeat,
+                              int64_t now) {
+  auto it = seen_.find(node);
+  if (it == seen_.end()) {
+    seen_[node] = Seen{heartbeat, now};
+    return;
+  }
+  if (heartbeat && heartbeat != it->second.heartbeat) it->second.changed_at = now;
+  it->second.heartbeat = heartbeat;
+}
+
+void FailureDetector::forget(const std::string& node) { seen_.erase(node); }
+
+void FailureDetector::grace(int64_t now) {
+  for (auto& [_, s] : seen_) s.changed_at = now;
+}
+
+std::vector<FailureDetector::Verdict> FailureDetector::dead(int64_t now) const {
+  std::vector<Verdict> out;
+  for (auto& [node, s] : seen_) {
+    int64_t silent = now - s.changed_at;
+    if (silent >= timeout_ms_) out.push_back({node, "missed heartbeats for " + human_ms(silent)});
+  }
+  return out;
+}
+
+Resources parse_resources(const std::string& text) {
+  Resources r;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string part = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? text.size() : comma + 1;
+    if (part.empty()) continue;
+    size_t eq = part.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw std::invalid_argument("resource '" + part + "': expected NAME=AMOUNT, e.g. cpu=2");
+    std::string name = part.substr(0, eq);
+    std::string amount = part.substr(eq + 1);
+    char* end = nullptr;
+    double v = std::strtod(amount.c_str(), &end);
+    if (amount.empty() || *end != '\0' || v < 0)
+      throw std::invalid_argument("resource '" + name + "': amount must be a number >= 0, got '" +
+                                  amount + "'");
+    r[name] = v;
+  }
+  return r;
+}
+
+std::string format_resources(const Resources& r) {
+  std::string out;
+  for (auto& [k, v] : r) out += (out.empty() ? "" : ",") + k + "=" + num(v);
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace loco

@@ -1,0 +1,372 @@
+// The head: places actors on nodes, keeps the actor and node tables in the
+// store, decides which nodes are dead and restarts their actors. It holds no
+// state of its own that is not in the store, so a restarted head resumes.
+#include <spdlog/spdlog.h>
+
+#include <thread>
+
+#include "runtime/core/actor.hpp"
+#include "runtime/core/decisions.hpp"
+#include "runtime/core/server.hpp"
+#include "runtime/membership/store.hpp"
+
+namespace loco {
+namespace {
+
+template <class T>
+std::string pack_str(const T& v) {
+  msgpack::sbuffer b;
+  msgpack::pack(b, v);
+  return std::string(b.data(), b.size());
+}
+
+template <class T>
+T unpack_str(const std::string& s) {
+  return msgpack::unpack(s.data(), s.size()).get().as<T>();
+}
+
+class HeadService {
+ public:
+  HeadService(HeadConfig cfg, std::shared_ptr<membership::Store> store, std::string address)
+      : cfg_(std::move(cfg)), store_(std::move(store)), address_(std::move(address)),
+        detector_(cfg_.detect_ms) {}
+
+  ClusterInfo hello() const {
+    return ClusterInfo{cfg_.redis_url, cfg_.detect_ms, std::max<int64_t>(20, cfg_.detect_ms / 5)};
+  }
+
+  ActorInfo spawn(SpawnRequest req) {
+    guard_store();
+    if (req.class_name.empty()) throw ClusterError("spawn: empty actor class name");
+    if (!req.name.empty()) {
+      if (auto id = store_->hget(keys::kNames, req.name)) {
+        if (auto rec = actor(*id); rec && rec->info.state != "dead")
+          throw ClusterError("an actor named '" + req.name + "' already exists (" + *id + ", " +
+                             rec->info.state + ")");
+      }
+    }
+    ActorRecord rec;
+    rec.info.id = random_id("a");
+    rec.info.name = req.name;
+    rec.info.class_name = req.class_name;
+    rec.info.max_restarts = req.max_restarts;
+    rec.info.resources = req.resources.empty() ? Resources{{"cpu", 1}} : req.resources;
+    rec.ctor_args = req.ctor_args;
+    auto nodes = live_nodes();
+    Placement where = place(views(nodes), rec.info.resources);
+    if (!where.node)
+      throw SchedulingError("cannot place " + describe(rec.info) + " needing " +
+                            format_resources(rec.info.resources) + ": " + where.reason);
+    start_on(rec, nodes.at(*where.node));  // throws when the node refuses
+    if (!req.name.empty()) store_->hput(keys::kNames, req.name, rec.info.id);
+    event({{"type", "spawn"}, {"actor", rec.info.id}, {"class", rec.info.class_name},
+           {"node", rec.info.node_id}});
+    return rec.info;
+  }
+
+  ActorInfo locate(std::string id) {
+    guard_store();
+    auto rec = actor(id);
+    if (!rec) throw ActorNotFoundError("no actor with id " + id);
+    return rec->info;
+  }
+
+  ActorInfo lookup(std::string name) {
+    guard_store();
+    auto id = store_->hget(keys::kNames, name);
+    if (!id) throw ActorNotFoundError("no actor named '" + name + "'");
+    return locate(*id);
+  }
+
+  void kill(std::string id, bool allow_restart) {
+    guard_store();
+    auto rec = actor(id);
+    if (!rec) throw ActorNotFoundError("no actor with id " + id);
+    if (rec->info.state == "alive") {
+      auto node = node_record(rec->info.node_id);
+      if (node) call_node<bool>(*node, "kill_actor", id);
+    }
+    if (allow_restart && rec->info.restarts < rec->info.max_restarts) {
+      to_restart(*rec, "killed by request");
+      try_restart(*rec);
+    } else {
+      rec->info.state = "dead";
+      rec->info.reason = "killed by request";
+      save(*rec);
+    }
+  }
+
+  ClusterStatus status() {
+    guard_store();
+    ClusterStatus st;
+    st.head_address = address_;
+    st.redis_url = cfg_.redis_url;
+    auto actors = all_actors();
+    for (auto& [id, n] : all_nodes()) {
+      NodeStatus ns;
+      ns.node = n;
+      for (auto& [aid, a] : actors)
+        if (a.info.node_id == id && occupies(a.info))
+          for (auto& [k, v] : a.info.resources) ns.used[k] += v;
+      st.nodes.push_back(ns);
+    }
+    for (auto& [id, a] : actors) st.actors.push_back(a.info);
+    for (auto& e : store_->read(keys::kEvents, last_events_from(), 1000)) {
+      std::string line;
+      for (auto& [k, v] : e.fields) line += (line.empty() ? "" : " ") + k + "=" + v;
+      st.recent_events.push_back(line);
+    }
+    if (st.recent_events.size() > 20)
+      st.recent_events.erase(st.recent_events.begin(), st.recent_events.end() - 20);
+    return st;
+  }
+
+  // Runs every tick_ms on the head's own mailbox thread, so it never races a request.
+  void tick() {
+    int64_t now = now_ms();
+    try {
+      auto nodes = all_nodes();
+      if (store_was_down_) {
+        spdlog::info("head: Redis at {} is reachable again", cfg_.redis_url);
+        detector_.grace(now);
+        store_was_down_ = false;
+      }
+      for (auto& [id, n] : nodes) {
+        if (n.state == "alive")
+          detector_.observe(id, store_->get(keys::alive(id)), now);
+        else
+          detector_.forget(id);
+      }
+      for (auto& v : detector_.dead(now)) {
+        auto it = nodes.find(v.node);
+        if (it == nodes.end()) continue;
+        NodeRecord& n = it->second;
+        n.state = "dead";
+        n.reason = v.reason;
+        store_->hput(keys::kNodes, n.id, pack_str(n));
+        detector_.forget(n.id);
+        event({{"type", "death"}, {"node", n.id}, {"reason", v.reason}});
+        spdlog::warn("head: node {} ({}) {}: declared dead", n.id, n.address, v.reason);
+      }
+      // Actors on nodes that are gone: restart (when allowed) or mark dead.
+      for (auto& [id, rec] : all_actors()) {
+        if (rec.info.state == "dead") continue;
+        if (rec.info.state == "restarting") {
+          try_restart(rec);
+          continue;
+        }
+        auto n = nodes.find(rec.info.node_id);
+        if (n != nodes.end() && n->second.state == "alive") continue;
+        std::string why = n == nodes.end() ? "its node is unknown"
+                                            : "node " + n->second.id + " (" + n->second.address +
+                                                  ") " + (n->second.state == "left" ? "left" : "died") +
+                                                  (n->second.reason.empty() ? "" : ": " + n->second.reason);
+        if (rec.info.restarts < rec.info.max_restarts) {
+          to_restart(rec, why);
+          try_restart(rec);
+        } else {
+          rec.info.state = "dead";
+          rec.info.reason = why + (rec.info.max_restarts ? "; no restarts left" : "");
+          save(rec);
+          event({{"type", "actor_dead"}, {"actor", rec.info.id}, {"reason", rec.info.reason}});
+          spdlog::warn("head: {} is dead: {}", describe(rec.info), rec.info.reason);
+        }
+      }
+    } catch (const membership::StoreUnavailable& e) {
+      if (!store_was_down_) spdlog::warn("head: Redis unreachable, will retry: {}", e.what());
+      store_was_down_ = true;
+    } catch (const std::exception& e) {
+      spdlog::error("head: tick failed: {}", e.what());
+    }
+  }
+
+ private:
+  static std::string describe(const ActorInfo& a) {
+    return a.class_name + (a.name.empty() ? "" : " '" + a.name + "'") + " (" + a.id + ")";
+  }
+  static bool occupies(const ActorInfo& a) {
+    return a.state == "alive" || a.state == "pending";
+  }
+
+  void guard_store() {
+    if (store_was_down_) {
+      try {
+        store_->ping();
+      } catch (const membership::StoreError& e) {
+        throw ClusterError(std::string("the head cannot reach Redis: ") + e.what());
+      }
+    }
+  }
+
+  std::string last_events_from() { return "0"; }
+
+  void event(const std::map<std::string, std::string>& fields) { store_->append(keys::kEvents, fields); }
+
+  void save(const ActorRecord& rec) { store_->hput(keys::kActors, rec.info.id, pack_str(rec)); }
+
+  std::optional<ActorRecord> actor(const std::string& id) {
+    auto v = store_->hget(keys::kActors, id);
+    if (!v) return std::nullopt;
+    return unpack_str<ActorRecord>(*v);
+  }
+  std::map<std::string, ActorRecord> all_actors() {
+    std::map<std::string, ActorRecord> out;
+    for (auto& [id, v] : store_->hgetall(keys::kActors)) out[id] = unpack_str<ActorRecord>(v);
+    return out;
+  }
+  std::map<std::string, NodeRecord> all_nodes() {
+    std::map<std::string, NodeRecord> out;
+    for (auto& [id, v] : store_->hgetall(keys::kNodes)) out[id] = unpack_str<NodeRecord>(v);
+    return out;
+  }
+  std::optional<NodeRecord> node_record(const std::string& id) {
+    auto v = store_->hget(keys::kNodes, id);
+    if (!v) return std::nullopt;
+    return unpack_str<NodeRecord>(*v);
+  }
+  std::map<std::string, NodeRecord> live_nodes() {
+    auto nodes = all_nodes();
+    std::erase_if(nodes, [](auto& kv) { return kv.second.state != "alive"; });
+    return nodes;
+  }
+  std::vector<NodeView> views(const std::map<std::string, NodeRecord>& nodes) {
+    std::map<std::string, NodeView> v;
+    for (auto& [id, n] : nodes) v[id] = NodeView{id, n.resources, {}, 0};
+    for (auto& [aid, a] : all_actors()) {
+      auto it = v.find(a.info.node_id);
+      if (it == v.end() || !occupies(a.info)) continue;
+      for (auto& [k, amount] : a.info.resources) it->second.used[k] += amount;
+      it->second.actors++;
+    }
+    std::vector<NodeView> out;
+    for (auto& [id, view] : v) out.push_back(view);
+    return out;
+  }
+
+  template <class R, class... A>
+  R call_node(const NodeRecord& node, const std::string& method, const A&... args) {
+    auto ref = std::make_shared<detail::ActorRef>();
+    ref->id = "@node";
+    ref->class_name = "node";
+    ref->fixed = true;
+    ref->address = node.address;
+    ref->node_id = node.id;
+    auto core = detail::current_core();
+    auto st = core->call(ref, method, detail::pack_payload(std::make_tuple(args...)), false);
+    core->await(*st, Millis(30000));
+    if constexpr (!std::is_void_v<R>) return detail::unpack_payload<R>(st->result, method);
+  }
+
+  // Creates the actor on `node` and records it alive there; on failure records
+  // it dead and rethrows.
+  void start_on(ActorRecord& rec, const NodeRecord& node) {
+    rec.info.state = "pending";
+    rec.info.node_id = node.id;
+    rec.info.address = node.address;
+    save(rec);
+    try {
+      call_node<void>(node, "create_actor",
+                      CreateActorRequest{rec.info.id, rec.info.class_name, rec.ctor_args});
+    } catch (const std::exception& e) {
+      rec.info.state = "dead";
+      rec.info.reason = std::string("could not be created on node ") + node.id + ": " + e.what();
+      save(rec);
+      throw;
+    }
+    rec.info.state = "alive";
+    rec.info.reason.clear();
+    save(rec);
+  }
+
+  void to_restart(ActorRecord& rec, const std::string& why) {
+    rec.info.state = "restarting";
+    rec.info.reason = why;
+    save(rec);
+    event({{"type", "actor_restarting"}, {"actor", rec.info.id}, {"reason", why}});
+    spdlog::warn("head: restarting {}: {}", describe(rec.info), why);
+  }
+
+  void try_restart(ActorRecord& rec) {
+    auto nodes = live_nodes();
+    Placement where = place(views(nodes), rec.info.resources);
+    if (!where.node) {
+      if (rec.info.reason.find("waiting:") == std::string::npos) {
+        rec.info.reason += "; waiting: " + where.reason;
+        save(rec);
+      }
+      return;
+    }
+    std::string why = rec.info.reason;
+    rec.info.restarts++;
+    try {
+      start_on(rec, nodes.at(*where.node));
+      event({{"type", "actor_restarted"}, {"actor", rec.info.id}, {"node", rec.info.node_id}});
+      spdlog::info("head: restarted {} on node {} (restart {}/{})", describe(rec.info),
+                   rec.info.node_id, rec.info.restarts, rec.info.max_restarts);
+    } catch (const std::exception& e) {
+      spdlog::error("head: restarting {} failed: {}", describe(rec.info), e.what());
+    }
+  }
+
+  HeadConfig cfg_;
+  std::shared_ptr<membership::Store> store_;
+  std::string address_;
+  FailureDetector detector_;
+  bool store_was_down_ = false;
+};
+
+LOCO_REGISTER(HeadService, loco::ActorClass<HeadService>("loco.Head")
+                               .method("hello", &HeadService::hello)
+                               .method("spawn", &HeadService::spawn)
+                               .method("locate", &HeadService::locate)
+                               .method("lookup", &HeadService::lookup)
+                               .method("kill", &HeadService::kill)
+                               .method("status", &HeadService::status)
+                               .method("tick", &HeadService::tick));
+
+}  // namespace
+
+int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
+             const std::function<void(const std::string&)>& on_ready) {
+  if (cfg.redis_url.empty()) {
+    spdlog::error("head: no Redis given (--redis redis://HOST:PORT)");
+    return 1;
+  }
+  std::shared_ptr<membership::Store> store;
+  try {
+    store = membership::make_redis_store(cfg.redis_url);
+    store->ping();
+  } catch (const membership::StoreError& e) {
+    spdlog::error("head: cannot reach Redis at {}: {}", cfg.redis_url, e.what());
+    return 1;
+  }
+  detail::CoreOptions co;
+  co.bind = cfg.bind;
+  co.advertise = cfg.advertise;
+  co.self_name = "head";
+  co.detect_ms = cfg.detect_ms;
+  co.heartbeat_ms = std::max<int64_t>(20, cfg.detect_ms / 5);
+  co.max_message_bytes = cfg.max_message_bytes;
+  std::shared_ptr<detail::Core> core;
+  try {
+    core = std::make_shared<detail::Core>(co);
+  } catch (const std::exception& e) {
+    spdlog::error("head: {}", e.what());
+    return 1;
+  }
+  detail::current_core() = core;
+  core->host("@head", detail::class_entry<HeadService>(),
+             std::make_shared<HeadService>(cfg, store, core->address()));
+  spdlog::info("head serving at {} with Redis at {}", core->address(), cfg.redis_url);
+  if (on_ready) on_ready(core->address());
+  while (!stop.load()) {
+    core->post("@head", "tick", detail::pack_payload(std::tuple<>()));
+    std::this_thread::sleep_for(Millis(cfg.tick_ms));
+  }
+  core->shutdown();
+  detail::current_core().reset();
+  spdlog::info("head stopped");
+  return 0;
+}
+
+}  // namespace loco

@@ -1,0 +1,239 @@
+// A node: hosts actors, advertises its resources, heartbeats into the store.
+#include <dirent.h>
+#include <dlfcn.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "runtime/core/actor.hpp"
+#include "runtime/core/server.hpp"
+#include "runtime/membership/store.hpp"
+
+namespace loco {
+namespace {
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// The node's built-in service, at actor id "@node": the head calls it to
+// create and kill actors here.
+class NodeService {
+ public:
+  NodeService(std::string node_id, std::string address)
+      : node_id_(std::move(node_id)), address_(std::move(address)) {}
+
+  void create_actor(CreateActorRequest req) {
+    const detail::ClassEntry* cls = detail::Registry::instance().find(req.class_name);
+    if (!cls || !cls->factory) {
+      std::string known;
+      for (auto& n : detail::Registry::instance().class_names())
+        if (n.rfind("loco.", 0) != 0) known += (known.empty() ? "" : ", ") + n;
+      throw ActorNotFoundError("actor class '" + req.class_name + "' is not available on node " +
+                               node_id_ + " (" + address_ + "); it has: " +
+                               (known.empty() ? "none (load a plugin with --plugin)" : known));
+    }
+    detail::Payload args;
+    args.body = zmq::message_t(req.ctor_args.data(), req.ctor_args.size());
+    std::shared_ptr<void> instance = cls->factory(args);
+    detail::current_core()->host(req.actor_id, *cls, std::move(instance));
+    spdlog::info("node {}: created {} ({})", node_id_, req.class_name, req.actor_id);
+  }
+
+  bool kill_actor(std::string actor_id) {
+    bool found = detail::current_core()->unhost(actor_id);
+    if (found) spdlog::info("node {}: killed actor {}", node_id_, actor_id);
+    return found;
+  }
+
+  std::vector<std::string> actors() const { return detail::current_core()->hosted(); }
+
+ private:
+  std::string node_id_, address_;
+};
+
+LOCO_REGISTER(NodeService, loco::ActorClass<NodeService>("loco.Node")
+                               .method("create_actor", &NodeService::create_actor)
+                               .method("kill_actor", &NodeService::kill_actor)
+                               .method("actors", &NodeService::actors));
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::vector<std::string> load_plugins(const std::vector<std::string>& paths) {
+  std::vector<std::string> files;
+  for (const std::string& p : paths) {
+    struct stat st;
+    if (::stat(p.c_str(), &st) != 0) throw std::runtime_error("plugin path " + p + " does not exist");
+    if (S_ISDIR(st.st_mode)) {
+      DIR* d = ::opendir(p.c_str());
+      if (!d) continue;
+      std::vector<std::string> found;
+      while (dirent* e = ::readdir(d)) {
+        std::string n = e->d_name;
+        if (n.rfind("lib", 0) == 0 && ends_with(n, ".so")) found.push_back(p + "/" + n);
+      }
+      ::closedir(d);
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else {
+      files.push_back(p);
+    }
+  }
+  for (const std::string& f : files) {
+    if (!::dlopen(f.c_str(), RTLD_NOW | RTLD_GLOBAL))
+      throw std::runtime_error("cannot load plugin " + f + ": " + ::dlerror());
+    spdlog::debug("loaded plugin {}", f);
+  }
+  return files;
+}
+
+int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
+             const std::function<void(const std::string&)>& on_ready) {
+  std::vector<std::string> plugins;
+  try {
+    plugins = load_plugins(cfg.plugins);
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+  const std::string node_id = random_id("n");
+  detail::CoreOptions co;
+  co.bind = cfg.bind;
+  co.advertise = cfg.advertise;
+  co.head_address = cfg.head_address;
+  co.self_name = "node " + node_id;
+  co.max_message_bytes = cfg.max_message_bytes;
+  std::shared_ptr<detail::Core> core;
+  try {
+    core = std::make_shared<detail::Core>(co);
+  } catch (const std::exception& e) {
+    spdlog::error("node: {}", e.what());
+    return 1;
+  }
+  detail::current_core() = core;
+
+  ClusterInfo info;
+  try {
+    info = core->head_call<ClusterInfo>("hello", Millis(cfg.connect_timeout_ms));
+  } catch (const Error& e) {
+    spdlog::error("node: cannot join the cluster: {}", e.what());
+    core->shutdown();
+    return 1;
+  }
+  auto store = membership::make_redis_store(info.redis_url);
+  try {
+    store->ping();
+  } catch (const membership::StoreError& e) {
+    spdlog::error("node: cannot reach Redis at {} (as told by the head at {}): {}", info.redis_url,
+                  cfg.head_address, e.what());
+    core->shutdown();
+    return 1;
+  }
+
+  NodeRecord rec;
+  rec.id = node_id;
+  rec.address = core->address();
+  rec.resources = cfg.resources;
+  if (rec.resources.empty()) rec.resources["cpu"] = std::thread::hardware_concurrency();
+  rec.state = "alive";
+  rec.hostname = host_name();
+  rec.pid = ::getpid();
+  rec.started_unix_ms = unix_ms();
+  auto packed = [](const NodeRecord& r) {
+    msgpack::sbuffer b;
+    msgpack::pack(b, r);
+    return std::string(b.data(), b.size());
+  };
+  const auto ttl = Millis(info.detect_ms);
+  uint64_t beat = 0;
+  auto heartbeat = [&] { store->put(keys::alive(node_id), std::to_string(++beat), ttl); };
+  try {
+    store->hput(keys::kNodes, node_id, packed(rec));
+    heartbeat();
+    store->append(keys::kEvents, {{"type", "join"}, {"node", node_id}, {"address", rec.address},
+                                  {"resources", format_resources(rec.resources)}});
+  } catch (const membership::StoreError& e) {
+    spdlog::error("node: cannot register in Redis at {}: {}", info.redis_url, e.what());
+    core->shutdown();
+    return 1;
+  }
+  core->host("@node", detail::class_entry<NodeService>(),
+             std::make_shared<NodeService>(node_id, rec.address));
+  spdlog::info("node {} serving at {} with {} ({} plugins)", node_id, rec.address,
+               format_resources(rec.resources), plugins.size());
+  if (on_ready) on_ready(rec.address);
+
+  const Millis period(std::max<int64_t>(20, info.heartbeat_ms));
+  Backoff backoff(Millis(100), Millis(2000));
+  bool store_down = false;
+  int exit_code = 0;
+  int64_t next_beat = now_ms();
+  while (!stop.load()) {
+    int64_t now = now_ms();
+    if (now < next_beat) {
+      std::this_thread::sleep_for(std::min<Millis>(Millis(next_beat - now), Millis(50)));
+      continue;
+    }
+    try {
+      if (store_down || beat % 16 == 0) {
+        // After an outage (or every few beats): make sure our record is there, and
+        // that the head has not declared us dead in the meantime.
+        auto cur = store->hget(keys::kNodes, node_id);
+        if (cur) {
+          NodeRecord r = msgpack::unpack(cur->data(), cur->size()).get().as<NodeRecord>();
+          if (r.state == "dead") {
+            spdlog::error("node {}: the head declared this node dead ({}); its actors were moved; "
+                          "exiting",
+                          node_id, r.reason);
+            exit_code = 2;
+            break;
+          }
+        } else {
+          store->hput(keys::kNodes, node_id, packed(rec));
+        }
+      }
+      heartbeat();
+      if (store_down) spdlog::info("node {}: Redis at {} is back", node_id, info.redis_url);
+      store_down = false;
+      backoff.reset();
+      next_beat = now_ms() + period.count();
+    } catch (const membership::StoreError& e) {
+      if (!store_down) spdlog::warn("node {}: Redis unreachable, retrying: {}", node_id, e.what());
+      store_down = true;
+      next_beat = now_ms() + backoff.next().count();
+    }
+  }
+
+  // Leave cleanly: the head moves our restartable actors elsewhere.
+  for (const std::string& id : core->hosted()) core->unhost(id);
+  if (exit_code == 0) {
+    try {
+      rec.state = "left";
+      rec.reason = "stopped";
+      store->hput(keys::kNodes, node_id, packed(rec));
+      store->erase(keys::alive(node_id));
+      store->append(keys::kEvents, {{"type", "leave"}, {"node", node_id}});
+    } catch (const membership::StoreError& e) {
+      spdlog::warn("node {}: could not record leaving: {}", node_id, e.what());
+    }
+  }
+  core->shutdown();
+  detail::current_core().reset();
+  spdlog::info("node {} stopped", node_id);
+  return exit_code;
+}
+
+}  // namespace loco

@@ -1,0 +1,61 @@
+#include "runtime/core/runtime.hpp"
+
+namespace loco {
+
+Runtime Runtime::connect(const std::string& head_address, ConnectOptions opts) {
+  detail::CoreOptions co;
+  co.head_address = head_address;
+  co.self_name = "driver " + random_id("d");
+  co.detect_ms = opts.detect_ms;
+  co.heartbeat_ms = std::max<int64_t>(50, opts.detect_ms / 5);
+  auto core = std::make_shared<detail::Core>(co);
+  std::shared_ptr<void> owner(nullptr, [core](void*) { core->shutdown(); });
+  // Fail early, with the address, when nothing answers there.
+  core->head_call<ClusterInfo>("hello", opts.timeout);
+  if (!detail::current_core()) detail::current_core() = core;
+  return Runtime(core, owner);
+}
+
+Runtime Runtime::current() {
+  auto core = detail::current_core();
+  if (!core) throw std::logic_error("loco::Runtime::current(): no runtime in this process");
+  return Runtime(core);
+}
+
+std::string Runtime::body_bytes(const detail::Payload& p) {
+  if (!p.blobs.empty())
+    throw std::invalid_argument("constructor arguments cannot contain loco::Blob");
+  return std::string(static_cast<const char*>(p.body.data()), p.body.size());
+}
+
+ActorInfo Runtime::spawn_raw(const SpawnRequest& req) {
+  return core_->head_call<ActorInfo>("spawn", Millis(60000), req);
+}
+
+std::shared_ptr<detail::ActorRef> Runtime::ref_from(const ActorInfo& info) {
+  auto ref = std::make_shared<detail::ActorRef>();
+  ref->id = info.id;
+  ref->name = info.name;
+  ref->class_name = info.class_name;
+  if (info.state == "alive") {
+    ref->address = info.address;
+    ref->node_id = info.node_id;
+  }
+  return ref;
+}
+
+ActorInfo Runtime::lookup(const std::string& name) {
+  return core_->head_call<ActorInfo>("lookup", Millis(10000), name);
+}
+
+ActorInfo Runtime::locate(const std::string& id) {
+  return core_->head_call<ActorInfo>("locate", Millis(10000), id);
+}
+
+void Runtime::kill(const std::string& actor_id, bool allow_restart) {
+  core_->head_call<void>("kill", Millis(10000), actor_id, allow_restart);
+}
+
+ClusterStatus Runtime::status() { return core_->head_call<ClusterStatus>("status", Millis(10000)); }
+
+}  // namespace loco

@@ -1,0 +1,77 @@
+#pragma once
+// loco's runtime as its users see it: connect to a cluster, spawn actors,
+// look them up by name, read the cluster's status.
+//
+//   loco::Runtime rt = loco::Runtime::connect("127.0.0.1:7070");
+//   auto kv = rt.spawn<KvStore>(loco::ActorOptions().with_name("kv").with_max_restarts(1));
+//   kv.call(&KvStore::put, "k", "v").get();
+//   auto same = rt.get_actor<KvStore>("kv");
+#include <memory>
+#include <string>
+
+#include "runtime/core/actor.hpp"
+
+namespace loco {
+
+struct ConnectOptions {
+  Millis timeout{10000};  // how long to wait for the head to answer
+  int64_t detect_ms = 2000;
+};
+
+class Runtime {
+ public:
+  // A driver: a process that only calls actors. Throws ClusterError when the
+  // head does not answer within the timeout.
+  static Runtime connect(const std::string& head_address, ConnectOptions opts = {});
+  // Inside an actor method: the runtime of the node that hosts it.
+  static Runtime current();
+
+  template <class T, class... Args>
+  ActorHandle<T> spawn(const ActorOptions& opts, Args&&... ctor_args) {
+    static_assert(std::is_constructible_v<T, std::decay_t<Args>...>,
+                  "T has no constructor taking these arguments");
+    SpawnRequest req;
+    req.class_name = detail::class_entry<T>().name;
+    detail::Payload args = detail::pack_payload(std::make_tuple(std::forward<Args>(ctor_args)...));
+    req.ctor_args = body_bytes(args);
+    req.name = opts.name;
+    req.resources = opts.resources;
+    req.max_restarts = opts.max_restarts;
+    return ActorHandle<T>(core_, ref_from(spawn_raw(req)));
+  }
+
+  // A named actor; throws ActorNotFoundError when there is none.
+  template <class T>
+  ActorHandle<T> get_actor(const std::string& name) {
+    ActorInfo info = lookup(name);
+    if (info.class_name != detail::class_entry<T>().name)
+      throw ActorNotFoundError("actor '" + name + "' is a " + info.class_name + ", not a " +
+                               detail::class_entry<T>().name);
+    return ActorHandle<T>(core_, ref_from(info));
+  }
+  // An actor by id (for instance one listed by status()).
+  template <class T>
+  ActorHandle<T> actor(const std::string& id) {
+    return ActorHandle<T>(core_, ref_from(locate(id)));
+  }
+
+  ActorInfo lookup(const std::string& name);
+  ActorInfo locate(const std::string& id);
+  // Kills an actor; with allow_restart it is restarted if it has restarts left.
+  void kill(const std::string& actor_id, bool allow_restart = false);
+  ClusterStatus status();
+
+  std::shared_ptr<detail::Core> core() const { return core_; }
+
+ private:
+  explicit Runtime(std::shared_ptr<detail::Core> core, std::shared_ptr<void> owner = nullptr)
+      : core_(std::move(core)), owner_(std::move(owner)) {}
+  static std::string body_bytes(const detail::Payload& p);
+  ActorInfo spawn_raw(const SpawnRequest& req);
+  static std::shared_ptr<detail::ActorRef> ref_from(const ActorInfo& info);
+
+  std::shared_ptr<detail::Core> core_;
+  std::shared_ptr<void> owner_;  // shuts a driver's core down with its last copy
+};
+
+}  // namespace loco

@@ -1,0 +1,53 @@
+#pragma once
+// The two long-running processes of a cluster: the head and the node.
+// `loco start` runs them; tests may run them in-process too.
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "runtime/core/cluster_types.hpp"
+
+namespace loco {
+
+struct HeadConfig {
+  std::string bind = "tcp://0.0.0.0:7070";
+  std::string advertise;  // host others reach the head at; "" = the bound host
+  std::string redis_url;  // required
+  int64_t detect_ms = 2000;
+  int64_t tick_ms = 100;
+  size_t max_message_bytes = size_t(1) << 30;
+};
+
+struct NodeConfig {
+  std::string head_address;  // "HOST:PORT"
+  std::string bind = "tcp://0.0.0.0:0";
+  std::string advertise;  // host others reach this node at; "" = the bound host
+  Resources resources;    // default: cpu = number of cores
+  std::vector<std::string> plugins;  // shared libraries (or folders of them) with actor classes
+  size_t max_message_bytes = size_t(1) << 30;
+  int64_t connect_timeout_ms = 30000;
+};
+
+// Both run until `stop` becomes true (a signal handler sets it), then leave the
+// cluster cleanly. They return the process exit code; errors that stop them
+// from starting (Redis or the head unreachable) are printed and return 1.
+// `on_ready` is called once with the address the process serves at.
+int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
+             const std::function<void(const std::string&)>& on_ready = {});
+int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
+             const std::function<void(const std::string&)>& on_ready = {});
+
+// Loads actor classes from shared libraries: each path is a .so file or a
+// folder whose lib*.so files are all loaded. Throws naming the file on failure.
+std::vector<std::string> load_plugins(const std::vector<std::string>& paths);
+
+// Keys in the membership store.
+namespace keys {
+inline const std::string kNodes = "loco:nodes";
+inline const std::string kActors = "loco:actors";
+inline const std::string kNames = "loco:names";
+inline const std::string kEvents = "loco:events";
+inline std::string alive(const std::string& node) { return "loco:alive:" + node; }
+}  // namespace keys
+
+}  // namespace loco

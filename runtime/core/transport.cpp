@@ -1,0 +1,216 @@
+#include "runtime/core/transport.hpp"
+
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "runtime/core/errors.hpp"
+#include "runtime/core/util.hpp"
+
+namespace loco::detail {
+namespace {
+
+constexpr int kHighWaterMark = 200000;
+
+void send_frames(zmq::socket_t& s, std::vector<zmq::message_t>& frames) {
+  for (size_t i = 0; i < frames.size(); ++i) {
+    auto flags = zmq::send_flags::dontwait;
+    if (i + 1 < frames.size()) flags = flags | zmq::send_flags::sndmore;
+    if (!s.send(frames[i], flags)) throw zmq::error_t();  // EAGAIN: queue full
+  }
+}
+
+bool recv_frames(zmq::socket_t& s, std::vector<zmq::message_t>& frames) {
+  frames.clear();
+  while (true) {
+    zmq::message_t m;
+    if (!s.recv(m, zmq::recv_flags::dontwait)) return !frames.empty();
+    bool more = m.more();
+    frames.push_back(std::move(m));
+    if (!more) return true;
+  }
+}
+
+std::string strip_tcp(const std::string& endpoint) {
+  const std::string prefix = "tcp://";
+  return endpoint.rfind(prefix, 0) == 0 ? endpoint.substr(prefix.size()) : endpoint;
+}
+
+}  // namespace
+
+Transport::Transport(Options opts, InboundFn inbound, ReplyFn reply, TickFn tick)
+    : opts_(std::move(opts)),
+      inbound_(std::move(inbound)),
+      reply_(std::move(reply)),
+      tick_(std::move(tick)),
+      ctx_(1) {
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw std::runtime_error("eventfd failed");
+  if (!opts_.bind.empty()) {
+    router_.emplace(ctx_, zmq::socket_type::router);
+    router_->set(zmq::sockopt::router_mandatory, 1);
+    router_->set(zmq::sockopt::linger, 0);
+    router_->set(zmq::sockopt::sndhwm, kHighWaterMark);
+    router_->set(zmq::sockopt::rcvhwm, kHighWaterMark);
+    router_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opts_.max_frame_bytes));
+    try {
+      router_->bind(opts_.bind);
+    } catch (const zmq::error_t& e) {
+      throw ClusterError("cannot bind " + opts_.bind + ": " + e.what());
+    }
+    bound_address_ = strip_tcp(router_->get(zmq::sockopt::last_endpoint));
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+Transport::~Transport() { stop(); }
+
+void Transport::stop() {
+  if (stop_.exchange(true)) return;
+  uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+  if (thread_.joinable()) thread_.join();
+  dealers_.clear();
+  router_.reset();
+  ::close(wake_fd_);
+}
+
+void Transport::enqueue(Outgoing&& out) {
+  bool was_empty;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    was_empty = queue_.empty();
+    queue_.push_back(std::move(out));
+  }
+  if (was_empty) {
+    uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+  }
+}
+
+void Transport::send_to_peer(const std::string& peer, std::vector<zmq::message_t>&& frames) {
+  enqueue(Outgoing{Outgoing::Op::Peer, peer, zmq::message_t(), std::move(frames)});
+}
+
+void Transport::reply(zmq::message_t&& routing_id, std::vector<zmq::message_t>&& frames) {
+  enqueue(Outgoing{Outgoing::Op::Reply, {}, std::move(routing_id), std::move(frames)});
+}
+
+void Transport::drop_peer(const std::string& peer) {
+  enqueue(Outgoing{Outgoing::Op::Drop, peer, zmq::message_t(), {}});
+}
+
+zmq::socket_t& Transport::dealer_for(const std::string& peer) {
+  auto it = dealers_.find(peer);
+  if (it != dealers_.end()) return it->second;
+  zmq::socket_t s(ctx_, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::sndhwm, kHighWaterMark);
+  s.set(zmq::sockopt::rcvhwm, kHighWaterMark);
+  s.set(zmq::sockopt::reconnect_ivl, 100);
+  s.set(zmq::sockopt::reconnect_ivl_max, 1000);
+  s.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opts_.max_frame_bytes));
+  s.connect("tcp://" + peer);
+  dealers_changed_ = true;
+  return dealers_.emplace(peer, std::move(s)).first->second;
+}
+
+void Transport::flush_outgoing() {
+  std::deque<Outgoing> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch.swap(queue_);
+  }
+  for (Outgoing& out : batch) {
+    try {
+      switch (out.op) {
+        case Outgoing::Op::Peer:
+          send_frames(dealer_for(out.peer), out.frames);
+          break;
+        case Outgoing::Op::Reply: {
+          if (!router_) break;
+          // ROUTER_MANDATORY: an unknown routing id raises EHOSTUNREACH here.
+          if (!router_->send(out.routing_id, zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+            throw zmq::error_t();
+          send_frames(*router_, out.frames);
+          break;
+        }
+        case Outgoing::Op::Drop:
+          if (dealers_.erase(out.peer)) dealers_changed_ = true;
+          break;
+      }
+    } catch (const zmq::error_t& e) {
+      if (out.op == Outgoing::Op::Reply)
+        spdlog::warn("dropped a reply: its caller is gone ({})", e.what());
+      else
+        spdlog::warn("dropped a message to {}: {}", out.peer, e.what());
+    }
+  }
+}
+
+void Transport::run() {
+  std::vector<zmq::pollitem_t> items;
+  std::vector<std::string> item_peers;  // peer of items[i], "" for non-dealers
+  std::vector<zmq::message_t> frames;
+  int64_t last_tick = now_ms();
+  while (!stop_.load(std::memory_order_relaxed)) {
+    if (dealers_changed_) {
+      items.clear();
+      item_peers.clear();
+      items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
+      item_peers.emplace_back();
+      if (router_) {
+        items.push_back({router_->handle(), 0, ZMQ_POLLIN, 0});
+        item_peers.emplace_back();
+      }
+      for (auto& [peer, s] : dealers_) {
+        items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
+        item_peers.push_back(peer);
+      }
+      dealers_changed_ = false;
+    }
+    int64_t now = now_ms();
+    int64_t wait = std::max<int64_t>(0, last_tick + opts_.tick_ms - now);
+    zmq::poll(items.data(), items.size(), std::chrono::milliseconds(wait));
+    if (items[0].revents & ZMQ_POLLIN) {
+      uint64_t v;
+      [[maybe_unused]] auto n = ::read(wake_fd_, &v, sizeof v);
+    }
+    flush_outgoing();
+    if (dealers_changed_) {
+      // Poll items point at sockets that may have been closed: rebuild first.
+      continue;
+    }
+    size_t first_dealer = 1;
+    if (router_) {
+      first_dealer = 2;
+      if (items[1].revents & ZMQ_POLLIN) {
+        // Bounded batch so that one busy caller cannot starve the others.
+        for (int i = 0; i < 4096; ++i) {
+          zmq::message_t rid;
+          if (!router_->recv(rid, zmq::recv_flags::dontwait)) break;
+          if (!rid.more()) continue;
+          recv_frames(*router_, frames);
+          inbound_(std::move(rid), std::move(frames));
+          frames = {};
+        }
+      }
+    }
+    for (size_t i = first_dealer; i < items.size(); ++i) {
+      if (!(items[i].revents & ZMQ_POLLIN)) continue;
+      auto it = dealers_.find(item_peers[i]);
+      if (it == dealers_.end()) continue;
+      for (int n = 0; n < 4096 && recv_frames(it->second, frames); ++n) {
+        reply_(item_peers[i], std::move(frames));
+        frames = {};
+      }
+    }
+    now = now_ms();
+    if (now - last_tick >= opts_.tick_ms) {
+      last_tick = now;
+      tick_(now);
+    }
+  }
+}
+
+}  // namespace loco::detail

@@ -1,0 +1,84 @@
+#pragma once
+// The process's ZeroMQ plumbing. One I/O thread owns every socket:
+//   * an optional bound ROUTER that receives requests (ZMQ_ROUTER_MANDATORY on,
+//     so a reply to a vanished caller is an error we log, never a silent drop);
+//   * one DEALER per peer address for the calls this process makes; replies
+//     come back on the same connection.
+// Other threads hand frames over through a locked queue and an eventfd; ZeroMQ
+// moves the frames without copying them.
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+namespace loco::detail {
+
+class Transport {
+ public:
+  // A message that arrived on the ROUTER; `routing_id` addresses the reply.
+  using InboundFn = std::function<void(zmq::message_t&& routing_id, std::vector<zmq::message_t>&&)>;
+  // A message that arrived on the DEALER connected to `peer`.
+  using ReplyFn = std::function<void(const std::string& peer, std::vector<zmq::message_t>&&)>;
+  // Called on the I/O thread about every `tick_ms`.
+  using TickFn = std::function<void(int64_t now_ms)>;
+
+  struct Options {
+    std::string bind;  // "tcp://HOST:PORT" (port 0: any free one); empty: no ROUTER
+    size_t max_frame_bytes = size_t(4) << 30;
+    int tick_ms = 50;
+  };
+
+  Transport(Options opts, InboundFn inbound, ReplyFn reply, TickFn tick);
+  ~Transport();
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  // "HOST:PORT" the ROUTER is bound to (the real port when 0 was asked for).
+  std::string bound_address() const { return bound_address_; }
+
+  // Thread-safe. Sends on the DEALER for "HOST:PORT" (connecting it if needed).
+  void send_to_peer(const std::string& peer, std::vector<zmq::message_t>&& frames);
+  // Thread-safe. Sends on the ROUTER to the caller `routing_id`.
+  void reply(zmq::message_t&& routing_id, std::vector<zmq::message_t>&& frames);
+  // Thread-safe. Closes the DEALER to `peer`, discarding what it still queues.
+  void drop_peer(const std::string& peer);
+
+  void stop();
+
+ private:
+  struct Outgoing {
+    enum class Op { Peer, Reply, Drop } op;
+    std::string peer;
+    zmq::message_t routing_id;
+    std::vector<zmq::message_t> frames;
+  };
+
+  void enqueue(Outgoing&& out);
+  void run();
+  void flush_outgoing();
+  zmq::socket_t& dealer_for(const std::string& peer);
+
+  Options opts_;
+  InboundFn inbound_;
+  ReplyFn reply_;
+  TickFn tick_;
+  zmq::context_t ctx_;
+  std::optional<zmq::socket_t> router_;
+  std::map<std::string, zmq::socket_t> dealers_;
+  bool dealers_changed_ = true;
+  std::string bound_address_;
+  int wake_fd_ = -1;
+  std::mutex mu_;
+  std::deque<Outgoing> queue_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace loco::detail

@@ -1,0 +1,41 @@
+#include "runtime/core/util.hpp"
+
+#include <cstdio>
+
+namespace loco {
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Backoff::Backoff(Millis initial, Millis max)
+    : initial_(initial), max_(max), current_(initial), rng_(std::random_device{}()) {}
+
+Millis Backoff::next() {
+  Millis d = current_;
+  current_ = std::min(max_, current_ * 2);
+  // Up to 25 % jitter so that many nodes retrying at once spread out.
+  std::uniform_int_distribution<int64_t> jitter(0, d.count() / 4);
+  return d + Millis(jitter(rng_));
+}
+
+void Backoff::reset() { current_ = initial_; }
+
+std::string random_id(std::string_view prefix) {
+  thread_local std::mt19937_64 rng(std::random_device{}() ^ static_cast<uint64_t>(now_ms()));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
+  return std::string(prefix) + "-" + buf;
+}
+
+std::string human_ms(int64_t ms) {
+  char buf[32];
+  if (ms >= 1000)
+    std::snprintf(buf, sizeof buf, "%.1f s", ms / 1000.0);
+  else
+    std::snprintf(buf, sizeof buf, "%lld ms", static_cast<long long>(ms));
+  return buf;
+}
+
+}  // namespace loco

@@ -1,0 +1,37 @@
+#pragma once
+// Small shared helpers: the one clock, the one retry/backoff helper, ids.
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <string_view>
+
+namespace loco {
+
+using Millis = std::chrono::milliseconds;
+
+// Milliseconds on the steady clock. Decisions that depend on time take `now`
+// as a parameter (see decisions.hpp); only the loops that drive them call this.
+int64_t now_ms();
+
+// Exponential backoff with jitter, for every retry loop in loco
+// (heartbeats, reconnecting to Redis or the head, waiting for a restart).
+class Backoff {
+ public:
+  explicit Backoff(Millis initial = Millis(50), Millis max = Millis(2000));
+  // The delay to wait before the next attempt; grows until `max`.
+  Millis next();
+  void reset();
+
+ private:
+  Millis initial_, max_, current_;
+  std::minstd_rand rng_;
+};
+
+// A random id with a prefix: "n-4f1a9c2e07b3d5a1".
+std::string random_id(std::string_view prefix);
+
+// "1.5 s", "250 ms": durations as people read them in error messages.
+std::string human_ms(int64_t ms);
+
+}  // namespace loco
