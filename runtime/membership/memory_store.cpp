@@ -35,10 +35,9 @@ StreamId parse_stream_id(const std::string& id) {
   StreamId parsed;
   const auto dash = id.find('-');
   const std::string_view text(id);
-  const bool ok = dash == std::string::npos
-                      ? parse_u64(text, parsed.ms)
-                      : parse_u64(text.substr(0, dash), parsed.ms) &&
-                            parse_u64(text.substr(dash + 1), parsed.seq);
+  const bool ok = dash == std::string::npos ? parse_u64(text, parsed.ms)
+                                            : parse_u64(text.substr(0, dash), parsed.ms) &&
+                                                  parse_u64(text.substr(dash + 1), parsed.seq);
   if (!ok) throw StoreError("invalid stream id '" + id + "' (expected MS-SEQ, e.g. \"5-1\")");
   return parsed;
 }
@@ -158,8 +157,9 @@ class MemoryStore final : public Store {
     Value* v = live(stream, clock_());
     if (!v) return {};
     const Stream& s = as<Stream>(*v, stream);
-    auto it = std::upper_bound(s.entries.begin(), s.entries.end(), after,
-                               [](const StreamId& a, const auto& entry) { return a < entry.first; });
+    auto it =
+        std::upper_bound(s.entries.begin(), s.entries.end(), after,
+                         [](const StreamId& a, const auto& entry) { return a < entry.first; });
     std::vector<Event> events;
     for (; it != s.entries.end() && events.size() < max_count; ++it) {
       events.push_back(Event{it->first.str(), it->second});

@@ -7,6 +7,7 @@
 // which are StoreUnavailable.
 #include <hiredis/hiredis.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 
 #include <cerrno>
 #include <charconv>
@@ -288,15 +289,19 @@ class RedisStore final : public Store {
     if (c->err) {
       std::string cause = c->errstr;
       redisFree(c);
-      throw StoreUnavailable(url_ + ": " + cause);
+      throw unavailable_locked(url_ + ": " + cause);
     }
     if (redisSetTimeout(c, to_timeval(timeout_)) != REDIS_OK) {
       std::string cause = c->errstr;
       redisFree(c);
-      throw StoreUnavailable(url_ + ": cannot set the command timeout: " + cause);
+      throw unavailable_locked(url_ + ": cannot set the command timeout: " + cause);
     }
     redisEnableKeepAlive(c);  // best effort: finds dead peers on idle connections
     ctx_ = c;
+    if (in_outage_) {
+      in_outage_ = false;
+      spdlog::info("membership store {}: connected again", url_);
+    }
     if (parsed_.db != 0) {
       const std::string db = std::to_string(parsed_.db);
       const char* argv[] = {"SELECT", db.c_str()};
@@ -323,7 +328,17 @@ class RedisStore final : public Store {
       cause = "connection lost during " + command;
     }
     drop_locked();
-    return StoreUnavailable(url_ + ": " + cause);
+    return unavailable_locked(url_ + ": " + cause);
+  }
+
+  // Logs the first failure of an outage only, so that callers retrying with
+  // backoff do not flood the log.
+  StoreUnavailable unavailable_locked(const std::string& what) {
+    if (!in_outage_) {
+      in_outage_ = true;
+      spdlog::warn("membership store unavailable: {}", what);
+    }
+    return StoreUnavailable(what);
   }
 
   void drop_locked() {
@@ -371,6 +386,7 @@ class RedisStore final : public Store {
   const std::chrono::milliseconds timeout_;
   std::mutex mutex_;
   redisContext* ctx_ = nullptr;  // null while disconnected; guarded by mutex_
+  bool in_outage_ = false;       // since the last I/O failure; guarded by mutex_
 };
 
 }  // namespace

@@ -171,21 +171,11 @@ void RedisServer::start() {
 }
 
 void RedisServer::spawn() {
-  std::vector<std::string> args = {executable_,
-                                   "--port",
-                                   std::to_string(port_),
-                                   "--bind",
-                                   "127.0.0.1",
-                                   "--daemonize",
-                                   "no",
-                                   "--dir",
-                                   dir_,
-                                   "--logfile",
-                                   log_path(),
-                                   "--save",
-                                   "",
-                                   "--appendonly",
-                                   options_.appendonly ? "yes" : "no"};
+  std::vector<std::string> args = {executable_, "--port",       std::to_string(port_),
+                                   "--bind",    "127.0.0.1",    "--daemonize",
+                                   "no",        "--dir",        dir_,
+                                   "--logfile", log_path(),     "--save",
+                                   "",          "--appendonly", options_.appendonly ? "yes" : "no"};
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -210,7 +200,7 @@ void RedisServer::spawn() {
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    struct sigaction dfl{};
+    struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     for (int sig : {SIGTERM, SIGINT, SIGPIPE, SIGHUP}) ::sigaction(sig, &dfl, nullptr);
     // Early errors (before Redis opens its log file) go to stdout/stderr.
@@ -221,7 +211,7 @@ void RedisServer::spawn() {
     }
     const int null = ::open("/dev/null", O_RDONLY);
     if (null >= 0) ::dup2(null, STDIN_FILENO);
-    // The test's own sockets must not live on in the server.
+      // The test's own sockets must not live on in the server.
 #ifdef SYS_close_range
     if (::syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
 #endif
@@ -237,12 +227,14 @@ bool RedisServer::wait_ready(Clock::time_point deadline, std::string& why) {
     if (reap(false)) {
       why = "it exited";
       const std::string tail = log_tail();
-      if (tail.find("Address already in use") != std::string::npos) why += " (Address already in use)";
+      if (tail.find("Address already in use") != std::string::npos)
+        why += " (Address already in use)";
       return false;
     }
     if (answers_ping(port_, why)) return true;
     if (Clock::now() >= deadline) {
-      why = "no PONG within " + std::to_string(options_.start_timeout.count()) + " ms (" + why + ")";
+      why =
+          "no PONG within " + std::to_string(options_.start_timeout.count()) + " ms (" + why + ")";
       return false;
     }
     std::this_thread::sleep_for(kPoll);

@@ -39,10 +39,10 @@ int free_tcp_port();
 class RedisServer {
  public:
   struct Options {
-    int port = 0;                 // 0: pick a free port
-    bool appendonly = false;      // --appendonly yes, files in dir
-    std::string dir;              // working dir; empty: a fresh temporary one
-    std::string executable;       // empty: see above
+    int port = 0;                         // 0: pick a free port
+    bool appendonly = false;              // --appendonly yes, files in dir
+    std::string dir;                      // working dir; empty: a fresh temporary one
+    std::string executable;               // empty: see above
     std::vector<std::string> extra_args;  // e.g. {"--maxmemory", "10mb"}
     std::chrono::milliseconds start_timeout{10000};
     std::chrono::milliseconds stop_timeout{5000};  // SIGTERM, then SIGKILL

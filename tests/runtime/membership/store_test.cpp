@@ -1,5 +1,7 @@
 // One suite for both membership stores (memory with a hand-driven clock, Redis
 // against a real redis-server), then what only Redis can do: fail and recover.
+#include "runtime/membership/store.hpp"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -15,7 +17,6 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/membership/store.hpp"
 #include "tests/support/redis_server.hpp"
 
 namespace loco::membership {
@@ -399,7 +400,8 @@ class SilentListener {
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof(addr);
     if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::listen(fd_, 16) != 0 || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+        ::listen(fd_, 16) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
       throw std::runtime_error("SilentListener: cannot listen on 127.0.0.1");
     }
     port_ = ntohs(addr.sin_port);
