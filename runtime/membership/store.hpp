@@ -14,7 +14,12 @@
 //   * stream ids are strings that compare in append order (Redis "ms-seq" ids;
 //     use stream_id_less to compare), read() returns events strictly after
 //     `after_id` ("0" = from the beginning), oldest first;
-//   * all methods are safe to call from several threads.
+//   * all methods are safe to call from several threads;
+//   * as in Redis, a key holds one kind of value (plain, hash or stream): using
+//     it as another kind is a StoreError ("WRONGTYPE ..."), put() replaces any
+//     kind and erase() removes any kind; a hash whose last field is deleted is
+//     gone; a ttl must be positive (StoreError otherwise); append() needs at
+//     least one field; a malformed after_id is a StoreError.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -90,7 +95,8 @@ using ClockFn = std::function<int64_t()>;
 // The in-memory store; TTLs follow `clock` (tests advance it by hand).
 std::unique_ptr<Store> make_memory_store(ClockFn clock);
 
-// Compares two stream ids in append order ("5-1" < "5-2" < "10-0").
+// Compares two stream ids in append order ("5-1" < "5-2" < "10-0"); "5" means "5-0".
+// Throws StoreError for a malformed id.
 bool stream_id_less(const std::string& a, const std::string& b);
 
 }  // namespace loco::membership

@@ -497,6 +497,17 @@ TEST(RedisStoreTest, ServerKilledThenRestartedOnTheSamePort) {
   EXPECT_EQ(store->get("before"), std::nullopt);  // nothing persisted
 }
 
+TEST(RedisStoreTest, LargeWriteToADeadServerIsUnavailableNotSigpipe) {
+  // Writing megabytes to a socket whose peer is gone raises SIGPIPE, which
+  // would end this process; the store must turn it into StoreUnavailable.
+  RedisServer redis;
+  auto store = make_redis_store(redis.url(), 500ms);
+  store->ping();
+  redis.kill();
+  const std::string big(16 << 20, 'x');
+  for (int i = 0; i < 3; ++i) EXPECT_THROW(store->put("big", big), StoreUnavailable);
+}
+
 TEST(RedisStoreTest, RestartBehindAnIdleConnectionFailsAtMostOneCall) {
   RedisServer redis;
   auto store = make_redis_store(redis.url(), 500ms);
