@@ -192,7 +192,7 @@ void Transport::run() {
           if (!rid.more()) continue;
           recv_frames(*router_, frames);
           inbound_(std::move(rid), std::move(frames));
-          frames = {};
+          frames.clear();
         }
       }
     }
@@ -202,7 +202,7 @@ void Transport::run() {
       if (it == dealers_.end()) continue;
       for (int n = 0; n < 4096 && recv_frames(it->second, frames); ++n) {
         reply_(item_peers[i], std::move(frames));
-        frames = {};
+        frames.clear();
       }
     }
     now = now_ms();
