@@ -337,7 +337,7 @@ int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
     store = membership::make_redis_store(cfg.redis_url);
     store->ping();
   } catch (const membership::StoreError& e) {
-    spdlog::error("head: cannot reach Redis at {}: {}", cfg.redis_url, e.what());
+    spdlog::error("head: cannot reach Redis: {}", e.what());
     return 1;
   }
   detail::CoreOptions co;

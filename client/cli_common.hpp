@@ -1,0 +1,15 @@
+#pragma once
+// Pieces shared by the `loco` subcommands.
+#include <string>
+
+namespace loco::cli {
+
+// Where `loco start` keeps pid files, logs and the last head address:
+// $LOCO_STATE_DIR, else /tmp/loco-<uid>.
+std::string state_dir();
+// The head to talk to: the flag if given, else $LOCO_ADDRESS, else the head
+// this machine started last, else 127.0.0.1:7070.
+std::string head_address(const std::string& flag);
+void setup_logging();
+
+}  // namespace loco::cli
