@@ -57,13 +57,14 @@ class [[nodiscard]] Future {
 
 namespace detail {
 
+template <class Params, class Args, class = void>
+struct ArgsConvert : std::false_type {};
 template <class... Params, class... Args>
-constexpr bool args_convert() {
-  if constexpr (sizeof...(Params) != sizeof...(Args))
-    return false;
-  else
-    return (std::is_convertible_v<Args, std::decay_t<Params>> && ...);
-}
+struct ArgsConvert<std::tuple<Params...>, std::tuple<Args...>,
+                   std::enable_if_t<sizeof...(Params) == sizeof...(Args)>>
+    : std::bool_constant<(std::is_convertible_v<Args, std::decay_t<Params>> && ...)> {};
+template <class Params, class Args>
+constexpr bool args_convert = ArgsConvert<Params, Args>::value;
 
 template <class R>
 Payload pack_result(const std::function<R()>& f) {
@@ -86,20 +87,20 @@ class ActorHandle {
 
   template <class R, class... Params, class... Args>
   Future<R> call(R (T::*method)(Params...), Args&&... args) const {
-    static_assert(detail::args_convert<Params...>(),
+    static_assert(detail::args_convert<std::tuple<Params...>, std::tuple<Args...>>,
                   "arguments do not match the method's parameters");
     return invoke<R, Params...>(detail::method_name<T>(method), false, std::forward<Args>(args)...);
   }
   template <class R, class... Params, class... Args>
   Future<R> call(R (T::*method)(Params...) const, Args&&... args) const {
-    static_assert(detail::args_convert<Params...>(),
+    static_assert(detail::args_convert<std::tuple<Params...>, std::tuple<Args...>>,
                   "arguments do not match the method's parameters");
     return invoke<R, Params...>(detail::method_name<T>(method), false, std::forward<Args>(args)...);
   }
   // One-way: no reply, errors are logged by the actor's node.
   template <class R, class... Params, class... Args>
   void tell(R (T::*method)(Params...), Args&&... args) const {
-    static_assert(detail::args_convert<Params...>(),
+    static_assert(detail::args_convert<std::tuple<Params...>, std::tuple<Args...>>,
                   "arguments do not match the method's parameters");
     (void)invoke<R, Params...>(detail::method_name<T>(method), true, std::forward<Args>(args)...);
   }

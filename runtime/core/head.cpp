@@ -36,6 +36,10 @@ class HeadService {
   }
 
   ActorInfo spawn(SpawnRequest req) {
+    return with_store([&] { return spawn_impl(std::move(req)); });
+  }
+
+  ActorInfo spawn_impl(SpawnRequest req) {
     guard_store();
     if (req.class_name.empty()) throw ClusterError("spawn: empty actor class name");
     if (!req.name.empty()) {
@@ -65,6 +69,10 @@ class HeadService {
   }
 
   ActorInfo locate(std::string id) {
+    return with_store([&] { return locate_impl(id); });
+  }
+
+  ActorInfo locate_impl(std::string id) {
     guard_store();
     auto rec = actor(id);
     if (!rec) throw ActorNotFoundError("no actor with id " + id);
@@ -72,13 +80,21 @@ class HeadService {
   }
 
   ActorInfo lookup(std::string name) {
+    return with_store([&] { return lookup_impl(name); });
+  }
+
+  ActorInfo lookup_impl(std::string name) {
     guard_store();
     auto id = store_->hget(keys::kNames, name);
     if (!id) throw ActorNotFoundError("no actor named '" + name + "'");
-    return locate(*id);
+    return locate_impl(*id);
   }
 
   void kill(std::string id, bool allow_restart) {
+    return with_store([&] { return kill_impl(id, allow_restart); });
+  }
+
+  void kill_impl(std::string id, bool allow_restart) {
     guard_store();
     auto rec = actor(id);
     if (!rec) throw ActorNotFoundError("no actor with id " + id);
@@ -97,6 +113,10 @@ class HeadService {
   }
 
   ClusterStatus status() {
+    return with_store([&] { return status_impl(); });
+  }
+
+  ClusterStatus status_impl() {
     guard_store();
     ClusterStatus st;
     st.head_address = address_;
@@ -181,6 +201,17 @@ class HeadService {
   }
 
  private:
+  // Requests that meet a lost Redis fail with a ClusterError that says so.
+  template <class F>
+  auto with_store(F f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const membership::StoreError& e) {
+      store_was_down_ = true;
+      throw ClusterError(std::string("the head cannot reach Redis: ") + e.what());
+    }
+  }
+
   static std::string describe(const ActorInfo& a) {
     return a.class_name + (a.name.empty() ? "" : " '" + a.name + "'") + " (" + a.id + ")";
   }

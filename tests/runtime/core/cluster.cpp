@@ -1,0 +1,103 @@
+#include "tests/runtime/core/cluster.hpp"
+
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace loco::testing {
+
+std::string loco_binary() { return LOCO_BIN_DIR "/loco"; }
+
+LocalCluster::LocalCluster(ClusterOptions opts) : opts_(std::move(opts)) {
+  char tmpl[] = "/tmp/loco-cluster-XXXXXX";
+  dir_ = ::mkdtemp(tmpl);
+  RedisServer::Options ro;
+  if (opts_.redis_appendonly) {
+    ro.appendonly = true;
+    ro.extra_args = {"--appendfsync", "always"};
+  }
+  redis_ = std::make_unique<RedisServer>(ro);
+  head_port_ = free_tcp_port();
+  head_address_ = "127.0.0.1:" + std::to_string(head_port_);
+  start_head();
+  runtime_.emplace(Runtime::connect(head_address_, ConnectOptions{Millis(10000), opts_.detect_ms}));
+  for (int i = 0; i < opts_.nodes; ++i) add_node(opts_.extra_node_args);
+  if (!wait_alive_nodes(opts_.nodes)) throw std::runtime_error("nodes did not join; logs in " + dir_);
+}
+
+LocalCluster::~LocalCluster() {
+  runtime_.reset();
+  for (auto& [addr, p] : nodes_) p.signal(SIGKILL);
+  for (auto& [addr, p] : nodes_) p.kill();
+  if (head_) head_->kill();
+  redis_.reset();
+  if (!::getenv("LOCO_KEEP_LOGS")) fs::remove_all(dir_);
+}
+
+std::string LocalCluster::start_process(std::vector<std::string> argv, const std::string& name,
+                                        std::optional<Subprocess>& out) {
+  std::string ready = dir_ + "/" + name + ".ready";
+  fs::remove(ready);
+  argv.push_back("--ready-file=" + ready);
+  Subprocess::Options o;
+  o.log_path = dir_ + "/" + name + ".log";
+  out.emplace(argv, o);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!fs::exists(ready)) {
+    if (!out->running())
+      throw std::runtime_error(name + " exited early; see " + o.log_path);
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error(name + " did not become ready in 20 s; see " + o.log_path);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::string addr;
+  std::ifstream(ready) >> addr;
+  return addr;
+}
+
+void LocalCluster::start_head() {
+  start_process({loco_binary(), "start", "--head", "--block", "--host=127.0.0.1",
+                 "--port=" + std::to_string(head_port_), "--redis=" + redis_->url(),
+                 "--detect-ms=" + std::to_string(opts_.detect_ms)},
+                "head", head_);
+}
+
+void LocalCluster::kill_head() { head_->kill(); }
+
+std::string LocalCluster::add_node(const std::vector<std::string>& extra_args) {
+  std::vector<std::string> argv = {loco_binary(), "start", "--block", "--host=127.0.0.1",
+                                   "--address=" + head_address_,
+                                   "--resources=" + opts_.node_resources};
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  std::optional<Subprocess> p;
+  std::string addr = start_process(argv, "node-" + std::to_string(node_count_++), p);
+  nodes_.emplace(addr, std::move(*p));
+  return addr;
+}
+
+std::vector<std::string> LocalCluster::node_addresses() const {
+  std::vector<std::string> out;
+  for (auto& [a, _] : nodes_) out.push_back(a);
+  return out;
+}
+
+bool LocalCluster::wait_alive_nodes(int n, Millis timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    try {
+      int alive = 0;
+      for (auto& ns : runtime_->status().nodes) alive += ns.node.state == "alive";
+      if (alive == n) return true;
+    } catch (const ClusterError&) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+}  // namespace loco::testing

@@ -1,0 +1,66 @@
+#pragma once
+// A real local cluster for multi-process tests: redis-server on a free port,
+// a head and N nodes as `loco start --block` processes on loopback. Every wait
+// is bounded; the destructor kills whatever is still running.
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "client/process.hpp"
+#include "runtime/core/runtime.hpp"
+#include "tests/support/redis_server.hpp"
+
+namespace loco::testing {
+
+struct ClusterOptions {
+  int nodes = 3;
+  int64_t detect_ms = 1000;
+  std::string node_resources = "cpu=4";
+  bool redis_appendonly = false;
+  std::vector<std::string> extra_node_args;
+};
+
+class LocalCluster {
+ public:
+  explicit LocalCluster(ClusterOptions opts = {});
+  ~LocalCluster();
+
+  std::string head_address() const { return head_address_; }
+  RedisServer& redis() { return *redis_; }
+  Runtime& runtime() { return *runtime_; }
+
+  // Starts a node; returns its address.
+  std::string add_node(const std::vector<std::string>& extra_args = {});
+  // The node process serving at `address`.
+  Subprocess& node(const std::string& address) { return nodes_.at(address); }
+  std::vector<std::string> node_addresses() const;
+
+  void kill_head();  // SIGKILL
+  void start_head();  // on the same port
+  Subprocess& head() { return *head_; }
+
+  // Waits until the head reports `n` nodes alive (bounded); false on timeout.
+  bool wait_alive_nodes(int n, Millis timeout = Millis(15000));
+  std::string log_dir() const { return dir_; }
+
+ private:
+  std::string start_process(std::vector<std::string> argv, const std::string& name,
+                            std::optional<Subprocess>& out);
+
+  ClusterOptions opts_;
+  std::string dir_;
+  std::unique_ptr<RedisServer> redis_;
+  int head_port_ = 0;
+  std::string head_address_;
+  std::optional<Subprocess> head_;
+  std::map<std::string, Subprocess> nodes_;
+  int node_count_ = 0;
+  std::optional<Runtime> runtime_;
+};
+
+// `loco` in the build tree.
+std::string loco_binary();
+
+}  // namespace loco::testing

@@ -1,0 +1,256 @@
+// Unit tests of the runtime: codec, placement, failure detection, mailboxes.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "runtime/core/decisions.hpp"
+#include "runtime/core/runtime.hpp"
+#include "tests/runtime/core/test_actors.hpp"
+
+namespace loco {
+namespace {
+
+using detail::Envelope;
+using detail::Kind;
+
+std::vector<zmq::message_t> frames_of(const Envelope& env, detail::Payload&& p) {
+  return detail::encode(env, std::move(p));
+}
+
+TEST(Codec, EnvelopeAndPayloadRoundTrip) {
+  Envelope env;
+  env.kind = static_cast<uint8_t>(Kind::Request);
+  env.corr = 42;
+  env.sender = "driver";
+  env.target = "a-1";
+  env.method = "add";
+  auto frames = frames_of(env, detail::pack_payload(std::make_tuple(7, std::string("x"))));
+  auto d = detail::decode(std::move(frames), 1 << 20);
+  EXPECT_EQ(d.env.corr, 42u);
+  EXPECT_EQ(d.env.method, "add");
+  EXPECT_EQ(d.env.target, "a-1");
+  auto args = detail::unpack_payload<std::tuple<int, std::string>>(d.payload, "args");
+  EXPECT_EQ(std::get<0>(args), 7);
+  EXPECT_EQ(std::get<1>(args), "x");
+}
+
+TEST(Codec, BlobsTravelAsTheirOwnFramesWithoutCopies) {
+  std::vector<float> v(1 << 20);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i);
+  Blob b = Blob::from_values(std::move(v));
+  const uint8_t* original = b.data();
+  auto p = detail::pack_payload(std::make_tuple(std::string("w"), b));
+  ASSERT_EQ(p.blobs.size(), 1u);
+  // The frame points at the blob's own memory: no copy on the way out.
+  EXPECT_EQ(p.blobs[0].data(), static_cast<const void*>(original));
+  EXPECT_LT(p.body.size(), 64u);  // the body holds a placeholder, not the floats
+  Envelope env;
+  env.kind = static_cast<uint8_t>(Kind::Reply);
+  auto d = detail::decode(frames_of(env, std::move(p)), size_t(1) << 30);
+  const void* frame_data = d.payload.blobs[0].data();
+  auto t = detail::unpack_payload<std::tuple<std::string, Blob>>(d.payload, "reply");
+  Blob got = std::get<1>(t);
+  // On the way in the blob points into the received frame: no copy either.
+  EXPECT_EQ(static_cast<const void*>(got.data()), frame_data);
+  auto f = got.as<float>();
+  ASSERT_EQ(f.size(), size_t(1) << 20);
+  EXPECT_EQ(f[12345], 12345.0f);
+}
+
+TEST(Codec, RejectsEmptyGarbageWrongVersionUnknownKindAndOversized) {
+  std::vector<zmq::message_t> none;
+  EXPECT_THROW(detail::decode(std::move(none), 100), ProtocolError);
+
+  std::vector<zmq::message_t> garbage;
+  garbage.emplace_back("\xc1\xc1\xc1", 3);
+  try {
+    detail::decode(std::move(garbage), 100);
+    FAIL();
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("malformed envelope"), std::string::npos);
+  }
+
+  Envelope env;
+  env.version = 99;
+  env.kind = 1;
+  try {
+    detail::decode(detail::encode(env), 1000);
+    FAIL();
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("version 99"), std::string::npos) << e.what();
+  }
+
+  Envelope bad_kind;
+  bad_kind.kind = 77;
+  EXPECT_THROW(detail::decode(detail::encode(bad_kind), 1000), ProtocolError);
+
+  Envelope ok;
+  ok.kind = 1;
+  auto big = frames_of(ok, detail::pack_payload(std::string(5000, 'x')));
+  try {
+    detail::decode(std::move(big), 1000);
+    FAIL();
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds the limit"), std::string::npos);
+  }
+}
+
+TEST(Codec, TruncatedEnvelopeIsAProtocolErrorAndCorrIsSalvaged) {
+  Envelope env;
+  env.kind = 1;
+  env.corr = 9;
+  env.method = "add";
+  auto frames = detail::encode(env);
+  std::string bytes(static_cast<const char*>(frames[0].data()), frames[0].size());
+  std::vector<zmq::message_t> cut;
+  cut.emplace_back(bytes.data(), bytes.size() - 3);
+  EXPECT_THROW(detail::decode(std::move(cut), 1000), ProtocolError);
+  zmq::message_t whole(bytes.data(), bytes.size());
+  EXPECT_EQ(detail::salvage_corr(whole), 9u);
+}
+
+TEST(Resources, ParseAndReject) {
+  auto r = parse_resources("cpu=2,gpu=0.5,ssd=1");
+  EXPECT_EQ(r.at("cpu"), 2);
+  EXPECT_EQ(r.at("gpu"), 0.5);
+  EXPECT_EQ(format_resources(r), "cpu=2,gpu=0.5,ssd=1");
+  EXPECT_THROW(parse_resources("cpu"), std::invalid_argument);
+  EXPECT_THROW(parse_resources("cpu=-1"), std::invalid_argument);
+  EXPECT_THROW(parse_resources("cpu=two"), std::invalid_argument);
+}
+
+TEST(Placement, SpreadsByFreeCpuAndRespectsEveryResource) {
+  std::vector<NodeView> nodes = {
+      {"n1", {{"cpu", 4}}, {{"cpu", 3}}, 3},
+      {"n2", {{"cpu", 4}}, {{"cpu", 1}}, 1},
+      {"n3", {{"cpu", 2}, {"gpu", 1}}, {}, 0},
+  };
+  EXPECT_EQ(place(nodes, {{"cpu", 1}}).node, "n2");
+  EXPECT_EQ(place(nodes, {{"cpu", 1}, {"gpu", 1}}).node, "n3");
+  EXPECT_EQ(place(nodes, {{"cpu", 1}}, {"n2"}).node, "n3");
+  // Ties on free cpu go to the node with fewer actors.
+  std::vector<NodeView> tie = {{"a", {{"cpu", 2}}, {}, 2}, {"b", {{"cpu", 2}}, {}, 1}};
+  EXPECT_EQ(place(tie, {}).node, "b");
+}
+
+TEST(Placement, SaysWhichResourceIsShort) {
+  std::vector<NodeView> nodes = {{"n1", {{"cpu", 4}}, {{"cpu", 4}}, 4},
+                                 {"n2", {{"cpu", 2}, {"gpu", 1}}, {{"gpu", 1}}, 1}};
+  auto p = place(nodes, {{"gpu", 2}});
+  EXPECT_FALSE(p.node);
+  EXPECT_NE(p.reason.find("no node has 2 free gpu"), std::string::npos) << p.reason;
+  auto q = place(nodes, {{"cpu", 3}});
+  EXPECT_FALSE(q.node);
+  EXPECT_NE(q.reason.find("3 free cpu"), std::string::npos) << q.reason;
+  EXPECT_NE(q.reason.find("most free: 2 on n2"), std::string::npos) << q.reason;
+  EXPECT_EQ(place({}, {{"cpu", 1}}).reason, "no live node in the cluster");
+}
+
+TEST(FailureDetector, DeadOnlyAfterTimeoutWithoutHeartbeatChange) {
+  FailureDetector fd(2000);
+  fd.observe("a", "1", 0);
+  fd.observe("b", "1", 0);
+  fd.observe("a", "2", 1500);  // a beats, b does not
+  fd.observe("b", "1", 1500);
+  EXPECT_TRUE(fd.dead(1999).empty());
+  auto v = fd.dead(2000);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].node, "b");
+  EXPECT_EQ(v[0].reason, "missed heartbeats for 2.0 s");
+  // A vanished key (TTL expired) is no heartbeat either.
+  fd.observe("a", std::nullopt, 3000);
+  EXPECT_EQ(fd.dead(3499).size(), 1u);  // b only
+  EXPECT_EQ(fd.dead(3500).size(), 2u);  // a too: nothing new since 1500
+  fd.forget("b");
+  EXPECT_EQ(fd.dead(3500).size(), 1u);
+  // After an outage of the store, everyone gets a fresh window.
+  fd.grace(10000);
+  EXPECT_TRUE(fd.dead(11999).empty());
+  EXPECT_EQ(fd.dead(12000).size(), 1u);
+}
+
+// Two runtimes in one process: a "node" Core hosting a Counter, and a caller.
+class InProcess : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    detail::CoreOptions node;
+    node.bind = "tcp://127.0.0.1:0";
+    node.self_name = "node test";
+    node_ = std::make_shared<detail::Core>(node);
+    node_->host("a-counter", detail::class_entry<testing::Counter>(),
+                std::make_shared<testing::Counter>(0));
+    detail::CoreOptions caller;
+    caller.head_address = node_->address();
+    caller.self_name = "caller";
+    caller_ = std::make_shared<detail::Core>(caller);
+    ref_ = std::make_shared<detail::ActorRef>();
+    ref_->id = "a-counter";
+    ref_->class_name = "test.Counter";
+    ref_->address = node_->address();
+    counter_ = ActorHandle<testing::Counter>(caller_, ref_);
+  }
+  void TearDown() override {
+    caller_->shutdown();
+    node_->shutdown();
+  }
+  std::shared_ptr<detail::Core> node_, caller_;
+  std::shared_ptr<detail::ActorRef> ref_;
+  ActorHandle<testing::Counter> counter_;
+};
+
+TEST_F(InProcess, CallsAndTellsAreHandledInSendOrder) {
+  std::vector<Future<void>> futures;
+  for (int i = 0; i < 2000; ++i) {
+    if (i % 2)
+      counter_.tell(&testing::Counter::record, i);
+    else
+      futures.push_back(counter_.call(&testing::Counter::record, i));
+  }
+  for (auto& f : futures) f.get(Millis(10000));
+  auto log = counter_.call(&testing::Counter::log).get(Millis(10000));
+  ASSERT_EQ(log.size(), 2000u);
+  for (int i = 0; i < 2000; ++i) EXPECT_EQ(log[i], i);
+}
+
+TEST_F(InProcess, OneMessageAtATimeEvenFromManyThreads) {
+  std::vector<std::thread> threads;
+  std::atomic<int> max_seen{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 5; ++i) {
+        int at_once = counter_.call(&testing::Counter::busy, 2).get(Millis(10000));
+        max_seen = std::max(max_seen.load(), at_once);
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(max_seen.load(), 1);
+}
+
+TEST_F(InProcess, ErrorsArriveTyped) {
+  try {
+    (void)counter_.call(&testing::Counter::fail, std::string("boom")).get(Millis(5000));
+    FAIL();
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find("test.Counter.fail raised: boom"), std::string::npos)
+        << e.what();
+  }
+  auto missing = std::make_shared<detail::ActorRef>();
+  missing->id = "a-nobody";
+  missing->address = node_->address();
+  ActorHandle<testing::Counter> nobody(caller_, missing);
+  EXPECT_THROW((void)nobody.call(&testing::Counter::get).get(Millis(5000)), ActorNotFoundError);
+}
+
+TEST_F(InProcess, GetTimesOutWithTimeoutError) {
+  auto f = counter_.call(&testing::Counter::sleep_ms, 500);
+  EXPECT_THROW(f.get(Millis(50)), TimeoutError);
+}
+
+TEST_F(InProcess, LargeBlobsRoundTrip) {
+  std::vector<float> v(4 << 20, 0.5f);
+  double s = counter_.call(&testing::Counter::sum, Blob::from_values(std::move(v))).get(Millis(20000));
+  EXPECT_DOUBLE_EQ(s, 0.5 * (4 << 20));
+}
+
+}  // namespace
+}  // namespace loco
