@@ -29,3 +29,10 @@ function(loco_gtest name)
   endif()
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT})
 endfunction()
+
+# Links an actor plugin into a program that uses its classes through handles.
+# The program may reference no symbol of the plugin (registration runs from its
+# static initialisers), so keep the linker from dropping it.
+function(loco_link_plugin target plugin)
+  target_link_libraries(${target} PRIVATE "-Wl,--no-as-needed" ${plugin} "-Wl,--as-needed")
+endfunction()

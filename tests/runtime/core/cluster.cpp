@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -71,8 +72,11 @@ void LocalCluster::kill_head() { head_->kill(); }
 
 std::string LocalCluster::add_node(const std::vector<std::string>& extra_args) {
   std::vector<std::string> argv = {loco_binary(), "start", "--block", "--host=127.0.0.1",
-                                   "--address=" + head_address_,
-                                   "--resources=" + opts_.node_resources};
+                                   "--address=" + head_address_};
+  bool own_resources = std::any_of(extra_args.begin(), extra_args.end(), [](const std::string& a) {
+    return a.rfind("--resources", 0) == 0;
+  });
+  if (!own_resources) argv.push_back("--resources=" + opts_.node_resources);
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   std::optional<Subprocess> p;
   std::string addr = start_process(argv, "node-" + std::to_string(node_count_++), p);

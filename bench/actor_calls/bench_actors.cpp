@@ -1,0 +1,14 @@
+#include "bench/actor_calls/bench_actors.hpp"
+
+namespace bench {
+
+LOCO_REGISTER(Echo, loco::ActorClass<Echo>("bench.Echo")
+                        .method("ping", &Echo::ping)
+                        .method("poke", &Echo::poke)
+                        .method("pokes", &Echo::pokes));
+LOCO_REGISTER(Pinger, loco::ActorClass<Pinger>("bench.Pinger")
+                          .method("latency", &Pinger::latency)
+                          .method("throughput", &Pinger::throughput)
+                          .method("tells", &Pinger::tells));
+
+}  // namespace bench
