@@ -43,7 +43,7 @@ class [[nodiscard]] Future {
 
   R get(Millis timeout = Millis(60000)) {
     core_->await(*st_, timeout);
-    if constexpr (!std::is_void_v<R>) return detail::unpack_payload<R>(st_->result, "reply of " + st_->what);
+    if constexpr (!std::is_void_v<R>) return detail::unpack_payload<R>(st_->result, "reply of ", st_->method);
   }
   bool ready() const {
     std::lock_guard<std::mutex> lock(st_->mu);
@@ -65,16 +65,6 @@ struct ArgsConvert<std::tuple<Params...>, std::tuple<Args...>,
     : std::bool_constant<(std::is_convertible_v<Args, std::decay_t<Params>> && ...)> {};
 template <class Params, class Args>
 constexpr bool args_convert = ArgsConvert<Params, Args>::value;
-
-template <class R>
-Payload pack_result(const std::function<R()>& f) {
-  if constexpr (std::is_void_v<R>) {
-    f();
-    return pack_payload(msgpack::type::nil_t());
-  } else {
-    return pack_payload(f());
-  }
-}
 
 }  // namespace detail
 
@@ -173,12 +163,14 @@ class ActorClass {
   template <class R, class... A, class M>
   static auto invoker_for(const std::string& what, M m) {
     return [what, m](void* self, detail::Payload& args) -> detail::Payload {
-      auto tuple = detail::unpack_payload<std::tuple<std::decay_t<A>...>>(args, "arguments of " + what);
-      std::function<R()> f = [&]() -> R {
-        return std::apply([&](auto&&... a) -> R { return (static_cast<T*>(self)->*m)(std::move(a)...); },
-                          std::move(tuple));
-      };
-      return detail::pack_result<R>(f);
+      auto tuple = detail::unpack_payload<std::tuple<std::decay_t<A>...>>(args, "arguments of ", what);
+      auto call = [&](auto&&... a) -> R { return (static_cast<T*>(self)->*m)(std::move(a)...); };
+      if constexpr (std::is_void_v<R>) {
+        std::apply(call, std::move(tuple));
+        return detail::pack_payload(msgpack::type::nil_t());
+      } else {
+        return detail::pack_payload(std::apply(call, std::move(tuple)));
+      }
     };
   }
   template <class R, class... A>

@@ -15,6 +15,7 @@
 #include <msgpack.hpp>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 #include <zmq.hpp>
 
@@ -112,9 +113,10 @@ Payload pack_payload(const T& value) {
 
 // Decodes a body into T; blobs point into `p.blobs`' frames (which the caller
 // must hand over: they are moved into shared ownership). Throws ProtocolError
-// naming `what` when the body does not hold a T.
+// naming `what_prefix + what` when the body does not hold a T (the two parts are
+// joined only then: this runs for every call).
 template <class T>
-T unpack_payload(Payload& p, const std::string& what) {
+T unpack_payload(Payload& p, std::string_view what_prefix, std::string_view what = {}) {
   std::vector<zmq::message_t>* saved = blob_source();
   blob_source() = &p.blobs;
   try {
@@ -128,7 +130,8 @@ T unpack_payload(Payload& p, const std::string& what) {
     throw;
   } catch (const std::exception& e) {
     blob_source() = saved;
-    throw ProtocolError(what + ": cannot decode (" + e.what() + ")");
+    throw ProtocolError(std::string(what_prefix) + std::string(what) + ": cannot decode (" +
+                        e.what() + ")");
   }
 }
 

@@ -122,7 +122,7 @@ std::shared_ptr<CallState> Core::call(const std::shared_ptr<ActorRef>& ref,
                                       const std::string& method, Payload&& args, bool oneway) {
   auto st = std::make_shared<CallState>();
   st->ref = ref;
-  st->what = method + " on " + ref->describe();
+  st->method = method;
   std::string addr;
   {
     std::lock_guard<std::mutex> lock(ref->mu);
@@ -168,7 +168,7 @@ void Core::await(CallState& st, Millis timeout) {
         }
       }
       if (removed)
-        throw TimeoutError(st.what + " got no reply within " + human_ms(timeout.count()));
+        throw TimeoutError(st.what() + " got no reply within " + human_ms(timeout.count()));
       lock.lock();
       st.cv.wait(lock, [&] { return st.done; });  // finished concurrently: take its outcome
     }
@@ -266,7 +266,7 @@ void Core::on_tick(int64_t now) {
                                      : st->ref->describe() + " on node " + node;
     finish(st, "ActorDiedError",
            who + " died or is unreachable: no answer to heartbeats for " + human_ms(silent) +
-               " (call " + st->what + ")",
+               " (call " + st->what() + ")",
            {});
   }
   for (const std::string& peer : dead) transport_->drop_peer(peer);
@@ -308,7 +308,6 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
       Envelope pong;
       pong.kind = static_cast<uint8_t>(Kind::Pong);
       pong.corr = d.env.corr;
-      pong.sender = opts_.self_name;
       transport_->reply(std::move(rid), encode(pong));
       return;
     }
@@ -422,7 +421,6 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
     for (Inbound& in : batch) {
       bool wants_reply = in.env.k() == Kind::Request;
       const MethodEntry* m = box->cls->find(in.env.method);
-      std::string what = box->cls->name + "." + in.env.method;
       if (!m) {
         std::string msg = "actor class " + box->cls->name + " has no method '" + in.env.method +
                           "' (it has: " + box->cls->method_list() + ")";
@@ -438,10 +436,10 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
         result = m->invoke(box->instance.get(), in.payload);
       } catch (const Error& e) {
         err_type = e.type();
-        err_msg = what + ": " + e.what();
+        err_msg = box->cls->name + "." + in.env.method + ": " + e.what();
       } catch (const std::exception& e) {
         err_type = "RemoteError";
-        err_msg = what + " raised: " + e.what();
+        err_msg = box->cls->name + "." + in.env.method + " raised: " + e.what();
       }
       if (!wants_reply) {
         if (!err_type.empty()) spdlog::warn("one-way call failed: {}", err_msg);
@@ -454,7 +452,6 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
       Envelope env;
       env.kind = static_cast<uint8_t>(Kind::Reply);
       env.corr = in.env.corr;
-      env.sender = opts_.self_name;
       transport_->reply(std::move(in.routing_id), encode(env, std::move(result)));
     }
     batch.clear();

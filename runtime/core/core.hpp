@@ -45,8 +45,11 @@ struct CallState {
   // For error messages and failure detection.
   uint64_t corr = 0;
   std::string peer;
-  std::string what;  // "Counter.add on Counter 'c' (a-1f2e)"
+  std::string method;
   std::shared_ptr<ActorRef> ref;
+
+  // "add on Counter 'c' (a-1f2e)": built only when an error needs it.
+  std::string what() const { return method + " on " + ref->describe(); }
 };
 
 struct CoreOptions {
@@ -146,7 +149,7 @@ R Core::head_call(const std::string& method, Millis timeout, const A&... args) {
       if constexpr (std::is_void_v<R>) {
         return;
       } else {
-        return unpack_payload<R>(st->result, "reply of head." + method);
+        return unpack_payload<R>(st->result, "reply of head.", method);
       }
     } catch (const ActorDiedError& e) {
       // The head is unreachable: it may be restarting. Retry until the deadline.

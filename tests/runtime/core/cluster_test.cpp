@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "tests/runtime/core/cluster.hpp"
+#include "runtime/membership/store.hpp"
 #include "tests/runtime/core/test_actors.hpp"
 
 namespace loco::testing {
@@ -348,6 +349,82 @@ TEST(Cluster, RedisLostWhileRunningNodesRetryAndCarryOn) {
   EXPECT_EQ(rt.get_actor<Counter>("survivor").call(&Counter::add, 1).get(Millis(5000)), 2);
   auto b = rt.spawn<Counter>(ActorOptions(), 3);
   EXPECT_EQ(b.call(&Counter::get).get(Millis(5000)), 3);
+}
+
+}  // namespace
+}  // namespace loco::testing
+
+namespace loco::testing {
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+// Polls `path` until it contains `needle` or `timeout` passes.
+bool wait_for_text(const std::string& path, const std::string& needle, Millis timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (read_file(path).find(needle) != std::string::npos) return true;
+    std::this_thread::sleep_for(Millis(20));
+  }
+  return false;
+}
+
+TEST(Cli, UpStartsAWholeClusterAndCtrlCStopsAllOfIt) {
+  char tmpl[] = "/tmp/loco-up-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  Subprocess::Options o;
+  o.log_path = dir + "/up.log";
+  o.env["LOCO_STATE_DIR"] = dir;
+  Subprocess up({loco_binary(), "up", "--workers", "2"}, o);
+  ASSERT_TRUE(wait_for_text(o.log_path, "press Ctrl-C", Millis(30000))) << read_file(o.log_path);
+  std::string log = read_file(o.log_path);
+  auto at = log.find("head ") + 5;
+  std::string head = log.substr(at, log.find(',', at) - at);
+  auto r = log.find("redis ", at) + 6;
+  std::string redis_url = log.substr(r, log.find(' ', r) - r);
+  {
+    Runtime rt = Runtime::connect(head);
+    EXPECT_EQ(rt.status().nodes.size(), 2u);
+  }
+  up.signal(SIGINT);
+  auto rc = up.wait(Millis(20000));
+  ASSERT_TRUE(rc) << "loco up did not stop on Ctrl-C";
+  EXPECT_EQ(*rc, 0);
+  // Nothing answers any more: not the head, not its redis-server.
+  EXPECT_THROW(Runtime::connect(head, ConnectOptions{Millis(1500)}), ClusterError);
+  auto store = membership::make_redis_store(redis_url, Millis(500));
+  EXPECT_THROW(store->ping(), membership::StoreUnavailable);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Cli, StartDaemonsThenStopStopsThem) {
+  RedisServer redis;
+  char tmpl[] = "/tmp/loco-daemons-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  setenv("LOCO_STATE_DIR", dir.c_str(), 1);
+  int port = free_tcp_port();
+  std::string head = "127.0.0.1:" + std::to_string(port);
+  std::string start_head = loco_binary() + " start --head --host 127.0.0.1 --port " +
+                           std::to_string(port) + " --redis " + redis.url() + " > " + dir + "/out";
+  ASSERT_EQ(std::system(start_head.c_str()), 0) << read_file(dir + "/out");
+  std::string start_node = loco_binary() + " start --host 127.0.0.1 --resources cpu=1 >> " + dir + "/out";
+  ASSERT_EQ(std::system(start_node.c_str()), 0) << read_file(dir + "/out");
+  EXPECT_TRUE(contains(read_file(dir + "/out"), "head serving at " + head));
+  {
+    Runtime rt = Runtime::connect(head);
+    ASSERT_EQ(rt.status().nodes.size(), 1u);
+  }
+  std::string stop = loco_binary() + " stop > " + dir + "/stop";
+  ASSERT_EQ(std::system(stop.c_str()), 0);
+  std::string out = read_file(dir + "/stop");
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << out;
+  EXPECT_FALSE(contains(out, "killed")) << "a process needed SIGKILL: " << out;
+  EXPECT_THROW(Runtime::connect(head, ConnectOptions{Millis(1500)}), ClusterError);
+  unsetenv("LOCO_STATE_DIR");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
