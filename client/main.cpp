@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "client/cli_common.hpp"
+#include "client/client.hpp"
 #include "client/process.hpp"
 #include "runtime/core/runtime.hpp"
 #include "runtime/core/server.hpp"
@@ -337,6 +338,102 @@ int up(const UpArgs& a) {
   return rc;
 }
 
+// ---- loco submit / jobs / logs / cancel ----------------------------------------
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (b >= 1000 && u < 4) {
+    b /= 1000;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+  return buf;
+}
+
+std::string progress_line(const RoundReport& r) {
+  const int width = 20;
+  int filled = r.rounds > 0 ? int(double(r.round) / r.rounds * width + 0.5) : 0;
+  std::string bar = "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "%s round %d/%d  step %d  loss %.3f%s  %.1fk tok/s  sent %s  util %.0f%%  workers %d",
+                bar.c_str(), r.round, r.rounds, r.inner_step, r.loss,
+                r.val_loss > 0 ? ("  val ppl " + std::to_string(r.val_ppl).substr(0, 6)).c_str() : "",
+                r.tokens_per_s / 1000, human_bytes(r.bytes_sent).c_str(), r.utilization * 100,
+                r.workers);
+  return buf;
+}
+
+// Follows a job: log lines as they come, reports as a live progress line on a
+// terminal (one line per round otherwise). Returns the final record, or nullopt
+// when interrupted.
+std::optional<JobInfo> follow(JobHandle& job, bool progress) {
+  bool tty = ::isatty(1);
+  std::string cursor;
+  Backoff idle(Millis(50), Millis(500));
+  bool bar_shown = false;
+  while (!g_stop) {
+    JobEvents ev = job.poll(cursor);
+    for (const JobEvent& e : ev.events) {
+      if (e.kind == "report") {
+        if (!progress) continue;
+        auto p = msgpack::unpack(e.data.data(), e.data.size()).get().as<JobProgress>();
+        std::string line = progress_line(RoundReport::from(p));
+        if (tty) {
+          std::printf("\r\033[K%s", line.c_str());
+          bar_shown = true;
+        } else {
+          std::printf("%s\n", line.c_str());
+        }
+      } else {
+        if (bar_shown) std::printf("\r\033[K");
+        std::printf("%s\n", e.data.c_str());
+        bar_shown = false;
+      }
+      std::fflush(stdout);
+    }
+    if (ev.events.empty()) {
+      if (ev.job.finished()) {
+        if (bar_shown) std::printf("\n");
+        return ev.job;
+      }
+      std::this_thread::sleep_for(idle.next());
+    } else {
+      idle.reset();
+    }
+  }
+  if (bar_shown) std::printf("\n");
+  return std::nullopt;
+}
+
+int submit(const std::string& address, const std::string& file, bool detach) {
+  install_signal_handlers();
+  JobSpec spec = JobSpec::from_yaml_file(file);
+  Client client(head_address(address));
+  JobHandle job = client.submit(spec);
+  std::printf("submitted %s as job %s\n", file.c_str(), job.id().c_str());
+  std::fflush(stdout);
+  if (detach) return 0;
+  auto end = follow(job, true);
+  if (!end) {
+    std::printf("stopped following; job %s keeps running (loco cancel %s stops it)\n",
+                job.id().c_str(), job.id().c_str());
+    return 130;
+  }
+  std::printf("job %s %s%s\n", end->id.c_str(), end->state.c_str(),
+              end->message.empty() ? "" : (": " + end->message).c_str());
+  return end->state == "succeeded" ? 0 : 1;
+}
+
+void print_jobs(const std::vector<JobInfo>& jobs) {
+  std::printf("%-18s %-20s %-10s %s\n", "JOB", "NAME", "STATE", "MESSAGE");
+  for (const JobInfo& j : jobs)
+    std::printf("%-18s %-20s %-10s %s\n", j.id.c_str(), j.name.c_str(), j.state.c_str(),
+                j.message.c_str());
+}
+
 int forward_to_trainer(int argc, char** argv) {
   std::string trainer = executable_dir() + "/loco-train";
   if (::access(trainer.c_str(), X_OK) != 0) {
@@ -399,6 +496,22 @@ int main(int argc, char** argv) {
       ->allow_extra_args();
   up->positionals_at_end();
 
+  std::string job_addr, job_file, job_id;
+  bool detach = false, follow_logs = false;
+  auto* submit_cmd = app.add_subcommand("submit", "submit a job file and follow its progress");
+  submit_cmd->add_option("file", job_file, "job file (YAML)")->required();
+  submit_cmd->add_option("--address", job_addr, "head HOST:PORT");
+  submit_cmd->add_flag("--detach", detach, "return once submitted");
+  auto* jobs_cmd = app.add_subcommand("jobs", "list the cluster's jobs");
+  jobs_cmd->add_option("--address", job_addr, "head HOST:PORT");
+  auto* logs_cmd = app.add_subcommand("logs", "print a job's log");
+  logs_cmd->add_option("job", job_id, "job id")->required();
+  logs_cmd->add_option("--address", job_addr, "head HOST:PORT");
+  logs_cmd->add_flag("-f,--follow", follow_logs, "keep following until the job ends");
+  auto* cancel_cmd = app.add_subcommand("cancel", "cancel a job");
+  cancel_cmd->add_option("job", job_id, "job id")->required();
+  cancel_cmd->add_option("--address", job_addr, "head HOST:PORT");
+
   app.add_subcommand("train", "train a job in one process (see loco train --help)");
   app.add_subcommand("generate", "sample text from a checkpoint");
 
@@ -421,6 +534,38 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*up) return loco::cli::up(ua);
+    if (*submit_cmd) return submit(job_addr, job_file, detach);
+    if (*jobs_cmd) {
+      loco::Client client(head_address(job_addr));
+      print_jobs(client.jobs());
+      return 0;
+    }
+    if (*logs_cmd) {
+      loco::Client client(head_address(job_addr));
+      loco::JobHandle job = client.job(job_id);
+      if (follow_logs) {
+        install_signal_handlers();
+        auto end = follow(job, false);
+        return end && end->state == "succeeded" ? 0 : 1;
+      }
+      std::string cursor;
+      while (true) {
+        auto ev = job.poll(cursor);
+        for (auto& e : ev.events)
+          if (e.kind != "report") std::printf("%s\n", e.data.c_str());
+        if (ev.events.empty()) break;
+      }
+      return 0;
+    }
+    if (*cancel_cmd) {
+      loco::Client client(head_address(job_addr));
+      loco::JobInfo j = client.job(job_id).cancel();
+      std::printf("job %s %s\n", j.id.c_str(), j.state.c_str());
+      return 0;
+    }
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "loco: " << e.what() << "\n";
+    return 2;
   } catch (const loco::Error& e) {
     std::cerr << "loco: " << e.what() << "\n";
     return 1;

@@ -81,6 +81,60 @@ struct ClusterStatus {
   MSGPACK_DEFINE(head_address, redis_url, nodes, actors, recent_events)
 };
 
+// A job: a unit of work a user submits. The head starts its entry actor (for a
+// DiLoCo job, the OuterAggregator) and keeps the job's record and its event log
+// in the store. Every actor of a job is named "<job id>.<role>", so that
+// cancelling the job can find them all.
+struct JobSubmission {
+  std::string name;
+  std::string entry_class;  // actor class the head spawns to run the job
+  std::string spec;         // the job file's text, handed to the entry actor
+  Resources resources;      // of the entry actor
+  int max_restarts = 0;     // of the entry actor
+  MSGPACK_DEFINE(name, entry_class, spec, resources, max_restarts)
+};
+
+struct JobInfo {
+  std::string id;  // "job-<hex>"
+  std::string name;
+  std::string entry_class;
+  std::string state;  // "running", "succeeded", "failed", "cancelled"
+  std::string message;
+  std::string entry_actor;
+  int64_t submitted_unix_ms = 0;
+  int64_t finished_unix_ms = 0;
+  MSGPACK_DEFINE(id, name, entry_class, state, message, entry_actor, submitted_unix_ms,
+                 finished_unix_ms)
+
+  bool finished() const { return state == "succeeded" || state == "failed" || state == "cancelled"; }
+};
+
+// One entry of a job's event log: kind "report" (data: a msgpack report),
+// "log" (data: a line of text).
+struct JobEvent {
+  std::string id;
+  std::string kind;
+  std::string data;
+  MSGPACK_DEFINE(id, kind, data)
+};
+
+// What a job's entry actor reports as it goes (data of a "report" event):
+// a step out of a total, and named figures. For DiLoCo: step = round, and
+// metrics loss, val_loss, tokens_per_s, bytes_sent, utilization, workers, ...
+struct JobProgress {
+  int64_t step = 0;
+  int64_t total = 0;
+  std::map<std::string, double> metrics;
+  std::string note;
+  MSGPACK_DEFINE(step, total, metrics, note)
+};
+
+struct JobEvents {
+  JobInfo job;
+  std::vector<JobEvent> events;
+  MSGPACK_DEFINE(job, events)
+};
+
 // The node's built-in service: the head talks to it to place actors.
 struct CreateActorRequest {
   std::string actor_id;

@@ -141,6 +141,94 @@ class HeadService {
     return st;
   }
 
+  JobInfo submit_job(JobSubmission sub) {
+    return with_store([&] { return submit_job_impl(std::move(sub)); });
+  }
+
+  JobInfo submit_job_impl(JobSubmission sub) {
+    guard_store();
+    if (sub.entry_class.empty()) throw ClusterError("submit: the job names no entry actor class");
+    JobInfo job;
+    job.id = random_id("job").substr(0, 16);
+    job.name = sub.name.empty() ? job.id : sub.name;
+    job.entry_class = sub.entry_class;
+    job.state = "running";
+    job.submitted_unix_ms = unix_ms();
+    save_job(job);
+    job_log(job.id, "log", "submitted " + job.name + " as " + job.id);
+    SpawnRequest req;
+    req.class_name = sub.entry_class;
+    msgpack::sbuffer args;
+    msgpack::pack(args, std::make_tuple(job.id, sub.spec));
+    req.ctor_args = std::string(args.data(), args.size());
+    req.name = job.id + ".entry";
+    req.resources = sub.resources;
+    req.max_restarts = sub.max_restarts;
+    try {
+      job.entry_actor = spawn_impl(req).id;
+    } catch (const std::exception& e) {
+      finish(job, "failed", std::string("could not start the job: ") + e.what());
+      throw;
+    }
+    save_job(job);
+    event({{"type", "job_submitted"}, {"job", job.id}, {"name", job.name}});
+    return job;
+  }
+
+  // Called by a job's actors: appends to the job's event log.
+  void job_event(std::string job_id, std::string kind, std::string data) {
+    with_store([&] {
+      if (!store_->hget(keys::kJobs, job_id)) throw ClusterError("no job " + job_id);
+      job_log(job_id, kind, data);
+      return 0;
+    });
+  }
+
+  // Called by the entry actor when the job ends.
+  void job_finished(std::string job_id, std::string state, std::string message) {
+    with_store([&] {
+      JobInfo job = job_record(job_id);
+      if (!job.finished()) finish(job, state, message);
+      return 0;
+    });
+  }
+
+  JobEvents job_events(std::string job_id, std::string after, int max) {
+    return with_store([&] {
+      JobEvents out;
+      out.job = job_record(job_id);
+      for (auto& e : store_->read(keys::job_events(job_id), after.empty() ? "0" : after,
+                                  size_t(std::max(1, max)))) {
+        JobEvent je;
+        je.id = e.id;
+        je.kind = e.fields["kind"];
+        je.data = e.fields["data"];
+        out.events.push_back(std::move(je));
+      }
+      return out;
+    });
+  }
+
+  std::vector<JobInfo> list_jobs() {
+    return with_store([&] {
+      std::vector<JobInfo> out;
+      for (auto& [id, v] : store_->hgetall(keys::kJobs)) out.push_back(unpack_str<JobInfo>(v));
+      std::sort(out.begin(), out.end(),
+                [](auto& a, auto& b) { return a.submitted_unix_ms < b.submitted_unix_ms; });
+      return out;
+    });
+  }
+
+  JobInfo cancel_job(std::string job_id) {
+    return with_store([&] {
+      JobInfo job = job_record(job_id);
+      if (job.finished()) return job;
+      kill_job_actors(job.id, "job cancelled");
+      finish(job, "cancelled", "cancelled by request");
+      return job;
+    });
+  }
+
   // Runs every tick_ms on the head's own mailbox thread, so it never races a request.
   void tick() {
     int64_t now = now_ms();
@@ -192,6 +280,7 @@ class HeadService {
           spdlog::warn("head: {} is dead: {}", describe(rec.info), rec.info.reason);
         }
       }
+      check_jobs(all_actors());
     } catch (const membership::StoreUnavailable& e) {
       if (!store_was_down_) spdlog::warn("head: Redis unreachable, will retry: {}", e.what());
       store_was_down_ = true;
@@ -201,6 +290,58 @@ class HeadService {
   }
 
  private:
+  static int64_t unix_ms() {
+    return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  void save_job(const JobInfo& job) { store_->hput(keys::kJobs, job.id, pack_str(job)); }
+  JobInfo job_record(const std::string& id) {
+    auto v = store_->hget(keys::kJobs, id);
+    if (!v) throw ClusterError("no job " + id);
+    return unpack_str<JobInfo>(*v);
+  }
+  void job_log(const std::string& job_id, const std::string& kind, const std::string& data) {
+    store_->append(keys::job_events(job_id), {{"kind", kind}, {"data", data}}, 100000);
+  }
+  void finish(JobInfo& job, const std::string& state, const std::string& message) {
+    job.state = state;
+    job.message = message;
+    job.finished_unix_ms = unix_ms();
+    save_job(job);
+    job_log(job.id, "log", "job " + state + (message.empty() ? "" : ": " + message));
+    event({{"type", "job_" + state}, {"job", job.id}, {"message", message}});
+    spdlog::info("head: job {} {}{}", job.id, state, message.empty() ? "" : ": " + message);
+    if (state != "succeeded") kill_job_actors(job.id, "job " + state);
+  }
+  // Kills every live actor named "<job id>.*", without restarts.
+  void kill_job_actors(const std::string& job_id, const std::string& why) {
+    for (auto& [id, rec] : all_actors()) {
+      if (rec.info.name.rfind(job_id + ".", 0) != 0 || rec.info.state == "dead") continue;
+      if (rec.info.state == "alive") {
+        if (auto node = node_record(rec.info.node_id)) {
+          try {
+            call_node<bool>(*node, "kill_actor", id);
+          } catch (const std::exception& e) {
+            spdlog::warn("head: could not kill {} of {}: {}", id, job_id, e.what());
+          }
+        }
+      }
+      rec.info.state = "dead";
+      rec.info.reason = why;
+      save(rec);
+    }
+  }
+  // A running job whose entry actor is dead has failed.
+  void check_jobs(const std::map<std::string, ActorRecord>& actors) {
+    for (auto& [id, v] : store_->hgetall(keys::kJobs)) {
+      JobInfo job = unpack_str<JobInfo>(v);
+      if (job.finished() || job.entry_actor.empty()) continue;
+      auto it = actors.find(job.entry_actor);
+      if (it != actors.end() && it->second.info.state == "dead")
+        finish(job, "failed", "its " + it->second.info.class_name + " died: " + it->second.info.reason);
+    }
+  }
+
   // Requests that meet a lost Redis fail with a ClusterError that says so.
   template <class F>
   auto with_store(F f) -> decltype(f()) {
@@ -353,7 +494,13 @@ LOCO_REGISTER(HeadService, loco::ActorClass<HeadService>("loco.Head")
                                .method("lookup", &HeadService::lookup)
                                .method("kill", &HeadService::kill)
                                .method("status", &HeadService::status)
-                               .method("tick", &HeadService::tick));
+                               .method("tick", &HeadService::tick)
+                               .method("submit_job", &HeadService::submit_job)
+                               .method("job_event", &HeadService::job_event)
+                               .method("job_finished", &HeadService::job_finished)
+                               .method("job_events", &HeadService::job_events)
+                               .method("list_jobs", &HeadService::list_jobs)
+                               .method("cancel_job", &HeadService::cancel_job));
 
 }  // namespace
 

@@ -56,6 +56,38 @@ void Runtime::kill(const std::string& actor_id, bool allow_restart) {
   core_->head_call<void>("kill", Millis(10000), actor_id, allow_restart);
 }
 
+JobInfo Runtime::submit_job(const JobSubmission& sub) {
+  return core_->head_call<JobInfo>("submit_job", Millis(120000), sub);
+}
+
+JobEvents Runtime::job_events(const std::string& job_id, const std::string& after, int max) {
+  return core_->head_call<JobEvents>("job_events", Millis(10000), job_id, after, max);
+}
+
+std::vector<JobInfo> Runtime::list_jobs() {
+  return core_->head_call<std::vector<JobInfo>>("list_jobs", Millis(10000));
+}
+
+JobInfo Runtime::cancel_job(const std::string& job_id) {
+  return core_->head_call<JobInfo>("cancel_job", Millis(30000), job_id);
+}
+
+void Runtime::job_log(const std::string& job_id, const std::string& line) {
+  core_->head_call<void>("job_event", Millis(10000), job_id, std::string("log"), line);
+}
+
+void Runtime::job_progress(const std::string& job_id, const JobProgress& progress) {
+  msgpack::sbuffer b;
+  msgpack::pack(b, progress);
+  core_->head_call<void>("job_event", Millis(10000), job_id, std::string("report"),
+                         std::string(b.data(), b.size()));
+}
+
+void Runtime::job_finished(const std::string& job_id, const std::string& state,
+                           const std::string& message) {
+  core_->head_call<void>("job_finished", Millis(10000), job_id, state, message);
+}
+
 ClusterStatus Runtime::status() { return core_->head_call<ClusterStatus>("status", Millis(10000)); }
 
 }  // namespace loco

@@ -61,6 +61,15 @@ class Runtime {
   void kill(const std::string& actor_id, bool allow_restart = false);
   ClusterStatus status();
 
+  // Jobs (see JobSubmission). Clients submit and watch; a job's actors report.
+  JobInfo submit_job(const JobSubmission& sub);
+  JobEvents job_events(const std::string& job_id, const std::string& after, int max = 1000);
+  std::vector<JobInfo> list_jobs();
+  JobInfo cancel_job(const std::string& job_id);
+  void job_log(const std::string& job_id, const std::string& line);
+  void job_progress(const std::string& job_id, const JobProgress& progress);
+  void job_finished(const std::string& job_id, const std::string& state, const std::string& message);
+
   std::shared_ptr<detail::Core> core() const { return core_; }
 
  private:

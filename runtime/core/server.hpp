@@ -47,7 +47,9 @@ inline const std::string kNodes = "loco:nodes";
 inline const std::string kActors = "loco:actors";
 inline const std::string kNames = "loco:names";
 inline const std::string kEvents = "loco:events";
+inline const std::string kJobs = "loco:jobs";
 inline std::string alive(const std::string& node) { return "loco:alive:" + node; }
+inline std::string job_events(const std::string& job) { return "loco:job:" + job; }
 }  // namespace keys
 
 }  // namespace loco

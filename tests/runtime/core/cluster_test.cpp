@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "tests/runtime/core/cluster.hpp"
+#include "runtime/core/server.hpp"
 #include "runtime/membership/store.hpp"
 #include "tests/runtime/core/test_actors.hpp"
 
@@ -130,14 +131,25 @@ TEST(Cluster, KilledNodeGivesActorDiedErrorWithinBoundAndActorRestartsElsewhere)
     EXPECT_EQ(fragile.call(&Counter::get).get(Millis(5000)), 1);
   }
   // The head marked the node dead and says why.
-  bool found = false;
+  std::string victim_id;
   for (auto& n : rt.status().nodes)
     if (n.node.address == victim) {
-      found = true;
+      victim_id = n.node.id;
       EXPECT_EQ(n.node.state, "dead");
       EXPECT_TRUE(contains(n.node.reason, "missed heartbeats")) << n.node.reason;
     }
-  EXPECT_TRUE(found);
+  ASSERT_FALSE(victim_id.empty());
+  // Joins and the death are events in the Redis stream.
+  auto store = membership::make_redis_store(c.redis().url());
+  int joins = 0, deaths = 0, restarts = 0;
+  for (auto& e : store->read(keys::kEvents, "0", 1000)) {
+    joins += e.fields["type"] == "join";
+    deaths += e.fields["type"] == "death" && e.fields["node"] == victim_id;
+    restarts += e.fields["type"] == "actor_restarted" && e.fields["actor"] == sturdy.id();
+  }
+  EXPECT_EQ(joins, 3);
+  EXPECT_EQ(deaths, 1);
+  EXPECT_EQ(restarts, 1);
 }
 
 TEST(Cluster, ActorWithoutRestartsIsDeadAfterItsNodeDies) {

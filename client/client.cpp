@@ -1,0 +1,126 @@
+#include "client/client.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace loco {
+
+JobSpec JobSpec::from_yaml(const std::string& text) {
+  JobSpec spec;
+  spec.text = text;
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw std::invalid_argument("job file is not valid YAML: " + std::string(e.what()));
+  }
+  if (!root.IsMap()) throw std::invalid_argument("job file: expected a mapping of fields at the top");
+  if (root["name"]) spec.name = root["name"].as<std::string>();
+  return spec;
+}
+
+JobSpec JobSpec::from_yaml_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::invalid_argument("cannot read job file " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  try {
+    JobSpec spec = from_yaml(ss.str());
+    spec.path = path;
+    return spec;
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(path + ": " + e.what());
+  }
+}
+
+RoundReport RoundReport::from(const JobProgress& p) {
+  auto m = [&](const char* k) {
+    auto it = p.metrics.find(k);
+    return it == p.metrics.end() ? 0.0 : it->second;
+  };
+  RoundReport r;
+  r.round = int(p.step);
+  r.rounds = int(p.total);
+  r.inner_step = int(m("inner_step"));
+  r.loss = m("loss");
+  r.val_loss = m("val_loss");
+  r.val_ppl = m("val_ppl");
+  r.tokens_per_s = m("tokens_per_s");
+  r.bytes_sent = m("bytes_sent");
+  r.utilization = m("utilization");
+  r.workers = int(m("workers"));
+  r.note = p.note;
+  return r;
+}
+
+JobEvents JobHandle::poll(std::string& cursor, int max) {
+  JobEvents ev = rt_.job_events(id_, cursor, max);
+  if (!ev.events.empty()) cursor = ev.events.back().id;
+  return ev;
+}
+
+std::optional<RoundReport> JobHandle::Watch::next() {
+  Backoff idle(Millis(50), Millis(500));
+  while (true) {
+    while (pos_ < pending_.size()) {
+      const JobEvent& e = pending_[pos_++];
+      if (e.kind != "report") continue;
+      JobProgress p = msgpack::unpack(e.data.data(), e.data.size()).get().as<JobProgress>();
+      return RoundReport::from(p);
+    }
+    pending_.clear();
+    pos_ = 0;
+    JobEvents ev = job_->poll(job_->cursor_);
+    pending_ = std::move(ev.events);
+    if (pending_.empty()) {
+      if (ev.job.finished()) return std::nullopt;
+      std::this_thread::sleep_for(idle.next());
+    } else {
+      idle.reset();
+    }
+  }
+}
+
+JobHandle::Watch::iterator& JobHandle::Watch::iterator::operator++() {
+  auto r = w_ ? w_->next() : std::nullopt;
+  if (r)
+    current_ = *r;
+  else
+    w_ = nullptr;
+  return *this;
+}
+
+JobInfo JobHandle::info() { return rt_.job_events(id_, "", 1).job; }
+
+JobInfo JobHandle::wait(Millis timeout) {
+  int64_t deadline = now_ms() + timeout.count();
+  Backoff idle(Millis(50), Millis(1000));
+  while (true) {
+    JobInfo j = info();
+    if (j.finished()) return j;
+    if (now_ms() >= deadline)
+      throw TimeoutError("job " + id_ + " still " + j.state + " after " + human_ms(timeout.count()));
+    std::this_thread::sleep_for(idle.next());
+  }
+}
+
+JobInfo JobHandle::cancel() { return rt_.cancel_job(id_); }
+
+Client::Client(const std::string& head_address, ConnectOptions opts)
+    : rt_(Runtime::connect(head_address, opts)) {}
+
+JobHandle Client::submit(const JobSpec& spec) {
+  JobSubmission sub;
+  sub.name = spec.name;
+  sub.entry_class = "diloco.OuterAggregator";
+  sub.spec = spec.text;
+  sub.resources = {{"cpu", 0}};
+  sub.max_restarts = 3;
+  JobInfo info = rt_.submit_job(sub);
+  return JobHandle(rt_, info.id);
+}
+
+}  // namespace loco

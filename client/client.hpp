@@ -1,0 +1,103 @@
+#pragma once
+// The client API: submit DiLoCo jobs to a cluster and follow them.
+//
+//   loco::Client client("hostA:7070");
+//   loco::JobHandle job = client.submit(loco::JobSpec::from_yaml_file("job.yaml"));
+//   for (const loco::RoundReport& r : job.watch()) { ... }
+//   job.wait();
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/core/runtime.hpp"
+
+namespace loco {
+
+// A job file. The text is what the cluster gets; the client checks only that
+// it is YAML with a name, the cluster's aggregator validates every field.
+struct JobSpec {
+  std::string text;
+  std::string name;
+  std::string path;  // where it was read from, for messages
+  static JobSpec from_yaml(const std::string& text);
+  static JobSpec from_yaml_file(const std::string& path);
+};
+
+// One round of a DiLoCo job as its aggregator reported it.
+struct RoundReport {
+  int round = 0;
+  int rounds = 0;
+  int inner_step = 0;       // inner steps done per worker so far
+  double loss = 0;          // mean training loss of the round's inner steps
+  double val_loss = 0;      // 0 when not evaluated this round
+  double val_ppl = 0;
+  double tokens_per_s = 0;  // all workers together
+  double bytes_sent = 0;    // all-reduce bytes sent by all workers, cumulative
+  double utilization = 0;   // time in inner steps / wall time, 0..1
+  int workers = 0;
+  std::string note;
+  static RoundReport from(const JobProgress& p);
+};
+
+class JobHandle {
+ public:
+  JobHandle(Runtime rt, std::string id) : rt_(std::move(rt)), id_(std::move(id)) {}
+  const std::string& id() const { return id_; }
+
+  // Reports as they come, until the job ends. Single pass.
+  class Watch {
+   public:
+    class iterator {
+     public:
+      using value_type = RoundReport;
+      iterator() = default;
+      explicit iterator(Watch* w) : w_(w) { ++*this; }
+      const RoundReport& operator*() const { return current_; }
+      const RoundReport* operator->() const { return &current_; }
+      iterator& operator++();
+      bool operator==(const iterator& o) const { return w_ == o.w_; }
+
+     private:
+      Watch* w_ = nullptr;
+      RoundReport current_;
+    };
+    explicit Watch(JobHandle* job) : job_(job) {}
+    iterator begin() { return iterator(this); }
+    iterator end() { return iterator(); }
+
+   private:
+    friend class iterator;
+    std::optional<RoundReport> next();
+    JobHandle* job_;
+    std::vector<JobEvent> pending_;
+    size_t pos_ = 0;
+  };
+  Watch watch() { return Watch(this); }
+
+  // Log lines and reports since `cursor` (advanced); the job's current record.
+  JobEvents poll(std::string& cursor, int max = 1000);
+  // Waits for the end; throws TimeoutError after `timeout`. Returns the final record.
+  JobInfo wait(Millis timeout = Millis(24LL * 3600 * 1000));
+  JobInfo info();
+  JobInfo cancel();
+
+ private:
+  Runtime rt_;
+  std::string id_;
+  std::string cursor_;  // of watch()
+};
+
+class Client {
+ public:
+  explicit Client(const std::string& head_address, ConnectOptions opts = {});
+  // Submits a DiLoCo job: the head starts its OuterAggregator.
+  JobHandle submit(const JobSpec& spec);
+  JobHandle job(const std::string& id) { return JobHandle(rt_, id); }
+  std::vector<JobInfo> jobs() { return rt_.list_jobs(); }
+  Runtime& runtime() { return rt_; }
+
+ private:
+  Runtime rt_;
+};
+
+}  // namespace loco
