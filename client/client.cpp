@@ -115,10 +115,10 @@ Client::Client(const std::string& head_address, ConnectOptions opts)
 JobHandle Client::submit(const JobSpec& spec) {
   JobSubmission sub;
   sub.name = spec.name;
-  sub.entry_class = "diloco.OuterAggregator";
+  sub.entry_class = spec.entry_class;
   sub.spec = spec.text;
   sub.resources = {{"cpu", 0}};
-  sub.max_restarts = 3;
+  sub.max_restarts = spec.max_restarts;
   JobInfo info = rt_.submit_job(sub);
   return JobHandle(rt_, info.id);
 }

@@ -19,6 +19,11 @@ struct JobSpec {
   std::string text;
   std::string name;
   std::string path;  // where it was read from, for messages
+  // The actor class that runs the job; DiLoCo's aggregator unless a test or
+  // another application says otherwise.
+  std::string entry_class = "diloco.OuterAggregator";
+  // How often the entry actor is restarted when its node dies.
+  int max_restarts = 3;
   static JobSpec from_yaml(const std::string& text);
   static JobSpec from_yaml_file(const std::string& path);
 };

@@ -99,8 +99,7 @@ class HeadService {
     auto rec = actor(id);
     if (!rec) throw ActorNotFoundError("no actor with id " + id);
     if (rec->info.state == "alive") {
-      auto node = node_record(rec->info.node_id);
-      if (node) call_node<bool>(*node, "kill_actor", id);
+      if (auto node = node_record(rec->info.node_id)) tell_node(*node, "kill_actor", id);
     }
     if (allow_restart && rec->info.restarts < rec->info.max_restarts) {
       to_restart(*rec, "killed by request");
@@ -318,13 +317,7 @@ class HeadService {
     for (auto& [id, rec] : all_actors()) {
       if (rec.info.name.rfind(job_id + ".", 0) != 0 || rec.info.state == "dead") continue;
       if (rec.info.state == "alive") {
-        if (auto node = node_record(rec.info.node_id)) {
-          try {
-            call_node<bool>(*node, "kill_actor", id);
-          } catch (const std::exception& e) {
-            spdlog::warn("head: could not kill {} of {}: {}", id, job_id, e.what());
-          }
-        }
+        if (auto node = node_record(rec.info.node_id)) tell_node(*node, "kill_actor", id);
       }
       rec.info.state = "dead";
       rec.info.reason = why;
@@ -427,6 +420,18 @@ class HeadService {
     auto st = core->call(ref, method, detail::pack_payload(std::make_tuple(args...)), false);
     core->await(*st, Millis(30000));
     if constexpr (!std::is_void_v<R>) return detail::unpack_payload<R>(st->result, method);
+  }
+
+  // One-way: the head never waits on a kill, because the actor being killed may
+  // itself be waiting on the head (its destructor, say) and the head has one thread.
+  template <class... A>
+  void tell_node(const NodeRecord& node, const std::string& method, const A&... args) {
+    auto ref = std::make_shared<detail::ActorRef>();
+    ref->id = "@node";
+    ref->fixed = true;
+    ref->address = node.address;
+    ref->node_id = node.id;
+    detail::current_core()->call(ref, method, detail::pack_payload(std::make_tuple(args...)), true);
   }
 
   // Creates the actor on `node` and records it alive there; on failure records

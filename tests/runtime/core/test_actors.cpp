@@ -45,3 +45,51 @@ LOCO_REGISTER(Counter, loco::ActorClass<Counter>("test.Counter")
                            .method("whoami", &Counter::whoami));
 
 }  // namespace loco::testing
+
+#include <sstream>
+
+#include "runtime/core/runtime.hpp"
+
+namespace loco::testing {
+
+FakeJob::FakeJob(std::string job_id, std::string spec) : job_id_(std::move(job_id)) {
+  std::istringstream in(spec);
+  std::string word;
+  in >> word >> rounds_;
+  if (word != "rounds") throw std::invalid_argument("FakeJob spec: expected 'rounds N', got " + spec);
+  fail_ = spec.find("fail") != std::string::npos;
+  Runtime rt = Runtime::current();
+  thread_ = std::thread([this, rt]() mutable {
+    try {
+      for (int r = 1; r <= rounds_ && !stop_; ++r) {
+        JobProgress p;
+        p.step = r;
+        p.total = rounds_;
+        p.metrics["loss"] = 10.0 / r;
+        p.metrics["workers"] = 2;
+        rt.job_progress(job_id_, p);
+        done_ = r;
+        if (rounds_ > 100) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (stop_) return;
+      rt.job_log(job_id_, "fake job done");
+      if (fail_)
+        rt.job_finished(job_id_, "failed", "asked to fail");
+      else
+        rt.job_finished(job_id_, "succeeded", "");
+    } catch (const std::exception& e) {
+      if (!stop_) rt.job_finished(job_id_, "failed", e.what());
+    }
+  });
+}
+
+FakeJob::~FakeJob() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+LOCO_REGISTER(FakeJob, loco::ActorClass<FakeJob>("test.FakeJob")
+                           .constructor<std::string, std::string>()
+                           .method("rounds_done", &FakeJob::rounds_done));
+
+}  // namespace loco::testing

@@ -2,6 +2,7 @@
 // Actor classes for the runtime's tests. Built into a plugin that every test
 // node loads, and linked into the test binaries for their typed handles.
 #include <atomic>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,28 @@ class Counter {
   int value_ = 0;
   std::vector<int> log_;
   std::atomic<int> running_{0};
+};
+
+}  // namespace loco::testing
+
+namespace loco::testing {
+
+// A job's entry actor for the job machinery's tests. Its spec is
+// "rounds N [fail]": it reports N rounds from its own thread, then finishes
+// (or fails). It stops early when its actor is killed (job cancelled).
+class FakeJob {
+ public:
+  FakeJob(std::string job_id, std::string spec);
+  ~FakeJob();
+  int rounds_done() const { return done_; }
+
+ private:
+  std::string job_id_;
+  int rounds_ = 0;
+  bool fail_ = false;
+  std::atomic<int> done_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
 };
 
 }  // namespace loco::testing

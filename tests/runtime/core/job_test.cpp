@@ -1,0 +1,109 @@
+// The job machinery, end to end through the client API, with a fake entry actor.
+#include <gtest/gtest.h>
+
+#include "client/client.hpp"
+#include "tests/runtime/core/cluster.hpp"
+#include "tests/runtime/core/test_actors.hpp"
+
+namespace loco::testing {
+namespace {
+
+JobSpec fake(const std::string& text) {
+  JobSpec s;
+  s.text = text;
+  s.name = "fake";
+  s.entry_class = "test.FakeJob";
+  return s;
+}
+
+TEST(Jobs, SubmitWatchWaitAndList) {
+  LocalCluster c(ClusterOptions{.nodes = 2});
+  Client client(c.head_address());
+  JobHandle job = client.submit(fake("rounds 5"));
+  std::vector<int> rounds;
+  double last_loss = 1e9;
+  for (const RoundReport& r : job.watch()) {
+    rounds.push_back(r.round);
+    EXPECT_EQ(r.rounds, 5);
+    EXPECT_LT(r.loss, last_loss);
+    last_loss = r.loss;
+    EXPECT_EQ(r.workers, 2);
+  }
+  EXPECT_EQ(rounds, (std::vector<int>{1, 2, 3, 4, 5}));
+  JobInfo end = job.wait(Millis(10000));
+  EXPECT_EQ(end.state, "succeeded");
+  auto jobs = client.jobs();
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].id, job.id());
+  EXPECT_EQ(jobs[0].name, "fake");
+}
+
+TEST(Jobs, FailureAndCancelAreReported) {
+  LocalCluster c(ClusterOptions{.nodes = 1});
+  Client client(c.head_address());
+  JobInfo failed = client.submit(fake("rounds 2 fail")).wait(Millis(10000));
+  EXPECT_EQ(failed.state, "failed");
+  EXPECT_EQ(failed.message, "asked to fail");
+
+  JobHandle long_job = client.submit(fake("rounds 100000"));
+  // Cancel once it is under way.
+  for (const RoundReport& r : long_job.watch())
+    if (r.round >= 3) break;
+  EXPECT_EQ(long_job.cancel().state, "cancelled");
+  JobInfo end = long_job.wait(Millis(5000));
+  EXPECT_EQ(end.state, "cancelled");
+  // Its actors are gone.
+  for (auto& a : client.runtime().status().actors) {
+    if (a.name.rfind(long_job.id(), 0) == 0) {
+      EXPECT_EQ(a.state, "dead");
+    }
+  }
+
+  // A bad spec fails at submit with the actor's own message.
+  try {
+    client.submit(fake("laps 3"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected 'rounds N'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Jobs, EntryActorIsRestartedWhenItsNodeDies) {
+  LocalCluster c(ClusterOptions{.nodes = 2});
+  Client client(c.head_address());
+  JobHandle job = client.submit(fake("rounds 100000"));  // max_restarts 3 by default
+  for (const RoundReport& r : job.watch())
+    if (r.round >= 2) break;
+  ActorInfo entry = client.runtime().lookup(job.id() + ".entry");
+  c.node(entry.address).kill();
+  // Reports start again from round 1: the restarted entry actor runs the job anew.
+  bool restarted = false;
+  for (const RoundReport& r : job.watch()) {
+    if (r.round == 1) restarted = true;
+    if (restarted && r.round >= 2) break;
+  }
+  EXPECT_TRUE(restarted);
+  ActorInfo again = client.runtime().lookup(job.id() + ".entry");
+  EXPECT_EQ(again.restarts, 1);
+  EXPECT_NE(again.address, entry.address);
+  EXPECT_EQ(job.info().state, "running");
+  job.cancel();
+}
+
+TEST(Jobs, EntryActorDeathWithoutRestartsFailsTheJob) {
+  LocalCluster c(ClusterOptions{.nodes = 2});
+  Client client(c.head_address());
+  JobSpec spec = fake("rounds 100000");
+  spec.max_restarts = 0;
+  JobHandle job = client.submit(spec);
+  for (const RoundReport& r : job.watch())
+    if (r.round >= 2) break;
+  ActorInfo entry = client.runtime().lookup(job.id() + ".entry");
+  c.node(entry.address).kill();
+  JobInfo end = job.wait(Millis(15000));
+  EXPECT_EQ(end.state, "failed");
+  EXPECT_NE(end.message.find("died"), std::string::npos) << end.message;
+}
+
+}  // namespace
+}  // namespace loco::testing
