@@ -1,0 +1,710 @@
+// Butterfly all-reduce over ZeroMQ.
+//
+// Sockets: each communicator binds one ROUTER that only receives, and keeps one DEALER per
+// peer endpoint that only sends (cached across operations). A data message is three frames:
+// a fixed binary Header, the sender's name, and the encoded payload of one chunk.
+//
+// One operation, on member `me` of K: the vector of n floats is cut into K parts (part p is
+// [p*n/K, (p+1)*n/K)), each part into chunks of chunk_bytes/4 floats.
+//   reduce-scatter: me sends chunk c of part p (encoded) to p, for c = 0.. and p = me+1.., so
+//                   that every owner gets its first chunks from everyone early;
+//   reduce:         when the K-1 contributions for chunk c of my part are in, sum them with
+//                   mine in rank order, divide by K, encode once, decode into my result;
+//   all-gather:     send those encoded bytes (zero-copy, shared) to every peer.
+// Everything runs in one loop on the caller's thread that alternates receiving (and reducing)
+// with producing the next chunk; the ZeroMQ I/O thread moves bytes meanwhile.
+#include "runtime/collective/allreduce.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <sstream>
+#include <unordered_map>
+#include <zmq.hpp>
+
+#include "runtime/collective/codec.hpp"
+
+namespace loco::collective {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kMagic = 0x52414f4cu;  // "LOAR"
+constexpr uint8_t kVersion = 1;
+
+enum class MsgType : uint8_t { reduce_scatter = 1, all_gather = 2, abort = 3 };
+enum class AbortKind : uint8_t { error = 0, peer_lost = 1, mismatch = 2 };
+
+#pragma pack(push, 1)
+struct Header {
+  uint32_t magic;
+  uint8_t version;
+  MsgType type;
+  Codec codec;
+  uint8_t reserved;
+  uint32_t sender_rank;
+  uint32_t part;
+  uint64_t group_fp;
+  uint64_t round_id;
+  uint64_t total_n;  // length of the sender's whole vector, in floats
+  uint64_t offset;   // first float of the chunk, relative to the part
+  uint64_t count;    // floats in the chunk
+};
+#pragma pack(pop)
+
+uint64_t fingerprint(const Group& g) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::string_view s) {
+    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+    h = (h ^ 0xffu) * 1099511628211ull;
+  };
+  mix(std::to_string(g.members.size()));
+  for (const Member& m : g.members) {
+    mix(m.name);
+    mix(m.endpoint);
+  }
+  return h;
+}
+
+std::string seconds_str(std::chrono::milliseconds ms) {
+  std::ostringstream s;
+  s.precision(1);
+  s << std::fixed << static_cast<double>(ms.count()) / 1000.0 << " s";
+  return s.str();
+}
+
+// A received message of some operation: header, sender name, payload.
+struct Received {
+  Header h{};
+  std::string name;
+  zmq::message_t payload;
+};
+
+void free_shared(void* /*data*/, void* hint) {
+  delete static_cast<std::shared_ptr<std::vector<uint8_t>>*>(hint);
+}
+
+// Thrown inside an operation; carries what the other members should be told.
+struct OpFailure {
+  AbortKind kind;
+  std::string culprit;
+  std::string message;
+  bool broadcast;
+};
+
+}  // namespace
+
+struct detail::CommunicatorImpl {
+  std::shared_ptr<zmq::context_t> ctx;
+  zmq::socket_t router;
+  std::string endpoint;
+  Options options;
+  detail::Hooks hooks;
+  Stats stats;
+  std::map<std::string, std::unique_ptr<zmq::socket_t>> dealers;  // by endpoint
+  std::deque<Received> stash;  // messages of later operations that arrived early
+  size_t stash_bytes = 0;
+  std::unique_ptr<float[]> result;  // the output, copied to the caller's buffer on success
+  size_t result_capacity = 0;
+  std::vector<float> input;  // concatenation of several tensors
+  std::vector<float> scratch;
+
+  zmq::socket_t& dealer(const std::string& ep) {
+    auto it = dealers.find(ep);
+    if (it != dealers.end()) return *it->second;
+    auto s = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
+    s->set(zmq::sockopt::linger, 0);
+    s->set(zmq::sockopt::sndhwm, 256);
+    s->set(zmq::sockopt::reconnect_ivl, 50);
+    s->set(zmq::sockopt::reconnect_ivl_max, 500);
+    s->connect(ep);
+    return *dealers.emplace(ep, std::move(s)).first->second;
+  }
+
+  void close_dealer(const std::string& ep, std::chrono::milliseconds linger) {
+    auto it = dealers.find(ep);
+    if (it == dealers.end()) return;
+    it->second->set(zmq::sockopt::linger, static_cast<int>(linger.count()));
+    dealers.erase(it);
+  }
+
+  float* result_buffer(size_t n) {
+    if (n > result_capacity) {
+      result.reset(new float[n]);
+      result_capacity = n;
+    }
+    return result.get();
+  }
+
+  void stash_message(Received&& r) {
+    constexpr size_t kMaxStashBytes = size_t{1} << 30;
+    constexpr size_t kMaxStashMessages = 1 << 16;
+    stash_bytes += r.payload.size();
+    stash.push_back(std::move(r));
+    while (!stash.empty() && (stash_bytes > kMaxStashBytes || stash.size() > kMaxStashMessages)) {
+      stash_bytes -= stash.front().payload.size();
+      stash.pop_front();
+    }
+  }
+
+  // Receives one message without waiting. Returns false when none is ready.
+  bool try_receive(Received& out, uint64_t& bytes) {
+    zmq::message_t id;
+    if (!router.recv(id, zmq::recv_flags::dontwait)) return false;
+    std::vector<zmq::message_t> frames;
+    while (router.get(zmq::sockopt::rcvmore)) {
+      zmq::message_t f;
+      (void)router.recv(f, zmq::recv_flags::none);  // the rest of a multipart is already here
+      frames.push_back(std::move(f));
+    }
+    if (frames.size() != 3 || frames[0].size() != sizeof(Header)) {
+      out.h.magic = 0;
+      return true;
+    }
+    std::memcpy(&out.h, frames[0].data(), sizeof(Header));
+    out.name = frames[1].to_string();
+    out.payload = std::move(frames[2]);
+    bytes = sizeof(Header) + out.name.size() + out.payload.size();
+    return true;
+  }
+
+  void run(const Group& group, const float* in, float* out, size_t n);
+};
+
+namespace {
+
+// The state of one operation on one member.
+class Op {
+ public:
+  Op(detail::CommunicatorImpl& impl, const Group& group, const float* in, float* out, size_t n)
+      : impl_(impl),
+        g_(group),
+        in_(in),
+        out_(out),
+        n_(n),
+        k_(static_cast<int>(group.members.size())),
+        me_(group.rank),
+        codec_(impl.options.codec),
+        fp_(fingerprint(group)),
+        chunk_(std::max<size_t>(1, impl.options.chunk_bytes / sizeof(float))),
+        timeout_(impl.options.peer_timeout) {}
+
+  void run();
+  // Tells the peers (except `except`) that this operation failed.
+  void broadcast_abort(const OpFailure& f, const std::string& except);
+
+ private:
+  size_t part_begin(int p) const { return static_cast<size_t>(p) * n_ / static_cast<size_t>(k_); }
+  size_t part_len(int p) const { return part_begin(p + 1) - part_begin(p); }
+  size_t chunks(int p) const { return (part_len(p) + chunk_ - 1) / chunk_; }
+  size_t chunk_len(int p, size_t c) const { return std::min(chunk_, part_len(p) - c * chunk_); }
+  size_t enc_offset(size_t c) const { return c * encoded_bytes(codec_, chunk_); }
+  std::string who(int r) const {
+    return g_.members[r].name + " (" + g_.members[r].endpoint + ")";
+  }
+  int rank_of(const std::string& name) const {
+    for (int r = 0; r < k_; ++r)
+      if (g_.members[r].name == name) return r;
+    return -1;
+  }
+  bool expecting(int p) const { return rs_left_[p] > 0 || ag_left_[p] > 0; }
+
+  Header header(MsgType type, int part, size_t offset, size_t count) const {
+    Header h{};
+    h.magic = kMagic;
+    h.version = kVersion;
+    h.type = type;
+    h.codec = codec_;
+    h.sender_rank = static_cast<uint32_t>(me_);
+    h.part = static_cast<uint32_t>(part);
+    h.group_fp = fp_;
+    h.round_id = g_.round_id;
+    h.total_n = n_;
+    h.offset = offset;
+    h.count = count;
+    return h;
+  }
+
+  void enqueue(int peer, const Header& h, zmq::message_t payload, bool data);
+  bool flush(int peer);
+  void handle(Received& r);
+  void handle_abort(const Received& r);
+  void reduce_chunk(size_t c);
+  [[noreturn]] void fail_nonfinite(size_t c, const float* acc);
+  void check_timeouts(Clock::time_point now);
+  Clock::duration poll_budget(Clock::time_point now) const;
+  bool done() const;
+
+  detail::CommunicatorImpl& impl_;
+  const Group& g_;
+  const float* in_;
+  float* out_;
+  size_t n_;
+  int k_;
+  int me_;
+  Codec codec_;
+  uint64_t fp_;
+  size_t chunk_;
+  std::chrono::milliseconds timeout_;
+
+  struct Outgoing {
+    std::vector<zmq::message_t> frames;
+    size_t next = 0;
+  };
+  std::vector<std::deque<Outgoing>> outbox_;
+  std::vector<Clock::time_point> heard_;       // last message from each peer
+  std::vector<Clock::time_point> sent_;        // last send progress to each peer
+  std::vector<size_t> rs_left_, ag_left_;      // chunks still expected from each peer
+  std::vector<std::optional<uint64_t>> stale_round_;  // a peer's last message of another round
+  std::vector<std::vector<zmq::message_t>> pending_;  // [chunk][rank] contributions to my part
+  std::vector<int> pending_count_;
+  size_t reduced_ = 0;
+  std::shared_ptr<std::vector<uint8_t>> my_encoded_;
+  // reduce-scatter schedule position
+  size_t rs_chunk_ = 0;
+  int rs_step_ = 1;
+  size_t rs_max_chunks_ = 0;
+};
+
+void Op::enqueue(int peer, const Header& h, zmq::message_t payload, bool data) {
+  Outgoing o;
+  const std::string& name = g_.members[me_].name;
+  impl_.stats.bytes_sent += sizeof(Header) + name.size() + payload.size();
+  if (data) {
+    impl_.stats.payload_bytes_sent += payload.size();
+    ++impl_.stats.messages_sent;
+  }
+  o.frames.emplace_back(&h, sizeof h);
+  o.frames.emplace_back(name.data(), name.size());
+  o.frames.push_back(std::move(payload));
+  outbox_[peer].push_back(std::move(o));
+  flush(peer);
+  if (data && impl_.hooks.after_send) impl_.hooks.after_send(impl_.stats.messages_sent);
+}
+
+// Hands queued messages to ZeroMQ without blocking. Returns true when the outbox is empty.
+bool Op::flush(int peer) {
+  auto& box = outbox_[peer];
+  if (box.empty()) return true;
+  zmq::socket_t& s = impl_.dealer(g_.members[peer].endpoint);
+  while (!box.empty()) {
+    Outgoing& o = box.front();
+    while (o.next < o.frames.size()) {
+      auto flags = zmq::send_flags::dontwait;
+      if (o.next + 1 < o.frames.size()) flags = flags | zmq::send_flags::sndmore;
+      if (!s.send(o.frames[o.next], flags)) return false;
+      ++o.next;
+    }
+    box.pop_front();
+    sent_[peer] = Clock::now();
+  }
+  return true;
+}
+
+void Op::broadcast_abort(const OpFailure& f, const std::string& except) {
+  std::string body(1, static_cast<char>(f.kind));
+  body += f.culprit;
+  body.push_back('\0');
+  body += f.message;
+  for (int p = 0; p < k_; ++p) {
+    if (p == me_ || g_.members[p].name == except) continue;
+    Header h = header(MsgType::abort, 0, 0, 0);
+    zmq::socket_t& s = impl_.dealer(g_.members[p].endpoint);
+    const std::string& name = g_.members[me_].name;
+    // Best effort: a fresh socket has room, and a peer that cannot take it times out anyway.
+    if (s.send(zmq::buffer(&h, sizeof h), zmq::send_flags::dontwait | zmq::send_flags::sndmore)) {
+      (void)s.send(zmq::buffer(name), zmq::send_flags::sndmore);
+      (void)s.send(zmq::buffer(body), zmq::send_flags::none);
+    }
+  }
+}
+
+void Op::handle_abort(const Received& r) {
+  std::string_view body(static_cast<const char*>(r.payload.data()), r.payload.size());
+  if (body.empty()) return;
+  auto kind = static_cast<AbortKind>(body[0]);
+  size_t z = body.find('\0', 1);
+  std::string culprit(body.substr(1, z == std::string_view::npos ? 0 : z - 1));
+  std::string message(z == std::string_view::npos ? body.substr(1) : body.substr(z + 1));
+  std::string prefix = "round " + std::to_string(g_.round_id) + " aborted by " + r.name + ": ";
+  if (kind == AbortKind::mismatch && (r.h.total_n != n_ || r.h.codec != codec_)) {
+    // The sender disagrees with us: it is the odd one, whatever it blames.
+    int s = rank_of(r.name);
+    throw OpFailure{AbortKind::mismatch, r.name,
+                    "member " + (s >= 0 ? who(s) : r.name) + " has a vector of " +
+                        std::to_string(r.h.total_n) + " floats in codec " +
+                        std::string(to_string(r.h.codec)) + ", expected " + std::to_string(n_) +
+                        " in " + std::string(to_string(codec_)) + ", in round " +
+                        std::to_string(g_.round_id),
+                    false};
+  }
+  throw OpFailure{kind, culprit, prefix + message, false};
+}
+
+void Op::handle(Received& r) {
+  if (r.h.magic != kMagic || r.h.version != kVersion) return;  // not ours: drop
+  const bool current = r.h.round_id == g_.round_id && r.h.group_fp == fp_;
+  if (!current) {
+    if (r.h.round_id < g_.round_id) {  // left over from an earlier operation
+      int s = rank_of(r.name);
+      if (s >= 0) stale_round_[s] = r.h.round_id;
+      return;
+    }
+    int s = rank_of(r.name);
+    if (s >= 0 && s != me_ && r.h.round_id > g_.round_id && expecting(s)) {
+      // A member only moves on after sending us all its data of this round.
+      throw OpFailure{AbortKind::error, r.name,
+                      "member " + who(s) + " sent data for round " +
+                          std::to_string(r.h.round_id) + " while round " +
+                          std::to_string(g_.round_id) + " expects more data from it",
+                      false};
+    }
+    impl_.stash_message(std::move(r));
+    return;
+  }
+  const int s = static_cast<int>(r.h.sender_rank);
+  if (s < 0 || s >= k_ || s == me_ || g_.members[s].name != r.name) {
+    throw OpFailure{AbortKind::error, r.name,
+                    "a message of round " + std::to_string(g_.round_id) + " from '" + r.name +
+                        "' claims rank " + std::to_string(r.h.sender_rank) +
+                        ", which is not its rank in this group",
+                    false};
+  }
+  heard_[s] = Clock::now();
+  if (r.h.type == MsgType::abort) handle_abort(r);
+  const int part = static_cast<int>(r.h.part);
+  const int expected_part = r.h.type == MsgType::reduce_scatter ? me_ : s;
+  if (r.h.codec != codec_ || r.h.total_n != n_ || part != expected_part) {
+    std::string msg = "member " + who(s) + " sent ";
+    if (r.h.codec != codec_) {
+      msg += "codec " + std::string(to_string(r.h.codec)) + ", expected " +
+             std::string(to_string(codec_));
+    } else {
+      size_t k = static_cast<size_t>(k_);
+      size_t theirs = (static_cast<size_t>(part) + 1) * r.h.total_n / k -
+                      static_cast<size_t>(part) * r.h.total_n / k;
+      msg += std::to_string(theirs) + " floats for part " + std::to_string(part) +
+             ", expected " + std::to_string(part_len(expected_part)) + " (its vector has " +
+             std::to_string(r.h.total_n) + " floats, ours " + std::to_string(n_) + ")";
+    }
+    msg += " in round " + std::to_string(g_.round_id);
+    throw OpFailure{AbortKind::mismatch, r.name, msg, true};
+  }
+  const size_t c = r.h.offset / chunk_;
+  const bool grid_ok = r.h.offset % chunk_ == 0 && c < chunks(part) &&
+                       r.h.count == chunk_len(part, c) &&
+                       r.payload.size() == encoded_bytes(codec_, r.h.count);
+  if (!grid_ok) {
+    throw OpFailure{AbortKind::mismatch, r.name,
+                    "member " + who(s) + " sent a malformed chunk (offset " +
+                        std::to_string(r.h.offset) + ", " + std::to_string(r.h.count) +
+                        " floats, " + std::to_string(r.payload.size()) + " bytes) for part " +
+                        std::to_string(part) + " in round " + std::to_string(g_.round_id) +
+                        "; chunk size differs?",
+                    true};
+  }
+  impl_.stats.bytes_received += sizeof(Header) + r.name.size() + r.payload.size();
+  if (r.h.type == MsgType::reduce_scatter) {
+    auto& slot = pending_[c][s];
+    if (slot.size() != 0 || rs_left_[s] == 0) return;  // duplicate: ignore
+    slot = std::move(r.payload);
+    --rs_left_[s];
+    if (++pending_count_[c] == k_ - 1) reduce_chunk(c);
+  } else if (r.h.type == MsgType::all_gather) {
+    if (ag_left_[s] == 0) return;
+    detail::decode(codec_, static_cast<const uint8_t*>(r.payload.data()), r.h.count,
+                   out_ + part_begin(s) + r.h.offset);
+    --ag_left_[s];
+  }
+}
+
+void Op::fail_nonfinite(size_t c, const float* acc) {
+  const size_t begin = part_begin(me_) + c * chunk_;
+  const size_t len = chunk_len(me_, c);
+  for (int r = 0; r < k_; ++r) {
+    const float* v = in_ + begin;
+    if (r != me_) {
+      impl_.scratch.resize(len);
+      detail::decode(codec_, static_cast<const uint8_t*>(pending_[c][r].data()), len,
+                     impl_.scratch.data());
+      v = impl_.scratch.data();
+    }
+    size_t i = detail::first_nonfinite(v, len);
+    if (i < len) {
+      throw OpFailure{AbortKind::error, g_.members[r].name,
+                      "member " + who(r) + " sent NaN/Inf in round " +
+                          std::to_string(g_.round_id) + " (element " +
+                          std::to_string(begin + i) + ")",
+                      true};
+    }
+  }
+  size_t i = detail::first_nonfinite(acc, len);
+  throw OpFailure{AbortKind::error, "",
+                  "the sum overflowed to Inf at element " + std::to_string(begin + i) +
+                      " in round " + std::to_string(g_.round_id),
+                  true};
+}
+
+void Op::reduce_chunk(size_t c) {
+  const size_t begin = part_begin(me_) + c * chunk_;
+  const size_t len = chunk_len(me_, c);
+  float* acc = out_ + begin;
+  // Rank order, so that the result does not depend on arrival order.
+  for (int r = 0; r < k_; ++r) {
+    if (r == me_) {
+      if (r == 0) {
+        std::memcpy(acc, in_ + begin, len * sizeof(float));
+      } else {
+        const float* own = in_ + begin;
+        for (size_t i = 0; i < len; ++i) acc[i] += own[i];
+      }
+    } else {
+      auto* src = static_cast<const uint8_t*>(pending_[c][r].data());
+      if (r == 0) {
+        detail::decode(codec_, src, len, acc);
+      } else {
+        detail::add_decoded(codec_, src, len, acc);
+      }
+    }
+  }
+  const float kf = static_cast<float>(k_);
+  for (size_t i = 0; i < len; ++i) acc[i] = acc[i] / kf;
+  if (impl_.options.reject_nonfinite && !detail::all_finite(acc, len)) fail_nonfinite(c, acc);
+  for (auto& m : pending_[c]) m = zmq::message_t();
+  // Encode once; every member, this one too, uses the decoded bytes.
+  uint8_t* enc = my_encoded_->data() + enc_offset(c);
+  const size_t enc_len = encoded_bytes(codec_, len);
+  detail::encode(codec_, acc, len, enc);
+  for (int step = 1; step < k_; ++step) {
+    int p = (me_ + step) % k_;
+    auto* hint = new std::shared_ptr<std::vector<uint8_t>>(my_encoded_);
+    zmq::message_t msg(enc, enc_len, &free_shared, hint);
+    enqueue(p, header(MsgType::all_gather, me_, c * chunk_, len), std::move(msg), true);
+  }
+  if (codec_ != Codec::fp32) detail::decode(codec_, enc, len, acc);
+  ++reduced_;
+}
+
+bool Op::done() const {
+  if (rs_chunk_ < rs_max_chunks_ || reduced_ < chunks(me_)) return false;
+  for (int p = 0; p < k_; ++p)
+    if (p != me_ && (expecting(p) || !outbox_[p].empty())) return false;
+  return true;
+}
+
+void Op::check_timeouts(Clock::time_point now) {
+  int worst = -1;
+  Clock::time_point oldest = now;
+  for (int p = 0; p < k_; ++p) {
+    if (p == me_) continue;
+    Clock::time_point t = Clock::time_point::max();
+    if (expecting(p)) t = heard_[p];
+    if (!outbox_[p].empty()) t = std::min(t, sent_[p]);
+    if (t != Clock::time_point::max() && now - t > timeout_ && t < oldest) {
+      oldest = t;
+      worst = p;
+    }
+  }
+  if (worst < 0) return;
+  if (stale_round_[worst]) {
+    throw OpFailure{AbortKind::error, g_.members[worst].name,
+                    "member " + who(worst) + " sent data for round " +
+                        std::to_string(*stale_round_[worst]) + " but none for round " +
+                        std::to_string(g_.round_id) + " in " + seconds_str(timeout_),
+                    true};
+  }
+  throw OpFailure{AbortKind::peer_lost, g_.members[worst].name,
+                  "lost member " + who(worst) + ": no data for " + seconds_str(timeout_) +
+                      " in round " + std::to_string(g_.round_id),
+                  true};
+}
+
+Clock::duration Op::poll_budget(Clock::time_point now) const {
+  Clock::duration budget = std::chrono::milliseconds(100);
+  for (int p = 0; p < k_; ++p) {
+    if (p == me_) continue;
+    if (expecting(p)) budget = std::min(budget, heard_[p] + timeout_ - now);
+    if (!outbox_[p].empty()) budget = std::min(budget, sent_[p] + timeout_ - now);
+  }
+  return std::max(budget, Clock::duration(std::chrono::milliseconds(1)));
+}
+
+void Op::run() {
+  const auto start = Clock::now();
+  outbox_.resize(k_);
+  heard_.assign(k_, start);
+  sent_.assign(k_, start);
+  rs_left_.assign(k_, chunks(me_));
+  ag_left_.assign(k_, 0);
+  stale_round_.assign(k_, std::nullopt);
+  rs_left_[me_] = 0;
+  for (int p = 0; p < k_; ++p) {
+    if (p != me_) ag_left_[p] = chunks(p);
+    rs_max_chunks_ = std::max(rs_max_chunks_, chunks(p));
+  }
+  pending_.resize(chunks(me_));
+  for (auto& v : pending_) v.resize(k_);
+  pending_count_.assign(chunks(me_), 0);
+  my_encoded_ = std::make_shared<std::vector<uint8_t>>(
+      chunks(me_) == 0 ? 0 : enc_offset(chunks(me_) - 1) + encoded_bytes(codec_, chunk_));
+  for (int p = 0; p < k_; ++p)
+    if (p != me_) impl_.dealer(g_.members[p].endpoint);  // connect early
+
+  // Messages of this operation that arrived during an earlier one.
+  std::deque<Received> early;
+  early.swap(impl_.stash);
+  impl_.stash_bytes = 0;
+  for (Received& r : early) {
+    if (r.h.round_id < g_.round_id) continue;
+    handle(r);
+  }
+
+  std::vector<zmq_pollitem_t> items;
+  while (!done()) {
+    bool progressed = false;
+    for (int i = 0; i < 64; ++i) {
+      Received r;
+      uint64_t bytes = 0;
+      if (!impl_.try_receive(r, bytes)) break;
+      progressed = true;
+      handle(r);
+    }
+    for (int p = 0; p < k_; ++p)
+      if (p != me_) flush(p);
+    // Produce the next reduce-scatter chunk, unless that peer is still congested.
+    while (rs_chunk_ < rs_max_chunks_) {
+      int p = (me_ + rs_step_) % k_;
+      if (rs_chunk_ < chunks(p)) {
+        if (!outbox_[p].empty()) break;
+        size_t len = chunk_len(p, rs_chunk_);
+        zmq::message_t msg(encoded_bytes(codec_, len));
+        detail::encode(codec_, in_ + part_begin(p) + rs_chunk_ * chunk_, len,
+                       static_cast<uint8_t*>(msg.data()));
+        enqueue(p, header(MsgType::reduce_scatter, p, rs_chunk_ * chunk_, len), std::move(msg),
+                true);
+        progressed = true;
+      }
+      if (++rs_step_ == k_) {
+        rs_step_ = 1;
+        ++rs_chunk_;
+      }
+      if (progressed) break;
+    }
+    if (done()) break;
+    auto now = Clock::now();
+    check_timeouts(now);
+    if (progressed) continue;
+    items.clear();
+    items.push_back({static_cast<void*>(impl_.router), 0, ZMQ_POLLIN, 0});
+    for (int p = 0; p < k_; ++p) {
+      if (p != me_ && !outbox_[p].empty()) {
+        items.push_back(
+            {static_cast<void*>(impl_.dealer(g_.members[p].endpoint)), 0, ZMQ_POLLOUT, 0});
+      }
+    }
+    auto budget = std::chrono::duration_cast<std::chrono::milliseconds>(poll_budget(now));
+    zmq::poll(items.data(), items.size(), budget);
+  }
+  impl_.stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+void detail::CommunicatorImpl::run(const Group& group, const float* in, float* out, size_t n) {
+  stats = Stats{};
+  const int k = static_cast<int>(group.members.size());
+  if (k == 0 || group.rank < 0 || group.rank >= k) {
+    throw CollectiveError("allreduce: rank " + std::to_string(group.rank) +
+                          " is not in a group of " + std::to_string(k) + " members");
+  }
+  if (group.members[group.rank].endpoint != endpoint) {
+    throw CollectiveError("allreduce: member " + group.members[group.rank].name +
+                          " has endpoint " + group.members[group.rank].endpoint +
+                          " in the group, but this communicator is bound to " + endpoint);
+  }
+  // Peers that left the group: let what is queued for them drain, then close.
+  for (auto it = dealers.begin(); it != dealers.end();) {
+    bool member = std::any_of(group.members.begin(), group.members.end(),
+                              [&](const Member& m) { return m.endpoint == it->first; });
+    if (!member) {
+      it->second->set(zmq::sockopt::linger, static_cast<int>(options.peer_timeout.count()));
+      it = dealers.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  Op op(*this, group, in, out, n);
+  try {
+    if (k == 1) {
+      std::memcpy(out, in, n * sizeof(float));
+      return;
+    }
+    op.run();
+  } catch (const OpFailure& f) {
+    // Drop whatever is still queued for this operation: stale data only delays the peers.
+    std::vector<std::string> eps;
+    for (auto& [ep, s] : dealers) eps.push_back(ep);
+    for (auto& ep : eps) close_dealer(ep, std::chrono::milliseconds(0));
+    if (f.broadcast) op.broadcast_abort(f, f.kind == AbortKind::peer_lost ? f.culprit : "");
+    spdlog::warn("collective: {}", f.message);
+    if (f.kind == AbortKind::peer_lost) throw PeerLostError(f.message, f.culprit);
+    throw CollectiveError(f.message, f.culprit);
+  }
+}
+
+Communicator::Communicator(const std::string& bind_endpoint, Options options,
+                           std::shared_ptr<zmq::context_t> context)
+    : impl_(std::make_unique<detail::CommunicatorImpl>()) {
+  impl_->options = options;
+  impl_->ctx = context ? std::move(context) : std::make_shared<zmq::context_t>(1);
+  impl_->router = zmq::socket_t(*impl_->ctx, zmq::socket_type::router);
+  impl_->router.set(zmq::sockopt::linger, 0);
+  impl_->router.set(zmq::sockopt::rcvhwm, 4096);
+  // The ROUTER only receives; should it ever route, an unknown peer must be an error.
+  impl_->router.set(zmq::sockopt::router_mandatory, true);
+  std::string ep = bind_endpoint;
+  if (ep.starts_with("tcp://") && ep.ends_with(":0")) ep = ep.substr(0, ep.size() - 1) + "*";
+  impl_->router.bind(ep);
+  impl_->endpoint = impl_->router.get(zmq::sockopt::last_endpoint);
+}
+
+Communicator::~Communicator() {
+  // Let the last chunks reach slower peers, bounded by the peer timeout.
+  for (auto& [ep, s] : impl_->dealers)
+    s->set(zmq::sockopt::linger, static_cast<int>(impl_->options.peer_timeout.count()));
+}
+
+const std::string& Communicator::endpoint() const { return impl_->endpoint; }
+Options& Communicator::options() { return impl_->options; }
+detail::Hooks& Communicator::hooks() { return impl_->hooks; }
+const Stats& Communicator::last_stats() const { return impl_->stats; }
+
+void Communicator::allreduce(const Group& group, std::span<float> data) {
+  float* out = impl_->result_buffer(data.size());
+  impl_->run(group, data.data(), out, data.size());
+  std::memcpy(data.data(), out, data.size() * sizeof(float));
+}
+
+void Communicator::allreduce(const Group& group, const std::vector<std::span<float>>& tensors) {
+  if (tensors.size() == 1) return allreduce(group, tensors[0]);
+  size_t n = 0;
+  for (auto t : tensors) n += t.size();
+  impl_->input.resize(n);
+  size_t at = 0;
+  for (auto t : tensors) {
+    std::copy(t.begin(), t.end(), impl_->input.begin() + static_cast<ptrdiff_t>(at));
+    at += t.size();
+  }
+  float* out = impl_->result_buffer(n);
+  impl_->run(group, impl_->input.data(), out, n);
+  at = 0;
+  for (auto t : tensors) {
+    std::copy(out + at, out + at + t.size(), t.begin());
+    at += t.size();
+  }
+}
+
+}  // namespace loco::collective
