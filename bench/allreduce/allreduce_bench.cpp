@@ -86,7 +86,7 @@ void write_file(const std::string& dir, const std::string& name, const std::stri
 
 int run_worker(const WorkerArgs& a) {
   const size_t n = a.bytes / sizeof(float);
-  std::vector<float> data(n);
+  std::vector<float> data(n), out(a.impl == "ours" ? n : 0);
   for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>((i * 7 + a.rank) % 1000) * 1e-3f;
   std::vector<double> times;
   if (a.impl == "ours") {
@@ -108,7 +108,8 @@ int run_worker(const WorkerArgs& a) {
       comm.options().codec = opts.codec;
       g.round_id += 1;
       auto t0 = Clock::now();
-      comm.allreduce(g, std::span<float>(data));
+      // Out of place, as a DiLoCo worker uses it (the mean lands next to its own delta).
+      comm.allreduce(g, std::span<const float>(data), std::span<float>(out));
       if (it >= a.warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
   } else {

@@ -59,6 +59,9 @@ struct Options {
   size_t chunk_bytes = 512 * 1024;
   // Reject NaN/Inf contributions with a CollectiveError naming the sender.
   bool reject_nonfinite = true;
+  // ZeroMQ I/O threads of a communicator that owns its context: on loopback the kernel copies
+  // run on them, and two let sends and receives proceed in parallel.
+  int io_threads = 2;
 };
 
 // Any failure of an operation. member() names the member at fault, when one is known.
@@ -116,8 +119,12 @@ class Communicator {
   Options& options();
   detail::Hooks& hooks();
 
-  // Replaces `data` by the mean over the group. Throws PeerLostError / CollectiveError.
+  // Replaces `data` by the mean over the group. Throws PeerLostError / CollectiveError, and
+  // then leaves `data` unchanged (the survivors run again with the same inputs).
   void allreduce(const Group& group, std::span<float> data);
+  // Writes the mean of the members' `in` to `out` (same length, not overlapping), saving the
+  // in-place variant's final copy. On failure `out` holds garbage and `in` is untouched.
+  void allreduce(const Group& group, std::span<const float> in, std::span<float> out);
   // Several tensors in one operation, as if concatenated in this order.
   void allreduce(const Group& group, const std::vector<std::span<float>>& tensors);
 
