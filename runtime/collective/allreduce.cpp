@@ -177,6 +177,7 @@ struct detail::CommunicatorImpl {
   size_t result_capacity = 0;
   std::vector<float> input;  // concatenation of several tensors
   std::vector<float> scratch;
+  bool last_ok = true;  // whether the last operation succeeded
 
   zmq::socket_t& dealer(const std::string& ep) {
     auto it = dealers.find(ep);
@@ -738,6 +739,7 @@ void detail::CommunicatorImpl::run(const Group& group, const float* in, float* o
       return;
     }
     op.run();
+    last_ok = true;
   } catch (const OpFailure& f) {
     // Drop whatever is still queued for this operation: stale data only delays the peers.
     std::vector<std::string> eps;
@@ -745,6 +747,7 @@ void detail::CommunicatorImpl::run(const Group& group, const float* in, float* o
     for (auto& ep : eps) close_dealer(ep, std::chrono::milliseconds(0));
     // The caller may free its input as soon as we throw. Closing with linger 0 drops the queued
     // messages within milliseconds; the bound only guards against the unforeseen.
+    last_ok = false;
     if (!op.wait_input_released(std::chrono::seconds(5))) {
       spdlog::error("collective: ZeroMQ still holds messages pointing into the input after 5 s");
     }
@@ -787,7 +790,9 @@ Communicator::Communicator(const std::string& bind_endpoint, Options options,
 }
 
 Communicator::~Communicator() {
-  // Let the last chunks reach slower peers, bounded by the peer timeout.
+  // After a success, let the last chunks reach slower peers, bounded by the peer timeout; after
+  // a failure only abort notices are queued, and their peers may be gone.
+  if (!impl_->last_ok) return;
   for (auto& [ep, s] : impl_->dealers)
     s->set(zmq::sockopt::linger, static_cast<int>(impl_->options.peer_timeout.count()));
 }

@@ -184,6 +184,38 @@ TEST(Allreduce, SeveralTensorsInOneCall) {
   }
 }
 
+TEST(Allreduce, OutOfPlaceLeavesTheInputAndMatchesInPlace) {
+  const int k = 3;
+  const size_t n = 300'007;
+  Members m(k, Transport::tcp);
+  std::vector<std::vector<float>> in, out(k, std::vector<float>(n)), inplace;
+  for (int r = 0; r < k; ++r) in.push_back(make_data(21, r, n));
+  inplace = in;
+  rethrow_any(m.run(iota(k), 1, inplace));
+  std::vector<std::exception_ptr> errors(k);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < k; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        m.comms[r]->allreduce(m.group(iota(k), 2, r), std::span<const float>(in[r]),
+                              std::span<float>(out[r]));
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  rethrow_any(errors);
+  for (int r = 0; r < k; ++r) {
+    EXPECT_EQ(in[r], make_data(21, r, n));
+    EXPECT_EQ(out[r], inplace[r]);
+  }
+  std::vector<float> a(10), b(10);
+  EXPECT_THROW(m.comms[0]->allreduce(m.group(iota(k), 3, 0), std::span<const float>(a),
+                                     std::span<float>(b).first(9)),
+               CollectiveError);
+}
+
 TEST(Allreduce, SendsTwoTimesKMinusOneOverKOfThePayload) {
   for (int k : {2, 4, 5}) {
     const size_t n = 1'000'003;
