@@ -145,15 +145,78 @@ inline uint16_t float_to_bf16(float f) {
 }
 inline float bf16_to_float(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
 
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+// One pass: min, max and whether anything is NaN (Inf shows in min/max).
+__attribute__((target("avx2"))) void int8_minmax_avx2(const float* src, size_t n, float& mn,
+                                                      float& mx, bool& nan) {
+  __m256 vmin = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 vnan = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_loadu_ps(src + i);
+    vmin = _mm256_min_ps(vmin, x);
+    vmax = _mm256_max_ps(vmax, x);
+    vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  }
+  alignas(32) float a[8], b[8];
+  _mm256_store_ps(a, vmin);
+  _mm256_store_ps(b, vmax);
+  nan = _mm256_movemask_ps(vnan) != 0;
+  mn = a[0];
+  mx = b[0];
+  for (int j = 1; j < 8; ++j) {
+    mn = std::min(mn, a[j]);
+    mx = std::max(mx, b[j]);
+  }
+  for (; i < n; ++i) {
+    mn = std::min(mn, src[i]);
+    mx = std::max(mx, src[i]);
+    nan |= std::isnan(src[i]);
+  }
+}
+
+// q = trunc(clamp((x - lo) * inv + 0.5, 0, 255)), exactly as the scalar loop (no FMA).
+__attribute__((target("avx2"))) size_t int8_quantize_avx2(const float* src, size_t n, float lo,
+                                                          float inv, uint8_t* q) {
+  const __m256 vlo = _mm256_set1_ps(lo), vinv = _mm256_set1_ps(inv);
+  const __m256 half = _mm256_set1_ps(0.5f), zero = _mm256_setzero_ps();
+  const __m256 top = _mm256_set1_ps(255.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i v[4];
+    for (int j = 0; j < 4; ++j) {
+      __m256 x = _mm256_loadu_ps(src + i + 8 * j);
+      x = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x, vlo), vinv), half);
+      x = _mm256_min_ps(_mm256_max_ps(x, zero), top);
+      v[j] = _mm256_cvttps_epi32(x);
+    }
+    __m256i w = _mm256_packus_epi16(_mm256_packus_epi32(v[0], v[1]), _mm256_packus_epi32(v[2], v[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), _mm256_permutevar8x32_epi32(w, order));
+  }
+  return i;
+}
+
 void int8_range(const float* src, size_t n, float& lo, float& scale) {
   float mn = std::numeric_limits<float>::infinity();
   float mx = -mn;
   bool finite = true;
-  for (size_t i = 0; i < n; ++i) {
-    mn = std::min(mn, src[i]);
-    mx = std::max(mx, src[i]);
+  if (has_avx2()) {
+    bool nan = false;
+    int8_minmax_avx2(src, n, mn, mx, nan);
+    finite = !nan && (n == 0 || (std::isfinite(mn) && std::isfinite(mx)));
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      mn = std::min(mn, src[i]);
+      mx = std::max(mx, src[i]);
+    }
+    finite = all_finite(src, n);
   }
-  finite = all_finite(src, n);
   if (!finite) {
     lo = std::numeric_limits<float>::quiet_NaN();
     scale = 0;
@@ -224,7 +287,9 @@ void encode(Codec codec, const float* src, size_t n, uint8_t* dst) {
       std::memcpy(dst + 4, &scale, 4);
       uint8_t* q = dst + kInt8Header;
       float inv = scale > 0 ? 1.0f / scale : 0.0f;
-      for (size_t i = 0; i < n; ++i) {
+      size_t i = 0;
+      if (has_avx2() && lo == lo) i = int8_quantize_avx2(src, n, lo, inv, q);
+      for (; i < n; ++i) {
         float v = (src[i] - lo) * inv + 0.5f;
         v = std::min(std::max(v, 0.0f), 255.0f);  // also maps NaN to 0 (lo is NaN then)
         q[i] = static_cast<uint8_t>(static_cast<int>(v));

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -411,6 +412,71 @@ TEST(AllreduceErrors, GroupWithoutThisCommunicatorIsRejected) {
   Group g = m.group({0, 1}, 1, 1);
   std::vector<float> v(10);
   EXPECT_THROW(m.comms[0]->allreduce(g, std::span<float>(v)), CollectiveError);
+}
+
+}  // namespace
+}  // namespace loco::collective
+
+// The vectorized codec paths give exactly the bits of the reference formulas.
+#include "runtime/collective/codec.hpp"
+
+namespace loco::collective {
+namespace {
+
+TEST(Codec, Int8MatchesTheReferenceFormula) {
+  for (size_t n : {size_t{1}, size_t{31}, size_t{32}, size_t{1000}, size_t{4099}}) {
+    std::vector<float> x = make_data(n, 0, n);
+    std::vector<uint8_t> enc(encoded_bytes(Codec::int8, n));
+    detail::encode(Codec::int8, x.data(), n, enc.data());
+    float lo = *std::min_element(x.begin(), x.end());
+    float hi = *std::max_element(x.begin(), x.end());
+    float scale = (hi - lo) / 255.0f;
+    if (!(scale > 0)) scale = 0;
+    float inv = scale > 0 ? 1.0f / scale : 0.0f;
+    float got_lo, got_scale;
+    std::memcpy(&got_lo, enc.data(), 4);
+    std::memcpy(&got_scale, enc.data() + 4, 4);
+    ASSERT_EQ(got_lo, lo);
+    ASSERT_EQ(got_scale, scale);
+    std::vector<float> dec(n);
+    detail::decode(Codec::int8, enc.data(), n, dec.data());
+    for (size_t i = 0; i < n; ++i) {
+      volatile float v = (x[i] - lo) * inv;  // volatile: no contraction into an FMA
+      float w = std::min(std::max(v + 0.5f, 0.0f), 255.0f);
+      ASSERT_EQ(enc[detail::kInt8Header + i], static_cast<uint8_t>(static_cast<int>(w))) << i;
+      ASSERT_LE(std::fabs(dec[i] - x[i]), scale * 0.5001f + 1e-7f) << i;
+    }
+  }
+}
+
+TEST(Codec, Fp16RoundsToNearestEvenLikeTheCompiler) {
+  std::vector<float> x = make_data(3, 1, 10000);
+  for (float& v : x) v *= 70000.0f;  // also beyond the fp16 range
+  for (float v : {0.0f, -0.0f, 1e-8f, 6.1e-5f, 65504.0f, 65520.0f, INFINITY, -INFINITY})
+    x.push_back(v);
+  std::vector<uint8_t> enc(2 * x.size());
+  detail::encode(Codec::fp16, x.data(), x.size(), enc.data());
+  std::vector<float> dec(x.size());
+  detail::decode(Codec::fp16, enc.data(), x.size(), dec.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    _Float16 h = static_cast<_Float16>(x[i]);
+    uint16_t bits;
+    std::memcpy(&bits, &h, 2);
+    uint16_t got;
+    std::memcpy(&got, enc.data() + 2 * i, 2);
+    ASSERT_EQ(got, bits) << x[i];
+    ASSERT_EQ(dec[i], static_cast<float>(h)) << x[i];
+  }
+}
+
+TEST(Codec, NonFiniteInt8ChunkDecodesToNaN) {
+  std::vector<float> x(100, 1.0f);
+  x[50] = INFINITY;
+  std::vector<uint8_t> enc(encoded_bytes(Codec::int8, x.size()));
+  detail::encode(Codec::int8, x.data(), x.size(), enc.data());
+  std::vector<float> dec(x.size());
+  detail::decode(Codec::int8, enc.data(), x.size(), dec.data());
+  EXPECT_FALSE(detail::all_finite(dec.data(), dec.size()));
 }
 
 }  // namespace
