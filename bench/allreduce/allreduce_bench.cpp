@@ -66,7 +66,8 @@ std::vector<std::string> gather_files(const std::string& dir, const std::string&
   for (int r = 0; r < size; ++r) {
     fs::path p = fs::path(dir) / (name + "." + std::to_string(r));
     while (!fs::exists(p)) {
-      if (Clock::now() > deadline) throw std::runtime_error("rendezvous timed out on " + p.string());
+      if (Clock::now() > deadline)
+        throw std::runtime_error("rendezvous timed out on " + p.string());
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     std::ifstream in(p);
@@ -128,8 +129,8 @@ int run_worker(const WorkerArgs& a) {
       gloo::AllreduceOptions opts(ctx);
       opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
       opts.setOutput(data.data(), n);
-      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-          &gloo::sum<float>));
+      opts.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
       gloo::allreduce(opts);
       for (float& x : data) x *= inv;  // a mean, like ours
       if (it >= a.warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -158,17 +159,35 @@ std::vector<double> run_config(const std::string& self, const WorkerArgs& base,
     std::vector<std::string> args;
     if (!netns.empty()) args = {"/usr/sbin/ip", "netns", "exec", netns + std::to_string(r)};
     std::string host = ips.empty() ? "127.0.0.1" : ips.at(r);
-    for (const std::string& x : std::vector<std::string>{self, std::string("--worker"), "--rank", std::to_string(r), "--size",
-          std::to_string(base.size), "--dir", dir, "--impl", base.impl, "--codec", base.codec,
-          "--host", host, "--bytes", std::to_string(base.bytes), "--iters",
-          std::to_string(base.iters), "--warmup", std::to_string(base.warmup), "--chunk-bytes",
-          std::to_string(base.chunk_bytes)})
+    for (const std::string& x : std::vector<std::string>{self,
+                                                         std::string("--worker"),
+                                                         "--rank",
+                                                         std::to_string(r),
+                                                         "--size",
+                                                         std::to_string(base.size),
+                                                         "--dir",
+                                                         dir,
+                                                         "--impl",
+                                                         base.impl,
+                                                         "--codec",
+                                                         base.codec,
+                                                         "--host",
+                                                         host,
+                                                         "--bytes",
+                                                         std::to_string(base.bytes),
+                                                         "--iters",
+                                                         std::to_string(base.iters),
+                                                         "--warmup",
+                                                         std::to_string(base.warmup),
+                                                         "--chunk-bytes",
+                                                         std::to_string(base.chunk_bytes)})
       args.push_back(x);
     std::vector<char*> argv;
     for (auto& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
     pid_t pid;
-    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) == 0) pids.push_back(pid);
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) == 0)
+      pids.push_back(pid);
   }
   // Bounded wait: a stuck configuration is killed, reported, and the run goes on.
   auto deadline = Clock::now() + std::chrono::seconds(240);
@@ -195,10 +214,11 @@ std::vector<double> run_config(const std::string& self, const WorkerArgs& base,
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> opt = {
-      {"procs", "2,4,8"}, {"sizes-mb", "1,16,128"}, {"impls", "ours,gloo"}, {"codecs", "fp32"},
-      {"netns", ""},      {"ips", ""},              {"link-gbit", "0"},     {"chunk-bytes", "524288"},
-      {"iters", ""}};
+  std::map<std::string, std::string> opt = {{"procs", "2,4,8"},     {"sizes-mb", "1,16,128"},
+                                            {"impls", "ours,gloo"}, {"codecs", "fp32"},
+                                            {"netns", ""},          {"ips", ""},
+                                            {"link-gbit", "0"},     {"chunk-bytes", "524288"},
+                                            {"iters", ""}};
   bool worker = false;
   WorkerArgs w;
   for (int i = 1; i < argc; ++i) {
@@ -207,17 +227,28 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error("missing value for " + a);
       return argv[++i];
     };
-    if (a == "--worker") worker = true;
-    else if (a == "--rank") w.rank = std::stoi(next());
-    else if (a == "--size") w.size = std::stoi(next());
-    else if (a == "--dir") w.dir = next();
-    else if (a == "--impl") w.impl = next();
-    else if (a == "--codec") w.codec = next();
-    else if (a == "--host") w.host = next();
-    else if (a == "--bytes") w.bytes = std::stoull(next());
-    else if (a == "--warmup") w.warmup = std::stoi(next());
-    else if (a == "--chunk-bytes") opt["chunk-bytes"] = next();
-    else if (a.rfind("--", 0) == 0 && opt.count(a.substr(2))) opt[a.substr(2)] = next();
+    if (a == "--worker")
+      worker = true;
+    else if (a == "--rank")
+      w.rank = std::stoi(next());
+    else if (a == "--size")
+      w.size = std::stoi(next());
+    else if (a == "--dir")
+      w.dir = next();
+    else if (a == "--impl")
+      w.impl = next();
+    else if (a == "--codec")
+      w.codec = next();
+    else if (a == "--host")
+      w.host = next();
+    else if (a == "--bytes")
+      w.bytes = std::stoull(next());
+    else if (a == "--warmup")
+      w.warmup = std::stoi(next());
+    else if (a == "--chunk-bytes")
+      opt["chunk-bytes"] = next();
+    else if (a.rfind("--", 0) == 0 && opt.count(a.substr(2)))
+      opt[a.substr(2)] = next();
     else {
       std::cerr << "unknown argument " << a << "\n";
       return 2;
@@ -246,7 +277,8 @@ int main(int argc, char** argv) {
       double gloo_time = 0;
       std::vector<std::pair<std::string, std::string>> runs;
       for (const auto& impl : split(opt["impls"])) {
-        if (impl == "gloo") runs.insert(runs.begin(), {impl, "fp32"});
+        if (impl == "gloo")
+          runs.insert(runs.begin(), {impl, "fp32"});
         else
           for (const auto& c : split(opt["codecs"])) runs.push_back({impl, c});
       }
@@ -256,7 +288,7 @@ int main(int argc, char** argv) {
         base.impl = impl;
         base.codec = codec;
         base.bytes = bytes;
-        base.iters = !opt["iters"].empty() ? std::stoi(opt["iters"])
+        base.iters = !opt["iters"].empty()  ? std::stoi(opt["iters"])
                      : bytes <= (2u << 20)  ? 20
                      : bytes <= (32u << 20) ? 8
                                             : 4;
@@ -271,7 +303,8 @@ int main(int argc, char** argv) {
         double busbw = 2.0 * (k - 1) / k * static_cast<double>(bytes) / t;
         char vs_link[32] = "-", vs_gloo[32] = "-";
         if (link > 0) std::snprintf(vs_link, sizeof vs_link, "%.2f", busbw / link);
-        if (gloo_time > 0 && impl != "gloo") std::snprintf(vs_gloo, sizeof vs_gloo, "%.2f", gloo_time / t);
+        if (gloo_time > 0 && impl != "gloo")
+          std::snprintf(vs_gloo, sizeof vs_gloo, "%.2f", gloo_time / t);
         std::printf("%-5s %-5s %2d %8s %11.1f %12.3f %9s %9s\n", impl.c_str(), codec.c_str(), k,
                     mbs.c_str(), t * 1e3, busbw / 1e9, vs_link, vs_gloo);
         std::fflush(stdout);

@@ -15,14 +15,13 @@
 // with producing the next chunk; the ZeroMQ I/O thread moves bytes meanwhile.
 #include "runtime/collective/allreduce.hpp"
 
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 
-#include <malloc.h>
-
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -277,9 +276,7 @@ class Op {
   size_t enc_offset(int p, size_t c) const {
     return enc_part_[p] + c * encoded_bytes(codec_, chunk_);
   }
-  std::string who(int r) const {
-    return g_.members[r].name + " (" + g_.members[r].endpoint + ")";
-  }
+  std::string who(int r) const { return g_.members[r].name + " (" + g_.members[r].endpoint + ")"; }
   int rank_of(const std::string& name) const {
     for (int r = 0; r < k_; ++r)
       if (g_.members[r].name == name) return r;
@@ -330,14 +327,14 @@ class Op {
     size_t next = 0;
   };
   std::vector<std::deque<Outgoing>> outbox_;
-  std::vector<Clock::time_point> heard_;       // last message from each peer
-  std::vector<Clock::time_point> sent_;        // last send progress to each peer
-  std::vector<size_t> rs_left_, ag_left_;      // chunks still expected from each peer
+  std::vector<Clock::time_point> heard_;              // last message from each peer
+  std::vector<Clock::time_point> sent_;               // last send progress to each peer
+  std::vector<size_t> rs_left_, ag_left_;             // chunks still expected from each peer
   std::vector<std::optional<uint64_t>> stale_round_;  // a peer's last message of another round
   std::vector<std::vector<zmq::message_t>> pending_;  // [chunk][rank] contributions to my part
   std::vector<int> pending_count_;
   size_t reduced_ = 0;
-  std::shared_ptr<Bytes> send_;     // reduce-scatter chunks of other parts, my part's result
+  std::shared_ptr<Bytes> send_;   // reduce-scatter chunks of other parts, my part's result
   std::vector<size_t> enc_part_;  // offset of each part in send_
   // fp32 over tcp/ipc: reduce-scatter chunks are sent straight from the input, no copy. (Not
   // over inproc, where a peer could keep a message, and so the input, arbitrarily long.)
@@ -437,9 +434,9 @@ void Op::handle(Received& r) {
     if (s >= 0 && s != me_ && r.h.round_id > g_.round_id && expecting(s)) {
       // A member only moves on after sending us all its data of this round.
       throw OpFailure{AbortKind::error, r.name,
-                      "member " + who(s) + " sent data for round " +
-                          std::to_string(r.h.round_id) + " while round " +
-                          std::to_string(g_.round_id) + " expects more data from it",
+                      "member " + who(s) + " sent data for round " + std::to_string(r.h.round_id) +
+                          " while round " + std::to_string(g_.round_id) +
+                          " expects more data from it",
                       false};
     }
     impl_.stash_message(std::move(r));
@@ -466,8 +463,8 @@ void Op::handle(Received& r) {
       size_t k = static_cast<size_t>(k_);
       size_t theirs = (static_cast<size_t>(part) + 1) * r.h.total_n / k -
                       static_cast<size_t>(part) * r.h.total_n / k;
-      msg += std::to_string(theirs) + " floats for part " + std::to_string(part) +
-             ", expected " + std::to_string(part_len(expected_part)) + " (its vector has " +
+      msg += std::to_string(theirs) + " floats for part " + std::to_string(part) + ", expected " +
+             std::to_string(part_len(expected_part)) + " (its vector has " +
              std::to_string(r.h.total_n) + " floats, ours " + std::to_string(n_) + ")";
     }
     msg += " in round " + std::to_string(g_.round_id);
@@ -515,9 +512,8 @@ void Op::fail_nonfinite(size_t c, const float* acc) {
     size_t i = detail::first_nonfinite(v, len);
     if (i < len) {
       throw OpFailure{AbortKind::error, g_.members[r].name,
-                      "member " + who(r) + " sent NaN/Inf in round " +
-                          std::to_string(g_.round_id) + " (element " +
-                          std::to_string(begin + i) + ")",
+                      "member " + who(r) + " sent NaN/Inf in round " + std::to_string(g_.round_id) +
+                          " (element " + std::to_string(begin + i) + ")",
                       true};
     }
   }
@@ -561,8 +557,8 @@ void Op::reduce_chunk(size_t c) {
   detail::encode(codec_, acc, len, enc);
   for (int step = 1; step < k_; ++step) {
     int p = (me_ + step) % k_;
-    enqueue(p, header(MsgType::all_gather, me_, c * chunk_, len), shared_message(send_, at, enc_len),
-            true);
+    enqueue(p, header(MsgType::all_gather, me_, c * chunk_, len),
+            shared_message(send_, at, enc_len), true);
   }
   if (codec_ != Codec::fp32) detail::decode(codec_, enc, len, acc);
   ++reduced_;
@@ -631,15 +627,15 @@ void Op::run() {
   enc_part_.assign(k_ + 1, 0);
   for (int p = 0; p < k_; ++p) {
     size_t c = chunks(p);
-    enc_part_[p + 1] = enc_part_[p] + (c == 0 ? 0 : (c - 1) * encoded_bytes(codec_, chunk_) +
-                                                      encoded_bytes(codec_, chunk_len(p, c - 1)));
+    enc_part_[p + 1] = enc_part_[p] + (c == 0 ? 0
+                                              : (c - 1) * encoded_bytes(codec_, chunk_) +
+                                                    encoded_bytes(codec_, chunk_len(p, c - 1)));
   }
   send_ = impl_.send_buffer(enc_part_[k_]);
-  input_zero_copy_ =
-      codec_ == Codec::fp32 &&
-      std::all_of(g_.members.begin(), g_.members.end(), [](const Member& m) {
-        return m.endpoint.starts_with("tcp://") || m.endpoint.starts_with("ipc://");
-      });
+  input_zero_copy_ = codec_ == Codec::fp32 &&
+                     std::all_of(g_.members.begin(), g_.members.end(), [](const Member& m) {
+                       return m.endpoint.starts_with("tcp://") || m.endpoint.starts_with("ipc://");
+                     });
   for (int p = 0; p < k_; ++p)
     if (p != me_) impl_.dealer(g_.members[p].endpoint);  // connect early
 
@@ -717,8 +713,8 @@ void detail::CommunicatorImpl::run(const Group& group, const float* in, float* o
                           " is not in a group of " + std::to_string(k) + " members");
   }
   if (group.members[group.rank].endpoint != endpoint) {
-    throw CollectiveError("allreduce: member " + group.members[group.rank].name +
-                          " has endpoint " + group.members[group.rank].endpoint +
+    throw CollectiveError("allreduce: member " + group.members[group.rank].name + " has endpoint " +
+                          group.members[group.rank].endpoint +
                           " in the group, but this communicator is bound to " + endpoint);
   }
   // Peers that left the group: let what is queued for them drain, then close.
@@ -777,7 +773,8 @@ Communicator::Communicator(const std::string& bind_endpoint, Options options,
     : impl_(std::make_unique<detail::CommunicatorImpl>()) {
   tune_malloc_once();
   impl_->options = options;
-  impl_->ctx = context ? std::move(context) : std::make_shared<zmq::context_t>(std::max(1, options.io_threads));
+  impl_->ctx = context ? std::move(context)
+                       : std::make_shared<zmq::context_t>(std::max(1, options.io_threads));
   impl_->router = zmq::socket_t(*impl_->ctx, zmq::socket_type::router);
   impl_->router.set(zmq::sockopt::linger, 0);
   impl_->router.set(zmq::sockopt::rcvhwm, 4096);

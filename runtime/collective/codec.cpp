@@ -20,20 +20,27 @@ std::optional<Codec> parse_codec(std::string_view name) {
 
 std::string_view to_string(Codec codec) {
   switch (codec) {
-    case Codec::fp32: return "fp32";
-    case Codec::fp16: return "fp16";
-    case Codec::bf16: return "bf16";
-    case Codec::int8: return "int8";
+    case Codec::fp32:
+      return "fp32";
+    case Codec::fp16:
+      return "fp16";
+    case Codec::bf16:
+      return "bf16";
+    case Codec::int8:
+      return "int8";
   }
   return "?";
 }
 
 size_t encoded_bytes(Codec codec, size_t count) {
   switch (codec) {
-    case Codec::fp32: return 4 * count;
+    case Codec::fp32:
+      return 4 * count;
     case Codec::fp16:
-    case Codec::bf16: return 2 * count;
-    case Codec::int8: return detail::kInt8Header + count;
+    case Codec::bf16:
+      return 2 * count;
+    case Codec::int8:
+      return detail::kInt8Header + count;
   }
   return 0;
 }
@@ -58,10 +65,11 @@ uint16_t float_to_half_scalar(float f) {
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) {  // Inf or NaN
-    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u | ((abs >> 13) & 0x3ffu) : 0u));
+    return static_cast<uint16_t>(sign | 0x7c00u |
+                                 (abs > 0x7f800000u ? 0x200u | ((abs >> 13) & 0x3ffu) : 0u));
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to Inf
-  if (abs < 0x38800000u) {                                                // subnormal or zero
+  if (abs < 0x38800000u) {                                               // subnormal or zero
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
     uint32_t e = abs >> 23;
     uint32_t m = (abs & 0x7fffffu) | 0x800000u;
@@ -106,7 +114,7 @@ bool has_f16c() {
 }
 
 __attribute__((target("avx,f16c"))) void encode_fp16_f16c(const float* src, size_t n,
-                                                           uint8_t* dst) {
+                                                          uint8_t* dst) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
@@ -120,7 +128,7 @@ __attribute__((target("avx,f16c"))) void encode_fp16_f16c(const float* src, size
 
 template <bool kAdd>
 __attribute__((target("avx,f16c"))) void decode_fp16_f16c(const uint8_t* src, size_t n,
-                                                           float* dst) {
+                                                          float* dst) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 f = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i)));
@@ -139,11 +147,14 @@ __attribute__((target("avx,f16c"))) void decode_fp16_f16c(const uint8_t* src, si
 
 inline uint16_t float_to_bf16(float f) {
   uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  if ((x & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
   x += 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>(x >> 16);
 }
-inline float bf16_to_float(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_float(uint16_t h) {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
 
 bool has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2");
@@ -196,7 +207,8 @@ __attribute__((target("avx2"))) size_t int8_quantize_avx2(const float* src, size
       x = _mm256_min_ps(_mm256_max_ps(x, zero), top);
       v[j] = _mm256_cvttps_epi32(x);
     }
-    __m256i w = _mm256_packus_epi16(_mm256_packus_epi32(v[0], v[1]), _mm256_packus_epi32(v[2], v[3]));
+    __m256i w =
+        _mm256_packus_epi16(_mm256_packus_epi32(v[0], v[1]), _mm256_packus_epi32(v[2], v[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), _mm256_permutevar8x32_epi32(w, order));
   }
   return i;

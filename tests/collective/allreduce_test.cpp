@@ -10,6 +10,7 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "runtime/collective/codec.hpp"
 #include "tests/collective/test_util.hpp"
 
 namespace loco::collective {
@@ -123,19 +124,20 @@ TEST_P(AllreduceMatrix, MeanIsExactAndIdenticalForAllLengths) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, AllreduceMatrix,
-    ::testing::Values(Case{Transport::inproc, 1}, Case{Transport::inproc, 2},
-                      Case{Transport::inproc, 3}, Case{Transport::inproc, 4},
-                      Case{Transport::inproc, 5}, Case{Transport::inproc, 6},
-                      Case{Transport::inproc, 7}, Case{Transport::inproc, 8},
-                      Case{Transport::tcp, 1}, Case{Transport::tcp, 2}, Case{Transport::tcp, 3},
-                      Case{Transport::tcp, 4}, Case{Transport::tcp, 5}, Case{Transport::tcp, 6},
-                      Case{Transport::tcp, 7}, Case{Transport::tcp, 8}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return std::string(info.param.transport == Transport::tcp ? "tcp" : "inproc") + "_K" +
-             std::to_string(info.param.k);
-    });
+INSTANTIATE_TEST_SUITE_P(All, AllreduceMatrix,
+                         ::testing::Values(Case{Transport::inproc, 1}, Case{Transport::inproc, 2},
+                                           Case{Transport::inproc, 3}, Case{Transport::inproc, 4},
+                                           Case{Transport::inproc, 5}, Case{Transport::inproc, 6},
+                                           Case{Transport::inproc, 7}, Case{Transport::inproc, 8},
+                                           Case{Transport::tcp, 1}, Case{Transport::tcp, 2},
+                                           Case{Transport::tcp, 3}, Case{Transport::tcp, 4},
+                                           Case{Transport::tcp, 5}, Case{Transport::tcp, 6},
+                                           Case{Transport::tcp, 7}, Case{Transport::tcp, 8}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(info.param.transport == Transport::tcp ? "tcp"
+                                                                                     : "inproc") +
+                                  "_K" + std::to_string(info.param.k);
+                         });
 
 class TenMillion : public ::testing::TestWithParam<int> {};
 
@@ -418,7 +420,6 @@ TEST(AllreduceErrors, GroupWithoutThisCommunicatorIsRejected) {
 }  // namespace loco::collective
 
 // The vectorized codec paths give exactly the bits of the reference formulas.
-#include "runtime/collective/codec.hpp"
 
 namespace loco::collective {
 namespace {

@@ -22,7 +22,8 @@ using namespace loco::collective;
 
 int main(int argc, char** argv) {
   if (argc < 11) {
-    std::cerr << "usage: collective_member NAME RANK ROUND N SEED CODEC TIMEOUT_MS CHUNK MODE PEERS...\n";
+    std::cerr
+        << "usage: collective_member NAME RANK ROUND N SEED CODEC TIMEOUT_MS CHUNK MODE PEERS...\n";
     return 2;
   }
   std::string name = argv[1];

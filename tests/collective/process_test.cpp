@@ -1,13 +1,12 @@
 // Members in separate processes: SIGKILL mid-operation, wrong length, wrong round, NaN.
 // The test process hosts K-1 members (threads); the odd one is a child process.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
@@ -81,8 +80,8 @@ class Child {
   std::string read_result(std::chrono::milliseconds timeout) {
     auto deadline = Clock::now() + timeout;
     while (Clock::now() < deadline) {
-      std::string line = read_line(
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+      std::string line =
+          read_line(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
       for (const char* p : {"ok ", "error ", "stalled", "endpoint "})
         if (line.rfind(p, 0) == 0) return line;
     }
@@ -119,7 +118,8 @@ struct MixedGroup {
   std::unique_ptr<Child> child;
   Group group_of(int rank, const Scenario& s, std::string child_ep) const {
     Group g;
-    for (int r = 0; r < s.k - 1; ++r) g.members.push_back({"w" + std::to_string(r), comms[r]->endpoint()});
+    for (int r = 0; r < s.k - 1; ++r)
+      g.members.push_back({"w" + std::to_string(r), comms[r]->endpoint()});
     g.members.push_back({"w" + std::to_string(s.k - 1), child_ep});
     g.rank = rank;
     g.round_id = s.round;
@@ -131,13 +131,20 @@ void start(MixedGroup& run, const Scenario& s, std::vector<std::thread>& threads
   Options o;
   o.peer_timeout = s.timeout;
   o.chunk_bytes = s.chunk_bytes;
-  for (int r = 0; r < s.k - 1; ++r) run.comms.push_back(std::make_unique<Communicator>("tcp://127.0.0.1:0", o));
-  std::vector<std::string> args = {LOCO_COLLECTIVE_MEMBER, "w" + std::to_string(s.k - 1),
-                                   std::to_string(s.k - 1), std::to_string(s.round),
-                                   std::to_string(s.n), "5", "fp32",
+  for (int r = 0; r < s.k - 1; ++r)
+    run.comms.push_back(std::make_unique<Communicator>("tcp://127.0.0.1:0", o));
+  std::vector<std::string> args = {LOCO_COLLECTIVE_MEMBER,
+                                   "w" + std::to_string(s.k - 1),
+                                   std::to_string(s.k - 1),
+                                   std::to_string(s.round),
+                                   std::to_string(s.n),
+                                   "5",
+                                   "fp32",
                                    std::to_string(s.timeout.count()),
-                                   std::to_string(s.chunk_bytes), s.mode};
-  for (int r = 0; r < s.k - 1; ++r) args.push_back("w" + std::to_string(r) + "=" + run.comms[r]->endpoint());
+                                   std::to_string(s.chunk_bytes),
+                                   s.mode};
+  for (int r = 0; r < s.k - 1; ++r)
+    args.push_back("w" + std::to_string(r) + "=" + run.comms[r]->endpoint());
   args.push_back("w" + std::to_string(s.k - 1) + "=self");
   run.child = std::make_unique<Child>(args);
   std::string line = run.child->read_result(std::chrono::seconds(10));
