@@ -57,6 +57,7 @@ struct WorkerArgs {
   size_t bytes = 1 << 20;
   int iters = 5, warmup = 1;
   size_t chunk_bytes = 512 * 1024;
+  int io_threads = 2;
 };
 
 // Waits (bounded) until every rank wrote its file `name`.RANK; returns their contents.
@@ -94,6 +95,7 @@ int run_worker(const WorkerArgs& a) {
     loco::collective::Options opts;
     opts.codec = loco::collective::parse_codec(a.codec).value();
     opts.chunk_bytes = a.chunk_bytes;
+    opts.io_threads = a.io_threads;
     opts.peer_timeout = std::chrono::milliseconds(30000);
     loco::collective::Communicator comm("tcp://" + a.host + ":0", opts);
     write_file(a.dir, "ep." + std::to_string(a.rank), comm.endpoint());
@@ -180,7 +182,9 @@ std::vector<double> run_config(const std::string& self, const WorkerArgs& base,
                                                          "--warmup",
                                                          std::to_string(base.warmup),
                                                          "--chunk-bytes",
-                                                         std::to_string(base.chunk_bytes)})
+                                                         std::to_string(base.chunk_bytes),
+                                                         "--io-threads",
+                                                         std::to_string(base.io_threads)})
       args.push_back(x);
     std::vector<char*> argv;
     for (auto& s : args) argv.push_back(s.data());
@@ -245,6 +249,8 @@ int main(int argc, char** argv) {
       w.bytes = std::stoull(next());
     else if (a == "--warmup")
       w.warmup = std::stoi(next());
+    else if (a == "--io-threads")
+      w.io_threads = std::stoi(next());
     else if (a == "--chunk-bytes")
       opt["chunk-bytes"] = next();
     else if (a.rfind("--", 0) == 0 && opt.count(a.substr(2)))

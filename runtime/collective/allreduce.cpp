@@ -300,7 +300,7 @@ class Op {
     return h;
   }
 
-  void enqueue(int peer, const Header& h, zmq::message_t payload, bool data);
+  void enqueue(int peer, const Header& h, zmq::message_t payload, bool data, bool urgent);
   bool flush(int peer);
   void handle(Received& r);
   void handle_abort(const Received& r);
@@ -326,7 +326,11 @@ class Op {
     std::vector<zmq::message_t> frames;
     size_t next = 0;
   };
-  std::vector<std::deque<Outgoing>> outbox_;
+  // Per peer: all-gather results overtake queued reduce-scatter chunks, so that both phases
+  // stream at once; `sending_` is a message ZeroMQ has taken only some frames of.
+  std::vector<std::deque<Outgoing>> urgent_, outbox_;
+  std::vector<std::optional<Outgoing>> sending_;
+  bool backlog(int p) const { return sending_[p] || !urgent_[p].empty() || !outbox_[p].empty(); }
   std::vector<Clock::time_point> heard_;              // last message from each peer
   std::vector<Clock::time_point> sent_;               // last send progress to each peer
   std::vector<size_t> rs_left_, ag_left_;             // chunks still expected from each peer
@@ -346,7 +350,7 @@ class Op {
   size_t rs_max_chunks_ = 0;
 };
 
-void Op::enqueue(int peer, const Header& h, zmq::message_t payload, bool data) {
+void Op::enqueue(int peer, const Header& h, zmq::message_t payload, bool data, bool urgent) {
   Outgoing o;
   const std::string& name = g_.members[me_].name;
   impl_.stats.bytes_sent += sizeof(Header) + name.size() + payload.size();
@@ -357,28 +361,32 @@ void Op::enqueue(int peer, const Header& h, zmq::message_t payload, bool data) {
   o.frames.emplace_back(&h, sizeof h);
   o.frames.emplace_back(name.data(), name.size());
   o.frames.push_back(std::move(payload));
-  outbox_[peer].push_back(std::move(o));
+  (urgent ? urgent_ : outbox_)[peer].push_back(std::move(o));
   flush(peer);
   if (data && impl_.hooks.after_send) impl_.hooks.after_send(impl_.stats.messages_sent);
 }
 
 // Hands queued messages to ZeroMQ without blocking. Returns true when the outbox is empty.
 bool Op::flush(int peer) {
-  auto& box = outbox_[peer];
-  if (box.empty()) return true;
+  if (!backlog(peer)) return true;
   zmq::socket_t& s = impl_.dealer(g_.members[peer].endpoint);
-  while (!box.empty()) {
-    Outgoing& o = box.front();
+  while (true) {
+    if (!sending_[peer]) {
+      auto& box = !urgent_[peer].empty() ? urgent_[peer] : outbox_[peer];
+      if (box.empty()) return true;
+      sending_[peer] = std::move(box.front());
+      box.pop_front();
+    }
+    Outgoing& o = *sending_[peer];
     while (o.next < o.frames.size()) {
       auto flags = zmq::send_flags::dontwait;
       if (o.next + 1 < o.frames.size()) flags = flags | zmq::send_flags::sndmore;
       if (!s.send(o.frames[o.next], flags)) return false;
       ++o.next;
     }
-    box.pop_front();
+    sending_[peer].reset();
     sent_[peer] = Clock::now();
   }
-  return true;
 }
 
 void Op::broadcast_abort(const OpFailure& f, const std::string& except) {
@@ -558,7 +566,7 @@ void Op::reduce_chunk(size_t c) {
   for (int step = 1; step < k_; ++step) {
     int p = (me_ + step) % k_;
     enqueue(p, header(MsgType::all_gather, me_, c * chunk_, len),
-            shared_message(send_, at, enc_len), true);
+            shared_message(send_, at, enc_len), true, true);
   }
   if (codec_ != Codec::fp32) detail::decode(codec_, enc, len, acc);
   ++reduced_;
@@ -567,7 +575,7 @@ void Op::reduce_chunk(size_t c) {
 bool Op::done() const {
   if (rs_chunk_ < rs_max_chunks_ || reduced_ < chunks(me_)) return false;
   for (int p = 0; p < k_; ++p)
-    if (p != me_ && (expecting(p) || !outbox_[p].empty())) return false;
+    if (p != me_ && (expecting(p) || backlog(p))) return false;
   return true;
 }
 
@@ -578,7 +586,7 @@ void Op::check_timeouts(Clock::time_point now) {
     if (p == me_) continue;
     Clock::time_point t = Clock::time_point::max();
     if (expecting(p)) t = heard_[p];
-    if (!outbox_[p].empty()) t = std::min(t, sent_[p]);
+    if (backlog(p)) t = std::min(t, sent_[p]);
     if (t != Clock::time_point::max() && now - t > timeout_ && t < oldest) {
       oldest = t;
       worst = p;
@@ -603,7 +611,7 @@ Clock::duration Op::poll_budget(Clock::time_point now) const {
   for (int p = 0; p < k_; ++p) {
     if (p == me_) continue;
     if (expecting(p)) budget = std::min(budget, heard_[p] + timeout_ - now);
-    if (!outbox_[p].empty()) budget = std::min(budget, sent_[p] + timeout_ - now);
+    if (backlog(p)) budget = std::min(budget, sent_[p] + timeout_ - now);
   }
   return std::max(budget, Clock::duration(std::chrono::milliseconds(1)));
 }
@@ -611,6 +619,8 @@ Clock::duration Op::poll_budget(Clock::time_point now) const {
 void Op::run() {
   const auto start = Clock::now();
   outbox_.resize(k_);
+  urgent_.resize(k_);
+  sending_.resize(k_);
   heard_.assign(k_, start);
   sent_.assign(k_, start);
   rs_left_.assign(k_, chunks(me_));
@@ -664,7 +674,7 @@ void Op::run() {
     while (rs_chunk_ < rs_max_chunks_) {
       int p = (me_ + rs_step_) % k_;
       if (rs_chunk_ < chunks(p)) {
-        if (!outbox_[p].empty()) break;
+        if (backlog(p)) break;
         size_t len = chunk_len(p, rs_chunk_);
         const float* src = in_ + part_begin(p) + rs_chunk_ * chunk_;
         zmq::message_t msg;
@@ -676,7 +686,7 @@ void Op::run() {
           msg = shared_message(send_, at, encoded_bytes(codec_, len));
         }
         enqueue(p, header(MsgType::reduce_scatter, p, rs_chunk_ * chunk_, len), std::move(msg),
-                true);
+                true, false);
         progressed = true;
       }
       if (++rs_step_ == k_) {
@@ -692,7 +702,7 @@ void Op::run() {
     items.clear();
     items.push_back({static_cast<void*>(impl_.router), 0, ZMQ_POLLIN, 0});
     for (int p = 0; p < k_; ++p) {
-      if (p != me_ && !outbox_[p].empty()) {
+      if (p != me_ && backlog(p)) {
         items.push_back(
             {static_cast<void*>(impl_.dealer(g_.members[p].endpoint)), 0, ZMQ_POLLOUT, 0});
       }
