@@ -727,6 +727,16 @@ void detail::CommunicatorImpl::run(const Group& group, const float* in, float* o
                           group.members[group.rank].endpoint +
                           " in the group, but this communicator is bound to " + endpoint);
   }
+  for (int a = 0; a < k; ++a) {
+    for (int b = a + 1; b < k; ++b) {
+      if (group.members[a].name == group.members[b].name ||
+          group.members[a].endpoint == group.members[b].endpoint) {
+        throw CollectiveError("allreduce: members " + std::to_string(a) + " and " +
+                              std::to_string(b) + " share a name or endpoint (" +
+                              group.members[a].name + ", " + group.members[a].endpoint + ")");
+      }
+    }
+  }
   // Peers that left the group: let what is queued for them drain, then close.
   for (auto it = dealers.begin(); it != dealers.end();) {
     bool member = std::any_of(group.members.begin(), group.members.end(),
