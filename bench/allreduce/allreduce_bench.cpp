@@ -2,10 +2,12 @@
 //
 //   allreduce_bench [--procs 2,4,8] [--sizes-mb 1,16,128] [--impls ours,gloo]
 //                   [--codecs fp32] [--netns PREFIX --ips IP0,IP1,...] [--link-gbit R]
+//                   [--rounds 3] [--iters N] [--chunk-bytes 524288] [--io-threads 2]
 //
 // The launcher starts K worker processes of this same binary per configuration (in network
 // namespaces PREFIX0.. when --netns is given), rendezvous through files in a temporary
-// folder, and prints rank 0's median time per operation, the bus bandwidth
+// folder, and prints rank 0's median time per operation (median over `rounds` alternating
+// runs; rounds_ms is their range), the bus bandwidth
 // 2(K-1)/K x bytes / time (of the fp32 bytes, also for compressed codecs), its ratio to the
 // link bound (with --link-gbit) and Gloo's median time over ours (> 1: we are faster).
 #include <gloo/allreduce.h>
@@ -222,7 +224,7 @@ int main(int argc, char** argv) {
                                             {"impls", "ours,gloo"}, {"codecs", "fp32"},
                                             {"netns", ""},          {"ips", ""},
                                             {"link-gbit", "0"},     {"chunk-bytes", "524288"},
-                                            {"iters", ""}};
+                                            {"iters", ""},          {"rounds", "3"}};
   bool worker = false;
   WorkerArgs w;
   for (int i = 1; i < argc; ++i) {
@@ -274,8 +276,8 @@ int main(int argc, char** argv) {
   const std::string self = fs::canonical("/proc/self/exe").string();
   const double link = std::stod(opt["link-gbit"]) * 1e9 / 8;  // bytes/s
   const auto ips = split(opt["ips"]);
-  std::printf("%-5s %-5s %2s %8s %11s %12s %9s %9s\n", "impl", "codec", "K", "MB", "median_ms",
-              "busbw_GB/s", "vs_link", "vs_gloo");
+  std::printf("%-5s %-5s %2s %8s %11s %15s %12s %9s %9s\n", "impl", "codec", "K", "MB", "median_ms",
+              "rounds_ms", "busbw_GB/s", "vs_link", "vs_gloo");
   for (const auto& ks : split(opt["procs"])) {
     for (const auto& mbs : split(opt["sizes-mb"])) {
       const int k = std::stoi(ks);
@@ -288,31 +290,44 @@ int main(int argc, char** argv) {
         else
           for (const auto& c : split(opt["codecs"])) runs.push_back({impl, c});
       }
-      for (const auto& [impl, codec] : runs) {
-        WorkerArgs base = w;
-        base.size = k;
-        base.impl = impl;
-        base.codec = codec;
-        base.bytes = bytes;
-        base.iters = !opt["iters"].empty()  ? std::stoi(opt["iters"])
-                     : bytes <= (2u << 20)  ? 20
-                     : bytes <= (32u << 20) ? 8
-                                            : 4;
-        base.warmup = bytes <= (2u << 20) ? 3 : 1;
-        auto times = run_config(self, base, opt["netns"], ips);
-        if (times.empty()) {
+      // The machine is shared: run the configurations in alternation, `rounds` times, so that
+      // Gloo and ours see the same background load, and report the median of the rounds.
+      const int rounds = std::stoi(opt["rounds"]);
+      std::vector<std::vector<double>> medians(runs.size());
+      for (int round = 0; round < rounds; ++round) {
+        for (size_t i = 0; i < runs.size(); ++i) {
+          WorkerArgs base = w;
+          base.size = k;
+          base.impl = runs[i].first;
+          base.codec = runs[i].second;
+          base.bytes = bytes;
+          base.iters = !opt["iters"].empty()  ? std::stoi(opt["iters"])
+                       : bytes <= (2u << 20)  ? 20
+                       : bytes <= (32u << 20) ? 8
+                                              : 4;
+          base.warmup = bytes <= (2u << 20) ? 3 : 1;
+          auto times = run_config(self, base, opt["netns"], ips);
+          if (!times.empty()) medians[i].push_back(median(times));
+        }
+      }
+      for (size_t i = 0; i < runs.size(); ++i) {
+        const auto& [impl, codec] = runs[i];
+        if (medians[i].empty()) {
           std::printf("%-5s %-5s %2d %8s   FAILED\n", impl.c_str(), codec.c_str(), k, mbs.c_str());
           continue;
         }
-        double t = median(times);
+        double t = median(medians[i]);
+        double lo = *std::min_element(medians[i].begin(), medians[i].end());
+        double hi = *std::max_element(medians[i].begin(), medians[i].end());
         if (impl == "gloo") gloo_time = t;
         double busbw = 2.0 * (k - 1) / k * static_cast<double>(bytes) / t;
-        char vs_link[32] = "-", vs_gloo[32] = "-";
+        char vs_link[32] = "-", vs_gloo[32] = "-", range[48];
         if (link > 0) std::snprintf(vs_link, sizeof vs_link, "%.2f", busbw / link);
         if (gloo_time > 0 && impl != "gloo")
           std::snprintf(vs_gloo, sizeof vs_gloo, "%.2f", gloo_time / t);
-        std::printf("%-5s %-5s %2d %8s %11.1f %12.3f %9s %9s\n", impl.c_str(), codec.c_str(), k,
-                    mbs.c_str(), t * 1e3, busbw / 1e9, vs_link, vs_gloo);
+        std::snprintf(range, sizeof range, "%.1f-%.1f", lo * 1e3, hi * 1e3);
+        std::printf("%-5s %-5s %2d %8s %11.1f %15s %12.3f %9s %9s\n", impl.c_str(), codec.c_str(),
+                    k, mbs.c_str(), t * 1e3, range, busbw / 1e9, vs_link, vs_gloo);
         std::fflush(stdout);
       }
     }
