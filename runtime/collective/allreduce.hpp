@@ -11,6 +11,10 @@
 // - No wait is unbounded: a member that stops sending for Options::peer_timeout makes the
 //   operation fail with PeerLostError naming it. A failed operation leaves the communicator
 //   ready for the next one (typically the survivors, with a smaller group).
+// - Messages of different operations are told apart by (round_id, members): data of a later
+//   operation that arrives early is kept for it, data of an earlier one is dropped. So retrying
+//   a failed operation with the same members needs a new round_id (fold an attempt counter in);
+//   the usual retry, without the lost member, may keep the round id.
 // - One operation at a time per Communicator; it is not thread-safe.
 #pragma once
 
