@@ -146,6 +146,10 @@ struct detail::CommunicatorImpl {
   detail::Hooks hooks;
   Stats stats;
   std::map<std::string, std::unique_ptr<zmq::socket_t>> dealers;  // by endpoint
+  // A PAIR per dealer that receives its ZeroMQ monitor events: a dropped connection tells that
+  // a peer died (SIGKILL closes its sockets) long before the peer timeout would.
+  std::map<std::string, std::unique_ptr<zmq::socket_t>> monitors;  // by endpoint
+  uint64_t monitor_serial = 0;
   std::deque<Received> stash;  // messages of later operations that arrived early
   size_t stash_bytes = 0;
   std::unique_ptr<float[]> result;  // the output, copied to the caller's buffer on success
@@ -186,8 +190,35 @@ struct detail::CommunicatorImpl {
     s->set(zmq::sockopt::sndhwm, 256);
     s->set(zmq::sockopt::reconnect_ivl, 50);
     s->set(zmq::sockopt::reconnect_ivl_max, 500);
+    std::string monitor_ep = "inproc://loco-collective-monitor-" +
+                             std::to_string(reinterpret_cast<uintptr_t>(this)) + "-" +
+                             std::to_string(++monitor_serial);
+    if (zmq_socket_monitor(s->handle(), monitor_ep.c_str(),
+                           ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED) == 0) {
+      auto m = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::pair);
+      m->set(zmq::sockopt::linger, 0);
+      m->connect(monitor_ep);
+      monitors[ep] = std::move(m);
+    }
     s->connect(ep);
     return *dealers.emplace(ep, std::move(s)).first->second;
+  }
+
+  // What happened to the connection to `ep` since the last call (drains the events):
+  // 1 it dropped, 2 a connection attempt was refused, 0 neither (or nothing known).
+  int dropped(const std::string& ep) {
+    auto it = monitors.find(ep);
+    if (it == monitors.end()) return 0;
+    int seen = 0;
+    zmq::message_t event, addr;
+    while (it->second->recv(event, zmq::recv_flags::dontwait)) {
+      if (event.more()) (void)it->second->recv(addr, zmq::recv_flags::none);
+      uint16_t id = 0;
+      if (event.size() >= sizeof id) std::memcpy(&id, event.data(), sizeof id);
+      if (id == ZMQ_EVENT_DISCONNECTED) seen = 1;
+      if (id == ZMQ_EVENT_CONNECT_RETRIED && seen == 0) seen = 2;
+    }
+    return seen;
   }
 
   void close_dealer(const std::string& ep, std::chrono::milliseconds linger) {
@@ -195,6 +226,7 @@ struct detail::CommunicatorImpl {
     if (it == dealers.end()) return;
     it->second->set(zmq::sockopt::linger, static_cast<int>(linger.count()));
     dealers.erase(it);
+    monitors.erase(ep);
   }
 
   float* result_buffer(size_t n) {
@@ -331,11 +363,13 @@ class Op {
   std::vector<std::deque<Outgoing>> urgent_, outbox_;
   std::vector<std::optional<Outgoing>> sending_;
   bool backlog(int p) const { return sending_[p] || !urgent_[p].empty() || !outbox_[p].empty(); }
-  std::vector<Clock::time_point> heard_;              // last message from each peer
-  std::vector<Clock::time_point> sent_;               // last send progress to each peer
-  std::vector<size_t> rs_left_, ag_left_;             // chunks still expected from each peer
-  std::vector<std::optional<uint64_t>> stale_round_;  // a peer's last message of another round
-  std::vector<std::vector<zmq::message_t>> pending_;  // [chunk][rank] contributions to my part
+  std::vector<Clock::time_point> heard_;   // last message from each peer
+  std::vector<Clock::time_point> sent_;    // last send progress to each peer
+  std::vector<size_t> rs_left_, ag_left_;  // chunks still expected from each peer
+  std::vector<std::optional<uint64_t>> stale_round_;
+  std::vector<std::optional<Clock::time_point>> dropped_;  // when a peer's connection dropped
+  std::chrono::milliseconds grace_;                        // a peer's last message of another round
+  std::vector<std::vector<zmq::message_t>> pending_;       // [chunk][rank] contributions to my part
   std::vector<int> pending_count_;
   size_t reduced_ = 0;
   std::shared_ptr<Bytes> send_;   // reduce-scatter chunks of other parts, my part's result
@@ -580,6 +614,16 @@ bool Op::done() const {
 }
 
 void Op::check_timeouts(Clock::time_point now) {
+  // A dropped connection: wait a moment for a message that says why (an abort notice that was
+  // sent just before the peer exited) before calling the peer lost.
+  for (int p = 0; p < k_; ++p) {
+    if (p != me_ && dropped_[p] && now - *dropped_[p] > grace_ && (expecting(p) || backlog(p))) {
+      throw OpFailure{
+          AbortKind::peer_lost, g_.members[p].name,
+          "lost member " + who(p) + ": connection closed in round " + std::to_string(g_.round_id),
+          true};
+    }
+  }
   int worst = -1;
   Clock::time_point oldest = now;
   for (int p = 0; p < k_; ++p) {
@@ -612,6 +656,7 @@ Clock::duration Op::poll_budget(Clock::time_point now) const {
     if (p == me_) continue;
     if (expecting(p)) budget = std::min(budget, heard_[p] + timeout_ - now);
     if (backlog(p)) budget = std::min(budget, sent_[p] + timeout_ - now);
+    if (dropped_[p]) budget = std::min(budget, *dropped_[p] + grace_ - now);
   }
   return std::max(budget, Clock::duration(std::chrono::milliseconds(1)));
 }
@@ -626,6 +671,8 @@ void Op::run() {
   rs_left_.assign(k_, chunks(me_));
   ag_left_.assign(k_, 0);
   stale_round_.assign(k_, std::nullopt);
+  dropped_.assign(k_, std::nullopt);
+  grace_ = std::min(timeout_, std::chrono::milliseconds(250));
   rs_left_[me_] = 0;
   for (int p = 0; p < k_; ++p) {
     if (p != me_) ag_left_[p] = chunks(p);
@@ -646,8 +693,11 @@ void Op::run() {
                      std::all_of(g_.members.begin(), g_.members.end(), [](const Member& m) {
                        return m.endpoint.starts_with("tcp://") || m.endpoint.starts_with("ipc://");
                      });
-  for (int p = 0; p < k_; ++p)
-    if (p != me_) impl_.dealer(g_.members[p].endpoint);  // connect early
+  for (int p = 0; p < k_; ++p) {
+    if (p == me_) continue;
+    impl_.dealer(g_.members[p].endpoint);         // connect early
+    (void)impl_.dropped(g_.members[p].endpoint);  // forget drops before this operation
+  }
 
   // Messages of this operation that arrived during an earlier one.
   std::deque<Received> early;
@@ -699,8 +749,19 @@ void Op::run() {
     auto now = Clock::now();
     check_timeouts(now);
     if (progressed) continue;
+    for (int p = 0; p < k_; ++p) {
+      // Always drain, so that poll() does not keep waking up for a peer we are done with.
+      // A refused connection counts too: a member publishes its endpoint only once bound, so a
+      // refusal during the operation means its process or communicator is gone.
+      if (p != me_ && impl_.dropped(g_.members[p].endpoint) != 0 && !dropped_[p]) dropped_[p] = now;
+    }
     items.clear();
     items.push_back({static_cast<void*>(impl_.router), 0, ZMQ_POLLIN, 0});
+    for (int p = 0; p < k_; ++p) {
+      auto m = impl_.monitors.find(g_.members[p].endpoint);
+      if (p != me_ && m != impl_.monitors.end())
+        items.push_back({static_cast<void*>(*m->second), 0, ZMQ_POLLIN, 0});
+    }
     for (int p = 0; p < k_; ++p) {
       if (p != me_ && backlog(p)) {
         items.push_back(
@@ -743,6 +804,7 @@ void detail::CommunicatorImpl::run(const Group& group, const float* in, float* o
                               [&](const Member& m) { return m.endpoint == it->first; });
     if (!member) {
       it->second->set(zmq::sockopt::linger, static_cast<int>(options.peer_timeout.count()));
+      monitors.erase(it->first);
       it = dealers.erase(it);
     } else {
       ++it;
@@ -808,10 +870,11 @@ Communicator::Communicator(const std::string& bind_endpoint, Options options,
 
 Communicator::~Communicator() {
   // After a success, let the last chunks reach slower peers, bounded by the peer timeout; after
-  // a failure only abort notices are queued, and their peers may be gone.
-  if (!impl_->last_ok) return;
+  // a failure only abort notices are queued: give them a moment, their peers may be gone.
+  auto linger = impl_->options.peer_timeout;
+  if (!impl_->last_ok) linger = std::min(linger, std::chrono::milliseconds(500));
   for (auto& [ep, s] : impl_->dealers)
-    s->set(zmq::sockopt::linger, static_cast<int>(impl_->options.peer_timeout.count()));
+    s->set(zmq::sockopt::linger, static_cast<int>(linger.count()));
 }
 
 const std::string& Communicator::endpoint() const { return impl_->endpoint; }

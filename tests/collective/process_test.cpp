@@ -82,11 +82,14 @@ class Child {
     while (Clock::now() < deadline) {
       std::string line =
           read_line(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+      if (getenv("LOCO_TEST_DEBUG")) std::cerr << "child> " << line << "\n";
       for (const char* p : {"ok ", "error ", "stalled", "endpoint "})
         if (line.rfind(p, 0) == 0) return line;
     }
     return "";
   }
+
+  void sigstop() { kill(pid_, SIGSTOP); }
 
   void sigkill() {
     kill(pid_, SIGKILL);
@@ -235,6 +238,41 @@ TEST(CollectiveProcesses, SigkillMidOperationIsReportedAndSurvivorsGoOn) {
     float sum = 0;
     for (int r = 0; r < s.k - 1; ++r) sum += in[r][i];
     EXPECT_NEAR(run.data[0][i], sum / (s.k - 1), 1e-6);
+  }
+}
+
+TEST(CollectiveProcesses, SigkillIsDetectedBeforeTheTimeoutByTheDroppedConnection) {
+  Scenario s;
+  s.mode = "stall:20";
+  s.timeout = std::chrono::milliseconds(20000);
+  MixedGroup run;
+  std::vector<std::thread> threads;
+  start(run, s, threads);
+  ASSERT_EQ(run.child->read_result(std::chrono::seconds(30)), "stalled");
+  run.child->sigkill();
+  auto killed = Clock::now();
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < s.k - 1; ++r) {
+    expect_named(run.errors[r], "w3", "lost member w3", true);
+    EXPECT_LT(run.ended[r] - killed, std::chrono::milliseconds(2000));
+  }
+}
+
+TEST(CollectiveProcesses, FrozenMemberIsLostAfterThePeerTimeout) {
+  Scenario s;
+  s.mode = "stall:20";
+  s.timeout = std::chrono::milliseconds(1000);
+  MixedGroup run;
+  std::vector<std::thread> threads;
+  start(run, s, threads);
+  ASSERT_EQ(run.child->read_result(std::chrono::seconds(30)), "stalled");
+  run.child->sigstop();  // alive, connections open, silent; killed when `run` ends
+  auto stopped = Clock::now();
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < s.k - 1; ++r) {
+    expect_named(run.errors[r], "w3", "no data for 1.0 s", true);
+    EXPECT_GE(run.ended[r] - stopped, std::chrono::milliseconds(900));
+    EXPECT_LT(run.ended[r] - stopped, std::chrono::milliseconds(2500));
   }
 }
 
