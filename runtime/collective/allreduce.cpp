@@ -187,7 +187,9 @@ struct detail::CommunicatorImpl {
     if (it != dealers.end()) return *it->second;
     auto s = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
     s->set(zmq::sockopt::linger, 0);
-    s->set(zmq::sockopt::sndhwm, 256);
+    // A short queue in ZeroMQ (the kernel's socket buffer holds more): what waits, waits in
+    // our outbox, where all-gather results overtake reduce-scatter chunks.
+    s->set(zmq::sockopt::sndhwm, 4);
     s->set(zmq::sockopt::reconnect_ivl, 50);
     s->set(zmq::sockopt::reconnect_ivl_max, 500);
     std::string monitor_ep = "inproc://loco-collective-monitor-" +
