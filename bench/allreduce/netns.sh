@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The all-reduce on shaped links: K network namespaces (10.77.0.1..K) on a Linux bridge, each
+# host's egress limited by a token bucket (tc tbf; netem is not available on these kernels, so
+# the links get a bandwidth but no added delay). Runs Gloo's ring and ours in every codec,
+# then tears everything down, also on failure or Ctrl-C. Needs root.
+#
+#   bench/allreduce/netns.sh                     # K=4, 1gbit, 128 MB, fp32,fp16,int8
+#   K=2 RATE=500mbit SIZES=16,128 CODECS=fp32 bench/allreduce/netns.sh
+set -euo pipefail
+K=${K:-4}
+RATE=${RATE:-1gbit}
+SIZES=${SIZES:-128}
+CODECS=${CODECS:-fp32,fp16,int8}
+ITERS=${ITERS:-3}
+here="$(cd "$(dirname "$0")" && pwd)"
+BENCH=${BENCH:-$here/../../build/bin/allreduce_bench}
+P=locoar        # namespaces locoar0..
+BR=locoarbr0
+NET=10.77.0
+
+case "$RATE" in
+  *gbit) GBIT=${RATE%gbit} ;;
+  *mbit) GBIT=$(awk "BEGIN{print ${RATE%mbit}/1000}") ;;
+  *) echo "RATE must end in gbit or mbit" >&2; exit 2 ;;
+esac
+
+cleanup() {
+  for i in $(seq 0 $((K - 1))); do ip netns del "$P$i" 2>/dev/null || true; done
+  ip link del "$BR" 2>/dev/null || true
+  iptables -D FORWARD -i "$BR" -o "$BR" -j ACCEPT 2>/dev/null || true
+}
+trap cleanup EXIT INT TERM
+cleanup
+
+ip link add "$BR" type bridge
+ip link set "$BR" up
+# Docker's FORWARD policy is DROP; bridged frames pass it when br_netfilter is loaded.
+iptables -I FORWARD -i "$BR" -o "$BR" -j ACCEPT 2>/dev/null || true
+ips=()
+for i in $(seq 0 $((K - 1))); do
+  ns="$P$i"
+  ip netns add "$ns"
+  ip link add "${P}h$i" type veth peer name "${P}n$i"
+  ip link set "${P}n$i" netns "$ns"
+  ip link set "${P}h$i" master "$BR" up
+  ip -n "$ns" addr add "$NET.$((i + 1))/24" dev "${P}n$i"
+  ip -n "$ns" link set "${P}n$i" up
+  ip -n "$ns" link set lo up
+  # The host's egress: rate-limited, with a bucket of ~4 ms at 1 Gbit/s.
+  tc -n "$ns" qdisc add dev "${P}n$i" root tbf rate "$RATE" burst 512kb latency 100ms
+  ips+=("$NET.$((i + 1))")
+done
+echo "# $K namespaces on bridge $BR, egress tbf rate $RATE per host"
+tc -n "${P}0" qdisc show dev "${P}n0"
+
+IFS=,; iplist="${ips[*]}"; unset IFS
+"$BENCH" --procs "$K" --sizes-mb "$SIZES" --impls gloo,ours --codecs "$CODECS" \
+  --netns "$P" --ips "$iplist" --link-gbit "$GBIT" --iters "$ITERS"

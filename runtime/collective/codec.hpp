@@ -1,0 +1,27 @@
+// Encoding of float chunks for the wire. Internal to the collective.
+//
+// Contract: decode(encode(x)) is a pure function of x and the codec, so members that decode
+// the same bytes get bit-identical floats. Encoded buffers need no alignment.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/collective/allreduce.hpp"
+
+namespace loco::collective::detail {
+
+// int8: [float lo][float scale][count x uint8], x ~ lo + q * scale (min-max, 255 steps).
+// A chunk holding NaN/Inf gets lo = NaN, so that it decodes to NaN and is detected.
+inline constexpr size_t kInt8Header = 2 * sizeof(float);
+
+void encode(Codec codec, const float* src, size_t count, uint8_t* dst);
+void decode(Codec codec, const uint8_t* src, size_t count, float* dst);
+// acc[i] += decode(src)[i]
+void add_decoded(Codec codec, const uint8_t* src, size_t count, float* acc);
+// True when every value is finite.
+bool all_finite(const float* data, size_t count);
+// Index of the first non-finite value, or count.
+size_t first_nonfinite(const float* data, size_t count);
+
+}  // namespace loco::collective::detail

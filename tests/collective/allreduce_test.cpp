@@ -1,0 +1,487 @@
+// In-process groups (one thread per member) over inproc and tcp loopback.
+#include "runtime/collective/allreduce.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <thread>
+#include <zmq.hpp>
+
+#include "runtime/collective/codec.hpp"
+#include "tests/collective/test_util.hpp"
+
+namespace loco::collective {
+namespace {
+
+using testing::make_data;
+
+enum class Transport { inproc, tcp };
+
+// K communicators of one process.
+class Members {
+ public:
+  Members(int k, Transport t, Options opts = {}) {
+    auto ctx = std::make_shared<zmq::context_t>(1);
+    static int instance = 0;
+    ++instance;
+    for (int r = 0; r < k; ++r) {
+      std::string bind = t == Transport::tcp ? "tcp://127.0.0.1:0"
+                                             : "inproc://coll-" + std::to_string(instance) + "-" +
+                                                   std::to_string(r);
+      comms.push_back(std::make_unique<Communicator>(bind, opts, ctx));
+    }
+  }
+
+  Group group(const std::vector<int>& ranks, uint64_t round, int me) const {
+    Group g;
+    for (int r : ranks) g.members.push_back({"w" + std::to_string(r), comms[r]->endpoint()});
+    g.rank = me;
+    g.round_id = round;
+    return g;
+  }
+
+  // Runs one operation on the members `ranks`; data[i] belongs to ranks[i].
+  std::vector<std::exception_ptr> run(const std::vector<int>& ranks, uint64_t round,
+                                      std::vector<std::vector<float>>& data,
+                                      std::vector<uint64_t> rounds = {}) {
+    std::vector<std::exception_ptr> errors(ranks.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      threads.emplace_back([&, i] {
+        try {
+          Group g = group(ranks, rounds.empty() ? round : rounds[i], static_cast<int>(i));
+          comms[ranks[i]]->allreduce(g, std::span<float>(data[i]));
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return errors;
+  }
+
+  std::vector<std::unique_ptr<Communicator>> comms;
+};
+
+std::vector<int> iota(int k) {
+  std::vector<int> v(k);
+  for (int i = 0; i < k; ++i) v[i] = i;
+  return v;
+}
+
+void rethrow_any(const std::vector<std::exception_ptr>& errors) {
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// Checks that every member holds the same bytes, within `tol` of the exact mean.
+void expect_mean(const std::vector<std::vector<float>>& inputs,
+                 const std::vector<std::vector<float>>& outputs, double tol_rel) {
+  const size_t k = inputs.size();
+  const size_t n = inputs[0].size();
+  for (size_t r = 1; r < k; ++r) {
+    ASSERT_EQ(outputs[r].size(), n);
+    ASSERT_EQ(std::memcmp(outputs[r].data(), outputs[0].data(), n * sizeof(float)), 0)
+        << "member " << r << " differs from member 0";
+  }
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double sum = 0, maxabs = 0;
+    for (size_t r = 0; r < k; ++r) {
+      sum += inputs[r][i];
+      maxabs = std::max(maxabs, std::fabs(static_cast<double>(inputs[r][i])));
+    }
+    double err = std::fabs(outputs[0][i] - sum / static_cast<double>(k));
+    worst = std::max(worst, err);
+    ASSERT_LE(err, tol_rel * std::max(maxabs, 1e-30)) << "element " << i;
+  }
+}
+
+struct Case {
+  Transport transport;
+  int k;
+};
+
+class AllreduceMatrix : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AllreduceMatrix, MeanIsExactAndIdenticalForAllLengths) {
+  const auto [transport, k] = GetParam();
+  Options opts;
+  opts.chunk_bytes = 256;  // many chunks even for short vectors
+  Members m(k, transport, opts);
+  uint64_t round = 1;
+  for (size_t n : {size_t{0}, size_t{1}, static_cast<size_t>(k - 1), size_t{13}, size_t{101},
+                   size_t{7919}, size_t{100003}}) {
+    std::vector<std::vector<float>> in, out;
+    for (int r = 0; r < k; ++r) in.push_back(make_data(n + 7, r, n));
+    out = in;
+    rethrow_any(m.run(iota(k), round++, out));
+    // Float sum of K terms, then a division: K+1 roundings.
+    expect_mean(in, out, (k + 1) * 1.2e-7);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, AllreduceMatrix,
+                         ::testing::Values(Case{Transport::inproc, 1}, Case{Transport::inproc, 2},
+                                           Case{Transport::inproc, 3}, Case{Transport::inproc, 4},
+                                           Case{Transport::inproc, 5}, Case{Transport::inproc, 6},
+                                           Case{Transport::inproc, 7}, Case{Transport::inproc, 8},
+                                           Case{Transport::tcp, 1}, Case{Transport::tcp, 2},
+                                           Case{Transport::tcp, 3}, Case{Transport::tcp, 4},
+                                           Case{Transport::tcp, 5}, Case{Transport::tcp, 6},
+                                           Case{Transport::tcp, 7}, Case{Transport::tcp, 8}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(info.param.transport == Transport::tcp ? "tcp"
+                                                                                     : "inproc") +
+                                  "_K" + std::to_string(info.param.k);
+                         });
+
+class TenMillion : public ::testing::TestWithParam<int> {};
+
+TEST_P(TenMillion, MeanOfTenMillionFloatsOverTcp) {
+  const int k = GetParam();
+  const size_t n = 10'000'000;
+  Members m(k, Transport::tcp);
+  std::vector<std::vector<float>> in, out;
+  for (int r = 0; r < k; ++r) in.push_back(make_data(99, r, n));
+  out = in;
+  rethrow_any(m.run(iota(k), 5, out));
+  expect_mean(in, out, (k + 1) * 1.2e-7);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, TenMillion, ::testing::Values(2, 3, 8));
+
+TEST(Allreduce, SeveralTensorsInOneCall) {
+  const int k = 3;
+  Members m(k, Transport::inproc);
+  const std::vector<size_t> sizes = {15, 0, 1000, 7, 4096};
+  std::vector<std::vector<std::vector<float>>> tensors(k);  // [rank][tensor]
+  for (int r = 0; r < k; ++r)
+    for (size_t t = 0; t < sizes.size(); ++t) tensors[r].push_back(make_data(t, r, sizes[t]));
+  auto original = tensors;
+  std::vector<std::exception_ptr> errors(k);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < k; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::vector<std::span<float>> spans;
+        for (auto& t : tensors[r]) spans.emplace_back(t);
+        m.comms[r]->allreduce(m.group(iota(k), 3, r), spans);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  rethrow_any(errors);
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    std::vector<std::vector<float>> in, out;
+    for (int r = 0; r < k; ++r) {
+      in.push_back(original[r][t]);
+      out.push_back(tensors[r][t]);
+    }
+    if (sizes[t] > 0) expect_mean(in, out, 4 * 1.2e-7);
+  }
+}
+
+TEST(Allreduce, OutOfPlaceLeavesTheInputAndMatchesInPlace) {
+  const int k = 3;
+  const size_t n = 300'007;
+  Members m(k, Transport::tcp);
+  std::vector<std::vector<float>> in, out(k, std::vector<float>(n)), inplace;
+  for (int r = 0; r < k; ++r) in.push_back(make_data(21, r, n));
+  inplace = in;
+  rethrow_any(m.run(iota(k), 1, inplace));
+  std::vector<std::exception_ptr> errors(k);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < k; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        m.comms[r]->allreduce(m.group(iota(k), 2, r), std::span<const float>(in[r]),
+                              std::span<float>(out[r]));
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  rethrow_any(errors);
+  for (int r = 0; r < k; ++r) {
+    EXPECT_EQ(in[r], make_data(21, r, n));
+    EXPECT_EQ(out[r], inplace[r]);
+  }
+  std::vector<float> a(10), b(10);
+  EXPECT_THROW(m.comms[0]->allreduce(m.group(iota(k), 3, 0), std::span<const float>(a),
+                                     std::span<float>(b).first(9)),
+               CollectiveError);
+}
+
+TEST(Allreduce, SendsTwoTimesKMinusOneOverKOfThePayload) {
+  for (int k : {2, 4, 5}) {
+    const size_t n = 1'000'003;
+    Members m(k, Transport::tcp);
+    std::vector<std::vector<float>> data;
+    for (int r = 0; r < k; ++r) data.push_back(make_data(1, r, n));
+    rethrow_any(m.run(iota(k), 9, data));
+    for (int r = 0; r < k; ++r) {
+      const Stats& s = m.comms[r]->last_stats();
+      size_t mine = (static_cast<size_t>(r) + 1) * n / k - static_cast<size_t>(r) * n / k;
+      // Reduce-scatter: everything but my part once; all-gather: my part to K-1 peers.
+      uint64_t exact = 4 * ((n - mine) + (k - 1) * mine);
+      EXPECT_EQ(s.payload_bytes_sent, exact) << "K=" << k << " rank " << r;
+      double ideal = 2.0 * (k - 1) / k * 4.0 * n;
+      EXPECT_GE(s.bytes_sent, exact);
+      EXPECT_LT(static_cast<double>(s.bytes_sent), 1.01 * ideal) << "K=" << k << " rank " << r;
+      EXPECT_LT(static_cast<double>(s.bytes_received), 1.01 * ideal);
+    }
+  }
+}
+
+struct CodecCase {
+  Codec codec;
+  double tol;  // absolute, inputs in [-1, 1)
+};
+
+class CodecBounds : public ::testing::TestWithParam<CodecCase> {};
+
+TEST_P(CodecBounds, ErrorIsBoundedAndOutputIdentical) {
+  const auto [codec, tol] = GetParam();
+  for (int k : {2, 4, 7}) {
+    Options opts;
+    opts.codec = codec;
+    opts.chunk_bytes = 16 * 1024;
+    Members m(k, Transport::inproc, opts);
+    const size_t n = 100'003;
+    std::vector<std::vector<float>> in, out;
+    for (int r = 0; r < k; ++r) in.push_back(make_data(17, r, n));
+    out = in;
+    rethrow_any(m.run(iota(k), 11, out));
+    double worst = 0;
+    for (size_t i = 0; i < n; ++i) {
+      double sum = 0;
+      for (int r = 0; r < k; ++r) sum += in[r][i];
+      worst = std::max(worst, std::fabs(out[0][i] - sum / k));
+    }
+    EXPECT_LE(worst, tol) << to_string(codec) << " K=" << k;
+    for (int r = 1; r < k; ++r)
+      ASSERT_EQ(std::memcmp(out[r].data(), out[0].data(), n * 4), 0)
+          << to_string(codec) << " member " << r;
+    // Compressed codecs send proportionally fewer bytes.
+    double ratio = static_cast<double>(m.comms[0]->last_stats().payload_bytes_sent) /
+                   (2.0 * (k - 1) / k * 4.0 * n);
+    double expected = static_cast<double>(encoded_bytes(codec, 1024 * 1024)) / (4.0 * 1024 * 1024);
+    EXPECT_NEAR(ratio, expected, 0.02) << to_string(codec);
+  }
+}
+
+// Bounds: each contribution and the result are rounded once by the codec.
+// fp16: 2 x 2^-11 relative to |x| <= 1; bf16: 2 x 2^-8; int8: 2 x (range/255/2) with range 2.
+INSTANTIATE_TEST_SUITE_P(All, CodecBounds,
+                         ::testing::Values(CodecCase{Codec::fp32, 1e-6},
+                                           CodecCase{Codec::fp16, 2 * 0.00049 + 1e-6},
+                                           CodecCase{Codec::bf16, 2 * 0.0039 + 1e-6},
+                                           CodecCase{Codec::int8, 2 * (2.0 / 255 / 2) + 1e-5}),
+                         [](const ::testing::TestParamInfo<CodecCase>& info) {
+                           return std::string(to_string(info.param.codec));
+                         });
+
+TEST(Allreduce, CodecNames) {
+  for (Codec c : {Codec::fp32, Codec::fp16, Codec::bf16, Codec::int8})
+    EXPECT_EQ(parse_codec(to_string(c)), c);
+  EXPECT_FALSE(parse_codec("fp8").has_value());
+}
+
+TEST(Allreduce, ReusableAcrossRoundsWithDifferentGroups) {
+  Members m(5, Transport::tcp);
+  uint64_t round = 100;
+  for (const std::vector<int>& ranks :
+       {std::vector<int>{0, 1, 2, 3, 4}, {0, 2, 4}, {4, 3, 1}, {1, 0}, {0, 1, 2, 3, 4}}) {
+    const size_t n = 50'000;
+    std::vector<std::vector<float>> in, out;
+    for (int r : ranks) in.push_back(make_data(round, r, n));
+    out = in;
+    rethrow_any(m.run(ranks, round++, out));
+    expect_mean(in, out, 8 * 1.2e-7);
+  }
+}
+
+template <typename E>
+void expect_error_naming(const std::exception_ptr& e, const std::string& name,
+                         const std::string& text) {
+  ASSERT_TRUE(e) << "expected an error naming " << name;
+  try {
+    std::rethrow_exception(e);
+  } catch (const E& err) {
+    EXPECT_EQ(err.member(), name) << err.what();
+    EXPECT_NE(std::string(err.what()).find(text), std::string::npos) << err.what();
+  } catch (const std::exception& err) {
+    ADD_FAILURE() << "unexpected error type: " << err.what();
+  }
+}
+
+Options quick() {
+  Options o;
+  o.peer_timeout = std::chrono::milliseconds(800);
+  o.chunk_bytes = 4096;
+  return o;
+}
+
+TEST(AllreduceErrors, NaNIsRejectedNamingItsSender) {
+  Members m(4, Transport::tcp, quick());
+  std::vector<std::vector<float>> data;
+  for (int r = 0; r < 4; ++r) data.push_back(make_data(3, r, 20000));
+  data[2][12345] = std::nanf("");
+  auto errors = m.run(iota(4), 41, data);
+  for (int r = 0; r < 4; ++r) expect_error_naming<CollectiveError>(errors[r], "w2", "NaN");
+  // Usable at once: the next round succeeds.
+  for (int r = 0; r < 4; ++r) data[r] = make_data(4, r, 20000);
+  auto in = data;
+  rethrow_any(m.run(iota(4), 42, data));
+  expect_mean(in, data, 5 * 1.2e-7);
+}
+
+TEST(AllreduceErrors, InfIsRejectedInCompressedCodecs) {
+  for (Codec c : {Codec::fp16, Codec::int8}) {
+    Options o = quick();
+    o.codec = c;
+    Members m(3, Transport::inproc, o);
+    std::vector<std::vector<float>> data;
+    for (int r = 0; r < 3; ++r) data.push_back(make_data(3, r, 5000));
+    data[1][4000] = INFINITY;
+    auto errors = m.run(iota(3), 7, data);
+    for (int r = 0; r < 3; ++r) expect_error_naming<CollectiveError>(errors[r], "w1", "NaN/Inf");
+  }
+}
+
+TEST(AllreduceErrors, WrongLengthNamesTheMember) {
+  Members m(4, Transport::tcp, quick());
+  std::vector<std::vector<float>> data;
+  for (int r = 0; r < 4; ++r) data.push_back(make_data(3, r, r == 1 ? 10003 : 10000));
+  auto original = data;
+  auto errors = m.run(iota(4), 8, data);
+  for (int r : {0, 2, 3}) {
+    expect_error_naming<CollectiveError>(errors[r], "w1", "w1");
+    EXPECT_EQ(data[r], original[r]) << "a failed operation must leave the input unchanged";
+  }
+  EXPECT_TRUE(errors[1]);
+}
+
+TEST(AllreduceErrors, WrongRoundNamesTheMember) {
+  for (int delta : {+1, -1}) {
+    Members m(3, Transport::tcp, quick());
+    std::vector<std::vector<float>> data;
+    for (int r = 0; r < 3; ++r) data.push_back(make_data(3, r, 30000));
+    auto errors = m.run(iota(3), 50, data, {50, 50, static_cast<uint64_t>(50 + delta)});
+    for (int r : {0, 1}) expect_error_naming<CollectiveError>(errors[r], "w2", "round");
+    EXPECT_TRUE(errors[2]);
+  }
+}
+
+TEST(AllreduceErrors, AbsentMemberIsLostWithinTheTimeout) {
+  Members m(4, Transport::tcp, quick());
+  std::vector<std::vector<float>> data;
+  for (int r = 0; r < 3; ++r) data.push_back(make_data(3, r, 30000));
+  // w3 is in the group but never calls.
+  std::vector<std::exception_ptr> errors(3);
+  std::vector<std::thread> threads;
+  auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        m.comms[r]->allreduce(m.group(iota(4), 60, r), std::span<float>(data[r]));
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(elapsed, std::chrono::milliseconds(800 + 1500));
+  for (int r = 0; r < 3; ++r) {
+    expect_error_naming<PeerLostError>(errors[r], "w3", "lost member w3");
+  }
+  // The survivors run again at once as a group of 3.
+  auto in = data;
+  rethrow_any(m.run({0, 1, 2}, 60, data));
+  expect_mean(in, data, 4 * 1.2e-7);
+}
+
+TEST(AllreduceErrors, GroupWithoutThisCommunicatorIsRejected) {
+  Members m(2, Transport::inproc);
+  Group g = m.group({0, 1}, 1, 1);
+  std::vector<float> v(10);
+  EXPECT_THROW(m.comms[0]->allreduce(g, std::span<float>(v)), CollectiveError);
+  Group twice = m.group({0, 1}, 1, 0);
+  twice.members[1].name = twice.members[0].name;
+  EXPECT_THROW(m.comms[0]->allreduce(twice, std::span<float>(v)), CollectiveError);
+}
+
+}  // namespace
+}  // namespace loco::collective
+
+// The vectorized codec paths give exactly the bits of the reference formulas.
+
+namespace loco::collective {
+namespace {
+
+TEST(Codec, Int8MatchesTheReferenceFormula) {
+  for (size_t n : {size_t{1}, size_t{31}, size_t{32}, size_t{1000}, size_t{4099}}) {
+    std::vector<float> x = make_data(n, 0, n);
+    std::vector<uint8_t> enc(encoded_bytes(Codec::int8, n));
+    detail::encode(Codec::int8, x.data(), n, enc.data());
+    float lo = *std::min_element(x.begin(), x.end());
+    float hi = *std::max_element(x.begin(), x.end());
+    float scale = (hi - lo) / 255.0f;
+    if (!(scale > 0)) scale = 0;
+    float inv = scale > 0 ? 1.0f / scale : 0.0f;
+    float got_lo, got_scale;
+    std::memcpy(&got_lo, enc.data(), 4);
+    std::memcpy(&got_scale, enc.data() + 4, 4);
+    ASSERT_EQ(got_lo, lo);
+    ASSERT_EQ(got_scale, scale);
+    std::vector<float> dec(n);
+    detail::decode(Codec::int8, enc.data(), n, dec.data());
+    for (size_t i = 0; i < n; ++i) {
+      volatile float v = (x[i] - lo) * inv;  // volatile: no contraction into an FMA
+      float w = std::min(std::max(v + 0.5f, 0.0f), 255.0f);
+      ASSERT_EQ(enc[detail::kInt8Header + i], static_cast<uint8_t>(static_cast<int>(w))) << i;
+      ASSERT_LE(std::fabs(dec[i] - x[i]), scale * 0.5001f + 1e-7f) << i;
+    }
+  }
+}
+
+TEST(Codec, Fp16RoundsToNearestEvenLikeTheCompiler) {
+  std::vector<float> x = make_data(3, 1, 10000);
+  for (float& v : x) v *= 70000.0f;  // also beyond the fp16 range
+  for (float v : {0.0f, -0.0f, 1e-8f, 6.1e-5f, 65504.0f, 65520.0f, INFINITY, -INFINITY})
+    x.push_back(v);
+  std::vector<uint8_t> enc(2 * x.size());
+  detail::encode(Codec::fp16, x.data(), x.size(), enc.data());
+  std::vector<float> dec(x.size());
+  detail::decode(Codec::fp16, enc.data(), x.size(), dec.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    _Float16 h = static_cast<_Float16>(x[i]);
+    uint16_t bits;
+    std::memcpy(&bits, &h, 2);
+    uint16_t got;
+    std::memcpy(&got, enc.data() + 2 * i, 2);
+    ASSERT_EQ(got, bits) << x[i];
+    ASSERT_EQ(dec[i], static_cast<float>(h)) << x[i];
+  }
+}
+
+TEST(Codec, NonFiniteInt8ChunkDecodesToNaN) {
+  std::vector<float> x(100, 1.0f);
+  x[50] = INFINITY;
+  std::vector<uint8_t> enc(encoded_bytes(Codec::int8, x.size()));
+  detail::encode(Codec::int8, x.data(), x.size(), enc.data());
+  std::vector<float> dec(x.size());
+  detail::decode(Codec::int8, enc.data(), x.size(), dec.data());
+  EXPECT_FALSE(detail::all_finite(dec.data(), dec.size()));
+}
+
+}  // namespace
+}  // namespace loco::collective

@@ -1,0 +1,310 @@
+// Members in separate processes: SIGKILL mid-operation, wrong length, wrong round, NaN.
+// The test process hosts K-1 members (threads); the odd one is a child process.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include "runtime/collective/allreduce.hpp"
+#include "tests/collective/test_util.hpp"
+
+extern char** environ;
+
+namespace loco::collective {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A child member process with its stdin and stdout on pipes. Killed on destruction.
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& args) {
+    int in[2], out[2];
+    EXPECT_EQ(pipe(in), 0);
+    EXPECT_EQ(pipe(out), 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addclose(&fa, in[1]);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    EXPECT_EQ(posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(in[0]);
+    close(out[1]);
+    stdin_ = in[1];
+    stdout_ = out[0];
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    close(stdin_);
+    close(stdout_);
+  }
+
+  // The next line of output, or "" after `timeout`.
+  std::string read_line(std::chrono::milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    while (true) {
+      auto nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        std::string line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return line;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return "";
+      pollfd p{stdout_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char tmp[4096];
+      ssize_t got = ::read(stdout_, tmp, sizeof tmp);
+      if (got <= 0) return "";
+      buf_.append(tmp, static_cast<size_t>(got));
+    }
+  }
+
+  // The next line starting with one of `prefixes` (skipping log lines), or "".
+  std::string read_result(std::chrono::milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      std::string line =
+          read_line(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+      if (getenv("LOCO_TEST_DEBUG")) std::cerr << "child> " << line << "\n";
+      for (const char* p : {"ok ", "error ", "stalled", "endpoint "})
+        if (line.rfind(p, 0) == 0) return line;
+    }
+    return "";
+  }
+
+  void sigstop() { kill(pid_, SIGSTOP); }
+
+  void sigkill() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int stdin_ = -1, stdout_ = -1;
+  std::string buf_;
+};
+
+struct Scenario {
+  int k = 4;
+  size_t n = 100'000;
+  uint64_t round = 7;
+  std::string mode = "normal";
+  std::chrono::milliseconds timeout{3000};
+  size_t chunk_bytes = 16 * 1024;
+};
+
+// Runs the in-process members (ranks 0..K-2) against the child (rank K-1).
+struct MixedGroup {
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::vector<float>> data;
+  std::vector<std::exception_ptr> errors;
+  std::vector<Clock::time_point> ended;
+  std::unique_ptr<Child> child;
+  Group group_of(int rank, const Scenario& s, std::string child_ep) const {
+    Group g;
+    for (int r = 0; r < s.k - 1; ++r)
+      g.members.push_back({"w" + std::to_string(r), comms[r]->endpoint()});
+    g.members.push_back({"w" + std::to_string(s.k - 1), child_ep});
+    g.rank = rank;
+    g.round_id = s.round;
+    return g;
+  }
+};
+
+void start(MixedGroup& run, const Scenario& s, std::vector<std::thread>& threads) {
+  Options o;
+  o.peer_timeout = s.timeout;
+  o.chunk_bytes = s.chunk_bytes;
+  for (int r = 0; r < s.k - 1; ++r)
+    run.comms.push_back(std::make_unique<Communicator>("tcp://127.0.0.1:0", o));
+  std::vector<std::string> args = {LOCO_COLLECTIVE_MEMBER,
+                                   "w" + std::to_string(s.k - 1),
+                                   std::to_string(s.k - 1),
+                                   std::to_string(s.round),
+                                   std::to_string(s.n),
+                                   "5",
+                                   "fp32",
+                                   std::to_string(s.timeout.count()),
+                                   std::to_string(s.chunk_bytes),
+                                   s.mode};
+  for (int r = 0; r < s.k - 1; ++r)
+    args.push_back("w" + std::to_string(r) + "=" + run.comms[r]->endpoint());
+  args.push_back("w" + std::to_string(s.k - 1) + "=self");
+  run.child = std::make_unique<Child>(args);
+  std::string line = run.child->read_result(std::chrono::seconds(10));
+  ASSERT_EQ(line.rfind("endpoint ", 0), 0u) << "child said: " << line;
+  std::string child_ep = line.substr(9);
+  run.errors.resize(s.k - 1);
+  run.ended.resize(s.k - 1);
+  for (int r = 0; r < s.k - 1; ++r) run.data.push_back(testing::make_data(5, r, s.n));
+  for (int r = 0; r < s.k - 1; ++r) {
+    threads.emplace_back([&run, &s, r, child_ep] {
+      try {
+        run.comms[r]->allreduce(run.group_of(r, s, child_ep), std::span<float>(run.data[r]));
+      } catch (...) {
+        run.errors[r] = std::current_exception();
+      }
+      run.ended[r] = Clock::now();
+    });
+  }
+}
+
+void expect_named(const std::exception_ptr& e, const std::string& who, const std::string& text,
+                  bool lost) {
+  ASSERT_TRUE(e) << "no error";
+  try {
+    std::rethrow_exception(e);
+  } catch (const PeerLostError& err) {
+    EXPECT_TRUE(lost) << err.what();
+    EXPECT_EQ(err.peer(), who) << err.what();
+    EXPECT_NE(std::string(err.what()).find(text), std::string::npos) << err.what();
+  } catch (const CollectiveError& err) {
+    EXPECT_FALSE(lost) << err.what();
+    EXPECT_EQ(err.member(), who) << err.what();
+    EXPECT_NE(std::string(err.what()).find(text), std::string::npos) << err.what();
+  }
+}
+
+TEST(CollectiveProcesses, NormalRunMatchesTheChild) {
+  Scenario s;
+  MixedGroup run;
+  std::vector<std::thread> threads;
+  start(run, s, threads);
+  std::string line = run.child->read_result(std::chrono::seconds(30));
+  for (auto& t : threads) t.join();
+  for (auto& e : run.errors) EXPECT_FALSE(e);
+  EXPECT_EQ(line, "ok " + std::to_string(testing::hash_floats(run.data[0])));
+}
+
+TEST(CollectiveProcesses, SigkillMidOperationIsReportedAndSurvivorsGoOn) {
+  Scenario s;
+  s.mode = "stall:20";  // the child stops after 20 of its ~75 chunks
+  s.timeout = std::chrono::milliseconds(3000);
+  MixedGroup run;
+  std::vector<std::thread> threads;
+  start(run, s, threads);
+  ASSERT_EQ(run.child->read_result(std::chrono::seconds(30)), "stalled");
+  run.child->sigkill();
+  auto killed = Clock::now();
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < s.k - 1; ++r) {
+    expect_named(run.errors[r], "w3", "lost member w3", true);
+    EXPECT_LT(run.ended[r] - killed, s.timeout + std::chrono::milliseconds(1000));
+  }
+  // The survivors, who still hold their inputs, run again at once as a group of K-1.
+  std::vector<std::exception_ptr> errors(s.k - 1);
+  std::vector<std::thread> again;
+  auto in = run.data;
+  for (int r = 0; r < s.k - 1; ++r) {
+    EXPECT_EQ(run.data[r], testing::make_data(5, r, s.n)) << "input changed by a failed operation";
+    again.emplace_back([&, r] {
+      Group g;
+      for (int q = 0; q < s.k - 1; ++q)
+        g.members.push_back({"w" + std::to_string(q), run.comms[q]->endpoint()});
+      g.rank = r;
+      g.round_id = s.round;
+      try {
+        run.comms[r]->allreduce(g, std::span<float>(run.data[r]));
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : again) t.join();
+  for (int r = 0; r < s.k - 1; ++r) {
+    ASSERT_FALSE(errors[r]);
+    EXPECT_EQ(run.data[r], run.data[0]);
+  }
+  for (size_t i = 0; i < s.n; i += 997) {
+    float sum = 0;
+    for (int r = 0; r < s.k - 1; ++r) sum += in[r][i];
+    EXPECT_NEAR(run.data[0][i], sum / (s.k - 1), 1e-6);
+  }
+}
+
+TEST(CollectiveProcesses, SigkillIsDetectedBeforeTheTimeoutByTheDroppedConnection) {
+  Scenario s;
+  s.mode = "stall:20";
+  s.timeout = std::chrono::milliseconds(20000);
+  MixedGroup run;
+  std::vector<std::thread> threads;
+  start(run, s, threads);
+  ASSERT_EQ(run.child->read_result(std::chrono::seconds(30)), "stalled");
+  run.child->sigkill();
+  auto killed = Clock::now();
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < s.k - 1; ++r) {
+    expect_named(run.errors[r], "w3", "lost member w3", true);
+    EXPECT_LT(run.ended[r] - killed, std::chrono::milliseconds(2000));
+  }
+}
+
+TEST(CollectiveProcesses, FrozenMemberIsLostAfterThePeerTimeout) {
+  Scenario s;
+  s.mode = "stall:20";
+  s.timeout = std::chrono::milliseconds(1000);
+  MixedGroup run;
+  std::vector<std::thread> threads;
+  start(run, s, threads);
+  ASSERT_EQ(run.child->read_result(std::chrono::seconds(30)), "stalled");
+  run.child->sigstop();  // alive, connections open, silent; killed when `run` ends
+  auto stopped = Clock::now();
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < s.k - 1; ++r) {
+    expect_named(run.errors[r], "w3", "no data for 1.0 s", true);
+    EXPECT_GE(run.ended[r] - stopped, std::chrono::milliseconds(900));
+    EXPECT_LT(run.ended[r] - stopped, std::chrono::milliseconds(2500));
+  }
+}
+
+struct BadCase {
+  std::string mode;
+  std::string text;
+};
+
+class CollectiveBadMember : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(CollectiveBadMember, NamedByEveryOtherMember) {
+  Scenario s;
+  s.mode = GetParam().mode;
+  s.timeout = std::chrono::milliseconds(1500);
+  MixedGroup run;
+  std::vector<std::thread> threads;
+  start(run, s, threads);
+  std::string line = run.child->read_result(std::chrono::seconds(30));
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < s.k - 1; ++r) expect_named(run.errors[r], "w3", GetParam().text, false);
+  EXPECT_EQ(line.rfind("error ", 0), 0u) << line;
+  std::cerr << "child: " << line << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CollectiveBadMember,
+                         ::testing::Values(BadCase{"nan", "NaN"},
+                                           BadCase{"longer", "100005 floats"},
+                                           BadCase{"round+1", "round 8"}),
+                         [](const ::testing::TestParamInfo<BadCase>& info) {
+                           std::string m = info.param.mode;
+                           return m == "round+1" ? std::string("wrong_round") : m;
+                         });
+
+}  // namespace
+}  // namespace loco::collective
