@@ -1,6 +1,7 @@
 #include "diloco/data.hpp"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 #include <sys/mman.h>
@@ -267,6 +268,12 @@ void validation_windows(const TokenStore& store, int context, int n, std::span<s
     const std::size_t start = n == 1 ? 0 : span * static_cast<std::size_t>(j) / static_cast<std::size_t>(n - 1);
     for (std::size_t i = 0; i < w; ++i) out[static_cast<std::size_t>(j) * w + i] = val[start + i];
   }
+}
+
+void remove_tree(const std::string& path) {
+  ::nftw(
+      path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 std::vector<int> round_robin_shards(int shards, int rank, int count) {

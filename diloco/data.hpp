@@ -100,4 +100,8 @@ std::vector<int> round_robin_shards(int shards, int rank, int count);
 
 std::uint64_t splitmix64(std::uint64_t x);
 
+// rm -rf. Not std::filesystem::remove_all: libtorch.so exports its own copy of
+// that symbol, which crashes when a program linking LibTorch binds to it.
+void remove_tree(const std::string& path);
+
 }  // namespace loco::diloco

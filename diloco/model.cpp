@@ -60,7 +60,9 @@ void GptImpl::init_weights(std::uint64_t seed) {
   torch::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const double std_res = 0.02 / std::sqrt(2.0 * cfg_.layers);
-  for (const auto& [name, p] : named_parameters()) {
+  for (const auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    torch::Tensor p = item.value();
     if (name.ends_with(".bias")) {
       p.zero_();
     } else if (name.find("ln") != std::string::npos) {

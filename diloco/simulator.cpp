@@ -130,7 +130,7 @@ void Simulator::save_checkpoint(const std::string& path) const {
   ar.write("round", c10::IValue(static_cast<std::int64_t>(round_)));
   ar.write("steps_since_eval", c10::IValue(steps_since_eval_));
   ar.write("bytes", c10::IValue(static_cast<std::int64_t>(bytes_)));
-  ar.write("rng", torch::default_generator().get_state());
+  ar.write("rng", at::detail::getDefaultCPUGenerator().get_state());
   if (!outers_.empty()) outers_[0]->save(ar, "outer.");
   for (std::size_t i = 0; i < trainers_.size(); ++i) trainers_[i]->save(ar, "worker." + std::to_string(i) + ".");
   std::filesystem::path p(path);
@@ -159,7 +159,8 @@ void Simulator::load_checkpoint(const std::string& path) {
   bytes_ = static_cast<std::uint64_t>(v.toInt());
   torch::Tensor rng;
   ar.read("rng", rng);
-  torch::default_generator().set_state(rng);
+  auto gen = at::detail::getDefaultCPUGenerator();
+  gen.set_state(rng);
   for (auto& o : outers_) o->load(ar, "outer.");
   for (std::size_t i = 0; i < trainers_.size(); ++i) trainers_[i]->load(ar, "worker." + std::to_string(i) + ".");
 }

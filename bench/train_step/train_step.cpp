@@ -106,6 +106,6 @@ int main(int argc, char** argv) {
   std::printf("  loco (C++ InnerTrainer)  %10.0f tokens/s\n", cpp);
   std::printf("  eager PyTorch (%s) %10.0f tokens/s\n", TORCH_VERSION, py);
   std::printf("  ratio loco / python      %10.2fx\n", cpp / py);
-  std::filesystem::remove_all(dir);
+  remove_tree(dir.string());
   return 0;
 }

@@ -195,7 +195,7 @@ TEST(Shards, DeterministicAndConfinedToTheirShards) {
   validation_windows(store, ctx, 4, v2);
   EXPECT_EQ(v1, v2);
   EXPECT_EQ(v1[0], store.tokens()[store.train_end()]);
-  std::filesystem::remove_all(d.dir);
+  remove_tree(d.dir);
 }
 
 TEST(Tokenizer, BpeTrainsOnTheCorpusAndRoundTrips) {
@@ -212,5 +212,5 @@ TEST(Tokenizer, BpeTrainsOnTheCorpusAndRoundTrips) {
   const auto store = TokenStore::open(d);  // tokenizes the corpus once
   EXPECT_GT(store.tokens().size(), 1000u);
   for (auto t : store.tokens().subspan(0, 1000)) ASSERT_LT(t, 400);
-  std::filesystem::remove_all(d.dir);
+  remove_tree(d.dir);
 }

@@ -18,7 +18,7 @@ class DilocoTest : public ::testing::Test {
     dir_ = new std::string(loco::diloco::testing::make_corpus_dir("train"));
   }
   static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
+    remove_tree(*dir_);
     delete dir_;
   }
   static JobConfig small_job() {
@@ -174,10 +174,14 @@ TEST_F(DilocoTest, OneWorkerWithPlainAveragingEqualsPlainTraining) {
     diloco.load_parameters(outer.theta());
     EXPECT_NEAR(sd.mean_loss, sp.mean_loss, 1e-4);
   }
-  // θ − (θ − θ_k) rounds, so equality holds to fp32 rounding, not bit for bit.
-  EXPECT_TRUE(torch::allclose(diloco.flat_parameters(), plain.flat_parameters(), 1e-5, 1e-6));
-  const double moved = (plain.flat_parameters() - outer.theta()).abs().max().item<double>();
-  EXPECT_LT(moved, 1e-5);
+  // θ − (θ − θ_k) rounds, so the two agree to fp32 rounding (which AdamW
+  // then carries along), not bit for bit: a few ulps, against parameters that
+  // moved by orders of magnitude more.
+  const double diff = (diloco.flat_parameters() - plain.flat_parameters()).abs().max().item<double>();
+  const double moved = (plain.flat_parameters() - InnerTrainer(c, store, shards, 0, 20).flat_parameters()).abs().max().item<double>();
+  EXPECT_LT(diff, 1e-5);
+  EXPECT_GT(moved, 1e-2);
+  EXPECT_TRUE(torch::equal(outer.theta(), diloco.flat_parameters()));
 }
 
 TEST_F(DilocoTest, CheckpointResumeIsBitIdentical) {
