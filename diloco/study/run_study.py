@@ -27,7 +27,8 @@ def runs(base, ks, hs, int8_h):
     for k in ks:
         for h in hs:
             out.append((f"diloco-k{k}-h{h}", k, h, "fp32", None))
-        out.append((f"diloco-k{k}-h{int8_h}-int8", k, int8_h, "int8", None))
+        if k == max(ks):
+            out.append((f"diloco-k{k}-h{int8_h}-int8", k, int8_h, "int8", None))
         out.append((f"ddp-k{k}", k, int8_h, "fp32", "ddp"))
     out.append(("single", 1, int8_h, "fp32", "single"))
     return out
