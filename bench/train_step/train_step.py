@@ -1,0 +1,115 @@
+"""Inner-step throughput of the same GPT in plain eager PyTorch, as an
+OpenDiLoCo user would write it: nn.Module, torch.optim.AdamW (defaults),
+clip_grad_norm_, warmup + cosine set per step. Called by bench/train_step
+(the C++ binary) with the same model, batch, context, threads and steps.
+Prints one line: RESULT tokens_per_s=<median> params=<n>.
+"""
+import argparse
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, mlp_ratio):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = Attention(d, heads)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, mlp_ratio * d)
+        self.fc_proj = nn.Linear(mlp_ratio * d, d)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, layers, d, heads, context, mlp_ratio=4):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(context, d)
+        self.blocks = nn.ModuleList([Block(d, heads, mlp_ratio) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(d)
+        for name, p in self.named_parameters():
+            if name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif "ln" in name:
+                nn.init.ones_(p)
+            elif name.endswith("proj.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * layers))
+            else:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx, targets):
+        t = idx.shape[1]
+        x = self.wte(idx) + self.wpe.weight[:t]
+        for block in self.blocks:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup-steps", type=int, default=5)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = GPT(a.vocab, a.layers, a.d_model, a.heads, a.context)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    data = torch.randint(0, a.vocab, (1 << 20,), dtype=torch.int64)
+    total = a.steps + a.warmup_steps
+    times = []
+    for step in range(total):
+        t0 = time.perf_counter()
+        starts = torch.randint(0, data.numel() - a.context - 1, (a.batch,))
+        batch = torch.stack([data[s:s + a.context + 1] for s in starts.tolist()])
+        lr = a.lr * min(1.0, (step + 1) / 10) * 0.5 * (1 + math.cos(math.pi * step / total))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = model(batch[:, :-1], batch[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss.item()
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times[a.warmup_steps:])
+    n = sum(p.numel() for p in model.parameters())
+    print(f"RESULT tokens_per_s={a.batch * a.context / med:.1f} params={n} loss={loss.item():.4f} torch={torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()

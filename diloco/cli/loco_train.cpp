@@ -1,0 +1,125 @@
+// loco-train: the simulator and text generation. `loco train ...` and
+// `loco generate ...` forward here.
+//   loco-train train --simulate K job.yaml [--baseline single|ddp] [--rounds N] [--out DIR]
+//   loco-train generate --checkpoint PATH --prompt "..." [--tokens N]
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "diloco/simulator.hpp"
+
+namespace fs = std::filesystem;
+using namespace loco::diloco;
+
+namespace {
+
+int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out, int threads,
+          const std::string& resume) {
+  JobConfig cfg = JobConfig::from_yaml_file(job);
+  if (threads > 0) cfg.threads = threads;
+  if (cfg.threads > 0) at::set_num_threads(cfg.threads);
+  at::set_num_interop_threads(1);
+  SimulateOptions opt;
+  opt.workers = k;
+  opt.rounds = rounds;
+  opt.mode = baseline.empty() ? Mode::diloco : baseline == "single" ? Mode::single : Mode::ddp;
+  if (out.empty()) out = "runs/" + cfg.name;
+  fs::create_directories(out);
+  Simulator sim(cfg, opt);
+  std::cerr << "loco-train: " << cfg.name << ": model of " << sim.parameter_count() << " parameters, "
+            << (baseline.empty() ? "diloco" : baseline) << " with K=" << k << ", H=" << cfg.inner.steps << ", "
+            << sim.rounds() << " rounds, compression " << to_string(cfg.compression) << ", " << at::get_num_threads()
+            << " threads -> " << out << "/metrics.jsonl\n";
+  const fs::path ckpt_dir = fs::path(cfg.checkpoint.dir).is_absolute() ? fs::path(cfg.checkpoint.dir)
+                                                                         : fs::path(out) / cfg.checkpoint.dir;
+  const std::string ckpt = (ckpt_dir / "latest.pt").string();
+  std::ofstream metrics;
+  if (!resume.empty()) {
+    sim.load_checkpoint(resume);
+    metrics.open(fs::path(out) / "metrics.jsonl", std::ios::app);
+    std::cerr << "loco-train: resumed from " << resume << " at round " << sim.round() << "\n";
+  } else {
+    metrics.open(fs::path(out) / "metrics.jsonl", std::ios::trunc);
+    metrics << sim.initial_metrics().to_json() << "\n" << std::flush;
+  }
+  while (!sim.done()) {
+    const auto m = sim.run_round();
+    metrics << m.to_json() << "\n" << std::flush;
+    if (m.val_loss)
+      std::cerr << "round " << m.round << " steps " << m.inner_steps << " train " << m.train_loss << " val "
+                << *m.val_loss << " bytes " << m.bytes_per_worker << " " << m.seconds << " s\n";
+    if (cfg.checkpoint.every > 0 && m.round % cfg.checkpoint.every == 0) sim.save_checkpoint(ckpt);
+  }
+  sim.save_checkpoint(ckpt);
+  std::cerr << "loco-train: checkpoint " << ckpt << "\n";
+  return 0;
+}
+
+int generate(const std::string& checkpoint, const std::string& prompt, int tokens, double temperature, int top_k,
+             std::uint64_t seed) {
+  JobConfig cfg;
+  Gpt model = load_model_from_checkpoint(checkpoint, &cfg);
+  model->eval();
+  const auto tok = make_tokenizer(cfg.data);
+  auto ids = tok->encode(prompt);
+  if (ids.empty()) ids.push_back(static_cast<std::uint16_t>('\n'));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  torch::NoGradGuard no_grad;
+  std::vector<std::uint16_t> out;
+  for (int i = 0; i < tokens; ++i) {
+    const std::size_t start = ids.size() > static_cast<std::size_t>(cfg.model.context) ? ids.size() - cfg.model.context : 0;
+    std::vector<std::int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end());
+    auto x = torch::tensor(window, torch::kInt64).unsqueeze(0);
+    auto logits = model->forward(x).select(1, x.size(1) - 1).squeeze(0) / std::max(temperature, 1e-6);
+    if (top_k > 0 && top_k < logits.size(0)) {
+      auto kth = std::get<0>(logits.topk(top_k)).select(0, top_k - 1);
+      logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+    }
+    const auto next = torch::multinomial(torch::softmax(logits, 0), 1, false, gen).item<std::int64_t>();
+    ids.push_back(static_cast<std::uint16_t>(next));
+    out.push_back(static_cast<std::uint16_t>(next));
+  }
+  std::cout << prompt << tok->decode(out) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"loco-train: DiLoCo simulator and sampler"};
+  app.require_subcommand(1);
+  auto* tr = app.add_subcommand("train", "train a job; --simulate K runs K workers in this process");
+  std::string job, baseline, out, resume;
+  int k = 0, rounds = 0, threads = 0;
+  tr->add_option("job", job, "job file (YAML)")->required()->check(CLI::ExistingFile);
+  tr->add_option("--simulate", k, "number of simulated workers K")->required()->check(CLI::Range(1, 1024));
+  tr->add_option("--baseline", baseline, "single: one worker; ddp: data-parallel with K x batch")
+      ->check(CLI::IsMember({"single", "ddp"}));
+  tr->add_option("--rounds", rounds, "rounds to run (default: from the job file)");
+  tr->add_option("--out", out, "output folder (default runs/NAME)");
+  tr->add_option("--threads", threads, "torch threads (default: the job's `threads`)");
+  tr->add_option("--resume", resume, "checkpoint to continue from")->check(CLI::ExistingFile);
+
+  auto* ge = app.add_subcommand("generate", "sample text from a checkpoint");
+  std::string checkpoint, prompt;
+  int tokens = 200, top_k = 0;
+  double temperature = 0.8;
+  std::uint64_t seed = 0;
+  ge->add_option("--checkpoint", checkpoint, "checkpoint file")->required()->check(CLI::ExistingFile);
+  ge->add_option("--prompt", prompt, "text to continue");
+  ge->add_option("--tokens", tokens, "tokens to sample");
+  ge->add_option("--temperature", temperature, "sampling temperature");
+  ge->add_option("--top-k", top_k, "sample among the k most likely tokens (0: all)");
+  ge->add_option("--seed", seed, "sampling seed");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (tr->parsed()) return train(job, k, baseline, rounds, out, threads, resume);
+    return generate(checkpoint, prompt, tokens, temperature, top_k, seed);
+  } catch (const std::exception& e) {
+    std::cerr << "loco-train: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,111 @@
+// JobConfig: the job file (YAML) that describes one DiLoCo training job.
+// The same file drives the simulator (`loco-train train --simulate K`) and a
+// distributed run (`loco submit`). No LibTorch here.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace loco::diloco {
+
+// Numerics applied to pseudo-gradients when they are averaged.
+enum class Compression { fp32, fp16, bf16, int8 };
+const char* to_string(Compression c);
+
+enum class TokenizerKind { byte, bpe };
+
+// Thrown for a job file that does not parse or does not validate. what()
+// names the field, the rule and the value: "inner.lr: must be > 0, got -1".
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelConfig {
+  int layers = 4;
+  int d_model = 128;  // YAML: `width` or `d_model`
+  int heads = 4;
+  int context = 128;  // tokens per sequence
+  int vocab = 0;      // 0: taken from the tokenizer (256 for byte, data.bpe_vocab for bpe)
+  bool tied_embeddings = true;
+  int mlp_ratio = 4;
+};
+
+struct DataConfig {
+  std::string dir = "data";  // YAML: `dir` or `path`; holds corpus/*.txt (scripts/fetch-corpus)
+  TokenizerKind tokenizer = TokenizerKind::byte;
+  int bpe_vocab = 2048;  // size of the sentencepiece BPE vocabulary when tokenizer: bpe
+  int shards = 64;       // the training split is cut into this many shards
+  double val_fraction = 0.01;  // the last fraction of the tokens is the validation split
+};
+
+struct WorkersConfig {
+  int count = 4;  // workers per round when all are present
+  int min = 1;    // a round never closes with fewer
+  int max = 0;    // 0: same as count
+};
+
+struct InnerConfig {
+  int steps = 50;  // H: inner steps per round
+  int batch_size = 16;  // sequences per inner step (per worker), split into grad_accum micro-batches
+  double lr = 1e-3;
+  int warmup = 100;  // linear warmup steps, then cosine decay to lr * min_lr_ratio
+  double min_lr_ratio = 0.1;
+  double weight_decay = 0.1;  // AdamW, on tensors of 2+ dimensions only (not on norms and biases)
+  double grad_clip = 1.0;     // max global gradient norm; 0 disables
+  int grad_accum = 1;
+  std::array<double, 2> betas = {0.9, 0.95};
+  double eps = 1e-8;
+};
+
+struct OuterConfig {
+  double lr = 0.7;
+  double momentum = 0.9;
+  bool nesterov = true;
+};
+
+struct CheckpointConfig {
+  int every = 0;  // rounds between checkpoints; 0: only at the end
+  std::string dir = "checkpoints";
+};
+
+struct EvalConfig {
+  int every = 50;  // inner steps between evaluations (rounded up to a round end for DiLoCo)
+  int batches = 8;  // validation batches of inner.batch_size sequences
+};
+
+struct JobConfig {
+  std::string name = "job";
+  std::uint64_t seed = 0;
+  int threads = 0;  // torch intra-op threads per process; 0: leave torch's default
+  ModelConfig model;
+  DataConfig data;
+  WorkersConfig workers;
+  InnerConfig inner;
+  OuterConfig outer;
+  Compression compression = Compression::fp32;
+  int rounds = 0;              // number of outer rounds; 0: derived from token_budget
+  std::int64_t token_budget = 0;  // tokens per worker; used when rounds is 0
+  CheckpointConfig checkpoint;
+  EvalConfig eval;
+
+  // Parses and validates. Throws ConfigError naming the field on any problem,
+  // including unknown keys (a typo must not silently fall back to a default).
+  static JobConfig from_yaml(const std::string& text);
+  static JobConfig from_yaml_file(const std::string& path);
+  std::string to_yaml() const;
+
+  // Throws ConfigError for the first invalid field.
+  void validate() const;
+  // Vocabulary size after the tokenizer is known.
+  int vocab_size() const;
+  // Rounds to run: `rounds`, or the token budget divided by the tokens of one round.
+  int total_rounds() const;
+  std::int64_t tokens_per_inner_step() const {
+    return static_cast<std::int64_t>(inner.batch_size) * model.context;
+  }
+};
+
+}  // namespace loco::diloco

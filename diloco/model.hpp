@@ -1,0 +1,62 @@
+// A GPT-style decoder: token + learned position embeddings, pre-norm blocks
+// of causal self-attention and a GELU MLP, a final norm, and a language-model
+// head (optionally tied to the token embedding).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+#include "diloco/config.hpp"
+
+namespace loco::diloco {
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  CausalSelfAttentionImpl(int d_model, int heads);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+
+ private:
+  int heads_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(int d_model, int heads, int mlp_ratio);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::Linear fc{nullptr}, fc_proj{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GptImpl : public torch::nn::Module {
+ public:
+  // vocab: the tokenizer's vocabulary size (JobConfig::vocab_size()).
+  GptImpl(const ModelConfig& cfg, int vocab);
+  // idx: [B, T] int64 token ids, T <= context. Returns logits [B, T, vocab].
+  torch::Tensor forward(const torch::Tensor& idx);
+  // Mean next-token cross-entropy of `targets` [B, T].
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+  // Deterministic initialisation from `seed` (its own generator, no global
+  // state): N(0, 0.02) weights and embeddings, residual projections
+  // N(0, 0.02 / sqrt(2 layers)), zero biases, unit norms.
+  void init_weights(std::uint64_t seed);
+  std::int64_t parameter_count() const;
+  const ModelConfig& config() const { return cfg_; }
+  int vocab() const { return vocab_; }
+
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when embeddings are tied
+
+ private:
+  ModelConfig cfg_;
+  int vocab_;
+};
+TORCH_MODULE(Gpt);
+
+}  // namespace loco::diloco

@@ -1,0 +1,93 @@
+// The simulator: K DiLoCo workers in one process, through the same
+// InnerTrainer / Averager / OuterOptimizer code as a distributed run, plus the
+// two baselines that the convergence study compares against.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "diloco/averager.hpp"
+#include "diloco/config.hpp"
+#include "diloco/data.hpp"
+#include "diloco/trainer.hpp"
+
+namespace loco::diloco {
+
+enum class Mode {
+  diloco,  // K workers, H inner steps, then average pseudo-gradients + outer step
+  single,  // one worker, the same inner steps per worker, no communication
+  ddp,     // data-parallel: one model, K x batch, gradients averaged every step (fp32)
+};
+
+struct SimulateOptions {
+  int workers = 4;        // K
+  Mode mode = Mode::diloco;
+  int rounds = 0;         // 0: cfg.total_rounds()
+};
+
+// One line of metrics.jsonl. Tokens and bytes are cumulative.
+struct RoundMetrics {
+  int round = 0;                    // rounds done (baselines: H-step segments done)
+  std::int64_t inner_steps = 0;     // per worker
+  std::int64_t tokens_per_worker = 0;
+  std::int64_t tokens_total = 0;    // over all workers
+  double train_loss = 0;            // mean over the round's steps and workers
+  std::optional<double> val_loss;   // when evaluated this round
+  std::uint64_t bytes_per_worker = 0;  // sent by each worker, all-reduce model of averager.hpp
+  double seconds = 0;               // wall time since start (this process)
+  std::uint64_t theta_hash = 0;
+  std::string to_json() const;
+};
+
+class Simulator {
+ public:
+  Simulator(const JobConfig& cfg, SimulateOptions opt);
+  ~Simulator();
+
+  // Round 0's metrics (validation loss of the initial θ).
+  RoundMetrics initial_metrics();
+  // Runs one round (baselines: H steps). Evaluates when eval.every steps have
+  // passed since the last evaluation, or on the last round.
+  RoundMetrics run_round();
+  bool done() const { return round_ >= rounds_; }
+  int rounds() const { return rounds_; }
+  int round() const { return round_; }
+  std::int64_t parameter_count() const;
+  std::uint64_t theta_hash() const;
+  double evaluate();
+
+  // Checkpoint of the whole simulation (config, round, outer state, every
+  // worker's inner state, counters, torch RNG state), written to a temporary
+  // file and renamed. load_checkpoint needs a Simulator built with the same
+  // config and options; the continuation is bit-identical.
+  void save_checkpoint(const std::string& path) const;
+  void load_checkpoint(const std::string& path);
+
+  const JobConfig& config() const { return cfg_; }
+
+ private:
+  JobConfig cfg_;
+  SimulateOptions opt_;
+  TokenStore store_;
+  std::vector<std::unique_ptr<InnerTrainer>> trainers_;
+  std::vector<std::unique_ptr<OuterOptimizer>> outers_;  // one replica per worker (diloco)
+  std::vector<std::vector<float>> deltas_;               // one flat Δ per worker, reused
+  LocalAverager averager_;
+  torch::Tensor val_windows_;
+  int rounds_ = 0;
+  int round_ = 0;
+  std::int64_t steps_since_eval_ = 0;
+  std::uint64_t bytes_ = 0;
+  double start_seconds_ = 0;
+};
+
+// Reads a checkpoint's job config (for `loco-train generate`).
+JobConfig checkpoint_config(const std::string& path);
+// Loads θ from a checkpoint into a model built from its config.
+Gpt load_model_from_checkpoint(const std::string& path, JobConfig* cfg_out = nullptr);
+
+}  // namespace loco::diloco

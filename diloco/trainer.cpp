@@ -1,0 +1,233 @@
+#include "diloco/trainer.hpp"
+
+#include <cmath>
+#include <numbers>
+#include <sstream>
+
+namespace loco::diloco {
+
+double inner_lr(const InnerConfig& c, std::int64_t step, std::int64_t total) {
+  if (step < c.warmup) return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup);
+  const double span = static_cast<double>(std::max<std::int64_t>(1, total - c.warmup));
+  const double progress = std::min(1.0, static_cast<double>(step - c.warmup) / span);
+  const double min_lr = c.lr * c.min_lr_ratio;
+  return min_lr + 0.5 * (c.lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+std::uint64_t tensor_hash(const torch::Tensor& t) {
+  TORCH_CHECK(t.is_contiguous(), "tensor_hash: tensor must be contiguous");
+  const auto* p = static_cast<const unsigned char*>(t.data_ptr());
+  const std::size_t n = static_cast<std::size_t>(t.numel()) * t.element_size();
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+torch::Tensor flat_view(std::span<float> data) {
+  return torch::from_blob(data.data(), {static_cast<std::int64_t>(data.size())}, torch::kFloat32);
+}
+
+InnerTrainer::InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::vector<int> shards,
+                           std::uint64_t stream, std::int64_t total_steps)
+    : cfg_(cfg),
+      model_(Gpt(cfg.model, cfg.vocab_size())),
+      sampler_(store, std::move(shards), cfg.model.context, cfg.seed, stream),
+      total_steps_(total_steps) {
+  torch::NoGradGuard no_grad;
+  model_->init_weights(cfg.seed);
+  auto ps = model_->parameters();
+  std::int64_t n = 0;
+  for (const auto& p : ps) n += p.numel();
+  params_ = torch::empty({n}, torch::kFloat32);
+  grads_ = torch::zeros({n}, torch::kFloat32);
+  decay_mask_ = torch::zeros({n}, torch::kFloat32);
+  std::int64_t off = 0;
+  for (auto& p : ps) {
+    const auto k = p.numel();
+    auto slot = params_.slice(0, off, off + k);
+    slot.copy_(p.detach().reshape({-1}));
+    p.set_data(slot.view(p.sizes()));
+    // Autograd accumulates in place into a defined gradient, so every
+    // backward writes straight into the flat gradient buffer.
+    p.mutable_grad() = grads_.slice(0, off, off + k).view(p.sizes());
+    if (p.dim() >= 2) decay_mask_.slice(0, off, off + k).fill_(1.0f);
+    off += k;
+  }
+  exp_avg_ = torch::zeros({n}, torch::kFloat32);
+  exp_avg_sq_ = torch::zeros({n}, torch::kFloat32);
+  denom_ = torch::empty({n}, torch::kFloat32);
+  batch_ = torch::empty({cfg.inner.batch_size, cfg.model.context + 1}, torch::kInt64);
+}
+
+InnerStats InnerTrainer::run_inner_steps(int h) {
+  InnerStats stats;
+  const auto& ic = cfg_.inner;
+  const int micro = ic.batch_size / ic.grad_accum;
+  const int ctx = cfg_.model.context;
+  double loss_sum = 0;
+  model_->train();
+  for (int s = 0; s < h; ++s) {
+    sampler_.next(ic.batch_size, {batch_.data_ptr<std::int64_t>(), static_cast<std::size_t>(batch_.numel())});
+    grads_.zero_();
+    double step_loss = 0;
+    for (int a = 0; a < ic.grad_accum; ++a) {
+      auto mb = batch_.slice(0, a * micro, (a + 1) * micro);
+      auto loss = model_->loss(mb.slice(1, 0, ctx), mb.slice(1, 1, ctx + 1));
+      if (ic.grad_accum > 1) loss = loss / static_cast<double>(ic.grad_accum);
+      loss.backward();
+      step_loss += loss.item<double>();
+    }
+    torch::NoGradGuard no_grad;
+    const double norm = grads_.norm().item<double>();
+    if (ic.grad_clip > 0) {
+      const double coef = ic.grad_clip / (norm + 1e-6);
+      if (coef < 1.0) grads_.mul_(coef);
+    }
+    // AdamW over the flat buffers, the same arithmetic as torch.optim.AdamW.
+    const double lr = inner_lr(ic, step_, total_steps_);
+    ++step_;
+    const double b1 = ic.betas[0], b2 = ic.betas[1];
+    const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step_));
+    const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step_));
+    if (ic.weight_decay > 0) params_.addcmul_(params_, decay_mask_, -lr * ic.weight_decay);
+    exp_avg_.lerp_(grads_, 1.0 - b1);
+    exp_avg_sq_.mul_(b2).addcmul_(grads_, grads_, 1.0 - b2);
+    torch::sqrt_out(denom_, exp_avg_sq_);
+    denom_.div_(std::sqrt(bc2)).add_(ic.eps);
+    params_.addcdiv_(exp_avg_, denom_, -lr / bc1);
+
+    loss_sum += step_loss;
+    stats.last_loss = step_loss;
+    stats.last_lr = lr;
+    stats.grad_norm = norm;
+  }
+  stats.steps = h;
+  stats.mean_loss = h > 0 ? loss_sum / h : 0.0;
+  return stats;
+}
+
+void InnerTrainer::pseudo_gradient(const torch::Tensor& theta_global, std::span<float> out) const {
+  TORCH_CHECK(static_cast<std::int64_t>(out.size()) == params_.numel(), "pseudo_gradient: buffer has ", out.size(),
+              " elements, the model ", params_.numel());
+  auto o = flat_view(out);
+  torch::sub_out(o, theta_global, params_);
+}
+
+void InnerTrainer::load_parameters(const torch::Tensor& theta) {
+  torch::NoGradGuard no_grad;
+  params_.copy_(theta);
+}
+
+double InnerTrainer::evaluate(const torch::Tensor& windows) {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  const int ctx = cfg_.model.context;
+  const auto n = windows.size(0);
+  double sum = 0;
+  for (std::int64_t b = 0; b < n; b += cfg_.inner.batch_size) {
+    auto w = windows.slice(0, b, std::min<std::int64_t>(n, b + cfg_.inner.batch_size));
+    sum += model_->loss(w.slice(1, 0, ctx), w.slice(1, 1, ctx + 1)).item<double>() * static_cast<double>(w.size(0));
+  }
+  model_->train();
+  return sum / static_cast<double>(n);
+}
+
+void InnerTrainer::save(torch::serialize::OutputArchive& ar, const std::string& prefix) const {
+  ar.write(prefix + "params", params_);
+  ar.write(prefix + "exp_avg", exp_avg_);
+  ar.write(prefix + "exp_avg_sq", exp_avg_sq_);
+  ar.write(prefix + "step", c10::IValue(step_));
+  ar.write(prefix + "sampler_position", c10::IValue(static_cast<std::int64_t>(sampler_.position())));
+  std::vector<std::int64_t> shards(sampler_.shards().begin(), sampler_.shards().end());
+  ar.write(prefix + "shards", torch::tensor(shards, torch::kInt64));
+}
+
+void InnerTrainer::load(torch::serialize::InputArchive& ar, const std::string& prefix) {
+  torch::NoGradGuard no_grad;
+  auto read_into = [&](const std::string& key, torch::Tensor& dst) {
+    torch::Tensor t;
+    ar.read(prefix + key, t);
+    TORCH_CHECK(t.numel() == dst.numel(), "checkpoint: ", prefix + key, " has ", t.numel(), " elements, expected ",
+                dst.numel(), " (a different model?)");
+    dst.copy_(t.reshape(dst.sizes()));
+  };
+  read_into("params", params_);
+  read_into("exp_avg", exp_avg_);
+  read_into("exp_avg_sq", exp_avg_sq_);
+  c10::IValue v;
+  ar.read(prefix + "step", v);
+  step_ = v.toInt();
+  ar.read(prefix + "sampler_position", v);
+  sampler_.set_position(static_cast<std::uint64_t>(v.toInt()));
+  torch::Tensor shards;
+  ar.read(prefix + "shards", shards);
+  std::vector<int> s;
+  for (std::int64_t i = 0; i < shards.numel(); ++i) s.push_back(static_cast<int>(shards[i].item<std::int64_t>()));
+  sampler_.set_shards(std::move(s));
+}
+
+OuterOptimizer::OuterOptimizer(const OuterConfig& cfg, const torch::Tensor& theta0)
+    : cfg_(cfg),
+      theta_(theta0.detach().to(torch::kFloat32).clone().reshape({-1})),
+      momentum_(torch::zeros_like(theta_)),
+      scratch_(torch::empty_like(theta_)) {}
+
+void OuterOptimizer::step(std::span<const float> delta) {
+  torch::NoGradGuard no_grad;
+  TORCH_CHECK(static_cast<std::int64_t>(delta.size()) == theta_.numel(), "OuterOptimizer::step: Δ has ", delta.size(),
+              " elements, θ ", theta_.numel());
+  const auto d = flat_view({const_cast<float*>(delta.data()), delta.size()});
+  const double mu = cfg_.momentum;
+  if (mu > 0) {
+    momentum_.mul_(mu).add_(d);
+    if (cfg_.nesterov) {
+      torch::add_out(scratch_, d, momentum_, mu);
+      theta_.sub_(scratch_, cfg_.lr);
+    } else {
+      theta_.sub_(momentum_, cfg_.lr);
+    }
+  } else {
+    theta_.sub_(d, cfg_.lr);
+  }
+  ++round_;
+}
+
+void OuterOptimizer::save(torch::serialize::OutputArchive& ar, const std::string& prefix) const {
+  ar.write(prefix + "theta", theta_);
+  ar.write(prefix + "momentum", momentum_);
+  ar.write(prefix + "round", c10::IValue(round_));
+}
+
+void OuterOptimizer::load(torch::serialize::InputArchive& ar, const std::string& prefix) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor t, m;
+  ar.read(prefix + "theta", t);
+  ar.read(prefix + "momentum", m);
+  TORCH_CHECK(t.numel() == theta_.numel() && m.numel() == theta_.numel(), "outer state: θ has ", t.numel(),
+              " elements, expected ", theta_.numel(), " (a different model?)");
+  theta_.copy_(t);
+  momentum_.copy_(m);
+  c10::IValue v;
+  ar.read(prefix + "round", v);
+  round_ = v.toInt();
+}
+
+std::string OuterOptimizer::save_state() const {
+  torch::serialize::OutputArchive ar;
+  save(ar, "");
+  std::ostringstream out;
+  ar.save_to(out);
+  return out.str();
+}
+
+void OuterOptimizer::load_state(const std::string& bytes) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive ar;
+  ar.load_from(in);
+  load(ar, "");
+}
+
+}  // namespace loco::diloco

@@ -1,0 +1,125 @@
+// One DiLoCo worker's algorithm: the inner trainer (model replica, AdamW with
+// warmup + cosine, clipping, accumulation, its data shards) and the outer
+// optimizer (θ_global and the Nesterov momentum, fp32). Nothing here knows
+// actors or sockets; the simulator and issue 4's InnerWorker both drive it:
+//
+//   trainer.run_inner_steps(H);
+//   trainer.pseudo_gradient(outer.theta(), delta);      // Δ = θ − θ_local
+//   averager.average({delta}, cfg.compression);         // mean over the round
+//   outer.step(delta);                                  // θ ← Nesterov(θ, Δ)
+//   trainer.load_parameters(outer.theta());
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "diloco/config.hpp"
+#include "diloco/data.hpp"
+#include "diloco/model.hpp"
+
+namespace loco::diloco {
+
+// Learning rate of inner step `step` (0-based) out of `total`: linear warmup
+// from lr/warmup to lr over `warmup` steps, then cosine decay to lr * min_lr_ratio.
+double inner_lr(const InnerConfig& c, std::int64_t step, std::int64_t total);
+
+// 64-bit FNV-1a of a contiguous fp32 tensor's bytes: equal hashes across
+// workers mean bit-identical θ.
+std::uint64_t tensor_hash(const torch::Tensor& t);
+
+struct InnerStats {
+  int steps = 0;
+  double mean_loss = 0;  // mean training loss over the steps
+  double last_loss = 0;
+  double last_lr = 0;
+  double grad_norm = 0;  // of the last step, before clipping
+};
+
+class InnerTrainer {
+ public:
+  // Builds the model from cfg.model with deterministic weights from cfg.seed,
+  // and puts every parameter into one flat fp32 buffer (and every gradient
+  // into another), so that pseudo-gradients, AdamW and clipping each run over
+  // one contiguous vector. `stream` separates the data streams of workers;
+  // `total_steps` is the length of the learning-rate schedule.
+  InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::vector<int> shards, std::uint64_t stream,
+               std::int64_t total_steps);
+  InnerTrainer(const InnerTrainer&) = delete;
+  InnerTrainer& operator=(const InnerTrainer&) = delete;
+
+  // h inner steps on this worker's shards. Inner optimizer state persists across calls.
+  InnerStats run_inner_steps(int h);
+
+  // out[i] = theta_global[i] − θ_local[i], written straight into `out`
+  // (the buffer that the averager then works on: no other copy).
+  void pseudo_gradient(const torch::Tensor& theta_global, std::span<float> out) const;
+  // θ_local ← theta (a flat fp32 tensor of parameter_count() elements).
+  void load_parameters(const torch::Tensor& theta);
+
+  // Mean validation loss over `windows` ([n, context + 1] int64), in batches
+  // of inner.batch_size. Deterministic.
+  double evaluate(const torch::Tensor& windows);
+
+  // The flat parameter buffer; the model's parameters are views into it.
+  const torch::Tensor& flat_parameters() const { return params_; }
+  Gpt& model() { return model_; }
+  std::int64_t parameter_count() const { return params_.numel(); }
+  std::int64_t step() const { return step_; }
+  ShardSampler& sampler() { return sampler_; }
+
+  // Inner state: parameters, AdamW moments, step (which fixes the schedule),
+  // sampler position and shards. Keys are prefixed with `prefix`.
+  void save(torch::serialize::OutputArchive& ar, const std::string& prefix) const;
+  void load(torch::serialize::InputArchive& ar, const std::string& prefix);
+
+ private:
+  JobConfig cfg_;
+  Gpt model_{nullptr};
+  ShardSampler sampler_;
+  std::int64_t total_steps_;
+  std::int64_t step_ = 0;
+  torch::Tensor params_, grads_;   // flat fp32
+  torch::Tensor exp_avg_, exp_avg_sq_;  // AdamW moments, flat fp32
+  torch::Tensor decay_mask_;       // 1 where weight decay applies
+  torch::Tensor denom_;            // scratch
+  std::vector<std::int64_t> batch_host_;
+  torch::Tensor batch_;            // [B, context + 1] int64, reused
+};
+
+// θ_global and the momentum buffer, fp32, replicated on every worker.
+class OuterOptimizer {
+ public:
+  // theta0: the initial parameters (copied).
+  OuterOptimizer(const OuterConfig& cfg, const torch::Tensor& theta0);
+
+  // One step with the averaged pseudo-gradient Δ (as torch.optim.SGD,
+  // dampening 0): buf ← μ buf + Δ; g ← Δ + μ buf (Nesterov) or buf; θ ← θ − lr g.
+  // With lr 1 and μ 0 this is plain averaging: θ ← θ − mean(θ − θ_k).
+  void step(std::span<const float> delta);
+
+  const torch::Tensor& theta() const { return theta_; }
+  const torch::Tensor& momentum() const { return momentum_; }
+  std::int64_t round() const { return round_; }
+  std::uint64_t theta_hash() const { return tensor_hash(theta_); }
+
+  // The outer state (θ, momentum, round) as bytes, for a joining worker to
+  // copy from a live one; load_state accepts what save_state wrote.
+  std::string save_state() const;
+  void load_state(const std::string& bytes);
+  void save(torch::serialize::OutputArchive& ar, const std::string& prefix) const;
+  void load(torch::serialize::InputArchive& ar, const std::string& prefix);
+
+ private:
+  OuterConfig cfg_;
+  torch::Tensor theta_, momentum_, scratch_;
+  std::int64_t round_ = 0;
+};
+
+// Flat fp32 tensor viewing `data` without copying.
+torch::Tensor flat_view(std::span<float> data);
+
+}  // namespace loco::diloco

@@ -1,0 +1,241 @@
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "diloco/simulator.hpp"
+#include "diloco/trainer.hpp"
+#include "tests/diloco/test_corpus.hpp"
+
+using namespace loco::diloco;
+
+namespace {
+
+class DilocoTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    at::set_num_threads(1);
+    dir_ = new std::string(loco::diloco::testing::make_corpus_dir("train"));
+  }
+  static void TearDownTestSuite() {
+    remove_tree(*dir_);
+    delete dir_;
+  }
+  static JobConfig small_job() {
+    JobConfig c;
+    c.seed = 11;
+    c.model = {.layers = 2, .d_model = 32, .heads = 2, .context = 16, .vocab = 0, .tied_embeddings = true, .mlp_ratio = 4};
+    c.data.dir = *dir_;
+    c.data.shards = 8;
+    c.data.val_fraction = 0.05;
+    c.inner.steps = 4;
+    c.inner.batch_size = 4;
+    c.inner.lr = 3e-3;
+    c.inner.warmup = 3;
+    c.rounds = 4;
+    c.eval.every = 4;
+    c.eval.batches = 2;
+    c.validate();
+    return c;
+  }
+  static std::string* dir_;
+};
+std::string* DilocoTest::dir_ = nullptr;
+
+}  // namespace
+
+TEST_F(DilocoTest, ModelCountsParametersAndInitialisesFromTheSeed) {
+  auto c = small_job();
+  Gpt a(c.model, 256), b(c.model, 256), other(c.model, 256);
+  a->init_weights(1);
+  b->init_weights(1);
+  other->init_weights(2);
+  const std::int64_t d = 32, l = 2, v = 256, t = 16;
+  const std::int64_t expected = v * d + t * d + l * (2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)) + 2 * d;
+  EXPECT_EQ(a->parameter_count(), expected);
+  c.model.tied_embeddings = false;
+  EXPECT_EQ(Gpt(c.model, 256)->parameter_count(), expected + v * d);
+  auto pa = a->parameters(), pb = b->parameters(), po = other->parameters();
+  bool differs = false;
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(torch::equal(pa[i], pb[i]));
+    differs |= !torch::equal(pa[i], po[i]);
+  }
+  EXPECT_TRUE(differs);
+}
+
+TEST_F(DilocoTest, AttentionIsCausal) {
+  auto c = small_job();
+  Gpt m(c.model, 256);
+  m->init_weights(5);
+  torch::NoGradGuard g;
+  auto x = torch::randint(0, 256, {1, 16}, torch::kInt64);
+  auto y = x.clone();
+  y[0][10] = (x[0][10].item<std::int64_t>() + 1) % 256;
+  auto la = m->forward(x), lb = m->forward(y);
+  EXPECT_TRUE(torch::allclose(la.slice(1, 0, 10), lb.slice(1, 0, 10)));
+  EXPECT_FALSE(torch::allclose(la.slice(1, 10, 16), lb.slice(1, 10, 16)));
+}
+
+TEST_F(DilocoTest, CompressionMatchesTorchCasts) {
+  auto x = torch::randn({20000}) * 1000;
+  x.slice(0, 0, 1000).mul_(1e-7);  // subnormal halves
+  for (auto [c, dtype] : {std::pair{Compression::fp16, torch::kHalf}, std::pair{Compression::bf16, torch::kBFloat16}}) {
+    auto y = x.clone();
+    codec_roundtrip({y.data_ptr<float>(), 20000}, c);
+    EXPECT_TRUE(torch::equal(y, x.to(dtype).to(torch::kFloat32))) << to_string(c);
+  }
+}
+
+TEST_F(DilocoTest, InnerTrainingLowersTheLossAndKeepsGradientsFlat) {
+  const auto c = small_job();
+  const auto store = TokenStore::open(c.data);
+  InnerTrainer t(c, store, {0, 1, 2, 3, 4, 5, 6, 7}, 0, 40);
+  torch::Tensor windows = torch::empty({8, 17}, torch::kInt64);
+  validation_windows(store, 16, 8, {windows.data_ptr<std::int64_t>(), 8 * 17});
+  const double before = t.evaluate(windows);
+  EXPECT_NEAR(before, std::log(256.0), 0.3);
+  const auto stats = t.run_inner_steps(40);
+  EXPECT_EQ(t.step(), 40);
+  EXPECT_LT(t.evaluate(windows), before - 1.0);
+  EXPECT_GT(stats.grad_norm, 0);
+  // Every parameter is still a view of the flat buffer, and so is its gradient.
+  std::int64_t off = 0;
+  const auto* base = t.flat_parameters().data_ptr<float>();
+  for (const auto& p : t.model()->parameters()) {
+    EXPECT_EQ(p.data_ptr<float>(), base + off);
+    ASSERT_TRUE(p.grad().defined());
+    off += p.numel();
+  }
+}
+
+TEST_F(DilocoTest, LearningRateWarmsUpThenDecays) {
+  InnerConfig ic;
+  ic.lr = 1.0;
+  ic.warmup = 10;
+  ic.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(inner_lr(ic, 0, 110), 0.1);
+  EXPECT_DOUBLE_EQ(inner_lr(ic, 9, 110), 1.0);
+  EXPECT_DOUBLE_EQ(inner_lr(ic, 10, 110), 1.0);
+  EXPECT_NEAR(inner_lr(ic, 60, 110), 0.55, 1e-12);
+  EXPECT_NEAR(inner_lr(ic, 110, 110), 0.1, 1e-12);
+}
+
+TEST_F(DilocoTest, NesterovStepEqualsHandComputedReference) {
+  OuterConfig oc;  // lr 0.7, momentum 0.9, nesterov
+  auto theta0 = torch::tensor({1.0f, -2.0f, 0.5f});
+  OuterOptimizer o(oc, theta0);
+  std::vector<float> d1 = {0.1f, 0.2f, -0.3f}, d2 = {-0.05f, 0.4f, 0.1f};
+  o.step(d1);
+  o.step(d2);
+  // By hand, in double: buf1 = d1, θ1 = θ0 − 0.7 (d1 + 0.9 buf1);
+  // buf2 = 0.9 buf1 + d2, θ2 = θ1 − 0.7 (d2 + 0.9 buf2).
+  const double t0[3] = {1.0, -2.0, 0.5};
+  for (int i = 0; i < 3; ++i) {
+    const double buf1 = d1[i], th1 = t0[i] - 0.7 * (d1[i] + 0.9 * buf1);
+    const double buf2 = 0.9 * buf1 + d2[i], th2 = th1 - 0.7 * (d2[i] + 0.9 * buf2);
+    EXPECT_NEAR(o.theta()[i].item<double>(), th2, 1e-6);
+    EXPECT_NEAR(o.momentum()[i].item<double>(), buf2, 1e-6);
+  }
+  EXPECT_EQ(o.round(), 2);
+  // Without Nesterov: θ ← θ − lr buf.
+  oc.nesterov = false;
+  OuterOptimizer p(oc, theta0);
+  p.step(d1);
+  p.step(d2);
+  for (int i = 0; i < 3; ++i) {
+    const double buf1 = d1[i], th1 = t0[i] - 0.7 * buf1, buf2 = 0.9 * buf1 + d2[i], th2 = th1 - 0.7 * buf2;
+    EXPECT_NEAR(p.theta()[i].item<double>(), th2, 1e-6);
+  }
+  // The outer state travels as bytes to a joining worker.
+  OuterOptimizer joined(OuterConfig{}, torch::zeros({3}));
+  joined.load_state(o.save_state());
+  EXPECT_EQ(joined.theta_hash(), o.theta_hash());
+  EXPECT_TRUE(torch::equal(joined.momentum(), o.momentum()));
+  EXPECT_EQ(joined.round(), 2);
+}
+
+TEST_F(DilocoTest, OneWorkerWithPlainAveragingEqualsPlainTraining) {
+  const auto c = small_job();
+  const auto store = TokenStore::open(c.data);
+  const std::vector<int> shards = {0, 1, 2, 3, 4, 5, 6, 7};
+  InnerTrainer plain(c, store, shards, 0, 20);
+  InnerTrainer diloco(c, store, shards, 0, 20);
+  OuterOptimizer outer(OuterConfig{.lr = 1.0, .momentum = 0.0, .nesterov = false}, diloco.flat_parameters());
+  LocalAverager avg;
+  std::vector<float> delta(static_cast<std::size_t>(diloco.parameter_count()));
+  for (int r = 0; r < 5; ++r) {
+    const auto sd = diloco.run_inner_steps(4);
+    const auto sp = plain.run_inner_steps(4);
+    diloco.pseudo_gradient(outer.theta(), delta);
+    std::vector<std::span<float>> spans = {delta};
+    avg.average(spans, Compression::fp32);
+    outer.step(delta);
+    diloco.load_parameters(outer.theta());
+    EXPECT_NEAR(sd.mean_loss, sp.mean_loss, 1e-4);
+  }
+  // θ − (θ − θ_k) rounds, so the two agree to fp32 rounding (which AdamW
+  // then carries along), not bit for bit: a few ulps, against parameters that
+  // moved by orders of magnitude more.
+  const double diff = (diloco.flat_parameters() - plain.flat_parameters()).abs().max().item<double>();
+  const double moved = (plain.flat_parameters() - InnerTrainer(c, store, shards, 0, 20).flat_parameters()).abs().max().item<double>();
+  EXPECT_LT(diff, 1e-5);
+  EXPECT_GT(moved, 1e-2);
+  EXPECT_TRUE(torch::equal(outer.theta(), diloco.flat_parameters()));
+}
+
+TEST_F(DilocoTest, CheckpointResumeIsBitIdentical) {
+  auto c = small_job();
+  c.compression = Compression::int8;
+  SimulateOptions opt{.workers = 2, .mode = Mode::diloco, .rounds = 4};
+  Simulator straight(c, opt);
+  std::vector<double> losses;
+  while (!straight.done()) losses.push_back(straight.run_round().train_loss);
+
+  const auto path = (std::filesystem::path(c.data.dir) / "ck" / "sim.pt").string();
+  {
+    Simulator first(c, opt);
+    first.run_round();
+    first.run_round();
+    first.save_checkpoint(path);
+  }
+  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  Simulator resumed(c, opt);
+  resumed.load_checkpoint(path);
+  EXPECT_EQ(resumed.round(), 2);
+  EXPECT_DOUBLE_EQ(resumed.run_round().train_loss, losses[2]);
+  EXPECT_DOUBLE_EQ(resumed.run_round().train_loss, losses[3]);
+  EXPECT_TRUE(resumed.done());
+  EXPECT_EQ(resumed.theta_hash(), straight.theta_hash());
+
+  // A checkpoint of another simulation is refused.
+  Simulator three(c, SimulateOptions{.workers = 3, .mode = Mode::diloco, .rounds = 4});
+  EXPECT_THROW(three.load_checkpoint(path), std::runtime_error);
+  // And the model can be rebuilt from it.
+  JobConfig back;
+  auto model = load_model_from_checkpoint(path, &back);
+  EXPECT_EQ(back.to_yaml(), c.to_yaml());
+  EXPECT_EQ(model->parameter_count(), resumed.parameter_count());
+}
+
+TEST_F(DilocoTest, SimulatorModesCommunicateWhatTheyShould) {
+  auto c = small_job();
+  const std::int64_t n = Simulator(c, SimulateOptions{.workers = 1, .mode = Mode::single, .rounds = 1}).parameter_count();
+  Simulator single(c, SimulateOptions{.workers = 4, .mode = Mode::single, .rounds = 2});
+  Simulator ddp(c, SimulateOptions{.workers = 4, .mode = Mode::ddp, .rounds = 2});
+  Simulator dil(c, SimulateOptions{.workers = 4, .mode = Mode::diloco, .rounds = 2});
+  RoundMetrics ms, md, mdl;
+  for (int r = 0; r < 2; ++r) {
+    ms = single.run_round();
+    md = ddp.run_round();
+    mdl = dil.run_round();
+  }
+  EXPECT_EQ(ms.bytes_per_worker, 0u);
+  const auto per_allreduce = allreduce_bytes_per_member(static_cast<std::size_t>(n), 4, Compression::fp32);
+  EXPECT_EQ(md.bytes_per_worker, 2u * 4u * per_allreduce);  // every inner step
+  EXPECT_EQ(mdl.bytes_per_worker, 2u * per_allreduce);      // once a round
+  EXPECT_EQ(md.tokens_total, 4 * ms.tokens_total);
+  EXPECT_TRUE(mdl.val_loss.has_value());
+  EXPECT_LT(*mdl.val_loss, std::log(256.0));
+}
