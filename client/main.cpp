@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "client/cli_common.hpp"
@@ -106,8 +107,15 @@ int start_blocking(const StartArgs& a) {
     return 2;
   }
   cfg.plugins = a.plugins;
-  if (const char* p = std::getenv("LOCO_PLUGIN_PATH")) cfg.plugins.push_back(p);
-  if (fs::is_directory(default_plugin_dir())) cfg.plugins.push_back(default_plugin_dir());
+  // $LOCO_PLUGIN_PATH (colon-separated files or folders) replaces the default
+  // folder next to the binary; --plugin adds to either.
+  if (const char* p = std::getenv("LOCO_PLUGIN_PATH")) {
+    std::stringstream ss(p);
+    for (std::string part; std::getline(ss, part, ':');)
+      if (!part.empty()) cfg.plugins.push_back(part);
+  } else if (fs::is_directory(default_plugin_dir())) {
+    cfg.plugins.push_back(default_plugin_dir());
+  }
   cfg.max_message_bytes = a.max_message_bytes;
   return run_node(cfg, g_stop, ready);
 }
@@ -221,6 +229,8 @@ void print_status(const ClusterStatus& st) {
 
 // ---- loco up ------------------------------------------------------------------
 
+std::optional<JobInfo> follow(JobHandle& job, bool progress);
+
 struct UpArgs {
   int workers = 2;
   std::string redis;
@@ -318,7 +328,31 @@ int up(const UpArgs& a) {
   std::cout << "cluster up: head " << head_addr << ", " << a.workers << " nodes, redis "
             << redis_url << " (logs in " << dir << ")" << std::endl;
   int rc = 0;
-  if (!a.command.empty()) {
+  auto is_job_file = [](const std::string& f) {
+    return f.size() > 5 && (f.ends_with(".yaml") || f.ends_with(".yml"));
+  };
+  if (a.command.size() == 1 && is_job_file(a.command[0])) {
+    // A job file: submit it, follow it to its end, then stop the cluster.
+    try {
+      JobSpec spec = JobSpec::from_yaml_file(a.command[0]);
+      Client client(head_addr);
+      JobHandle job = client.submit(spec);
+      std::cout << "submitted " << a.command[0] << " as job " << job.id() << std::endl;
+      auto end = follow(job, true);
+      if (!end) {
+        std::cout << "interrupted: cancelling job " << job.id() << std::endl;
+        job.cancel();
+        rc = 130;
+      } else {
+        std::cout << "job " << end->id << " " << end->state
+                  << (end->message.empty() ? "" : ": " + end->message) << std::endl;
+        rc = end->state == "succeeded" ? 0 : 1;
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "loco up: " << e.what() << "\n";
+      rc = 1;
+    }
+  } else if (!a.command.empty()) {
     Subprocess::Options o;
     o.env["LOCO_ADDRESS"] = head_addr;
     Subprocess cmd(a.command, o);
@@ -492,7 +526,8 @@ int main(int argc, char** argv) {
   up->add_option("--port", ua.port, "head port (default: any free)");
   up->add_option("--resources", ua.resources, "resources of each node");
   up->add_option("--detect-ms", ua.detect_ms, "failure detection time in ms");
-  up->add_option("command", ua.command, "run this with LOCO_ADDRESS set, then stop the cluster")
+  up->add_option("command", ua.command,
+                 "a job file to run, or a command to run with LOCO_ADDRESS set; then stop the cluster")
       ->allow_extra_args();
   up->positionals_at_end();
 

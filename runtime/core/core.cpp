@@ -407,6 +407,21 @@ std::vector<std::string> Core::hosted() const {
   return out;
 }
 
+// Requests still queued for an actor that is going away get an answer now,
+// instead of leaving their callers to time out.
+void Core::refuse_queued(Mailbox& box) {
+  std::deque<Inbound> left;
+  {
+    std::lock_guard<std::mutex> lock(box.mu);
+    left.swap(box.queue);
+  }
+  for (Inbound& in : left)
+    if (in.env.k() == Kind::Request)
+      send_error(std::move(in.routing_id), in.env.corr, "ActorDiedError",
+                 "actor " + box.id + " (" + box.cls->name + ") was stopped on " + opts_.self_name +
+                     " before it handled " + in.env.method);
+}
+
 void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
   std::shared_ptr<Core> self = shared_from_this();
   tl_core = &self;
@@ -456,6 +471,7 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
     }
     batch.clear();
   }
+  refuse_queued(*box);
   tl_core = nullptr;
 }
 

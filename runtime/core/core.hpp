@@ -114,6 +114,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void send_error(zmq::message_t&& rid, uint64_t corr, const std::string& type,
                   const std::string& message);
   void run_mailbox(std::shared_ptr<Mailbox> box);
+  void refuse_queued(Mailbox& box);
   void finish(const std::shared_ptr<CallState>& st, const std::string& error_type,
               const std::string& error_message, Payload&& result);
   void resolve(ActorRef& ref);

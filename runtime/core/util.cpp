@@ -1,5 +1,7 @@
 #include "runtime/core/util.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 
 namespace loco {
@@ -28,6 +30,10 @@ std::string random_id(std::string_view prefix) {
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
   return std::string(prefix) + "-" + buf;
 }
+
+void log_info(const std::string& line) { spdlog::info("{}", line); }
+void log_warn(const std::string& line) { spdlog::warn("{}", line); }
+void log_error(const std::string& line) { spdlog::error("{}", line); }
 
 std::string human_ms(int64_t ms) {
   char buf[32];

@@ -31,6 +31,12 @@ class Backoff {
 // A random id with a prefix: "n-4f1a9c2e07b3d5a1".
 std::string random_id(std::string_view prefix);
 
+// The process log, for code that cannot include spdlog (LibTorch ships its own
+// fmt, which clashes with the one spdlog uses).
+void log_info(const std::string& line);
+void log_warn(const std::string& line);
+void log_error(const std::string& line);
+
 // "1.5 s", "250 ms": durations as people read them in error messages.
 std::string human_ms(int64_t ms);
 

@@ -47,6 +47,7 @@ std::string LocalCluster::start_process(std::vector<std::string> argv, const std
   argv.push_back("--ready-file=" + ready);
   Subprocess::Options o;
   o.log_path = dir_ + "/" + name + ".log";
+  if (!opts_.plugins.empty()) o.env["LOCO_PLUGIN_PATH"] = opts_.plugins;
   out.emplace(argv, o);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (!fs::exists(ready)) {

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef LOCO_PLUGIN_DIR_STR
+#error "LOCO_PLUGIN_DIR_STR must name build/plugins"
+#endif
 // A real local cluster for multi-process tests: redis-server on a free port,
 // a head and N nodes as `loco start --block` processes on loopback. Every wait
 // is bounded; the destructor kills whatever is still running.
@@ -20,6 +23,9 @@ struct ClusterOptions {
   std::string node_resources = "cpu=4";
   bool redis_appendonly = false;
   std::vector<std::string> extra_node_args;
+  // Plugins the nodes load ($LOCO_PLUGIN_PATH); default: the test actors only,
+  // so that runtime tests do not load LibTorch in every node.
+  std::string plugins = LOCO_PLUGIN_DIR_STR "/libloco_test_actors.so";
 };
 
 class LocalCluster {

@@ -1,0 +1,168 @@
+#include "actors/inner_worker.hpp"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "diloco/config.hpp"
+#include "diloco/data.hpp"
+#include "diloco/trainer.hpp"
+#include "runtime/collective/allreduce.hpp"
+#include "runtime/core/actor.hpp"
+#include "runtime/core/runtime.hpp"
+
+namespace loco::actors {
+
+namespace dl = loco::diloco;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+collective::Codec codec_of(dl::Compression c) {
+  switch (c) {
+    case dl::Compression::fp16: return collective::Codec::fp16;
+    case dl::Compression::bf16: return collective::Codec::bf16;
+    case dl::Compression::int8: return collective::Codec::int8;
+    default: return collective::Codec::fp32;
+  }
+}
+
+// The host this node is reached at, for the collective's socket.
+std::string node_host() {
+  std::string addr = Runtime::current().core()->address();
+  auto colon = addr.rfind(':');
+  return colon == std::string::npos ? "127.0.0.1" : addr.substr(0, colon);
+}
+
+}  // namespace
+
+struct InnerWorker::State {
+  std::string job_id;
+  int index = 0;
+  dl::JobConfig cfg;
+  dl::TokenStore store;
+  std::unique_ptr<dl::InnerTrainer> trainer;
+  std::unique_ptr<dl::OuterOptimizer> outer;
+  std::vector<float> delta, averaged;
+  int64_t delta_round = -1;  // the round whose Δ `delta` holds
+  torch::Tensor val_windows;
+  collective::Communicator comm;
+
+  State(std::string job, const std::string& spec, int idx)
+      : job_id(std::move(job)),
+        index(idx),
+        cfg(dl::JobConfig::from_yaml(spec)),
+        store(dl::TokenStore::open(cfg.data)),
+        comm("tcp://" + node_host() + ":0", [&] {
+          collective::Options o;
+          o.codec = codec_of(cfg.compression);
+          return o;
+        }()) {}
+};
+
+InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
+  s_ = std::make_unique<State>(std::move(job_id), spec, index);
+  if (s_->cfg.threads > 0) at::set_num_threads(s_->cfg.threads);
+  const int n = s_->cfg.eval.batches * s_->cfg.inner.batch_size;
+  s_->val_windows = torch::empty({n, s_->cfg.model.context + 1}, torch::kInt64);
+  dl::validation_windows(s_->store, s_->cfg.model.context, n,
+                         {s_->val_windows.data_ptr<int64_t>(), size_t(s_->val_windows.numel())});
+}
+
+InnerWorker::~InnerWorker() = default;
+
+std::string InnerWorker::endpoint() const { return s_->comm.endpoint(); }
+
+int64_t InnerWorker::init(WorkerInit init) {
+  s_->index = init.index;
+  s_->trainer = std::make_unique<dl::InnerTrainer>(s_->cfg, s_->store, init.shards, init.stream,
+                                                   init.total_steps);
+  s_->outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, s_->trainer->flat_parameters());
+  if (!init.outer_state.empty()) {
+    s_->outer->load_state(init.outer_state);
+    s_->trainer->load_parameters(s_->outer->theta());
+  }
+  const auto n = size_t(s_->trainer->parameter_count());
+  s_->delta.assign(n, 0.0f);
+  s_->averaged.assign(n, 0.0f);
+  s_->delta_round = -1;
+  return int64_t(n);
+}
+
+InnerResult InnerWorker::inner(int64_t round) {
+  if (!s_->trainer) throw std::logic_error("InnerWorker: inner() before init()");
+  auto t0 = std::chrono::steady_clock::now();
+  dl::InnerStats st = s_->trainer->run_inner_steps(s_->cfg.inner.steps);
+  s_->trainer->pseudo_gradient(s_->outer->theta(), s_->delta);
+  s_->delta_round = round;
+  InnerResult r;
+  r.round = round;
+  r.steps = st.steps;
+  r.mean_loss = st.mean_loss;
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+ReduceResult InnerWorker::reduce(ReduceRequest req) {
+  if (s_->delta_round != req.round)
+    throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce of round " +
+                                std::to_string(req.round) + " but its Δ is of round " +
+                                std::to_string(s_->delta_round));
+  auto t0 = std::chrono::steady_clock::now();
+  collective::Group g;
+  for (size_t i = 0; i < req.names.size(); ++i) g.members.push_back({req.names[i], req.endpoints[i]});
+  g.rank = req.rank;
+  // Round and attempt in one id, so that a re-formed group never mixes in data
+  // of the failed attempt.
+  g.round_id = (uint64_t(req.round) << 16) | (req.attempt & 0xffff);
+  // Out of place: Δ stays intact if a member is lost, for the re-formed group.
+  s_->comm.allreduce(g, s_->delta, s_->averaged);
+  s_->outer->step(s_->averaged);
+  s_->trainer->load_parameters(s_->outer->theta());
+  s_->delta_round = -1;
+  ReduceResult r;
+  r.theta_hash = s_->outer->theta_hash();
+  r.bytes_sent = s_->comm.last_stats().bytes_sent;
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+double InnerWorker::evaluate() { return s_->trainer->evaluate(s_->val_windows); }
+
+Blob InnerWorker::outer_state() const {
+  std::string bytes = s_->outer->save_state();
+  return Blob::copy_of(bytes.data(), bytes.size());
+}
+
+uint64_t InnerWorker::theta_hash() const { return s_->outer->theta_hash(); }
+
+std::string InnerWorker::save_checkpoint(std::string path) {
+  torch::serialize::OutputArchive ar;
+  ar.write("config", c10::IValue(s_->cfg.to_yaml()));
+  ar.write("round", c10::IValue(s_->outer->round()));
+  ar.write("worker_index", c10::IValue(int64_t(s_->index)));
+  s_->outer->save(ar, "outer.");
+  s_->trainer->save(ar, "worker.0.");
+  std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  ar.save_to(path + ".tmp");
+  std::filesystem::rename(path + ".tmp", path);
+  return std::filesystem::absolute(p).string();
+}
+
+LOCO_REGISTER(InnerWorker, loco::ActorClass<InnerWorker>("diloco.InnerWorker")
+                               .constructor<std::string, std::string, int>()
+                               .method("endpoint", &InnerWorker::endpoint)
+                               .method("init", &InnerWorker::init)
+                               .method("inner", &InnerWorker::inner)
+                               .method("reduce", &InnerWorker::reduce)
+                               .method("evaluate", &InnerWorker::evaluate)
+                               .method("outer_state", &InnerWorker::outer_state)
+                               .method("save_checkpoint", &InnerWorker::save_checkpoint)
+                               .method("theta_hash", &InnerWorker::theta_hash));
+
+}  // namespace loco::actors

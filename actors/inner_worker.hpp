@@ -1,0 +1,41 @@
+#pragma once
+// InnerWorker: one DiLoCo worker of a job, as an actor. It holds a model
+// replica with its inner optimizer, the replicated outer state, and its
+// pseudo-gradient; the OuterAggregator drives it round by round.
+#include <memory>
+#include <string>
+
+#include "actors/messages.hpp"
+#include "runtime/core/codec.hpp"
+
+namespace loco::actors {
+
+class InnerWorker {
+ public:
+  InnerWorker(std::string job_id, std::string spec, int index);
+  ~InnerWorker();
+
+  // The endpoint of its collective (bulk data) socket.
+  std::string endpoint() const;
+  // Sets shards and outer state; returns the number of parameters.
+  int64_t init(WorkerInit init);
+  // H inner steps, then the pseudo-gradient Δ = θ_global − θ_local, kept until
+  // the round's reduce succeeds.
+  InnerResult inner(int64_t round);
+  // Averages Δ with the group, applies the outer step, loads θ; returns θ's hash.
+  ReduceResult reduce(ReduceRequest req);
+  // Validation loss of the current θ.
+  double evaluate();
+  // The outer state (θ, momentum, round) for a worker that joins.
+  Blob outer_state() const;
+  // Writes a checkpoint (config, round, outer state, this worker's inner state)
+  // to `path` atomically; `generate` reads it.
+  std::string save_checkpoint(std::string path);
+  uint64_t theta_hash() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace loco::actors

@@ -1,0 +1,47 @@
+#pragma once
+// What the OuterAggregator and the InnerWorkers of a job say to each other.
+// No LibTorch: msgpack structs only.
+#include <cstdint>
+#include <msgpack.hpp>
+#include <string>
+#include <vector>
+
+namespace loco::actors {
+
+// Aggregator -> worker, once before its first round (and again when it rejoins).
+struct WorkerInit {
+  int index = 0;               // the worker's slot in the job
+  std::vector<int> shards;     // data shards it reads
+  uint64_t stream = 0;         // its data stream (the simulator uses the index)
+  int64_t total_steps = 0;     // length of the inner schedule
+  int64_t round = 0;           // rounds already done by the job
+  std::string outer_state;     // OuterOptimizer::save_state() bytes; empty: θ from the seed
+  MSGPACK_DEFINE(index, shards, stream, total_steps, round, outer_state)
+};
+
+struct InnerResult {
+  int64_t round = 0;
+  int steps = 0;
+  double mean_loss = 0;
+  double seconds = 0;  // spent in inner steps
+  MSGPACK_DEFINE(round, steps, mean_loss, seconds)
+};
+
+// Aggregator -> each member of a round's group.
+struct ReduceRequest {
+  int64_t round = 0;
+  std::vector<std::string> names;      // members, in rank order
+  std::vector<std::string> endpoints;  // their collective endpoints
+  int rank = 0;
+  uint64_t attempt = 0;  // re-formed groups of one round get new ids
+  MSGPACK_DEFINE(round, names, endpoints, rank, attempt)
+};
+
+struct ReduceResult {
+  uint64_t theta_hash = 0;
+  uint64_t bytes_sent = 0;
+  double seconds = 0;
+  MSGPACK_DEFINE(theta_hash, bytes_sent, seconds)
+};
+
+}  // namespace loco::actors

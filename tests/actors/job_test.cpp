@@ -1,0 +1,132 @@
+// A DiLoCo job distributed over 4 node processes gives the simulator's
+// validation loss curve (fp32, no compression), and bad job files fail the
+// submission with the field's name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "client/client.hpp"
+#include "tests/diloco/test_corpus.hpp"
+#include "tests/runtime/core/cluster.hpp"
+
+namespace loco::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// round -> val_loss, from a metrics.jsonl of loco-train or of a job.
+std::map<int, double> val_losses(const std::string& path) {
+  std::map<int, double> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto r = line.find("\"round\":");
+    auto v = line.find("\"val_loss\":");
+    if (r == std::string::npos || v == std::string::npos) continue;
+    std::string val = line.substr(v + 11, line.find_first_of(",}", v) - v - 11);
+    if (val == "null") continue;
+    out[std::stoi(line.substr(r + 8))] = std::stod(val);
+  }
+  return out;
+}
+
+std::string job_yaml(const std::string& data, const std::string& ckpt, const std::string& compression) {
+  return "name: parity\nseed: 7\nthreads: 1\n"
+         "model: {layers: 2, width: 64, heads: 2, context: 32}\n"
+         "data: {dir: " + data + ", tokenizer: byte, shards: 16, val_fraction: 0.05}\n"
+         "workers: {count: 4, min: 4}\n"
+         "inner: {steps: 10, batch_size: 8, lr: 0.003, warmup: 5}\n"
+         "outer: {lr: 0.7, momentum: 0.9, nesterov: true}\n"
+         "compression: " + compression + "\nrounds: 3\n"
+         "checkpoint: {every: 0, dir: " + ckpt + "}\n"
+         "eval: {every: 10, batches: 4}\n";
+}
+
+class DilocoJob : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = diloco::testing::make_corpus_dir("job");
+    char tmpl[] = "/tmp/loco-jobtest-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+  }
+  void TearDown() override {
+    fs::remove_all(dir_);
+    diloco::remove_tree(data_);
+  }
+  std::string data_, dir_;
+};
+
+TEST_F(DilocoJob, DistributedOverFourNodesMatchesTheSimulator) {
+  const std::string file = dir_ + "/job.yaml";
+  std::ofstream(file) << job_yaml(data_, dir_ + "/ckpt", "fp32");
+
+  // The simulator, through the `loco train` command.
+  std::string sim_out = dir_ + "/sim";
+  Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "4", file, "--out", sim_out},
+                 Subprocess::Options{.log_path = dir_ + "/sim.log"});
+  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  auto expected = val_losses(sim_out + "/metrics.jsonl");
+  ASSERT_GE(expected.size(), 4u);  // rounds 0..3
+
+  // The same job on 4 node processes, one worker each.
+  ClusterOptions co;
+  co.nodes = 4;
+  co.node_resources = "cpu=1";
+  co.plugins = LOCO_PLUGIN_DIR_STR;
+  LocalCluster c(co);
+  Client client(c.head_address());
+  JobHandle job = client.submit(JobSpec::from_yaml_file(file));
+  std::vector<int> rounds;
+  for (const RoundReport& r : job.watch()) {
+    rounds.push_back(r.round);
+    EXPECT_EQ(r.workers, 4);
+  }
+  JobInfo end = job.wait(Millis(10000));
+  ASSERT_EQ(end.state, "succeeded") << end.message;
+  EXPECT_EQ(rounds, (std::vector<int>{0, 1, 2, 3}));
+  // The four workers ran on four different nodes.
+  std::set<std::string> nodes;
+  for (auto& a : client.runtime().status().actors)
+    if (a.class_name == "diloco.InnerWorker") nodes.insert(a.node_id);
+  EXPECT_EQ(nodes.size(), 4u);
+
+  std::string folder = dir_ + "/ckpt/" + job.id();
+  auto got = val_losses(folder + "/metrics.jsonl");
+  ASSERT_EQ(got.size(), expected.size());
+  for (auto& [round, loss] : expected) {
+    ASSERT_TRUE(got.count(round)) << "round " << round;
+    EXPECT_LE(std::abs(got[round] - loss) / loss, 1e-4)
+        << "round " << round << ": distributed " << got[round] << ", simulated " << loss;
+  }
+  EXPECT_LT(got.rbegin()->second, got.begin()->second);  // it learned something
+  EXPECT_TRUE(fs::exists(folder + "/final.pt"));
+}
+
+TEST_F(DilocoJob, BadJobFileFailsTheSubmissionNamingTheField) {
+  std::string text = job_yaml(data_, dir_ + "/ckpt", "int4");
+  ClusterOptions co;
+  co.nodes = 1;
+  co.plugins = LOCO_PLUGIN_DIR_STR;
+  LocalCluster c(co);
+  Client client(c.head_address());
+  try {
+    client.submit(JobSpec::from_yaml(text));
+    FAIL() << "a job with compression int4 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("compression"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("int4"), std::string::npos) << e.what();
+  }
+  // A missing corpus is named too.
+  try {
+    client.submit(JobSpec::from_yaml(job_yaml(dir_ + "/nothing-here", dir_ + "/ckpt", "fp32")));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nothing-here"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loco::testing
