@@ -19,7 +19,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -94,34 +93,6 @@ struct Bytes {
 };
 
 void free_shared(void* /*data*/, void* hint) { delete static_cast<std::shared_ptr<Bytes>*>(hint); }
-
-// Counts the messages that point into the caller's input, so that a failed operation returns
-// only once ZeroMQ has let go of them.
-struct InputRefs {
-  std::mutex m;
-  std::condition_variable cv;
-  int count = 0;
-};
-
-void free_input_ref(void* /*data*/, void* hint) {
-  auto* refs = static_cast<std::shared_ptr<InputRefs>*>(hint);
-  {
-    std::lock_guard lock((*refs)->m);
-    --(*refs)->count;
-  }
-  (*refs)->cv.notify_all();
-  delete refs;
-}
-
-zmq::message_t input_message(const std::shared_ptr<InputRefs>& refs, const float* data,
-                             size_t count) {
-  {
-    std::lock_guard lock(refs->m);
-    ++refs->count;
-  }
-  return zmq::message_t(const_cast<float*>(data), count * sizeof(float), &free_input_ref,
-                        new std::shared_ptr<InputRefs>(refs));
-}
 
 zmq::message_t shared_message(const std::shared_ptr<Bytes>& bytes, size_t offset, size_t len) {
   return zmq::message_t(bytes->data.get() + offset, len, &free_shared,
@@ -293,11 +264,6 @@ class Op {
         timeout_(impl.options.peer_timeout) {}
 
   void run();
-  // After a failure: waits until ZeroMQ released every message that points into the input.
-  bool wait_input_released(std::chrono::milliseconds limit) {
-    std::unique_lock lock(input_refs_->m);
-    return input_refs_->cv.wait_for(lock, limit, [&] { return input_refs_->count == 0; });
-  }
   // Tells the peers (except `except`) that this operation failed.
   void broadcast_abort(const OpFailure& f, const std::string& except);
 
@@ -376,10 +342,6 @@ class Op {
   size_t reduced_ = 0;
   std::shared_ptr<Bytes> send_;   // reduce-scatter chunks of other parts, my part's result
   std::vector<size_t> enc_part_;  // offset of each part in send_
-  // fp32 over tcp/ipc: reduce-scatter chunks are sent straight from the input, no copy. (Not
-  // over inproc, where a peer could keep a message, and so the input, arbitrarily long.)
-  bool input_zero_copy_ = false;
-  std::shared_ptr<InputRefs> input_refs_ = std::make_shared<InputRefs>();
   // reduce-scatter schedule position
   size_t rs_chunk_ = 0;
   int rs_step_ = 1;
@@ -691,10 +653,6 @@ void Op::run() {
                                                     encoded_bytes(codec_, chunk_len(p, c - 1)));
   }
   send_ = impl_.send_buffer(enc_part_[k_]);
-  input_zero_copy_ = codec_ == Codec::fp32 &&
-                     std::all_of(g_.members.begin(), g_.members.end(), [](const Member& m) {
-                       return m.endpoint.starts_with("tcp://") || m.endpoint.starts_with("ipc://");
-                     });
   for (int p = 0; p < k_; ++p) {
     if (p == me_) continue;
     impl_.dealer(g_.members[p].endpoint);         // connect early
@@ -728,17 +686,14 @@ void Op::run() {
       if (rs_chunk_ < chunks(p)) {
         if (backlog(p)) break;
         size_t len = chunk_len(p, rs_chunk_);
-        const float* src = in_ + part_begin(p) + rs_chunk_ * chunk_;
-        zmq::message_t msg;
-        if (input_zero_copy_) {
-          msg = input_message(input_refs_, src, len);
-        } else {
-          size_t at = enc_offset(p, rs_chunk_);
-          detail::encode(codec_, src, len, send_->data.get() + at);
-          msg = shared_message(send_, at, encoded_bytes(codec_, len));
-        }
-        enqueue(p, header(MsgType::reduce_scatter, p, rs_chunk_ * chunk_, len), std::move(msg),
-                true, false);
+        // Encoded (for fp32: copied) into our own buffer even though ZeroMQ could send from
+        // the input: a message stuck behind a frozen peer stays referenced after close(), and
+        // must never point into memory the caller frees once we throw.
+        const size_t at = enc_offset(p, rs_chunk_);
+        detail::encode(codec_, in_ + part_begin(p) + rs_chunk_ * chunk_, len,
+                       send_->data.get() + at);
+        enqueue(p, header(MsgType::reduce_scatter, p, rs_chunk_ * chunk_, len),
+                shared_message(send_, at, encoded_bytes(codec_, len)), true, false);
         progressed = true;
       }
       if (++rs_step_ == k_) {
@@ -785,7 +740,13 @@ void detail::CommunicatorImpl::run(const Group& group, const float* in, float* o
     throw CollectiveError("allreduce: rank " + std::to_string(group.rank) +
                           " is not in a group of " + std::to_string(k) + " members");
   }
-  if (group.members[group.rank].endpoint != endpoint) {
+  // A tcp socket bound to a wildcard address is published under a routable one: compare ports.
+  auto same_socket = [](const std::string& a, const std::string& b) {
+    if (a == b) return true;
+    if (!a.starts_with("tcp://") || !b.starts_with("tcp://")) return false;
+    return a.substr(a.rfind(':')) == b.substr(b.rfind(':'));
+  };
+  if (!same_socket(group.members[group.rank].endpoint, endpoint)) {
     throw CollectiveError("allreduce: member " + group.members[group.rank].name + " has endpoint " +
                           group.members[group.rank].endpoint +
                           " in the group, but this communicator is bound to " + endpoint);
@@ -825,12 +786,9 @@ void detail::CommunicatorImpl::run(const Group& group, const float* in, float* o
     std::vector<std::string> eps;
     for (auto& [ep, s] : dealers) eps.push_back(ep);
     for (auto& ep : eps) close_dealer(ep, std::chrono::milliseconds(0));
-    // The caller may free its input as soon as we throw. Closing with linger 0 drops the queued
-    // messages within milliseconds; the bound only guards against the unforeseen.
+    // Messages still queued reference only our send buffers, which stay alive until ZeroMQ lets
+    // go of them and are not reused before.
     last_ok = false;
-    if (!op.wait_input_released(std::chrono::seconds(5))) {
-      spdlog::error("collective: ZeroMQ still holds messages pointing into the input after 5 s");
-    }
     if (f.broadcast) op.broadcast_abort(f, f.kind == AbortKind::peer_lost ? f.culprit : "");
     spdlog::warn("collective: {}", f.message);
     if (f.kind == AbortKind::peer_lost) throw PeerLostError(f.message, f.culprit);
@@ -866,7 +824,12 @@ Communicator::Communicator(const std::string& bind_endpoint, Options options,
   impl_->router.set(zmq::sockopt::router_mandatory, true);
   std::string ep = bind_endpoint;
   if (ep.starts_with("tcp://") && ep.ends_with(":0")) ep = ep.substr(0, ep.size() - 1) + "*";
-  impl_->router.bind(ep);
+  try {
+    impl_->router.bind(ep);
+  } catch (const zmq::error_t& e) {
+    throw CollectiveError("collective: cannot bind the data socket to " + bind_endpoint + ": " +
+                          e.what());
+  }
   impl_->endpoint = impl_->router.get(zmq::sockopt::last_endpoint);
 }
 

@@ -110,7 +110,9 @@ struct CommunicatorImpl;
 
 class Communicator {
  public:
-  // Binds the data socket. "tcp://HOST:0" picks a free port; endpoint() reports the result.
+  // Binds the data socket (CollectiveError if it cannot). "tcp://HOST:0" picks a free port;
+  // endpoint() reports the result. Bound to a wildcard ("tcp://0.0.0.0:0"), publish a routable
+  // address with the same port.
   // Pass a shared ZeroMQ context to use "inproc://" endpoints between communicators of
   // one process; otherwise the communicator owns its context.
   // Side effect, once per process: glibc's M_MMAP_THRESHOLD (32 MiB) and M_TRIM_THRESHOLD

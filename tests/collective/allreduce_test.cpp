@@ -414,6 +414,7 @@ TEST(AllreduceErrors, GroupWithoutThisCommunicatorIsRejected) {
   Group g = m.group({0, 1}, 1, 1);
   std::vector<float> v(10);
   EXPECT_THROW(m.comms[0]->allreduce(g, std::span<float>(v)), CollectiveError);
+  EXPECT_THROW(Communicator("tcp://256.1.1.1:0"), CollectiveError);
   Group twice = m.group({0, 1}, 1, 0);
   twice.members[1].name = twice.members[0].name;
   EXPECT_THROW(m.comms[0]->allreduce(twice, std::span<float>(v)), CollectiveError);
