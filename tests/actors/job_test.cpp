@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -98,6 +99,8 @@ TEST_F(DilocoJob, DistributedOverFourNodesMatchesTheSimulator) {
   ASSERT_EQ(got.size(), expected.size());
   for (auto& [round, loss] : expected) {
     ASSERT_TRUE(got.count(round)) << "round " << round;
+    std::printf("round %d: val_loss distributed %.7f simulated %.7f (rel diff %.2e)\n", round,
+                got[round], loss, std::abs(got[round] - loss) / loss);
     EXPECT_LE(std::abs(got[round] - loss) / loss, 1e-4)
         << "round " << round << ": distributed " << got[round] << ", simulated " << loss;
   }
