@@ -344,8 +344,6 @@ int up(const UpArgs& a) {
         job.cancel();
         rc = 130;
       } else {
-        std::cout << "job " << end->id << " " << end->state
-                  << (end->message.empty() ? "" : ": " + end->message) << std::endl;
         rc = end->state == "succeeded" ? 0 : 1;
       }
     } catch (const std::exception& e) {
@@ -442,9 +440,11 @@ std::optional<JobInfo> follow(JobHandle& job, bool progress) {
   return std::nullopt;
 }
 
-int submit(const std::string& address, const std::string& file, bool detach) {
+int submit(const std::string& address, const std::string& file, bool detach,
+           const std::string& entry) {
   install_signal_handlers();
   JobSpec spec = JobSpec::from_yaml_file(file);
+  if (!entry.empty()) spec.entry_class = entry;
   Client client(head_address(address));
   JobHandle job = client.submit(spec);
   std::printf("submitted %s as job %s\n", file.c_str(), job.id().c_str());
@@ -456,8 +456,6 @@ int submit(const std::string& address, const std::string& file, bool detach) {
                 job.id().c_str(), job.id().c_str());
     return 130;
   }
-  std::printf("job %s %s%s\n", end->id.c_str(), end->state.c_str(),
-              end->message.empty() ? "" : (": " + end->message).c_str());
   return end->state == "succeeded" ? 0 : 1;
 }
 
@@ -531,12 +529,14 @@ int main(int argc, char** argv) {
       ->allow_extra_args();
   up->positionals_at_end();
 
-  std::string job_addr, job_file, job_id;
+  std::string job_addr, job_file, job_id, job_entry;
   bool detach = false, follow_logs = false;
   auto* submit_cmd = app.add_subcommand("submit", "submit a job file and follow its progress");
   submit_cmd->add_option("file", job_file, "job file (YAML)")->required();
   submit_cmd->add_option("--address", job_addr, "head HOST:PORT");
   submit_cmd->add_flag("--detach", detach, "return once submitted");
+  submit_cmd->add_option("--entry", job_entry,
+                         "actor class that runs the job (default diloco.OuterAggregator)");
   auto* jobs_cmd = app.add_subcommand("jobs", "list the cluster's jobs");
   jobs_cmd->add_option("--address", job_addr, "head HOST:PORT");
   auto* logs_cmd = app.add_subcommand("logs", "print a job's log");
@@ -569,7 +569,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*up) return loco::cli::up(ua);
-    if (*submit_cmd) return submit(job_addr, job_file, detach);
+    if (*submit_cmd) return submit(job_addr, job_file, detach, job_entry);
     if (*jobs_cmd) {
       loco::Client client(head_address(job_addr));
       print_jobs(client.jobs());

@@ -154,7 +154,6 @@ class HeadService {
     job.state = "running";
     job.submitted_unix_ms = unix_ms();
     save_job(job);
-    job_log(job.id, "log", "submitted " + job.name + " as " + job.id);
     SpawnRequest req;
     req.class_name = sub.entry_class;
     msgpack::sbuffer args;

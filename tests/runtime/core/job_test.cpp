@@ -1,5 +1,9 @@
 // The job machinery, end to end through the client API, with a fake entry actor.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "client/client.hpp"
 #include "tests/runtime/core/cluster.hpp"
@@ -103,6 +107,56 @@ TEST(Jobs, EntryActorDeathWithoutRestartsFailsTheJob) {
   JobInfo end = job.wait(Millis(15000));
   EXPECT_EQ(end.state, "failed");
   EXPECT_NE(end.message.find("died"), std::string::npos) << end.message;
+}
+
+std::string run(const std::string& cmd, int* rc) {
+  std::string out = "/tmp/loco-cli-" + std::to_string(::getpid()) + ".out";
+  *rc = WEXITSTATUS(std::system((cmd + " > " + out + " 2>&1").c_str()));
+  std::ifstream f(out);
+  std::string text((std::istreambuf_iterator<char>(f)), {});
+  std::filesystem::remove(out);
+  return text;
+}
+
+TEST(Jobs, CommandLineSubmitJobsLogsCancel) {
+  LocalCluster c(ClusterOptions{.nodes = 1});
+  const std::string loco = loco_binary() + " ";
+  const std::string at = " --address " + c.head_address();
+  char tmpl[] = "/tmp/loco-cli-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  std::ofstream(dir + "/ok.yaml") << "rounds: 4";
+  std::ofstream(dir + "/bad.yaml") << "rounds: 2 # fail";
+  int rc = -1;
+  std::string out = run(loco + "submit " + dir + "/ok.yaml --entry test.FakeJob" + at, &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("round 4/4"), std::string::npos) << out;  // the progress, one line a round
+  EXPECT_NE(out.find("job succeeded"), std::string::npos) << out;
+  out = run(loco + "submit " + dir + "/bad.yaml --entry test.FakeJob" + at, &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("job failed: asked to fail"), std::string::npos) << out;
+  out = run(loco + "jobs" + at, &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(out.find("succeeded"), std::string::npos) << out;
+  EXPECT_NE(out.find("failed"), std::string::npos) << out;
+  std::string id = out.substr(out.find("job-"), 16);
+  out = run(loco + "logs " + id + at, &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(out.find("fake job done"), std::string::npos) << out;
+  // A job file that is not YAML is refused before anything is submitted.
+  std::ofstream(dir + "/broken.yaml") << "rounds: [1, 2";
+  out = run(loco + "submit " + dir + "/broken.yaml" + at, &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("not valid YAML"), std::string::npos) << out;
+  // Cancel from the command line.
+  std::ofstream(dir + "/long.yaml") << "rounds: 100000";
+  out = run(loco + "submit " + dir + "/long.yaml --detach --entry test.FakeJob" + at, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  std::string long_id = out.substr(out.find("job-"), 16);
+  out = run(loco + "cancel " + long_id + at, &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(out.find("cancelled"), std::string::npos) << out;
+  EXPECT_EQ(Client(c.head_address()).job(long_id).info().state, "cancelled");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
