@@ -42,9 +42,9 @@ struct InnerStats {
 class InnerTrainer {
  public:
   // Builds the model from cfg.model with deterministic weights from cfg.seed,
-  // and puts every parameter into one flat fp32 buffer (and every gradient
-  // into another), so that pseudo-gradients, AdamW and clipping each run over
-  // one contiguous vector. `stream` separates the data streams of workers;
+  // and puts every parameter into one flat fp32 buffer (views: no copies),
+  // and packs the gradients into another after each backward, so that
+  // pseudo-gradients, AdamW and clipping each run over one contiguous vector. `stream` separates the data streams of workers;
   // `total_steps` is the length of the learning-rate schedule.
   InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::vector<int> shards, std::uint64_t stream,
                std::int64_t total_steps);
@@ -82,6 +82,8 @@ class InnerTrainer {
   ShardSampler sampler_;
   std::int64_t total_steps_;
   std::int64_t step_ = 0;
+  std::vector<torch::Tensor> param_list_;  // the model's parameters, views into params_
+  std::vector<torch::Tensor> grad_views_;  // scratch for packing gradients
   torch::Tensor params_, grads_;   // flat fp32
   torch::Tensor exp_avg_, exp_avg_sq_;  // AdamW moments, flat fp32
   torch::Tensor decay_mask_;       // 1 where weight decay applies

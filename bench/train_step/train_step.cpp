@@ -85,12 +85,15 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < repeats; ++rep) {
     InnerTrainer t(cfg, store, {0}, 0, steps + warmup);
     params = t.parameter_count();
+    std::vector<double> mine;
     for (int s = 0; s < warmup + steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
       t.run_inner_steps(1);
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (s >= warmup) cpp_times.push_back(dt);
+      if (s >= warmup) mine.push_back(dt);
     }
+    cpp_times.insert(cpp_times.end(), mine.begin(), mine.end());
+    std::cerr << "repeat " << rep << ": loco   tokens_per_s=" << tokens_per_step / median(mine) << "\n";
     const auto out = run(py_cmd);
     std::smatch m;
     if (!std::regex_search(out, m, std::regex("tokens_per_s=([0-9.]+)")))

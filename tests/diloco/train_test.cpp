@@ -99,7 +99,7 @@ TEST_F(DilocoTest, InnerTrainingLowersTheLossAndKeepsGradientsFlat) {
   EXPECT_EQ(t.step(), 40);
   EXPECT_LT(t.evaluate(windows), before - 1.0);
   EXPECT_GT(stats.grad_norm, 0);
-  // Every parameter is still a view of the flat buffer, and so is its gradient.
+  // Every parameter is still a view of the flat buffer.
   std::int64_t off = 0;
   const auto* base = t.flat_parameters().data_ptr<float>();
   for (const auto& p : t.model()->parameters()) {
