@@ -32,8 +32,8 @@ std::uint64_t wire_bytes(std::size_t n, Compression c);
 std::uint64_t allreduce_bytes_per_member(std::size_t n, int k, Compression c);
 
 struct AverageStats {
-  int members = 0;                  // workers in the round
-  std::uint64_t bytes_sent = 0;     // by each member
+  int members = 0;               // workers in the round
+  std::uint64_t bytes_sent = 0;  // by each member
 };
 
 // Averages one round's pseudo-gradients.

@@ -44,10 +44,10 @@ class InnerTrainer {
   // Builds the model from cfg.model with deterministic weights from cfg.seed,
   // and puts every parameter into one flat fp32 buffer (views: no copies),
   // and packs the gradients into another after each backward, so that
-  // pseudo-gradients, AdamW and clipping each run over one contiguous vector. `stream` separates the data streams of workers;
-  // `total_steps` is the length of the learning-rate schedule.
-  InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::vector<int> shards, std::uint64_t stream,
-               std::int64_t total_steps);
+  // pseudo-gradients, AdamW and clipping each run over one contiguous vector. `stream` separates
+  // the data streams of workers; `total_steps` is the length of the learning-rate schedule.
+  InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::vector<int> shards,
+               std::uint64_t stream, std::int64_t total_steps);
   InnerTrainer(const InnerTrainer&) = delete;
   InnerTrainer& operator=(const InnerTrainer&) = delete;
 
@@ -84,12 +84,12 @@ class InnerTrainer {
   std::int64_t step_ = 0;
   std::vector<torch::Tensor> param_list_;  // the model's parameters, views into params_
   std::vector<torch::Tensor> grad_views_;  // scratch for packing gradients
-  torch::Tensor params_, grads_;   // flat fp32
-  torch::Tensor exp_avg_, exp_avg_sq_;  // AdamW moments, flat fp32
-  torch::Tensor decay_mask_;       // 1 where weight decay applies
-  torch::Tensor denom_;            // scratch
+  torch::Tensor params_, grads_;           // flat fp32
+  torch::Tensor exp_avg_, exp_avg_sq_;     // AdamW moments, flat fp32
+  torch::Tensor decay_mask_;               // 1 where weight decay applies
+  torch::Tensor denom_;                    // scratch
   std::vector<std::int64_t> batch_host_;
-  torch::Tensor batch_;            // [B, context + 1] int64, reused
+  torch::Tensor batch_;  // [B, context + 1] int64, reused
 };
 
 // θ_global and the momentum buffer, fp32, replicated on every worker.
