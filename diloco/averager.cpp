@@ -16,7 +16,8 @@ std::uint16_t float_to_half(float f) {
   const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t absx = x & 0x7fffffffu;
-  if (absx >= 0x7f800000u) return static_cast<std::uint16_t>(sign | (absx > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (absx >= 0x7f800000u)
+    return static_cast<std::uint16_t>(sign | (absx > 0x7f800000u ? 0x7e00u : 0x7c00u));
   if (absx >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to inf
   if (absx < 0x38800000u) {  // subnormal half (or zero)
     const float a = std::bit_cast<float>(absx);
@@ -52,7 +53,8 @@ float bf16_roundtrip(float f) {
 
 void codec_roundtrip(std::span<float> x, Compression c) {
   switch (c) {
-    case Compression::fp32: return;
+    case Compression::fp32:
+      return;
     case Compression::fp16:
       for (float& v : x) v = half_to_float(float_to_half(v));
       return;
@@ -81,17 +83,21 @@ void codec_roundtrip(std::span<float> x, Compression c) {
 
 std::uint64_t wire_bytes(std::size_t n, Compression c) {
   switch (c) {
-    case Compression::fp32: return 4ull * n;
+    case Compression::fp32:
+      return 4ull * n;
     case Compression::fp16:
-    case Compression::bf16: return 2ull * n;
-    case Compression::int8: return n + 4ull * ((n + kInt8ChunkElems - 1) / kInt8ChunkElems);
+    case Compression::bf16:
+      return 2ull * n;
+    case Compression::int8:
+      return n + 4ull * ((n + kInt8ChunkElems - 1) / kInt8ChunkElems);
   }
   return 0;
 }
 
 std::uint64_t allreduce_bytes_per_member(std::size_t n, int k, Compression c) {
   if (k <= 1) return 0;
-  return 2ull * static_cast<std::uint64_t>(k - 1) * wire_bytes(n, c) / static_cast<std::uint64_t>(k);
+  return 2ull * static_cast<std::uint64_t>(k - 1) * wire_bytes(n, c) /
+         static_cast<std::uint64_t>(k);
 }
 
 AverageStats LocalAverager::average(std::span<const std::span<float>> locals, Compression c) {
@@ -99,8 +105,8 @@ AverageStats LocalAverager::average(std::span<const std::span<float>> locals, Co
   const std::size_t n = locals[0].size();
   for (const auto& l : locals)
     if (l.size() != n)
-      throw std::invalid_argument("LocalAverager::average: buffers differ in length (" + std::to_string(l.size()) +
-                                  " vs " + std::to_string(n) + ")");
+      throw std::invalid_argument("LocalAverager::average: buffers differ in length (" +
+                                  std::to_string(l.size()) + " vs " + std::to_string(n) + ")");
   const int k = static_cast<int>(locals.size());
   AverageStats stats{k, allreduce_bytes_per_member(n, k, c)};
   if (k == 1) return stats;  // nothing is sent: the worker keeps its exact pseudo-gradient

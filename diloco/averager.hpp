@@ -22,6 +22,12 @@ inline constexpr std::size_t kInt8ChunkElems = 4096;
 // This is the one place where loco's compression math lives on the diloco
 // side; the collective must decode to the same values (issue 4 can swap this
 // for the collective's own codec).
+// Known difference: runtime/collective's int8 (branch collective, 86f46d5) is
+// min-max (asymmetric, 255 steps) per chunk of Options::chunk_bytes / 4 floats
+// inside each member's part; the owner adds its own contribution unquantized
+// and divides the sum by K (this function's LocalAverager multiplies by 1/K
+// and quantizes every contribution). Issue 4 should make this function call that codec (with the
+// same part and chunk boundaries) so that simulator and cluster agree.
 void codec_roundtrip(std::span<float> x, Compression c);
 
 // Bytes that n elements take on the wire with compression c (int8 includes the scales).
@@ -32,8 +38,8 @@ std::uint64_t wire_bytes(std::size_t n, Compression c);
 std::uint64_t allreduce_bytes_per_member(std::size_t n, int k, Compression c);
 
 struct AverageStats {
-  int members = 0;                  // workers in the round
-  std::uint64_t bytes_sent = 0;     // by each member
+  int members = 0;               // workers in the round
+  std::uint64_t bytes_sent = 0;  // by each member
 };
 
 // Averages one round's pseudo-gradients.

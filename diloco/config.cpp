@@ -10,10 +10,14 @@ namespace loco::diloco {
 
 const char* to_string(Compression c) {
   switch (c) {
-    case Compression::fp32: return "fp32";
-    case Compression::fp16: return "fp16";
-    case Compression::bf16: return "bf16";
-    case Compression::int8: return "int8";
+    case Compression::fp32:
+      return "fp32";
+    case Compression::fp16:
+      return "fp16";
+    case Compression::bf16:
+      return "bf16";
+    case Compression::int8:
+      return "int8";
   }
   return "?";
 }
@@ -25,9 +29,11 @@ std::string join(const std::string& prefix, const std::string& key) {
 }
 
 // Rejects keys that the schema does not know, naming the first one.
-void check_keys(const YAML::Node& node, const std::string& where, const std::set<std::string>& known) {
+void check_keys(const YAML::Node& node, const std::string& where,
+                const std::set<std::string>& known) {
   if (!node) return;
-  if (!node.IsMap()) throw ConfigError((where.empty() ? std::string("job") : where) + ": expected a mapping");
+  if (!node.IsMap())
+    throw ConfigError((where.empty() ? std::string("job") : where) + ": expected a mapping");
   for (const auto& kv : node) {
     const auto key = kv.first.as<std::string>();
     if (!known.count(key)) {
@@ -46,7 +52,10 @@ void read(const YAML::Node& node, const std::string& where, const std::string& k
   } catch (const YAML::Exception&) {
     std::ostringstream msg;
     msg << join(where, key) << ": cannot read '" << YAML::Dump(node[key]) << "' as "
-        << (std::is_same_v<T, bool> ? "a boolean" : std::is_integral_v<T> ? "an integer" : std::is_floating_point_v<T> ? "a number" : "a string");
+        << (std::is_same_v<T, bool>       ? "a boolean"
+            : std::is_integral_v<T>       ? "an integer"
+            : std::is_floating_point_v<T> ? "a number"
+                                          : "a string");
     throw ConfigError(msg.str());
   }
 }
@@ -59,7 +68,10 @@ void read_enum(const YAML::Node& node, const std::string& where, const std::stri
   read(node, where, key, s);
   std::string allowed;
   for (const auto& [name, value] : choices) {
-    if (s == name) { out = value; return; }
+    if (s == name) {
+      out = value;
+      return;
+    }
     allowed += (allowed.empty() ? "" : "|") + std::string(name);
   }
   throw ConfigError(join(where, key) + ": expected one of " + allowed + ", got '" + s + "'");
@@ -88,8 +100,9 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   }
   JobConfig c;
   if (!root || root.IsNull()) throw ConfigError("job file: empty");
-  check_keys(root, "", {"name", "seed", "threads", "model", "data", "workers", "inner", "outer", "compression",
-                        "rounds", "token_budget", "checkpoint", "eval"});
+  check_keys(root, "",
+             {"name", "seed", "threads", "model", "data", "workers", "inner", "outer",
+              "compression", "rounds", "token_budget", "checkpoint", "eval"});
   read(root, "", "name", c.name);
   read(root, "", "seed", c.seed);
   read(root, "", "threads", c.threads);
@@ -97,12 +110,14 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(root, "", "token_budget", c.token_budget);
   read_enum(root, "", "compression", c.compression,
             std::array<std::pair<const char*, Compression>, 4>{{{"fp32", Compression::fp32},
-                                                                 {"fp16", Compression::fp16},
-                                                                 {"bf16", Compression::bf16},
-                                                                 {"int8", Compression::int8}}});
+                                                                {"fp16", Compression::fp16},
+                                                                {"bf16", Compression::bf16},
+                                                                {"int8", Compression::int8}}});
 
   const auto m = root["model"];
-  check_keys(m, "model", {"layers", "width", "d_model", "heads", "context", "vocab", "tied_embeddings", "mlp_ratio"});
+  check_keys(
+      m, "model",
+      {"layers", "width", "d_model", "heads", "context", "vocab", "tied_embeddings", "mlp_ratio"});
   read(m, "model", "layers", c.model.layers);
   read(m, "model", "width", c.model.d_model);
   read(m, "model", "d_model", c.model.d_model);
@@ -117,7 +132,8 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(d, "data", "dir", c.data.dir);
   read(d, "data", "path", c.data.dir);
   read_enum(d, "data", "tokenizer", c.data.tokenizer,
-            std::array<std::pair<const char*, TokenizerKind>, 2>{{{"byte", TokenizerKind::byte}, {"bpe", TokenizerKind::bpe}}});
+            std::array<std::pair<const char*, TokenizerKind>, 2>{
+                {{"byte", TokenizerKind::byte}, {"bpe", TokenizerKind::bpe}}});
   read(d, "data", "bpe_vocab", c.data.bpe_vocab);
   read(d, "data", "shards", c.data.shards);
   read(d, "data", "val_fraction", c.data.val_fraction);
@@ -129,8 +145,9 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(w, "workers", "max", c.workers.max);
 
   const auto i = root["inner"];
-  check_keys(i, "inner", {"steps", "batch_size", "lr", "warmup", "min_lr_ratio", "weight_decay", "grad_clip",
-                          "grad_accum", "betas", "eps"});
+  check_keys(i, "inner",
+             {"steps", "batch_size", "lr", "warmup", "min_lr_ratio", "weight_decay", "grad_clip",
+              "grad_accum", "betas", "eps"});
   read(i, "inner", "steps", c.inner.steps);
   read(i, "inner", "batch_size", c.inner.batch_size);
   read(i, "inner", "lr", c.inner.lr);
@@ -142,7 +159,8 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(i, "inner", "eps", c.inner.eps);
   if (i && i["betas"]) {
     const auto b = i["betas"];
-    if (!b.IsSequence() || b.size() != 2) throw ConfigError("inner.betas: expected a list of two numbers, got " + YAML::Dump(b));
+    if (!b.IsSequence() || b.size() != 2)
+      throw ConfigError("inner.betas: expected a list of two numbers, got " + YAML::Dump(b));
     try {
       c.inner.betas = {b[0].as<double>(), b[1].as<double>()};
     } catch (const YAML::Exception&) {
@@ -187,25 +205,33 @@ void JobConfig::validate() const {
   require(model.layers >= 1, "model.layers", ">= 1", model.layers);
   require(model.d_model >= 1, "model.d_model", ">= 1", model.d_model);
   require(model.heads >= 1, "model.heads", ">= 1", model.heads);
-  require(model.d_model % model.heads == 0, "model.heads", "a divisor of model.d_model (" + show(model.d_model) + ")", model.heads);
+  require(model.d_model % model.heads == 0, "model.heads",
+          "a divisor of model.d_model (" + show(model.d_model) + ")", model.heads);
   require(model.context >= 2, "model.context", ">= 2", model.context);
-  require(model.vocab >= 0 && model.vocab <= 65536, "model.vocab", "in [0, 65536] (0: from the tokenizer)", model.vocab);
+  require(model.vocab >= 0 && model.vocab <= 65536, "model.vocab",
+          "in [0, 65536] (0: from the tokenizer)", model.vocab);
   require(model.mlp_ratio >= 1, "model.mlp_ratio", ">= 1", model.mlp_ratio);
   if (data.tokenizer == TokenizerKind::byte)
-    require(model.vocab == 0 || model.vocab >= 256, "model.vocab", ">= 256 for the byte tokenizer", model.vocab);
+    require(model.vocab == 0 || model.vocab >= 256, "model.vocab", ">= 256 for the byte tokenizer",
+            model.vocab);
   // 256 byte-fallback pieces + the corpus characters + the control pieces.
-  require(data.bpe_vocab >= 320 && data.bpe_vocab <= 65536, "data.bpe_vocab", "in [320, 65536]", data.bpe_vocab);
+  require(data.bpe_vocab >= 320 && data.bpe_vocab <= 65536, "data.bpe_vocab", "in [320, 65536]",
+          data.bpe_vocab);
   require(!data.dir.empty(), "data.dir", "a folder", "''");
   require(data.shards >= 1, "data.shards", ">= 1", data.shards);
-  require(data.val_fraction > 0 && data.val_fraction < 0.5, "data.val_fraction", "in (0, 0.5)", data.val_fraction);
+  require(data.val_fraction > 0 && data.val_fraction < 0.5, "data.val_fraction", "in (0, 0.5)",
+          data.val_fraction);
   require(workers.count >= 1, "workers.count", ">= 1", workers.count);
-  require(workers.min >= 1 && workers.min <= workers.count, "workers.min", "in [1, workers.count]", workers.min);
-  require(workers.max == 0 || workers.max >= workers.count, "workers.max", "0 or >= workers.count", workers.max);
+  require(workers.min >= 1 && workers.min <= workers.count, "workers.min", "in [1, workers.count]",
+          workers.min);
+  require(workers.max == 0 || workers.max >= workers.count, "workers.max", "0 or >= workers.count",
+          workers.max);
   require(inner.steps >= 1, "inner.steps", ">= 1", inner.steps);
   require(inner.batch_size >= 1, "inner.batch_size", ">= 1", inner.batch_size);
   require(inner.lr > 0, "inner.lr", "> 0", inner.lr);
   require(inner.warmup >= 0, "inner.warmup", ">= 0", inner.warmup);
-  require(inner.min_lr_ratio >= 0 && inner.min_lr_ratio <= 1, "inner.min_lr_ratio", "in [0, 1]", inner.min_lr_ratio);
+  require(inner.min_lr_ratio >= 0 && inner.min_lr_ratio <= 1, "inner.min_lr_ratio", "in [0, 1]",
+          inner.min_lr_ratio);
   require(inner.weight_decay >= 0, "inner.weight_decay", ">= 0", inner.weight_decay);
   require(inner.grad_clip >= 0, "inner.grad_clip", ">= 0 (0 disables)", inner.grad_clip);
   require(inner.grad_accum >= 1, "inner.grad_accum", ">= 1", inner.grad_accum);
@@ -241,35 +267,40 @@ std::string JobConfig::to_yaml() const {
   out << YAML::Key << "name" << YAML::Value << name;
   out << YAML::Key << "seed" << YAML::Value << seed;
   out << YAML::Key << "threads" << YAML::Value << threads;
-  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "layers" << YAML::Value << model.layers
-      << YAML::Key << "d_model" << YAML::Value << model.d_model << YAML::Key << "heads" << YAML::Value << model.heads
-      << YAML::Key << "context" << YAML::Value << model.context << YAML::Key << "vocab" << YAML::Value << model.vocab
-      << YAML::Key << "tied_embeddings" << YAML::Value << model.tied_embeddings << YAML::Key << "mlp_ratio"
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "layers"
+      << YAML::Value << model.layers << YAML::Key << "d_model" << YAML::Value << model.d_model
+      << YAML::Key << "heads" << YAML::Value << model.heads << YAML::Key << "context" << YAML::Value
+      << model.context << YAML::Key << "vocab" << YAML::Value << model.vocab << YAML::Key
+      << "tied_embeddings" << YAML::Value << model.tied_embeddings << YAML::Key << "mlp_ratio"
       << YAML::Value << model.mlp_ratio << YAML::EndMap;
-  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value << data.dir
-      << YAML::Key << "tokenizer" << YAML::Value << (data.tokenizer == TokenizerKind::byte ? "byte" : "bpe")
-      << YAML::Key << "bpe_vocab" << YAML::Value << data.bpe_vocab << YAML::Key << "shards" << YAML::Value
-      << data.shards << YAML::Key << "val_fraction" << YAML::Value << data.val_fraction << YAML::EndMap;
-  out << YAML::Key << "workers" << YAML::Value << YAML::BeginMap << YAML::Key << "count" << YAML::Value
-      << workers.count << YAML::Key << "min" << YAML::Value << workers.min << YAML::Key << "max" << YAML::Value
-      << workers.max << YAML::EndMap;
-  out << YAML::Key << "inner" << YAML::Value << YAML::BeginMap << YAML::Key << "steps" << YAML::Value << inner.steps
-      << YAML::Key << "batch_size" << YAML::Value << inner.batch_size << YAML::Key << "lr" << YAML::Value << inner.lr
-      << YAML::Key << "warmup" << YAML::Value << inner.warmup << YAML::Key << "min_lr_ratio" << YAML::Value
-      << inner.min_lr_ratio << YAML::Key << "weight_decay" << YAML::Value << inner.weight_decay << YAML::Key
-      << "grad_clip" << YAML::Value << inner.grad_clip << YAML::Key << "grad_accum" << YAML::Value << inner.grad_accum
-      << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq << inner.betas[0] << inner.betas[1]
-      << YAML::EndSeq << YAML::Key << "eps" << YAML::Value << inner.eps << YAML::EndMap;
-  out << YAML::Key << "outer" << YAML::Value << YAML::BeginMap << YAML::Key << "lr" << YAML::Value << outer.lr
-      << YAML::Key << "momentum" << YAML::Value << outer.momentum << YAML::Key << "nesterov" << YAML::Value
-      << outer.nesterov << YAML::EndMap;
+  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value
+      << data.dir << YAML::Key << "tokenizer" << YAML::Value
+      << (data.tokenizer == TokenizerKind::byte ? "byte" : "bpe") << YAML::Key << "bpe_vocab"
+      << YAML::Value << data.bpe_vocab << YAML::Key << "shards" << YAML::Value << data.shards
+      << YAML::Key << "val_fraction" << YAML::Value << data.val_fraction << YAML::EndMap;
+  out << YAML::Key << "workers" << YAML::Value << YAML::BeginMap << YAML::Key << "count"
+      << YAML::Value << workers.count << YAML::Key << "min" << YAML::Value << workers.min
+      << YAML::Key << "max" << YAML::Value << workers.max << YAML::EndMap;
+  out << YAML::Key << "inner" << YAML::Value << YAML::BeginMap << YAML::Key << "steps"
+      << YAML::Value << inner.steps << YAML::Key << "batch_size" << YAML::Value << inner.batch_size
+      << YAML::Key << "lr" << YAML::Value << inner.lr << YAML::Key << "warmup" << YAML::Value
+      << inner.warmup << YAML::Key << "min_lr_ratio" << YAML::Value << inner.min_lr_ratio
+      << YAML::Key << "weight_decay" << YAML::Value << inner.weight_decay << YAML::Key
+      << "grad_clip" << YAML::Value << inner.grad_clip << YAML::Key << "grad_accum" << YAML::Value
+      << inner.grad_accum << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq
+      << inner.betas[0] << inner.betas[1] << YAML::EndSeq << YAML::Key << "eps" << YAML::Value
+      << inner.eps << YAML::EndMap;
+  out << YAML::Key << "outer" << YAML::Value << YAML::BeginMap << YAML::Key << "lr" << YAML::Value
+      << outer.lr << YAML::Key << "momentum" << YAML::Value << outer.momentum << YAML::Key
+      << "nesterov" << YAML::Value << outer.nesterov << YAML::EndMap;
   out << YAML::Key << "compression" << YAML::Value << to_string(compression);
   out << YAML::Key << "rounds" << YAML::Value << rounds;
   out << YAML::Key << "token_budget" << YAML::Value << token_budget;
-  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "every" << YAML::Value
-      << checkpoint.every << YAML::Key << "dir" << YAML::Value << checkpoint.dir << YAML::EndMap;
-  out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap << YAML::Key << "every" << YAML::Value << eval.every
-      << YAML::Key << "batches" << YAML::Value << eval.batches << YAML::EndMap;
+  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "every"
+      << YAML::Value << checkpoint.every << YAML::Key << "dir" << YAML::Value << checkpoint.dir
+      << YAML::EndMap;
+  out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap << YAML::Key << "every" << YAML::Value
+      << eval.every << YAML::Key << "batches" << YAML::Value << eval.batches << YAML::EndMap;
   out << YAML::EndMap;
   return out.c_str();
 }

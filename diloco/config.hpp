@@ -36,8 +36,8 @@ struct ModelConfig {
 struct DataConfig {
   std::string dir = "data";  // YAML: `dir` or `path`; holds corpus/*.txt (scripts/fetch-corpus)
   TokenizerKind tokenizer = TokenizerKind::byte;
-  int bpe_vocab = 2048;  // size of the sentencepiece BPE vocabulary when tokenizer: bpe
-  int shards = 64;       // the training split is cut into this many shards
+  int bpe_vocab = 2048;        // size of the sentencepiece BPE vocabulary when tokenizer: bpe
+  int shards = 64;             // the training split is cut into this many shards
   double val_fraction = 0.01;  // the last fraction of the tokens is the validation split
 };
 
@@ -49,7 +49,8 @@ struct WorkersConfig {
 
 struct InnerConfig {
   int steps = 50;  // H: inner steps per round
-  int batch_size = 16;  // sequences per inner step (per worker), split into grad_accum micro-batches
+  int batch_size =
+      16;  // sequences per inner step (per worker), split into grad_accum micro-batches
   double lr = 1e-3;
   int warmup = 100;  // linear warmup steps, then cosine decay to lr * min_lr_ratio
   double min_lr_ratio = 0.1;
@@ -72,7 +73,7 @@ struct CheckpointConfig {
 };
 
 struct EvalConfig {
-  int every = 50;  // inner steps between evaluations (rounded up to a round end for DiLoCo)
+  int every = 50;   // inner steps between evaluations (rounded up to a round end for DiLoCo)
   int batches = 8;  // validation batches of inner.batch_size sequences
 };
 
@@ -86,7 +87,7 @@ struct JobConfig {
   InnerConfig inner;
   OuterConfig outer;
   Compression compression = Compression::fp32;
-  int rounds = 0;              // number of outer rounds; 0: derived from token_budget
+  int rounds = 0;                 // number of outer rounds; 0: derived from token_budget
   std::int64_t token_budget = 0;  // tokens per worker; used when rounds is 0
   CheckpointConfig checkpoint;
   EvalConfig eval;

@@ -35,7 +35,8 @@ std::vector<fs::path> corpus_files(const std::string& dir) {
       if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path());
   std::sort(files.begin(), files.end());
   if (files.empty())
-    throw std::runtime_error("data.dir: no corpus in " + c.string() + "/*.txt; run scripts/fetch-corpus " + dir);
+    throw std::runtime_error("data.dir: no corpus in " + c.string() +
+                             "/*.txt; run scripts/fetch-corpus " + dir);
   return files;
 }
 
@@ -69,7 +70,8 @@ class BpeTokenizer final : public Tokenizer {
  public:
   explicit BpeTokenizer(const std::string& model) {
     const auto st = sp_.Load(model);
-    if (!st.ok()) throw std::runtime_error("bpe tokenizer: cannot load " + model + ": " + st.ToString());
+    if (!st.ok())
+      throw std::runtime_error("bpe tokenizer: cannot load " + model + ": " + st.ToString());
     nl_ = sp_.PieceToId(kNewline);
   }
   int vocab_size() const override { return sp_.GetPieceSize(); }
@@ -125,12 +127,13 @@ void train_bpe(const DataConfig& d) {
   const std::string prefix = (fs::path(d.dir) / ("bpe-" + std::to_string(d.bpe_vocab) + ".tmp" +
                                                  std::to_string(::getpid())))
                                  .string();
-  const std::string args = "--input=" + inputs + " --model_prefix=" + prefix + " --model_type=bpe --vocab_size=" +
-                           std::to_string(d.bpe_vocab) +
-                           " --character_coverage=1.0 --byte_fallback=true --input_sentence_size=200000"
-                           " --shuffle_input_sentence=true --seed_sentencepiece_size=200000 --num_threads=2"
-                           " --minloglevel=2 --user_defined_symbols=" +
-                           kNewline;
+  const std::string args =
+      "--input=" + inputs + " --model_prefix=" + prefix +
+      " --model_type=bpe --vocab_size=" + std::to_string(d.bpe_vocab) +
+      " --character_coverage=1.0 --byte_fallback=true --input_sentence_size=200000"
+      " --shuffle_input_sentence=true --seed_sentencepiece_size=200000 --num_threads=2"
+      " --minloglevel=2 --user_defined_symbols=" +
+      kNewline;
   const auto st = sentencepiece::SentencePieceTrainer::Train(args);
   if (!st.ok()) throw std::runtime_error("bpe tokenizer: training failed: " + st.ToString());
   fs::rename(prefix + ".model", bpe_model_path(d));
@@ -153,15 +156,17 @@ void write_token_file(const std::string& path, std::span<const std::uint16_t> to
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw std::runtime_error("cannot write " + tmp);
-    out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size_bytes()));
+    out.write(reinterpret_cast<const char*>(tokens.data()),
+              static_cast<std::streamsize>(tokens.size_bytes()));
     if (!out) throw std::runtime_error("cannot write " + tmp);
   }
   fs::rename(tmp, path);
 }
 
 TokenStore TokenStore::open(const DataConfig& d) {
-  const std::string name =
-      d.tokenizer == TokenizerKind::byte ? "tokens-byte.bin" : "tokens-bpe-" + std::to_string(d.bpe_vocab) + ".bin";
+  const std::string name = d.tokenizer == TokenizerKind::byte
+                               ? "tokens-byte.bin"
+                               : "tokens-bpe-" + std::to_string(d.bpe_vocab) + ".bin";
   const std::string path = (fs::path(d.dir) / name).string();
   if (!fs::exists(path)) {
     const auto tok = make_tokenizer(d);
@@ -217,15 +222,16 @@ TokenStore::~TokenStore() {
 }
 
 std::pair<std::size_t, std::size_t> TokenStore::shard(int s) const {
-  if (s < 0 || s >= shards_) throw std::out_of_range("shard " + std::to_string(s) + " of " + std::to_string(shards_));
+  if (s < 0 || s >= shards_)
+    throw std::out_of_range("shard " + std::to_string(s) + " of " + std::to_string(shards_));
   const std::size_t per = train_end_ / static_cast<std::size_t>(shards_);
   const std::size_t begin = per * static_cast<std::size_t>(s);
   const std::size_t end = s + 1 == shards_ ? train_end_ : begin + per;
   return {begin, end};
 }
 
-ShardSampler::ShardSampler(const TokenStore& store, std::vector<int> shards, int context, std::uint64_t seed,
-                           std::uint64_t stream)
+ShardSampler::ShardSampler(const TokenStore& store, std::vector<int> shards, int context,
+                           std::uint64_t seed, std::uint64_t stream)
     : store_(&store), context_(context), seed_(seed), stream_(stream) {
   set_shards(std::move(shards));
 }
@@ -235,7 +241,8 @@ void ShardSampler::set_shards(std::vector<int> shards) {
   for (int s : shards) {
     const auto [b, e] = store_->shard(s);
     if (e - b < static_cast<std::size_t>(context_) + 2)
-      throw std::invalid_argument("data.shards: shard " + std::to_string(s) + " has " + std::to_string(e - b) +
+      throw std::invalid_argument("data.shards: shard " + std::to_string(s) + " has " +
+                                  std::to_string(e - b) +
                                   " tokens, fewer than model.context + 2; use fewer shards");
   }
   shards_ = std::move(shards);
@@ -243,15 +250,18 @@ void ShardSampler::set_shards(std::vector<int> shards) {
 
 void ShardSampler::next(int batch, std::span<std::int64_t> out) {
   const std::size_t w = static_cast<std::size_t>(context_) + 1;
-  if (out.size() != static_cast<std::size_t>(batch) * w) throw std::invalid_argument("ShardSampler::next: bad out size");
+  if (out.size() != static_cast<std::size_t>(batch) * w)
+    throw std::invalid_argument("ShardSampler::next: bad out size");
   const auto tokens = store_->tokens();
   const std::uint64_t key = splitmix64(seed_ ^ splitmix64(stream_ + 0x5851f42d4c957f2dull));
   for (int b = 0; b < batch; ++b) {
-    const std::uint64_t h = splitmix64(key ^ splitmix64(position_ * 65536ull + static_cast<std::uint64_t>(b)));
+    const std::uint64_t h =
+        splitmix64(key ^ splitmix64(position_ * 65536ull + static_cast<std::uint64_t>(b)));
     const int s = shards_[static_cast<std::size_t>(h % shards_.size())];
     const auto [begin, end] = store_->shard(s);
     const std::size_t start = begin + static_cast<std::size_t>(splitmix64(h) % (end - begin - w));
-    for (std::size_t j = 0; j < w; ++j) out[static_cast<std::size_t>(b) * w + j] = tokens[start + j];
+    for (std::size_t j = 0; j < w; ++j)
+      out[static_cast<std::size_t>(b) * w + j] = tokens[start + j];
   }
   ++position_;
 }
@@ -260,20 +270,23 @@ void validation_windows(const TokenStore& store, int context, int n, std::span<s
   const auto val = store.validation();
   const std::size_t w = static_cast<std::size_t>(context) + 1;
   if (val.size() < w + 1)
-    throw std::invalid_argument("data.val_fraction: the validation split has " + std::to_string(val.size()) +
+    throw std::invalid_argument("data.val_fraction: the validation split has " +
+                                std::to_string(val.size()) +
                                 " tokens, fewer than model.context + 2");
-  if (out.size() != static_cast<std::size_t>(n) * w) throw std::invalid_argument("validation_windows: bad out size");
+  if (out.size() != static_cast<std::size_t>(n) * w)
+    throw std::invalid_argument("validation_windows: bad out size");
   const std::size_t span = val.size() - w;
   for (int j = 0; j < n; ++j) {
-    const std::size_t start = n == 1 ? 0 : span * static_cast<std::size_t>(j) / static_cast<std::size_t>(n - 1);
+    const std::size_t start =
+        n == 1 ? 0 : span * static_cast<std::size_t>(j) / static_cast<std::size_t>(n - 1);
     for (std::size_t i = 0; i < w; ++i) out[static_cast<std::size_t>(j) * w + i] = val[start + i];
   }
 }
 
 void remove_tree(const std::string& path) {
   ::nftw(
-      path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-      FTW_DEPTH | FTW_PHYS);
+      path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); },
+      16, FTW_DEPTH | FTW_PHYS);
 }
 
 std::vector<int> round_robin_shards(int shards, int rank, int count) {

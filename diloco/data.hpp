@@ -74,7 +74,8 @@ void write_token_file(const std::string& path, std::span<const std::uint16_t> to
 // keeps going from the same counter.
 class ShardSampler {
  public:
-  ShardSampler(const TokenStore& store, std::vector<int> shards, int context, std::uint64_t seed, std::uint64_t stream);
+  ShardSampler(const TokenStore& store, std::vector<int> shards, int context, std::uint64_t seed,
+               std::uint64_t stream);
   // Fills `out` (batch * (context + 1) tokens, as int64) with `batch` windows of
   // context + 1 tokens: inputs are [0, context), targets [1, context + 1).
   void next(int batch, std::span<std::int64_t> out);

@@ -13,8 +13,10 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(int d_model, int heads) : heads
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto b = x.size(0), t = x.size(1), c = x.size(2);
-  auto parts = qkv(x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4});  // 3, B, H, T, hd
-  auto y = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], /*attn_mask=*/{}, /*dropout_p=*/0.0,
+  auto parts =
+      qkv(x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4});  // 3, B, H, T, hd
+  auto y = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], /*attn_mask=*/{},
+                                            /*dropout_p=*/0.0,
                                             /*is_causal=*/true);
   return proj(y.transpose(1, 2).reshape({b, t, c}));
 }
@@ -36,15 +38,18 @@ GptImpl::GptImpl(const ModelConfig& cfg, int vocab) : cfg_(cfg), vocab_(vocab) {
   wte = register_module("wte", torch::nn::Embedding(vocab, cfg.d_model));
   wpe = register_module("wpe", torch::nn::Embedding(cfg.context, cfg.d_model));
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int i = 0; i < cfg.layers; ++i) blocks->push_back(Block(cfg.d_model, cfg.heads, cfg.mlp_ratio));
+  for (int i = 0; i < cfg.layers; ++i)
+    blocks->push_back(Block(cfg.d_model, cfg.heads, cfg.mlp_ratio));
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
   if (!cfg.tied_embeddings)
-    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, vocab).bias(false)));
+    lm_head = register_module(
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, vocab).bias(false)));
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   const auto t = idx.size(1);
-  TORCH_CHECK(t <= cfg_.context, "sequence of ", t, " tokens is longer than model.context ", cfg_.context);
+  TORCH_CHECK(t <= cfg_.context, "sequence of ", t, " tokens is longer than model.context ",
+              cfg_.context);
   auto x = wte(idx) + wpe->weight.slice(0, 0, t);
   for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
   x = ln_f(x);

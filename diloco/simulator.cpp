@@ -17,29 +17,36 @@ double now_seconds() {
 std::string RoundMetrics::to_json() const {
   std::ostringstream s;
   s << std::setprecision(8) << "{\"round\":" << round << ",\"inner_steps\":" << inner_steps
-    << ",\"tokens\":" << tokens_per_worker << ",\"tokens_total\":" << tokens_total << ",\"train_loss\":" << train_loss
-    << ",\"val_loss\":";
-  if (val_loss) s << *val_loss; else s << "null";
-  s << ",\"bytes\":" << bytes_per_worker << ",\"time\":" << seconds << ",\"theta_hash\":\"" << std::hex
-    << theta_hash << "\"}";
+    << ",\"tokens\":" << tokens_per_worker << ",\"tokens_total\":" << tokens_total
+    << ",\"train_loss\":" << train_loss << ",\"val_loss\":";
+  if (val_loss)
+    s << *val_loss;
+  else
+    s << "null";
+  s << ",\"bytes\":" << bytes_per_worker << ",\"time\":" << seconds << ",\"theta_hash\":\""
+    << std::hex << theta_hash << "\"}";
   return s.str();
 }
 
 Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
     : cfg_(cfg), opt_(opt), store_(TokenStore::open(cfg.data)) {
-  if (opt_.workers < 1) throw std::invalid_argument("--simulate: K must be >= 1, got " + std::to_string(opt_.workers));
+  if (opt_.workers < 1)
+    throw std::invalid_argument("--simulate: K must be >= 1, got " + std::to_string(opt_.workers));
   rounds_ = opt_.rounds > 0 ? opt_.rounds : cfg_.total_rounds();
   const std::int64_t total_steps = static_cast<std::int64_t>(rounds_) * cfg_.inner.steps;
   if (cfg_.data.shards < opt_.workers)
-    throw std::invalid_argument("data.shards: must be >= the number of workers (" + std::to_string(opt_.workers) +
-                                "), got " + std::to_string(cfg_.data.shards));
+    throw std::invalid_argument("data.shards: must be >= the number of workers (" +
+                                std::to_string(opt_.workers) + "), got " +
+                                std::to_string(cfg_.data.shards));
   std::vector<int> all(static_cast<std::size_t>(cfg_.data.shards));
   for (int s = 0; s < cfg_.data.shards; ++s) all[static_cast<std::size_t>(s)] = s;
   if (opt_.mode == Mode::diloco) {
     for (int k = 0; k < opt_.workers; ++k) {
-      trainers_.push_back(std::make_unique<InnerTrainer>(cfg_, store_, round_robin_shards(cfg_.data.shards, k, opt_.workers),
-                                                         static_cast<std::uint64_t>(k), total_steps));
-      outers_.push_back(std::make_unique<OuterOptimizer>(cfg_.outer, trainers_.back()->flat_parameters()));
+      trainers_.push_back(std::make_unique<InnerTrainer>(
+          cfg_, store_, round_robin_shards(cfg_.data.shards, k, opt_.workers),
+          static_cast<std::uint64_t>(k), total_steps));
+      outers_.push_back(
+          std::make_unique<OuterOptimizer>(cfg_.outer, trainers_.back()->flat_parameters()));
       deltas_.emplace_back(static_cast<std::size_t>(trainers_.back()->parameter_count()));
     }
   } else {
@@ -53,8 +60,9 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
   }
   const int n = cfg_.eval.batches * cfg_.inner.batch_size;
   val_windows_ = torch::empty({n, cfg_.model.context + 1}, torch::kInt64);
-  validation_windows(store_, cfg_.model.context, n,
-                     {val_windows_.data_ptr<std::int64_t>(), static_cast<std::size_t>(val_windows_.numel())});
+  validation_windows(
+      store_, cfg_.model.context, n,
+      {val_windows_.data_ptr<std::int64_t>(), static_cast<std::size_t>(val_windows_.numel())});
   start_seconds_ = now_seconds();
 }
 
@@ -63,7 +71,8 @@ Simulator::~Simulator() = default;
 std::int64_t Simulator::parameter_count() const { return trainers_[0]->parameter_count(); }
 
 std::uint64_t Simulator::theta_hash() const {
-  return opt_.mode == Mode::diloco ? outers_[0]->theta_hash() : tensor_hash(trainers_[0]->flat_parameters());
+  return opt_.mode == Mode::diloco ? outers_[0]->theta_hash()
+                                   : tensor_hash(trainers_[0]->flat_parameters());
 }
 
 double Simulator::evaluate() { return trainers_[0]->evaluate(val_windows_); }
@@ -97,12 +106,13 @@ RoundMetrics Simulator::run_round() {
     const auto h0 = outers_[0]->theta_hash();
     for (std::size_t i = 1; i < outers_.size(); ++i)
       if (outers_[i]->theta_hash() != h0)
-        throw std::runtime_error("simulator: worker " + std::to_string(i) + " holds a different θ after round " +
-                                 std::to_string(round_ + 1));
+        throw std::runtime_error("simulator: worker " + std::to_string(i) +
+                                 " holds a different θ after round " + std::to_string(round_ + 1));
   } else {
     loss = trainers_[0]->run_inner_steps(h).mean_loss;
     if (opt_.mode == Mode::ddp)
-      bytes_ += static_cast<std::uint64_t>(h) * allreduce_bytes_per_member(static_cast<std::size_t>(n), k, Compression::fp32);
+      bytes_ += static_cast<std::uint64_t>(h) *
+                allreduce_bytes_per_member(static_cast<std::size_t>(n), k, Compression::fp32);
   }
   ++round_;
   steps_since_eval_ += h;
@@ -132,7 +142,8 @@ void Simulator::save_checkpoint(const std::string& path) const {
   ar.write("bytes", c10::IValue(static_cast<std::int64_t>(bytes_)));
   ar.write("rng", at::detail::getDefaultCPUGenerator().get_state());
   if (!outers_.empty()) outers_[0]->save(ar, "outer.");
-  for (std::size_t i = 0; i < trainers_.size(); ++i) trainers_[i]->save(ar, "worker." + std::to_string(i) + ".");
+  for (std::size_t i = 0; i < trainers_.size(); ++i)
+    trainers_[i]->save(ar, "worker." + std::to_string(i) + ".");
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
   const std::string tmp = path + ".tmp";
@@ -149,8 +160,8 @@ void Simulator::load_checkpoint(const std::string& path) {
   ar.read("workers", v);
   const auto workers = v.toInt();
   if (mode != static_cast<std::int64_t>(opt_.mode) || workers != opt_.workers)
-    throw std::runtime_error("checkpoint " + path + " is of another simulation (mode " + std::to_string(mode) +
-                             ", " + std::to_string(workers) + " workers)");
+    throw std::runtime_error("checkpoint " + path + " is of another simulation (mode " +
+                             std::to_string(mode) + ", " + std::to_string(workers) + " workers)");
   ar.read("round", v);
   round_ = static_cast<int>(v.toInt());
   ar.read("steps_since_eval", v);
@@ -162,7 +173,8 @@ void Simulator::load_checkpoint(const std::string& path) {
   auto gen = at::detail::getDefaultCPUGenerator();
   gen.set_state(rng);
   for (auto& o : outers_) o->load(ar, "outer.");
-  for (std::size_t i = 0; i < trainers_.size(); ++i) trainers_[i]->load(ar, "worker." + std::to_string(i) + ".");
+  for (std::size_t i = 0; i < trainers_.size(); ++i)
+    trainers_[i]->load(ar, "worker." + std::to_string(i) + ".");
 }
 
 JobConfig checkpoint_config(const std::string& path) {
@@ -189,7 +201,8 @@ Gpt load_model_from_checkpoint(const std::string& path, JobConfig* cfg_out) {
     p.copy_(theta.slice(0, off, off + k).view(p.sizes()));
     off += k;
   }
-  TORCH_CHECK(off == theta.numel(), "checkpoint ", path, ": θ has ", theta.numel(), " elements, the model ", off);
+  TORCH_CHECK(off == theta.numel(), "checkpoint ", path, ": θ has ", theta.numel(),
+              " elements, the model ", off);
   if (cfg_out) *cfg_out = cfg;
   return model;
 }

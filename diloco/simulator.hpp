@@ -24,21 +24,21 @@ enum class Mode {
 };
 
 struct SimulateOptions {
-  int workers = 4;        // K
+  int workers = 4;  // K
   Mode mode = Mode::diloco;
-  int rounds = 0;         // 0: cfg.total_rounds()
+  int rounds = 0;  // 0: cfg.total_rounds()
 };
 
 // One line of metrics.jsonl. Tokens and bytes are cumulative.
 struct RoundMetrics {
-  int round = 0;                    // rounds done (baselines: H-step segments done)
-  std::int64_t inner_steps = 0;     // per worker
+  int round = 0;                 // rounds done (baselines: H-step segments done)
+  std::int64_t inner_steps = 0;  // per worker
   std::int64_t tokens_per_worker = 0;
-  std::int64_t tokens_total = 0;    // over all workers
-  double train_loss = 0;            // mean over the round's steps and workers
-  std::optional<double> val_loss;   // when evaluated this round
+  std::int64_t tokens_total = 0;       // over all workers
+  double train_loss = 0;               // mean over the round's steps and workers
+  std::optional<double> val_loss;      // when evaluated this round
   std::uint64_t bytes_per_worker = 0;  // sent by each worker, all-reduce model of averager.hpp
-  double seconds = 0;               // wall time since start (this process)
+  double seconds = 0;                  // wall time since start (this process)
   std::uint64_t theta_hash = 0;
   std::string to_json() const;
 };

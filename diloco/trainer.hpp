@@ -42,12 +42,12 @@ struct InnerStats {
 class InnerTrainer {
  public:
   // Builds the model from cfg.model with deterministic weights from cfg.seed,
-  // and puts every parameter into one flat fp32 buffer (and every gradient
-  // into another), so that pseudo-gradients, AdamW and clipping each run over
-  // one contiguous vector. `stream` separates the data streams of workers;
-  // `total_steps` is the length of the learning-rate schedule.
-  InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::vector<int> shards, std::uint64_t stream,
-               std::int64_t total_steps);
+  // and puts every parameter into one flat fp32 buffer (views: no copies),
+  // and packs the gradients into another after each backward, so that
+  // pseudo-gradients, AdamW and clipping each run over one contiguous vector. `stream` separates
+  // the data streams of workers; `total_steps` is the length of the learning-rate schedule.
+  InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::vector<int> shards,
+               std::uint64_t stream, std::int64_t total_steps);
   InnerTrainer(const InnerTrainer&) = delete;
   InnerTrainer& operator=(const InnerTrainer&) = delete;
 
@@ -82,12 +82,14 @@ class InnerTrainer {
   ShardSampler sampler_;
   std::int64_t total_steps_;
   std::int64_t step_ = 0;
-  torch::Tensor params_, grads_;   // flat fp32
-  torch::Tensor exp_avg_, exp_avg_sq_;  // AdamW moments, flat fp32
-  torch::Tensor decay_mask_;       // 1 where weight decay applies
-  torch::Tensor denom_;            // scratch
+  std::vector<torch::Tensor> param_list_;  // the model's parameters, views into params_
+  std::vector<torch::Tensor> grad_views_;  // scratch for packing gradients
+  torch::Tensor params_, grads_;           // flat fp32
+  torch::Tensor exp_avg_, exp_avg_sq_;     // AdamW moments, flat fp32
+  torch::Tensor decay_mask_;               // 1 where weight decay applies
+  torch::Tensor denom_;                    // scratch
   std::vector<std::int64_t> batch_host_;
-  torch::Tensor batch_;            // [B, context + 1] int64, reused
+  torch::Tensor batch_;  // [B, context + 1] int64, reused
 };
 
 // θ_global and the momentum buffer, fp32, replicated on every worker.

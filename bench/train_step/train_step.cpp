@@ -3,9 +3,9 @@
 // PyTorch (train_step.py, run with the torch of the same virtual
 // environment). The two alternate `--repeats` times, so that load from other
 // processes hits both alike; medians of the per-step times are compared.
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,9 +39,12 @@ std::string run(const std::string& cmd) {
 
 int main(int argc, char** argv) {
   CLI::App app{"bench/train_step: loco InnerTrainer vs eager PyTorch, inner-step tokens/s"};
-  int layers = 4, d_model = 128, heads = 4, context = 128, batch = 16, threads = 2, steps = 30, warmup = 5, repeats = 2;
+  int layers = 4, d_model = 128, heads = 4, context = 128, batch = 16, threads = 2, steps = 30,
+      warmup = 5, repeats = 2;
   const char* venv = std::getenv("LOCO_VENV");
-  std::string python = std::string(venv ? venv : std::string(std::getenv("HOME")) + "/.cache/loco-venv") + "/bin/python";
+  std::string python =
+      std::string(venv ? venv : std::string(std::getenv("HOME")) + "/.cache/loco-venv") +
+      "/bin/python";
   std::string script = LOCO_SOURCE_DIR "/bench/train_step/train_step.py";
   app.add_option("--layers", layers);
   app.add_option("--d-model", d_model);
@@ -58,39 +61,52 @@ int main(int argc, char** argv) {
   at::set_num_threads(threads);
   at::set_num_interop_threads(1);
   JobConfig cfg;
-  cfg.model = {.layers = layers, .d_model = d_model, .heads = heads, .context = context, .vocab = 256,
-               .tied_embeddings = true, .mlp_ratio = 4};
+  cfg.model = {.layers = layers,
+               .d_model = d_model,
+               .heads = heads,
+               .context = context,
+               .vocab = 256,
+               .tied_embeddings = true,
+               .mlp_ratio = 4};
   cfg.inner.batch_size = batch;
   cfg.inner.warmup = 10;
   cfg.rounds = 1;
   cfg.validate();
   // Random tokens, as the Python side uses.
-  const auto dir = std::filesystem::temp_directory_path() / ("loco-bench-" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("loco-bench-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::vector<std::uint16_t> tokens(1 << 20);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
   auto r = torch::randint(0, 256, {static_cast<std::int64_t>(tokens.size())}, gen, torch::kInt64);
-  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint16_t>(r[static_cast<std::int64_t>(i)].item<std::int64_t>());
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<std::uint16_t>(r[static_cast<std::int64_t>(i)].item<std::int64_t>());
   write_token_file((dir / "tokens.bin").string(), tokens);
   const auto store = TokenStore::open_file((dir / "tokens.bin").string(), 0.01, 1);
 
-  const std::string py_cmd = python + " " + script + " --layers " + std::to_string(layers) + " --d-model " +
-                             std::to_string(d_model) + " --heads " + std::to_string(heads) + " --context " +
-                             std::to_string(context) + " --batch " + std::to_string(batch) + " --threads " +
-                             std::to_string(threads) + " --steps " + std::to_string(steps) + " --warmup-steps " +
-                             std::to_string(warmup);
+  const std::string py_cmd = python + " " + script + " --layers " + std::to_string(layers) +
+                             " --d-model " + std::to_string(d_model) + " --heads " +
+                             std::to_string(heads) + " --context " + std::to_string(context) +
+                             " --batch " + std::to_string(batch) + " --threads " +
+                             std::to_string(threads) + " --steps " + std::to_string(steps) +
+                             " --warmup-steps " + std::to_string(warmup);
   std::vector<double> cpp_times, py_rates;
   std::int64_t params = 0;
   const double tokens_per_step = static_cast<double>(batch) * context;
   for (int rep = 0; rep < repeats; ++rep) {
     InnerTrainer t(cfg, store, {0}, 0, steps + warmup);
     params = t.parameter_count();
+    std::vector<double> mine;
     for (int s = 0; s < warmup + steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
       t.run_inner_steps(1);
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (s >= warmup) cpp_times.push_back(dt);
+      const double dt =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s >= warmup) mine.push_back(dt);
     }
+    cpp_times.insert(cpp_times.end(), mine.begin(), mine.end());
+    std::cerr << "repeat " << rep << ": loco   tokens_per_s=" << tokens_per_step / median(mine)
+              << "\n";
     const auto out = run(py_cmd);
     std::smatch m;
     if (!std::regex_search(out, m, std::regex("tokens_per_s=([0-9.]+)")))
@@ -100,9 +116,12 @@ int main(int argc, char** argv) {
   }
   const double cpp = tokens_per_step / median(cpp_times);
   const double py = median(py_rates);
-  std::printf("train_step: model %lld params (layers %d, d_model %d, heads %d, context %d, vocab 256), batch %d, "
-              "%d threads, %d timed steps x %d repeats\n",
-              static_cast<long long>(params), layers, d_model, heads, context, batch, threads, steps, repeats);
+  std::printf(
+      "train_step: model %lld params (layers %d, d_model %d, heads %d, context %d, vocab 256), "
+      "batch %d, "
+      "%d threads, %d timed steps x %d repeats\n",
+      static_cast<long long>(params), layers, d_model, heads, context, batch, threads, steps,
+      repeats);
   std::printf("  loco (C++ InnerTrainer)  %10.0f tokens/s\n", cpp);
   std::printf("  eager PyTorch (%s) %10.0f tokens/s\n", TORCH_VERSION, py);
   std::printf("  ratio loco / python      %10.2fx\n", cpp / py);

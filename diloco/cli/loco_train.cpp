@@ -2,9 +2,9 @@
 // `loco generate ...` forward here.
 //   loco-train train --simulate K job.yaml [--baseline single|ddp] [--rounds N] [--out DIR]
 //   loco-train generate --checkpoint PATH --prompt "..." [--tokens N]
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -16,8 +16,8 @@ using namespace loco::diloco;
 
 namespace {
 
-int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out, int threads,
-          const std::string& resume) {
+int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out,
+          int threads, const std::string& resume) {
   JobConfig cfg = JobConfig::from_yaml_file(job);
   if (threads > 0) cfg.threads = threads;
   if (cfg.threads > 0) at::set_num_threads(cfg.threads);
@@ -29,12 +29,14 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
   if (out.empty()) out = "runs/" + cfg.name;
   fs::create_directories(out);
   Simulator sim(cfg, opt);
-  std::cerr << "loco-train: " << cfg.name << ": model of " << sim.parameter_count() << " parameters, "
-            << (baseline.empty() ? "diloco" : baseline) << " with K=" << k << ", H=" << cfg.inner.steps << ", "
-            << sim.rounds() << " rounds, compression " << to_string(cfg.compression) << ", " << at::get_num_threads()
-            << " threads -> " << out << "/metrics.jsonl\n";
-  const fs::path ckpt_dir = fs::path(cfg.checkpoint.dir).is_absolute() ? fs::path(cfg.checkpoint.dir)
-                                                                         : fs::path(out) / cfg.checkpoint.dir;
+  std::cerr << "loco-train: " << cfg.name << ": model of " << sim.parameter_count()
+            << " parameters, " << (baseline.empty() ? "diloco" : baseline) << " with K=" << k
+            << ", H=" << cfg.inner.steps << ", " << sim.rounds() << " rounds, compression "
+            << to_string(cfg.compression) << ", " << at::get_num_threads() << " threads -> " << out
+            << "/metrics.jsonl\n";
+  const fs::path ckpt_dir = fs::path(cfg.checkpoint.dir).is_absolute()
+                                ? fs::path(cfg.checkpoint.dir)
+                                : fs::path(out) / cfg.checkpoint.dir;
   const std::string ckpt = (ckpt_dir / "latest.pt").string();
   std::ofstream metrics;
   if (!resume.empty()) {
@@ -49,8 +51,9 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
     const auto m = sim.run_round();
     metrics << m.to_json() << "\n" << std::flush;
     if (m.val_loss)
-      std::cerr << "round " << m.round << " steps " << m.inner_steps << " train " << m.train_loss << " val "
-                << *m.val_loss << " bytes " << m.bytes_per_worker << " " << m.seconds << " s\n";
+      std::cerr << "round " << m.round << " steps " << m.inner_steps << " train " << m.train_loss
+                << " val " << *m.val_loss << " bytes " << m.bytes_per_worker << " " << m.seconds
+                << " s\n";
     if (cfg.checkpoint.every > 0 && m.round % cfg.checkpoint.every == 0) sim.save_checkpoint(ckpt);
   }
   sim.save_checkpoint(ckpt);
@@ -58,8 +61,8 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
   return 0;
 }
 
-int generate(const std::string& checkpoint, const std::string& prompt, int tokens, double temperature, int top_k,
-             std::uint64_t seed) {
+int generate(const std::string& checkpoint, const std::string& prompt, int tokens,
+             double temperature, int top_k, std::uint64_t seed) {
   JobConfig cfg;
   Gpt model = load_model_from_checkpoint(checkpoint, &cfg);
   model->eval();
@@ -70,15 +73,19 @@ int generate(const std::string& checkpoint, const std::string& prompt, int token
   torch::NoGradGuard no_grad;
   std::vector<std::uint16_t> out;
   for (int i = 0; i < tokens; ++i) {
-    const std::size_t start = ids.size() > static_cast<std::size_t>(cfg.model.context) ? ids.size() - cfg.model.context : 0;
+    const std::size_t start = ids.size() > static_cast<std::size_t>(cfg.model.context)
+                                  ? ids.size() - cfg.model.context
+                                  : 0;
     std::vector<std::int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end());
     auto x = torch::tensor(window, torch::kInt64).unsqueeze(0);
-    auto logits = model->forward(x).select(1, x.size(1) - 1).squeeze(0) / std::max(temperature, 1e-6);
+    auto logits =
+        model->forward(x).select(1, x.size(1) - 1).squeeze(0) / std::max(temperature, 1e-6);
     if (top_k > 0 && top_k < logits.size(0)) {
       auto kth = std::get<0>(logits.topk(top_k)).select(0, top_k - 1);
       logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
     }
-    const auto next = torch::multinomial(torch::softmax(logits, 0), 1, false, gen).item<std::int64_t>();
+    const auto next =
+        torch::multinomial(torch::softmax(logits, 0), 1, false, gen).item<std::int64_t>();
     ids.push_back(static_cast<std::uint16_t>(next));
     out.push_back(static_cast<std::uint16_t>(next));
   }
@@ -91,11 +98,14 @@ int generate(const std::string& checkpoint, const std::string& prompt, int token
 int main(int argc, char** argv) {
   CLI::App app{"loco-train: DiLoCo simulator and sampler"};
   app.require_subcommand(1);
-  auto* tr = app.add_subcommand("train", "train a job; --simulate K runs K workers in this process");
+  auto* tr =
+      app.add_subcommand("train", "train a job; --simulate K runs K workers in this process");
   std::string job, baseline, out, resume;
   int k = 0, rounds = 0, threads = 0;
   tr->add_option("job", job, "job file (YAML)")->required()->check(CLI::ExistingFile);
-  tr->add_option("--simulate", k, "number of simulated workers K")->required()->check(CLI::Range(1, 1024));
+  tr->add_option("--simulate", k, "number of simulated workers K")
+      ->required()
+      ->check(CLI::Range(1, 1024));
   tr->add_option("--baseline", baseline, "single: one worker; ddp: data-parallel with K x batch")
       ->check(CLI::IsMember({"single", "ddp"}));
   tr->add_option("--rounds", rounds, "rounds to run (default: from the job file)");
@@ -108,7 +118,9 @@ int main(int argc, char** argv) {
   int tokens = 200, top_k = 0;
   double temperature = 0.8;
   std::uint64_t seed = 0;
-  ge->add_option("--checkpoint", checkpoint, "checkpoint file")->required()->check(CLI::ExistingFile);
+  ge->add_option("--checkpoint", checkpoint, "checkpoint file")
+      ->required()
+      ->check(CLI::ExistingFile);
   ge->add_option("--prompt", prompt, "text to continue");
   ge->add_option("--tokens", tokens, "tokens to sample");
   ge->add_option("--temperature", temperature, "sampling temperature");

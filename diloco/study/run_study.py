@@ -98,7 +98,10 @@ def main():
     with cf.ThreadPoolExecutor(a.jobs) as pool:
         for name, rc, dt in pool.map(go, todo):
             print(f"{name}: rc={rc} {dt:.0f} s", flush=True)
-    subprocess.call([sys.executable, os.path.join(HERE, "plot.py"), a.out])
+    # matplotlib lives in the LibTorch virtual environment.
+    venv = os.environ.get("LOCO_VENV", os.path.expanduser("~/.cache/loco-venv"))
+    py = os.path.join(venv, "bin", "python")
+    subprocess.call([py if os.path.exists(py) else sys.executable, os.path.join(HERE, "plot.py"), a.out])
 
 
 if __name__ == "__main__":

@@ -65,14 +65,20 @@ TEST(Config, RejectsBadValuesNamingTheField) {
             "compression: expected one of fp32|fp16|bf16|int8, got 'int4'");
   EXPECT_EQ(error_of(replace(kJob, "tokenizer: byte", "tokenizer: words")),
             "data.tokenizer: expected one of byte|bpe, got 'words'");
-  EXPECT_NE(error_of(replace(kJob, "heads: 2", "heads: 3")).find("model.heads: must be a divisor of model.d_model"),
+  EXPECT_NE(error_of(replace(kJob, "heads: 2", "heads: 3"))
+                .find("model.heads: must be a divisor of model.d_model"),
             std::string::npos);
-  EXPECT_NE(error_of(replace(kJob, "grad_accum: 2", "grad_accum: 3")).find("inner.grad_accum"), std::string::npos);
-  EXPECT_NE(error_of(replace(kJob, "momentum: 0.9", "momentum: 1.5")).find("outer.momentum: must be in [0, 1)"),
+  EXPECT_NE(error_of(replace(kJob, "grad_accum: 2", "grad_accum: 3")).find("inner.grad_accum"),
             std::string::npos);
-  EXPECT_NE(error_of(replace(kJob, "layers: 2", "layrs: 2")).find("model.layrs: unknown field"), std::string::npos);
-  EXPECT_NE(error_of(replace(kJob, "steps: 5", "steps: many")).find("inner.steps: cannot read"), std::string::npos);
-  EXPECT_NE(error_of(replace(kJob, "rounds: 3", "rounds: 0")).find("rounds: must be > 0"), std::string::npos);
+  EXPECT_NE(error_of(replace(kJob, "momentum: 0.9", "momentum: 1.5"))
+                .find("outer.momentum: must be in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace(kJob, "layers: 2", "layrs: 2")).find("model.layrs: unknown field"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace(kJob, "steps: 5", "steps: many")).find("inner.steps: cannot read"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace(kJob, "rounds: 3", "rounds: 0")).find("rounds: must be > 0"),
+            std::string::npos);
   EXPECT_EQ(error_of(kJob), "");
 }
 
@@ -81,7 +87,8 @@ TEST(Compression, Int8ErrorIsBoundedByHalfAStepPerChunk) {
   std::uint64_t s = 1;
   for (auto& v : x) {
     s = splitmix64(s);
-    v = static_cast<float>(static_cast<double>(s % 20001) / 10000.0 - 1.0) * (v == x[5] ? 100.f : 1.f);
+    v = static_cast<float>(static_cast<double>(s % 20001) / 10000.0 - 1.0) *
+        (v == x[5] ? 100.f : 1.f);
   }
   x[5] = 50.f;  // one outlier: only its chunk gets a coarse scale
   auto y = x;
@@ -90,7 +97,8 @@ TEST(Compression, Int8ErrorIsBoundedByHalfAStepPerChunk) {
     const std::size_t end = std::min(x.size(), begin + kInt8ChunkElems);
     float amax = 0;
     for (std::size_t i = begin; i < end; ++i) amax = std::max(amax, std::fabs(x[i]));
-    for (std::size_t i = begin; i < end; ++i) ASSERT_LE(std::fabs(y[i] - x[i]), amax / 127.f / 2.f * 1.0001f) << i;
+    for (std::size_t i = begin; i < end; ++i)
+      ASSERT_LE(std::fabs(y[i] - x[i]), amax / 127.f / 2.f * 1.0001f) << i;
   }
   auto z = y;  // decoding what was decoded changes nothing
   codec_roundtrip(z, Compression::int8);
@@ -99,16 +107,22 @@ TEST(Compression, Int8ErrorIsBoundedByHalfAStepPerChunk) {
 }
 
 TEST(Compression, HalfPrecisionEdgeCases) {
-  std::vector<float> v = {1.0f, 1.0f / 3.0f, 65504.f, 65520.f, std::ldexp(1.f, -24), std::ldexp(1.f, -25),
-                          std::ldexp(3.f, -25), -2.5f};
+  std::vector<float> v = {1.0f,
+                          1.0f / 3.0f,
+                          65504.f,
+                          65520.f,
+                          std::ldexp(1.f, -24),
+                          std::ldexp(1.f, -25),
+                          std::ldexp(3.f, -25),
+                          -2.5f};
   codec_roundtrip(v, Compression::fp16);
   EXPECT_EQ(v[0], 1.0f);
   EXPECT_EQ(v[1], 0.333251953125f);
   EXPECT_EQ(v[2], 65504.f);
   EXPECT_TRUE(std::isinf(v[3]));
   EXPECT_EQ(v[4], std::ldexp(1.f, -24));
-  EXPECT_EQ(v[5], 0.f);                    // tie to even
-  EXPECT_EQ(v[6], std::ldexp(1.f, -23));   // tie to even
+  EXPECT_EQ(v[5], 0.f);                   // tie to even
+  EXPECT_EQ(v[6], std::ldexp(1.f, -23));  // tie to even
   EXPECT_EQ(v[7], -2.5f);
   std::vector<float> b = {1.0f + std::ldexp(1.f, -8), 1.0f + std::ldexp(3.f, -8)};
   codec_roundtrip(b, Compression::bf16);
@@ -121,7 +135,8 @@ TEST(Averager, EveryMemberGetsTheSameMean) {
   for (auto c : {Compression::fp32, Compression::fp16, Compression::bf16, Compression::int8}) {
     std::vector<std::vector<float>> bufs(3, std::vector<float>(5000));
     for (std::size_t k = 0; k < 3; ++k)
-      for (std::size_t i = 0; i < 5000; ++i) bufs[k][i] = static_cast<float>(k + 1) * 0.01f * static_cast<float>(i % 7);
+      for (std::size_t i = 0; i < 5000; ++i)
+        bufs[k][i] = static_cast<float>(k + 1) * 0.01f * static_cast<float>(i % 7);
     std::vector<std::span<float>> spans(bufs.begin(), bufs.end());
     const auto stats = avg.average(spans, c);
     EXPECT_EQ(stats.members, 3);
@@ -129,7 +144,8 @@ TEST(Averager, EveryMemberGetsTheSameMean) {
     for (std::size_t i = 0; i < 5000; ++i) {
       ASSERT_EQ(bufs[1][i], bufs[0][i]);
       ASSERT_EQ(bufs[2][i], bufs[0][i]);
-      ASSERT_NEAR(bufs[0][i], 0.02f * static_cast<float>(i % 7), c == Compression::fp32 ? 1e-6 : 0.01);
+      ASSERT_NEAR(bufs[0][i], 0.02f * static_cast<float>(i % 7),
+                  c == Compression::fp32 ? 1e-6 : 0.01);
     }
   }
 }
@@ -140,7 +156,8 @@ TEST(Shards, DeterministicAndConfinedToTheirShards) {
   d.shards = 16;
   d.val_fraction = 0.1;
   const auto store = TokenStore::open(d);
-  EXPECT_EQ(store.tokens().size(), std::filesystem::file_size(std::filesystem::path(d.dir) / "corpus" / "a.txt"));
+  EXPECT_EQ(store.tokens().size(),
+            std::filesystem::file_size(std::filesystem::path(d.dir) / "corpus" / "a.txt"));
   EXPECT_EQ(store.train_end(), store.tokens().size() - store.tokens().size() / 10);
   // Shards tile the training split.
   std::size_t covered = 0;

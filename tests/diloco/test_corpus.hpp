@@ -13,11 +13,13 @@ namespace loco::diloco::testing {
 
 inline std::string make_corpus_dir(const std::string& tag, std::size_t bytes = 200000) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("loco-diloco-" + tag + "-" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("loco-diloco-" + tag + "-" + std::to_string(::getpid()));
   remove_tree(dir.string());
   fs::create_directories(dir / "corpus");
-  static const char* words[] = {"and", "the", "lord", "said", "unto", "moses", "in", "beginning", "god", "created",
-                                "heaven", "earth", "was", "without", "form", "void", "light", "darkness", "of", "day"};
+  static const char* words[] = {
+      "and",    "the",   "lord", "said",    "unto", "moses", "in",    "beginning", "god", "created",
+      "heaven", "earth", "was",  "without", "form", "void",  "light", "darkness",  "of",  "day"};
   std::ofstream out(dir / "corpus" / "a.txt");
   std::uint64_t x = 42;
   std::size_t n = 0, in_line = 0;

@@ -24,7 +24,13 @@ class DilocoTest : public ::testing::Test {
   static JobConfig small_job() {
     JobConfig c;
     c.seed = 11;
-    c.model = {.layers = 2, .d_model = 32, .heads = 2, .context = 16, .vocab = 0, .tied_embeddings = true, .mlp_ratio = 4};
+    c.model = {.layers = 2,
+               .d_model = 32,
+               .heads = 2,
+               .context = 16,
+               .vocab = 0,
+               .tied_embeddings = true,
+               .mlp_ratio = 4};
     c.data.dir = *dir_;
     c.data.shards = 8;
     c.data.val_fraction = 0.05;
@@ -51,7 +57,10 @@ TEST_F(DilocoTest, ModelCountsParametersAndInitialisesFromTheSeed) {
   b->init_weights(1);
   other->init_weights(2);
   const std::int64_t d = 32, l = 2, v = 256, t = 16;
-  const std::int64_t expected = v * d + t * d + l * (2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)) + 2 * d;
+  const std::int64_t expected =
+      v * d + t * d +
+      l * (2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)) +
+      2 * d;
   EXPECT_EQ(a->parameter_count(), expected);
   c.model.tied_embeddings = false;
   EXPECT_EQ(Gpt(c.model, 256)->parameter_count(), expected + v * d);
@@ -80,7 +89,8 @@ TEST_F(DilocoTest, AttentionIsCausal) {
 TEST_F(DilocoTest, CompressionMatchesTorchCasts) {
   auto x = torch::randn({20000}) * 1000;
   x.slice(0, 0, 1000).mul_(1e-7);  // subnormal halves
-  for (auto [c, dtype] : {std::pair{Compression::fp16, torch::kHalf}, std::pair{Compression::bf16, torch::kBFloat16}}) {
+  for (auto [c, dtype] : {std::pair{Compression::fp16, torch::kHalf},
+                          std::pair{Compression::bf16, torch::kBFloat16}}) {
     auto y = x.clone();
     codec_roundtrip({y.data_ptr<float>(), 20000}, c);
     EXPECT_TRUE(torch::equal(y, x.to(dtype).to(torch::kFloat32))) << to_string(c);
@@ -99,7 +109,7 @@ TEST_F(DilocoTest, InnerTrainingLowersTheLossAndKeepsGradientsFlat) {
   EXPECT_EQ(t.step(), 40);
   EXPECT_LT(t.evaluate(windows), before - 1.0);
   EXPECT_GT(stats.grad_norm, 0);
-  // Every parameter is still a view of the flat buffer, and so is its gradient.
+  // Every parameter is still a view of the flat buffer.
   std::int64_t off = 0;
   const auto* base = t.flat_parameters().data_ptr<float>();
   for (const auto& p : t.model()->parameters()) {
@@ -144,7 +154,8 @@ TEST_F(DilocoTest, NesterovStepEqualsHandComputedReference) {
   p.step(d1);
   p.step(d2);
   for (int i = 0; i < 3; ++i) {
-    const double buf1 = d1[i], th1 = t0[i] - 0.7 * buf1, buf2 = 0.9 * buf1 + d2[i], th2 = th1 - 0.7 * buf2;
+    const double buf1 = d1[i], th1 = t0[i] - 0.7 * buf1, buf2 = 0.9 * buf1 + d2[i],
+                 th2 = th1 - 0.7 * buf2;
     EXPECT_NEAR(p.theta()[i].item<double>(), th2, 1e-6);
   }
   // The outer state travels as bytes to a joining worker.
@@ -161,7 +172,8 @@ TEST_F(DilocoTest, OneWorkerWithPlainAveragingEqualsPlainTraining) {
   const std::vector<int> shards = {0, 1, 2, 3, 4, 5, 6, 7};
   InnerTrainer plain(c, store, shards, 0, 20);
   InnerTrainer diloco(c, store, shards, 0, 20);
-  OuterOptimizer outer(OuterConfig{.lr = 1.0, .momentum = 0.0, .nesterov = false}, diloco.flat_parameters());
+  OuterOptimizer outer(OuterConfig{.lr = 1.0, .momentum = 0.0, .nesterov = false},
+                       diloco.flat_parameters());
   LocalAverager avg;
   std::vector<float> delta(static_cast<std::size_t>(diloco.parameter_count()));
   for (int r = 0; r < 5; ++r) {
@@ -177,8 +189,13 @@ TEST_F(DilocoTest, OneWorkerWithPlainAveragingEqualsPlainTraining) {
   // θ − (θ − θ_k) rounds, so the two agree to fp32 rounding (which AdamW
   // then carries along), not bit for bit: a few ulps, against parameters that
   // moved by orders of magnitude more.
-  const double diff = (diloco.flat_parameters() - plain.flat_parameters()).abs().max().item<double>();
-  const double moved = (plain.flat_parameters() - InnerTrainer(c, store, shards, 0, 20).flat_parameters()).abs().max().item<double>();
+  const double diff =
+      (diloco.flat_parameters() - plain.flat_parameters()).abs().max().item<double>();
+  const double moved =
+      (plain.flat_parameters() - InnerTrainer(c, store, shards, 0, 20).flat_parameters())
+          .abs()
+          .max()
+          .item<double>();
   EXPECT_LT(diff, 1e-5);
   EXPECT_GT(moved, 1e-2);
   EXPECT_TRUE(torch::equal(outer.theta(), diloco.flat_parameters()));
@@ -221,7 +238,9 @@ TEST_F(DilocoTest, CheckpointResumeIsBitIdentical) {
 
 TEST_F(DilocoTest, SimulatorModesCommunicateWhatTheyShould) {
   auto c = small_job();
-  const std::int64_t n = Simulator(c, SimulateOptions{.workers = 1, .mode = Mode::single, .rounds = 1}).parameter_count();
+  const std::int64_t n =
+      Simulator(c, SimulateOptions{.workers = 1, .mode = Mode::single, .rounds = 1})
+          .parameter_count();
   Simulator single(c, SimulateOptions{.workers = 4, .mode = Mode::single, .rounds = 2});
   Simulator ddp(c, SimulateOptions{.workers = 4, .mode = Mode::ddp, .rounds = 2});
   Simulator dil(c, SimulateOptions{.workers = 4, .mode = Mode::diloco, .rounds = 2});
@@ -232,10 +251,30 @@ TEST_F(DilocoTest, SimulatorModesCommunicateWhatTheyShould) {
     mdl = dil.run_round();
   }
   EXPECT_EQ(ms.bytes_per_worker, 0u);
-  const auto per_allreduce = allreduce_bytes_per_member(static_cast<std::size_t>(n), 4, Compression::fp32);
+  const auto per_allreduce =
+      allreduce_bytes_per_member(static_cast<std::size_t>(n), 4, Compression::fp32);
   EXPECT_EQ(md.bytes_per_worker, 2u * 4u * per_allreduce);  // every inner step
   EXPECT_EQ(mdl.bytes_per_worker, 2u * per_allreduce);      // once a round
   EXPECT_EQ(md.tokens_total, 4 * ms.tokens_total);
   EXPECT_TRUE(mdl.val_loss.has_value());
   EXPECT_LT(*mdl.val_loss, std::log(256.0));
+}
+
+TEST_F(DilocoTest, GradientAccumulationMatchesOneLargeBatch) {
+  auto c = small_job();
+  const auto store = TokenStore::open(c.data);
+  const std::vector<int> shards = {0, 1, 2, 3};
+  InnerTrainer whole(c, store, shards, 0, 10);
+  c.inner.grad_accum = 4;  // four micro-batches of one sequence
+  InnerTrainer accum(c, store, shards, 0, 10);
+  // The gradients of one step (the flat gradient buffer, seen through the
+  // parameters) agree to summation-order rounding. Parameters are not
+  // compared after several steps: AdamW turns sign noise on ~0 gradients into
+  // full-size steps.
+  const auto a = whole.run_inner_steps(1), b = accum.run_inner_steps(1);
+  EXPECT_NEAR(a.mean_loss, b.mean_loss, 1e-5);
+  EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-4 * a.grad_norm);
+  auto pa = whole.model()->parameters(), pb = accum.model()->parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(torch::allclose(pa[i].grad(), pb[i].grad(), 1e-3, 1e-6)) << i;
 }
