@@ -145,6 +145,11 @@ void OuterAggregator::State::run() {
   double val0 = workers[0].call(&InnerWorker::evaluate).get(Millis(300000));
   report(0, 0, 0, val0, 0, 0, 0, k, 0, workers[0].call(&InnerWorker::theta_hash).get(Millis(60000)));
   double bytes = 0, last_val = val0;
+  // Whole-job utilization: time in inner steps over the time the members were
+  // in the job, all rounds, checkpoints and evaluations included.
+  double inner_total = 0, member_seconds = 0;
+  double prev_end = now_s();
+  int members_before = k;
   int64_t steps_since_eval = 0;
   std::vector<int> members(k);
   for (int i = 0; i < k; ++i) members[i] = i;
@@ -234,6 +239,10 @@ void OuterAggregator::State::run() {
       steps_since_eval = 0;
     }
     const double wall = now_s() - t_round;
+    inner_total += inner_secs;
+    member_seconds += double(members_before) * (now_s() - prev_end);
+    prev_end = now_s();
+    members_before = int(members.size());
     const double util = inner_secs / (double(ready.size()) * wall);
     const double tok_s = double(ready.size()) * double(cfg.inner.steps) *
                          double(cfg.tokens_per_inner_step()) / wall;
@@ -253,9 +262,10 @@ void OuterAggregator::State::run() {
   metrics.close();
   log("checkpoint: " + final_path);
   plot(folder + "/metrics.jsonl", folder + "/loss.png");
-  char msg[128];
-  std::snprintf(msg, sizeof msg, "validation loss %.4f (perplexity %.2f) after %d rounds", last_val,
-                std::exp(last_val), rounds);
+  char msg[192];
+  std::snprintf(msg, sizeof msg,
+                "validation loss %.4f (perplexity %.2f) after %d rounds; compute utilization %.1f%%",
+                last_val, std::exp(last_val), rounds, 100.0 * inner_total / std::max(1e-9, member_seconds));
   rt.job_finished(job_id, "succeeded", msg);
 }
 
