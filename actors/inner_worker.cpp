@@ -133,6 +133,17 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
 
 double InnerWorker::evaluate() { return s_->trainer->evaluate(s_->val_windows); }
 
+double InnerWorker::evaluate_windows(int64_t begin, int64_t end) {
+  const int64_t n = s_->val_windows.size(0);
+  if (begin < 0 || end > n || begin >= end)
+    throw std::invalid_argument("evaluate_windows: [" + std::to_string(begin) + ", " +
+                                std::to_string(end) + ") is not inside the " + std::to_string(n) +
+                                " validation windows");
+  return s_->trainer->evaluate(s_->val_windows.slice(0, begin, end));
+}
+
+int64_t InnerWorker::validation_windows() const { return s_->val_windows.size(0); }
+
 Blob InnerWorker::outer_state() const {
   std::string bytes = s_->outer->save_state();
   return Blob::copy_of(bytes.data(), bytes.size());
@@ -161,6 +172,8 @@ LOCO_REGISTER(InnerWorker, loco::ActorClass<InnerWorker>("diloco.InnerWorker")
                                .method("inner", &InnerWorker::inner)
                                .method("reduce", &InnerWorker::reduce)
                                .method("evaluate", &InnerWorker::evaluate)
+                               .method("evaluate_windows", &InnerWorker::evaluate_windows)
+                               .method("validation_windows", &InnerWorker::validation_windows)
                                .method("outer_state", &InnerWorker::outer_state)
                                .method("save_checkpoint", &InnerWorker::save_checkpoint)
                                .method("theta_hash", &InnerWorker::theta_hash));

@@ -24,8 +24,11 @@ class InnerWorker {
   InnerResult inner(int64_t round);
   // Averages Δ with the group, applies the outer step, loads θ; returns θ's hash.
   ReduceResult reduce(ReduceRequest req);
-  // Validation loss of the current θ.
+  // Validation loss of the current θ: over every validation window, or over
+  // windows [begin, end) so that the members of a round share the work.
   double evaluate();
+  double evaluate_windows(int64_t begin, int64_t end);
+  int64_t validation_windows() const;
   // The outer state (θ, momentum, round) for a worker that joins.
   Blob outer_state() const;
   // Writes a checkpoint (config, round, outer state, this worker's inner state)

@@ -22,6 +22,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+std::vector<int> members_all(int k) {
+  std::vector<int> v(k);
+  for (int i = 0; i < k; ++i) v[i] = i;
+  return v;
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -141,8 +147,25 @@ void OuterAggregator::State::run() {
     metrics.flush();
   };
 
+  // Validation loss of θ (the same on every member), the windows shared out by
+  // whole batches so that each member evaluates about 1/K of them.
+  const int64_t windows = workers[0].call(&InnerWorker::validation_windows).get(Millis(60000));
+  auto evaluate = [&](const std::vector<int>& group) {
+    const int64_t bs = cfg.inner.batch_size;
+    const int64_t batches = (windows + bs - 1) / bs;
+    const int64_t per = (batches + int64_t(group.size()) - 1) / int64_t(group.size());
+    std::vector<std::pair<int64_t, Future<double>>> parts;
+    for (size_t i = 0; i < group.size(); ++i) {
+      int64_t b = int64_t(i) * per * bs, e = std::min(windows, (int64_t(i) + 1) * per * bs);
+      if (b < e)
+        parts.emplace_back(e - b, workers[group[i]].call(&InnerWorker::evaluate_windows, b, e));
+    }
+    double sum = 0;
+    for (auto& [count, f] : parts) sum += f.get(Millis(300000)) * double(count);
+    return sum / double(windows);
+  };
   const double t_start = now_s();
-  double val0 = workers[0].call(&InnerWorker::evaluate).get(Millis(300000));
+  double val0 = evaluate(members_all(k));
   report(0, 0, 0, val0, 0, 0, 0, k, 0, workers[0].call(&InnerWorker::theta_hash).get(Millis(60000)));
   double bytes = 0, last_val = val0;
   // Whole-job utilization: time in inner steps over the time the members were
@@ -151,8 +174,7 @@ void OuterAggregator::State::run() {
   double prev_end = now_s();
   int members_before = k;
   int64_t steps_since_eval = 0;
-  std::vector<int> members(k);
-  for (int i = 0; i < k; ++i) members[i] = i;
+  std::vector<int> members = members_all(k);
 
   for (int r = 0; r < rounds && !stop; ++r) {
     const double t_round = now_s();
@@ -234,7 +256,7 @@ void OuterAggregator::State::run() {
     steps_since_eval += cfg.inner.steps;
     std::optional<double> val;
     if (steps_since_eval >= cfg.eval.every || r + 1 == rounds) {
-      val = workers[members[0]].call(&InnerWorker::evaluate).get(Millis(300000));
+      val = evaluate(members);
       last_val = *val;
       steps_since_eval = 0;
     }

@@ -36,3 +36,13 @@ endfunction()
 function(loco_link_plugin target plugin)
   target_link_libraries(${target} PRIVATE "-Wl,--no-as-needed" ${plugin} "-Wl,--as-needed")
 endfunction()
+
+# loco_add_plugin(NAME SOURCES... [LIBS ...]): a shared library of actor
+# classes, written to build/plugins where nodes load it from.
+function(loco_add_plugin name)
+  cmake_parse_arguments(P "" "" "SOURCES;LIBS" ${ARGN})
+  add_library(${name} SHARED ${P_SOURCES})
+  loco_target_defaults(${name})
+  target_link_libraries(${name} PUBLIC loco_runtime PRIVATE ${P_LIBS})
+  set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${LOCO_PLUGIN_DIR})
+endfunction()

@@ -407,16 +407,21 @@ class HeadService {
     return out;
   }
 
-  template <class R, class... A>
-  R call_node(const NodeRecord& node, const std::string& method, const A&... args) {
+  // The node's built-in service, at a known address.
+  static std::shared_ptr<detail::ActorRef> node_ref(const NodeRecord& node) {
     auto ref = std::make_shared<detail::ActorRef>();
     ref->id = "@node";
     ref->class_name = "node";
     ref->fixed = true;
     ref->address = node.address;
     ref->node_id = node.id;
+    return ref;
+  }
+
+  template <class R, class... A>
+  R call_node(const NodeRecord& node, const std::string& method, const A&... args) {
     auto core = detail::current_core();
-    auto st = core->call(ref, method, detail::pack_payload(std::make_tuple(args...)), false);
+    auto st = core->call(node_ref(node), method, detail::pack_payload(std::make_tuple(args...)), false);
     core->await(*st, Millis(30000));
     if constexpr (!std::is_void_v<R>) return detail::unpack_payload<R>(st->result, method);
   }
@@ -425,12 +430,8 @@ class HeadService {
   // itself be waiting on the head (its destructor, say) and the head has one thread.
   template <class... A>
   void tell_node(const NodeRecord& node, const std::string& method, const A&... args) {
-    auto ref = std::make_shared<detail::ActorRef>();
-    ref->id = "@node";
-    ref->fixed = true;
-    ref->address = node.address;
-    ref->node_id = node.id;
-    detail::current_core()->call(ref, method, detail::pack_payload(std::make_tuple(args...)), true);
+    detail::current_core()->call(node_ref(node), method,
+                                 detail::pack_payload(std::make_tuple(args...)), true);
   }
 
   // Creates the actor on `node` and records it alive there; on failure records
