@@ -231,3 +231,17 @@ TEST(Tokenizer, BpeTrainsOnTheCorpusAndRoundTrips) {
   for (auto t : store.tokens().subspan(0, 1000)) ASSERT_LT(t, 400);
   remove_tree(d.dir);
 }
+
+// Every job file shipped in examples/ parses and validates.
+TEST(Config, ExampleJobFilesAreValid) {
+  int n = 0;
+  for (auto& e : std::filesystem::directory_iterator(LOCO_SOURCE_DIR "/examples")) {
+    if (e.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(e.path().string());
+    JobConfig cfg = JobConfig::from_yaml_file(e.path().string());
+    EXPECT_NO_THROW(cfg.validate());
+    EXPECT_GT(cfg.total_rounds(), 0);
+    ++n;
+  }
+  EXPECT_GE(n, 2);
+}
