@@ -6,6 +6,7 @@
 # the cluster down again. Exits 77 (ctest: skipped) when no Docker engine
 # answers or docker-compose is missing.
 #   LOCO_BIN      folder of the host's loco (default $LOCO_BUILD/bin)
+#   LOCO_DOCKER_WORK  data and checkpoints (default $LOCO_BUILD/docker-test)
 #   LOCO_DOCKER_JOB  job file (default tests/docker/tiny-lm-small.yaml;
 #                 examples/tiny-lm.yaml runs the full job, a few minutes)
 set -euo pipefail
@@ -36,7 +37,7 @@ command -v docker-compose >/dev/null || skip "no docker-compose command"
 say "image"
 timeout 900 "$LOCO_ROOT/scripts/docker-image"
 
-WORK="$LOCO_BUILD/docker-test"
+WORK="${LOCO_DOCKER_WORK:-$LOCO_BUILD/docker-test}"
 mkdir -p "$WORK"
 "$LOCO_ROOT/scripts/fetch-corpus" "$WORK/data" >/dev/null
 CKPT="$(mktemp -d "$WORK/checkpoints-XXXXXX")"
