@@ -48,6 +48,16 @@ export LOCO_DATA="$WORK/data" LOCO_CHECKPOINTS="$CKPT" LOCO_DOCKER_PORT="$PORT" 
 PROJECT="loco-test-$$"
 compose() { timeout "$1" docker-compose -f "$LOCO_ROOT/docker-compose.yml" -p "$PROJECT" "${@:2}"; }
 
+# Clusters left by runs that were killed before their trap ran.
+for p in $(docker ps -a --filter label=com.docker.compose.project \
+             --format '{{.Label "com.docker.compose.project"}}' | sort -u); do
+  case "$p" in
+    loco-test-[0-9]*) kill -0 "${p#loco-test-}" 2>/dev/null && continue
+      say "removing the cluster of a dead run: $p"
+      timeout 120 docker-compose -f "$LOCO_ROOT/docker-compose.yml" -p "$p" down -v >/dev/null 2>&1 || true ;;
+  esac
+done
+
 ok=0
 cleanup() {
   if [ "$ok" != 1 ]; then
