@@ -25,7 +25,7 @@ if ! timeout 20 docker info >/dev/null 2>&1; then
   # Start dockerd when it is installed but not running (root only).
   if command -v dockerd >/dev/null && [ "$(id -u)" = 0 ] && ! pgrep -x dockerd >/dev/null; then
     say "starting dockerd (log: /tmp/loco-dockerd.log)"
-    nohup dockerd >/tmp/loco-dockerd.log 2>&1 &
+    setsid nohup dockerd >/tmp/loco-dockerd.log 2>&1 &
     for _ in $(seq 1 30); do timeout 5 docker info >/dev/null 2>&1 && break; sleep 1; done
   fi
   timeout 20 docker info >/dev/null 2>&1 || skip "no Docker engine (docker info failed)"
