@@ -1,0 +1,36 @@
+#!/bin/bash
+# Roles of the loco image (docker-compose.yml):
+#   redis   redis-server with an append-only file in /data
+#   head    the head, at port $LOCO_PORT (7070), membership in $LOCO_REDIS
+#   worker  a node joining $LOCO_HEAD with $LOCO_RESOURCES (default cpu=2)
+#   any other command runs as given (e.g. `loco status --address head:7070`)
+# Processes advertise this container's IP, which the other containers reach.
+set -e
+advertise() {
+  [ -n "${LOCO_ADVERTISE:-}" ] && { echo "$LOCO_ADVERTISE"; return; }
+  ip="$(hostname -i 2>/dev/null | awk '{print $1}')"
+  [ -n "$ip" ] || ip="$(awk -v h="$(hostname)" '$2 == h {print $1; exit}' /etc/hosts)"
+  echo "${ip:-$(hostname)}"
+}
+role="${1:-worker}"
+case "$role" in
+  redis)
+    shift
+    exec redis-server --bind 0.0.0.0 --protected-mode no --dir /data --appendonly yes "$@" ;;
+  head)
+    shift
+    exec loco start --head --block --host 0.0.0.0 --port "${LOCO_PORT:-7070}" \
+      --advertise "$(advertise)" --redis "${LOCO_REDIS:-redis://redis:6379}" "$@" ;;
+  worker)
+    shift
+    head="${LOCO_HEAD:-head:7070}"
+    # Wait (bounded) for the head to answer, then become the node.
+    for i in $(seq 1 "${LOCO_JOIN_WAIT_S:-60}"); do
+      (exec 3<>"/dev/tcp/${head%:*}/${head##*:}") 2>/dev/null && break
+      sleep 1
+    done
+    exec loco start --block --address "$head" --advertise "$(advertise)" \
+      --resources "${LOCO_RESOURCES:-cpu=2}" "$@" ;;
+  *)
+    exec "$@" ;;
+esac
