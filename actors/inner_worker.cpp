@@ -151,6 +151,15 @@ Blob InnerWorker::outer_state() const {
 
 uint64_t InnerWorker::theta_hash() const { return s_->outer->theta_hash(); }
 
+void InnerWorker::set_shards(std::vector<int> shards) {
+  if (!s_->trainer) throw std::logic_error("InnerWorker: set_shards() before init()");
+  s_->trainer->sampler().set_shards(std::move(shards));
+}
+
+std::vector<int> InnerWorker::shards() const {
+  return s_->trainer ? s_->trainer->sampler().shards() : std::vector<int>{};
+}
+
 std::string InnerWorker::save_checkpoint(std::string path) {
   torch::serialize::OutputArchive ar;
   ar.write("config", c10::IValue(s_->cfg.to_yaml()));
@@ -176,6 +185,8 @@ LOCO_REGISTER(InnerWorker, loco::ActorClass<InnerWorker>("diloco.InnerWorker")
                                .method("validation_windows", &InnerWorker::validation_windows)
                                .method("outer_state", &InnerWorker::outer_state)
                                .method("save_checkpoint", &InnerWorker::save_checkpoint)
-                               .method("theta_hash", &InnerWorker::theta_hash));
+                               .method("theta_hash", &InnerWorker::theta_hash)
+                               .method("set_shards", &InnerWorker::set_shards)
+                               .method("shards", &InnerWorker::shards));
 
 }  // namespace loco::actors

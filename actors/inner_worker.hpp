@@ -4,6 +4,7 @@
 // pseudo-gradient; the OuterAggregator drives it round by round.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/messages.hpp"
 #include "runtime/core/codec.hpp"
@@ -35,6 +36,9 @@ class InnerWorker {
   // to `path` atomically; `generate` reads it.
   std::string save_checkpoint(std::string path);
   uint64_t theta_hash() const;
+  // The data shards it reads from now on (when workers leave or join).
+  void set_shards(std::vector<int> shards);
+  std::vector<int> shards() const;
 
  private:
   struct State;

@@ -1,6 +1,7 @@
 #include "actors/outer_aggregator.hpp"
 
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -86,6 +87,7 @@ void OuterAggregator::State::run() {
   // Workers, one per slot, placed by the head.
   std::vector<ActorHandle<InnerWorker>> workers;
   std::vector<std::string> names, endpoints;
+  std::vector<std::vector<int>> shards(k);  // each slot's data shards
   for (int i = 0; i < k; ++i) {
     std::string name = job_id + ".worker-" + std::to_string(i);
     workers.push_back(rt.spawn<InnerWorker>(
@@ -98,7 +100,7 @@ void OuterAggregator::State::run() {
     endpoints.push_back(workers[i].call(&InnerWorker::endpoint).get(Millis(30000)));
     WorkerInit wi;
     wi.index = i;
-    wi.shards = dl::round_robin_shards(cfg.data.shards, i, k);
+    wi.shards = shards[i] = dl::round_robin_shards(cfg.data.shards, i, k);
     wi.stream = uint64_t(i);
     wi.total_steps = total_steps;
     inits.push_back(workers[i].call(&InnerWorker::init, wi));
@@ -249,6 +251,29 @@ void OuterAggregator::State::run() {
                                  std::to_string(attempt + 1) + " times; last: " + errors[0]);
       log("round " + std::to_string(r + 1) + " re-formed with " + std::to_string(alive.size()) + " workers");
       group = alive;
+    }
+    if (group.size() < members.size()) {
+      // Workers were lost: hand their shards to the survivors, so that no part
+      // of the data goes unread (round-robin over the survivors, in slot order).
+      std::vector<int> lost;
+      for (int m : members)
+        if (std::find(group.begin(), group.end(), m) == group.end()) lost.push_back(m);
+      std::vector<std::vector<int>> next(group.size());
+      for (size_t i = 0; i < group.size(); ++i) next[i] = shards[group[i]];
+      size_t turn = 0;
+      for (int m : lost)
+        for (int sh : shards[m]) next[turn++ % group.size()].push_back(sh);
+      std::vector<Future<void>> sets;
+      for (size_t i = 0; i < group.size(); ++i) {
+        shards[group[i]] = next[i];
+        sets.push_back(workers[group[i]].call(&InnerWorker::set_shards, next[i]));
+      }
+      for (auto& f : sets) f.get(Millis(60000));
+      std::string who;
+      for (int m : lost) who += (who.empty() ? "" : ", ") + std::to_string(m);
+      log("round " + std::to_string(r + 1) + ": lost worker(s) " + who + "; their shards went to the " +
+          std::to_string(group.size()) + " others; going on with " + std::to_string(group.size()) +
+          " workers");
     }
     members = group;
     bytes += reduce_bytes;

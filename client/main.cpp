@@ -503,7 +503,7 @@ int main(int argc, char** argv) {
   start->add_option("--address", sa.address, "head to join, HOST:PORT");
   start->add_option("--resources", sa.resources, "node resources, e.g. cpu=2,gpu=0,ssd=1");
   start->add_option("--plugin", sa.plugins, "shared library (or folder) of actor classes");
-  start->add_option("--detect-ms", sa.detect_ms, "failure detection time in ms (default 2000)")
+  start->add_option("--detect-ms", sa.detect_ms, "failure detection time in ms (default 2000; set on the head, nodes take it from there)")
       ->check(CLI::Range(100, 600000));
   start->add_option("--max-message-bytes", sa.max_message_bytes, "largest message accepted");
   start->add_flag("--block", sa.block, "stay in the foreground");

@@ -60,6 +60,12 @@ Core::~Core() { shutdown(); }
 
 std::string Core::address() const { return address_; }
 
+void Core::set_detection(int64_t detect_ms, int64_t heartbeat_ms) {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  opts_.detect_ms = detect_ms;
+  opts_.heartbeat_ms = heartbeat_ms;
+}
+
 void Core::shutdown() {
   std::map<std::string, std::shared_ptr<Mailbox>> boxes;
   {

@@ -69,6 +69,8 @@ class Core : public std::enable_shared_from_this<Core> {
   ~Core();
 
   const CoreOptions& options() const { return opts_; }
+  // Adopts the cluster's failure detection times (a node learns them from the head).
+  void set_detection(int64_t detect_ms, int64_t heartbeat_ms);
   // "HOST:PORT" other processes reach this one at ("" for a driver).
   std::string address() const;
 

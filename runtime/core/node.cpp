@@ -133,6 +133,8 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
     core->shutdown();
     return 1;
   }
+  // Calls from this node's actors detect dead peers as fast as the head does.
+  core->set_detection(info.detect_ms, info.heartbeat_ms);
   auto store = membership::make_redis_store(info.redis_url);
   try {
     store->ping();

@@ -34,14 +34,15 @@ std::map<int, double> val_losses(const std::string& path) {
   return out;
 }
 
-std::string job_yaml(const std::string& data, const std::string& ckpt, const std::string& compression) {
+std::string job_yaml(const std::string& data, const std::string& ckpt, const std::string& compression,
+                     int rounds = 3, int min_workers = 4) {
   return "name: parity\nseed: 7\nthreads: 1\n"
          "model: {layers: 2, width: 64, heads: 2, context: 32}\n"
          "data: {dir: " + data + ", tokenizer: byte, shards: 16, val_fraction: 0.05}\n"
-         "workers: {count: 4, min: 4}\n"
+         "workers: {count: 4, min: " + std::to_string(min_workers) + "}\n"
          "inner: {steps: 10, batch_size: 8, lr: 0.003, warmup: 5}\n"
          "outer: {lr: 0.7, momentum: 0.9, nesterov: true}\n"
-         "compression: " + compression + "\nrounds: 3\n"
+         "compression: " + compression + "\nrounds: " + std::to_string(rounds) + "\n"
          "checkpoint: {every: 0, dir: " + ckpt + "}\n"
          "eval: {every: 10, batches: 4}\n";
 }
@@ -106,6 +107,39 @@ TEST_F(DilocoJob, DistributedOverFourNodesMatchesTheSimulator) {
   }
   EXPECT_LT(got.rbegin()->second, got.begin()->second);  // it learned something
   EXPECT_TRUE(fs::exists(folder + "/final.pt"));
+}
+
+TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
+  ClusterOptions co;
+  co.nodes = 4;
+  co.node_resources = "cpu=1";
+  co.plugins = LOCO_PLUGIN_DIR_STR;
+  LocalCluster c(co);
+  Client client(c.head_address());
+  JobHandle job = client.submit(JobSpec::from_yaml(job_yaml(data_, dir_ + "/ckpt", "fp32", 6, 2)));
+  std::string victim;
+  int last_workers = 0, last_round = 0;
+  double first_val = 0, last_val = 0;
+  for (const RoundReport& r : job.watch()) {
+    if (r.round == 0) first_val = r.val_loss;
+    if (r.val_loss > 0) last_val = r.val_loss;
+    last_workers = r.workers;
+    last_round = r.round;
+    if (r.round == 2 && victim.empty()) {
+      victim = client.runtime().lookup(job.id() + ".worker-1").address;
+      c.node(victim).kill();
+    }
+  }
+  JobInfo end = job.wait(Millis(10000));
+  ASSERT_EQ(end.state, "succeeded") << end.message;
+  EXPECT_EQ(last_round, 6);
+  EXPECT_EQ(last_workers, 3);
+  EXPECT_TRUE(std::isfinite(last_val));
+  EXPECT_LT(last_val, first_val);
+  std::string cursor, log;
+  for (auto& e : job.poll(cursor, 100000).events)
+    if (e.kind == "log") log += e.data + "\n";
+  EXPECT_NE(log.find("lost worker(s) 1; their shards went to the 3 others"), std::string::npos) << log;
 }
 
 TEST_F(DilocoJob, BadJobFileFailsTheSubmissionNamingTheField) {
