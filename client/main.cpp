@@ -160,9 +160,7 @@ int start_daemon(const StartArgs& a, const std::vector<std::string>& raw_args) {
             << ", log " << log << ")\n";
   if (a.head)
     std::cout << "join more nodes with: loco start --address " << addr << "\n";
-  // Leave it running: forget the child without killing it.
-  Subprocess released = std::move(child);
-  new Subprocess(std::move(released));  // intentionally leaked: the daemon outlives us
+  child.release();  // leave it running
   return 0;
 }
 
@@ -252,20 +250,8 @@ int up(const UpArgs& a) {
     if (redis) redis->stop(std::chrono::seconds(5));
   };
   std::string redis_url = a.redis;
-  auto free_port = [] {
-    // Bind port 0 through ZeroMQ's rules would need a socket; ask the kernel directly.
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-    socklen_t len = sizeof sa;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-    ::close(fd);
-    return int(ntohs(sa.sin_port));
-  };
   if (redis_url.empty()) {
-    int port = free_port();
+    int port = free_tcp_port();
     Subprocess::Options o;
     o.log_path = dir + "/redis.log";
     redis.emplace(std::vector<std::string>{"redis-server", "--port", std::to_string(port), "--bind",
@@ -274,7 +260,7 @@ int up(const UpArgs& a) {
                   o);
     redis_url = "redis://127.0.0.1:" + std::to_string(port);
   }
-  int head_port = a.port ? a.port : free_port();
+  int head_port = a.port ? a.port : free_tcp_port();
   std::string head_addr = "127.0.0.1:" + std::to_string(head_port);
   std::string detect = "--detect-ms=" + std::to_string(a.detect_ms);
   // The head retries Redis for a few seconds while a fresh redis-server starts.

@@ -37,6 +37,8 @@ class Subprocess {
   std::optional<int> wait(std::chrono::milliseconds timeout);
   void signal(int sig);
   void kill();  // SIGKILL and reap
+  // Forgets the child without stopping it (a daemon that outlives us).
+  void release() { pid_ = -1; }
   // SIGTERM, wait up to `grace`, then SIGKILL. Returns the exit code.
   int stop(std::chrono::milliseconds grace = std::chrono::milliseconds(5000));
 
@@ -45,6 +47,10 @@ class Subprocess {
   pid_t pid_ = -1;
   std::optional<int> status_;
 };
+
+// A TCP port on 127.0.0.1 that was free when asked (the kernel picks it).
+// Another process may take it before it is bound; callers that can retry should.
+int free_tcp_port();
 
 // The directory of the running executable ("/work/main/build/bin").
 std::string executable_dir();

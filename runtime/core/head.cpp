@@ -130,7 +130,7 @@ class HeadService {
       st.nodes.push_back(ns);
     }
     for (auto& [id, a] : actors) st.actors.push_back(a.info);
-    for (auto& e : store_->read(keys::kEvents, last_events_from(), 1000)) {
+    for (auto& e : store_->read(keys::kEvents, "0", 1000)) {
       std::string line;
       for (auto& [k, v] : e.fields) line += (line.empty() ? "" : " ") + k + "=" + v;
       st.recent_events.push_back(line);
@@ -361,8 +361,6 @@ class HeadService {
       }
     }
   }
-
-  std::string last_events_from() { return "0"; }
 
   void event(const std::map<std::string, std::string>& fields) { store_->append(keys::kEvents, fields); }
 

@@ -47,6 +47,15 @@ std::string job_yaml(const std::string& data, const std::string& ckpt, const std
          "eval: {every: 10, batches: 4}\n";
 }
 
+// n nodes with one cpu each, loading the DiLoCo plugin: one worker per node.
+ClusterOptions one_worker_per_node(int n) {
+  ClusterOptions co;
+  co.nodes = n;
+  co.node_resources = "cpu=1";
+  co.plugins = LOCO_PLUGIN_DIR_STR;
+  return co;
+}
+
 class DilocoJob : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -74,11 +83,7 @@ TEST_F(DilocoJob, DistributedOverFourNodesMatchesTheSimulator) {
   ASSERT_GE(expected.size(), 4u);  // rounds 0..3
 
   // The same job on 4 node processes, one worker each.
-  ClusterOptions co;
-  co.nodes = 4;
-  co.node_resources = "cpu=1";
-  co.plugins = LOCO_PLUGIN_DIR_STR;
-  LocalCluster c(co);
+  LocalCluster c(one_worker_per_node(4));
   Client client(c.head_address());
   JobHandle job = client.submit(JobSpec::from_yaml_file(file));
   std::vector<int> rounds;
@@ -110,11 +115,7 @@ TEST_F(DilocoJob, DistributedOverFourNodesMatchesTheSimulator) {
 }
 
 TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
-  ClusterOptions co;
-  co.nodes = 4;
-  co.node_resources = "cpu=1";
-  co.plugins = LOCO_PLUGIN_DIR_STR;
-  LocalCluster c(co);
+  LocalCluster c(one_worker_per_node(4));
   Client client(c.head_address());
   JobHandle job = client.submit(JobSpec::from_yaml(job_yaml(data_, dir_ + "/ckpt", "fp32", 6, 2)));
   std::string victim;

@@ -91,23 +91,6 @@ bool answers_ping(int port, std::string& why) {
 
 }  // namespace
 
-int free_tcp_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw sys_error("free_tcp_port: socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const auto error = sys_error("free_tcp_port: bind 127.0.0.1:0");
-    ::close(fd);
-    throw error;
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 RedisServer::RedisServer() : RedisServer(Options{}) {}
 

@@ -27,14 +27,15 @@
 #include <sys/types.h>
 
 #include <chrono>
+
+#include "client/process.hpp"
 #include <string>
 #include <vector>
 
 namespace loco::testing {
 
-// A TCP port on 127.0.0.1 that was free when asked (the kernel picks it).
-// Another process may take it before you bind it; callers that can retry should.
-int free_tcp_port();
+// loco::free_tcp_port (client/process.hpp), for the tests in this namespace.
+using ::loco::free_tcp_port;
 
 class RedisServer {
  public:
