@@ -5,4 +5,6 @@ LOCO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LOCO_VENV="${LOCO_VENV:-$HOME/.cache/loco-venv}"
 LOCO_BUILD="${LOCO_BUILD:-$LOCO_ROOT/build}"
 LOCO_TORCH_VERSION="2.11.0"
+# ccache keys on paths relative to the checkout, so clones and worktrees share hits.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$LOCO_ROOT}"
 export LOCO_ROOT LOCO_VENV LOCO_BUILD LOCO_TORCH_VERSION
