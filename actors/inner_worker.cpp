@@ -49,6 +49,7 @@ struct InnerWorker::State {
   std::unique_ptr<dl::OuterOptimizer> outer;
   std::vector<float> delta, averaged;
   int64_t delta_round = -1;  // the round whose Δ `delta` holds
+  InnerResult last_inner;
   torch::Tensor val_windows;
   collective::Communicator comm;
 
@@ -77,24 +78,53 @@ InnerWorker::~InnerWorker() = default;
 
 std::string InnerWorker::endpoint() const { return s_->comm.endpoint(); }
 
-int64_t InnerWorker::init(WorkerInit init) {
+InitResult InnerWorker::init(WorkerInit init) {
+  InitResult out;
   s_->index = init.index;
   s_->trainer = std::make_unique<dl::InnerTrainer>(s_->cfg, s_->store, init.shards, init.stream,
                                                    init.total_steps);
+  s_->trainer->set_step(init.round * s_->cfg.inner.steps);
   s_->outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, s_->trainer->flat_parameters());
-  if (!init.outer_state.empty()) {
-    s_->outer->load_state(init.outer_state);
-    s_->trainer->load_parameters(s_->outer->theta());
+  auto t0 = std::chrono::steady_clock::now();
+  if (!init.source.empty()) {
+    // Straight from a live member (idle between rounds): one zero-copy frame.
+    Blob state = Runtime::current()
+                     .get_actor<InnerWorker>(init.source)
+                     .call(&InnerWorker::outer_state)
+                     .get(Millis(600000));
+    std::string bytes(reinterpret_cast<const char*>(state.data()), state.size());
+    s_->outer->load_state(bytes);
+    out.state_bytes = bytes.size();
+  } else if (!init.checkpoint.empty()) {
+    torch::serialize::InputArchive ar;
+    ar.load_from(init.checkpoint);
+    s_->outer->load(ar, "outer.");
+    out.state_bytes = uint64_t(std::filesystem::file_size(init.checkpoint));
   }
+  if (s_->outer->round() != init.round && (!init.source.empty() || !init.checkpoint.empty()))
+    throw std::runtime_error("InnerWorker " + std::to_string(init.index) + ": the outer state from " +
+                             (init.source.empty() ? init.checkpoint : init.source) + " is of round " +
+                             std::to_string(s_->outer->round()) + ", not " + std::to_string(init.round));
+  out.copy_seconds = seconds_since(t0);
+  s_->trainer->load_parameters(s_->outer->theta());
   const auto n = size_t(s_->trainer->parameter_count());
   s_->delta.assign(n, 0.0f);
   s_->averaged.assign(n, 0.0f);
   s_->delta_round = -1;
-  return int64_t(n);
+  out.parameters = int64_t(n);
+  out.theta_hash = s_->outer->theta_hash();
+  return out;
 }
 
 InnerResult InnerWorker::inner(int64_t round) {
   if (!s_->trainer) throw std::logic_error("InnerWorker: inner() before init()");
+  // Asked again for a round whose Δ it holds (the round is redone because too
+  // few workers finished it): that Δ stands, no second H steps.
+  if (s_->delta_round == round) {
+    InnerResult again = s_->last_inner;
+    again.seconds = 0;
+    return again;
+  }
   auto t0 = std::chrono::steady_clock::now();
   dl::InnerStats st = s_->trainer->run_inner_steps(s_->cfg.inner.steps);
   s_->trainer->pseudo_gradient(s_->outer->theta(), s_->delta);
@@ -104,6 +134,7 @@ InnerResult InnerWorker::inner(int64_t round) {
   r.steps = st.steps;
   r.mean_loss = st.mean_loss;
   r.seconds = seconds_since(t0);
+  s_->last_inner = r;
   return r;
 }
 

@@ -18,8 +18,9 @@ class InnerWorker {
 
   // The endpoint of its collective (bulk data) socket.
   std::string endpoint() const;
-  // Sets shards and outer state; returns the number of parameters.
-  int64_t init(WorkerInit init);
+  // Sets shards and the outer state (copied from a live worker, read from a
+  // checkpoint, or from the seed); a worker that rejoins starts over here.
+  InitResult init(WorkerInit init);
   // H inner steps, then the pseudo-gradient Δ = θ_global − θ_local, kept until
   // the round's reduce succeeds.
   InnerResult inner(int64_t round);

@@ -9,14 +9,26 @@
 namespace loco::actors {
 
 // Aggregator -> worker, once before its first round (and again when it rejoins).
+// Where the outer state (θ, momentum) comes from: `source`, a live worker of the
+// job that it copies from; else `checkpoint`, a file; else θ from the seed.
 struct WorkerInit {
-  int index = 0;               // the worker's slot in the job
-  std::vector<int> shards;     // data shards it reads
-  uint64_t stream = 0;         // its data stream (the simulator uses the index)
-  int64_t total_steps = 0;     // length of the inner schedule
-  int64_t round = 0;           // rounds already done by the job
-  std::string outer_state;     // OuterOptimizer::save_state() bytes; empty: θ from the seed
-  MSGPACK_DEFINE(index, shards, stream, total_steps, round, outer_state)
+  int index = 0;            // the worker's slot in the job
+  std::vector<int> shards;  // data shards it reads
+  uint64_t stream = 0;      // its data stream (the simulator uses the index)
+  int64_t total_steps = 0;  // length of the inner schedule
+  int64_t round = 0;        // rounds already done by the job
+  std::string source;       // actor name of a live worker
+  std::string checkpoint;   // path of a checkpoint written by save_checkpoint
+  MSGPACK_DEFINE(index, shards, stream, total_steps, round, source, checkpoint)
+};
+
+// What init() did, for the aggregator's log and the time-to-join figure.
+struct InitResult {
+  int64_t parameters = 0;
+  uint64_t theta_hash = 0;
+  uint64_t state_bytes = 0;  // outer state copied from `source` or read from `checkpoint`
+  double copy_seconds = 0;
+  MSGPACK_DEFINE(parameters, theta_hash, state_bytes, copy_seconds)
 };
 
 struct InnerResult {

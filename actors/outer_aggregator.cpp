@@ -1,9 +1,12 @@
 #include "actors/outer_aggregator.hpp"
 
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -23,33 +26,58 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<int> members_all(int k) {
-  std::vector<int> v(k);
-  for (int i = 0; i < k; ++i) v[i] = i;
-  return v;
-}
-
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Waits for all futures; returns, per index, the value or the error message.
+std::string join_ints(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+  return s;
+}
+
+// Why a call to a worker failed, and whether the worker itself is gone.
+struct Failure {
+  std::string message;
+  bool gone = false;  // its actor died or no longer exists; else it answered with an error
+};
+
+// Waits for all futures; returns, per index, the value, or sets the failure.
 template <class T>
-std::vector<std::optional<T>> gather(std::vector<Future<T>>& fs, std::vector<std::string>& errors,
+std::vector<std::optional<T>> gather(std::vector<Future<T>>& fs, std::vector<Failure>& errors,
                                      Millis timeout) {
   std::vector<std::optional<T>> out(fs.size());
-  errors.assign(fs.size(), "");
+  errors.assign(fs.size(), Failure{});
   for (size_t i = 0; i < fs.size(); ++i) {
     try {
       out[i] = fs[i].get(timeout);
+    } catch (const ActorDiedError& e) {
+      errors[i] = {e.what(), true};
+    } catch (const ActorNotFoundError& e) {
+      errors[i] = {e.what(), true};
     } catch (const std::exception& e) {
-      errors[i] = e.what();
+      errors[i] = {e.what(), false};
     }
   }
   return out;
 }
 
+// "checkpoint: PATH (round N)" lines of the job's log record its checkpoints
+// in Redis; a restarted aggregator resumes from the last one.
+constexpr const char* kCheckpointLine = "checkpoint: ";
+
 }  // namespace
+
+// One worker place of the job. Slot i's actor is named "<job>.worker-i"; it is
+// active when it holds the current outer state and takes part in rounds.
+struct Slot {
+  std::string name;
+  std::optional<ActorHandle<InnerWorker>> handle;
+  std::string endpoint;
+  std::vector<int> shards;
+  bool active = false;
+  std::string waiting;  // why it could not (re)join, logged when it changes
+};
 
 struct OuterAggregator::State {
   std::string job_id;
@@ -60,66 +88,353 @@ struct OuterAggregator::State {
   std::atomic<bool> stop{false};
   std::thread thread;
 
+  std::vector<Slot> slots;
+  int64_t total_steps = 0;
+  int target = 0;                  // workers wanted: workers.count or `loco scale`
+  std::string resume_from;         // checkpoint the job restarts from, if any
+  int64_t resume_round = 0;
+  std::deque<std::function<void()>> outbox;  // reports not yet accepted by the head
+  bool outbox_stuck = false;
+
   State(std::string id, const std::string& spec)
       : job_id(std::move(id)), cfg(dl::JobConfig::from_yaml(spec)), rt(Runtime::current()) {
     folder = fs::absolute(fs::path(cfg.checkpoint.dir) / job_id).string();
+    target = cfg.workers.count;
   }
 
+  // Reports go to the head, which keeps them in Redis. While it cannot (Redis
+  // restarting, say), they wait here in order, and the job goes on.
+  void publish(std::function<void()> f) {
+    outbox.push_back(std::move(f));
+    flush();
+  }
+  bool flush() {
+    while (!outbox.empty()) {
+      try {
+        outbox.front()();
+      } catch (const std::exception& e) {
+        if (!outbox_stuck) log_warn(job_id + ": reports wait for the head: " + e.what());
+        outbox_stuck = true;
+        return false;
+      }
+      outbox.pop_front();
+    }
+    if (outbox_stuck) log_info(job_id + ": the head takes reports again");
+    outbox_stuck = false;
+    return true;
+  }
   void log(const std::string& line) {
     log_info(job_id + ": " + line);
-    rt.job_log(job_id, line);
+    publish([this, line] { rt.job_log(job_id, line); });
   }
 
+  std::vector<int> active() const {
+    std::vector<int> v;
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].active) v.push_back(int(i));
+    return v;
+  }
+  ActorHandle<InnerWorker>& worker(int i) { return *slots[size_t(i)].handle; }
+
+  void find_checkpoint();
+  void read_target();
+  void note_waiting(int i, const std::string& why);
+  std::vector<int> acquire(const std::vector<int>& want, int64_t r);
+  void deal_shards();
+  void release(int i, const std::string& why);
+  void reconcile(int64_t r);
+  double evaluate(const std::vector<int>& group, int64_t windows);
   void run();
   void plot(const std::string& jsonl, const std::string& png);
 };
 
-void OuterAggregator::State::run() {
-  const int k = cfg.workers.count;
-  const int rounds = cfg.total_rounds();
-  const int64_t total_steps = int64_t(rounds) * cfg.inner.steps;
-  fs::create_directories(folder);
-  std::ofstream metrics(folder + "/metrics.jsonl", std::ios::app);
-  log("job " + cfg.name + ": " + std::to_string(k) + " workers, H=" + std::to_string(cfg.inner.steps) +
-      ", " + std::to_string(rounds) + " rounds, compression " + dl::to_string(cfg.compression) +
-      "; folder " + folder);
-
-  // Workers, one per slot, placed by the head.
-  std::vector<ActorHandle<InnerWorker>> workers;
-  std::vector<std::string> names, endpoints;
-  std::vector<std::vector<int>> shards(k);  // each slot's data shards
-  for (int i = 0; i < k; ++i) {
-    std::string name = job_id + ".worker-" + std::to_string(i);
-    workers.push_back(rt.spawn<InnerWorker>(
-        ActorOptions().with_name(name).with_resources({{"cpu", 1}}), job_id,
-        std::string(cfg.to_yaml()), i));
-    names.push_back(name);
+// The last checkpoint this job recorded, when the aggregator was restarted.
+void OuterAggregator::State::find_checkpoint() {
+  std::string cursor;
+  for (;;) {
+    JobEvents ev = rt.job_events(job_id, cursor, 1000);
+    if (ev.events.empty()) break;
+    cursor = ev.events.back().id;
+    for (const JobEvent& e : ev.events) {
+      if (e.kind != "log" || e.data.rfind(kCheckpointLine, 0) != 0) continue;
+      auto at = e.data.rfind(" (round ");
+      if (at == std::string::npos) continue;
+      std::string path = e.data.substr(std::strlen(kCheckpointLine), at - std::strlen(kCheckpointLine));
+      if (!fs::exists(path)) continue;
+      resume_from = path;
+      resume_round = std::stoll(e.data.substr(at + 8));
+    }
   }
-  std::vector<Future<int64_t>> inits;
-  for (int i = 0; i < k; ++i) {
-    endpoints.push_back(workers[i].call(&InnerWorker::endpoint).get(Millis(30000)));
+}
+
+// `loco scale` writes the job record; bounded by workers.max.
+void OuterAggregator::State::read_target() {
+  int want = cfg.workers.count;
+  try {
+    JobInfo info = rt.job(job_id);
+    if (info.scale > 0) want = info.scale;
+  } catch (const std::exception&) {
+    return;  // the head or Redis is away: keep the last target
+  }
+  if (cfg.workers.max > 0 && want > cfg.workers.max) want = cfg.workers.max;
+  if (want != target)
+    log("scale: " + std::to_string(target) + " -> " + std::to_string(want) + " workers" +
+        (cfg.workers.max > 0 && want == cfg.workers.max ? " (workers.max)" : ""));
+  target = want;
+}
+
+void OuterAggregator::State::note_waiting(int i, const std::string& why) {
+  Slot& s = slots[size_t(i)];
+  if (s.waiting != why) log("worker " + std::to_string(i) + " cannot join yet: " + why);
+  s.waiting = why;
+}
+
+// Brings the slots in `want` into the job at round r: spawns their actors (or
+// finds them restarted by the head), then initializes them with the outer
+// state: copied from a live member, read from the checkpoint, or from the seed.
+// Returns the slots that joined.
+std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, int64_t r) {
+  std::vector<int> live;
+  std::map<int, double> t0;
+  for (int i : want) {
+    Slot& s = slots[size_t(i)];
+    t0[i] = now_s();
+    try {
+      if (s.handle) {
+        ActorInfo info = rt.lookup(s.name);
+        if (info.state == "restarting" || info.state == "pending") {
+          note_waiting(i, "its actor is restarting (" + info.reason + ")");
+          continue;
+        }
+        if (info.state == "dead")
+          s.handle.reset();
+        else
+          s.handle = rt.get_actor<InnerWorker>(s.name);  // it may have moved
+      }
+      if (!s.handle)
+        s.handle = rt.spawn<InnerWorker>(ActorOptions()
+                                             .with_name(s.name)
+                                             .with_resources({{"cpu", 1}})
+                                             .with_max_restarts(cfg.workers.max_restarts),
+                                         job_id, std::string(cfg.to_yaml()), i);
+      live.push_back(i);
+    } catch (const std::exception& e) {
+      note_waiting(i, e.what());
+    }
+  }
+  if (live.empty()) return {};
+  // Shards as if they all join; dealt again below if some do not.
+  for (int i : live) slots[size_t(i)].active = true;
+  std::vector<int> members = active();
+  for (size_t k = 0; k < members.size(); ++k)
+    if (std::find(live.begin(), live.end(), members[k]) != live.end())
+      slots[size_t(members[k])].shards =
+          dl::round_robin_shards(cfg.data.shards, int(k), int(members.size()));
+  for (int i : live) slots[size_t(i)].active = false;
+
+  std::string source;  // a member that holds the current outer state
+  for (int m : active()) {
+    source = slots[size_t(m)].name;
+    break;
+  }
+  const bool fresh = r == 0 && resume_from.empty();
+  std::vector<Future<std::string>> eps;
+  for (int i : live) eps.push_back(worker(i).call(&InnerWorker::endpoint));
+  std::vector<Failure> errors;
+  auto got = gather(eps, errors, Millis(60000));
+  std::vector<int> initing;
+  std::vector<Future<InitResult>> inits;
+  for (size_t k = 0; k < live.size(); ++k) {
+    int i = live[k];
+    if (!got[k]) {
+      note_waiting(i, errors[k].message);
+      continue;
+    }
+    Slot& s = slots[size_t(i)];
+    s.endpoint = *got[k];
     WorkerInit wi;
     wi.index = i;
-    wi.shards = shards[i] = dl::round_robin_shards(cfg.data.shards, i, k);
-    wi.stream = uint64_t(i);
+    wi.shards = s.shards;
+    // Workers that start with the job read the simulator's streams; later ones new streams.
+    wi.stream = fresh ? uint64_t(i) : (uint64_t(r) << 16) | uint64_t(i);
     wi.total_steps = total_steps;
-    inits.push_back(workers[i].call(&InnerWorker::init, wi));
+    wi.round = r;
+    if (!fresh) {
+      if (!source.empty())
+        wi.source = source;
+      else
+        wi.checkpoint = resume_from;
+    }
+    initing.push_back(i);
+    inits.push_back(worker(i).call(&InnerWorker::init, wi));
   }
-  int64_t params = 0;
-  for (auto& f : inits) params = f.get(Millis(300000));
-  log("model: " + std::to_string(params) + " parameters; workers on " +
-      [&] {
-        std::string s;
-        for (auto& w : workers) s += (s.empty() ? "" : ", ") + w.address();
-        return s;
-      }());
+  auto done = gather(inits, errors, Millis(600000));
+  std::vector<int> joined;
+  for (size_t k = 0; k < initing.size(); ++k) {
+    int i = initing[k];
+    Slot& s = slots[size_t(i)];
+    if (!done[k]) {
+      note_waiting(i, errors[k].message);
+      continue;
+    }
+    s.active = true;
+    s.waiting.clear();
+    joined.push_back(i);
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "worker %d joined at round %lld on %s: %.1f MB of outer state %s in %.2f s; "
+                  "joined in %.2f s",
+                  i, static_cast<long long>(r), worker(i).address().c_str(),
+                  double(done[k]->state_bytes) / 1e6,
+                  fresh ? "from the seed"
+                  : source.empty() ? ("from " + resume_from).c_str()
+                                   : ("copied from " + source).c_str(),
+                  done[k]->copy_seconds, now_s() - t0[i]);
+    if (!fresh || r > 0) log(line);
+  }
+  return joined;
+}
 
-  auto report = [&](int r, int64_t step, double loss, std::optional<double> val, double tok_s,
-                    double bytes, double util, int members, double secs, uint64_t hash) {
+// Deals every data shard over the active workers, round-robin in slot order,
+// so that no part of the data goes unread when workers come and go.
+void OuterAggregator::State::deal_shards() {
+  std::vector<int> members = active();
+  std::vector<Future<void>> sets;
+  std::vector<int> who;
+  for (size_t k = 0; k < members.size(); ++k) {
+    Slot& s = slots[size_t(members[k])];
+    auto next = dl::round_robin_shards(cfg.data.shards, int(k), int(members.size()));
+    if (next == s.shards) continue;
+    s.shards = next;
+    who.push_back(members[k]);
+    sets.push_back(s.handle->call(&InnerWorker::set_shards, next));
+  }
+  std::vector<Failure> errors;
+  for (size_t k = 0; k < sets.size(); ++k) {
+    try {
+      sets[k].get(Millis(60000));
+    } catch (const std::exception& e) {
+      release(who[k], std::string("could not take its shards: ") + e.what());
+    }
+  }
+}
+
+// The slot leaves the round's members; its actor stays (the head may restart it).
+void OuterAggregator::State::release(int i, const std::string& why) {
+  slots[size_t(i)].active = false;
+  log("worker " + std::to_string(i) + " left: " + why);
+}
+
+// Between rounds: act on `loco scale`, bring back or add workers up to the
+// target, drop surplus ones; below workers.min, wait for joins up to wait_s.
+void OuterAggregator::State::reconcile(int64_t r) {
+  read_target();
+  bool changed = false;
+  // Surplus workers leave, the highest slots first.
+  std::vector<int> members = active();
+  for (size_t k = members.size(); k-- > size_t(target);) {
+    Slot& s = slots[size_t(members[k])];
+    s.active = false;
+    try {
+      rt.kill(s.handle->id());
+    } catch (const std::exception& e) {
+      log_warn(job_id + ": stopping " + s.name + ": " + e.what());
+    }
+    s.handle.reset();
+    log("worker " + std::to_string(members[k]) + " left: scaled down to " + std::to_string(target));
+    changed = true;
+  }
+  const double deadline = now_s() + cfg.workers.wait_s;
+  bool said_waiting = false;
+  for (;;) {
+    if (int(slots.size()) < target) slots.resize(size_t(target));
+    std::vector<int> want;
+    for (int i = 0; i < target; ++i) {
+      Slot& s = slots[size_t(i)];
+      if (s.name.empty()) s.name = job_id + ".worker-" + std::to_string(i);
+      if (!s.active) want.push_back(i);
+    }
+    if (!want.empty()) {
+      if (active().empty() && r > resume_round) {
+        // Every worker is gone, and the outer state with them: go back to the
+        // last checkpoint (or the start).
+        log("round " + std::to_string(r + 1) + ": no worker holds the outer state; going back to " +
+            (resume_from.empty() ? std::string("the start") : resume_from));
+        throw std::out_of_range("rewind");
+      }
+      if (!acquire(want, r).empty()) changed = true;
+    }
+    if (changed) deal_shards();
+    changed = false;
+    const int have = int(active().size());
+    if (have >= std::max(1, cfg.workers.min) || stop) return;
+    std::string why;
+    for (int i = 0; i < target; ++i)
+      if (!slots[size_t(i)].active && !slots[size_t(i)].waiting.empty())
+        why += "; worker " + std::to_string(i) + ": " + slots[size_t(i)].waiting;
+    if (now_s() > deadline)
+      throw std::runtime_error("round " + std::to_string(r + 1) + ": " + std::to_string(have) +
+                               " workers, below workers.min = " + std::to_string(cfg.workers.min) +
+                               ", for workers.wait_s = " + std::to_string(int(cfg.workers.wait_s)) +
+                               " s; no more could join" + why);
+    if (!said_waiting)
+      log("round " + std::to_string(r + 1) + ": " + std::to_string(have) + " workers, below workers.min = " +
+          std::to_string(cfg.workers.min) + "; waiting up to " + std::to_string(int(cfg.workers.wait_s)) +
+          " s for more" + why);
+    said_waiting = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // polling the cluster, not a test
+  }
+}
+
+// Validation loss of θ (the same on every member), the windows shared out by
+// whole batches so that each member evaluates about 1/K of them.
+double OuterAggregator::State::evaluate(const std::vector<int>& group, int64_t windows) {
+  const int64_t bs = cfg.inner.batch_size;
+  const int64_t batches = (windows + bs - 1) / bs;
+  const int64_t per = (batches + int64_t(group.size()) - 1) / int64_t(group.size());
+  std::vector<std::pair<int64_t, Future<double>>> parts;
+  for (size_t i = 0; i < group.size(); ++i) {
+    int64_t b = int64_t(i) * per * bs, e = std::min(windows, (int64_t(i) + 1) * per * bs);
+    if (b < e) parts.emplace_back(e - b, worker(group[i]).call(&InnerWorker::evaluate_windows, b, e));
+  }
+  double sum = 0;
+  for (auto& [count, f] : parts) sum += f.get(Millis(300000)) * double(count);
+  return sum / double(windows);
+}
+
+void OuterAggregator::State::run() {
+  const int rounds = cfg.total_rounds();
+  total_steps = int64_t(rounds) * cfg.inner.steps;
+  fs::create_directories(folder);
+  find_checkpoint();
+  const std::string metrics_path = folder + "/metrics.jsonl";
+  if (!resume_from.empty()) {
+    // The rounds after the checkpoint are redone: their lines go.
+    std::ifstream in(metrics_path);
+    std::string kept, line;
+    while (std::getline(in, line)) {
+      auto at = line.find("\"round\":");
+      if (at != std::string::npos && std::stoll(line.substr(at + 8)) <= resume_round) kept += line + "\n";
+    }
+    in.close();
+    std::ofstream(metrics_path, std::ios::trunc) << kept;
+    log("resuming from " + resume_from + ": round " + std::to_string(resume_round) + " of " +
+        std::to_string(rounds));
+  } else {
+    std::ofstream(metrics_path, std::ios::trunc);
+    log("job " + cfg.name + ": " + std::to_string(cfg.workers.count) + " workers (min " +
+        std::to_string(cfg.workers.min) + "), H=" + std::to_string(cfg.inner.steps) + ", " +
+        std::to_string(rounds) + " rounds, compression " + dl::to_string(cfg.compression) + "; folder " +
+        folder);
+  }
+  std::ofstream metrics(metrics_path, std::ios::app);
+
+  auto report = [&](int64_t r, double loss, std::optional<double> val, double tok_s, double bytes,
+                    double util, int members, double secs, uint64_t hash) {
     JobProgress p;
     p.step = r;
     p.total = rounds;
-    p.metrics["inner_step"] = double(step);
+    p.metrics["inner_step"] = double(r * cfg.inner.steps);
     p.metrics["loss"] = loss;
     if (val) {
       p.metrics["val_loss"] = *val;
@@ -129,12 +444,12 @@ void OuterAggregator::State::run() {
     p.metrics["bytes_sent"] = bytes;
     p.metrics["utilization"] = util;
     p.metrics["workers"] = members;
-    rt.job_progress(job_id, p);
+    publish([this, p] { rt.job_progress(job_id, p); });
     // The simulator's line format (loco-train writes the same), plus utilization.
     dl::RoundMetrics m;
-    m.round = r;
-    m.inner_steps = step;
-    m.tokens_per_worker = step * cfg.tokens_per_inner_step();
+    m.round = int(r);
+    m.inner_steps = r * cfg.inner.steps;
+    m.tokens_per_worker = m.inner_steps * cfg.tokens_per_inner_step();
     m.tokens_total = m.tokens_per_worker * members;
     m.train_loss = loss;
     m.val_loss = val;
@@ -149,41 +464,37 @@ void OuterAggregator::State::run() {
     metrics.flush();
   };
 
-  // Validation loss of θ (the same on every member), the windows shared out by
-  // whole batches so that each member evaluates about 1/K of them.
-  const int64_t windows = workers[0].call(&InnerWorker::validation_windows).get(Millis(60000));
-  auto evaluate = [&](const std::vector<int>& group) {
-    const int64_t bs = cfg.inner.batch_size;
-    const int64_t batches = (windows + bs - 1) / bs;
-    const int64_t per = (batches + int64_t(group.size()) - 1) / int64_t(group.size());
-    std::vector<std::pair<int64_t, Future<double>>> parts;
-    for (size_t i = 0; i < group.size(); ++i) {
-      int64_t b = int64_t(i) * per * bs, e = std::min(windows, (int64_t(i) + 1) * per * bs);
-      if (b < e)
-        parts.emplace_back(e - b, workers[group[i]].call(&InnerWorker::evaluate_windows, b, e));
-    }
-    double sum = 0;
-    for (auto& [count, f] : parts) sum += f.get(Millis(300000)) * double(count);
-    return sum / double(windows);
-  };
+  int64_t r = resume_round;
+  reconcile(r);
+  int64_t windows = worker(active()[0]).call(&InnerWorker::validation_windows).get(Millis(60000));
   const double t_start = now_s();
-  double val0 = evaluate(members_all(k));
-  report(0, 0, 0, val0, 0, 0, 0, k, 0, workers[0].call(&InnerWorker::theta_hash).get(Millis(60000)));
-  double bytes = 0, last_val = val0;
+  double bytes = 0, last_val = 0;
+  if (r == 0) {
+    last_val = evaluate(active(), windows);
+    report(0, 0, last_val, 0, 0, 0, int(active().size()), 0,
+           worker(active()[0]).call(&InnerWorker::theta_hash).get(Millis(60000)));
+  }
   // Whole-job utilization: time in inner steps over the time the members were
-  // in the job, all rounds, checkpoints and evaluations included.
+  // in the job, all rounds, checkpoints, evaluations and joins included.
   double inner_total = 0, member_seconds = 0;
-  double prev_end = now_s();
-  int members_before = k;
   int64_t steps_since_eval = 0;
-  std::vector<int> members = members_all(k);
 
-  for (int r = 0; r < rounds && !stop; ++r) {
+  while (r < rounds && !stop) {
     const double t_round = now_s();
+    try {
+      reconcile(r);
+    } catch (const std::out_of_range&) {  // rewind (see reconcile)
+      r = resume_round;
+      round = r;
+      for (Slot& s : slots) s.active = false;
+      reconcile(r);
+      continue;
+    }
+    std::vector<int> members = active();
     // 1-2. Every member runs its H inner steps.
     std::vector<Future<InnerResult>> inner;
-    for (int m : members) inner.push_back(workers[m].call(&InnerWorker::inner, int64_t(r)));
-    std::vector<std::string> errors;
+    for (int m : members) inner.push_back(worker(m).call(&InnerWorker::inner, r));
+    std::vector<Failure> errors;
     auto results = gather(inner, errors, Millis(3600 * 1000));
     std::vector<int> ready;
     double loss = 0, inner_secs = 0;
@@ -193,13 +504,15 @@ void OuterAggregator::State::run() {
         loss += results[i]->mean_loss;
         inner_secs += results[i]->seconds;
       } else {
-        log("worker " + std::to_string(members[i]) + " failed in round " + std::to_string(r + 1) +
-            ": " + errors[i]);
+        release(members[i], "failed in round " + std::to_string(r + 1) + ": " + errors[i].message);
       }
     }
-    if (int(ready.size()) < std::max(1, cfg.workers.min))
-      throw std::runtime_error("round " + std::to_string(r + 1) + ": " + std::to_string(ready.size()) +
-                               " workers left, below workers.min = " + std::to_string(cfg.workers.min));
+    if (ready.empty() || int(ready.size()) < cfg.workers.min) {
+      log("round " + std::to_string(r + 1) + ": " + std::to_string(ready.size()) +
+          " workers finished their inner steps, below workers.min = " + std::to_string(cfg.workers.min) +
+          "; the round is redone");
+      continue;
+    }
     loss /= double(ready.size());
     // 3-5. The group averages Δ and steps; every member reports θ's hash.
     std::vector<int> group = ready;
@@ -210,30 +523,28 @@ void OuterAggregator::State::run() {
       req.round = r;
       req.attempt = attempt;
       for (int m : group) {
-        req.names.push_back(names[m]);
-        req.endpoints.push_back(endpoints[m]);
+        req.names.push_back(slots[size_t(m)].name);
+        req.endpoints.push_back(slots[size_t(m)].endpoint);
       }
       std::vector<Future<ReduceResult>> red;
       for (size_t i = 0; i < group.size(); ++i) {
         req.rank = int(i);
-        red.push_back(workers[group[i]].call(&InnerWorker::reduce, req));
+        red.push_back(worker(group[i]).call(&InnerWorker::reduce, req));
       }
       auto rr = gather(red, errors, Millis(600 * 1000));
       std::vector<int> alive;
-      bool all_ok = true;
       for (size_t i = 0; i < group.size(); ++i) {
-        if (rr[i]) {
-          alive.push_back(group[i]);
-          continue;
+        if (rr[i] || !errors[i].gone) {
+          alive.push_back(group[i]);  // a survivor that saw a peer go: it retries
+          if (!rr[i])
+            log("worker " + std::to_string(group[i]) + " failed the all-reduce of round " +
+                std::to_string(r + 1) + ": " + errors[i].message);
+        } else {
+          release(group[i], "lost in the all-reduce of round " + std::to_string(r + 1) + ": " +
+                                errors[i].message);
         }
-        all_ok = false;
-        bool died = errors[i].find("ActorDied") != std::string::npos ||
-                    errors[i].find("died or is unreachable") != std::string::npos ||
-                    errors[i].find("is dead") != std::string::npos;
-        log("worker " + std::to_string(group[i]) + " failed the all-reduce of round " +
-            std::to_string(r + 1) + ": " + errors[i]);
-        if (!died) alive.push_back(group[i]);  // a survivor that saw a peer go: retry it
       }
+      bool all_ok = std::all_of(rr.begin(), rr.end(), [](auto& x) { return x.has_value(); });
       if (all_ok) {
         uint64_t h0 = rr[0]->theta_hash;
         for (size_t i = 0; i < group.size(); ++i) {
@@ -246,74 +557,94 @@ void OuterAggregator::State::run() {
         agreed = h0;
         break;
       }
-      if (alive.size() == group.size() || attempt >= 3 || int(alive.size()) < std::max(1, cfg.workers.min))
-        throw std::runtime_error("round " + std::to_string(r + 1) + ": the all-reduce failed " +
-                                 std::to_string(attempt + 1) + " times; last: " + errors[0]);
-      log("round " + std::to_string(r + 1) + " re-formed with " + std::to_string(alive.size()) + " workers");
+      // Members that failed but are still there may have applied the step already
+      // (when the failure came after their all-reduce): a re-run would need the same
+      // Δ again, which they hold until a reduce succeeds. Retry a few times.
+      if (attempt >= 3 || alive.empty()) break;
+      if (alive.size() < group.size())
+        log("round " + std::to_string(r + 1) + " re-formed with " + std::to_string(alive.size()) +
+            " workers: " + join_ints(alive));
       group = alive;
     }
+    if (!agreed) {
+      // The group could not agree: its members' θ may differ now. Drop them all;
+      // reconcile brings them back with the outer state of a checkpoint.
+      log("round " + std::to_string(r + 1) + ": the all-reduce failed 4 times; last: " + errors[0].message);
+      for (int m : group) slots[size_t(m)].active = false;
+      continue;
+    }
     if (group.size() < members.size()) {
-      // Workers were lost: hand their shards to the survivors, so that no part
-      // of the data goes unread (round-robin over the survivors, in slot order).
       std::vector<int> lost;
       for (int m : members)
         if (std::find(group.begin(), group.end(), m) == group.end()) lost.push_back(m);
-      std::vector<std::vector<int>> next(group.size());
-      for (size_t i = 0; i < group.size(); ++i) next[i] = shards[group[i]];
-      size_t turn = 0;
-      for (int m : lost)
-        for (int sh : shards[m]) next[turn++ % group.size()].push_back(sh);
-      std::vector<Future<void>> sets;
-      for (size_t i = 0; i < group.size(); ++i) {
-        shards[group[i]] = next[i];
-        sets.push_back(workers[group[i]].call(&InnerWorker::set_shards, next[i]));
-      }
-      for (auto& f : sets) f.get(Millis(60000));
-      std::string who;
-      for (int m : lost) who += (who.empty() ? "" : ", ") + std::to_string(m);
-      log("round " + std::to_string(r + 1) + ": lost worker(s) " + who + "; their shards went to the " +
-          std::to_string(group.size()) + " others; going on with " + std::to_string(group.size()) +
-          " workers");
+      for (int m : lost) slots[size_t(m)].active = false;
+      deal_shards();
+      log("round " + std::to_string(r + 1) + ": lost worker(s) " + join_ints(lost) +
+          "; their shards went to the " + std::to_string(group.size()) + " others; going on with " +
+          std::to_string(group.size()) + " workers");
     }
     members = group;
     bytes += reduce_bytes;
-    round = r + 1;
+    r += 1;
+    round = r;
     steps_since_eval += cfg.inner.steps;
     std::optional<double> val;
-    if (steps_since_eval >= cfg.eval.every || r + 1 == rounds) {
-      val = evaluate(members);
+    if (steps_since_eval >= cfg.eval.every || r == rounds) {
+      val = evaluate(members, windows);
       last_val = *val;
       steps_since_eval = 0;
     }
     const double wall = now_s() - t_round;
     inner_total += inner_secs;
-    member_seconds += double(members_before) * (now_s() - prev_end);
-    prev_end = now_s();
-    members_before = int(members.size());
     const double util = inner_secs / (double(ready.size()) * wall);
     const double tok_s = double(ready.size()) * double(cfg.inner.steps) *
                          double(cfg.tokens_per_inner_step()) / wall;
-    report(r + 1, int64_t(r + 1) * cfg.inner.steps, loss, val, tok_s, bytes, util, int(members.size()),
-           now_s() - t_start, *agreed);
-    if (cfg.checkpoint.every > 0 && (r + 1) % cfg.checkpoint.every == 0 && r + 1 < rounds) {
-      std::string path = workers[members[0]]
+    report(r, loss, val, tok_s, bytes, util, int(members.size()), now_s() - t_start, *agreed);
+    if (cfg.checkpoint.every > 0 && r % cfg.checkpoint.every == 0 && r < rounds) {
+      std::string path = worker(members[0])
                              .call(&InnerWorker::save_checkpoint,
-                                   folder + "/ckpt-round-" + std::to_string(r + 1) + ".pt")
+                                   folder + "/ckpt-round-" + std::to_string(r) + ".pt")
                              .get(Millis(300000));
-      log("checkpoint: " + path);
+      resume_from = path;
+      resume_round = r;
+      log(kCheckpointLine + path + " (round " + std::to_string(r) + ")");
     }
+    member_seconds += double(members.size()) * (now_s() - t_round);
+    flush();
   }
   if (stop) return;
-  std::string final_path =
-      workers[members[0]].call(&InnerWorker::save_checkpoint, folder + "/final.pt").get(Millis(300000));
+  std::string final_path = worker(active()[0])
+                               .call(&InnerWorker::save_checkpoint, folder + "/final.pt")
+                               .get(Millis(300000));
   metrics.close();
-  log("checkpoint: " + final_path);
-  plot(folder + "/metrics.jsonl", folder + "/loss.png");
+  log(kCheckpointLine + final_path);
+  // A finished job holds no cpus.
+  for (Slot& s : slots) {
+    if (!s.handle) continue;
+    try {
+      rt.kill(s.handle->id());
+    } catch (const std::exception& e) {
+      log_warn(job_id + ": stopping " + s.name + ": " + e.what());
+    }
+  }
+  plot(metrics_path, folder + "/loss.png");
   char msg[192];
   std::snprintf(msg, sizeof msg,
                 "validation loss %.4f (perplexity %.2f) after %d rounds; compute utilization %.1f%%",
                 last_val, std::exp(last_val), rounds, 100.0 * inner_total / std::max(1e-9, member_seconds));
-  rt.job_finished(job_id, "succeeded", msg);
+  // The end must reach the head: wait out a Redis restart (bounded).
+  for (const double give_up = now_s() + 600;;) {
+    try {
+      if (flush()) {
+        rt.job_finished(job_id, "succeeded", msg);
+        break;
+      }
+    } catch (const std::exception& e) {
+      if (now_s() > give_up) throw;
+    }
+    if (now_s() > give_up) throw std::runtime_error("could not report the end of the job to the head");
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
 }
 
 // A PNG of the training and validation loss, drawn by gnuplot.

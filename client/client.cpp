@@ -93,7 +93,9 @@ JobHandle::Watch::iterator& JobHandle::Watch::iterator::operator++() {
   return *this;
 }
 
-JobInfo JobHandle::info() { return rt_.job_events(id_, "", 1).job; }
+JobInfo JobHandle::info() { return rt_.job(id_); }
+
+JobInfo JobHandle::scale(int workers) { return rt_.scale_job(id_, workers); }
 
 JobInfo JobHandle::wait(Millis timeout) {
   int64_t deadline = now_ms() + timeout.count();

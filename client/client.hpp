@@ -84,6 +84,9 @@ class JobHandle {
   // Waits for the end; throws TimeoutError after `timeout`. Returns the final record.
   JobInfo wait(Millis timeout = Millis(24LL * 3600 * 1000));
   JobInfo info();
+  // Asks the job for `workers` workers from its next round on (DiLoCo: new
+  // workers copy the outer state from a live one; surplus workers leave).
+  JobInfo scale(int workers);
   JobInfo cancel();
 
  private:

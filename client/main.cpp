@@ -533,6 +533,14 @@ int main(int argc, char** argv) {
   cancel_cmd->add_option("job", job_id, "job id")->required();
   cancel_cmd->add_option("--address", job_addr, "head HOST:PORT");
 
+  int scale_workers = 0;
+  auto* scale_cmd = app.add_subcommand("scale", "change the number of workers of a running job");
+  scale_cmd->add_option("job", job_id, "job id")->required();
+  scale_cmd->add_option("--workers", scale_workers, "workers from the next round on")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  scale_cmd->add_option("--address", job_addr, "head HOST:PORT");
+
   app.add_subcommand("train", "train a job in one process (see loco train --help)");
   app.add_subcommand("generate", "sample text from a checkpoint");
 
@@ -576,6 +584,12 @@ int main(int argc, char** argv) {
           if (e.kind != "report") std::printf("%s\n", e.data.c_str());
         if (ev.events.empty()) break;
       }
+      return 0;
+    }
+    if (*scale_cmd) {
+      loco::Client client(head_address(job_addr));
+      loco::JobInfo j = client.job(job_id).scale(scale_workers);
+      std::printf("job %s: %d workers requested; they join at the next round\n", j.id.c_str(), j.scale);
       return 0;
     }
     if (*cancel_cmd) {

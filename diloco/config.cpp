@@ -139,10 +139,12 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(d, "data", "val_fraction", c.data.val_fraction);
 
   const auto w = root["workers"];
-  check_keys(w, "workers", {"count", "min", "max"});
+  check_keys(w, "workers", {"count", "min", "max", "max_restarts", "wait_s"});
   read(w, "workers", "count", c.workers.count);
   read(w, "workers", "min", c.workers.min);
   read(w, "workers", "max", c.workers.max);
+  read(w, "workers", "max_restarts", c.workers.max_restarts);
+  read(w, "workers", "wait_s", c.workers.wait_s);
 
   const auto i = root["inner"];
   check_keys(i, "inner",
@@ -226,6 +228,8 @@ void JobConfig::validate() const {
           workers.min);
   require(workers.max == 0 || workers.max >= workers.count, "workers.max", "0 or >= workers.count",
           workers.max);
+  require(workers.max_restarts >= 0, "workers.max_restarts", ">= 0", workers.max_restarts);
+  require(workers.wait_s > 0, "workers.wait_s", "> 0", workers.wait_s);
   require(inner.steps >= 1, "inner.steps", ">= 1", inner.steps);
   require(inner.batch_size >= 1, "inner.batch_size", ">= 1", inner.batch_size);
   require(inner.lr > 0, "inner.lr", "> 0", inner.lr);
@@ -280,7 +284,9 @@ std::string JobConfig::to_yaml() const {
       << YAML::Key << "val_fraction" << YAML::Value << data.val_fraction << YAML::EndMap;
   out << YAML::Key << "workers" << YAML::Value << YAML::BeginMap << YAML::Key << "count"
       << YAML::Value << workers.count << YAML::Key << "min" << YAML::Value << workers.min
-      << YAML::Key << "max" << YAML::Value << workers.max << YAML::EndMap;
+      << YAML::Key << "max" << YAML::Value << workers.max << YAML::Key << "max_restarts"
+      << YAML::Value << workers.max_restarts << YAML::Key << "wait_s" << YAML::Value << workers.wait_s
+      << YAML::EndMap;
   out << YAML::Key << "inner" << YAML::Value << YAML::BeginMap << YAML::Key << "steps"
       << YAML::Value << inner.steps << YAML::Key << "batch_size" << YAML::Value << inner.batch_size
       << YAML::Key << "lr" << YAML::Value << inner.lr << YAML::Key << "warmup" << YAML::Value

@@ -69,6 +69,9 @@ class InnerTrainer {
   Gpt& model() { return model_; }
   std::int64_t parameter_count() const { return params_.numel(); }
   std::int64_t step() const { return step_; }
+  // A worker that joins mid-job takes the job's place in the learning-rate
+  // schedule; its AdamW moments start at zero.
+  void set_step(std::int64_t step) { step_ = step; }
   ShardSampler& sampler() { return sampler_; }
 
   // Inner state: parameters, AdamW moments, step (which fixes the schedule),

@@ -103,8 +103,11 @@ struct JobInfo {
   std::string entry_actor;
   int64_t submitted_unix_ms = 0;
   int64_t finished_unix_ms = 0;
+  // Workers asked for by `loco scale` (0: as the job file says). The entry actor
+  // reads it between rounds; the runtime does not interpret it.
+  int scale = 0;
   MSGPACK_DEFINE(id, name, entry_class, state, message, entry_actor, submitted_unix_ms,
-                 finished_unix_ms)
+                 finished_unix_ms, scale)
 
   bool finished() const { return state == "succeeded" || state == "failed" || state == "cancelled"; }
 };

@@ -207,6 +207,23 @@ class HeadService {
     });
   }
 
+  JobInfo job_info(std::string job_id) {
+    return with_store([&] { return job_record(job_id); });
+  }
+
+  JobInfo scale_job(std::string job_id, int workers) {
+    return with_store([&] {
+      if (workers < 1) throw ClusterError("scale: a job needs at least 1 worker, not " + std::to_string(workers));
+      JobInfo job = job_record(job_id);
+      if (job.finished()) throw ClusterError("scale: job " + job_id + " has " + job.state + "; nothing to scale");
+      job.scale = workers;
+      save_job(job);
+      job_log(job.id, "log", "scale: " + std::to_string(workers) + " workers requested");
+      event({{"type", "job_scale"}, {"job", job.id}, {"workers", std::to_string(workers)}});
+      return job;
+    });
+  }
+
   std::vector<JobInfo> list_jobs() {
     return with_store([&] {
       std::vector<JobInfo> out;
@@ -503,6 +520,8 @@ LOCO_REGISTER(HeadService, loco::ActorClass<HeadService>("loco.Head")
                                .method("job_finished", &HeadService::job_finished)
                                .method("job_events", &HeadService::job_events)
                                .method("list_jobs", &HeadService::list_jobs)
+                               .method("job_info", &HeadService::job_info)
+                               .method("scale_job", &HeadService::scale_job)
                                .method("cancel_job", &HeadService::cancel_job));
 
 }  // namespace

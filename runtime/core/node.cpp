@@ -109,7 +109,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
     spdlog::error("{}", e.what());
     return 1;
   }
-  const std::string node_id = random_id("n");
+  std::string node_id = random_id("n");
   detail::CoreOptions co;
   co.bind = cfg.bind;
   co.advertise = cfg.advertise;
@@ -162,18 +162,24 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   const auto ttl = Millis(info.detect_ms);
   uint64_t beat = 0;
   auto heartbeat = [&] { store->put(keys::alive(node_id), std::to_string(++beat), ttl); };
-  try {
+  auto serve = [&] {
+    core->host("@node", detail::class_entry<NodeService>(),
+               std::make_shared<NodeService>(node_id, rec.address));
+  };
+  auto join = [&] {
     store->hput(keys::kNodes, node_id, packed(rec));
     heartbeat();
     store->append(keys::kEvents, {{"type", "join"}, {"node", node_id}, {"address", rec.address},
                                   {"resources", format_resources(rec.resources)}});
+  };
+  try {
+    join();
+    serve();
   } catch (const membership::StoreError& e) {
     spdlog::error("node: cannot register in Redis at {}: {}", info.redis_url, e.what());
     core->shutdown();
     return 1;
   }
-  core->host("@node", detail::class_entry<NodeService>(),
-             std::make_shared<NodeService>(node_id, rec.address));
   spdlog::info("node {} serving at {} with {} ({} plugins)", node_id, rec.address,
                format_resources(rec.resources), plugins.size());
   if (on_ready) on_ready(rec.address);
@@ -181,7 +187,6 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   const Millis period(std::max<int64_t>(20, info.heartbeat_ms));
   Backoff backoff(Millis(100), Millis(2000));
   bool store_down = false;
-  int exit_code = 0;
   int64_t next_beat = now_ms();
   while (!stop.load()) {
     int64_t now = now_ms();
@@ -197,11 +202,22 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
         if (cur) {
           NodeRecord r = msgpack::unpack(cur->data(), cur->size()).get().as<NodeRecord>();
           if (r.state == "dead") {
-            spdlog::error("node {}: the head declared this node dead ({}); its actors were moved; "
-                          "exiting",
-                          node_id, r.reason);
-            exit_code = 2;
-            break;
+            // Cut off for longer than the detection time: the cluster has moved on
+            // (our actors were restarted elsewhere or declared dead). Drop them and
+            // join again as a new node, so that a host whose link comes back serves again.
+            std::string old_id = node_id;
+            for (const std::string& id : core->hosted()) core->unhost(id);
+            core->unhost("@node");
+            node_id = random_id("n");
+            rec.id = node_id;
+            rec.started_unix_ms = unix_ms();
+            spdlog::warn("node {}: the head declared this node dead ({}); dropped its actors and "
+                         "joining again as node {}",
+                         old_id, r.reason, node_id);
+            serve();
+            join();
+            next_beat = now_ms() + period.count();
+            continue;
           }
         } else {
           store->hput(keys::kNodes, node_id, packed(rec));
@@ -221,21 +237,19 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
 
   // Leave cleanly: the head moves our restartable actors elsewhere.
   for (const std::string& id : core->hosted()) core->unhost(id);
-  if (exit_code == 0) {
-    try {
-      rec.state = "left";
-      rec.reason = "stopped";
-      store->hput(keys::kNodes, node_id, packed(rec));
-      store->erase(keys::alive(node_id));
-      store->append(keys::kEvents, {{"type", "leave"}, {"node", node_id}});
-    } catch (const membership::StoreError& e) {
-      spdlog::warn("node {}: could not record leaving: {}", node_id, e.what());
-    }
+  try {
+    rec.state = "left";
+    rec.reason = "stopped";
+    store->hput(keys::kNodes, node_id, packed(rec));
+    store->erase(keys::alive(node_id));
+    store->append(keys::kEvents, {{"type", "leave"}, {"node", node_id}});
+  } catch (const membership::StoreError& e) {
+    spdlog::warn("node {}: could not record leaving: {}", node_id, e.what());
   }
   core->shutdown();
   detail::current_core().reset();
   spdlog::info("node {} stopped", node_id);
-  return exit_code;
+  return 0;
 }
 
 }  // namespace loco

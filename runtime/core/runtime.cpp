@@ -72,6 +72,14 @@ JobInfo Runtime::cancel_job(const std::string& job_id) {
   return core_->head_call<JobInfo>("cancel_job", Millis(30000), job_id);
 }
 
+JobInfo Runtime::job(const std::string& job_id) {
+  return core_->head_call<JobInfo>("job_info", Millis(10000), job_id);
+}
+
+JobInfo Runtime::scale_job(const std::string& job_id, int workers) {
+  return core_->head_call<JobInfo>("scale_job", Millis(10000), job_id, workers);
+}
+
 void Runtime::job_log(const std::string& job_id, const std::string& line) {
   core_->head_call<void>("job_event", Millis(10000), job_id, std::string("log"), line);
 }

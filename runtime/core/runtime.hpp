@@ -66,6 +66,9 @@ class Runtime {
   JobEvents job_events(const std::string& job_id, const std::string& after, int max = 1000);
   std::vector<JobInfo> list_jobs();
   JobInfo cancel_job(const std::string& job_id);
+  JobInfo job(const std::string& job_id);
+  // Asks a running job for `workers` workers (JobInfo::scale); its entry actor acts on it.
+  JobInfo scale_job(const std::string& job_id, int workers);
   void job_log(const std::string& job_id, const std::string& line);
   void job_progress(const std::string& job_id, const JobProgress& progress);
   void job_finished(const std::string& job_id, const std::string& state, const std::string& message);
