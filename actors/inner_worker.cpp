@@ -2,8 +2,13 @@
 
 #include <torch/torch.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
@@ -31,6 +36,51 @@ collective::Codec codec_of(dl::Compression c) {
   }
 }
 
+// Fault injection for the fault-tolerance tests and scripts/chaos, off unless
+// LOCO_FAULT is set: "worker=I,round=R,at=inner|reduce" makes the process that
+// hosts worker I SIGKILL itself in round R (counted from 1), halfway through its
+// inner steps or right after its first all-reduce message. The moment goes to
+// the file $LOCO_FAULT_LOG (unix ms), so that a test can time the detection.
+struct FaultPlan {
+  int worker = -1;
+  int64_t round = -1;
+  std::string at;
+
+  static FaultPlan from_env() {
+    FaultPlan p;
+    const char* v = std::getenv("LOCO_FAULT");
+    if (!v) return p;
+    std::string s = v;
+    for (size_t at = 0; at < s.size();) {
+      size_t end = s.find(',', at);
+      std::string kv = s.substr(at, end == std::string::npos ? std::string::npos : end - at);
+      auto eq = kv.find('=');
+      if (eq != std::string::npos) {
+        std::string k = kv.substr(0, eq), val = kv.substr(eq + 1);
+        if (k == "worker") p.worker = std::stoi(val);
+        if (k == "round") p.round = std::stoll(val);
+        if (k == "at") p.at = val;
+      }
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+    return p;
+  }
+  bool hits(int index, int64_t round0, const char* where) const {
+    return worker == index && round == round0 + 1 && at == where;
+  }
+  [[noreturn]] static void die() {
+    if (const char* log = std::getenv("LOCO_FAULT_LOG")) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+      std::ofstream(log, std::ios::app) << ms << "\n";
+    }
+    ::kill(::getpid(), SIGKILL);
+    std::abort();
+  }
+};
+
 // The host this node is reached at, for the collective's socket.
 std::string node_host() {
   std::string addr = Runtime::current().core()->address();
@@ -50,6 +100,7 @@ struct InnerWorker::State {
   std::vector<float> delta, averaged;
   int64_t delta_round = -1;  // the round whose Δ `delta` holds
   InnerResult last_inner;
+  FaultPlan fault = FaultPlan::from_env();
   torch::Tensor val_windows;
   collective::Communicator comm;
 
@@ -126,6 +177,10 @@ InnerResult InnerWorker::inner(int64_t round) {
     return again;
   }
   auto t0 = std::chrono::steady_clock::now();
+  if (s_->fault.hits(s_->index, round, "inner")) {
+    s_->trainer->run_inner_steps(std::max(1, s_->cfg.inner.steps / 2));
+    FaultPlan::die();
+  }
   dl::InnerStats st = s_->trainer->run_inner_steps(s_->cfg.inner.steps);
   s_->trainer->pseudo_gradient(s_->outer->theta(), s_->delta);
   s_->delta_round = round;
@@ -150,6 +205,8 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
   // Round and attempt in one id, so that a re-formed group never mixes in data
   // of the failed attempt.
   g.round_id = (uint64_t(req.round) << 16) | (req.attempt & 0xffff);
+  if (s_->fault.hits(s_->index, req.round, "reduce"))
+    s_->comm.hooks().after_send = [](uint64_t) { FaultPlan::die(); };
   // Out of place: Δ stays intact if a member is lost, for the re-formed group.
   s_->comm.allreduce(g, s_->delta, s_->averaged);
   s_->outer->step(s_->averaged);

@@ -200,17 +200,19 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     Slot& s = slots[size_t(i)];
     t0[i] = now_s();
     try {
-      if (s.handle) {
-        ActorInfo info = rt.lookup(s.name);
-        if (info.state == "restarting" || info.state == "pending") {
-          note_waiting(i, "its actor is restarting (" + info.reason + ")");
-          continue;
-        }
-        if (info.state == "dead")
-          s.handle.reset();
-        else
-          s.handle = rt.get_actor<InnerWorker>(s.name);  // it may have moved
+      // The slot's actor may exist already: restarted by the head after its node
+      // died, or from before this aggregator was itself restarted.
+      std::optional<ActorInfo> info;
+      try {
+        info = rt.lookup(s.name);
+      } catch (const ActorNotFoundError&) {
       }
+      s.handle.reset();
+      if (info && (info->state == "restarting" || info->state == "pending")) {
+        note_waiting(i, "its actor is restarting (" + info->reason + ")");
+        continue;
+      }
+      if (info && info->state != "dead") s.handle = rt.get_actor<InnerWorker>(s.name);
       if (!s.handle)
         s.handle = rt.spawn<InnerWorker>(ActorOptions()
                                              .with_name(s.name)

@@ -9,66 +9,23 @@
 #include <fstream>
 #include <map>
 
-#include "client/client.hpp"
-#include "tests/diloco/test_corpus.hpp"
-#include "tests/runtime/core/cluster.hpp"
+#include "tests/actors/job_util.hpp"
 
 namespace loco::testing {
 namespace {
 
 namespace fs = std::filesystem;
 
-// round -> val_loss, from a metrics.jsonl of loco-train or of a job.
-std::map<int, double> val_losses(const std::string& path) {
-  std::map<int, double> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    auto r = line.find("\"round\":");
-    auto v = line.find("\"val_loss\":");
-    if (r == std::string::npos || v == std::string::npos) continue;
-    std::string val = line.substr(v + 11, line.find_first_of(",}", v) - v - 11);
-    if (val == "null") continue;
-    out[std::stoi(line.substr(r + 8))] = std::stod(val);
-  }
-  return out;
-}
-
 std::string job_yaml(const std::string& data, const std::string& ckpt, const std::string& compression,
                      int rounds = 3, int min_workers = 4) {
-  return "name: parity\nseed: 7\nthreads: 1\n"
-         "model: {layers: 2, width: 64, heads: 2, context: 32}\n"
-         "data: {dir: " + data + ", tokenizer: byte, shards: 16, val_fraction: 0.05}\n"
-         "workers: {count: 4, min: " + std::to_string(min_workers) + "}\n"
-         "inner: {steps: 10, batch_size: 8, lr: 0.003, warmup: 5}\n"
-         "outer: {lr: 0.7, momentum: 0.9, nesterov: true}\n"
-         "compression: " + compression + "\nrounds: " + std::to_string(rounds) + "\n"
-         "checkpoint: {every: 0, dir: " + ckpt + "}\n"
-         "eval: {every: 10, batches: 4}\n";
+  TestJob j;
+  j.data = data;
+  j.ckpt = ckpt;
+  j.compression = compression;
+  j.rounds = rounds;
+  j.min = min_workers;
+  return j.yaml();
 }
-
-// n nodes with one cpu each, loading the DiLoCo plugin: one worker per node.
-ClusterOptions one_worker_per_node(int n) {
-  ClusterOptions co;
-  co.nodes = n;
-  co.node_resources = "cpu=1";
-  co.plugins = LOCO_PLUGIN_DIR_STR;
-  return co;
-}
-
-class DilocoJob : public ::testing::Test {
- protected:
-  void SetUp() override {
-    data_ = diloco::testing::make_corpus_dir("job");
-    char tmpl[] = "/tmp/loco-jobtest-XXXXXX";
-    dir_ = ::mkdtemp(tmpl);
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-    diloco::remove_tree(data_);
-  }
-  std::string data_, dir_;
-};
 
 TEST_F(DilocoJob, DistributedOverFourNodesMatchesTheSimulator) {
   const std::string file = dir_ + "/job.yaml";
@@ -137,9 +94,7 @@ TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
   EXPECT_EQ(last_workers, 3);
   EXPECT_TRUE(std::isfinite(last_val));
   EXPECT_LT(last_val, first_val);
-  std::string cursor, log;
-  for (auto& e : job.poll(cursor, 100000).events)
-    if (e.kind == "log") log += e.data + "\n";
+  std::string log = log_text(job);
   EXPECT_NE(log.find("lost worker(s) 1; their shards went to the 3 others"), std::string::npos) << log;
 }
 

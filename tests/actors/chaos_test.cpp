@@ -1,0 +1,144 @@
+// Chaos: a DiLoCo job of at least 30 rounds while workers are killed (SIGKILL
+// or SIGTERM of their node), restarted elsewhere, and added, at random from a
+// seed. It must finish, never hang, never see a NaN, keep every round's members
+// on one θ (the aggregator checks the hashes each round and would fail the
+// job), and end within 2 % of the same job's validation loss without faults.
+//
+//   LOCO_CHAOS_SEED    seed of the faults (default 1; scripts/chaos picks one)
+//   LOCO_CHAOS_ROUNDS  rounds of the job (default 30)
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "tests/actors/job_util.hpp"
+
+namespace loco::testing {
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+struct Fault {
+  int round = 0;  // injected after this round's report
+  std::string what;
+  int64_t at_ms = 0;
+  int target = 0;             // workers the job should get back to
+  bool dipped = false;        // a report after it had fewer
+  int64_t recovered_ms = -1;  // the first report after the dip with `target` workers again
+};
+
+using Chaos = DilocoJob;
+
+TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
+  const int seed = env_int("LOCO_CHAOS_SEED", 1);
+  const int rounds = std::max(30, env_int("LOCO_CHAOS_ROUNDS", 30));
+  std::printf("chaos: seed %d, %d rounds\n", seed, rounds);
+  TestJob spec = job(3, 1, rounds);
+  spec.steps = 5;
+  spec.checkpoint_every = 10;
+  spec.max_restarts = 1000;
+  spec.wait_s = 120;
+  LocalCluster c(one_worker_per_node(4));  // 3 workers and a spare
+  Client client(c.head_address());
+
+  double reference = 0;
+  {
+    JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+    JobInfo end = j.wait(Millis(600000));
+    ASSERT_EQ(end.state, "succeeded") << end.message;
+    reference = val_losses(dir_ + "/ckpt/" + j.id() + "/metrics.jsonl").rbegin()->second;
+  }
+
+  std::mt19937 rng{static_cast<uint32_t>(seed)};
+  auto chance = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
+  JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+  std::vector<Fault> faults;
+  std::map<int, RoundReport> reports;
+  int target = spec.workers;
+  // The node of a random live worker of the job, or "".
+  auto victim = [&]() -> std::string {
+    std::vector<std::string> hosts;
+    for (auto& a : client.runtime().status().actors)
+      if (a.name.rfind(j.id() + ".worker-", 0) == 0 && a.state == "alive") hosts.push_back(a.address);
+    if (hosts.empty()) return "";
+    return hosts[std::uniform_int_distribution<size_t>(0, hosts.size() - 1)(rng)];
+  };
+  for (const RoundReport& r : j.watch()) {
+    const int64_t now = now_ms();
+    reports[r.round] = r;
+    for (Fault& f : faults) {
+      if (f.recovered_ms >= 0) continue;
+      if (r.workers < f.target) f.dipped = true;
+      if (f.dipped && r.workers >= f.target) f.recovered_ms = now;
+    }
+    if (r.round < 1 || r.round > rounds - 4 || !chance(0.4)) continue;
+    Fault f;
+    f.round = r.round;
+    f.at_ms = now;
+    const int kind = std::uniform_int_distribution<int>(0, 3)(rng);
+    int alive_nodes = 0;
+    for (auto& n : client.runtime().status().nodes) alive_nodes += n.node.state == "alive";
+    if (kind == 2 && target < 4) {
+      target += 1;
+      j.scale(target);
+      c.add_node({"--resources", "cpu=1"});
+      f.what = "a worker added (scale to " + std::to_string(target) + ") on a new node";
+    } else {
+      std::string node = victim();
+      if (node.empty()) continue;
+      const bool term = kind == 1;
+      c.node(node).signal(term ? SIGTERM : SIGKILL);
+      f.what = std::string(term ? "SIGTERM" : "SIGKILL") + " of the node of a worker (" + node + ")";
+      if (kind == 3 && alive_nodes > target) {
+        f.what += "; a spare node takes it";
+      } else {
+        // Its machine comes back as a new node, where the head restarts the worker.
+        c.add_node({"--resources", "cpu=1"});
+        f.what += "; a new node started";
+      }
+    }
+    f.target = target;
+    faults.push_back(f);
+  }
+  JobInfo end = j.wait(Millis(10000));
+  std::string log = log_text(j);
+  ASSERT_EQ(end.state, "succeeded") << end.message << "\n" << log;
+
+  // Every round reported once, finite, with at least one worker.
+  for (int r = 0; r <= rounds; ++r) {
+    ASSERT_TRUE(reports.count(r)) << "no report of round " << r;
+    EXPECT_GE(reports[r].workers, 1);
+    if (r > 0) {
+      EXPECT_TRUE(std::isfinite(reports[r].loss)) << "round " << r;
+    }
+    if (reports[r].val_loss != 0) {
+      EXPECT_TRUE(std::isfinite(reports[r].val_loss)) << "round " << r;
+    }
+  }
+  const double got = val_losses(dir_ + "/ckpt/" + j.id() + "/metrics.jsonl").rbegin()->second;
+
+  std::printf("chaos: %zu faults injected\n", faults.size());
+  std::vector<double> recovery;
+  for (const Fault& f : faults) {
+    double s = f.recovered_ms < 0 ? NAN : double(f.recovered_ms - f.at_ms) / 1000.0;
+    std::printf("  after round %2d: %-70s recovered to %d workers in %.2f s\n", f.round, f.what.c_str(),
+                f.target, s);
+    if (!std::isnan(s)) recovery.push_back(s);
+  }
+  std::sort(recovery.begin(), recovery.end());
+  if (!recovery.empty())
+    std::printf("chaos: recovery time median %.2f s, max %.2f s (%zu of %zu faults recovered before the end)\n",
+                recovery[recovery.size() / 2], recovery.back(), recovery.size(), faults.size());
+  std::printf("chaos: final validation loss %.5f, without faults %.5f (%+.2f%%)\n", got, reference,
+              100 * (got - reference) / reference);
+  EXPECT_GE(faults.size(), 5u) << "too few faults for a chaos test; another seed?";
+  EXPECT_LE(std::abs(got - reference) / reference, 0.02);
+}
+
+}  // namespace
+}  // namespace loco::testing

@@ -1,0 +1,303 @@
+// Workers join and leave a running DiLoCo job, and faults do not lose it:
+// `loco scale`, a node that arrives mid-job, SIGTERM, SIGKILL during the inner
+// steps and during the all-reduce (with the worker restarted elsewhere), the
+// workers.min wait, the head and the aggregator's node killed, Redis restarted.
+#include <signal.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+#include "tests/actors/job_util.hpp"
+
+namespace loco::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Sets an environment variable for the node processes started while it lives.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) { ::setenv(name, value.c_str(), 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+// Per round: the number of workers, from the job's reports.
+std::map<int, int> workers_by_round(JobHandle& job) {
+  std::map<int, int> out;
+  std::string cursor;
+  for (;;) {
+    JobEvents ev = job.poll(cursor, 1000);
+    if (ev.events.empty()) break;
+    for (auto& e : ev.events) {
+      if (e.kind != "report") continue;
+      JobProgress p = msgpack::unpack(e.data.data(), e.data.size()).get().as<JobProgress>();
+      out[int(p.step)] = int(p.metrics["workers"]);
+    }
+  }
+  return out;
+}
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+// The first log line that contains `needle`, with its time (unix ms).
+std::optional<std::pair<int64_t, std::string>> first_line(JobHandle& job, const std::string& needle) {
+  for (auto& l : log_lines(job))
+    if (contains(l.second, needle)) return l;
+  return std::nullopt;
+}
+
+// Waits (bounded) until the job's log has a line containing `needle`.
+bool wait_for_line(JobHandle& job, const std::string& needle, Millis timeout) {
+  Backoff idle(Millis(50), Millis(500));
+  for (int64_t end = now_ms() + timeout.count(); now_ms() < end;) {
+    if (first_line(job, needle)) return true;
+    if (job.info().finished()) return bool(first_line(job, needle));
+    std::this_thread::sleep_for(idle.next());
+  }
+  return false;
+}
+
+using Elastic = DilocoJob;
+
+TEST_F(Elastic, ScaleUpNewWorkerCopiesTheOuterStateThenScaleDown) {
+  LocalCluster c(one_worker_per_node(3));
+  Client client(c.head_address());
+  TestJob spec = job(2, 1, 8);
+  JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+  bool up = false, down = false;
+  for (const RoundReport& r : j.watch()) {
+    if (r.round == 2 && !up) {
+      up = true;
+      EXPECT_EQ(j.scale(3).scale, 3);
+    }
+    if (r.round == 5 && !down) {
+      down = true;
+      j.scale(2);
+    }
+  }
+  JobInfo end = j.wait(Millis(10000));
+  ASSERT_EQ(end.state, "succeeded") << end.message << "\n" << log_text(j);
+  std::string log = log_text(j);
+  // The new worker copied θ and momentum from a live one; the aggregator checks
+  // every round that all members' θ hashes agree, so rounds with 3 workers passed it.
+  EXPECT_TRUE(contains(log, "worker 2 joined at round")) << log;
+  EXPECT_TRUE(contains(log, "copied from " + j.id() + ".worker-0")) << log;
+  EXPECT_TRUE(contains(log, "worker 2 left: scaled down to 2")) << log;
+  auto w = workers_by_round(j);
+  EXPECT_EQ(w[1], 2);
+  int with3 = 0;
+  for (auto& [round, n] : w) with3 += n == 3;
+  EXPECT_GE(with3, 2) << "rounds with the third worker";
+  EXPECT_EQ(w[8], 2);
+  auto val = val_losses(dir_ + "/ckpt/" + j.id() + "/metrics.jsonl");
+  ASSERT_TRUE(val.count(8));
+  EXPECT_TRUE(std::isfinite(val[8]));
+  EXPECT_LT(val[8], val[0]);
+}
+
+TEST_F(Elastic, ANodeStartedDuringTheJobTakesTheMissingWorker) {
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  TestJob spec = job(3, 2, 7);
+  JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+  bool added = false;
+  for (const RoundReport& r : j.watch()) {
+    if (r.round == 2 && !added) {
+      added = true;
+      c.add_node({"--resources", "cpu=1"});
+    }
+  }
+  JobInfo end = j.wait(Millis(10000));
+  ASSERT_EQ(end.state, "succeeded") << end.message;
+  std::string log = log_text(j);
+  EXPECT_TRUE(contains(log, "worker 2 cannot join yet")) << log;
+  EXPECT_TRUE(contains(log, "worker 2 joined at round")) << log;
+  auto w = workers_by_round(j);
+  EXPECT_EQ(w[1], 2);
+  EXPECT_EQ(w[7], 3);
+}
+
+TEST_F(Elastic, SigtermToAWorkerNodeItLeavesAndItsShardsGoToTheOthers) {
+  LocalCluster c(one_worker_per_node(3));
+  Client client(c.head_address());
+  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, 6).yaml()));
+  bool sent = false;
+  for (const RoundReport& r : j.watch()) {
+    if (r.round == 2 && !sent) {
+      sent = true;
+      c.node(client.runtime().lookup(j.id() + ".worker-1").address).signal(SIGTERM);
+    }
+  }
+  JobInfo end = j.wait(Millis(10000));
+  ASSERT_EQ(end.state, "succeeded") << end.message;
+  std::string log = log_text(j);
+  EXPECT_TRUE(contains(log, "worker 1 left")) << log;
+  EXPECT_TRUE(contains(log, "lost worker(s) 1; their shards went to the 2 others")) << log;
+  EXPECT_EQ(workers_by_round(j)[6], 2);
+}
+
+// SIGKILL (injected in the worker's own process, at a known point) in round 3;
+// a spare node takes the restarted worker, which rejoins with the outer state.
+void crash_and_rejoin(JobHandle& j, const std::string& fault_log, const std::string& where) {
+  JobInfo end = j.wait(Millis(300000));
+  ASSERT_EQ(end.state, "succeeded") << end.message << "\n" << log_text(j);
+  std::string log = log_text(j);
+  auto lost = first_line(j, "worker 1 left");
+  ASSERT_TRUE(lost) << log;
+  EXPECT_TRUE(contains(lost->second, where)) << lost->second;
+  // Detection: from the kill (the worker wrote the time) to the aggregator's line.
+  std::ifstream f(fault_log);
+  int64_t killed_ms = 0;
+  ASSERT_TRUE(f >> killed_ms) << "the fault was not injected";
+  const int64_t detect = lost->first - killed_ms;
+  std::printf("%s: worker 1 killed; the aggregator knew after %lld ms\n", where.c_str(),
+              static_cast<long long>(detect));
+  EXPECT_LE(detect, 3000);
+  auto back = first_line(j, "worker 1 joined at round");
+  ASSERT_TRUE(back) << log;
+  EXPECT_TRUE(contains(back->second, "copied from")) << back->second;
+  auto w = workers_by_round(j);
+  EXPECT_EQ(w[2], 3);
+  EXPECT_EQ(w[3], 2) << "round 3 completes with the survivors";
+  EXPECT_EQ(w.rbegin()->second, 3) << "the restarted worker is back";
+}
+
+TEST_F(Elastic, SigkillDuringInnerStepsSurvivorsFinishTheRoundAndTheWorkerRejoins) {
+  std::string fault_log = dir_ + "/fault.log";
+  ScopedEnv fault("LOCO_FAULT", "worker=1,round=3,at=inner");
+  ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
+  LocalCluster c(one_worker_per_node(4));  // one spare
+  Client client(c.head_address());
+  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, 7).yaml()));
+  crash_and_rejoin(j, fault_log, "failed in round 3");
+}
+
+TEST_F(Elastic, SigkillDuringTheAllReduceTheGroupReformsAndTheWorkerRejoins) {
+  std::string fault_log = dir_ + "/fault.log";
+  ScopedEnv fault("LOCO_FAULT", "worker=1,round=3,at=reduce");
+  ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
+  LocalCluster c(one_worker_per_node(4));
+  Client client(c.head_address());
+  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, 7).yaml()));
+  crash_and_rejoin(j, fault_log, "lost in the all-reduce of round 3");
+  EXPECT_TRUE(contains(log_text(j), "round 3 re-formed with 2 workers")) << log_text(j);
+}
+
+TEST_F(Elastic, BelowMinWorkersTheJobWaitsAndANewNodeSavesIt) {
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  TestJob spec = job(2, 2, 5);
+  spec.max_restarts = 0;
+  JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+  bool killed = false;
+  for (const RoundReport& r : j.watch()) {
+    if (r.round == 1 && !killed) {
+      killed = true;
+      c.node(client.runtime().lookup(j.id() + ".worker-1").address).kill();
+      ASSERT_TRUE(wait_for_line(j, "below workers.min = 2; waiting up to", Millis(60000)))
+          << log_text(j);
+      c.add_node({"--resources", "cpu=1"});
+    }
+  }
+  JobInfo end = j.wait(Millis(10000));
+  ASSERT_EQ(end.state, "succeeded") << end.message << "\n" << log_text(j);
+  EXPECT_EQ(workers_by_round(j)[5], 2);
+}
+
+TEST_F(Elastic, BelowMinWorkersPastWaitTheJobFailsSayingWhy) {
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  TestJob spec = job(2, 2, 20);
+  spec.max_restarts = 0;
+  spec.wait_s = 2;
+  JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+  for (const RoundReport& r : j.watch()) {
+    if (r.round == 1) {
+      c.node(client.runtime().lookup(j.id() + ".worker-1").address).kill();
+      break;
+    }
+  }
+  JobInfo end = j.wait(Millis(120000));
+  ASSERT_EQ(end.state, "failed");
+  EXPECT_TRUE(contains(end.message, "below workers.min = 2")) << end.message;
+  EXPECT_TRUE(contains(end.message, "workers.wait_s = 2 s")) << end.message;
+  EXPECT_TRUE(contains(end.message, "worker 1")) << end.message;
+}
+
+// The reference for the coordinator test: the same job without faults.
+double final_val_loss(const std::string& metrics) {
+  auto v = val_losses(metrics);
+  return v.empty() ? NAN : v.rbegin()->second;
+}
+
+TEST_F(Elastic, HeadAndAggregatorNodeKilledTheJobResumesFromItsCheckpoint) {
+  TestJob spec = job(3, 3, 10);
+  spec.checkpoint_every = 2;
+  LocalCluster c(one_worker_per_node(4));
+  double reference;
+  {
+    Client client(c.head_address());
+    JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+    JobInfo end = j.wait(Millis(300000));
+    ASSERT_EQ(end.state, "succeeded") << end.message;
+    reference = final_val_loss(dir_ + "/ckpt/" + j.id() + "/metrics.jsonl");
+  }
+  std::string id;
+  {
+    Client client(c.head_address());
+    JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+    id = j.id();
+    for (const RoundReport& r : j.watch()) {
+      if (r.round == 5) break;  // past the checkpoint of round 4
+    }
+    std::string agg = client.runtime().lookup(id + ".entry").address;
+    c.kill_head();
+    c.node(agg).kill();
+  }
+  c.start_head();
+  c.add_node({"--resources", "cpu=1"});  // the aggregator's node comes back as a new one
+  Client client(c.head_address());
+  JobHandle j = client.job(id);
+  JobInfo end = j.wait(Millis(300000));
+  ASSERT_EQ(end.state, "succeeded") << end.message << "\n" << log_text(j);
+  std::string log = log_text(j);
+  EXPECT_TRUE(contains(log, "resuming from " + dir_ + "/ckpt/" + id + "/ckpt-round-4.pt: round 4")) << log;
+  double got = final_val_loss(dir_ + "/ckpt/" + id + "/metrics.jsonl");
+  std::printf("final validation loss: %.5f without faults, %.5f with the coordinator killed (%.2f%%)\n",
+              reference, got, 100 * (got - reference) / reference);
+  EXPECT_LE(std::abs(got - reference) / reference, 0.01);
+  // Rounds 5.. were redone, once each in the metrics.
+  auto v = val_losses(dir_ + "/ckpt/" + id + "/metrics.jsonl");
+  EXPECT_EQ(v.size(), 11u);
+}
+
+TEST_F(Elastic, RedisRestartedMidJobTheJobFinishesWithEveryReport) {
+  ClusterOptions co = one_worker_per_node(3);
+  co.redis_appendonly = true;
+  LocalCluster c(co);
+  Client client(c.head_address());
+  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 3, 6).yaml()));
+  for (const RoundReport& r : j.watch()) {
+    if (r.round == 2) break;
+  }
+  c.redis().kill();
+  // The job goes on without Redis; reports wait in the aggregator.
+  std::this_thread::sleep_for(Millis(1500));  // an outage, not a synchronization
+  c.redis().restart();
+  JobInfo end = j.wait(Millis(300000));
+  ASSERT_EQ(end.state, "succeeded") << end.message;
+  auto w = workers_by_round(j);
+  for (int r = 0; r <= 6; ++r) EXPECT_EQ(w[r], 3) << "report of round " << r;
+  bool listed = false;
+  for (auto& info : client.jobs()) listed |= info.id == j.id() && info.state == "succeeded";
+  EXPECT_TRUE(listed);
+}
+
+}  // namespace
+}  // namespace loco::testing

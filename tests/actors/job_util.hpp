@@ -1,0 +1,111 @@
+#pragma once
+// Shared by the DiLoCo job tests: a small job file, clusters of one-cpu nodes
+// that load the DiLoCo plugin, and readers of a job's metrics and log.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "client/client.hpp"
+#include "tests/diloco/test_corpus.hpp"
+#include "tests/runtime/core/cluster.hpp"
+
+namespace loco::testing {
+
+// A GPT of 2 layers x 64 on the test corpus: a round of 10 inner steps takes
+// well under a second.
+struct TestJob {
+  std::string data, ckpt;
+  int workers = 4, min = 4, rounds = 3, steps = 10, checkpoint_every = 0;
+  int max_restarts = 3;
+  double wait_s = 300;
+  std::string compression = "fp32";
+  uint64_t seed = 7;
+
+  std::string yaml() const {
+    return "name: test\nseed: " + std::to_string(seed) +
+           "\nthreads: 1\n"
+           "model: {layers: 2, width: 64, heads: 2, context: 32}\n"
+           "data: {dir: " + data + ", tokenizer: byte, shards: 16, val_fraction: 0.05}\n"
+           "workers: {count: " + std::to_string(workers) + ", min: " + std::to_string(min) +
+           ", max_restarts: " + std::to_string(max_restarts) + ", wait_s: " + std::to_string(wait_s) +
+           "}\n"
+           "inner: {steps: " + std::to_string(steps) + ", batch_size: 8, lr: 0.003, warmup: 5}\n"
+           "outer: {lr: 0.7, momentum: 0.9, nesterov: true}\n"
+           "compression: " + compression + "\nrounds: " + std::to_string(rounds) + "\n"
+           "checkpoint: {every: " + std::to_string(checkpoint_every) + ", dir: " + ckpt + "}\n"
+           "eval: {every: " + std::to_string(steps) + ", batches: 4}\n";
+  }
+};
+
+// n nodes with one cpu each, loading the DiLoCo plugin: one worker per node.
+inline ClusterOptions one_worker_per_node(int n) {
+  ClusterOptions co;
+  co.nodes = n;
+  co.node_resources = "cpu=1";
+  co.plugins = LOCO_PLUGIN_DIR_STR;
+  return co;
+}
+
+// round -> val_loss, from a metrics.jsonl of loco-train or of a job.
+inline std::map<int, double> val_losses(const std::string& path) {
+  std::map<int, double> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto r = line.find("\"round\":");
+    auto v = line.find("\"val_loss\":");
+    if (r == std::string::npos || v == std::string::npos) continue;
+    std::string val = line.substr(v + 11, line.find_first_of(",}", v) - v - 11);
+    if (val == "null") continue;
+    out[std::stoi(line.substr(r + 8))] = std::stod(val);
+  }
+  return out;
+}
+
+// The job's log lines so far, each with the unix ms of its Redis stream id.
+inline std::vector<std::pair<int64_t, std::string>> log_lines(JobHandle& job) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::string cursor;
+  for (;;) {
+    JobEvents ev = job.poll(cursor, 1000);
+    if (ev.events.empty()) break;
+    for (auto& e : ev.events)
+      if (e.kind == "log") out.emplace_back(std::stoll(e.id.substr(0, e.id.find('-'))), e.data);
+  }
+  return out;
+}
+
+inline std::string log_text(JobHandle& job) {
+  std::string s;
+  for (auto& [ms, line] : log_lines(job)) s += line + "\n";
+  return s;
+}
+
+class DilocoJob : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = diloco::testing::make_corpus_dir("job");
+    char tmpl[] = "/tmp/loco-jobtest-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+  }
+  void TearDown() override {
+    std::filesystem::remove_all(dir_);
+    diloco::remove_tree(data_);
+  }
+  TestJob job(int workers, int min, int rounds) const {
+    TestJob j;
+    j.data = data_;
+    j.ckpt = dir_ + "/ckpt";
+    j.workers = workers;
+    j.min = min;
+    j.rounds = rounds;
+    return j;
+  }
+  std::string data_, dir_;
+};
+
+}  // namespace loco::testing
