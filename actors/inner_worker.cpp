@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
@@ -100,6 +101,7 @@ struct InnerWorker::State {
   std::vector<float> delta, averaged;
   int64_t delta_round = -1;  // the round whose Δ `delta` holds
   InnerResult last_inner;
+  uint64_t stream = 0;
   FaultPlan fault = FaultPlan::from_env();
   torch::Tensor val_windows;
   collective::Communicator comm;
@@ -132,9 +134,19 @@ std::string InnerWorker::endpoint() const { return s_->comm.endpoint(); }
 InitResult InnerWorker::init(WorkerInit init) {
   InitResult out;
   s_->index = init.index;
+  std::optional<torch::serialize::InputArchive> inner_ar;
+  if (!init.checkpoint.empty() && !init.inner_state.empty() && std::filesystem::exists(init.inner_state)) {
+    inner_ar.emplace();
+    inner_ar->load_from(init.inner_state);
+    c10::IValue v;
+    inner_ar->read("stream", v);
+    init.stream = uint64_t(v.toInt());
+  }
+  s_->stream = init.stream;
   s_->trainer = std::make_unique<dl::InnerTrainer>(s_->cfg, s_->store, init.shards, init.stream,
                                                    init.total_steps);
   s_->trainer->set_step(init.round * s_->cfg.inner.steps);
+  if (inner_ar) s_->trainer->load(*inner_ar, "worker.");  // AdamW moments, step, data position
   s_->outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, s_->trainer->flat_parameters());
   auto t0 = std::chrono::steady_clock::now();
   if (!init.source.empty()) {
@@ -262,6 +274,16 @@ std::string InnerWorker::save_checkpoint(std::string path) {
   return std::filesystem::absolute(p).string();
 }
 
+std::string InnerWorker::save_inner_state(std::string path) {
+  torch::serialize::OutputArchive ar;
+  ar.write("stream", c10::IValue(int64_t(s_->stream)));
+  ar.write("round", c10::IValue(s_->outer->round()));
+  s_->trainer->save(ar, "worker.");
+  ar.save_to(path + ".tmp");
+  std::filesystem::rename(path + ".tmp", path);
+  return path;
+}
+
 LOCO_REGISTER(InnerWorker, loco::ActorClass<InnerWorker>("diloco.InnerWorker")
                                .constructor<std::string, std::string, int>()
                                .method("endpoint", &InnerWorker::endpoint)
@@ -273,6 +295,7 @@ LOCO_REGISTER(InnerWorker, loco::ActorClass<InnerWorker>("diloco.InnerWorker")
                                .method("validation_windows", &InnerWorker::validation_windows)
                                .method("outer_state", &InnerWorker::outer_state)
                                .method("save_checkpoint", &InnerWorker::save_checkpoint)
+                               .method("save_inner_state", &InnerWorker::save_inner_state)
                                .method("theta_hash", &InnerWorker::theta_hash)
                                .method("set_shards", &InnerWorker::set_shards)
                                .method("shards", &InnerWorker::shards));

@@ -36,6 +36,10 @@ class InnerWorker {
   // Writes a checkpoint (config, round, outer state, this worker's inner state)
   // to `path` atomically; `generate` reads it.
   std::string save_checkpoint(std::string path);
+  // This worker's inner state alone (AdamW moments, schedule step, data stream
+  // and position), written next to each checkpoint, so that a job resumed from
+  // the checkpoint continues every worker exactly.
+  std::string save_inner_state(std::string path);
   uint64_t theta_hash() const;
   // The data shards it reads from now on (when workers leave or join).
   void set_shards(std::vector<int> shards);

@@ -19,7 +19,10 @@ struct WorkerInit {
   int64_t round = 0;        // rounds already done by the job
   std::string source;       // actor name of a live worker
   std::string checkpoint;   // path of a checkpoint written by save_checkpoint
-  MSGPACK_DEFINE(index, shards, stream, total_steps, round, source, checkpoint)
+  // With `checkpoint`: this slot's inner state of the same round (save_inner_state),
+  // when there is one; the worker then continues exactly where the slot was.
+  std::string inner_state;
+  MSGPACK_DEFINE(index, shards, stream, total_steps, round, source, checkpoint, inner_state)
 };
 
 // What init() did, for the aggregator's log and the time-to-join figure.

@@ -62,6 +62,12 @@ std::vector<std::optional<T>> gather(std::vector<Future<T>>& fs, std::vector<Fai
   return out;
 }
 
+// Next to checkpoint "X.pt", each worker's inner state: "X.worker-I.pt".
+std::string inner_state_path(const std::string& checkpoint, int slot) {
+  std::string base = checkpoint.substr(0, checkpoint.size() - 3);
+  return base + ".worker-" + std::to_string(slot) + ".pt";
+}
+
 // "checkpoint: PATH (round N)" lines of the job's log record its checkpoints
 // in Redis; a restarted aggregator resumes from the last one.
 constexpr const char* kCheckpointLine = "checkpoint: ";
@@ -262,10 +268,12 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     wi.total_steps = total_steps;
     wi.round = r;
     if (!fresh) {
-      if (!source.empty())
+      if (!source.empty()) {
         wi.source = source;
-      else
+      } else {
         wi.checkpoint = resume_from;
+        wi.inner_state = inner_state_path(resume_from, i);
+      }
     }
     initing.push_back(i);
     inits.push_back(worker(i).call(&InnerWorker::init, wi));
@@ -603,10 +611,12 @@ void OuterAggregator::State::run() {
                          double(cfg.tokens_per_inner_step()) / wall;
     report(r, loss, val, tok_s, bytes, util, int(members.size()), now_s() - t_start, *agreed);
     if (cfg.checkpoint.every > 0 && r % cfg.checkpoint.every == 0 && r < rounds) {
-      std::string path = worker(members[0])
-                             .call(&InnerWorker::save_checkpoint,
-                                   folder + "/ckpt-round-" + std::to_string(r) + ".pt")
-                             .get(Millis(300000));
+      const std::string file = folder + "/ckpt-round-" + std::to_string(r) + ".pt";
+      std::vector<Future<std::string>> inner_files;
+      for (int m : members)
+        inner_files.push_back(worker(m).call(&InnerWorker::save_inner_state, inner_state_path(file, m)));
+      std::string path = worker(members[0]).call(&InnerWorker::save_checkpoint, file).get(Millis(300000));
+      for (auto& f : inner_files) f.get(Millis(300000));
       resume_from = path;
       resume_round = r;
       log(kCheckpointLine + path + " (round " + std::to_string(r) + ")");

@@ -21,7 +21,7 @@ struct TestJob {
   std::string data, ckpt;
   int workers = 4, min = 4, rounds = 3, steps = 10, checkpoint_every = 0;
   int max_restarts = 3;
-  double wait_s = 300;
+  double wait_s = 60;
   std::string compression = "fp32";
   uint64_t seed = 7;
 
