@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -99,6 +100,42 @@ zmq::message_t shared_message(const std::shared_ptr<Bytes>& bytes, size_t offset
                         new std::shared_ptr<Bytes>(bytes));
 }
 
+// Counts the messages that point into the caller's input. ZeroMQ calls free_input_ref from its
+// I/O thread once it is done with one (the bytes are in the kernel, or the message was
+// dropped); allreduce() returns only when the count is back to zero.
+struct InputRefs {
+  std::mutex m;
+  std::condition_variable cv;
+  size_t count = 0;
+
+  // Waits until ZeroMQ holds no message into the input, at most `limit`. True when it holds none.
+  bool wait_released(std::chrono::milliseconds limit) {
+    std::unique_lock lock(m);
+    return cv.wait_for(lock, limit, [this] { return count == 0; });
+  }
+};
+
+void free_input_ref(void* /*data*/, void* hint) {
+  auto* refs = static_cast<std::shared_ptr<InputRefs>*>(hint);
+  {
+    std::lock_guard lock((*refs)->m);
+    if (--(*refs)->count == 0) (*refs)->cv.notify_all();
+  }
+  delete refs;
+}
+
+zmq::message_t input_message(const std::shared_ptr<InputRefs>& refs, const float* data,
+                             size_t count) {
+  {
+    std::lock_guard lock(refs->m);
+    ++refs->count;
+  }
+  return zmq::message_t(const_cast<float*>(data), count * sizeof(float), &free_input_ref,
+                        new std::shared_ptr<InputRefs>(refs));
+}
+
+class Op;
+
 // Thrown inside an operation; carries what the other members should be told.
 struct OpFailure {
   AbortKind kind;
@@ -149,6 +186,11 @@ struct detail::CommunicatorImpl {
     return send_buffers.back();
   }
   size_t result_capacity = 0;
+  // fp32 reduce-scatter chunks are sent straight from the caller's input (see Op::run); these
+  // count the messages ZeroMQ still holds. Turned off for good if ZeroMQ ever kept one past
+  // the bound after its sockets were closed (never seen; see release_input()).
+  std::shared_ptr<InputRefs> input_refs = std::make_shared<InputRefs>();
+  bool input_zero_copy = true;
   std::vector<float> input;  // concatenation of several tensors
   std::vector<float> scratch;
   bool last_ok = true;  // whether the last operation succeeded
@@ -243,6 +285,9 @@ struct detail::CommunicatorImpl {
   }
 
   void run(const Group& group, const float* in, float* out, size_t n);
+  void abandon(Op& op);
+  void close_all_dealers();
+  void release_input();
 };
 
 namespace {
@@ -264,6 +309,12 @@ class Op {
         timeout_(impl.options.peer_timeout) {}
 
   void run();
+  // Drops the messages not yet handed to ZeroMQ (they may point into the input).
+  void drop_outgoing() {
+    for (auto& q : urgent_) q.clear();
+    for (auto& q : outbox_) q.clear();
+    for (auto& o : sending_) o.reset();
+  }
   // Tells the peers (except `except`) that this operation failed.
   void broadcast_abort(const OpFailure& f, const std::string& except);
 
@@ -342,6 +393,9 @@ class Op {
   size_t reduced_ = 0;
   std::shared_ptr<Bytes> send_;   // reduce-scatter chunks of other parts, my part's result
   std::vector<size_t> enc_part_;  // offset of each part in send_
+  // fp32 over tcp/ipc: reduce-scatter chunks point into the input instead of a copy. Not over
+  // inproc, where the peer itself would hold our message until it reads it.
+  bool input_zero_copy_ = false;
   // reduce-scatter schedule position
   size_t rs_chunk_ = 0;
   int rs_step_ = 1;
@@ -652,7 +706,12 @@ void Op::run() {
                                               : (c - 1) * encoded_bytes(codec_, chunk_) +
                                                     encoded_bytes(codec_, chunk_len(p, c - 1)));
   }
-  send_ = impl_.send_buffer(enc_part_[k_]);
+  input_zero_copy_ = codec_ == Codec::fp32 && impl_.input_zero_copy &&
+                     std::all_of(g_.members.begin(), g_.members.end(), [](const Member& m) {
+                       return m.endpoint.starts_with("tcp://") || m.endpoint.starts_with("ipc://");
+                     });
+  // With zero-copy fp32 the send buffer only holds my part's result.
+  send_ = impl_.send_buffer(input_zero_copy_ ? enc_part_[me_ + 1] : enc_part_[k_]);
   for (int p = 0; p < k_; ++p) {
     if (p == me_) continue;
     impl_.dealer(g_.members[p].endpoint);         // connect early
@@ -686,14 +745,17 @@ void Op::run() {
       if (rs_chunk_ < chunks(p)) {
         if (backlog(p)) break;
         size_t len = chunk_len(p, rs_chunk_);
-        // Encoded (for fp32: copied) into our own buffer even though ZeroMQ could send from
-        // the input: a message stuck behind a frozen peer stays referenced after close(), and
-        // must never point into memory the caller frees once we throw.
-        const size_t at = enc_offset(p, rs_chunk_);
-        detail::encode(codec_, in_ + part_begin(p) + rs_chunk_ * chunk_, len,
-                       send_->data.get() + at);
-        enqueue(p, header(MsgType::reduce_scatter, p, rs_chunk_ * chunk_, len),
-                shared_message(send_, at, encoded_bytes(codec_, len)), true, false);
+        const float* src = in_ + part_begin(p) + rs_chunk_ * chunk_;
+        zmq::message_t msg;
+        if (input_zero_copy_) {
+          msg = input_message(impl_.input_refs, src, len);
+        } else {
+          const size_t at = enc_offset(p, rs_chunk_);
+          detail::encode(codec_, src, len, send_->data.get() + at);
+          msg = shared_message(send_, at, encoded_bytes(codec_, len));
+        }
+        enqueue(p, header(MsgType::reduce_scatter, p, rs_chunk_ * chunk_, len), std::move(msg),
+                true, false);
         progressed = true;
       }
       if (++rs_step_ == k_) {
@@ -773,27 +835,62 @@ void detail::CommunicatorImpl::run(const Group& group, const float* in, float* o
       ++it;
     }
   }
+  if (k == 1) {
+    std::memcpy(out, in, n * sizeof(float));
+    return;
+  }
   Op op(*this, group, in, out, n);
   try {
-    if (k == 1) {
-      std::memcpy(out, in, n * sizeof(float));
-      return;
-    }
     op.run();
-    last_ok = true;
   } catch (const OpFailure& f) {
-    // Drop whatever is still queued for this operation: stale data only delays the peers.
-    std::vector<std::string> eps;
-    for (auto& [ep, s] : dealers) eps.push_back(ep);
-    for (auto& ep : eps) close_dealer(ep, std::chrono::milliseconds(0));
-    // Messages still queued reference only our send buffers, which stay alive until ZeroMQ lets
-    // go of them and are not reused before.
-    last_ok = false;
+    abandon(op);
     if (f.broadcast) op.broadcast_abort(f, f.kind == AbortKind::peer_lost ? f.culprit : "");
     spdlog::warn("collective: {}", f.message);
     if (f.kind == AbortKind::peer_lost) throw PeerLostError(f.message, f.culprit);
     throw CollectiveError(f.message, f.culprit);
+  } catch (...) {
+    abandon(op);
+    throw;
   }
+  last_ok = true;
+  // Success means that every peer received all our reduce-scatter chunks (it sent us the
+  // results they went into), so all the bytes are out of the input; ZeroMQ lets go of the last
+  // message on its next write event, within microseconds. Bounded all the same.
+  if (!input_refs->wait_released(options.peer_timeout)) {
+    spdlog::warn("collective: ZeroMQ still referenced the input {} after a successful operation",
+                 seconds_str(options.peer_timeout));
+    close_all_dealers();
+    release_input();
+  }
+}
+
+void detail::CommunicatorImpl::close_all_dealers() {
+  std::vector<std::string> eps;
+  for (auto& [ep, s] : dealers) eps.push_back(ep);
+  for (auto& ep : eps) close_dealer(ep, std::chrono::milliseconds(0));
+}
+
+void detail::CommunicatorImpl::abandon(Op& op) {
+  last_ok = false;
+  // Drop whatever is still queued for this operation: stale data only delays the peers, and it
+  // may point into the caller's input, which the caller may free once we throw.
+  op.drop_outgoing();
+  close_all_dealers();
+  release_input();
+}
+
+void detail::CommunicatorImpl::release_input() {
+  // Closing a socket with linger 0 makes ZeroMQ drop its queue and the message it was writing
+  // within milliseconds, even with a frozen peer (tests/collective checks it). The bound guards
+  // against the unforeseen: past it, the caller's input might still be read, so say so loudly
+  // and stop sending from inputs on this communicator.
+  constexpr auto kLimit = std::chrono::milliseconds(2000);
+  if (input_refs->wait_released(kLimit)) return;
+  input_zero_copy = false;
+  spdlog::error(
+      "collective: ZeroMQ still references the caller's input {} after closing its sockets; "
+      "sending from a copy from now on",
+      seconds_str(kLimit));
 }
 
 namespace {
