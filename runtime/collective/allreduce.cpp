@@ -7,7 +7,9 @@
 // One operation, on member `me` of K: the vector of n floats is cut into K parts (part p is
 // [p*n/K, (p+1)*n/K)), each part into chunks of chunk_bytes/4 floats.
 //   reduce-scatter: me sends chunk c of part p (encoded) to p, for c = 0.. and p = me+1.., so
-//                   that every owner gets its first chunks from everyone early;
+//                   that every owner gets its first chunks from everyone early; fp32 chunks
+//                   over tcp/ipc point into the caller's input (zero-copy), and the operation
+//                   returns only once ZeroMQ has let go of every one of them;
 //   reduce:         when the K-1 contributions for chunk c of my part are in, sum them with
 //                   mine in rank order, divide by K, encode once, decode into my result;
 //   all-gather:     send those encoded bytes (zero-copy, shared) to every peer.

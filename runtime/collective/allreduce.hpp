@@ -134,6 +134,8 @@ class Communicator {
   void allreduce(const Group& group, std::span<float> data);
   // Writes the mean of the members' `in` to `out` (same length, not overlapping), saving the
   // in-place variant's final copy. On failure `out` holds garbage and `in` is untouched.
+  // fp32 over tcp/ipc sends from `in` without copying it; when the call returns (or throws)
+  // nothing refers to `in` any more: the caller may change or free it at once.
   void allreduce(const Group& group, std::span<const float> in, std::span<float> out);
   // Several tensors in one operation, as if concatenated in this order (through one copy);
   // unchanged on failure.
