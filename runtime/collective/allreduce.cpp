@@ -38,9 +38,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x52414f4cu;  // "LOAR"
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;           // 2: keepalive
 
-enum class MsgType : uint8_t { reduce_scatter = 1, all_gather = 2, abort = 3 };
+// keepalive: "still in this operation", sent to a peer that got nothing from us for a while, so
+// that a member waiting on a lost one is not taken for lost itself.
+enum class MsgType : uint8_t { reduce_scatter = 1, all_gather = 2, abort = 3, keepalive = 4 };
 enum class AbortKind : uint8_t { error = 0, peer_lost = 1, mismatch = 2 };
 
 #pragma pack(push, 1)
@@ -308,7 +310,8 @@ class Op {
         codec_(impl.options.codec),
         fp_(fingerprint(group)),
         chunk_(std::max<size_t>(1, impl.options.chunk_bytes / sizeof(float))),
-        timeout_(impl.options.peer_timeout) {}
+        timeout_(impl.options.peer_timeout),
+        keepalive_interval_(std::max<std::chrono::milliseconds::rep>(1, timeout_.count() / 4)) {}
 
   void run();
   // Drops the messages not yet handed to ZeroMQ (they may point into the input).
@@ -355,6 +358,7 @@ class Op {
 
   void enqueue(int peer, const Header& h, zmq::message_t payload, bool data, bool urgent);
   bool flush(int peer);
+  void send_keepalives(Clock::time_point now);
   void handle(Received& r);
   void handle_abort(const Received& r);
   void reduce_chunk(size_t c);
@@ -374,6 +378,8 @@ class Op {
   uint64_t fp_;
   size_t chunk_;
   std::chrono::milliseconds timeout_;
+  // A peer that got nothing from us for this long gets a keepalive.
+  std::chrono::milliseconds keepalive_interval_;
 
   struct Outgoing {
     std::vector<zmq::message_t> frames;
@@ -384,9 +390,10 @@ class Op {
   std::vector<std::deque<Outgoing>> urgent_, outbox_;
   std::vector<std::optional<Outgoing>> sending_;
   bool backlog(int p) const { return sending_[p] || !urgent_[p].empty() || !outbox_[p].empty(); }
-  std::vector<Clock::time_point> heard_;   // last message from each peer
-  std::vector<Clock::time_point> sent_;    // last send progress to each peer
-  std::vector<size_t> rs_left_, ag_left_;  // chunks still expected from each peer
+  std::vector<Clock::time_point> heard_;         // last message from each peer
+  std::vector<Clock::time_point> sent_;          // last send progress to each peer
+  std::vector<Clock::time_point> keepalive_at_;  // last keepalive attempt to each peer
+  std::vector<size_t> rs_left_, ag_left_;        // chunks still expected from each peer
   std::vector<std::optional<uint64_t>> stale_round_;
   std::vector<std::optional<Clock::time_point>> dropped_;  // when a peer's connection dropped
   std::chrono::milliseconds grace_;                        // a peer's last message of another round
@@ -440,6 +447,28 @@ bool Op::flush(int peer) {
     }
     sending_[peer].reset();
     sent_[peer] = Clock::now();
+  }
+}
+
+// A member that waits (for a lost peer's data, or to send to it) sends nothing to the others,
+// who would then take it for lost too, and might name it before it names the real culprit.
+// Keepalives go only where nothing is queued: a message still waiting means either that the
+// peer takes our data (and so hears from us) or that it is the one not reading.
+void Op::send_keepalives(Clock::time_point now) {
+  for (int p = 0; p < k_; ++p) {
+    if (p == me_ || backlog(p) || now - std::max(sent_[p], keepalive_at_[p]) < keepalive_interval_)
+      continue;
+    keepalive_at_[p] = now;  // when ZeroMQ's queue is full, try again an interval later
+    Header h = header(MsgType::keepalive, 0, 0, 0);
+    const std::string& name = g_.members[me_].name;
+    zmq::socket_t& s = impl_.dealer(g_.members[p].endpoint);
+    // All frames or none: past the first frame ZeroMQ takes the rest of a multipart message.
+    if (s.send(zmq::buffer(&h, sizeof h), zmq::send_flags::dontwait | zmq::send_flags::sndmore)) {
+      (void)s.send(zmq::buffer(name), zmq::send_flags::sndmore);
+      (void)s.send(zmq::message_t(), zmq::send_flags::none);
+      impl_.stats.bytes_sent += sizeof h + name.size();
+      sent_[p] = now;
+    }
   }
 }
 
@@ -501,7 +530,7 @@ void Op::handle(Received& r) {
                           " expects more data from it",
                       false};
     }
-    impl_.stash_message(std::move(r));
+    if (r.h.type != MsgType::keepalive) impl_.stash_message(std::move(r));
     return;
   }
   const int s = static_cast<int>(r.h.sender_rank);
@@ -513,6 +542,7 @@ void Op::handle(Received& r) {
                     false};
   }
   heard_[s] = Clock::now();
+  if (r.h.type == MsgType::keepalive) return;
   if (r.h.type == MsgType::abort) handle_abort(r);
   const int part = static_cast<int>(r.h.part);
   const int expected_part = r.h.type == MsgType::reduce_scatter ? me_ : s;
@@ -676,6 +706,9 @@ Clock::duration Op::poll_budget(Clock::time_point now) const {
     if (p == me_) continue;
     if (expecting(p)) budget = std::min(budget, heard_[p] + timeout_ - now);
     if (backlog(p)) budget = std::min(budget, sent_[p] + timeout_ - now);
+    if (!backlog(p)) {
+      budget = std::min(budget, std::max(sent_[p], keepalive_at_[p]) + keepalive_interval_ - now);
+    }
     if (dropped_[p]) budget = std::min(budget, *dropped_[p] + grace_ - now);
   }
   return std::max(budget, Clock::duration(std::chrono::milliseconds(1)));
@@ -688,6 +721,7 @@ void Op::run() {
   sending_.resize(k_);
   heard_.assign(k_, start);
   sent_.assign(k_, start);
+  keepalive_at_.assign(k_, start);
   rs_left_.assign(k_, chunks(me_));
   ag_left_.assign(k_, 0);
   stale_round_.assign(k_, std::nullopt);
@@ -741,6 +775,7 @@ void Op::run() {
     }
     for (int p = 0; p < k_; ++p)
       if (p != me_) flush(p);
+    send_keepalives(Clock::now());
     // Produce the next reduce-scatter chunk, unless that peer is still congested.
     while (rs_chunk_ < rs_max_chunks_) {
       int p = (me_ + rs_step_) % k_;
