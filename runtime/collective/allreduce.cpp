@@ -7,7 +7,9 @@
 // One operation, on member `me` of K: the vector of n floats is cut into K parts (part p is
 // [p*n/K, (p+1)*n/K)), each part into chunks of chunk_bytes/4 floats.
 //   reduce-scatter: me sends chunk c of part p (encoded) to p, for c = 0.. and p = me+1.., so
-//                   that every owner gets its first chunks from everyone early;
+//                   that every owner gets its first chunks from everyone early; fp32 chunks
+//                   over tcp/ipc point into the caller's input (zero-copy), and the operation
+//                   returns only once ZeroMQ has let go of every one of them;
 //   reduce:         when the K-1 contributions for chunk c of my part are in, sum them with
 //                   mine in rank order, divide by K, encode once, decode into my result;
 //   all-gather:     send those encoded bytes (zero-copy, shared) to every peer.
@@ -19,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -35,9 +38,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x52414f4cu;  // "LOAR"
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;           // 2: keepalive
 
-enum class MsgType : uint8_t { reduce_scatter = 1, all_gather = 2, abort = 3 };
+// keepalive: "still in this operation", sent to a peer that got nothing from us for a while, so
+// that a member waiting on a lost one is not taken for lost itself.
+enum class MsgType : uint8_t { reduce_scatter = 1, all_gather = 2, abort = 3, keepalive = 4 };
 enum class AbortKind : uint8_t { error = 0, peer_lost = 1, mismatch = 2 };
 
 #pragma pack(push, 1)
@@ -99,6 +104,42 @@ zmq::message_t shared_message(const std::shared_ptr<Bytes>& bytes, size_t offset
                         new std::shared_ptr<Bytes>(bytes));
 }
 
+// Counts the messages that point into the caller's input. ZeroMQ calls free_input_ref from its
+// I/O thread once it is done with one (the bytes are in the kernel, or the message was
+// dropped); allreduce() returns only when the count is back to zero.
+struct InputRefs {
+  std::mutex m;
+  std::condition_variable cv;
+  size_t count = 0;
+
+  // Waits until ZeroMQ holds no message into the input, at most `limit`. True when it holds none.
+  bool wait_released(std::chrono::milliseconds limit) {
+    std::unique_lock lock(m);
+    return cv.wait_for(lock, limit, [this] { return count == 0; });
+  }
+};
+
+void free_input_ref(void* /*data*/, void* hint) {
+  auto* refs = static_cast<std::shared_ptr<InputRefs>*>(hint);
+  {
+    std::lock_guard lock((*refs)->m);
+    if (--(*refs)->count == 0) (*refs)->cv.notify_all();
+  }
+  delete refs;
+}
+
+zmq::message_t input_message(const std::shared_ptr<InputRefs>& refs, const float* data,
+                             size_t count) {
+  {
+    std::lock_guard lock(refs->m);
+    ++refs->count;
+  }
+  return zmq::message_t(const_cast<float*>(data), count * sizeof(float), &free_input_ref,
+                        new std::shared_ptr<InputRefs>(refs));
+}
+
+class Op;
+
 // Thrown inside an operation; carries what the other members should be told.
 struct OpFailure {
   AbortKind kind;
@@ -149,6 +190,11 @@ struct detail::CommunicatorImpl {
     return send_buffers.back();
   }
   size_t result_capacity = 0;
+  // fp32 reduce-scatter chunks are sent straight from the caller's input (see Op::run); these
+  // count the messages ZeroMQ still holds. Turned off for good if ZeroMQ ever kept one past
+  // the bound after its sockets were closed (never seen; see release_input()).
+  std::shared_ptr<InputRefs> input_refs = std::make_shared<InputRefs>();
+  bool input_zero_copy = true;
   std::vector<float> input;  // concatenation of several tensors
   std::vector<float> scratch;
   bool last_ok = true;  // whether the last operation succeeded
@@ -243,6 +289,9 @@ struct detail::CommunicatorImpl {
   }
 
   void run(const Group& group, const float* in, float* out, size_t n);
+  void abandon(Op& op);
+  void close_all_dealers();
+  void release_input();
 };
 
 namespace {
@@ -261,9 +310,16 @@ class Op {
         codec_(impl.options.codec),
         fp_(fingerprint(group)),
         chunk_(std::max<size_t>(1, impl.options.chunk_bytes / sizeof(float))),
-        timeout_(impl.options.peer_timeout) {}
+        timeout_(impl.options.peer_timeout),
+        keepalive_interval_(std::max<std::chrono::milliseconds::rep>(1, timeout_.count() / 4)) {}
 
   void run();
+  // Drops the messages not yet handed to ZeroMQ (they may point into the input).
+  void drop_outgoing() {
+    for (auto& q : urgent_) q.clear();
+    for (auto& q : outbox_) q.clear();
+    for (auto& o : sending_) o.reset();
+  }
   // Tells the peers (except `except`) that this operation failed.
   void broadcast_abort(const OpFailure& f, const std::string& except);
 
@@ -302,6 +358,7 @@ class Op {
 
   void enqueue(int peer, const Header& h, zmq::message_t payload, bool data, bool urgent);
   bool flush(int peer);
+  void send_keepalives(Clock::time_point now);
   void handle(Received& r);
   void handle_abort(const Received& r);
   void reduce_chunk(size_t c);
@@ -321,6 +378,8 @@ class Op {
   uint64_t fp_;
   size_t chunk_;
   std::chrono::milliseconds timeout_;
+  // A peer that got nothing from us for this long gets a keepalive.
+  std::chrono::milliseconds keepalive_interval_;
 
   struct Outgoing {
     std::vector<zmq::message_t> frames;
@@ -331,9 +390,10 @@ class Op {
   std::vector<std::deque<Outgoing>> urgent_, outbox_;
   std::vector<std::optional<Outgoing>> sending_;
   bool backlog(int p) const { return sending_[p] || !urgent_[p].empty() || !outbox_[p].empty(); }
-  std::vector<Clock::time_point> heard_;   // last message from each peer
-  std::vector<Clock::time_point> sent_;    // last send progress to each peer
-  std::vector<size_t> rs_left_, ag_left_;  // chunks still expected from each peer
+  std::vector<Clock::time_point> heard_;         // last message from each peer
+  std::vector<Clock::time_point> sent_;          // last send progress to each peer
+  std::vector<Clock::time_point> keepalive_at_;  // last keepalive attempt to each peer
+  std::vector<size_t> rs_left_, ag_left_;        // chunks still expected from each peer
   std::vector<std::optional<uint64_t>> stale_round_;
   std::vector<std::optional<Clock::time_point>> dropped_;  // when a peer's connection dropped
   std::chrono::milliseconds grace_;                        // a peer's last message of another round
@@ -342,6 +402,9 @@ class Op {
   size_t reduced_ = 0;
   std::shared_ptr<Bytes> send_;   // reduce-scatter chunks of other parts, my part's result
   std::vector<size_t> enc_part_;  // offset of each part in send_
+  // fp32 over tcp/ipc: reduce-scatter chunks point into the input instead of a copy. Not over
+  // inproc, where the peer itself would hold our message until it reads it.
+  bool input_zero_copy_ = false;
   // reduce-scatter schedule position
   size_t rs_chunk_ = 0;
   int rs_step_ = 1;
@@ -384,6 +447,28 @@ bool Op::flush(int peer) {
     }
     sending_[peer].reset();
     sent_[peer] = Clock::now();
+  }
+}
+
+// A member that waits (for a lost peer's data, or to send to it) sends nothing to the others,
+// who would then take it for lost too, and might name it before it names the real culprit.
+// Keepalives go only where nothing is queued: a message still waiting means either that the
+// peer takes our data (and so hears from us) or that it is the one not reading.
+void Op::send_keepalives(Clock::time_point now) {
+  for (int p = 0; p < k_; ++p) {
+    if (p == me_ || backlog(p) || now - std::max(sent_[p], keepalive_at_[p]) < keepalive_interval_)
+      continue;
+    keepalive_at_[p] = now;  // when ZeroMQ's queue is full, try again an interval later
+    Header h = header(MsgType::keepalive, 0, 0, 0);
+    const std::string& name = g_.members[me_].name;
+    zmq::socket_t& s = impl_.dealer(g_.members[p].endpoint);
+    // All frames or none: past the first frame ZeroMQ takes the rest of a multipart message.
+    if (s.send(zmq::buffer(&h, sizeof h), zmq::send_flags::dontwait | zmq::send_flags::sndmore)) {
+      (void)s.send(zmq::buffer(name), zmq::send_flags::sndmore);
+      (void)s.send(zmq::message_t(), zmq::send_flags::none);
+      impl_.stats.bytes_sent += sizeof h + name.size();
+      sent_[p] = now;
+    }
   }
 }
 
@@ -445,7 +530,7 @@ void Op::handle(Received& r) {
                           " expects more data from it",
                       false};
     }
-    impl_.stash_message(std::move(r));
+    if (r.h.type != MsgType::keepalive) impl_.stash_message(std::move(r));
     return;
   }
   const int s = static_cast<int>(r.h.sender_rank);
@@ -457,6 +542,7 @@ void Op::handle(Received& r) {
                     false};
   }
   heard_[s] = Clock::now();
+  if (r.h.type == MsgType::keepalive) return;
   if (r.h.type == MsgType::abort) handle_abort(r);
   const int part = static_cast<int>(r.h.part);
   const int expected_part = r.h.type == MsgType::reduce_scatter ? me_ : s;
@@ -620,6 +706,9 @@ Clock::duration Op::poll_budget(Clock::time_point now) const {
     if (p == me_) continue;
     if (expecting(p)) budget = std::min(budget, heard_[p] + timeout_ - now);
     if (backlog(p)) budget = std::min(budget, sent_[p] + timeout_ - now);
+    if (!backlog(p)) {
+      budget = std::min(budget, std::max(sent_[p], keepalive_at_[p]) + keepalive_interval_ - now);
+    }
     if (dropped_[p]) budget = std::min(budget, *dropped_[p] + grace_ - now);
   }
   return std::max(budget, Clock::duration(std::chrono::milliseconds(1)));
@@ -632,6 +721,7 @@ void Op::run() {
   sending_.resize(k_);
   heard_.assign(k_, start);
   sent_.assign(k_, start);
+  keepalive_at_.assign(k_, start);
   rs_left_.assign(k_, chunks(me_));
   ag_left_.assign(k_, 0);
   stale_round_.assign(k_, std::nullopt);
@@ -652,7 +742,12 @@ void Op::run() {
                                               : (c - 1) * encoded_bytes(codec_, chunk_) +
                                                     encoded_bytes(codec_, chunk_len(p, c - 1)));
   }
-  send_ = impl_.send_buffer(enc_part_[k_]);
+  input_zero_copy_ = codec_ == Codec::fp32 && impl_.input_zero_copy &&
+                     std::all_of(g_.members.begin(), g_.members.end(), [](const Member& m) {
+                       return m.endpoint.starts_with("tcp://") || m.endpoint.starts_with("ipc://");
+                     });
+  // With zero-copy fp32 the send buffer only holds my part's result.
+  send_ = impl_.send_buffer(input_zero_copy_ ? enc_part_[me_ + 1] : enc_part_[k_]);
   for (int p = 0; p < k_; ++p) {
     if (p == me_) continue;
     impl_.dealer(g_.members[p].endpoint);         // connect early
@@ -680,20 +775,24 @@ void Op::run() {
     }
     for (int p = 0; p < k_; ++p)
       if (p != me_) flush(p);
+    send_keepalives(Clock::now());
     // Produce the next reduce-scatter chunk, unless that peer is still congested.
     while (rs_chunk_ < rs_max_chunks_) {
       int p = (me_ + rs_step_) % k_;
       if (rs_chunk_ < chunks(p)) {
         if (backlog(p)) break;
         size_t len = chunk_len(p, rs_chunk_);
-        // Encoded (for fp32: copied) into our own buffer even though ZeroMQ could send from
-        // the input: a message stuck behind a frozen peer stays referenced after close(), and
-        // must never point into memory the caller frees once we throw.
-        const size_t at = enc_offset(p, rs_chunk_);
-        detail::encode(codec_, in_ + part_begin(p) + rs_chunk_ * chunk_, len,
-                       send_->data.get() + at);
-        enqueue(p, header(MsgType::reduce_scatter, p, rs_chunk_ * chunk_, len),
-                shared_message(send_, at, encoded_bytes(codec_, len)), true, false);
+        const float* src = in_ + part_begin(p) + rs_chunk_ * chunk_;
+        zmq::message_t msg;
+        if (input_zero_copy_) {
+          msg = input_message(impl_.input_refs, src, len);
+        } else {
+          const size_t at = enc_offset(p, rs_chunk_);
+          detail::encode(codec_, src, len, send_->data.get() + at);
+          msg = shared_message(send_, at, encoded_bytes(codec_, len));
+        }
+        enqueue(p, header(MsgType::reduce_scatter, p, rs_chunk_ * chunk_, len), std::move(msg),
+                true, false);
         progressed = true;
       }
       if (++rs_step_ == k_) {
@@ -773,27 +872,62 @@ void detail::CommunicatorImpl::run(const Group& group, const float* in, float* o
       ++it;
     }
   }
+  if (k == 1) {
+    std::memcpy(out, in, n * sizeof(float));
+    return;
+  }
   Op op(*this, group, in, out, n);
   try {
-    if (k == 1) {
-      std::memcpy(out, in, n * sizeof(float));
-      return;
-    }
     op.run();
-    last_ok = true;
   } catch (const OpFailure& f) {
-    // Drop whatever is still queued for this operation: stale data only delays the peers.
-    std::vector<std::string> eps;
-    for (auto& [ep, s] : dealers) eps.push_back(ep);
-    for (auto& ep : eps) close_dealer(ep, std::chrono::milliseconds(0));
-    // Messages still queued reference only our send buffers, which stay alive until ZeroMQ lets
-    // go of them and are not reused before.
-    last_ok = false;
+    abandon(op);
     if (f.broadcast) op.broadcast_abort(f, f.kind == AbortKind::peer_lost ? f.culprit : "");
     spdlog::warn("collective: {}", f.message);
     if (f.kind == AbortKind::peer_lost) throw PeerLostError(f.message, f.culprit);
     throw CollectiveError(f.message, f.culprit);
+  } catch (...) {
+    abandon(op);
+    throw;
   }
+  last_ok = true;
+  // Success means that every peer received all our reduce-scatter chunks (it sent us the
+  // results they went into), so all the bytes are out of the input; ZeroMQ lets go of the last
+  // message on its next write event, within microseconds. Bounded all the same.
+  if (!input_refs->wait_released(options.peer_timeout)) {
+    spdlog::warn("collective: ZeroMQ still referenced the input {} after a successful operation",
+                 seconds_str(options.peer_timeout));
+    close_all_dealers();
+    release_input();
+  }
+}
+
+void detail::CommunicatorImpl::close_all_dealers() {
+  std::vector<std::string> eps;
+  for (auto& [ep, s] : dealers) eps.push_back(ep);
+  for (auto& ep : eps) close_dealer(ep, std::chrono::milliseconds(0));
+}
+
+void detail::CommunicatorImpl::abandon(Op& op) {
+  last_ok = false;
+  // Drop whatever is still queued for this operation: stale data only delays the peers, and it
+  // may point into the caller's input, which the caller may free once we throw.
+  op.drop_outgoing();
+  close_all_dealers();
+  release_input();
+}
+
+void detail::CommunicatorImpl::release_input() {
+  // Closing a socket with linger 0 makes ZeroMQ drop its queue and the message it was writing
+  // within milliseconds, even with a frozen peer (tests/collective checks it). The bound guards
+  // against the unforeseen: past it, the caller's input might still be read, so say so loudly
+  // and stop sending from inputs on this communicator.
+  constexpr auto kLimit = std::chrono::milliseconds(2000);
+  if (input_refs->wait_released(kLimit)) return;
+  input_zero_copy = false;
+  spdlog::error(
+      "collective: ZeroMQ still references the caller's input {} after closing its sockets; "
+      "sending from a copy from now on",
+      seconds_str(kLimit));
 }
 
 namespace {

@@ -10,8 +10,10 @@
 //   control socket.
 // - No wait is unbounded: a member whose connection drops or is refused (its process died),
 //   or that stops sending for Options::peer_timeout, makes the operation fail with
-//   PeerLostError naming it. A failed operation leaves the communicator
-//   ready for the next one (typically the survivors, with a smaller group).
+//   PeerLostError naming it. (A member that is only waiting, on a lost peer for instance, sends
+//   keepalives every peer_timeout / 4, so that the others do not take it for lost.) A failed
+//   operation leaves the communicator ready for the next one (typically the survivors, with a
+//   smaller group).
 // - Messages of different operations are told apart by (round_id, members): data of a later
 //   operation that arrives early is kept for it, data of an earlier one is dropped. So retrying
 //   a failed operation with the same members needs a new round_id (fold an attempt counter in);
@@ -134,6 +136,8 @@ class Communicator {
   void allreduce(const Group& group, std::span<float> data);
   // Writes the mean of the members' `in` to `out` (same length, not overlapping), saving the
   // in-place variant's final copy. On failure `out` holds garbage and `in` is untouched.
+  // fp32 over tcp/ipc sends from `in` without copying it; when the call returns (or throws)
+  // nothing refers to `in` any more: the caller may change or free it at once.
   void allreduce(const Group& group, std::span<const float> in, std::span<float> out);
   // Several tensors in one operation, as if concatenated in this order (through one copy);
   // unchanged on failure.

@@ -5,7 +5,8 @@
 // PEERS are "name=endpoint" in group order; the entry "NAME=self" is this process. It binds
 // tcp://127.0.0.1:0, prints "endpoint EP", runs one all-reduce and prints "ok HASH" or
 // "error MEMBER MESSAGE". MODE: normal | nan | longer | round+1 | stall:N (after N data
-// messages print "stalled" and wait on stdin, for at most 60 s, to be killed).
+// messages print "stalled" and wait on stdin, for at most 60 s, to be killed) | pause:N (the
+// same, but go on with the operation once a line arrives on stdin).
 #include <poll.h>
 #include <unistd.h>
 
@@ -51,14 +52,17 @@ int main(int argc, char** argv) {
   }
   std::vector<float> data = testing::make_data(seed, rank, mode == "longer" ? n + 5 : n);
   if (mode == "nan" && !data.empty()) data[data.size() / 2] = std::nanf("");
-  if (mode.rfind("stall:", 0) == 0) {
+  if (mode.rfind("stall:", 0) == 0 || mode.rfind("pause:", 0) == 0) {
     uint64_t after = std::strtoull(mode.c_str() + 6, nullptr, 10);
-    comm.hooks().after_send = [after](uint64_t sent) {
+    bool resume = mode[0] == 'p';
+    comm.hooks().after_send = [after, resume](uint64_t sent) {
       if (sent != after) return;
       std::cout << "stalled" << std::endl;
       pollfd p{0, POLLIN, 0};
-      ::poll(&p, 1, 60'000);  // the test kills us long before
-      std::_Exit(3);
+      ::poll(&p, 1, 60'000);  // the test kills or resumes us long before
+      if (!resume) std::_Exit(3);
+      std::string line;
+      std::getline(std::cin, line);
     };
   }
   try {

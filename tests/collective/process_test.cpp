@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,6 +91,11 @@ class Child {
   }
 
   void sigstop() { kill(pid_, SIGSTOP); }
+  void sigcont() { kill(pid_, SIGCONT); }
+  void write_line(const std::string& line) {
+    std::string l = line + "\n";
+    EXPECT_EQ(::write(stdin_, l.data(), l.size()), static_cast<ssize_t>(l.size()));
+  }
 
   void sigkill() {
     kill(pid_, SIGKILL);
@@ -130,7 +136,8 @@ struct MixedGroup {
   }
 };
 
-void start(MixedGroup& run, const Scenario& s, std::vector<std::thread>& threads) {
+// Creates the in-process communicators and the child; returns the child's endpoint.
+std::string start_child(MixedGroup& run, const Scenario& s) {
   Options o;
   o.peer_timeout = s.timeout;
   o.chunk_bytes = s.chunk_bytes;
@@ -151,10 +158,15 @@ void start(MixedGroup& run, const Scenario& s, std::vector<std::thread>& threads
   args.push_back("w" + std::to_string(s.k - 1) + "=self");
   run.child = std::make_unique<Child>(args);
   std::string line = run.child->read_result(std::chrono::seconds(10));
-  ASSERT_EQ(line.rfind("endpoint ", 0), 0u) << "child said: " << line;
-  std::string child_ep = line.substr(9);
+  EXPECT_EQ(line.rfind("endpoint ", 0), 0u) << "child said: " << line;
   run.errors.resize(s.k - 1);
   run.ended.resize(s.k - 1);
+  return line.rfind("endpoint ", 0) == 0 ? line.substr(9) : "tcp://127.0.0.1:1";
+}
+
+void start(MixedGroup& run, const Scenario& s, std::vector<std::thread>& threads) {
+  std::string child_ep = start_child(run, s);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   for (int r = 0; r < s.k - 1; ++r) run.data.push_back(testing::make_data(5, r, s.n));
   for (int r = 0; r < s.k - 1; ++r) {
     threads.emplace_back([&run, &s, r, child_ep] {
@@ -274,6 +286,57 @@ TEST(CollectiveProcesses, FrozenMemberIsLostAfterThePeerTimeout) {
     EXPECT_GE(run.ended[r] - stopped, std::chrono::milliseconds(900));
     EXPECT_LT(run.ended[r] - stopped, std::chrono::milliseconds(2500));
   }
+}
+
+// fp32 sends straight from the caller's input. Once allreduce() has thrown, the caller may free
+// that memory: here it becomes unreadable (PROT_NONE) while ZeroMQ's queues towards the frozen
+// member are full, and then the member resumes and drains its connections. A message still
+// pointing into the input would now be read (and the process crash).
+TEST(CollectiveProcesses, InputIsNotReadAfterAFailedOperationReturns) {
+  Scenario s;
+  s.mode = "pause:20";
+  // Parts of 16 MB: more than the kernel buffers of a connection whose reader has stopped
+  // (its receive window only grows while it reads), so ZeroMQ still holds chunks.
+  s.n = 16'000'000;
+  s.chunk_bytes = 512 * 1024;
+  s.timeout = std::chrono::milliseconds(1000);
+  MixedGroup run;
+  std::string child_ep = start_child(run, s);
+  ASSERT_FALSE(HasFailure());
+  const size_t bytes = (s.n * sizeof(float) + 4095) / 4096 * 4096;
+  std::vector<float*> inputs;
+  for (int r = 0; r < s.k - 1; ++r) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(p, MAP_FAILED);
+    inputs.push_back(static_cast<float*>(p));
+    std::vector<float> v = testing::make_data(5, r, s.n);
+    std::memcpy(p, v.data(), s.n * sizeof(float));
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < s.k - 1; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<float> out(s.n);
+      try {
+        run.comms[r]->allreduce(run.group_of(r, s, child_ep),
+                                std::span<const float>(inputs[r], s.n), std::span<float>(out));
+      } catch (...) {
+        run.errors[r] = std::current_exception();
+      }
+      // What a caller may do with its memory once the call has returned.
+      EXPECT_EQ(mprotect(inputs[r], bytes, PROT_NONE), 0);
+    });
+  }
+  ASSERT_EQ(run.child->read_result(std::chrono::seconds(30)), "stalled");
+  run.child->sigstop();  // alive, connections open, reading nothing
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < s.k - 1; ++r) expect_named(run.errors[r], "w3", "no data for 1.0 s", true);
+  // The member wakes up, its I/O threads read whatever is still sent to it, and its operation
+  // times out in turn (after the peer timeout with nothing more from us).
+  run.child->sigcont();
+  run.child->write_line("go");
+  std::string line = run.child->read_result(std::chrono::seconds(30));
+  EXPECT_EQ(line.rfind("error ", 0), 0u) << line;
+  for (float* p : inputs) munmap(p, bytes);
 }
 
 struct BadCase {
