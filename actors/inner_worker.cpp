@@ -214,9 +214,7 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
   collective::Group g;
   for (size_t i = 0; i < req.names.size(); ++i) g.members.push_back({req.names[i], req.endpoints[i]});
   g.rank = req.rank;
-  // Round and attempt in one id, so that a re-formed group never mixes in data
-  // of the failed attempt.
-  g.round_id = (uint64_t(req.round) << 16) | (req.attempt & 0xffff);
+  g.round_id = req.op_id;
   if (s_->fault.hits(s_->index, req.round, "reduce"))
     s_->comm.hooks().after_send = [](uint64_t) { FaultPlan::die(); };
   // Out of place: Δ stays intact if a member is lost, for the re-formed group.

@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <regex>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -101,6 +102,7 @@ struct OuterAggregator::State {
   int64_t resume_round = 0;
   std::deque<std::function<void()>> outbox;  // reports not yet accepted by the head
   bool outbox_stuck = false;
+  uint64_t last_op_id = 0;
 
   State(std::string id, const std::string& spec)
       : job_id(std::move(id)), cfg(dl::JobConfig::from_yaml(spec)), rt(Runtime::current()) {
@@ -191,8 +193,11 @@ void OuterAggregator::State::read_target() {
 
 void OuterAggregator::State::note_waiting(int i, const std::string& why) {
   Slot& s = slots[size_t(i)];
-  if (s.waiting != why) log("worker " + std::to_string(i) + " cannot join yet: " + why);
-  s.waiting = why;
+  // Logged when the reason changes; each failed spawn names a new actor id, which does not count.
+  static const std::regex actor_id(R"( ?\(a-[0-9a-f]+\))");
+  std::string reason = std::regex_replace(why, actor_id, "");
+  if (s.waiting != reason) log("worker " + std::to_string(i) + " cannot join yet: " + reason);
+  s.waiting = reason;
 }
 
 // Brings the slots in `want` into the job at round r: spawns their actors (or
@@ -413,6 +418,8 @@ double OuterAggregator::State::evaluate(const std::vector<int>& group, int64_t w
 }
 
 void OuterAggregator::State::run() {
+  // Restarted by the head after the job ended (its node died late): nothing to do.
+  if (rt.job(job_id).finished()) return;
   const int rounds = cfg.total_rounds();
   total_steps = int64_t(rounds) * cfg.inner.steps;
   fs::create_directories(folder);
@@ -532,6 +539,10 @@ void OuterAggregator::State::run() {
       ReduceRequest req;
       req.round = r;
       req.attempt = attempt;
+      const auto us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+      last_op_id = req.op_id = std::max(last_op_id + 1, us);
       for (int m : group) {
         req.names.push_back(slots[size_t(m)].name);
         req.endpoints.push_back(slots[size_t(m)].endpoint);

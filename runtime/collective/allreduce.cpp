@@ -299,6 +299,7 @@ namespace {
 // The state of one operation on one member.
 class Op {
  public:
+  uint64_t round_id() const { return g_.round_id; }
   Op(detail::CommunicatorImpl& impl, const Group& group, const float* in, float* out, size_t n)
       : impl_(impl),
         g_(group),
@@ -914,6 +915,15 @@ void detail::CommunicatorImpl::abandon(Op& op) {
   op.drop_outgoing();
   close_all_dealers();
   release_input();
+  // Empty our receive queues now: ZeroMQ stops reading a connection whose queue is full, and
+  // then never sees its peer close it (left in CLOSE-WAIT, one per failed operation, until the
+  // process runs out of sockets). Data of later operations is kept for them.
+  Received r;
+  uint64_t bytes = 0;
+  while (try_receive(r, bytes)) {
+    if (r.h.magic == kMagic && r.h.round_id > op.round_id()) stash_message(std::move(r));
+    r = Received{};
+  }
 }
 
 void detail::CommunicatorImpl::release_input() {

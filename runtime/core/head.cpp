@@ -326,7 +326,8 @@ class HeadService {
     job_log(job.id, "log", "job " + state + (message.empty() ? "" : ": " + message));
     event({{"type", "job_" + state}, {"job", job.id}, {"message", message}});
     spdlog::info("head: job {} {}{}", job.id, state, message.empty() ? "" : ": " + message);
-    if (state != "succeeded") kill_job_actors(job.id, "job " + state);
+    // A finished job holds nothing: the head never restarts its actors.
+    kill_job_actors(job.id, "job " + state);
   }
   // Kills every live actor named "<job id>.*", without restarts.
   void kill_job_actors(const std::string& job_id, const std::string& why) {

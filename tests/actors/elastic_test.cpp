@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 
 #include "tests/actors/job_util.hpp"
 
@@ -63,90 +64,102 @@ bool wait_for_line(JobHandle& job, const std::string& needle, Millis timeout) {
   return false;
 }
 
+// Long jobs (kLong rounds) that a test cancels once it has seen what it came
+// for, so that no assertion depends on how fast rounds go by.
+constexpr int kLong = 300;
+
+// Follows the reports; `step` returns true when the test has seen enough, and
+// the job is cancelled. Returns false when the job ended on its own first.
+bool follow(JobHandle& j, const std::function<bool(const RoundReport&)>& step) {
+  for (const RoundReport& r : j.watch()) {
+    if (step(r)) {
+      j.cancel();
+      return true;
+    }
+  }
+  return false;
+}
+
 using Elastic = DilocoJob;
 
 TEST_F(Elastic, ScaleUpNewWorkerCopiesTheOuterStateThenScaleDown) {
   LocalCluster c(one_worker_per_node(3));
   Client client(c.head_address());
-  TestJob spec = job(2, 1, 8);
-  JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
-  bool up = false, down = false;
-  for (const RoundReport& r : j.watch()) {
-    if (r.round == 2 && !up) {
-      up = true;
+  JobHandle j = client.submit(JobSpec::from_yaml(job(2, 1, kLong).yaml()));
+  int phase = 0, rounds_with_3 = 0, first_val = 0;
+  double val0 = 0, last_val = 0;
+  ASSERT_TRUE(follow(j, [&](const RoundReport& r) {
+    if (r.round == 0) val0 = r.val_loss;
+    if (r.val_loss > 0) last_val = r.val_loss, first_val = 1;
+    if (phase == 0 && r.round >= 2) {
+      EXPECT_EQ(r.workers, 2);
       EXPECT_EQ(j.scale(3).scale, 3);
-    }
-    if (r.round == 5 && !down) {
-      down = true;
+      phase = 1;
+    } else if (phase == 1 && r.workers == 3 && ++rounds_with_3 == 3) {
       j.scale(2);
+      phase = 2;
+    } else if (phase == 2 && r.workers == 2) {
+      return true;
     }
-  }
-  JobInfo end = j.wait(Millis(10000));
-  ASSERT_EQ(end.state, "succeeded") << end.message << "\n" << log_text(j);
+    return false;
+  })) << log_text(j);
   std::string log = log_text(j);
   // The new worker copied θ and momentum from a live one; the aggregator checks
-  // every round that all members' θ hashes agree, so rounds with 3 workers passed it.
+  // every round that all members' θ hashes agree (and fails the job otherwise),
+  // so the 3 rounds with 3 workers passed that check.
   EXPECT_TRUE(contains(log, "worker 2 joined at round")) << log;
   EXPECT_TRUE(contains(log, "copied from " + j.id() + ".worker-0")) << log;
   EXPECT_TRUE(contains(log, "worker 2 left: scaled down to 2")) << log;
-  auto w = workers_by_round(j);
-  EXPECT_EQ(w[1], 2);
-  int with3 = 0;
-  for (auto& [round, n] : w) with3 += n == 3;
-  EXPECT_GE(with3, 2) << "rounds with the third worker";
-  EXPECT_EQ(w[8], 2);
-  auto val = val_losses(dir_ + "/ckpt/" + j.id() + "/metrics.jsonl");
-  ASSERT_TRUE(val.count(8));
-  EXPECT_TRUE(std::isfinite(val[8]));
-  EXPECT_LT(val[8], val[0]);
+  EXPECT_FALSE(contains(log, "holds a different")) << log;
+  EXPECT_TRUE(first_val && std::isfinite(last_val));
+  EXPECT_LT(last_val, val0);
 }
 
 TEST_F(Elastic, ANodeStartedDuringTheJobTakesTheMissingWorker) {
   LocalCluster c(one_worker_per_node(2));
   Client client(c.head_address());
-  TestJob spec = job(3, 2, 7);
-  JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, kLong).yaml()));
   bool added = false;
-  for (const RoundReport& r : j.watch()) {
-    if (r.round == 2 && !added) {
+  ASSERT_TRUE(follow(j, [&](const RoundReport& r) {
+    if (r.round >= 2 && !added) {
+      EXPECT_EQ(r.workers, 2);
       added = true;
       c.add_node({"--resources", "cpu=1"});
     }
-  }
-  JobInfo end = j.wait(Millis(10000));
-  ASSERT_EQ(end.state, "succeeded") << end.message;
+    return added && r.workers == 3;
+  })) << log_text(j);
   std::string log = log_text(j);
   EXPECT_TRUE(contains(log, "worker 2 cannot join yet")) << log;
   EXPECT_TRUE(contains(log, "worker 2 joined at round")) << log;
-  auto w = workers_by_round(j);
-  EXPECT_EQ(w[1], 2);
-  EXPECT_EQ(w[7], 3);
+  // Said once, not once per round.
+  EXPECT_EQ(log.find("worker 2 cannot join yet"), log.rfind("worker 2 cannot join yet")) << log;
 }
 
 TEST_F(Elastic, SigtermToAWorkerNodeItLeavesAndItsShardsGoToTheOthers) {
   LocalCluster c(one_worker_per_node(3));
   Client client(c.head_address());
-  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, 6).yaml()));
+  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, kLong).yaml()));
   bool sent = false;
-  for (const RoundReport& r : j.watch()) {
-    if (r.round == 2 && !sent) {
+  ASSERT_TRUE(follow(j, [&](const RoundReport& r) {
+    if (r.round >= 2 && !sent) {
       sent = true;
       c.node(client.runtime().lookup(j.id() + ".worker-1").address).signal(SIGTERM);
     }
-  }
-  JobInfo end = j.wait(Millis(10000));
-  ASSERT_EQ(end.state, "succeeded") << end.message;
-  std::string log = log_text(j);
-  EXPECT_TRUE(contains(log, "worker 1 left")) << log;
-  EXPECT_TRUE(contains(log, "lost worker(s) 1; their shards went to the 2 others")) << log;
-  EXPECT_EQ(workers_by_round(j)[6], 2);
+    return sent && r.workers == 2;
+  })) << log_text(j);
+  ASSERT_TRUE(wait_for_line(j, "lost worker(s) 1; their shards went to the 2 others", Millis(10000)))
+      << log_text(j);
+  EXPECT_TRUE(contains(log_text(j), "worker 1 left")) << log_text(j);
 }
 
 // SIGKILL (injected in the worker's own process, at a known point) in round 3;
 // a spare node takes the restarted worker, which rejoins with the outer state.
 void crash_and_rejoin(JobHandle& j, const std::string& fault_log, const std::string& where) {
-  JobInfo end = j.wait(Millis(300000));
-  ASSERT_EQ(end.state, "succeeded") << end.message << "\n" << log_text(j);
+  std::map<int, int> workers;
+  ASSERT_TRUE(follow(j, [&](const RoundReport& r) {
+    workers[r.round] = r.workers;
+    return r.round > 3 && r.workers == 3;
+  })) << log_text(j);
   std::string log = log_text(j);
   auto lost = first_line(j, "worker 1 left");
   ASSERT_TRUE(lost) << log;
@@ -162,10 +175,8 @@ void crash_and_rejoin(JobHandle& j, const std::string& fault_log, const std::str
   auto back = first_line(j, "worker 1 joined at round");
   ASSERT_TRUE(back) << log;
   EXPECT_TRUE(contains(back->second, "copied from")) << back->second;
-  auto w = workers_by_round(j);
-  EXPECT_EQ(w[2], 3);
-  EXPECT_EQ(w[3], 2) << "round 3 completes with the survivors";
-  EXPECT_EQ(w.rbegin()->second, 3) << "the restarted worker is back";
+  EXPECT_EQ(workers[2], 3);
+  EXPECT_EQ(workers[3], 2) << "round 3 completes with the survivors";
 }
 
 TEST_F(Elastic, SigkillDuringInnerStepsSurvivorsFinishTheRoundAndTheWorkerRejoins) {
@@ -174,7 +185,7 @@ TEST_F(Elastic, SigkillDuringInnerStepsSurvivorsFinishTheRoundAndTheWorkerRejoin
   ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
   LocalCluster c(one_worker_per_node(4));  // one spare
   Client client(c.head_address());
-  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, 7).yaml()));
+  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, kLong).yaml()));
   crash_and_rejoin(j, fault_log, "failed in round 3");
 }
 
@@ -184,7 +195,7 @@ TEST_F(Elastic, SigkillDuringTheAllReduceTheGroupReformsAndTheWorkerRejoins) {
   ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
   LocalCluster c(one_worker_per_node(4));
   Client client(c.head_address());
-  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, 7).yaml()));
+  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, kLong).yaml()));
   crash_and_rejoin(j, fault_log, "lost in the all-reduce of round 3");
   EXPECT_TRUE(contains(log_text(j), "round 3 re-formed with 2 workers")) << log_text(j);
 }
@@ -192,28 +203,27 @@ TEST_F(Elastic, SigkillDuringTheAllReduceTheGroupReformsAndTheWorkerRejoins) {
 TEST_F(Elastic, BelowMinWorkersTheJobWaitsAndANewNodeSavesIt) {
   LocalCluster c(one_worker_per_node(2));
   Client client(c.head_address());
-  TestJob spec = job(2, 2, 5);
+  TestJob spec = job(2, 2, kLong);
   spec.max_restarts = 0;
   JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
   bool killed = false;
-  for (const RoundReport& r : j.watch()) {
-    if (r.round == 1 && !killed) {
+  int after = 0;
+  ASSERT_TRUE(follow(j, [&](const RoundReport& r) {
+    if (r.round >= 1 && !killed) {
       killed = true;
       c.node(client.runtime().lookup(j.id() + ".worker-1").address).kill();
-      ASSERT_TRUE(wait_for_line(j, "below workers.min = 2; waiting up to", Millis(60000)))
-          << log_text(j);
+      EXPECT_TRUE(wait_for_line(j, "below workers.min = 2; waiting up to", Millis(60000))) << log_text(j);
       c.add_node({"--resources", "cpu=1"});
+      return false;
     }
-  }
-  JobInfo end = j.wait(Millis(10000));
-  ASSERT_EQ(end.state, "succeeded") << end.message << "\n" << log_text(j);
-  EXPECT_EQ(workers_by_round(j)[5], 2);
+    return killed && r.workers == 2 && ++after == 2;  // going on with 2 again
+  })) << log_text(j);
 }
 
 TEST_F(Elastic, BelowMinWorkersPastWaitTheJobFailsSayingWhy) {
   LocalCluster c(one_worker_per_node(2));
   Client client(c.head_address());
-  TestJob spec = job(2, 2, 20);
+  TestJob spec = job(2, 2, kLong);
   spec.max_restarts = 0;
   spec.wait_s = 2;
   JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
@@ -237,7 +247,7 @@ double final_val_loss(const std::string& metrics) {
 }
 
 TEST_F(Elastic, HeadAndAggregatorNodeKilledTheJobResumesFromItsCheckpoint) {
-  TestJob spec = job(3, 3, 10);
+  TestJob spec = job(3, 3, 16);
   spec.checkpoint_every = 2;
   LocalCluster c(one_worker_per_node(4));
   double reference;
@@ -254,7 +264,7 @@ TEST_F(Elastic, HeadAndAggregatorNodeKilledTheJobResumesFromItsCheckpoint) {
     JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
     id = j.id();
     for (const RoundReport& r : j.watch()) {
-      if (r.round == 5) break;  // past the checkpoint of round 4
+      if (r.round >= 5) break;  // past a checkpoint
     }
     std::string agg = client.runtime().lookup(id + ".entry").address;
     c.kill_head();
@@ -267,14 +277,14 @@ TEST_F(Elastic, HeadAndAggregatorNodeKilledTheJobResumesFromItsCheckpoint) {
   JobInfo end = j.wait(Millis(300000));
   ASSERT_EQ(end.state, "succeeded") << end.message << "\n" << log_text(j);
   std::string log = log_text(j);
-  EXPECT_TRUE(contains(log, "resuming from " + dir_ + "/ckpt/" + id + "/ckpt-round-4.pt: round 4")) << log;
+  EXPECT_TRUE(contains(log, "resuming from " + dir_ + "/ckpt/" + id + "/ckpt-round-")) << log;
   double got = final_val_loss(dir_ + "/ckpt/" + id + "/metrics.jsonl");
   std::printf("final validation loss: %.5f without faults, %.5f with the coordinator killed (%.2f%%)\n",
               reference, got, 100 * (got - reference) / reference);
   EXPECT_LE(std::abs(got - reference) / reference, 0.01);
   // Rounds 5.. were redone, once each in the metrics.
   auto v = val_losses(dir_ + "/ckpt/" + id + "/metrics.jsonl");
-  EXPECT_EQ(v.size(), 11u);
+  EXPECT_EQ(v.size(), 17u);
 }
 
 TEST_F(Elastic, RedisRestartedMidJobTheJobFinishesWithEveryReport) {
@@ -282,9 +292,9 @@ TEST_F(Elastic, RedisRestartedMidJobTheJobFinishesWithEveryReport) {
   co.redis_appendonly = true;
   LocalCluster c(co);
   Client client(c.head_address());
-  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 3, 6).yaml()));
+  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 3, 40).yaml()));
   for (const RoundReport& r : j.watch()) {
-    if (r.round == 2) break;
+    if (r.round >= 2) break;
   }
   c.redis().kill();
   // The job goes on without Redis; reports wait in the aggregator.
@@ -293,7 +303,7 @@ TEST_F(Elastic, RedisRestartedMidJobTheJobFinishesWithEveryReport) {
   JobInfo end = j.wait(Millis(300000));
   ASSERT_EQ(end.state, "succeeded") << end.message;
   auto w = workers_by_round(j);
-  for (int r = 0; r <= 6; ++r) EXPECT_EQ(w[r], 3) << "report of round " << r;
+  for (int r = 0; r <= 40; ++r) EXPECT_EQ(w[r], 3) << "report of round " << r;
   bool listed = false;
   for (auto& info : client.jobs()) listed |= info.id == j.id() && info.state == "succeeded";
   EXPECT_TRUE(listed);
