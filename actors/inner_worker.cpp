@@ -135,7 +135,7 @@ InitResult InnerWorker::init(WorkerInit init) {
   InitResult out;
   s_->index = init.index;
   std::optional<torch::serialize::InputArchive> inner_ar;
-  if (!init.checkpoint.empty() && !init.inner_state.empty() && std::filesystem::exists(init.inner_state)) {
+  if (!init.inner_state.empty() && std::filesystem::exists(init.inner_state)) {
     inner_ar.emplace();
     inner_ar->load_from(init.inner_state);
     c10::IValue v;
@@ -145,8 +145,9 @@ InitResult InnerWorker::init(WorkerInit init) {
   s_->stream = init.stream;
   s_->trainer = std::make_unique<dl::InnerTrainer>(s_->cfg, s_->store, init.shards, init.stream,
                                                    init.total_steps);
-  s_->trainer->set_step(init.round * s_->cfg.inner.steps);
   if (inner_ar) s_->trainer->load(*inner_ar, "worker.");  // AdamW moments, step, data position
+  // Behind the job when the slot's inner state is older than the outer state it gets.
+  s_->trainer->set_step(init.round * s_->cfg.inner.steps);
   s_->outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, s_->trainer->flat_parameters());
   auto t0 = std::chrono::steady_clock::now();
   if (!init.source.empty()) {

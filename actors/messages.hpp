@@ -19,8 +19,9 @@ struct WorkerInit {
   int64_t round = 0;        // rounds already done by the job
   std::string source;       // actor name of a live worker
   std::string checkpoint;   // path of a checkpoint written by save_checkpoint
-  // With `checkpoint`: this slot's inner state of the same round (save_inner_state),
-  // when there is one; the worker then continues exactly where the slot was.
+  // This slot's inner state as of the last checkpoint (save_inner_state), when there
+  // is one: with `checkpoint` the worker continues exactly where the slot was; with
+  // `source` (a restarted worker) it gets back its AdamW moments and data stream.
   std::string inner_state;
   MSGPACK_DEFINE(index, shards, stream, total_steps, round, source, checkpoint, inner_state)
 };

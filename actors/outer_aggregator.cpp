@@ -151,7 +151,9 @@ struct OuterAggregator::State {
   void deal_shards();
   void release(int i, const std::string& why);
   void reconcile(int64_t r);
-  double evaluate(const std::vector<int>& group, int64_t windows);
+  std::optional<double> evaluate(int64_t windows);
+  template <class T>
+  std::optional<T> ask_any(const std::string& what, const std::function<Future<T>(ActorHandle<InnerWorker>&)>& call);
   void run();
   void plot(const std::string& jsonl, const std::string& png);
 };
@@ -273,12 +275,11 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     wi.total_steps = total_steps;
     wi.round = r;
     if (!fresh) {
-      if (!source.empty()) {
+      if (!source.empty())
         wi.source = source;
-      } else {
+      else
         wi.checkpoint = resume_from;
-        wi.inner_state = inner_state_path(resume_from, i);
-      }
+      if (!resume_from.empty()) wi.inner_state = inner_state_path(resume_from, i);
     }
     initing.push_back(i);
     inits.push_back(worker(i).call(&InnerWorker::init, wi));
@@ -344,7 +345,6 @@ void OuterAggregator::State::release(int i, const std::string& why) {
 // target, drop surplus ones; below workers.min, wait for joins up to wait_s.
 void OuterAggregator::State::reconcile(int64_t r) {
   read_target();
-  bool changed = false;
   // Surplus workers leave, the highest slots first.
   std::vector<int> members = active();
   for (size_t k = members.size(); k-- > size_t(target);) {
@@ -357,7 +357,6 @@ void OuterAggregator::State::reconcile(int64_t r) {
     }
     s.handle.reset();
     log("worker " + std::to_string(members[k]) + " left: scaled down to " + std::to_string(target));
-    changed = true;
   }
   const double deadline = now_s() + cfg.workers.wait_s;
   bool said_waiting = false;
@@ -377,10 +376,9 @@ void OuterAggregator::State::reconcile(int64_t r) {
             (resume_from.empty() ? std::string("the start") : resume_from));
         throw std::out_of_range("rewind");
       }
-      if (!acquire(want, r).empty()) changed = true;
+      acquire(want, r);
     }
-    if (changed) deal_shards();
-    changed = false;
+    deal_shards();  // also after members left outside a reduce (evaluation, checkpoint)
     const int have = int(active().size());
     if (have >= std::max(1, cfg.workers.min) || stop) return;
     std::string why;
@@ -402,19 +400,55 @@ void OuterAggregator::State::reconcile(int64_t r) {
 }
 
 // Validation loss of θ (the same on every member), the windows shared out by
-// whole batches so that each member evaluates about 1/K of them.
-double OuterAggregator::State::evaluate(const std::vector<int>& group, int64_t windows) {
-  const int64_t bs = cfg.inner.batch_size;
-  const int64_t batches = (windows + bs - 1) / bs;
-  const int64_t per = (batches + int64_t(group.size()) - 1) / int64_t(group.size());
-  std::vector<std::pair<int64_t, Future<double>>> parts;
-  for (size_t i = 0; i < group.size(); ++i) {
-    int64_t b = int64_t(i) * per * bs, e = std::min(windows, (int64_t(i) + 1) * per * bs);
-    if (b < e) parts.emplace_back(e - b, worker(group[i]).call(&InnerWorker::evaluate_windows, b, e));
+// whole batches so that each member evaluates about 1/K of them. A member lost
+// meanwhile leaves the round's members and the others share the work again;
+// nothing when none is left.
+std::optional<double> OuterAggregator::State::evaluate(int64_t windows) {
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    std::vector<int> group = active();
+    if (group.empty()) return std::nullopt;
+    const int64_t bs = cfg.inner.batch_size;
+    const int64_t batches = (windows + bs - 1) / bs;
+    const int64_t per = (batches + int64_t(group.size()) - 1) / int64_t(group.size());
+    std::vector<int64_t> counts;
+    std::vector<int> who;
+    std::vector<Future<double>> parts;
+    for (size_t i = 0; i < group.size(); ++i) {
+      int64_t b = int64_t(i) * per * bs, e = std::min(windows, (int64_t(i) + 1) * per * bs);
+      if (b >= e) continue;
+      counts.push_back(e - b);
+      who.push_back(group[i]);
+      parts.push_back(worker(group[i]).call(&InnerWorker::evaluate_windows, b, e));
+    }
+    std::vector<Failure> errors;
+    auto got = gather(parts, errors, Millis(300000));
+    double sum = 0;
+    bool complete = true;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (got[i]) {
+        sum += *got[i] * double(counts[i]);
+      } else {
+        complete = false;
+        release(who[i], "failed while evaluating: " + errors[i].message);
+      }
+    }
+    if (complete) return sum / double(windows);
   }
-  double sum = 0;
-  for (auto& [count, f] : parts) sum += f.get(Millis(300000)) * double(count);
-  return sum / double(windows);
+  return std::nullopt;
+}
+
+// Asks the active members in turn until one answers; a member that fails leaves.
+template <class T>
+std::optional<T> OuterAggregator::State::ask_any(
+    const std::string& what, const std::function<Future<T>(ActorHandle<InnerWorker>&)>& call) {
+  for (int m : active()) {
+    try {
+      return call(worker(m)).get(Millis(300000));
+    } catch (const std::exception& e) {
+      release(m, "failed " + what + ": " + e.what());
+    }
+  }
+  return std::nullopt;
 }
 
 void OuterAggregator::State::run() {
@@ -483,13 +517,20 @@ void OuterAggregator::State::run() {
 
   int64_t r = resume_round;
   reconcile(r);
-  int64_t windows = worker(active()[0]).call(&InnerWorker::validation_windows).get(Millis(60000));
+  int64_t windows = 0;
+  while (!windows) {
+    auto w = ask_any<int64_t>("to count the validation windows",
+                              [](auto& h) { return h.call(&InnerWorker::validation_windows); });
+    if (w) windows = *w;
+    else reconcile(r);
+  }
   const double t_start = now_s();
   double bytes = 0, last_val = 0;
   if (r == 0) {
-    last_val = evaluate(active(), windows);
-    report(0, 0, last_val, 0, 0, 0, int(active().size()), 0,
-           worker(active()[0]).call(&InnerWorker::theta_hash).get(Millis(60000)));
+    auto v = evaluate(windows);
+    auto h = ask_any<uint64_t>("to hash θ", [](auto& w) { return w.call(&InnerWorker::theta_hash); });
+    if (v) last_val = *v;
+    report(0, 0, v, 0, 0, 0, int(active().size()), 0, h.value_or(0));
   }
   // Whole-job utilization: time in inner steps over the time the members were
   // in the job, all rounds, checkpoints, evaluations and joins included.
@@ -611,9 +652,14 @@ void OuterAggregator::State::run() {
     steps_since_eval += cfg.inner.steps;
     std::optional<double> val;
     if (steps_since_eval >= cfg.eval.every || r == rounds) {
-      val = evaluate(members, windows);
-      last_val = *val;
-      steps_since_eval = 0;
+      val = evaluate(windows);
+      if (val) {
+        last_val = *val;
+        steps_since_eval = 0;
+      } else {
+        log("round " + std::to_string(r) + ": no worker left to evaluate θ; evaluated later");
+      }
+      members = active();
     }
     const double wall = now_s() - t_round;
     inner_total += inner_secs;
@@ -626,21 +672,41 @@ void OuterAggregator::State::run() {
       std::vector<Future<std::string>> inner_files;
       for (int m : members)
         inner_files.push_back(worker(m).call(&InnerWorker::save_inner_state, inner_state_path(file, m)));
-      std::string path = worker(members[0]).call(&InnerWorker::save_checkpoint, file).get(Millis(300000));
-      for (auto& f : inner_files) f.get(Millis(300000));
-      resume_from = path;
-      resume_round = r;
-      log(kCheckpointLine + path + " (round " + std::to_string(r) + ")");
+      auto path = ask_any<std::string>("to write a checkpoint",
+                                       [&](auto& w) { return w.call(&InnerWorker::save_checkpoint, file); });
+      std::vector<Failure> errors;
+      gather(inner_files, errors, Millis(300000));  // a worker without its file starts afresh on resume
+      if (path) {
+        resume_from = *path;
+        resume_round = r;
+        log(kCheckpointLine + *path + " (round " + std::to_string(r) + ")");
+      }
     }
     member_seconds += double(members.size()) * (now_s() - t_round);
     flush();
   }
   if (stop) return;
-  std::string final_path = worker(active()[0])
-                               .call(&InnerWorker::save_checkpoint, folder + "/final.pt")
-                               .get(Millis(300000));
+  // The end: θ's validation loss (if the last evaluation was lost) and final.pt,
+  // from whichever workers are there.
+  std::optional<std::string> final_path;
+  for (int attempt = 0; !final_path; ++attempt) {
+    if (attempt > 0) {
+      if (attempt > 3) throw std::runtime_error("no worker could write the final checkpoint");
+      for (Slot& s : slots) s.active = s.active && s.handle;
+      reconcile(r);
+    }
+    if (steps_since_eval > 0) {
+      if (auto v = evaluate(windows)) {
+        last_val = *v;
+        steps_since_eval = 0;
+      }
+    }
+    final_path = ask_any<std::string>("to write the final checkpoint", [&](auto& w) {
+      return w.call(&InnerWorker::save_checkpoint, folder + "/final.pt");
+    });
+  }
   metrics.close();
-  log(kCheckpointLine + final_path);
+  log(kCheckpointLine + *final_path);
   // A finished job holds no cpus.
   for (Slot& s : slots) {
     if (!s.handle) continue;

@@ -1,11 +1,11 @@
 // Chaos: a DiLoCo job of at least 30 rounds while workers are killed (SIGKILL
-// or SIGTERM of their node), restarted elsewhere, and added, at random from a
-// seed. It must finish, never hang, never see a NaN, keep every round's members
+// or SIGTERM of their node) and restarted elsewhere, and nodes are added, at
+// random from a seed; the aggregator dies too when its node is hit. It must finish, never hang, never see a NaN, keep every round's members
 // on one θ (the aggregator checks the hashes each round and would fail the
 // job), and end within 2 % of the same job's validation loss without faults.
 //
 //   LOCO_CHAOS_SEED    seed of the faults (default 1; scripts/chaos picks one)
-//   LOCO_CHAOS_ROUNDS  rounds of the job (default 30)
+//   LOCO_CHAOS_ROUNDS  rounds of the job (default 40, at least 30)
 #include <signal.h>
 
 #include <algorithm>
@@ -36,11 +36,11 @@ using Chaos = DilocoJob;
 
 TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
   const int seed = env_int("LOCO_CHAOS_SEED", 1);
-  const int rounds = std::max(30, env_int("LOCO_CHAOS_ROUNDS", 30));
+  const int rounds = std::max(30, env_int("LOCO_CHAOS_ROUNDS", 40));
   std::printf("chaos: seed %d, %d rounds\n", seed, rounds);
   TestJob spec = job(3, 1, rounds);
-  spec.steps = 5;
-  spec.checkpoint_every = 10;
+  spec.steps = 10;
+  spec.checkpoint_every = 5;
   spec.max_restarts = 1000;
   spec.wait_s = 120;
   LocalCluster c(one_worker_per_node(4));  // 3 workers and a spare
@@ -56,10 +56,14 @@ TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
 
   std::mt19937 rng{static_cast<uint32_t>(seed)};
   auto chance = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
-  JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+  // The aggregator shares nodes with workers and dies with them: it comes back
+  // every time, and resumes from its last checkpoint.
+  JobSpec chaos_spec = JobSpec::from_yaml(spec.yaml());
+  chaos_spec.max_restarts = 1000;
+  JobHandle j = client.submit(chaos_spec);
   std::vector<Fault> faults;
   std::map<int, RoundReport> reports;
-  int target = spec.workers;
+  const int target = spec.workers;
   // The node of a random live worker of the job, or "".
   auto victim = [&]() -> std::string {
     std::vector<std::string> hosts;
@@ -83,11 +87,10 @@ TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
     const int kind = std::uniform_int_distribution<int>(0, 3)(rng);
     int alive_nodes = 0;
     for (auto& n : client.runtime().status().nodes) alive_nodes += n.node.state == "alive";
-    if (kind == 2 && target < 4) {
-      target += 1;
-      j.scale(target);
+    if (kind == 2) {
+      // A machine joins: spare capacity, where the next lost worker restarts.
       c.add_node({"--resources", "cpu=1"});
-      f.what = "a worker added (scale to " + std::to_string(target) + ") on a new node";
+      f.what = "a node added";
     } else {
       std::string node = victim();
       if (node.empty()) continue;
@@ -137,7 +140,7 @@ TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
   std::printf("chaos: final validation loss %.5f, without faults %.5f (%+.2f%%)\n", got, reference,
               100 * (got - reference) / reference);
   EXPECT_GE(faults.size(), 5u) << "too few faults for a chaos test; another seed?";
-  EXPECT_LE(std::abs(got - reference) / reference, 0.02);
+  EXPECT_LE(std::abs(got - reference) / reference, 0.02) << log;
 }
 
 }  // namespace
