@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
 #include "diloco/trainer.hpp"
@@ -20,15 +21,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-collective::Codec codec_of(dl::Compression c) {
-  switch (c) {
-    case dl::Compression::fp16: return collective::Codec::fp16;
-    case dl::Compression::bf16: return collective::Codec::bf16;
-    case dl::Compression::int8: return collective::Codec::int8;
-    default: return collective::Codec::fp32;
-  }
 }
 
 // The host this node is reached at, for the collective's socket.
@@ -59,7 +51,7 @@ struct InnerWorker::State {
         store(dl::TokenStore::open(cfg.data)),
         comm("tcp://" + node_host() + ":0", [&] {
           collective::Options o;
-          o.codec = codec_of(cfg.compression);
+          o.codec = dl::codec_of(cfg.compression);
           return o;
         }()) {}
 };
@@ -114,7 +106,8 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
                                 std::to_string(s_->delta_round));
   auto t0 = std::chrono::steady_clock::now();
   collective::Group g;
-  for (size_t i = 0; i < req.names.size(); ++i) g.members.push_back({req.names[i], req.endpoints[i]});
+  for (size_t i = 0; i < req.names.size(); ++i)
+    g.members.push_back({req.names[i], req.endpoints[i]});
   g.rank = req.rank;
   // Round and attempt in one id, so that a re-formed group never mixes in data
   // of the failed attempt.
