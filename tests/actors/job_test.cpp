@@ -1,5 +1,6 @@
 // A DiLoCo job distributed over 4 node processes gives the simulator's
-// validation loss curve (fp32, no compression), and bad job files fail the
+// validation loss curve (fp32, and int8: the simulator averages with the
+// collective's own numerics), and bad job files fail the
 // submission with the field's name.
 #include <gtest/gtest.h>
 
@@ -34,16 +35,24 @@ std::map<int, double> val_losses(const std::string& path) {
   return out;
 }
 
-std::string job_yaml(const std::string& data, const std::string& ckpt, const std::string& compression,
-                     int rounds = 3, int min_workers = 4) {
+std::string job_yaml(const std::string& data, const std::string& ckpt,
+                     const std::string& compression, int rounds = 3, int min_workers = 4) {
   return "name: parity\nseed: 7\nthreads: 1\n"
          "model: {layers: 2, width: 64, heads: 2, context: 32}\n"
-         "data: {dir: " + data + ", tokenizer: byte, shards: 16, val_fraction: 0.05}\n"
-         "workers: {count: 4, min: " + std::to_string(min_workers) + "}\n"
+         "data: {dir: " +
+         data +
+         ", tokenizer: byte, shards: 16, val_fraction: 0.05}\n"
+         "workers: {count: 4, min: " +
+         std::to_string(min_workers) +
+         "}\n"
          "inner: {steps: 10, batch_size: 8, lr: 0.003, warmup: 5}\n"
          "outer: {lr: 0.7, momentum: 0.9, nesterov: true}\n"
-         "compression: " + compression + "\nrounds: " + std::to_string(rounds) + "\n"
-         "checkpoint: {every: 0, dir: " + ckpt + "}\n"
+         "compression: " +
+         compression + "\nrounds: " + std::to_string(rounds) +
+         "\n"
+         "checkpoint: {every: 0, dir: " +
+         ckpt +
+         "}\n"
          "eval: {every: 10, batches: 4}\n";
 }
 
@@ -70,9 +79,11 @@ class DilocoJob : public ::testing::Test {
   std::string data_, dir_;
 };
 
-TEST_F(DilocoJob, DistributedOverFourNodesMatchesTheSimulator) {
+class DilocoParity : public DilocoJob, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(DilocoParity, DistributedOverFourNodesMatchesTheSimulator) {
   const std::string file = dir_ + "/job.yaml";
-  std::ofstream(file) << job_yaml(data_, dir_ + "/ckpt", "fp32");
+  std::ofstream(file) << job_yaml(data_, dir_ + "/ckpt", GetParam());
 
   // The simulator, through the `loco train` command.
   std::string sim_out = dir_ + "/sim";
@@ -114,6 +125,8 @@ TEST_F(DilocoJob, DistributedOverFourNodesMatchesTheSimulator) {
   EXPECT_TRUE(fs::exists(folder + "/final.pt"));
 }
 
+INSTANTIATE_TEST_SUITE_P(Compression, DilocoParity, ::testing::Values("fp32", "int8"));
+
 TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
   LocalCluster c(one_worker_per_node(4));
   Client client(c.head_address());
@@ -140,7 +153,8 @@ TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
   std::string cursor, log;
   for (auto& e : job.poll(cursor, 100000).events)
     if (e.kind == "log") log += e.data + "\n";
-  EXPECT_NE(log.find("lost worker(s) 1; their shards went to the 3 others"), std::string::npos) << log;
+  EXPECT_NE(log.find("lost worker(s) 1; their shards went to the 3 others"), std::string::npos)
+      << log;
 }
 
 TEST_F(DilocoJob, BadJobFileFailsTheSubmissionNamingTheField) {
