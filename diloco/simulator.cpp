@@ -189,17 +189,15 @@ void Simulator::load_checkpoint(const std::string& path) {
     trainers_[i]->load(ar, "worker." + std::to_string(i) + ".");
 }
 
-JobConfig checkpoint_config(const std::string& path) {
-  torch::serialize::InputArchive ar;
-  ar.load_from(path);
+namespace {
+
+JobConfig read_config(torch::serialize::InputArchive& ar) {
   c10::IValue v;
   ar.read("config", v);
   return JobConfig::from_yaml(v.toStringRef());
 }
 
-torch::Tensor checkpoint_theta(const std::string& path) {
-  torch::serialize::InputArchive ar;
-  ar.load_from(path);
+torch::Tensor read_theta(torch::serialize::InputArchive& ar, const std::string& path) {
   torch::Tensor theta;
   if (!ar.try_read("outer.theta", theta)) ar.read("worker.0.params", theta);
   TORCH_CHECK(theta.dim() == 1 && theta.scalar_type() == torch::kFloat32, "checkpoint ", path,
@@ -207,10 +205,26 @@ torch::Tensor checkpoint_theta(const std::string& path) {
   return theta.contiguous();
 }
 
+}  // namespace
+
+JobConfig checkpoint_config(const std::string& path) {
+  torch::serialize::InputArchive ar;
+  ar.load_from(path);
+  return read_config(ar);
+}
+
+torch::Tensor checkpoint_theta(const std::string& path) {
+  torch::serialize::InputArchive ar;
+  ar.load_from(path);
+  return read_theta(ar, path);
+}
+
 Gpt load_model_from_checkpoint(const std::string& path, JobConfig* cfg_out) {
-  const JobConfig cfg = checkpoint_config(path);
+  torch::serialize::InputArchive ar;
+  ar.load_from(path);
+  const JobConfig cfg = read_config(ar);
   Gpt model(cfg.model, cfg.vocab_size());
-  const torch::Tensor theta = checkpoint_theta(path);
+  const torch::Tensor theta = read_theta(ar, path);
   torch::NoGradGuard no_grad;
   std::int64_t off = 0;
   for (auto& p : model->parameters()) {
