@@ -11,6 +11,7 @@
 #include <fstream>
 #include <optional>
 
+#include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
 #include "diloco/trainer.hpp"
@@ -26,15 +27,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-collective::Codec codec_of(dl::Compression c) {
-  switch (c) {
-    case dl::Compression::fp16: return collective::Codec::fp16;
-    case dl::Compression::bf16: return collective::Codec::bf16;
-    case dl::Compression::int8: return collective::Codec::int8;
-    default: return collective::Codec::fp32;
-  }
 }
 
 // Fault injection for the fault-tolerance tests and scripts/chaos, off unless
@@ -113,7 +105,7 @@ struct InnerWorker::State {
         store(dl::TokenStore::open(cfg.data)),
         comm("tcp://" + node_host() + ":0", [&] {
           collective::Options o;
-          o.codec = codec_of(cfg.compression);
+          o.codec = dl::codec_of(cfg.compression);
           return o;
         }()) {}
 };
@@ -213,7 +205,8 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
                                 std::to_string(s_->delta_round));
   auto t0 = std::chrono::steady_clock::now();
   collective::Group g;
-  for (size_t i = 0; i < req.names.size(); ++i) g.members.push_back({req.names[i], req.endpoints[i]});
+  for (size_t i = 0; i < req.names.size(); ++i)
+    g.members.push_back({req.names[i], req.endpoints[i]});
   g.rank = req.rank;
   g.round_id = req.op_id;
   if (s_->fault.hits(s_->index, req.round, "reduce"))

@@ -132,6 +132,18 @@ RoundMetrics Simulator::run_round() {
   return m;
 }
 
+void Simulator::init_parameters(const std::string& checkpoint) {
+  if (round_ != 0)
+    throw std::logic_error("Simulator::init_parameters: after round " + std::to_string(round_));
+  const torch::Tensor theta = checkpoint_theta(checkpoint);
+  if (theta.numel() != parameter_count())
+    throw std::invalid_argument("--init " + checkpoint + ": θ has " +
+                                std::to_string(theta.numel()) + " parameters, this job's model " +
+                                std::to_string(parameter_count()) + " (model config differs?)");
+  for (auto& t : trainers_) t->load_parameters(theta);
+  for (auto& o : outers_) o = std::make_unique<OuterOptimizer>(cfg_.outer, theta);
+}
+
 void Simulator::save_checkpoint(const std::string& path) const {
   torch::serialize::OutputArchive ar;
   ar.write("config", c10::IValue(cfg_.to_yaml()));
@@ -177,23 +189,42 @@ void Simulator::load_checkpoint(const std::string& path) {
     trainers_[i]->load(ar, "worker." + std::to_string(i) + ".");
 }
 
-JobConfig checkpoint_config(const std::string& path) {
-  torch::serialize::InputArchive ar;
-  ar.load_from(path);
+namespace {
+
+JobConfig read_config(torch::serialize::InputArchive& ar) {
   c10::IValue v;
   ar.read("config", v);
   return JobConfig::from_yaml(v.toStringRef());
 }
 
+torch::Tensor read_theta(torch::serialize::InputArchive& ar, const std::string& path) {
+  torch::Tensor theta;
+  if (!ar.try_read("outer.theta", theta)) ar.read("worker.0.params", theta);
+  TORCH_CHECK(theta.dim() == 1 && theta.scalar_type() == torch::kFloat32, "checkpoint ", path,
+              ": θ is not a flat fp32 tensor");
+  return theta.contiguous();
+}
+
+}  // namespace
+
+JobConfig checkpoint_config(const std::string& path) {
+  torch::serialize::InputArchive ar;
+  ar.load_from(path);
+  return read_config(ar);
+}
+
+torch::Tensor checkpoint_theta(const std::string& path) {
+  torch::serialize::InputArchive ar;
+  ar.load_from(path);
+  return read_theta(ar, path);
+}
+
 Gpt load_model_from_checkpoint(const std::string& path, JobConfig* cfg_out) {
   torch::serialize::InputArchive ar;
   ar.load_from(path);
-  c10::IValue v;
-  ar.read("config", v);
-  const JobConfig cfg = JobConfig::from_yaml(v.toStringRef());
+  const JobConfig cfg = read_config(ar);
   Gpt model(cfg.model, cfg.vocab_size());
-  torch::Tensor theta;
-  if (!ar.try_read("outer.theta", theta)) ar.read("worker.0.params", theta);
+  const torch::Tensor theta = read_theta(ar, path);
   torch::NoGradGuard no_grad;
   std::int64_t off = 0;
   for (auto& p : model->parameters()) {

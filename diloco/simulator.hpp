@@ -60,6 +60,14 @@ class Simulator {
   std::uint64_t theta_hash() const;
   double evaluate();
 
+  // Starts from the parameters θ held in `checkpoint` (any loco checkpoint:
+  // a simulation's, a distributed job's) instead of cfg.seed's initialisation,
+  // as the DiLoCo paper's runs start from one pretrained model: every worker's
+  // model and θ_global take them; the outer momentum is zero and the inner
+  // AdamW state and schedule start fresh (warmup included). Before the first
+  // round only; throws if θ's length is not this model's.
+  void init_parameters(const std::string& checkpoint);
+
   // Checkpoint of the whole simulation (config, round, outer state, every
   // worker's inner state, counters, torch RNG state), written to a temporary
   // file and renamed. load_checkpoint needs a Simulator built with the same
@@ -87,6 +95,8 @@ class Simulator {
 
 // Reads a checkpoint's job config (for `loco-train generate`).
 JobConfig checkpoint_config(const std::string& path);
+// θ (flat fp32) of a checkpoint: the outer θ, or worker 0's parameters.
+torch::Tensor checkpoint_theta(const std::string& path);
 // Loads θ from a checkpoint into a model built from its config.
 Gpt load_model_from_checkpoint(const std::string& path, JobConfig* cfg_out = nullptr);
 

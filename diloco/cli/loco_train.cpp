@@ -1,6 +1,7 @@
 // loco-train: the simulator and text generation. `loco train ...` and
 // `loco generate ...` forward here.
 //   loco-train train --simulate K job.yaml [--baseline single|ddp] [--rounds N] [--out DIR]
+//                    [--init CKPT | --resume CKPT]
 //   loco-train generate --checkpoint PATH --prompt "..." [--tokens N]
 #include <torch/torch.h>
 
@@ -17,7 +18,7 @@ using namespace loco::diloco;
 namespace {
 
 int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out,
-          int threads, const std::string& resume) {
+          int threads, const std::string& resume, const std::string& init) {
   JobConfig cfg = JobConfig::from_yaml_file(job);
   if (threads > 0) cfg.threads = threads;
   if (cfg.threads > 0) at::set_num_threads(cfg.threads);
@@ -29,11 +30,12 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
   if (out.empty()) out = "runs/" + cfg.name;
   fs::create_directories(out);
   Simulator sim(cfg, opt);
+  if (!init.empty()) sim.init_parameters(init);
   std::cerr << "loco-train: " << cfg.name << ": model of " << sim.parameter_count()
             << " parameters, " << (baseline.empty() ? "diloco" : baseline) << " with K=" << k
             << ", H=" << cfg.inner.steps << ", " << sim.rounds() << " rounds, compression "
-            << to_string(cfg.compression) << ", " << at::get_num_threads() << " threads -> " << out
-            << "/metrics.jsonl\n";
+            << to_string(cfg.compression) << ", " << at::get_num_threads() << " threads"
+            << (init.empty() ? "" : ", from " + init) << " -> " << out << "/metrics.jsonl\n";
   const fs::path ckpt_dir = fs::path(cfg.checkpoint.dir).is_absolute()
                                 ? fs::path(cfg.checkpoint.dir)
                                 : fs::path(out) / cfg.checkpoint.dir;
@@ -100,7 +102,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   auto* tr =
       app.add_subcommand("train", "train a job; --simulate K runs K workers in this process");
-  std::string job, baseline, out, resume;
+  std::string job, baseline, out, resume, init;
   int k = 0, rounds = 0, threads = 0;
   tr->add_option("job", job, "job file (YAML)")->required()->check(CLI::ExistingFile);
   tr->add_option("--simulate", k, "number of simulated workers K")
@@ -111,7 +113,13 @@ int main(int argc, char** argv) {
   tr->add_option("--rounds", rounds, "rounds to run (default: from the job file)");
   tr->add_option("--out", out, "output folder (default runs/NAME)");
   tr->add_option("--threads", threads, "torch threads (default: the job's `threads`)");
-  tr->add_option("--resume", resume, "checkpoint to continue from")->check(CLI::ExistingFile);
+  auto* resume_opt =
+      tr->add_option("--resume", resume, "checkpoint to continue from")->check(CLI::ExistingFile);
+  tr->add_option("--init", init,
+                 "start from this checkpoint's parameters (e.g. a pretrained model); optimizer "
+                 "state and schedule start fresh")
+      ->check(CLI::ExistingFile)
+      ->excludes(resume_opt);
 
   auto* ge = app.add_subcommand("generate", "sample text from a checkpoint");
   std::string checkpoint, prompt;
@@ -128,7 +136,7 @@ int main(int argc, char** argv) {
   ge->add_option("--seed", seed, "sampling seed");
   CLI11_PARSE(app, argc, argv);
   try {
-    if (tr->parsed()) return train(job, k, baseline, rounds, out, threads, resume);
+    if (tr->parsed()) return train(job, k, baseline, rounds, out, threads, resume, init);
     return generate(checkpoint, prompt, tokens, temperature, top_k, seed);
   } catch (const std::exception& e) {
     std::cerr << "loco-train: " << e.what() << "\n";

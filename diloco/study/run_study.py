@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""The convergence study of docs/results.md: DiLoCo (K = 4, 8; H = 10, 50,
-250; fp32, and int8 at one H) against one worker and data-parallel with K x
-batch, all with the same inner steps per worker, through `loco-train train
---simulate`. Runs `--jobs` simulations at a time with `--threads` torch
-threads each, skips runs whose metrics are complete, then plots.
+"""The convergence study of docs/results.md, in the DiLoCo paper's setting:
+pretrain one model (one worker, diloco/study/pretrain.yaml), then start every
+run from that checkpoint (`loco-train train --init`) with the same inner steps
+per worker: one worker, data-parallel with K x batch (K = 4, 8), DiLoCo
+(K = 4, 8; H = 10, 50, 250; fp32, and int8 at one H), and a sweep of the outer
+learning rate for K = 8 (and int8 at the best). Runs `--jobs` simulations at a time with `--threads`
+torch threads each under `nice -n 19`, skips runs whose metrics are complete,
+then plots (plot.py).
 
-  diloco/study/run_study.py --base diloco/study/study.yaml --out runs/study
+  diloco/study/run_study.py --data data --out runs/study
 """
 import argparse
 import concurrent.futures as cf
@@ -22,15 +25,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def runs(base, ks, hs, int8_h):
+def runs(ks, hs, int8_h, sweep_k, sweep, int8_lrs, default_lr):
+    """(name, K, H, compression, baseline, outer lr, outer momentum or None), in the order to run them."""
     out = []
-    for k in ks:
+    for k in sorted(ks, reverse=True):
         for h in hs:
-            out.append((f"diloco-k{k}-h{h}", k, h, "fp32", None))
+            out.append((f"diloco-k{k}-h{h}", k, h, "fp32", None, default_lr, None))
         if k == max(ks):
-            out.append((f"diloco-k{k}-h{int8_h}-int8", k, int8_h, "int8", None))
-        out.append((f"ddp-k{k}", k, int8_h, "fp32", "ddp"))
-    out.append(("single", 1, int8_h, "fp32", "single"))
+            out.append((f"diloco-k{k}-h{int8_h}-int8", k, int8_h, "int8", None, default_lr, None))
+        out.append((f"ddp-k{k}", k, int8_h, "fp32", "ddp", default_lr, None))
+    out.append(("single", 1, int8_h, "fp32", "single", default_lr, None))
+    for h, lr, mom in sweep:
+        name = f"diloco-k{sweep_k}-h{h}-olr{lr:g}" + (f"-m{mom:g}" if mom is not None else "")
+        out.append((name, sweep_k, h, "fp32", None, lr, mom))
+    for lr, mom in int8_lrs:
+        name = f"diloco-k{sweep_k}-h{int8_h}-int8-olr{lr:g}" + (f"-m{mom:g}" if mom is not None else "")
+        out.append((name, sweep_k, int8_h, "int8", None, lr, mom))
     return out
 
 
@@ -38,14 +48,32 @@ def complete(path, steps):
     try:
         with open(path) as f:
             lines = [json.loads(l) for l in f if l.strip()]
-        return lines and lines[-1]["inner_steps"] >= steps
+        return bool(lines) and lines[-1]["inner_steps"] >= steps
     except (OSError, ValueError, KeyError):
         return False
 
 
+def run(name, cmd, d):
+    t0 = time.time()
+    with open(os.path.join(d, "log.txt"), "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        rc = subprocess.call(["nice", "-n", "19"] + cmd, stdout=log, stderr=subprocess.STDOUT)
+    return name, rc, time.time() - t0
+
+
+def write_job(job, d):
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "job.yaml"), "w") as f:
+        yaml.safe_dump(job, f, sort_keys=False)
+    return os.path.join(d, "job.yaml")
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--pretrain", default=os.path.join(HERE, "pretrain.yaml"))
     ap.add_argument("--base", default=os.path.join(HERE, "study.yaml"))
+    ap.add_argument("--data", default=os.path.join(ROOT, "data"), help="scripts/fetch-corpus's folder")
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "study"))
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin", "loco-train"))
     ap.add_argument("--jobs", type=int, default=2)
@@ -54,14 +82,47 @@ def main():
     ap.add_argument("--ks", default="4,8")
     ap.add_argument("--hs", default="10,50,250")
     ap.add_argument("--int8-h", type=int, default=50)
+    ap.add_argument("--sweep-k", type=int, default=8)
+    ap.add_argument("--sweep", default="50:0.35,50:1.0,50:1.4,250:0.35,250:1.0,50:1.0:0.8,50:0.85",
+                    help="outer sweep: H:lr or H:lr:momentum, besides the base's ('' for none)")
+    ap.add_argument("--int8-sweep", default="1.0,1.0:0.8", help="lr or lr:momentum of extra int8 runs at --int8-h")
     ap.add_argument("--only", default="", help="comma-separated run names")
+    ap.add_argument("--no-plot", action="store_true")
     a = ap.parse_args()
+    data = os.path.abspath(a.data)
+    os.makedirs(a.out, exist_ok=True)
+
+    # 1. Pretraining: one worker from scratch.
+    with open(a.pretrain) as f:
+        pre = yaml.safe_load(f)
+    pre["data"]["dir"] = data
+    pre_dir = os.path.join(a.out, "pretrain")
+    pre_steps = pre["rounds"] * pre["inner"]["steps"]
+    pre_job = write_job(pre, pre_dir)
+    if complete(os.path.join(pre_dir, "metrics.jsonl"), pre_steps):
+        print("pretrain: done already", flush=True)
+    else:
+        cmd = [a.bin, "train", "--simulate", "1", pre_job, "--out", pre_dir, "--threads", str(a.threads),
+               "--baseline", "single"]
+        name, rc, dt = run("pretrain", cmd, pre_dir)
+        print(f"pretrain: rc={rc} {dt:.0f} s", flush=True)
+        if rc != 0:
+            sys.exit(f"pretraining failed, see {pre_dir}/log.txt")
+    init = os.path.join(pre_dir, pre["checkpoint"]["dir"], "latest.pt")
+
+    # 2. Every run from the pretrained θ, the same inner steps per worker.
     with open(a.base) as f:
         base = yaml.safe_load(f)
+    base["data"]["dir"] = data
     steps = a.steps or base["rounds"] * base["inner"]["steps"]
-    os.makedirs(a.out, exist_ok=True)
+    ints = lambda s: [int(x) for x in s.split(",") if x]
     todo = []
-    for name, k, h, comp, baseline in runs(base, [int(x) for x in a.ks.split(",")], [int(x) for x in a.hs.split(",")], a.int8_h):
+    sweep = [(int(p[0]), float(p[1]), float(p[2]) if len(p) > 2 else None)
+             for p in (x.split(":") for x in a.sweep.split(",") if x)]
+    int8_sweep = [(float(p[0]), float(p[1]) if len(p) > 1 else None)
+                  for p in (x.split(":") for x in a.int8_sweep.split(",") if x)]
+    for name, k, h, comp, baseline, olr, mom in runs(ints(a.ks), ints(a.hs), a.int8_h, a.sweep_k, sweep,
+                                                int8_sweep, base["outer"]["lr"]):
         if a.only and name not in a.only.split(","):
             continue
         if steps % h:
@@ -72,32 +133,25 @@ def main():
         job["rounds"] = steps // h
         job["compression"] = comp
         job["workers"]["count"] = k
+        job["outer"]["lr"] = olr
+        if mom is not None:
+            job["outer"]["momentum"] = mom
         d = os.path.join(a.out, name)
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "job.yaml"), "w") as f:
-            yaml.safe_dump(job, f, sort_keys=False)
+        path = write_job(job, d)
         if complete(os.path.join(d, "metrics.jsonl"), steps):
             print(f"{name}: done already", flush=True)
             continue
-        cmd = [a.bin, "train", "--simulate", str(k), os.path.join(d, "job.yaml"), "--out", d, "--threads", str(a.threads)]
+        cmd = [a.bin, "train", "--simulate", str(k), path, "--out", d, "--threads", str(a.threads), "--init", init]
         if baseline:
             cmd += ["--baseline", baseline]
         todo.append((name, cmd, d))
 
-    def go(item):
-        name, cmd, d = item
-        t0 = time.time()
-        with open(os.path.join(d, "log.txt"), "w") as log:
-            log.write(" ".join(cmd) + "\n")
-            log.flush()
-            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
-        return name, rc, time.time() - t0
-
-    # Longest first: the K = 8 runs and data-parallel cost the most.
-    todo.sort(key=lambda x: -int(x[1][3]))
+    t0 = time.time()
     with cf.ThreadPoolExecutor(a.jobs) as pool:
-        for name, rc, dt in pool.map(go, todo):
-            print(f"{name}: rc={rc} {dt:.0f} s", flush=True)
+        for name, rc, dt in pool.map(lambda x: run(*x), todo):
+            print(f"{name}: rc={rc} {dt:.0f} s (study wall time so far {time.time() - t0:.0f} s)", flush=True)
+    if a.no_plot:
+        return
     # matplotlib lives in the LibTorch virtual environment.
     venv = os.environ.get("LOCO_VENV", os.path.expanduser("~/.cache/loco-venv"))
     py = os.path.join(venv, "bin", "python")

@@ -1,5 +1,6 @@
 // A DiLoCo job distributed over 4 node processes gives the simulator's
-// validation loss curve (fp32, no compression), and bad job files fail the
+// validation loss curve (fp32, and int8: the simulator averages with the
+// collective's own numerics), and bad job files fail the
 // submission with the field's name.
 #include <gtest/gtest.h>
 
@@ -27,9 +28,11 @@ std::string job_yaml(const std::string& data, const std::string& ckpt, const std
   return j.yaml();
 }
 
-TEST_F(DilocoJob, DistributedOverFourNodesMatchesTheSimulator) {
+class DilocoParity : public DilocoJob, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(DilocoParity, DistributedOverFourNodesMatchesTheSimulator) {
   const std::string file = dir_ + "/job.yaml";
-  std::ofstream(file) << job_yaml(data_, dir_ + "/ckpt", "fp32");
+  std::ofstream(file) << job_yaml(data_, dir_ + "/ckpt", GetParam());
 
   // The simulator, through the `loco train` command.
   std::string sim_out = dir_ + "/sim";
@@ -70,6 +73,8 @@ TEST_F(DilocoJob, DistributedOverFourNodesMatchesTheSimulator) {
   EXPECT_LT(got.rbegin()->second, got.begin()->second);  // it learned something
   EXPECT_TRUE(fs::exists(folder + "/final.pt"));
 }
+
+INSTANTIATE_TEST_SUITE_P(Compression, DilocoParity, ::testing::Values("fp32", "int8"));
 
 TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
   LocalCluster c(one_worker_per_node(4));

@@ -236,6 +236,39 @@ TEST_F(DilocoTest, CheckpointResumeIsBitIdentical) {
   EXPECT_EQ(model->parameter_count(), resumed.parameter_count());
 }
 
+TEST_F(DilocoTest, InitStartsEveryModeFromTheCheckpointsParameters) {
+  auto c = small_job();
+  const auto path = (std::filesystem::path(c.data.dir) / "ck" / "pretrained.pt").string();
+  Simulator pre(c, SimulateOptions{.workers = 1, .mode = Mode::single, .rounds = 3});
+  while (!pre.done()) pre.run_round();
+  pre.save_checkpoint(path);
+  const double pre_loss = pre.evaluate();
+  Simulator fresh(c, SimulateOptions{.workers = 2, .mode = Mode::diloco, .rounds = 2});
+  EXPECT_GT(fresh.initial_metrics().val_loss.value(), pre_loss + 0.1);
+
+  for (Mode mode : {Mode::diloco, Mode::single, Mode::ddp}) {
+    Simulator sim(c, SimulateOptions{.workers = 2, .mode = mode, .rounds = 2});
+    sim.init_parameters(path);
+    const auto m0 = sim.initial_metrics();
+    EXPECT_EQ(m0.theta_hash, pre.theta_hash()) << static_cast<int>(mode);
+    // θ is exact (the hash); ddp evaluates in batches of K x the sequences,
+    // which changes the last bits of the loss.
+    EXPECT_NEAR(m0.val_loss.value(), pre_loss, 1e-6);
+    const auto m1 = sim.run_round();  // every DiLoCo replica moves to the same θ
+    EXPECT_NE(m1.theta_hash, pre.theta_hash());
+    EXPECT_THROW(sim.init_parameters(path), std::logic_error);
+  }
+  // Another model's checkpoint is refused, naming the sizes.
+  c.model.d_model = 48;
+  Simulator other(c, SimulateOptions{.workers = 2, .mode = Mode::diloco, .rounds = 2});
+  try {
+    other.init_parameters(path);
+    FAIL() << "a checkpoint of another model was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parameters"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(DilocoTest, SimulatorModesCommunicateWhatTheyShould) {
   auto c = small_job();
   const std::int64_t n =
