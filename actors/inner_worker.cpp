@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <deque>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -94,6 +96,8 @@ struct InnerWorker::State {
   int64_t delta_round = -1;  // the round whose Δ `delta` holds
   InnerResult last_inner;
   uint64_t stream = 0;
+  std::shared_ptr<const std::string> shared_state;  // see state_of()
+  int64_t shared_state_round = -1;
   FaultPlan fault = FaultPlan::from_env();
   torch::Tensor val_windows;
   collective::Communicator comm;
@@ -143,12 +147,26 @@ InitResult InnerWorker::init(WorkerInit init) {
   s_->outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, s_->trainer->flat_parameters());
   auto t0 = std::chrono::steady_clock::now();
   if (!init.source.empty()) {
-    // Straight from a live member (idle between rounds): one zero-copy frame.
-    Blob state = Runtime::current()
-                     .get_actor<InnerWorker>(init.source)
-                     .call(&InnerWorker::outer_state)
-                     .get(Millis(600000));
-    std::string bytes(reinterpret_cast<const char*>(state.data()), state.size());
+    // Straight from a live member (idle between rounds), in parts of kStatePart
+    // bytes with a few in flight: on a slow link a single 100 MB reply would hold
+    // up the heartbeats behind it past the detection time.
+    constexpr int64_t kStatePart = 128 << 10;
+    constexpr size_t kInFlight = 4;
+    auto src = Runtime::current().get_actor<InnerWorker>(init.source);
+    const int64_t total = src.call(&InnerWorker::outer_state_size, init.round).get(Millis(60000));
+    std::string bytes(size_t(total), '\0');
+    std::deque<std::pair<int64_t, Future<Blob>>> parts;
+    for (int64_t next = 0; next < total || !parts.empty();) {
+      while (next < total && parts.size() < kInFlight) {
+        const int64_t len = std::min(kStatePart, total - next);
+        parts.emplace_back(next, src.call(&InnerWorker::outer_state_part, init.round, next, len));
+        next += len;
+      }
+      auto [at, f] = std::move(parts.front());
+      parts.pop_front();
+      Blob b = f.get(Millis(60000));
+      std::memcpy(bytes.data() + at, b.data(), b.size());
+    }
     s_->outer->load_state(bytes);
     out.state_bytes = bytes.size();
   } else if (!init.checkpoint.empty()) {
@@ -241,6 +259,29 @@ Blob InnerWorker::outer_state() const {
   return Blob::copy_of(bytes.data(), bytes.size());
 }
 
+// The outer state serialized once per round, for joiners that copy it in parts.
+const std::shared_ptr<const std::string>& InnerWorker::state_of(int64_t round) {
+  if (s_->outer->round() != round)
+    throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + " holds the outer state of round " +
+                                std::to_string(s_->outer->round()) + ", not of round " + std::to_string(round));
+  if (!s_->shared_state || s_->shared_state_round != round) {
+    s_->shared_state = std::make_shared<const std::string>(s_->outer->save_state());
+    s_->shared_state_round = round;
+  }
+  return s_->shared_state;
+}
+
+int64_t InnerWorker::outer_state_size(int64_t round) { return int64_t(state_of(round)->size()); }
+
+Blob InnerWorker::outer_state_part(int64_t round, int64_t offset, int64_t length) {
+  const auto& state = state_of(round);
+  if (offset < 0 || length < 0 || size_t(offset + length) > state->size())
+    throw std::invalid_argument("outer_state_part: [" + std::to_string(offset) + ", " +
+                                std::to_string(offset + length) + ") is outside the " +
+                                std::to_string(state->size()) + " bytes of the outer state");
+  return Blob(state, reinterpret_cast<const uint8_t*>(state->data()) + offset, size_t(length));
+}
+
 uint64_t InnerWorker::theta_hash() const { return s_->outer->theta_hash(); }
 
 void InnerWorker::set_shards(std::vector<int> shards) {
@@ -286,6 +327,8 @@ LOCO_REGISTER(InnerWorker, loco::ActorClass<InnerWorker>("diloco.InnerWorker")
                                .method("evaluate_windows", &InnerWorker::evaluate_windows)
                                .method("validation_windows", &InnerWorker::validation_windows)
                                .method("outer_state", &InnerWorker::outer_state)
+                               .method("outer_state_size", &InnerWorker::outer_state_size)
+                               .method("outer_state_part", &InnerWorker::outer_state_part)
                                .method("save_checkpoint", &InnerWorker::save_checkpoint)
                                .method("save_inner_state", &InnerWorker::save_inner_state)
                                .method("theta_hash", &InnerWorker::theta_hash)

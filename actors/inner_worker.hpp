@@ -33,6 +33,10 @@ class InnerWorker {
   int64_t validation_windows() const;
   // The outer state (θ, momentum, round) for a worker that joins.
   Blob outer_state() const;
+  // The same in parts, for a worker that joins (see init): the size, then
+  // [offset, offset + length) of it; both of the outer state of `round`.
+  int64_t outer_state_size(int64_t round);
+  Blob outer_state_part(int64_t round, int64_t offset, int64_t length);
   // Writes a checkpoint (config, round, outer state, this worker's inner state)
   // to `path` atomically; `generate` reads it.
   std::string save_checkpoint(std::string path);
@@ -46,6 +50,7 @@ class InnerWorker {
   std::vector<int> shards() const;
 
  private:
+  const std::shared_ptr<const std::string>& state_of(int64_t round);
   struct State;
   std::unique_ptr<State> s_;
 };

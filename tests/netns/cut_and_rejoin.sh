@@ -56,7 +56,6 @@ for h in 1 2 3; do
   ip netns exec "$ns" tc qdisc add dev "${TAG}p$h" root tbf rate 4mbit burst 32kbit latency 400ms
   tc qdisc add dev "${TAG}v$h" root tbf rate 4mbit burst 32kbit latency 400ms
 done
-ip netns exec "${TAG}h1" ping -c 1 -W 2 "$BASE.1" >/dev/null || fail "host 1 cannot reach the bridge"
 
 # A corpus: Debian's license texts (always installed).
 mkdir -p "$WORK/data/corpus"
@@ -66,7 +65,7 @@ for i in 1 2 3; do cat /usr/share/common-licenses/GPL-3 /usr/share/common-licens
 REDIS_PORT=$(( 20000 + $$ % 20000 ))
 HEAD_PORT=$(( REDIS_PORT + 1 ))
 HEAD="$BASE.1:$HEAD_PORT"
-redis-server --bind "$BASE.1" --port "$REDIS_PORT" --save "" --appendonly no \
+redis-server --bind "$BASE.1" --port "$REDIS_PORT" --protected-mode no --save "" --appendonly no \
   --dir "$WORK" >"$WORK/redis.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 1 50); do redis-cli -h "$BASE.1" -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
@@ -113,12 +112,16 @@ wait_log() {  # wait_log PATTERN SECONDS
 # Round reports are not log lines; wait for the third round to be under way:
 # the all-reduce dominates a round on these links (about 2 s of 2.5).
 for _ in $(seq 1 300); do
-  n=$(grep -c '"round"' "$WORK/ckpt/$JOB/metrics.jsonl" 2>/dev/null || echo 0)
+  n=$(grep -c '"round"' "$WORK/ckpt/$JOB/metrics.jsonl" 2>/dev/null || true)
+  n=${n:-0}
   [ "$n" -ge 3 ] && break
   sleep 0.2
 done
 [ "${n:-0}" -ge 3 ] || fail "the job did not reach round 2"
-VICTIM_ADDR="$("$LOCO_BIN/loco" status --address "$HEAD" | grep "$JOB.worker-1" | grep -o '10\.[0-9.]*' | head -1)"
+STATUS="$("$LOCO_BIN/loco" status --address "$HEAD")"
+NODE_ID="$(awk -v n="$JOB.worker-1" '$2 == n {print $4}' <<<"$STATUS" | head -1)"
+VICTIM_ADDR="$(awk -v id="$NODE_ID" '$1 == id {print $2}' <<<"$STATUS" | head -1)"
+VICTIM_ADDR="${VICTIM_ADDR%:*}"
 VICTIM="${VICTIM_ADDR##*.}"; VICTIM="${VICTIM#1}"
 [ -n "$VICTIM" ] || fail "where is worker 1?"
 sleep 0.5  # into the round's all-reduce (not a synchronization: any point of the round must do)
