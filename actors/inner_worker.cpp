@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -147,18 +148,22 @@ InitResult InnerWorker::init(WorkerInit init) {
   s_->outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, s_->trainer->flat_parameters());
   auto t0 = std::chrono::steady_clock::now();
   if (!init.source.empty()) {
-    // Straight from a live member (idle between rounds), in parts of kStatePart
-    // bytes with a few in flight: on a slow link a single 100 MB reply would hold
-    // up the heartbeats behind it past the detection time.
-    constexpr int64_t kStatePart = 128 << 10;
+    // Straight from a live member (idle between rounds), in parts with a few in
+    // flight: on a slow link one 100 MB reply would hold up the heartbeats behind
+    // it past the detection time. Parts are sized to about 100 ms of the measured
+    // rate (128 KB to 16 MB), so at most ~0.4 s of data is ever queued ahead.
     constexpr size_t kInFlight = 4;
     auto src = Runtime::current().get_actor<InnerWorker>(init.source);
     const int64_t total = src.call(&InnerWorker::outer_state_size, init.round).get(Millis(60000));
     std::string bytes(size_t(total), '\0');
     std::deque<std::pair<int64_t, Future<Blob>>> parts;
+    const auto started = std::chrono::steady_clock::now();
+    int64_t received = 0;
     for (int64_t next = 0; next < total || !parts.empty();) {
       while (next < total && parts.size() < kInFlight) {
-        const int64_t len = std::min(kStatePart, total - next);
+        const double rate = double(received) / std::max(1e-3, seconds_since(started));
+        const int64_t part = std::clamp<int64_t>(int64_t(rate * 0.1), 128 << 10, 16 << 20);
+        const int64_t len = std::min(part, total - next);
         parts.emplace_back(next, src.call(&InnerWorker::outer_state_part, init.round, next, len));
         next += len;
       }
@@ -166,6 +171,7 @@ InitResult InnerWorker::init(WorkerInit init) {
       parts.pop_front();
       Blob b = f.get(Millis(60000));
       std::memcpy(bytes.data() + at, b.data(), b.size());
+      received += int64_t(b.size());
     }
     s_->outer->load_state(bytes);
     out.state_bytes = bytes.size();

@@ -93,6 +93,7 @@ struct OuterAggregator::State {
   std::string folder;
   std::atomic<int64_t> round{0};
   std::atomic<bool> stop{false};
+  std::atomic<bool> done{false};
   std::thread thread;
 
   std::vector<Slot> slots;
@@ -210,6 +211,7 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
   std::vector<int> live;
   std::map<int, double> t0;
   for (int i : want) {
+    if (stop) return {};
     Slot& s = slots[size_t(i)];
     t0[i] = now_s();
     try {
@@ -777,20 +779,30 @@ OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
     try {
       s->run();
     } catch (const std::exception& e) {
-      if (s->stop) return;
-      log_error(s->job_id + ": " + e.what());
-      try {
-        s->rt.job_finished(s->job_id, "failed", e.what());
-      } catch (const std::exception& e2) {
-        log_error(s->job_id + ": could not report the failure: " + e2.what());
+      if (!s->stop) {
+        log_error(s->job_id + ": " + e.what());
+        try {
+          s->rt.job_finished(s->job_id, "failed", e.what());
+        } catch (const std::exception& e2) {
+          log_error(s->job_id + ": could not report the failure: " + e2.what());
+        }
       }
     }
+    s->done = true;
   });
 }
 
+// Killed (job cancelled or finished, or its node leaving): the loop stops at its
+// next step. It may be waiting on a call (a reduce, a call to the head that is
+// itself waiting on this node), so the node is not held up past a short grace:
+// the thread is let go and ends on its own; it holds its State.
 OuterAggregator::~OuterAggregator() {
   s_->stop = true;
-  if (s_->thread.joinable()) s_->thread.join();
+  for (int i = 0; i < 200 && !s_->done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (s_->done)
+    s_->thread.join();
+  else
+    s_->thread.detach();
 }
 
 int64_t OuterAggregator::round() const { return s_->round; }

@@ -61,8 +61,6 @@ int main(int argc, char** argv) {
   co.nodes = 2;
   co.node_resources = "cpu=1";
   co.plugins = LOCO_PLUGIN_DIR_STR;
-  testing::LocalCluster c(co);
-  Client client(c.head_address());
   const std::string yaml =
       "name: join\nseed: 1\nthreads: 1\n"
       "model: {layers: " + std::to_string(layers) + ", width: " + std::to_string(width) +
@@ -74,6 +72,8 @@ int main(int argc, char** argv) {
   std::vector<double> copy_s, join_s, raw_s;
   double mb = 0;
   for (int rep = 0; rep < repeat; ++rep) {
+    testing::LocalCluster c(co);  // a fresh cluster each time
+    Client client(c.head_address());
     JobHandle job = client.submit(JobSpec::from_yaml(yaml));
     for (const RoundReport& r : job.watch()) {
       if (r.round >= 1) break;
