@@ -5,7 +5,7 @@
 // job), and end within 2 % of the same job's validation loss without faults.
 //
 //   LOCO_CHAOS_SEED    seed of the faults (default 1; scripts/chaos picks one)
-//   LOCO_CHAOS_ROUNDS  rounds of the job (default 40, at least 30)
+//   LOCO_CHAOS_ROUNDS  rounds of the job (default 48, at least 30)
 #include <signal.h>
 
 #include <algorithm>
@@ -36,7 +36,7 @@ using Chaos = DilocoJob;
 
 TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
   const int seed = env_int("LOCO_CHAOS_SEED", 1);
-  const int rounds = std::max(30, env_int("LOCO_CHAOS_ROUNDS", 40));
+  const int rounds = std::max(30, env_int("LOCO_CHAOS_ROUNDS", 48));
   std::printf("chaos: seed %d, %d rounds\n", seed, rounds);
   TestJob spec = job(3, 1, rounds);
   spec.steps = 10;
@@ -80,7 +80,7 @@ TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
       if (r.workers < f.target) f.dipped = true;
       if (f.dipped && r.workers >= f.target) f.recovered_ms = now;
     }
-    if (r.round < 1 || r.round > rounds - 4 || !chance(0.4)) continue;
+    if (r.round < 1 || r.round > rounds - 4 || !chance(0.3)) continue;
     Fault f;
     f.round = r.round;
     f.at_ms = now;
