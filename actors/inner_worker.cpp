@@ -101,18 +101,23 @@ struct InnerWorker::State {
   int64_t shared_state_round = -1;
   FaultPlan fault = FaultPlan::from_env();
   torch::Tensor val_windows;
-  collective::Communicator comm;
+  std::unique_ptr<collective::Communicator> comm;
 
   State(std::string job, const std::string& spec, int idx)
       : job_id(std::move(job)),
         index(idx),
         cfg(dl::JobConfig::from_yaml(spec)),
-        store(dl::TokenStore::open(cfg.data)),
-        comm("tcp://" + node_host() + ":0", [&] {
-          collective::Options o;
-          o.codec = dl::codec_of(cfg.compression);
-          return o;
-        }()) {}
+        store(dl::TokenStore::open(cfg.data)) {
+    renew_comm();
+  }
+  // A fresh data socket (on a new port): after a failed all-reduce nothing of
+  // the old connections, queues or peers' endpoints can leak into the next one.
+  void renew_comm() {
+    collective::Options o;
+    o.codec = dl::codec_of(cfg.compression);
+    comm.reset();
+    comm = std::make_unique<collective::Communicator>("tcp://" + node_host() + ":0", o);
+  }
 };
 
 InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
@@ -126,7 +131,7 @@ InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
 
 InnerWorker::~InnerWorker() = default;
 
-std::string InnerWorker::endpoint() const { return s_->comm.endpoint(); }
+std::string InnerWorker::endpoint() const { return s_->comm->endpoint(); }
 
 InitResult InnerWorker::init(WorkerInit init) {
   InitResult out;
@@ -234,15 +239,20 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
   g.rank = req.rank;
   g.round_id = req.op_id;
   if (s_->fault.hits(s_->index, req.round, "reduce"))
-    s_->comm.hooks().after_send = [](uint64_t) { FaultPlan::die(); };
+    s_->comm->hooks().after_send = [](uint64_t) { FaultPlan::die(); };
   // Out of place: Δ stays intact if a member is lost, for the re-formed group.
-  s_->comm.allreduce(g, s_->delta, s_->averaged);
+  try {
+    s_->comm->allreduce(g, s_->delta, s_->averaged);
+  } catch (...) {
+    s_->renew_comm();  // the aggregator asks every member for its endpoint before a retry
+    throw;
+  }
   s_->outer->step(s_->averaged);
   s_->trainer->load_parameters(s_->outer->theta());
   s_->delta_round = -1;
   ReduceResult r;
   r.theta_hash = s_->outer->theta_hash();
-  r.bytes_sent = s_->comm.last_stats().bytes_sent;
+  r.bytes_sent = s_->comm->last_stats().bytes_sent;
   r.seconds = seconds_since(t0);
   return r;
 }
