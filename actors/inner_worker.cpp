@@ -270,11 +270,6 @@ double InnerWorker::evaluate_windows(int64_t begin, int64_t end) {
 
 int64_t InnerWorker::validation_windows() const { return s_->val_windows.size(0); }
 
-Blob InnerWorker::outer_state() const {
-  std::string bytes = s_->outer->save_state();
-  return Blob::copy_of(bytes.data(), bytes.size());
-}
-
 // The outer state serialized once per round, for joiners that copy it in parts.
 const std::shared_ptr<const std::string>& InnerWorker::state_of(int64_t round) {
   if (s_->outer->round() != round)
@@ -342,7 +337,6 @@ LOCO_REGISTER(InnerWorker, loco::ActorClass<InnerWorker>("diloco.InnerWorker")
                                .method("evaluate", &InnerWorker::evaluate)
                                .method("evaluate_windows", &InnerWorker::evaluate_windows)
                                .method("validation_windows", &InnerWorker::validation_windows)
-                               .method("outer_state", &InnerWorker::outer_state)
                                .method("outer_state_size", &InnerWorker::outer_state_size)
                                .method("outer_state_part", &InnerWorker::outer_state_part)
                                .method("save_checkpoint", &InnerWorker::save_checkpoint)

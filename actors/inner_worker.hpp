@@ -31,10 +31,9 @@ class InnerWorker {
   double evaluate();
   double evaluate_windows(int64_t begin, int64_t end);
   int64_t validation_windows() const;
-  // The outer state (θ, momentum, round) for a worker that joins.
-  Blob outer_state() const;
-  // The same in parts, for a worker that joins (see init): the size, then
-  // [offset, offset + length) of it; both of the outer state of `round`.
+  // The outer state (θ, momentum, round), serialized, for a worker that joins
+  // and copies it in parts (see init): its size, then [offset, offset + length)
+  // of it; both of the outer state of `round`.
   int64_t outer_state_size(int64_t round);
   Blob outer_state_part(int64_t round, int64_t offset, int64_t length);
   // Writes a checkpoint (config, round, outer state, this worker's inner state)

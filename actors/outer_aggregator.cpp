@@ -104,6 +104,7 @@ struct OuterAggregator::State {
   std::deque<std::function<void()>> outbox;  // reports not yet accepted by the head
   bool outbox_stuck = false;
   uint64_t last_op_id = 0;
+  std::vector<int> dealt;  // the members the shards were last dealt to
 
   State(std::string id, const std::string& spec)
       : job_id(std::move(id)), cfg(dl::JobConfig::from_yaml(spec)), rt(Runtime::current()) {
@@ -240,20 +241,18 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     }
   }
   if (live.empty()) return {};
-  // Shards as if they all join; dealt again below if some do not.
-  for (int i : live) slots[size_t(i)].active = true;
-  std::vector<int> members = active();
+  // Shards as if they all join (reconcile's deal_shards evens them out if some do not).
+  const std::vector<int> current = active();
+  std::vector<int> members = current;
+  members.insert(members.end(), live.begin(), live.end());
+  std::sort(members.begin(), members.end());
   for (size_t k = 0; k < members.size(); ++k)
     if (std::find(live.begin(), live.end(), members[k]) != live.end())
       slots[size_t(members[k])].shards =
           dl::round_robin_shards(cfg.data.shards, int(k), int(members.size()));
-  for (int i : live) slots[size_t(i)].active = false;
 
-  std::string source;  // a member that holds the current outer state
-  for (int m : active()) {
-    source = slots[size_t(m)].name;
-    break;
-  }
+  // A member that holds the current outer state.
+  const std::string source = current.empty() ? "" : slots[size_t(current[0])].name;
   const bool fresh = r == 0 && resume_from.empty();
   std::vector<Future<std::string>> eps;
   for (int i : live) eps.push_back(worker(i).call(&InnerWorker::endpoint));
@@ -314,9 +313,13 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
 }
 
 // Deals every data shard over the active workers, round-robin in slot order,
-// so that no part of the data goes unread when workers come and go.
+// so that no part of the data goes unread when workers come and go. Says so
+// when members of the last dealing are gone, wherever they were lost.
 void OuterAggregator::State::deal_shards() {
   std::vector<int> members = active();
+  std::vector<int> lost;
+  for (int m : dealt)
+    if (std::find(members.begin(), members.end(), m) == members.end()) lost.push_back(m);
   std::vector<Future<void>> sets;
   std::vector<int> who;
   for (size_t k = 0; k < members.size(); ++k) {
@@ -335,6 +338,12 @@ void OuterAggregator::State::deal_shards() {
       release(who[k], std::string("could not take its shards: ") + e.what());
     }
   }
+  if (!lost.empty()) {
+    const std::string n = std::to_string(members.size());
+    log("round " + std::to_string(round + 1) + ": lost worker(s) " + join_ints(lost) +
+        "; their shards went to the " + n + " others; going on with " + n + " workers");
+  }
+  dealt = members;
 }
 
 // The slot leaves the round's members; its actor stays (the head may restart it).
@@ -358,6 +367,7 @@ void OuterAggregator::State::reconcile(int64_t r) {
       log_warn(job_id + ": stopping " + s.name + ": " + e.what());
     }
     s.handle.reset();
+    std::erase(dealt, members[k]);  // left, not lost
     log("worker " + std::to_string(members[k]) + " left: scaled down to " + std::to_string(target));
   }
   const double deadline = now_s() + cfg.workers.wait_s;
@@ -518,6 +528,7 @@ void OuterAggregator::State::run() {
   };
 
   int64_t r = resume_round;
+  round = r;
   reconcile(r);
   int64_t windows = 0;
   while (!windows) {
@@ -655,16 +666,7 @@ void OuterAggregator::State::run() {
       for (int m : group) slots[size_t(m)].active = false;
       continue;
     }
-    if (group.size() < members.size()) {
-      std::vector<int> lost;
-      for (int m : members)
-        if (std::find(group.begin(), group.end(), m) == group.end()) lost.push_back(m);
-      for (int m : lost) slots[size_t(m)].active = false;
-      deal_shards();
-      log("round " + std::to_string(r + 1) + ": lost worker(s) " + join_ints(lost) +
-          "; their shards went to the " + std::to_string(group.size()) + " others; going on with " +
-          std::to_string(group.size()) + " workers");
-    }
+    if (group.size() < members.size()) deal_shards();  // the lost ones were released above
     members = group;
     bytes += reduce_bytes;
     r += 1;

@@ -28,7 +28,7 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// One message of `bytes` over loopback TCP, ZeroMQ DEALER -> ROUTER; seconds.
+// One message of `bytes` over loopback TCP, ZeroMQ PUSH -> PULL; seconds.
 double raw_zmq_seconds(size_t bytes) {
   zmq::context_t ctx;
   zmq::socket_t rx(ctx, zmq::socket_type::pull), tx(ctx, zmq::socket_type::push);
