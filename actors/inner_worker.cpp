@@ -97,7 +97,7 @@ struct InnerWorker::State {
   int64_t delta_round = -1;  // the round whose Δ `delta` holds
   InnerResult last_inner;
   uint64_t stream = 0;
-  std::shared_ptr<const std::string> shared_state;  // see state_of()
+  std::shared_ptr<const std::string> shared_state;  // see join_state()
   int64_t shared_state_round = -1;
   FaultPlan fault = FaultPlan::from_env();
   torch::Tensor val_windows;
@@ -136,8 +136,11 @@ std::string InnerWorker::endpoint() const { return s_->comm->endpoint(); }
 InitResult InnerWorker::init(WorkerInit init) {
   InitResult out;
   s_->index = init.index;
+  // A job resumed from a checkpoint continues each worker from its own inner
+  // state (exactly); a worker that joins a live job takes a new data stream and
+  // copies the AdamW moments of the live worker it copies θ from.
   std::optional<torch::serialize::InputArchive> inner_ar;
-  if (!init.inner_state.empty() && std::filesystem::exists(init.inner_state)) {
+  if (init.source.empty() && !init.inner_state.empty() && std::filesystem::exists(init.inner_state)) {
     inner_ar.emplace();
     inner_ar->load_from(init.inner_state);
     c10::IValue v;
@@ -147,7 +150,11 @@ InitResult InnerWorker::init(WorkerInit init) {
   s_->stream = init.stream;
   s_->trainer = std::make_unique<dl::InnerTrainer>(s_->cfg, s_->store, init.shards, init.stream,
                                                    init.total_steps);
-  if (inner_ar) s_->trainer->load(*inner_ar, "worker.");  // AdamW moments, step, data position
+  if (inner_ar) {
+    s_->trainer->load(*inner_ar, "worker.");  // AdamW moments, step, data position
+    // The aggregator's dealing holds, should the members differ from the checkpoint's.
+    if (s_->trainer->sampler().shards() != init.shards) s_->trainer->sampler().set_shards(init.shards);
+  }
   // Behind the job when the slot's inner state is older than the outer state it gets.
   s_->trainer->set_step(init.round * s_->cfg.inner.steps);
   s_->outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, s_->trainer->flat_parameters());
@@ -159,7 +166,7 @@ InitResult InnerWorker::init(WorkerInit init) {
     // rate (128 KB to 16 MB), so at most ~0.4 s of data is ever queued ahead.
     constexpr size_t kInFlight = 4;
     auto src = Runtime::current().get_actor<InnerWorker>(init.source);
-    const int64_t total = src.call(&InnerWorker::outer_state_size, init.round).get(Millis(60000));
+    const int64_t total = src.call(&InnerWorker::join_state_size, init.round).get(Millis(60000));
     std::string bytes(size_t(total), '\0');
     std::deque<std::pair<int64_t, Future<Blob>>> parts;
     const auto started = std::chrono::steady_clock::now();
@@ -169,7 +176,7 @@ InitResult InnerWorker::init(WorkerInit init) {
         const double rate = double(received) / std::max(1e-3, seconds_since(started));
         const int64_t part = std::clamp<int64_t>(int64_t(rate * 0.1), 128 << 10, 16 << 20);
         const int64_t len = std::min(part, total - next);
-        parts.emplace_back(next, src.call(&InnerWorker::outer_state_part, init.round, next, len));
+        parts.emplace_back(next, src.call(&InnerWorker::join_state_part, init.round, next, len));
         next += len;
       }
       auto [at, f] = std::move(parts.front());
@@ -178,7 +185,14 @@ InitResult InnerWorker::init(WorkerInit init) {
       std::memcpy(bytes.data() + at, b.data(), b.size());
       received += int64_t(b.size());
     }
-    s_->outer->load_state(bytes);
+    uint64_t outer_len = 0;
+    for (int b = 0; b < 8 && b < int(bytes.size()); ++b) outer_len |= uint64_t(uint8_t(bytes[size_t(b)])) << (8 * b);
+    if (bytes.size() < 8 || outer_len > bytes.size() - 8)
+      throw std::runtime_error("InnerWorker " + std::to_string(init.index) + ": the join state from " + init.source +
+                               " is malformed: " + std::to_string(bytes.size()) + " bytes, outer state of " +
+                               std::to_string(outer_len));
+    s_->outer->load_state(bytes.substr(8, outer_len));
+    s_->trainer->load_moments(bytes.substr(8 + outer_len));
     out.state_bytes = bytes.size();
   } else if (!init.checkpoint.empty()) {
     torch::serialize::InputArchive ar;
@@ -270,26 +284,34 @@ double InnerWorker::evaluate_windows(int64_t begin, int64_t end) {
 
 int64_t InnerWorker::validation_windows() const { return s_->val_windows.size(0); }
 
-// The outer state serialized once per round, for joiners that copy it in parts.
-const std::shared_ptr<const std::string>& InnerWorker::state_of(int64_t round) {
+// The join state serialized once per round, for joiners that copy it in parts:
+// [outer state's length, 8 bytes little-endian][outer state][AdamW moments].
+// The moments are as of the first request in the round (a round being redone
+// may have moved them by one round's inner steps; they only steer step sizes).
+const std::shared_ptr<const std::string>& InnerWorker::join_state(int64_t round) {
   if (s_->outer->round() != round)
     throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + " holds the outer state of round " +
                                 std::to_string(s_->outer->round()) + ", not of round " + std::to_string(round));
   if (!s_->shared_state || s_->shared_state_round != round) {
-    s_->shared_state = std::make_shared<const std::string>(s_->outer->save_state());
+    const std::string outer = s_->outer->save_state(), moments = s_->trainer->save_moments();
+    std::string packed(8, '\0');
+    for (int b = 0; b < 8; ++b) packed[size_t(b)] = char((uint64_t(outer.size()) >> (8 * b)) & 0xff);
+    packed += outer;
+    packed += moments;
+    s_->shared_state = std::make_shared<const std::string>(std::move(packed));
     s_->shared_state_round = round;
   }
   return s_->shared_state;
 }
 
-int64_t InnerWorker::outer_state_size(int64_t round) { return int64_t(state_of(round)->size()); }
+int64_t InnerWorker::join_state_size(int64_t round) { return int64_t(join_state(round)->size()); }
 
-Blob InnerWorker::outer_state_part(int64_t round, int64_t offset, int64_t length) {
-  const auto& state = state_of(round);
+Blob InnerWorker::join_state_part(int64_t round, int64_t offset, int64_t length) {
+  const auto& state = join_state(round);
   if (offset < 0 || length < 0 || size_t(offset + length) > state->size())
-    throw std::invalid_argument("outer_state_part: [" + std::to_string(offset) + ", " +
+    throw std::invalid_argument("join_state_part: [" + std::to_string(offset) + ", " +
                                 std::to_string(offset + length) + ") is outside the " +
-                                std::to_string(state->size()) + " bytes of the outer state");
+                                std::to_string(state->size()) + " bytes of the join state");
   return Blob(state, reinterpret_cast<const uint8_t*>(state->data()) + offset, size_t(length));
 }
 
@@ -337,8 +359,8 @@ LOCO_REGISTER(InnerWorker, loco::ActorClass<InnerWorker>("diloco.InnerWorker")
                                .method("evaluate", &InnerWorker::evaluate)
                                .method("evaluate_windows", &InnerWorker::evaluate_windows)
                                .method("validation_windows", &InnerWorker::validation_windows)
-                               .method("outer_state_size", &InnerWorker::outer_state_size)
-                               .method("outer_state_part", &InnerWorker::outer_state_part)
+                               .method("join_state_size", &InnerWorker::join_state_size)
+                               .method("join_state_part", &InnerWorker::join_state_part)
                                .method("save_checkpoint", &InnerWorker::save_checkpoint)
                                .method("save_inner_state", &InnerWorker::save_inner_state)
                                .method("theta_hash", &InnerWorker::theta_hash)

@@ -31,11 +31,11 @@ class InnerWorker {
   double evaluate();
   double evaluate_windows(int64_t begin, int64_t end);
   int64_t validation_windows() const;
-  // The outer state (θ, momentum, round), serialized, for a worker that joins
-  // and copies it in parts (see init): its size, then [offset, offset + length)
-  // of it; both of the outer state of `round`.
-  int64_t outer_state_size(int64_t round);
-  Blob outer_state_part(int64_t round, int64_t offset, int64_t length);
+  // What a worker that joins copies from this one in parts (see init), as of
+  // the start of `round`: the outer state (θ, momentum, round) and the AdamW
+  // moments, serialized. Its size, then [offset, offset + length) of it.
+  int64_t join_state_size(int64_t round);
+  Blob join_state_part(int64_t round, int64_t offset, int64_t length);
   // Writes a checkpoint (config, round, outer state, this worker's inner state)
   // to `path` atomically; `generate` reads it.
   std::string save_checkpoint(std::string path);
@@ -49,7 +49,7 @@ class InnerWorker {
   std::vector<int> shards() const;
 
  private:
-  const std::shared_ptr<const std::string>& state_of(int64_t round);
+  const std::shared_ptr<const std::string>& join_state(int64_t round);
   struct State;
   std::unique_ptr<State> s_;
 };

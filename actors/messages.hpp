@@ -20,8 +20,9 @@ struct WorkerInit {
   std::string source;       // actor name of a live worker
   std::string checkpoint;   // path of a checkpoint written by save_checkpoint
   // This slot's inner state as of the last checkpoint (save_inner_state), when there
-  // is one: with `checkpoint` the worker continues exactly where the slot was; with
-  // `source` (a restarted worker) it gets back its AdamW moments and data stream.
+  // is one: with `checkpoint` the worker continues exactly where the slot was. With
+  // `source` it is not used: a worker that joins a live job copies the source's
+  // AdamW moments, which are current, and reads a new data stream.
   std::string inner_state;
   MSGPACK_DEFINE(index, shards, stream, total_steps, round, source, checkpoint, inner_state)
 };
@@ -30,7 +31,7 @@ struct WorkerInit {
 struct InitResult {
   int64_t parameters = 0;
   uint64_t theta_hash = 0;
-  uint64_t state_bytes = 0;  // outer state copied from `source` or read from `checkpoint`
+  uint64_t state_bytes = 0;  // outer state and moments copied from `source`, or the `checkpoint` read
   double copy_seconds = 0;
   MSGPACK_DEFINE(parameters, theta_hash, state_bytes, copy_seconds)
 };

@@ -276,11 +276,12 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     wi.total_steps = total_steps;
     wi.round = r;
     if (!fresh) {
-      if (!source.empty())
+      if (!source.empty()) {
         wi.source = source;
-      else
+      } else {
         wi.checkpoint = resume_from;
-      if (!resume_from.empty()) wi.inner_state = inner_state_path(resume_from, i);
+        if (!resume_from.empty()) wi.inner_state = inner_state_path(resume_from, i);
+      }
     }
     initing.push_back(i);
     inits.push_back(worker(i).call(&InnerWorker::init, wi));
@@ -299,7 +300,7 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     joined.push_back(i);
     char line[320];
     std::snprintf(line, sizeof line,
-                  "worker %d joined at round %lld on %s: %.1f MB of outer state %s in %.2f s; "
+                  "worker %d joined at round %lld on %s: %.1f MB of state %s in %.2f s; "
                   "joined in %.2f s",
                   i, static_cast<long long>(r), worker(i).address().c_str(),
                   double(done[k]->state_bytes) / 1e6,

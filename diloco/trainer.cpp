@@ -98,9 +98,10 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
     // AdamW over the flat buffers, the same arithmetic as torch.optim.AdamW.
     const double lr = inner_lr(ic, step_, total_steps_);
     ++step_;
+    ++adam_steps_;
     const double b1 = ic.betas[0], b2 = ic.betas[1];
-    const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step_));
-    const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step_));
+    const double bc1 = 1.0 - std::pow(b1, static_cast<double>(adam_steps_));
+    const double bc2 = 1.0 - std::pow(b2, static_cast<double>(adam_steps_));
     if (ic.weight_decay > 0) params_.addcmul_(params_, decay_mask_, -lr * ic.weight_decay);
     exp_avg_.lerp_(grads_, 1.0 - b1);
     exp_avg_sq_.mul_(b2).addcmul_(grads_, grads_, 1.0 - b2);
@@ -150,6 +151,7 @@ void InnerTrainer::save(torch::serialize::OutputArchive& ar, const std::string& 
   ar.write(prefix + "exp_avg", exp_avg_);
   ar.write(prefix + "exp_avg_sq", exp_avg_sq_);
   ar.write(prefix + "step", c10::IValue(step_));
+  ar.write(prefix + "adam_steps", c10::IValue(adam_steps_));
   ar.write(prefix + "sampler_position",
            c10::IValue(static_cast<std::int64_t>(sampler_.position())));
   std::vector<std::int64_t> shards(sampler_.shards().begin(), sampler_.shards().end());
@@ -171,6 +173,8 @@ void InnerTrainer::load(torch::serialize::InputArchive& ar, const std::string& p
   c10::IValue v;
   ar.read(prefix + "step", v);
   step_ = v.toInt();
+  // Archives from before the schedule and the moments were counted apart.
+  adam_steps_ = ar.try_read(prefix + "adam_steps", v) ? v.toInt() : step_;
   ar.read(prefix + "sampler_position", v);
   sampler_.set_position(static_cast<std::uint64_t>(v.toInt()));
   torch::Tensor shards;
@@ -179,6 +183,36 @@ void InnerTrainer::load(torch::serialize::InputArchive& ar, const std::string& p
   for (std::int64_t i = 0; i < shards.numel(); ++i)
     s.push_back(static_cast<int>(shards[i].item<std::int64_t>()));
   sampler_.set_shards(std::move(s));
+}
+
+std::string InnerTrainer::save_moments() const {
+  torch::serialize::OutputArchive ar;
+  ar.write("exp_avg", exp_avg_);
+  ar.write("exp_avg_sq", exp_avg_sq_);
+  ar.write("adam_steps", c10::IValue(adam_steps_));
+  std::ostringstream out;
+  ar.save_to(out);
+  return out.str();
+}
+
+void InnerTrainer::load_moments(const std::string& bytes) {
+  torch::NoGradGuard no_grad;
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive ar;
+  ar.load_from(in);
+  torch::Tensor m, v;
+  ar.read("exp_avg", m);
+  ar.read("exp_avg_sq", v);
+  TORCH_CHECK(m.numel() == exp_avg_.numel() && v.numel() == exp_avg_sq_.numel(),
+              "AdamW moments of ", m.numel(), " and ", v.numel(), " elements, the model has ",
+              exp_avg_.numel(), " (a different model?)");
+  TORCH_CHECK(torch::isfinite(m).all().item<bool>() && torch::isfinite(v).all().item<bool>(),
+              "AdamW moments hold NaN or Inf");
+  exp_avg_.copy_(m.reshape(exp_avg_.sizes()));
+  exp_avg_sq_.copy_(v.reshape(exp_avg_sq_.sizes()));
+  c10::IValue s;
+  ar.read("adam_steps", s);
+  adam_steps_ = s.toInt();
 }
 
 OuterOptimizer::OuterOptimizer(const OuterConfig& cfg, const torch::Tensor& theta0)

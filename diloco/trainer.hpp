@@ -70,21 +70,30 @@ class InnerTrainer {
   std::int64_t parameter_count() const { return params_.numel(); }
   std::int64_t step() const { return step_; }
   // A worker that joins mid-job takes the job's place in the learning-rate
-  // schedule; its AdamW moments start at zero.
+  // schedule. Its AdamW moments keep their own count for the bias correction:
+  // moments that start at zero are corrected as from step 1; corrected with the
+  // job's count, the first steps would be off by (1−β1)/√(1−β2).
   void set_step(std::int64_t step) { step_ = step; }
+  std::int64_t adam_steps() const { return adam_steps_; }
   ShardSampler& sampler() { return sampler_; }
 
   // Inner state: parameters, AdamW moments, step (which fixes the schedule),
   // sampler position and shards. Keys are prefixed with `prefix`.
   void save(torch::serialize::OutputArchive& ar, const std::string& prefix) const;
   void load(torch::serialize::InputArchive& ar, const std::string& prefix);
+  // The AdamW moments and their step count alone, serialized: what a worker that
+  // joins a running job copies from a live one, so that its first inner steps are
+  // as large as everyone's and not the sign-like steps of fresh moments.
+  std::string save_moments() const;
+  void load_moments(const std::string& bytes);
 
  private:
   JobConfig cfg_;
   Gpt model_{nullptr};
   ShardSampler sampler_;
   std::int64_t total_steps_;
-  std::int64_t step_ = 0;
+  std::int64_t step_ = 0;                  // place in the learning-rate schedule
+  std::int64_t adam_steps_ = 0;            // steps the AdamW moments have seen (bias correction)
   std::vector<torch::Tensor> param_list_;  // the model's parameters, views into params_
   std::vector<torch::Tensor> grad_views_;  // scratch for packing gradients
   torch::Tensor params_, grads_;           // flat fp32
@@ -117,6 +126,11 @@ class OuterOptimizer {
   void load_state(const std::string& bytes);
   void save(torch::serialize::OutputArchive& ar, const std::string& prefix) const;
   void load(torch::serialize::InputArchive& ar, const std::string& prefix);
+  // The AdamW moments and their step count alone, serialized: what a worker that
+  // joins a running job copies from a live one, so that its first inner steps are
+  // as large as everyone's and not the sign-like steps of fresh moments.
+  std::string save_moments() const;
+  void load_moments(const std::string& bytes);
 
  private:
   OuterConfig cfg_;

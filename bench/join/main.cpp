@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
       "data: {dir: " + data + ", tokenizer: byte, shards: 8, val_fraction: 0.05}\n"
       "workers: {count: 1, min: 1}\ninner: {steps: 1, batch_size: 2, lr: 0.001, warmup: 1}\n"
       "rounds: 1000\ncheckpoint: {every: 0, dir: " + dir + "}\neval: {every: 100000, batches: 1}\n";
-  std::regex line_re(R"(joined at round \d+ on \S+: ([0-9.]+) MB of outer state copied from \S+ in ([0-9.]+) s; joined in ([0-9.]+) s)");
+  std::regex line_re(R"(joined at round \d+ on \S+: ([0-9.]+) MB of state copied from \S+ in ([0-9.]+) s; joined in ([0-9.]+) s)");
   std::vector<double> copy_s, join_s, raw_s;
   double mb = 0;
   for (int rep = 0; rep < repeat; ++rep) {

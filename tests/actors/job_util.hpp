@@ -20,7 +20,7 @@ namespace loco::testing {
 struct TestJob {
   std::string data, ckpt;
   int workers = 4, min = 4, rounds = 3, steps = 10, checkpoint_every = 0;
-  int max_restarts = 3;
+  int max_restarts = 3, eval_batches = 4;
   double wait_s = 60;
   std::string compression = "fp32";
   uint64_t seed = 7;
@@ -37,7 +37,7 @@ struct TestJob {
            "outer: {lr: 0.7, momentum: 0.9, nesterov: true}\n"
            "compression: " + compression + "\nrounds: " + std::to_string(rounds) + "\n"
            "checkpoint: {every: " + std::to_string(checkpoint_every) + ", dir: " + ckpt + "}\n"
-           "eval: {every: " + std::to_string(steps) + ", batches: 4}\n";
+           "eval: {every: " + std::to_string(steps) + ", batches: " + std::to_string(eval_batches) + "}\n";
   }
 };
 

@@ -131,6 +131,65 @@ TEST_F(DilocoTest, LearningRateWarmsUpThenDecays) {
   EXPECT_NEAR(inner_lr(ic, 110, 110), 0.1, 1e-12);
 }
 
+// A worker that joins mid-job takes the schedule's step but has fresh AdamW
+// moments: its first step must be bias-corrected as a first step, |Δθ| = lr per
+// coordinate (m̂/√v̂ = ±1). Corrected with the job's count instead, it would be
+// lr·(1−β1)/√(1−β2): 0.45 lr with β = (0.9, 0.95), 3.2 lr with β2 = 0.999.
+TEST_F(DilocoTest, AJoinersFreshMomentsAreBiasCorrectedFromItsFirstStep) {
+  auto c = small_job();
+  c.inner.weight_decay = 0;
+  c.inner.grad_clip = 0;
+  const auto store = TokenStore::open(c.data);
+  InnerTrainer t(c, store, {0, 1, 2, 3}, 0, 1000);
+  t.set_step(500);
+  const torch::Tensor before = t.flat_parameters().clone();
+  t.run_inner_steps(1);
+  EXPECT_EQ(t.step(), 501);
+  EXPECT_EQ(t.adam_steps(), 1);
+  const double lr = inner_lr(c.inner, 500, 1000);
+  const double moved = (t.flat_parameters() - before).abs().max().item<double>();
+  EXPECT_LE(moved, lr * 1.0001);
+  EXPECT_GE(moved, lr * 0.5);
+  // A checkpoint keeps both counts.
+  torch::serialize::OutputArchive ar;
+  t.save(ar, "w.");
+  std::stringstream buf;
+  ar.save_to(buf);
+  InnerTrainer u(c, store, {0, 1, 2, 3}, 0, 1000);
+  torch::serialize::InputArchive in;
+  in.load_from(buf);
+  u.load(in, "w.");
+  EXPECT_EQ(u.step(), 501);
+  EXPECT_EQ(u.adam_steps(), 1);
+}
+
+// What a joiner copies from a live worker (θ from the outer state, the moments
+// from save_moments) continues that worker's training exactly.
+TEST_F(DilocoTest, CopiedMomentsContinueTheSourcesTraining) {
+  const auto c = small_job();
+  const auto store = TokenStore::open(c.data);
+  InnerTrainer a(c, store, {0, 1, 2, 3}, 5, 100), b(c, store, {0, 1, 2, 3}, 5, 100);
+  a.run_inner_steps(6);
+  b.load_parameters(a.flat_parameters());
+  b.load_moments(a.save_moments());
+  b.set_step(a.step());
+  b.sampler().set_position(a.sampler().position());
+  EXPECT_EQ(b.adam_steps(), 6);
+  a.run_inner_steps(3);
+  b.run_inner_steps(3);
+  EXPECT_TRUE(torch::equal(a.flat_parameters(), b.flat_parameters()));
+
+  auto other = small_job();
+  other.model.d_model = 64;
+  InnerTrainer wide(other, store, {0}, 0, 10);
+  try {
+    b.load_moments(wide.save_moments());
+    ADD_FAILURE() << "moments of another model were accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("a different model"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(DilocoTest, NesterovStepEqualsHandComputedReference) {
   OuterConfig oc;  // lr 0.7, momentum 0.9, nesterov
   auto theta0 = torch::tensor({1.0f, -2.0f, 0.5f});
