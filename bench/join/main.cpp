@@ -1,7 +1,8 @@
 // Time to join a running DiLoCo job, for a model of about 100 MB (fp32), on
 // loopback: a job runs with 1 worker on a 2-node local cluster, `loco scale`
 // asks for a second, and the aggregator's log says how long the new worker took
-// (spawn + init, and within it the copy of θ and momentum from the live worker).
+// (spawn + init, and within it the copy of θ, the outer momentum and the AdamW
+// moments from the live worker).
 // In the same run, the bound: the same bytes as one ZeroMQ message between two
 // sockets over loopback TCP, the transport's own cost.
 //
@@ -99,9 +100,10 @@ int main(int argc, char** argv) {
     raw_s.push_back(raw_zmq_seconds(size_t(mb * 1e6)));
     std::printf("run %d: %s\n", rep + 1, found.c_str());
   }
-  std::printf("outer state (theta + momentum, fp32): %.1f MB, i.e. a %.1f MB model\n", mb, mb / 2);
+  std::printf("join state (theta, outer momentum, AdamW moments; fp32): %.1f MB, i.e. a %.1f MB model\n", mb,
+              mb / 4);
   std::printf("join, spawn + init (median of %d): %8.3f s\n", repeat, median(join_s));
-  std::printf("  copy of the outer state          : %8.3f s  (%.0f MB/s)\n", median(copy_s),
+  std::printf("  copy of the join state           : %8.3f s  (%.0f MB/s)\n", median(copy_s),
               mb / std::max(1e-9, median(copy_s)));
   std::printf("  raw ZeroMQ, same bytes, loopback : %8.3f s  -> copy / raw = %.2fx\n", median(raw_s),
               median(copy_s) / std::max(1e-9, median(raw_s)));
