@@ -1,15 +1,14 @@
 #include "actors/inner_worker.hpp"
 
-#include <torch/torch.h>
-
 #include <signal.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -140,7 +139,8 @@ InitResult InnerWorker::init(WorkerInit init) {
   // state (exactly); a worker that joins a live job takes a new data stream and
   // copies the AdamW moments of the live worker it copies θ from.
   std::optional<torch::serialize::InputArchive> inner_ar;
-  if (init.source.empty() && !init.inner_state.empty() && std::filesystem::exists(init.inner_state)) {
+  if (init.source.empty() && !init.inner_state.empty() &&
+      std::filesystem::exists(init.inner_state)) {
     inner_ar.emplace();
     inner_ar->load_from(init.inner_state);
     c10::IValue v;
@@ -153,7 +153,8 @@ InitResult InnerWorker::init(WorkerInit init) {
   if (inner_ar) {
     s_->trainer->load(*inner_ar, "worker.");  // AdamW moments, step, data position
     // The aggregator's dealing holds, should the members differ from the checkpoint's.
-    if (s_->trainer->sampler().shards() != init.shards) s_->trainer->sampler().set_shards(init.shards);
+    if (s_->trainer->sampler().shards() != init.shards)
+      s_->trainer->sampler().set_shards(init.shards);
   }
   // Behind the job when the slot's inner state is older than the outer state it gets.
   s_->trainer->set_step(init.round * s_->cfg.inner.steps);
@@ -186,11 +187,13 @@ InitResult InnerWorker::init(WorkerInit init) {
       received += int64_t(b.size());
     }
     uint64_t outer_len = 0;
-    for (int b = 0; b < 8 && b < int(bytes.size()); ++b) outer_len |= uint64_t(uint8_t(bytes[size_t(b)])) << (8 * b);
+    for (int b = 0; b < 8 && b < int(bytes.size()); ++b)
+      outer_len |= uint64_t(uint8_t(bytes[size_t(b)])) << (8 * b);
     if (bytes.size() < 8 || outer_len > bytes.size() - 8)
-      throw std::runtime_error("InnerWorker " + std::to_string(init.index) + ": the join state from " + init.source +
-                               " is malformed: " + std::to_string(bytes.size()) + " bytes, outer state of " +
-                               std::to_string(outer_len));
+      throw std::runtime_error("InnerWorker " + std::to_string(init.index) +
+                               ": the join state from " + init.source +
+                               " is malformed: " + std::to_string(bytes.size()) +
+                               " bytes, outer state of " + std::to_string(outer_len));
     s_->outer->load_state(bytes.substr(8, outer_len));
     s_->trainer->load_moments(bytes.substr(8 + outer_len));
     out.state_bytes = bytes.size();
@@ -201,9 +204,10 @@ InitResult InnerWorker::init(WorkerInit init) {
     out.state_bytes = uint64_t(std::filesystem::file_size(init.checkpoint));
   }
   if (s_->outer->round() != init.round && (!init.source.empty() || !init.checkpoint.empty()))
-    throw std::runtime_error("InnerWorker " + std::to_string(init.index) + ": the outer state from " +
-                             (init.source.empty() ? init.checkpoint : init.source) + " is of round " +
-                             std::to_string(s_->outer->round()) + ", not " + std::to_string(init.round));
+    throw std::runtime_error(
+        "InnerWorker " + std::to_string(init.index) + ": the outer state from " +
+        (init.source.empty() ? init.checkpoint : init.source) + " is of round " +
+        std::to_string(s_->outer->round()) + ", not " + std::to_string(init.round));
   out.copy_seconds = seconds_since(t0);
   s_->trainer->load_parameters(s_->outer->theta());
   const auto n = size_t(s_->trainer->parameter_count());
@@ -290,12 +294,14 @@ int64_t InnerWorker::validation_windows() const { return s_->val_windows.size(0)
 // may have moved them by one round's inner steps; they only steer step sizes).
 const std::shared_ptr<const std::string>& InnerWorker::join_state(int64_t round) {
   if (s_->outer->round() != round)
-    throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + " holds the outer state of round " +
-                                std::to_string(s_->outer->round()) + ", not of round " + std::to_string(round));
+    throw std::invalid_argument(
+        "InnerWorker " + std::to_string(s_->index) + " holds the outer state of round " +
+        std::to_string(s_->outer->round()) + ", not of round " + std::to_string(round));
   if (!s_->shared_state || s_->shared_state_round != round) {
     const std::string outer = s_->outer->save_state(), moments = s_->trainer->save_moments();
     std::string packed(8, '\0');
-    for (int b = 0; b < 8; ++b) packed[size_t(b)] = char((uint64_t(outer.size()) >> (8 * b)) & 0xff);
+    for (int b = 0; b < 8; ++b)
+      packed[size_t(b)] = char((uint64_t(outer.size()) >> (8 * b)) & 0xff);
     packed += outer;
     packed += moments;
     s_->shared_state = std::make_shared<const std::string>(std::move(packed));

@@ -31,7 +31,8 @@ struct WorkerInit {
 struct InitResult {
   int64_t parameters = 0;
   uint64_t theta_hash = 0;
-  uint64_t state_bytes = 0;  // outer state and moments copied from `source`, or the `checkpoint` read
+  uint64_t state_bytes =
+      0;  // outer state and moments copied from `source`, or the `checkpoint` read
   double copy_seconds = 0;
   MSGPACK_DEFINE(parameters, theta_hash, state_bytes, copy_seconds)
 };

@@ -3,14 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <regex>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <thread>
 
 #include "actors/inner_worker.hpp"
@@ -98,8 +98,8 @@ struct OuterAggregator::State {
 
   std::vector<Slot> slots;
   int64_t total_steps = 0;
-  int target = 0;                  // workers wanted: workers.count or `loco scale`
-  std::string resume_from;         // checkpoint the job restarts from, if any
+  int target = 0;           // workers wanted: workers.count or `loco scale`
+  std::string resume_from;  // checkpoint the job restarts from, if any
   int64_t resume_round = 0;
   std::deque<std::function<void()>> outbox;  // reports not yet accepted by the head
   bool outbox_stuck = false;
@@ -155,7 +155,8 @@ struct OuterAggregator::State {
   void reconcile(int64_t r);
   std::optional<double> evaluate(int64_t windows);
   template <class T>
-  std::optional<T> ask_any(const std::string& what, const std::function<Future<T>(ActorHandle<InnerWorker>&)>& call);
+  std::optional<T> ask_any(const std::string& what,
+                           const std::function<Future<T>(ActorHandle<InnerWorker>&)>& call);
   void run();
   void plot(const std::string& jsonl, const std::string& png);
 };
@@ -171,7 +172,8 @@ void OuterAggregator::State::find_checkpoint() {
       if (e.kind != "log" || e.data.rfind(kCheckpointLine, 0) != 0) continue;
       auto at = e.data.rfind(" (round ");
       if (at == std::string::npos) continue;
-      std::string path = e.data.substr(std::strlen(kCheckpointLine), at - std::strlen(kCheckpointLine));
+      std::string path =
+          e.data.substr(std::strlen(kCheckpointLine), at - std::strlen(kCheckpointLine));
       if (!fs::exists(path)) continue;
       resume_from = path;
       resume_round = std::stoll(e.data.substr(at + 8));
@@ -304,7 +306,7 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
                   "joined in %.2f s",
                   i, static_cast<long long>(r), worker(i).address().c_str(),
                   double(done[k]->state_bytes) / 1e6,
-                  fresh ? "from the seed"
+                  fresh            ? "from the seed"
                   : source.empty() ? ("from " + resume_from).c_str()
                                    : ("copied from " + source).c_str(),
                   done[k]->copy_seconds, now_s() - t0[i]);
@@ -404,9 +406,9 @@ void OuterAggregator::State::reconcile(int64_t r) {
                                ", for workers.wait_s = " + std::to_string(int(cfg.workers.wait_s)) +
                                " s; no more could join" + why);
     if (!said_waiting)
-      log("round " + std::to_string(r + 1) + ": " + std::to_string(have) + " workers, below workers.min = " +
-          std::to_string(cfg.workers.min) + "; waiting up to " + std::to_string(int(cfg.workers.wait_s)) +
-          " s for more" + why);
+      log("round " + std::to_string(r + 1) + ": " + std::to_string(have) +
+          " workers, below workers.min = " + std::to_string(cfg.workers.min) + "; waiting up to " +
+          std::to_string(int(cfg.workers.wait_s)) + " s for more" + why);
     said_waiting = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));  // polling the cluster, not a test
   }
@@ -478,7 +480,8 @@ void OuterAggregator::State::run() {
     std::string kept, line;
     while (std::getline(in, line)) {
       auto at = line.find("\"round\":");
-      if (at != std::string::npos && std::stoll(line.substr(at + 8)) <= resume_round) kept += line + "\n";
+      if (at != std::string::npos && std::stoll(line.substr(at + 8)) <= resume_round)
+        kept += line + "\n";
     }
     in.close();
     std::ofstream(metrics_path, std::ios::trunc) << kept;
@@ -488,8 +491,8 @@ void OuterAggregator::State::run() {
     std::ofstream(metrics_path, std::ios::trunc);
     log("job " + cfg.name + ": " + std::to_string(cfg.workers.count) + " workers (min " +
         std::to_string(cfg.workers.min) + "), H=" + std::to_string(cfg.inner.steps) + ", " +
-        std::to_string(rounds) + " rounds, compression " + dl::to_string(cfg.compression) + "; folder " +
-        folder);
+        std::to_string(rounds) + " rounds, compression " + dl::to_string(cfg.compression) +
+        "; folder " + folder);
   }
   std::ofstream metrics(metrics_path, std::ios::app);
 
@@ -535,14 +538,17 @@ void OuterAggregator::State::run() {
   while (!windows) {
     auto w = ask_any<int64_t>("to count the validation windows",
                               [](auto& h) { return h.call(&InnerWorker::validation_windows); });
-    if (w) windows = *w;
-    else reconcile(r);
+    if (w)
+      windows = *w;
+    else
+      reconcile(r);
   }
   const double t_start = now_s();
   double bytes = 0, last_val = 0;
   if (r == 0) {
     auto v = evaluate(windows);
-    auto h = ask_any<uint64_t>("to hash θ", [](auto& w) { return w.call(&InnerWorker::theta_hash); });
+    auto h =
+        ask_any<uint64_t>("to hash θ", [](auto& w) { return w.call(&InnerWorker::theta_hash); });
     if (v) last_val = *v;
     report(0, 0, v, 0, 0, 0, int(active().size()), 0, h.value_or(0));
   }
@@ -581,8 +587,8 @@ void OuterAggregator::State::run() {
     }
     if (ready.empty() || int(ready.size()) < cfg.workers.min) {
       log("round " + std::to_string(r + 1) + ": " + std::to_string(ready.size()) +
-          " workers finished their inner steps, below workers.min = " + std::to_string(cfg.workers.min) +
-          "; the round is redone");
+          " workers finished their inner steps, below workers.min = " +
+          std::to_string(cfg.workers.min) + "; the round is redone");
       continue;
     }
     loss /= double(ready.size());
@@ -602,8 +608,8 @@ void OuterAggregator::State::run() {
             slots[size_t(group[i])].endpoint = *got[i];
             still.push_back(group[i]);
           } else {
-            release(group[i], "lost before the all-reduce of round " + std::to_string(r + 1) + ": " +
-                                  errors[i].message);
+            release(group[i], "lost before the all-reduce of round " + std::to_string(r + 1) +
+                                  ": " + errors[i].message);
           }
         }
         group = still;
@@ -646,7 +652,8 @@ void OuterAggregator::State::run() {
           if (rr[i]->theta_hash != h0)
             throw std::runtime_error("round " + std::to_string(r + 1) + ": worker " +
                                      std::to_string(group[i]) + " holds a different θ (hash " +
-                                     std::to_string(rr[i]->theta_hash) + " vs " + std::to_string(h0) + ")");
+                                     std::to_string(rr[i]->theta_hash) + " vs " +
+                                     std::to_string(h0) + ")");
         }
         agreed = h0;
         break;
@@ -663,7 +670,8 @@ void OuterAggregator::State::run() {
     if (!agreed) {
       // The group could not agree: its members' θ may differ now. Drop them all;
       // reconcile brings them back with the outer state of a checkpoint.
-      log("round " + std::to_string(r + 1) + ": the all-reduce failed 4 times; last: " + errors[0].message);
+      log("round " + std::to_string(r + 1) +
+          ": the all-reduce failed 4 times; last: " + errors[0].message);
       for (int m : group) slots[size_t(m)].active = false;
       continue;
     }
@@ -687,18 +695,21 @@ void OuterAggregator::State::run() {
     const double wall = now_s() - t_round;
     inner_total += inner_secs;
     const double util = inner_secs / (double(ready.size()) * wall);
-    const double tok_s = double(ready.size()) * double(cfg.inner.steps) *
-                         double(cfg.tokens_per_inner_step()) / wall;
+    const double tok_s =
+        double(ready.size()) * double(cfg.inner.steps) * double(cfg.tokens_per_inner_step()) / wall;
     report(r, loss, val, tok_s, bytes, util, int(members.size()), now_s() - t_start, *agreed);
     if (cfg.checkpoint.every > 0 && r % cfg.checkpoint.every == 0 && r < rounds) {
       const std::string file = folder + "/ckpt-round-" + std::to_string(r) + ".pt";
       std::vector<Future<std::string>> inner_files;
       for (int m : members)
-        inner_files.push_back(worker(m).call(&InnerWorker::save_inner_state, inner_state_path(file, m)));
-      auto path = ask_any<std::string>("to write a checkpoint",
-                                       [&](auto& w) { return w.call(&InnerWorker::save_checkpoint, file); });
+        inner_files.push_back(
+            worker(m).call(&InnerWorker::save_inner_state, inner_state_path(file, m)));
+      auto path = ask_any<std::string>("to write a checkpoint", [&](auto& w) {
+        return w.call(&InnerWorker::save_checkpoint, file);
+      });
       std::vector<Failure> errors;
-      gather(inner_files, errors, Millis(300000));  // a worker without its file starts afresh on resume
+      gather(inner_files, errors,
+             Millis(300000));  // a worker without its file starts afresh on resume
       if (path) {
         resume_from = *path;
         resume_round = r;
@@ -741,9 +752,10 @@ void OuterAggregator::State::run() {
   }
   plot(metrics_path, folder + "/loss.png");
   char msg[192];
-  std::snprintf(msg, sizeof msg,
-                "validation loss %.4f (perplexity %.2f) after %d rounds; compute utilization %.1f%%",
-                last_val, std::exp(last_val), rounds, 100.0 * inner_total / std::max(1e-9, member_seconds));
+  std::snprintf(
+      msg, sizeof msg,
+      "validation loss %.4f (perplexity %.2f) after %d rounds; compute utilization %.1f%%",
+      last_val, std::exp(last_val), rounds, 100.0 * inner_total / std::max(1e-9, member_seconds));
   // The end must reach the head: wait out a Redis restart (bounded).
   for (const double give_up = now_s() + 600;;) {
     try {
@@ -754,7 +766,8 @@ void OuterAggregator::State::run() {
     } catch (const std::exception& e) {
       if (now_s() > give_up) throw;
     }
-    if (now_s() > give_up) throw std::runtime_error("could not report the end of the job to the head");
+    if (now_s() > give_up)
+      throw std::runtime_error("could not report the end of the job to the head");
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
 }
@@ -819,7 +832,8 @@ OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
 // the thread is let go and ends on its own; it holds its State.
 OuterAggregator::~OuterAggregator() {
   s_->stop = true;
-  for (int i = 0; i < 200 && !s_->done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 200 && !s_->done; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (s_->done)
     s_->thread.join();
   else

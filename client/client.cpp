@@ -17,7 +17,8 @@ JobSpec JobSpec::from_yaml(const std::string& text) {
   } catch (const YAML::Exception& e) {
     throw std::invalid_argument("job file is not valid YAML: " + std::string(e.what()));
   }
-  if (!root.IsMap()) throw std::invalid_argument("job file: expected a mapping of fields at the top");
+  if (!root.IsMap())
+    throw std::invalid_argument("job file: expected a mapping of fields at the top");
   if (root["name"]) spec.name = root["name"].as<std::string>();
   return spec;
 }
@@ -104,7 +105,8 @@ JobInfo JobHandle::wait(Millis timeout) {
     JobInfo j = info();
     if (j.finished()) return j;
     if (now_ms() >= deadline)
-      throw TimeoutError("job " + id_ + " still " + j.state + " after " + human_ms(timeout.count()));
+      throw TimeoutError("job " + id_ + " still " + j.state + " after " +
+                         human_ms(timeout.count()));
     std::this_thread::sleep_for(idle.next());
   }
 }

@@ -32,9 +32,9 @@ struct JobSpec {
 struct RoundReport {
   int round = 0;
   int rounds = 0;
-  int inner_step = 0;       // inner steps done per worker so far
-  double loss = 0;          // mean training loss of the round's inner steps
-  double val_loss = 0;      // 0 when not evaluated this round
+  int inner_step = 0;   // inner steps done per worker so far
+  double loss = 0;      // mean training loss of the round's inner steps
+  double val_loss = 0;  // 0 when not evaluated this round
   double val_ppl = 0;
   double tokens_per_s = 0;  // all workers together
   double bytes_sent = 0;    // all-reduce bytes sent by all workers, cumulative

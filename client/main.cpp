@@ -153,13 +153,12 @@ int start_daemon(const StartArgs& a, const std::vector<std::string>& raw_args) {
   std::string addr;
   std::ifstream(ready) >> addr;
   fs::remove(ready);
-  std::ofstream(dir + "/pids/" + std::to_string(child.pid())) << (a.head ? "head " : "node ") << addr
-                                                             << "\n";
+  std::ofstream(dir + "/pids/" + std::to_string(child.pid()))
+      << (a.head ? "head " : "node ") << addr << "\n";
   if (a.head) std::ofstream(dir + "/head_address") << addr << "\n";
   std::cout << (a.head ? "head" : "node") << " serving at " << addr << " (pid " << child.pid()
             << ", log " << log << ")\n";
-  if (a.head)
-    std::cout << "join more nodes with: loco start --address " << addr << "\n";
+  if (a.head) std::cout << "join more nodes with: loco start --address " << addr << "\n";
   child.release();  // leave it running
   return 0;
 }
@@ -254,10 +253,10 @@ int up(const UpArgs& a) {
     int port = free_tcp_port();
     Subprocess::Options o;
     o.log_path = dir + "/redis.log";
-    redis.emplace(std::vector<std::string>{"redis-server", "--port", std::to_string(port), "--bind",
-                                           "127.0.0.1", "--save", "", "--appendonly", "no",
-                                           "--dir", dir},
-                  o);
+    redis.emplace(
+        std::vector<std::string>{"redis-server", "--port", std::to_string(port), "--bind",
+                                 "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir},
+        o);
     redis_url = "redis://127.0.0.1:" + std::to_string(port);
   }
   int head_port = a.port ? a.port : free_tcp_port();
@@ -271,8 +270,8 @@ int up(const UpArgs& a) {
   };
   bool head_up = false;
   for (int attempt = 0; attempt < 50 && !head_up && !g_stop; ++attempt) {
-    start({bin, "start", "--head", "--block", "--host=127.0.0.1", "--port=" + std::to_string(head_port),
-           "--redis=" + redis_url, detect},
+    start({bin, "start", "--head", "--block", "--host=127.0.0.1",
+           "--port=" + std::to_string(head_port), "--redis=" + redis_url, detect},
           "head.log");
     // The head exits at once when Redis does not answer yet: retry briefly.
     if (procs.back().wait(std::chrono::milliseconds(300))) {
@@ -287,8 +286,8 @@ int up(const UpArgs& a) {
     return 1;
   }
   for (int i = 0; i < a.workers; ++i) {
-    std::vector<std::string> argv = {bin, "start", "--block", "--host=127.0.0.1",
-                                     "--address=" + head_addr, detect};
+    std::vector<std::string> argv = {
+        bin, "start", "--block", "--host=127.0.0.1", "--address=" + head_addr, detect};
     if (!a.resources.empty()) argv.push_back("--resources=" + a.resources);
     start(argv, "node-" + std::to_string(i) + ".log");
   }
@@ -375,12 +374,12 @@ std::string progress_line(const RoundReport& r) {
   int filled = r.rounds > 0 ? int(double(r.round) / r.rounds * width + 0.5) : 0;
   std::string bar = "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
   char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "%s round %d/%d  step %d  loss %.3f%s  %.1fk tok/s  sent %s  util %.0f%%  workers %d",
-                bar.c_str(), r.round, r.rounds, r.inner_step, r.loss,
-                r.val_loss > 0 ? ("  val ppl " + std::to_string(r.val_ppl).substr(0, 6)).c_str() : "",
-                r.tokens_per_s / 1000, human_bytes(r.bytes_sent).c_str(), r.utilization * 100,
-                r.workers);
+  std::snprintf(
+      buf, sizeof buf,
+      "%s round %d/%d  step %d  loss %.3f%s  %.1fk tok/s  sent %s  util %.0f%%  workers %d",
+      bar.c_str(), r.round, r.rounds, r.inner_step, r.loss,
+      r.val_loss > 0 ? ("  val ppl " + std::to_string(r.val_ppl).substr(0, 6)).c_str() : "",
+      r.tokens_per_s / 1000, human_bytes(r.bytes_sent).c_str(), r.utilization * 100, r.workers);
   return buf;
 }
 
@@ -489,7 +488,10 @@ int main(int argc, char** argv) {
   start->add_option("--address", sa.address, "head to join, HOST:PORT");
   start->add_option("--resources", sa.resources, "node resources, e.g. cpu=2,gpu=0,ssd=1");
   start->add_option("--plugin", sa.plugins, "shared library (or folder) of actor classes");
-  start->add_option("--detect-ms", sa.detect_ms, "failure detection time in ms (default 2000; set on the head, nodes take it from there)")
+  start
+      ->add_option(
+          "--detect-ms", sa.detect_ms,
+          "failure detection time in ms (default 2000; set on the head, nodes take it from there)")
       ->check(CLI::Range(100, 600000));
   start->add_option("--max-message-bytes", sa.max_message_bytes, "largest message accepted");
   start->add_flag("--block", sa.block, "stay in the foreground");
@@ -510,8 +512,9 @@ int main(int argc, char** argv) {
   up->add_option("--port", ua.port, "head port (default: any free)");
   up->add_option("--resources", ua.resources, "resources of each node");
   up->add_option("--detect-ms", ua.detect_ms, "failure detection time in ms");
-  up->add_option("command", ua.command,
-                 "a job file to run, or a command to run with LOCO_ADDRESS set; then stop the cluster")
+  up->add_option(
+        "command", ua.command,
+        "a job file to run, or a command to run with LOCO_ADDRESS set; then stop the cluster")
       ->allow_extra_args();
   up->positionals_at_end();
 
@@ -589,7 +592,8 @@ int main(int argc, char** argv) {
     if (*scale_cmd) {
       loco::Client client(head_address(job_addr));
       loco::JobInfo j = client.job(job_id).scale(scale_workers);
-      std::printf("job %s: %d workers requested; they join at the next round\n", j.id.c_str(), j.scale);
+      std::printf("job %s: %d workers requested; they join at the next round\n", j.id.c_str(),
+                  j.scale);
       return 0;
     }
     if (*cancel_cmd) {

@@ -5,13 +5,12 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-
 #include <stdexcept>
 #include <thread>
 
@@ -106,7 +105,8 @@ int Subprocess::stop(std::chrono::milliseconds grace) {
 
 int free_tcp_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(std::string("free_tcp_port: socket: ") + std::strerror(errno));
+  if (fd < 0)
+    throw std::runtime_error(std::string("free_tcp_port: socket: ") + std::strerror(errno));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -114,7 +114,8 @@ int free_tcp_port() {
   socklen_t len = sizeof(addr);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const std::string error = std::string("free_tcp_port: bind 127.0.0.1:0: ") + std::strerror(errno);
+    const std::string error =
+        std::string("free_tcp_port: bind 127.0.0.1:0: ") + std::strerror(errno);
     ::close(fd);
     throw std::runtime_error(error);
   }

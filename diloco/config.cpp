@@ -285,8 +285,8 @@ std::string JobConfig::to_yaml() const {
   out << YAML::Key << "workers" << YAML::Value << YAML::BeginMap << YAML::Key << "count"
       << YAML::Value << workers.count << YAML::Key << "min" << YAML::Value << workers.min
       << YAML::Key << "max" << YAML::Value << workers.max << YAML::Key << "max_restarts"
-      << YAML::Value << workers.max_restarts << YAML::Key << "wait_s" << YAML::Value << workers.wait_s
-      << YAML::EndMap;
+      << YAML::Value << workers.max_restarts << YAML::Key << "wait_s" << YAML::Value
+      << workers.wait_s << YAML::EndMap;
   out << YAML::Key << "inner" << YAML::Value << YAML::BeginMap << YAML::Key << "steps"
       << YAML::Value << inner.steps << YAML::Key << "batch_size" << YAML::Value << inner.batch_size
       << YAML::Key << "lr" << YAML::Value << inner.lr << YAML::Key << "warmup" << YAML::Value

@@ -42,11 +42,11 @@ struct DataConfig {
 };
 
 struct WorkersConfig {
-  int count = 4;          // workers per round when all are present (`loco scale` changes it)
-  int min = 1;            // a round never closes with fewer
-  int max = 0;            // upper bound for `loco scale`; 0: no bound
-  int max_restarts = 3;   // per worker actor: restarted on a live node when its node dies
-  double wait_s = 300;    // below `min` workers, how long the job waits for joins before failing
+  int count = 4;         // workers per round when all are present (`loco scale` changes it)
+  int min = 1;           // a round never closes with fewer
+  int max = 0;           // upper bound for `loco scale`; 0: no bound
+  int max_restarts = 3;  // per worker actor: restarted on a live node when its node dies
+  double wait_s = 300;   // below `min` workers, how long the job waits for joins before failing
 };
 
 struct InnerConfig {

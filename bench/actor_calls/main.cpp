@@ -81,7 +81,8 @@ RawResult raw_zmq(int n, int calls, int window) {
     if (!dealer.recv(m)) throw std::runtime_error("raw echo timed out");
     ++got;
   }
-  r.msgs_per_s = calls / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.msgs_per_s =
+      calls / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   dealer.send(zmq::str_buffer("quit"), zmq::send_flags::none);
   int st;
   waitpid(child, &st, 0);
@@ -95,10 +96,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int v = std::atoi(argv[i + 1]);
-    if (k == "--n") n = v;
-    else if (k == "--calls") calls = v;
-    else if (k == "--window") window = v;
-    else if (k == "--repeats") repeats = v;
+    if (k == "--n")
+      n = v;
+    else if (k == "--calls")
+      calls = v;
+    else if (k == "--window")
+      window = v;
+    else if (k == "--repeats")
+      repeats = v;
   }
   using namespace loco;
   testing::ClusterOptions co;
@@ -117,7 +122,8 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < repeats; ++rep) {
     RawResult raw = raw_zmq(n, calls, window);
     auto lat = pinger.call(&bench::Pinger::latency, echo.id(), n).get(Millis(600000));
-    double tput = pinger.call(&bench::Pinger::throughput, echo.id(), calls, window).get(Millis(600000));
+    double tput =
+        pinger.call(&bench::Pinger::throughput, echo.id(), calls, window).get(Millis(600000));
     double tells = pinger.call(&bench::Pinger::tells, echo.id(), calls).get(Millis(600000));
     raw_med.push_back(median(raw.rtt_us));
     raw_tput.push_back(raw.msgs_per_s);
@@ -125,17 +131,19 @@ int main(int argc, char** argv) {
     loco_p99.push_back(pct(lat.rtt_us, 0.99));
     loco_tput.push_back(tput);
     loco_tell.push_back(tells);
-    std::printf("run %d: raw zmq rtt %.1f us, loco rtt %.1f us (p99 %.1f), raw %.0f msg/s, loco "
-                "%.0f calls/s, %.0f tells/s\n",
-                rep + 1, raw_med.back(), loco_med.back(), loco_p99.back(), raw_tput.back(),
-                loco_tput.back(), loco_tell.back());
+    std::printf(
+        "run %d: raw zmq rtt %.1f us, loco rtt %.1f us (p99 %.1f), raw %.0f msg/s, loco "
+        "%.0f calls/s, %.0f tells/s\n",
+        rep + 1, raw_med.back(), loco_med.back(), loco_p99.back(), raw_tput.back(),
+        loco_tput.back(), loco_tell.back());
   }
   double rm = median(raw_med), lm = median(loco_med);
   std::printf("\nactor_calls (median of %d runs, %d round trips, %d pipelined calls, window %d)\n",
               repeats, n, calls, window);
   std::printf("  raw ZeroMQ DEALER/ROUTER RTT : %8.1f us\n", rm);
-  std::printf("  loco actor call RTT          : %8.1f us   ratio %.2fx the raw RTT (target <= 2x)\n",
-              lm, lm / rm);
+  std::printf(
+      "  loco actor call RTT          : %8.1f us   ratio %.2fx the raw RTT (target <= 2x)\n", lm,
+      lm / rm);
   std::printf("  loco call RTT p99            : %8.1f us\n", median(loco_p99));
   std::printf("  raw ZeroMQ pipelined         : %8.0f msg/s\n", median(raw_tput));
   std::printf("  loco async calls             : %8.0f calls/s  (target >= 100000), %.2fx raw\n",

@@ -7,14 +7,13 @@
 // sockets over loopback TCP, the transport's own cost.
 //
 //   bench_join [--layers 6 --width 576] [--repeat 3]
-#include <zmq.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <regex>
 #include <thread>
+#include <zmq.hpp>
 
 #include "client/client.hpp"
 #include "tests/diloco/test_corpus.hpp"
@@ -64,12 +63,17 @@ int main(int argc, char** argv) {
   co.plugins = LOCO_PLUGIN_DIR_STR;
   const std::string yaml =
       "name: join\nseed: 1\nthreads: 1\n"
-      "model: {layers: " + std::to_string(layers) + ", width: " + std::to_string(width) +
+      "model: {layers: " +
+      std::to_string(layers) + ", width: " + std::to_string(width) +
       ", heads: 8, context: 32}\n"
-      "data: {dir: " + data + ", tokenizer: byte, shards: 8, val_fraction: 0.05}\n"
+      "data: {dir: " +
+      data +
+      ", tokenizer: byte, shards: 8, val_fraction: 0.05}\n"
       "workers: {count: 1, min: 1}\ninner: {steps: 1, batch_size: 2, lr: 0.001, warmup: 1}\n"
-      "rounds: 1000\ncheckpoint: {every: 0, dir: " + dir + "}\neval: {every: 100000, batches: 1}\n";
-  std::regex line_re(R"(joined at round \d+ on \S+: ([0-9.]+) MB of state copied from \S+ in ([0-9.]+) s; joined in ([0-9.]+) s)");
+      "rounds: 1000\ncheckpoint: {every: 0, dir: " +
+      dir + "}\neval: {every: 100000, batches: 1}\n";
+  std::regex line_re(
+      R"(joined at round \d+ on \S+: ([0-9.]+) MB of state copied from \S+ in ([0-9.]+) s; joined in ([0-9.]+) s)");
   std::vector<double> copy_s, join_s, raw_s;
   double mb = 0;
   for (int rep = 0; rep < repeat; ++rep) {
@@ -100,13 +104,14 @@ int main(int argc, char** argv) {
     raw_s.push_back(raw_zmq_seconds(size_t(mb * 1e6)));
     std::printf("run %d: %s\n", rep + 1, found.c_str());
   }
-  std::printf("join state (theta, outer momentum, AdamW moments; fp32): %.1f MB, i.e. a %.1f MB model\n", mb,
-              mb / 4);
+  std::printf(
+      "join state (theta, outer momentum, AdamW moments; fp32): %.1f MB, i.e. a %.1f MB model\n",
+      mb, mb / 4);
   std::printf("join, spawn + init (median of %d): %8.3f s\n", repeat, median(join_s));
   std::printf("  copy of the join state           : %8.3f s  (%.0f MB/s)\n", median(copy_s),
               mb / std::max(1e-9, median(copy_s)));
-  std::printf("  raw ZeroMQ, same bytes, loopback : %8.3f s  -> copy / raw = %.2fx\n", median(raw_s),
-              median(copy_s) / std::max(1e-9, median(raw_s)));
+  std::printf("  raw ZeroMQ, same bytes, loopback : %8.3f s  -> copy / raw = %.2fx\n",
+              median(raw_s), median(copy_s) / std::max(1e-9, median(raw_s)));
   diloco::remove_tree(data);
   diloco::remove_tree(dir);
   return 0;

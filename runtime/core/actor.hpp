@@ -28,9 +28,18 @@ struct ActorOptions {
   Resources resources{};  // what the actor needs on its node; default {cpu: 1}
   int max_restarts = 0;   // restarts on another node after its node dies
 
-  ActorOptions& with_name(std::string n) { name = std::move(n); return *this; }
-  ActorOptions& with_resources(Resources r) { resources = std::move(r); return *this; }
-  ActorOptions& with_max_restarts(int n) { max_restarts = n; return *this; }
+  ActorOptions& with_name(std::string n) {
+    name = std::move(n);
+    return *this;
+  }
+  ActorOptions& with_resources(Resources r) {
+    resources = std::move(r);
+    return *this;
+  }
+  ActorOptions& with_max_restarts(int n) {
+    max_restarts = n;
+    return *this;
+  }
 };
 
 // The result of a call. get() waits at most `timeout`, then throws TimeoutError;
@@ -43,7 +52,8 @@ class [[nodiscard]] Future {
 
   R get(Millis timeout = Millis(60000)) {
     core_->await(*st_, timeout);
-    if constexpr (!std::is_void_v<R>) return detail::unpack_payload<R>(st_->result, "reply of ", st_->method);
+    if constexpr (!std::is_void_v<R>)
+      return detail::unpack_payload<R>(st_->result, "reply of ", st_->method);
   }
   bool ready() const {
     std::lock_guard<std::mutex> lock(st_->mu);
@@ -132,7 +142,8 @@ class ActorClass {
   ActorClass& constructor() {
     static_assert(std::is_constructible_v<T, A...>, "T has no such constructor");
     entry_->factory = [](detail::Payload& args) -> std::shared_ptr<void> {
-      auto tuple = detail::unpack_payload<std::tuple<std::decay_t<A>...>>(args, "constructor arguments");
+      auto tuple =
+          detail::unpack_payload<std::tuple<std::decay_t<A>...>>(args, "constructor arguments");
       return std::apply([](auto&&... a) { return std::make_shared<T>(std::move(a)...); },
                         std::move(tuple));
     };
@@ -163,7 +174,8 @@ class ActorClass {
   template <class R, class... A, class M>
   static auto invoker_for(const std::string& what, M m) {
     return [what, m](void* self, detail::Payload& args) -> detail::Payload {
-      auto tuple = detail::unpack_payload<std::tuple<std::decay_t<A>...>>(args, "arguments of ", what);
+      auto tuple =
+          detail::unpack_payload<std::tuple<std::decay_t<A>...>>(args, "arguments of ", what);
       auto call = [&](auto&&... a) -> R { return (static_cast<T*>(self)->*m)(std::move(a)...); };
       if constexpr (std::is_void_v<R>) {
         std::apply(call, std::move(tuple));
@@ -188,7 +200,7 @@ class ActorClass {
 #define LOCO_CONCAT_INNER(a, b) a##b
 #define LOCO_CONCAT(a, b) LOCO_CONCAT_INNER(a, b)
 // LOCO_REGISTER(Type, loco::ActorClass<Type>("Name").method(...)...);
-#define LOCO_REGISTER(Type, ...)                                                \
+#define LOCO_REGISTER(Type, ...)                                                 \
   [[maybe_unused]] static const bool LOCO_CONCAT(loco_registration_, __LINE__) = \
       ((void)(__VA_ARGS__), true)
 

@@ -109,7 +109,9 @@ struct JobInfo {
   MSGPACK_DEFINE(id, name, entry_class, state, message, entry_actor, submitted_unix_ms,
                  finished_unix_ms, scale)
 
-  bool finished() const { return state == "succeeded" || state == "failed" || state == "cancelled"; }
+  bool finished() const {
+    return state == "succeeded" || state == "failed" || state == "cancelled";
+  }
 };
 
 // One entry of a job's event log: kind "report" (data: a msgpack report),

@@ -85,7 +85,8 @@ Decoded decode(std::vector<zmq::message_t>&& frames, size_t max_bytes) {
 
 uint64_t salvage_corr(const zmq::message_t& frame) {
   try {
-    msgpack::object_handle oh = msgpack::unpack(static_cast<const char*>(frame.data()), frame.size());
+    msgpack::object_handle oh =
+        msgpack::unpack(static_cast<const char*>(frame.data()), frame.size());
     const msgpack::object& o = oh.get();
     if (o.type == msgpack::type::ARRAY && o.via.array.size >= 3 &&
         o.via.array.ptr[2].type == msgpack::type::POSITIVE_INTEGER)

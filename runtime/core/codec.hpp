@@ -185,8 +185,8 @@ MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS) {
       auto* source = loco::detail::blob_source();
       if (!source || index >= source->size())
         throw loco::ProtocolError("message refers to blob frame " + std::to_string(index) +
-                                  " but carries " +
-                                  std::to_string(source ? source->size() : 0) + " blob frames");
+                                  " but carries " + std::to_string(source ? source->size() : 0) +
+                                  " blob frames");
       auto frame = std::make_shared<zmq::message_t>(std::move((*source)[index]));
       // A moved-from frame is empty: re-share the same frame for repeated references.
       (*source)[index].copy(*frame);

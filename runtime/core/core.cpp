@@ -92,7 +92,8 @@ void Core::shutdown() {
     std::lock_guard<std::mutex> lock(calls_mu_);
     pending.swap(pending_);
   }
-  for (auto& [corr, st] : pending) finish(st, "ActorDiedError", "the calling process is shutting down", {});
+  for (auto& [corr, st] : pending)
+    finish(st, "ActorDiedError", "the calling process is shutting down", {});
 }
 
 void Core::resolve(ActorRef& ref) {
@@ -100,8 +101,7 @@ void Core::resolve(ActorRef& ref) {
   int64_t deadline = now_ms() + opts_.resolve_timeout_ms;
   while (true) {
     ActorInfo info = head_call<ActorInfo>("locate", Millis(opts_.resolve_timeout_ms), ref.id);
-    if (info.state == "dead")
-      throw ActorDiedError(ref.describe() + " is dead: " + info.reason);
+    if (info.state == "dead") throw ActorDiedError(ref.describe() + " is dead: " + info.reason);
     bool usable = info.state == "alive";
     if (usable) {
       std::lock_guard<std::mutex> lock(calls_mu_);
@@ -268,8 +268,8 @@ void Core::on_tick(int64_t now) {
       std::lock_guard<std::mutex> lock(st->ref->mu);
       node = st->ref->node_id.empty() ? st->peer : st->ref->node_id + " (" + st->peer + ")";
     }
-    std::string who = st->ref->fixed ? "the head at " + st->peer
-                                     : st->ref->describe() + " on node " + node;
+    std::string who =
+        st->ref->fixed ? "the head at " + st->peer : st->ref->describe() + " on node " + node;
     finish(st, "ActorDiedError",
            who + " died or is unreachable: no answer to heartbeats for " + human_ms(silent) +
                " (call " + st->what() + ")",
@@ -370,7 +370,8 @@ void Core::post(const std::string& actor_id, const std::string& method, Payload&
   if (was_empty) box->cv.notify_one();
 }
 
-void Core::host(const std::string& actor_id, const ClassEntry& cls, std::shared_ptr<void> instance) {
+void Core::host(const std::string& actor_id, const ClassEntry& cls,
+                std::shared_ptr<void> instance) {
   auto box = std::make_shared<Mailbox>();
   box->id = actor_id;
   box->cls = &cls;

@@ -53,12 +53,12 @@ struct CallState {
 };
 
 struct CoreOptions {
-  std::string bind;          // "tcp://HOST:PORT"; empty for a driver
-  std::string advertise;     // host to advertise instead of the bound one ("" = bound host)
-  std::string head_address;  // "HOST:PORT"
-  std::string self_name;     // "driver", "node n-..", "head": the sender of our messages
-  int64_t detect_ms = 2000;     // a peer silent this long while we wait on it is dead
-  int64_t heartbeat_ms = 400;   // ping a peer we wait on after this much silence
+  std::string bind;            // "tcp://HOST:PORT"; empty for a driver
+  std::string advertise;       // host to advertise instead of the bound one ("" = bound host)
+  std::string head_address;    // "HOST:PORT"
+  std::string self_name;       // "driver", "node n-..", "head": the sender of our messages
+  int64_t detect_ms = 2000;    // a peer silent this long while we wait on it is dead
+  int64_t heartbeat_ms = 400;  // ping a peer we wait on after this much silence
   size_t max_message_bytes = size_t(1) << 30;
   int64_t resolve_timeout_ms = 15000;  // how long a handle waits for a restarting actor
 };
@@ -77,7 +77,7 @@ class Core : public std::enable_shared_from_this<Core> {
   // Sends `method` with `args` to the actor. Never blocks on the network; may
   // block to resolve an actor whose location is unknown (asks the head).
   std::shared_ptr<CallState> call(const std::shared_ptr<ActorRef>& ref, const std::string& method,
-                                   Payload&& args, bool oneway);
+                                  Payload&& args, bool oneway);
   // Waits for the reply; throws its error, or TimeoutError.
   void await(CallState& st, Millis timeout);
 

@@ -33,8 +33,8 @@ Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
     if (!fits) continue;
     double cpu_left = get(n.total, "cpu") - get(n.used, "cpu") - get(demand, "cpu");
     bool better = !best || cpu_left > best_cpu ||
-                  (cpu_left == best_cpu && (n.actors < best->actors ||
-                                            (n.actors == best->actors && n.id < best->id)));
+                  (cpu_left == best_cpu &&
+                   (n.actors < best->actors || (n.actors == best->actors && n.id < best->id)));
     if (better) {
       best = &n;
       best_cpu = cpu_left;
@@ -62,8 +62,8 @@ Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
     }
     if (largest + 1e-9 >= need) continue;
     if (!reason.empty()) reason += "; ";
-    reason += "no node has " + num(need) + " free " + k + " (most free: " + num(largest) +
-              " on " + where + ", cluster total " + num(total) + ")";
+    reason += "no node has " + num(need) + " free " + k + " (most free: " + num(largest) + " on " +
+              where + ", cluster total " + num(total) + ")";
   }
   if (reason.empty()) reason = "no single node has all of " + format_resources(demand) + " free";
   return {std::nullopt, reason};
@@ -100,7 +100,8 @@ Resources parse_resources(const std::string& text) {
   size_t pos = 0;
   while (pos < text.size()) {
     size_t comma = text.find(',', pos);
-    std::string part = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string part =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     pos = comma == std::string::npos ? text.size() : comma + 1;
     if (part.empty()) continue;
     size_t eq = part.find('=');

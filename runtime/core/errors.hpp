@@ -16,10 +16,10 @@ class Error : public std::runtime_error {
   std::string type_;
 };
 
-#define LOCO_DEFINE_ERROR(Name)                                                  \
-  class Name : public Error {                                                    \
-   public:                                                                       \
-    explicit Name(const std::string& message) : Error(#Name, message) {}         \
+#define LOCO_DEFINE_ERROR(Name)                                          \
+  class Name : public Error {                                            \
+   public:                                                               \
+    explicit Name(const std::string& message) : Error(#Name, message) {} \
   };
 
 // The actor's process or node is gone (or unreachable past the detection time),

@@ -28,7 +28,9 @@ T unpack_str(const std::string& s) {
 class HeadService {
  public:
   HeadService(HeadConfig cfg, std::shared_ptr<membership::Store> store, std::string address)
-      : cfg_(std::move(cfg)), store_(std::move(store)), address_(std::move(address)),
+      : cfg_(std::move(cfg)),
+        store_(std::move(store)),
+        address_(std::move(address)),
         detector_(cfg_.detect_ms) {}
 
   ClusterInfo hello() const {
@@ -63,7 +65,9 @@ class HeadService {
                             format_resources(rec.info.resources) + ": " + where.reason);
     start_on(rec, nodes.at(*where.node));  // throws when the node refuses
     if (!req.name.empty()) store_->hput(keys::kNames, req.name, rec.info.id);
-    event({{"type", "spawn"}, {"actor", rec.info.id}, {"class", rec.info.class_name},
+    event({{"type", "spawn"},
+           {"actor", rec.info.id},
+           {"class", rec.info.class_name},
            {"node", rec.info.node_id}});
     return rec.info;
   }
@@ -213,9 +217,11 @@ class HeadService {
 
   JobInfo scale_job(std::string job_id, int workers) {
     return with_store([&] {
-      if (workers < 1) throw ClusterError("scale: a job needs at least 1 worker, not " + std::to_string(workers));
+      if (workers < 1)
+        throw ClusterError("scale: a job needs at least 1 worker, not " + std::to_string(workers));
       JobInfo job = job_record(job_id);
-      if (job.finished()) throw ClusterError("scale: job " + job_id + " has " + job.state + "; nothing to scale");
+      if (job.finished())
+        throw ClusterError("scale: job " + job_id + " has " + job.state + "; nothing to scale");
       job.scale = workers;
       save_job(job);
       job_log(job.id, "log", "scale: " + std::to_string(workers) + " workers requested");
@@ -280,10 +286,11 @@ class HeadService {
         }
         auto n = nodes.find(rec.info.node_id);
         if (n != nodes.end() && n->second.state == "alive") continue;
-        std::string why = n == nodes.end() ? "its node is unknown"
-                                            : "node " + n->second.id + " (" + n->second.address +
-                                                  ") " + (n->second.state == "left" ? "left" : "died") +
-                                                  (n->second.reason.empty() ? "" : ": " + n->second.reason);
+        std::string why = n == nodes.end()
+                              ? "its node is unknown"
+                              : "node " + n->second.id + " (" + n->second.address + ") " +
+                                    (n->second.state == "left" ? "left" : "died") +
+                                    (n->second.reason.empty() ? "" : ": " + n->second.reason);
         if (rec.info.restarts < rec.info.max_restarts) {
           to_restart(rec, why);
           try_restart(rec);
@@ -348,7 +355,8 @@ class HeadService {
       if (job.finished() || job.entry_actor.empty()) continue;
       auto it = actors.find(job.entry_actor);
       if (it != actors.end() && it->second.info.state == "dead")
-        finish(job, "failed", "its " + it->second.info.class_name + " died: " + it->second.info.reason);
+        finish(job, "failed",
+               "its " + it->second.info.class_name + " died: " + it->second.info.reason);
     }
   }
 
@@ -366,9 +374,7 @@ class HeadService {
   static std::string describe(const ActorInfo& a) {
     return a.class_name + (a.name.empty() ? "" : " '" + a.name + "'") + " (" + a.id + ")";
   }
-  static bool occupies(const ActorInfo& a) {
-    return a.state == "alive" || a.state == "pending";
-  }
+  static bool occupies(const ActorInfo& a) { return a.state == "alive" || a.state == "pending"; }
 
   void guard_store() {
     if (store_was_down_) {
@@ -380,7 +386,9 @@ class HeadService {
     }
   }
 
-  void event(const std::map<std::string, std::string>& fields) { store_->append(keys::kEvents, fields); }
+  void event(const std::map<std::string, std::string>& fields) {
+    store_->append(keys::kEvents, fields);
+  }
 
   void save(const ActorRecord& rec) { store_->hput(keys::kActors, rec.info.id, pack_str(rec)); }
 
@@ -437,7 +445,8 @@ class HeadService {
   template <class R, class... A>
   R call_node(const NodeRecord& node, const std::string& method, const A&... args) {
     auto core = detail::current_core();
-    auto st = core->call(node_ref(node), method, detail::pack_payload(std::make_tuple(args...)), false);
+    auto st =
+        core->call(node_ref(node), method, detail::pack_payload(std::make_tuple(args...)), false);
     core->await(*st, Millis(30000));
     if constexpr (!std::is_void_v<R>) return detail::unpack_payload<R>(st->result, method);
   }

@@ -67,7 +67,8 @@ LOCO_REGISTER(NodeService, loco::ActorClass<NodeService>("loco.Node")
                                .method("actors", &NodeService::actors));
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
@@ -76,7 +77,8 @@ std::vector<std::string> load_plugins(const std::vector<std::string>& paths) {
   std::vector<std::string> files;
   for (const std::string& p : paths) {
     struct stat st;
-    if (::stat(p.c_str(), &st) != 0) throw std::runtime_error("plugin path " + p + " does not exist");
+    if (::stat(p.c_str(), &st) != 0)
+      throw std::runtime_error("plugin path " + p + " does not exist");
     if (S_ISDIR(st.st_mode)) {
       DIR* d = ::opendir(p.c_str());
       if (!d) continue;
@@ -169,7 +171,9 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   auto join = [&] {
     store->hput(keys::kNodes, node_id, packed(rec));
     heartbeat();
-    store->append(keys::kEvents, {{"type", "join"}, {"node", node_id}, {"address", rec.address},
+    store->append(keys::kEvents, {{"type", "join"},
+                                  {"node", node_id},
+                                  {"address", rec.address},
                                   {"resources", format_resources(rec.resources)}});
   };
   try {
@@ -211,9 +215,10 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
             node_id = random_id("n");
             rec.id = node_id;
             rec.started_unix_ms = unix_ms();
-            spdlog::warn("node {}: the head declared this node dead ({}); dropped its actors and "
-                         "joining again as node {}",
-                         old_id, r.reason, node_id);
+            spdlog::warn(
+                "node {}: the head declared this node dead ({}); dropped its actors and "
+                "joining again as node {}",
+                old_id, r.reason, node_id);
             serve();
             join();
             next_beat = now_ms() + period.count();

@@ -21,8 +21,8 @@ struct HeadConfig {
 struct NodeConfig {
   std::string head_address;  // "HOST:PORT"
   std::string bind = "tcp://0.0.0.0:0";
-  std::string advertise;  // host others reach this node at; "" = the bound host
-  Resources resources;    // default: cpu = number of cores
+  std::string advertise;             // host others reach this node at; "" = the bound host
+  Resources resources;               // default: cpu = number of cores
   std::vector<std::string> plugins;  // shared libraries (or folders of them) with actor classes
   size_t max_message_bytes = size_t(1) << 30;
   int64_t connect_timeout_ms = 30000;

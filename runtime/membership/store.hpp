@@ -64,7 +64,8 @@ class Store {
   virtual bool erase(const std::string& key) = 0;
 
   // Hashes (field -> value maps under one key). Values are binary-safe.
-  virtual void hput(const std::string& hash, const std::string& field, const std::string& value) = 0;
+  virtual void hput(const std::string& hash, const std::string& field,
+                    const std::string& value) = 0;
   virtual std::optional<std::string> hget(const std::string& hash, const std::string& field) = 0;
   virtual std::map<std::string, std::string> hgetall(const std::string& hash) = 0;
   virtual bool hdel(const std::string& hash, const std::string& field) = 0;
@@ -87,8 +88,8 @@ class Store {
 // "redis://HOST:PORT" or "redis://HOST:PORT/DB". Connects lazily: construction
 // never throws for an unreachable server, the first operation does.
 // `timeout` bounds connecting and every command.
-std::unique_ptr<Store> make_redis_store(const std::string& url,
-                                        std::chrono::milliseconds timeout = std::chrono::milliseconds(1000));
+std::unique_ptr<Store> make_redis_store(
+    const std::string& url, std::chrono::milliseconds timeout = std::chrono::milliseconds(1000));
 
 // Milliseconds since some fixed origin.
 using ClockFn = std::function<int64_t()>;

@@ -19,7 +19,9 @@ namespace fs = std::filesystem;
 // Sets an environment variable for the node processes started while it lives.
 class ScopedEnv {
  public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) { ::setenv(name, value.c_str(), 1); }
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    ::setenv(name, value.c_str(), 1);
+  }
   ~ScopedEnv() { ::unsetenv(name_); }
 
  private:
@@ -47,7 +49,8 @@ bool contains(const std::string& text, const std::string& needle) {
 }
 
 // The first log line that contains `needle`, with its time (unix ms).
-std::optional<std::pair<int64_t, std::string>> first_line(JobHandle& job, const std::string& needle) {
+std::optional<std::pair<int64_t, std::string>> first_line(JobHandle& job,
+                                                          const std::string& needle) {
   for (auto& l : log_lines(job))
     if (contains(l.second, needle)) return l;
   return std::nullopt;
@@ -147,7 +150,8 @@ TEST_F(Elastic, SigtermToAWorkerNodeItLeavesAndItsShardsGoToTheOthers) {
     }
     return sent && r.workers == 2;
   })) << log_text(j);
-  ASSERT_TRUE(wait_for_line(j, "lost worker(s) 1; their shards went to the 2 others", Millis(10000)))
+  ASSERT_TRUE(
+      wait_for_line(j, "lost worker(s) 1; their shards went to the 2 others", Millis(10000)))
       << log_text(j);
   EXPECT_TRUE(contains(log_text(j), "worker 1 left")) << log_text(j);
 }
@@ -212,7 +216,8 @@ TEST_F(Elastic, BelowMinWorkersTheJobWaitsAndANewNodeSavesIt) {
     if (r.round >= 1 && !killed) {
       killed = true;
       c.node(client.runtime().lookup(j.id() + ".worker-1").address).kill();
-      EXPECT_TRUE(wait_for_line(j, "below workers.min = 2; waiting up to", Millis(60000))) << log_text(j);
+      EXPECT_TRUE(wait_for_line(j, "below workers.min = 2; waiting up to", Millis(60000)))
+          << log_text(j);
       c.add_node({"--resources", "cpu=1"});
       return false;
     }
@@ -279,8 +284,9 @@ TEST_F(Elastic, HeadAndAggregatorNodeKilledTheJobResumesFromItsCheckpoint) {
   std::string log = log_text(j);
   EXPECT_TRUE(contains(log, "resuming from " + dir_ + "/ckpt/" + id + "/ckpt-round-")) << log;
   double got = final_val_loss(dir_ + "/ckpt/" + id + "/metrics.jsonl");
-  std::printf("final validation loss: %.5f without faults, %.5f with the coordinator killed (%.2f%%)\n",
-              reference, got, 100 * (got - reference) / reference);
+  std::printf(
+      "final validation loss: %.5f without faults, %.5f with the coordinator killed (%.2f%%)\n",
+      reference, got, 100 * (got - reference) / reference);
   EXPECT_LE(std::abs(got - reference) / reference, 0.01);
   // Rounds 5.. were redone, once each in the metrics.
   auto v = val_losses(dir_ + "/ckpt/" + id + "/metrics.jsonl");

@@ -17,8 +17,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string job_yaml(const std::string& data, const std::string& ckpt, const std::string& compression,
-                     int rounds = 3, int min_workers = 4) {
+std::string job_yaml(const std::string& data, const std::string& ckpt,
+                     const std::string& compression, int rounds = 3, int min_workers = 4) {
   TestJob j;
   j.data = data;
   j.ckpt = ckpt;
@@ -100,7 +100,8 @@ TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
   EXPECT_TRUE(std::isfinite(last_val));
   EXPECT_LT(last_val, first_val);
   std::string log = log_text(job);
-  EXPECT_NE(log.find("lost worker(s) 1; their shards went to the 3 others"), std::string::npos) << log;
+  EXPECT_NE(log.find("lost worker(s) 1; their shards went to the 3 others"), std::string::npos)
+      << log;
 }
 
 TEST_F(DilocoJob, BadJobFileFailsTheSubmissionNamingTheField) {

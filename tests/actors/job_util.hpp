@@ -29,15 +29,26 @@ struct TestJob {
     return "name: test\nseed: " + std::to_string(seed) +
            "\nthreads: 1\n"
            "model: {layers: 2, width: 64, heads: 2, context: 32}\n"
-           "data: {dir: " + data + ", tokenizer: byte, shards: 16, val_fraction: 0.05}\n"
-           "workers: {count: " + std::to_string(workers) + ", min: " + std::to_string(min) +
-           ", max_restarts: " + std::to_string(max_restarts) + ", wait_s: " + std::to_string(wait_s) +
+           "data: {dir: " +
+           data +
+           ", tokenizer: byte, shards: 16, val_fraction: 0.05}\n"
+           "workers: {count: " +
+           std::to_string(workers) + ", min: " + std::to_string(min) +
+           ", max_restarts: " + std::to_string(max_restarts) +
+           ", wait_s: " + std::to_string(wait_s) +
            "}\n"
-           "inner: {steps: " + std::to_string(steps) + ", batch_size: 8, lr: 0.003, warmup: 5}\n"
+           "inner: {steps: " +
+           std::to_string(steps) +
+           ", batch_size: 8, lr: 0.003, warmup: 5}\n"
            "outer: {lr: 0.7, momentum: 0.9, nesterov: true}\n"
-           "compression: " + compression + "\nrounds: " + std::to_string(rounds) + "\n"
-           "checkpoint: {every: " + std::to_string(checkpoint_every) + ", dir: " + ckpt + "}\n"
-           "eval: {every: " + std::to_string(steps) + ", batches: " + std::to_string(eval_batches) + "}\n";
+           "compression: " +
+           compression + "\nrounds: " + std::to_string(rounds) +
+           "\n"
+           "checkpoint: {every: " +
+           std::to_string(checkpoint_every) + ", dir: " + ckpt +
+           "}\n"
+           "eval: {every: " +
+           std::to_string(steps) + ", batches: " + std::to_string(eval_batches) + "}\n";
   }
 };
 

@@ -91,7 +91,6 @@ bool answers_ping(int port, std::string& why) {
 
 }  // namespace
 
-
 RedisServer::RedisServer() : RedisServer(Options{}) {}
 
 RedisServer::RedisServer(Options options)

@@ -27,10 +27,10 @@
 #include <sys/types.h>
 
 #include <chrono>
-
-#include "client/process.hpp"
 #include <string>
 #include <vector>
+
+#include "client/process.hpp"
 
 namespace loco::testing {
 

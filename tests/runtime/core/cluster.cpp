@@ -28,7 +28,8 @@ LocalCluster::LocalCluster(ClusterOptions opts) : opts_(std::move(opts)) {
   start_head();
   runtime_.emplace(Runtime::connect(head_address_, ConnectOptions{Millis(10000), opts_.detect_ms}));
   for (int i = 0; i < opts_.nodes; ++i) add_node(opts_.extra_node_args);
-  if (!wait_alive_nodes(opts_.nodes)) throw std::runtime_error("nodes did not join; logs in " + dir_);
+  if (!wait_alive_nodes(opts_.nodes))
+    throw std::runtime_error("nodes did not join; logs in " + dir_);
 }
 
 LocalCluster::~LocalCluster() {
@@ -51,8 +52,7 @@ std::string LocalCluster::start_process(std::vector<std::string> argv, const std
   out.emplace(argv, o);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (!fs::exists(ready)) {
-    if (!out->running())
-      throw std::runtime_error(name + " exited early; see " + o.log_path);
+    if (!out->running()) throw std::runtime_error(name + " exited early; see " + o.log_path);
     if (std::chrono::steady_clock::now() > deadline)
       throw std::runtime_error(name + " did not become ready in 20 s; see " + o.log_path);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -43,7 +43,7 @@ class LocalCluster {
   Subprocess& node(const std::string& address) { return nodes_.at(address); }
   std::vector<std::string> node_addresses() const;
 
-  void kill_head();  // SIGKILL
+  void kill_head();   // SIGKILL
   void start_head();  // on the same port
   Subprocess& head() { return *head_; }
 

@@ -1,5 +1,7 @@
 // Multi-process tests: a real redis-server, a head and nodes as processes on
 // loopback, this test as the driver.
+#include "tests/runtime/core/cluster.hpp"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -7,7 +9,6 @@
 #include <fstream>
 #include <thread>
 
-#include "tests/runtime/core/cluster.hpp"
 #include "runtime/core/server.hpp"
 #include "runtime/membership/store.hpp"
 #include "tests/runtime/core/test_actors.hpp"
@@ -206,7 +207,8 @@ class RawPeer {
   }
   void send(std::vector<zmq::message_t>&& frames) {
     for (size_t i = 0; i < frames.size(); ++i)
-      sock_.send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      sock_.send(frames[i],
+                 i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
   }
   void send_bytes(const std::string& bytes) {
     std::vector<zmq::message_t> f;
@@ -299,8 +301,9 @@ TEST(Cluster, BadInputGetsAnErrorReplyAndTheNodeKeepsServing) {
   still_serving();
 
   // Oversized: 2 MB against the node's 1 MB limit.
-  raw.send(detail::encode(request(a.id(), "echo", 11),
-                          detail::pack_payload(std::make_tuple(Blob::from_vector(std::vector<uint8_t>(2 << 20))))));
+  raw.send(detail::encode(
+      request(a.id(), "echo", 11),
+      detail::pack_payload(std::make_tuple(Blob::from_vector(std::vector<uint8_t>(2 << 20))))));
   r = raw.reply();
   EXPECT_EQ(r.error_type, "ProtocolError");
   EXPECT_TRUE(contains(r.error_message, "exceeds the limit")) << r.error_message;
@@ -422,7 +425,8 @@ TEST(Cli, StartDaemonsThenStopStopsThem) {
   std::string start_head = loco_binary() + " start --head --host 127.0.0.1 --port " +
                            std::to_string(port) + " --redis " + redis.url() + " > " + dir + "/out";
   ASSERT_EQ(std::system(start_head.c_str()), 0) << read_file(dir + "/out");
-  std::string start_node = loco_binary() + " start --host 127.0.0.1 --resources cpu=1 >> " + dir + "/out";
+  std::string start_node =
+      loco_binary() + " start --host 127.0.0.1 --resources cpu=1 >> " + dir + "/out";
   ASSERT_EQ(std::system(start_node.c_str()), 0) << read_file(dir + "/out");
   EXPECT_TRUE(contains(read_file(dir + "/out"), "head serving at " + head));
   {

@@ -57,7 +57,8 @@ FakeJob::FakeJob(std::string job_id, std::string spec) : job_id_(std::move(job_i
   std::string word;
   in >> word >> rounds_;
   if (!word.empty() && word.back() == ':') word.pop_back();  // YAML form "rounds: N"
-  if (word != "rounds") throw std::invalid_argument("FakeJob spec: expected 'rounds N', got " + spec);
+  if (word != "rounds")
+    throw std::invalid_argument("FakeJob spec: expected 'rounds N', got " + spec);
   fail_ = spec.find("fail") != std::string::npos;
   Runtime rt = Runtime::current();
   thread_ = std::thread([this, rt]() mutable {

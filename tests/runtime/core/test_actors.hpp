@@ -2,8 +2,8 @@
 // Actor classes for the runtime's tests. Built into a plugin that every test
 // node loads, and linked into the test binaries for their typed handles.
 #include <atomic>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/core/actor.hpp"

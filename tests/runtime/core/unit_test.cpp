@@ -248,7 +248,8 @@ TEST_F(InProcess, GetTimesOutWithTimeoutError) {
 
 TEST_F(InProcess, LargeBlobsRoundTrip) {
   std::vector<float> v(4 << 20, 0.5f);
-  double s = counter_.call(&testing::Counter::sum, Blob::from_values(std::move(v))).get(Millis(20000));
+  double s =
+      counter_.call(&testing::Counter::sum, Blob::from_values(std::move(v))).get(Millis(20000));
   EXPECT_DOUBLE_EQ(s, 0.5 * (4 << 20));
 }
 
