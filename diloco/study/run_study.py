@@ -6,7 +6,8 @@ per worker: one worker, data-parallel with K x batch (K = 4, 8), DiLoCo
 (K = 4, 8; H = 10, 50, 250; fp32, and int8 at one H), and a sweep of the outer
 learning rate for K = 8 (and int8 at the best). Runs `--jobs` simulations at a time with `--threads`
 torch threads each under `nice -n 19`, skips runs whose metrics are complete,
-then plots (plot.py).
+then plots (plot.py). `--seed N` repeats runs with another data order
+(OUT/seed-N/NAME, from the same pretrained checkpoint).
 
   diloco/study/run_study.py --data data --out runs/study
 """
@@ -87,6 +88,9 @@ def main():
                     help="outer sweep: H:lr or H:lr:momentum, besides the base's ('' for none)")
     ap.add_argument("--int8-sweep", default="1.0,1.0:0.8", help="lr or lr:momentum of extra int8 runs at --int8-h")
     ap.add_argument("--only", default="", help="comma-separated run names")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="the runs' data-order seed (default: the base's); another seed than the base's "
+                         "writes its runs to OUT/seed-N/NAME (pretraining is the same for every seed)")
     ap.add_argument("--no-plot", action="store_true")
     a = ap.parse_args()
     data = os.path.abspath(a.data)
@@ -114,6 +118,10 @@ def main():
     with open(a.base) as f:
         base = yaml.safe_load(f)
     base["data"]["dir"] = data
+    runs_out = a.out
+    if a.seed is not None and a.seed != base["seed"]:
+        base["seed"] = a.seed
+        runs_out = os.path.join(a.out, f"seed-{a.seed}")
     steps = a.steps or base["rounds"] * base["inner"]["steps"]
     ints = lambda s: [int(x) for x in s.split(",") if x]
     todo = []
@@ -136,7 +144,7 @@ def main():
         job["outer"]["lr"] = olr
         if mom is not None:
             job["outer"]["momentum"] = mom
-        d = os.path.join(a.out, name)
+        d = os.path.join(runs_out, name)
         path = write_job(job, d)
         if complete(os.path.join(d, "metrics.jsonl"), steps):
             print(f"{name}: done already", flush=True)
