@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
@@ -186,16 +187,16 @@ InitResult InnerWorker::init(WorkerInit init) {
       std::memcpy(bytes.data() + at, b.data(), b.size());
       received += int64_t(b.size());
     }
-    uint64_t outer_len = 0;
-    for (int b = 0; b < 8 && b < int(bytes.size()); ++b)
-      outer_len |= uint64_t(uint8_t(bytes[size_t(b)])) << (8 * b);
-    if (bytes.size() < 8 || outer_len > bytes.size() - 8)
+    torch::serialize::InputArchive ar;
+    try {
+      ar.load_from(bytes.data(), bytes.size());
+    } catch (const std::exception& e) {
       throw std::runtime_error("InnerWorker " + std::to_string(init.index) +
-                               ": the join state from " + init.source +
-                               " is malformed: " + std::to_string(bytes.size()) +
-                               " bytes, outer state of " + std::to_string(outer_len));
-    s_->outer->load_state(bytes.substr(8, outer_len));
-    s_->trainer->load_moments(bytes.substr(8 + outer_len));
+                               ": the join state from " + init.source + " is malformed (" +
+                               std::to_string(bytes.size()) + " bytes): " + e.what());
+    }
+    s_->outer->load(ar, "outer.");
+    s_->trainer->load_moments(ar, "moments.");
     out.state_bytes = bytes.size();
   } else if (!init.checkpoint.empty()) {
     torch::serialize::InputArchive ar;
@@ -289,7 +290,8 @@ double InnerWorker::evaluate_windows(int64_t begin, int64_t end) {
 int64_t InnerWorker::validation_windows() const { return s_->val_windows.size(0); }
 
 // The join state serialized once per round, for joiners that copy it in parts:
-// [outer state's length, 8 bytes little-endian][outer state][AdamW moments].
+// one archive of the outer state ("outer.", as in a checkpoint) and the AdamW
+// moments ("moments.").
 // The moments are as of the first request in the round (a round being redone
 // may have moved them by one round's inner steps; they only steer step sizes).
 const std::shared_ptr<const std::string>& InnerWorker::join_state(int64_t round) {
@@ -298,13 +300,12 @@ const std::shared_ptr<const std::string>& InnerWorker::join_state(int64_t round)
         "InnerWorker " + std::to_string(s_->index) + " holds the outer state of round " +
         std::to_string(s_->outer->round()) + ", not of round " + std::to_string(round));
   if (!s_->shared_state || s_->shared_state_round != round) {
-    const std::string outer = s_->outer->save_state(), moments = s_->trainer->save_moments();
-    std::string packed(8, '\0');
-    for (int b = 0; b < 8; ++b)
-      packed[size_t(b)] = char((uint64_t(outer.size()) >> (8 * b)) & 0xff);
-    packed += outer;
-    packed += moments;
-    s_->shared_state = std::make_shared<const std::string>(std::move(packed));
+    torch::serialize::OutputArchive ar;
+    s_->outer->save(ar, "outer.");
+    s_->trainer->save_moments(ar, "moments.");
+    std::ostringstream out;
+    ar.save_to(out);
+    s_->shared_state = std::make_shared<const std::string>(std::move(out).str());
     s_->shared_state_round = round;
   }
   return s_->shared_state;

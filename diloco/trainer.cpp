@@ -146,12 +146,23 @@ double InnerTrainer::evaluate(const torch::Tensor& windows) {
   return sum / static_cast<double>(n);
 }
 
+namespace {
+
+// dst ← the archive's `key`, which must have as many elements.
+void read_into(torch::serialize::InputArchive& ar, const std::string& key, torch::Tensor& dst) {
+  torch::Tensor t;
+  ar.read(key, t);
+  TORCH_CHECK(t.numel() == dst.numel(), "checkpoint: ", key, " has ", t.numel(),
+              " elements, expected ", dst.numel(), " (a different model?)");
+  dst.copy_(t.reshape(dst.sizes()));
+}
+
+}  // namespace
+
 void InnerTrainer::save(torch::serialize::OutputArchive& ar, const std::string& prefix) const {
   ar.write(prefix + "params", params_);
-  ar.write(prefix + "exp_avg", exp_avg_);
-  ar.write(prefix + "exp_avg_sq", exp_avg_sq_);
+  save_moments(ar, prefix);
   ar.write(prefix + "step", c10::IValue(step_));
-  ar.write(prefix + "adam_steps", c10::IValue(adam_steps_));
   ar.write(prefix + "sampler_position",
            c10::IValue(static_cast<std::int64_t>(sampler_.position())));
   std::vector<std::int64_t> shards(sampler_.shards().begin(), sampler_.shards().end());
@@ -160,16 +171,9 @@ void InnerTrainer::save(torch::serialize::OutputArchive& ar, const std::string& 
 
 void InnerTrainer::load(torch::serialize::InputArchive& ar, const std::string& prefix) {
   torch::NoGradGuard no_grad;
-  auto read_into = [&](const std::string& key, torch::Tensor& dst) {
-    torch::Tensor t;
-    ar.read(prefix + key, t);
-    TORCH_CHECK(t.numel() == dst.numel(), "checkpoint: ", prefix + key, " has ", t.numel(),
-                " elements, expected ", dst.numel(), " (a different model?)");
-    dst.copy_(t.reshape(dst.sizes()));
-  };
-  read_into("params", params_);
-  read_into("exp_avg", exp_avg_);
-  read_into("exp_avg_sq", exp_avg_sq_);
+  read_into(ar, prefix + "params", params_);
+  read_into(ar, prefix + "exp_avg", exp_avg_);
+  read_into(ar, prefix + "exp_avg_sq", exp_avg_sq_);
   c10::IValue v;
   ar.read(prefix + "step", v);
   step_ = v.toInt();
@@ -185,33 +189,24 @@ void InnerTrainer::load(torch::serialize::InputArchive& ar, const std::string& p
   sampler_.set_shards(std::move(s));
 }
 
-std::string InnerTrainer::save_moments() const {
-  torch::serialize::OutputArchive ar;
-  ar.write("exp_avg", exp_avg_);
-  ar.write("exp_avg_sq", exp_avg_sq_);
-  ar.write("adam_steps", c10::IValue(adam_steps_));
-  std::ostringstream out;
-  ar.save_to(out);
-  return out.str();
+void InnerTrainer::save_moments(torch::serialize::OutputArchive& ar,
+                                const std::string& prefix) const {
+  ar.write(prefix + "exp_avg", exp_avg_);
+  ar.write(prefix + "exp_avg_sq", exp_avg_sq_);
+  ar.write(prefix + "adam_steps", c10::IValue(adam_steps_));
 }
 
-void InnerTrainer::load_moments(const std::string& bytes) {
+void InnerTrainer::load_moments(torch::serialize::InputArchive& ar, const std::string& prefix) {
   torch::NoGradGuard no_grad;
-  std::istringstream in(bytes);
-  torch::serialize::InputArchive ar;
-  ar.load_from(in);
-  torch::Tensor m, v;
-  ar.read("exp_avg", m);
-  ar.read("exp_avg_sq", v);
-  TORCH_CHECK(m.numel() == exp_avg_.numel() && v.numel() == exp_avg_sq_.numel(),
-              "AdamW moments of ", m.numel(), " and ", v.numel(), " elements, the model has ",
-              exp_avg_.numel(), " (a different model?)");
+  torch::Tensor m = torch::empty_like(exp_avg_), v = torch::empty_like(exp_avg_sq_);
+  read_into(ar, prefix + "exp_avg", m);
+  read_into(ar, prefix + "exp_avg_sq", v);
   TORCH_CHECK(torch::isfinite(m).all().item<bool>() && torch::isfinite(v).all().item<bool>(),
               "AdamW moments hold NaN or Inf");
-  exp_avg_.copy_(m.reshape(exp_avg_.sizes()));
-  exp_avg_sq_.copy_(v.reshape(exp_avg_sq_.sizes()));
   c10::IValue s;
-  ar.read("adam_steps", s);
+  ar.read(prefix + "adam_steps", s);
+  exp_avg_.copy_(m);
+  exp_avg_sq_.copy_(v);
   adam_steps_ = s.toInt();
 }
 
@@ -259,21 +254,6 @@ void OuterOptimizer::load(torch::serialize::InputArchive& ar, const std::string&
   c10::IValue v;
   ar.read(prefix + "round", v);
   round_ = v.toInt();
-}
-
-std::string OuterOptimizer::save_state() const {
-  torch::serialize::OutputArchive ar;
-  save(ar, "");
-  std::ostringstream out;
-  ar.save_to(out);
-  return out.str();
-}
-
-void OuterOptimizer::load_state(const std::string& bytes) {
-  std::istringstream in(bytes);
-  torch::serialize::InputArchive ar;
-  ar.load_from(in);
-  load(ar, "");
 }
 
 }  // namespace loco::diloco

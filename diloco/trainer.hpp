@@ -81,11 +81,12 @@ class InnerTrainer {
   // sampler position and shards. Keys are prefixed with `prefix`.
   void save(torch::serialize::OutputArchive& ar, const std::string& prefix) const;
   void load(torch::serialize::InputArchive& ar, const std::string& prefix);
-  // The AdamW moments and their step count alone, serialized: what a worker that
-  // joins a running job copies from a live one, so that its first inner steps are
-  // as large as everyone's and not the sign-like steps of fresh moments.
-  std::string save_moments() const;
-  void load_moments(const std::string& bytes);
+  // The AdamW moments and their step count alone (keys prefixed with `prefix`, as
+  // in save): what a worker that joins a running job copies from a live one, so
+  // that its first inner steps are as large as everyone's and not the sign-like
+  // steps of fresh moments. load_moments refuses non-finite moments.
+  void save_moments(torch::serialize::OutputArchive& ar, const std::string& prefix) const;
+  void load_moments(torch::serialize::InputArchive& ar, const std::string& prefix);
 
  private:
   JobConfig cfg_;
@@ -120,17 +121,8 @@ class OuterOptimizer {
   std::int64_t round() const { return round_; }
   std::uint64_t theta_hash() const { return tensor_hash(theta_); }
 
-  // The outer state (θ, momentum, round) as bytes, for a joining worker to
-  // copy from a live one; load_state accepts what save_state wrote.
-  std::string save_state() const;
-  void load_state(const std::string& bytes);
   void save(torch::serialize::OutputArchive& ar, const std::string& prefix) const;
   void load(torch::serialize::InputArchive& ar, const std::string& prefix);
-  // The AdamW moments and their step count alone, serialized: what a worker that
-  // joins a running job copies from a live one, so that its first inner steps are
-  // as large as everyone's and not the sign-like steps of fresh moments.
-  std::string save_moments() const;
-  void load_moments(const std::string& bytes);
 
  private:
   OuterConfig cfg_;

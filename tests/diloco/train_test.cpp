@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <sstream>
 
 #include "diloco/simulator.hpp"
 #include "diloco/trainer.hpp"
@@ -165,13 +166,24 @@ TEST_F(DilocoTest, AJoinersFreshMomentsAreBiasCorrectedFromItsFirstStep) {
 
 // What a joiner copies from a live worker (θ from the outer state, the moments
 // from save_moments) continues that worker's training exactly.
+namespace {
+void copy_moments(const InnerTrainer& from, InnerTrainer& to) {
+  torch::serialize::OutputArchive out;
+  from.save_moments(out, "moments.");
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);
+  to.load_moments(in, "moments.");
+}
+}  // namespace
 TEST_F(DilocoTest, CopiedMomentsContinueTheSourcesTraining) {
   const auto c = small_job();
   const auto store = TokenStore::open(c.data);
   InnerTrainer a(c, store, {0, 1, 2, 3}, 5, 100), b(c, store, {0, 1, 2, 3}, 5, 100);
   a.run_inner_steps(6);
   b.load_parameters(a.flat_parameters());
-  b.load_moments(a.save_moments());
+  copy_moments(a, b);
   b.set_step(a.step());
   b.sampler().set_position(a.sampler().position());
   EXPECT_EQ(b.adam_steps(), 6);
@@ -183,7 +195,7 @@ TEST_F(DilocoTest, CopiedMomentsContinueTheSourcesTraining) {
   other.model.d_model = 64;
   InnerTrainer wide(other, store, {0}, 0, 10);
   try {
-    b.load_moments(wide.save_moments());
+    copy_moments(wide, b);
     ADD_FAILURE() << "moments of another model were accepted";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("a different model"), std::string::npos) << e.what();
@@ -217,9 +229,15 @@ TEST_F(DilocoTest, NesterovStepEqualsHandComputedReference) {
                  th2 = th1 - 0.7 * buf2;
     EXPECT_NEAR(p.theta()[i].item<double>(), th2, 1e-6);
   }
-  // The outer state travels as bytes to a joining worker.
+  // The outer state travels in an archive to a joining worker.
+  torch::serialize::OutputArchive out;
+  o.save(out, "outer.");
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);
   OuterOptimizer joined(OuterConfig{}, torch::zeros({3}));
-  joined.load_state(o.save_state());
+  joined.load(in, "outer.");
   EXPECT_EQ(joined.theta_hash(), o.theta_hash());
   EXPECT_TRUE(torch::equal(joined.momentum(), o.momentum()));
   EXPECT_EQ(joined.round(), 2);
