@@ -13,6 +13,7 @@ SIZES=${SIZES:-128}
 CODECS=${CODECS:-fp32,fp16,int8}
 ITERS=${ITERS:-3}
 here="$(cd "$(dirname "$0")" && pwd)"
+source "$here/../../tests/support/netns.sh"
 BENCH=${BENCH:-$here/../../build/bin/allreduce_bench}
 P=locoar        # namespaces locoar0..
 BR=locoarbr0
@@ -25,27 +26,16 @@ case "$RATE" in
 esac
 
 cleanup() {
-  for i in $(seq 0 $((K - 1))); do ip netns del "$P$i" 2>/dev/null || true; done
-  ip link del "$BR" 2>/dev/null || true
-  iptables -D FORWARD -i "$BR" -o "$BR" -j ACCEPT 2>/dev/null || true
+  netns_teardown "$BR" $(for i in $(seq 0 $((K - 1))); do echo "$P$i"; done)
 }
 trap cleanup EXIT INT TERM
 cleanup
 
-ip link add "$BR" type bridge
-ip link set "$BR" up
-# Docker's FORWARD policy is DROP; bridged frames pass it when br_netfilter is loaded.
-iptables -I FORWARD -i "$BR" -o "$BR" -j ACCEPT 2>/dev/null || true
+netns_bridge "$BR"
 ips=()
 for i in $(seq 0 $((K - 1))); do
   ns="$P$i"
-  ip netns add "$ns"
-  ip link add "${P}h$i" type veth peer name "${P}n$i"
-  ip link set "${P}n$i" netns "$ns"
-  ip link set "${P}h$i" master "$BR" up
-  ip -n "$ns" addr add "$NET.$((i + 1))/24" dev "${P}n$i"
-  ip -n "$ns" link set "${P}n$i" up
-  ip -n "$ns" link set lo up
+  netns_host "$BR" "$ns" "${P}h$i" "${P}n$i" "$NET.$((i + 1))/24"
   # The host's egress: rate-limited, with a bucket of ~4 ms at 1 Gbit/s.
   tc -n "$ns" qdisc add dev "${P}n$i" root tbf rate "$RATE" burst 512kb latency 100ms
   ips+=("$NET.$((i + 1))")

@@ -9,6 +9,7 @@
 #   LOCO_BIN  folder of loco (default $LOCO_BUILD/bin)
 set -euo pipefail
 source "$(cd "$(dirname "$0")/../.." && pwd)/scripts/env.sh"
+source "$LOCO_ROOT/tests/support/netns.sh"
 LOCO_BIN="${LOCO_BIN:-$LOCO_BUILD/bin}"
 SKIP=77
 t0=$SECONDS
@@ -29,29 +30,17 @@ WORK="$(mktemp -d /tmp/loco-netns-XXXXXX)"
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
-  for h in 1 2 3; do ip netns del "${TAG}h$h" 2>/dev/null || true; done
-  ip link del "$BR" 2>/dev/null || true
-  iptables -D FORWARD -i "$BR" -o "$BR" -j ACCEPT 2>/dev/null || true
+  netns_teardown "$BR" "${TAG}h1" "${TAG}h2" "${TAG}h3"
   [ -z "${LOCO_KEEP_LOGS:-}" ] && rm -rf "$WORK"
   true
 }
 trap cleanup EXIT
 
 say "bridge $BR on $BASE.1/24, hosts ${TAG}h1..3"
-ip link add "$BR" type bridge
-ip addr add "$BASE.1/24" dev "$BR"
-ip link set "$BR" up
-# dockerd sets the FORWARD policy to DROP; our bridge's hosts must reach each other.
-iptables -I FORWARD -i "$BR" -o "$BR" -j ACCEPT 2>/dev/null || true
+netns_bridge "$BR" "$BASE.1/24"
 for h in 1 2 3; do
   ns="${TAG}h$h"
-  ip netns add "$ns"
-  ip link add "${TAG}v$h" type veth peer name "${TAG}p$h"
-  ip link set "${TAG}p$h" netns "$ns"
-  ip link set "${TAG}v$h" master "$BR" up
-  ip -n "$ns" addr add "$BASE.1$h/24" dev "${TAG}p$h"
-  ip -n "$ns" link set "${TAG}p$h" up
-  ip -n "$ns" link set lo up
+  netns_host "$BR" "$ns" "${TAG}v$h" "${TAG}p$h" "$BASE.1$h/24"
   # Both directions shaped: the host's egress in the namespace, its ingress on the bridge side.
   ip netns exec "$ns" tc qdisc add dev "${TAG}p$h" root tbf rate 4mbit burst 32kbit latency 400ms
   tc qdisc add dev "${TAG}v$h" root tbf rate 4mbit burst 32kbit latency 400ms
