@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <functional>
 #include <sstream>
 
 #include "diloco/simulator.hpp"
@@ -48,6 +49,19 @@ class DilocoTest : public ::testing::Test {
   static std::string* dir_;
 };
 std::string* DilocoTest::dir_ = nullptr;
+
+// What `save` writes into an archive, serialized and read back, as a checkpoint
+// file or a joiner's copy gives it.
+torch::serialize::InputArchive written_and_read(
+    const std::function<void(torch::serialize::OutputArchive&)>& save) {
+  torch::serialize::OutputArchive out;
+  save(out);
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);
+  return in;
+}
 
 }  // namespace
 
@@ -152,13 +166,8 @@ TEST_F(DilocoTest, AJoinersFreshMomentsAreBiasCorrectedFromItsFirstStep) {
   EXPECT_LE(moved, lr * 1.0001);
   EXPECT_GE(moved, lr * 0.5);
   // A checkpoint keeps both counts.
-  torch::serialize::OutputArchive ar;
-  t.save(ar, "w.");
-  std::stringstream buf;
-  ar.save_to(buf);
   InnerTrainer u(c, store, {0, 1, 2, 3}, 0, 1000);
-  torch::serialize::InputArchive in;
-  in.load_from(buf);
+  auto in = written_and_read([&](auto& ar) { t.save(ar, "w."); });
   u.load(in, "w.");
   EXPECT_EQ(u.step(), 501);
   EXPECT_EQ(u.adam_steps(), 1);
@@ -168,15 +177,11 @@ TEST_F(DilocoTest, AJoinersFreshMomentsAreBiasCorrectedFromItsFirstStep) {
 // from save_moments) continues that worker's training exactly.
 namespace {
 void copy_moments(const InnerTrainer& from, InnerTrainer& to) {
-  torch::serialize::OutputArchive out;
-  from.save_moments(out, "moments.");
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  in.load_from(bytes);
+  auto in = written_and_read([&](auto& ar) { from.save_moments(ar, "moments."); });
   to.load_moments(in, "moments.");
 }
 }  // namespace
+
 TEST_F(DilocoTest, CopiedMomentsContinueTheSourcesTraining) {
   const auto c = small_job();
   const auto store = TokenStore::open(c.data);
@@ -230,12 +235,7 @@ TEST_F(DilocoTest, NesterovStepEqualsHandComputedReference) {
     EXPECT_NEAR(p.theta()[i].item<double>(), th2, 1e-6);
   }
   // The outer state travels in an archive to a joining worker.
-  torch::serialize::OutputArchive out;
-  o.save(out, "outer.");
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  in.load_from(bytes);
+  auto in = written_and_read([&](auto& ar) { o.save(ar, "outer."); });
   OuterOptimizer joined(OuterConfig{}, torch::zeros({3}));
   joined.load(in, "outer.");
   EXPECT_EQ(joined.theta_hash(), o.theta_hash());
