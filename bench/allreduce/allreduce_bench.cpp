@@ -10,6 +10,9 @@
 // runs; rounds_ms is their range), the bus bandwidth
 // 2(K-1)/K x bytes / time (of the fp32 bytes, also for compressed codecs), its ratio to the
 // link bound (with --link-gbit) and Gloo's median time over ours (> 1: we are faster).
+// cpu_ms is the CPU time (user + system, all threads of all K processes) per operation, and
+// cpu_gloo Gloo's over ours: on a loaded machine with fewer cores than processes, the wall
+// time follows the CPU time, and the CPU time is the steadier of the two.
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/math.h>
@@ -18,16 +21,19 @@
 #include <gloo/transport/tcp/device.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -79,6 +85,14 @@ std::vector<std::string> gather_files(const std::string& dir, const std::string&
   return out;
 }
 
+// CPU seconds this process (all its threads) has used so far, user and system.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+
 void write_file(const std::string& dir, const std::string& name, const std::string& text) {
   fs::path tmp = fs::path(dir) / (name + ".tmp" + std::to_string(getpid()));
   {
@@ -93,6 +107,7 @@ int run_worker(const WorkerArgs& a) {
   std::vector<float> data(n), out(a.impl == "ours" ? n : 0);
   for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>((i * 7 + a.rank) % 1000) * 1e-3f;
   std::vector<double> times;
+  double cpu_start = 0;  // from the first timed iteration on (its barrier included)
   if (a.impl == "ours") {
     loco::collective::Options opts;
     opts.codec = loco::collective::parse_codec(a.codec).value();
@@ -107,6 +122,7 @@ int run_worker(const WorkerArgs& a) {
     g.rank = a.rank;
     std::vector<float> one(1, 1.0f);
     for (int it = 0; it < a.warmup + a.iters; ++it) {
+      if (it == a.warmup) cpu_start = cpu_seconds();
       g.round_id = 2 * static_cast<uint64_t>(it);
       comm.options().codec = Codec::fp32;
       comm.allreduce(g, std::span<float>(one));  // barrier
@@ -127,6 +143,7 @@ int run_worker(const WorkerArgs& a) {
     ctx->connectFullMesh(store, dev);
     const float inv = 1.0f / static_cast<float>(a.size);
     for (int it = 0; it < a.warmup + a.iters; ++it) {
+      if (it == a.warmup) cpu_start = cpu_seconds();
       gloo::BarrierOptions bo(ctx);
       gloo::barrier(bo);
       auto t0 = Clock::now();
@@ -140,6 +157,8 @@ int run_worker(const WorkerArgs& a) {
       if (it >= a.warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
   }
+  write_file(a.dir, "cpu." + std::to_string(a.rank),
+             std::to_string((cpu_seconds() - cpu_start) / a.iters));
   if (a.rank == 0) {
     std::ostringstream s;
     for (double t : times) s << t << " ";
@@ -153,9 +172,14 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// Starts the K workers of one configuration and returns rank 0's times (empty on failure).
-std::vector<double> run_config(const std::string& self, const WorkerArgs& base,
-                               const std::string& netns, const std::vector<std::string>& ips) {
+struct ConfigResult {
+  std::vector<double> times;  // rank 0's, one per timed operation; empty on failure
+  double cpu = 0;             // CPU seconds per operation, all ranks together
+};
+
+// Starts the K workers of one configuration and returns what they measured.
+ConfigResult run_config(const std::string& self, const WorkerArgs& base, const std::string& netns,
+                        const std::vector<std::string>& ips) {
   char tmpl[] = "/tmp/loco-allreduce-bench-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   std::vector<pid_t> pids;
@@ -209,12 +233,16 @@ std::vector<double> run_config(const std::string& self, const WorkerArgs& base,
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ok = false;
   }
-  std::vector<double> times;
+  ConfigResult result;
   std::ifstream in(fs::path(dir) / "result");
   double t;
-  while (ok && in >> t) times.push_back(t);
+  while (ok && in >> t) result.times.push_back(t);
+  for (int r = 0; ok && r < base.size; ++r) {
+    std::ifstream cpu(fs::path(dir) / ("cpu." + std::to_string(r)));
+    if (cpu >> t) result.cpu += t;
+  }
   fs::remove_all(dir);
-  return times;
+  return result;
 }
 
 }  // namespace
@@ -276,13 +304,12 @@ int main(int argc, char** argv) {
   const std::string self = fs::canonical("/proc/self/exe").string();
   const double link = std::stod(opt["link-gbit"]) * 1e9 / 8;  // bytes/s
   const auto ips = split(opt["ips"]);
-  std::printf("%-5s %-5s %2s %8s %11s %15s %12s %9s %9s\n", "impl", "codec", "K", "MB", "median_ms",
-              "rounds_ms", "busbw_GB/s", "vs_link", "vs_gloo");
+  std::printf("%-5s %-5s %2s %8s %11s %15s %12s %9s %9s %9s %9s\n", "impl", "codec", "K", "MB",
+              "median_ms", "rounds_ms", "busbw_GB/s", "vs_link", "vs_gloo", "cpu_ms", "cpu_gloo");
   for (const auto& ks : split(opt["procs"])) {
     for (const auto& mbs : split(opt["sizes-mb"])) {
       const int k = std::stoi(ks);
       const size_t bytes = static_cast<size_t>(std::stod(mbs) * (1 << 20));
-      double gloo_time = 0;
       std::vector<std::pair<std::string, std::string>> runs;
       for (const auto& impl : split(opt["impls"])) {
         if (impl == "gloo")
@@ -291,9 +318,12 @@ int main(int argc, char** argv) {
           for (const auto& c : split(opt["codecs"])) runs.push_back({impl, c});
       }
       // The machine is shared: run the configurations in alternation, `rounds` times, so that
-      // Gloo and ours see the same background load, and report the median of the rounds.
+      // Gloo and ours see the same background load. Times are medians over rounds; ratios to
+      // Gloo are medians of each round's ratio (Gloo and ours back to back), which cancels
+      // most of the drift in background load between rounds.
       const int rounds = std::stoi(opt["rounds"]);
-      std::vector<std::vector<double>> medians(runs.size());
+      const double failed = std::numeric_limits<double>::quiet_NaN();
+      std::vector<std::vector<double>> times(runs.size()), cpus(runs.size());
       for (int round = 0; round < rounds; ++round) {
         for (size_t i = 0; i < runs.size(); ++i) {
           WorkerArgs base = w;
@@ -306,28 +336,46 @@ int main(int argc, char** argv) {
                        : bytes <= (32u << 20) ? 8
                                               : 4;
           base.warmup = bytes <= (2u << 20) ? 3 : 1;
-          auto times = run_config(self, base, opt["netns"], ips);
-          if (!times.empty()) medians[i].push_back(median(times));
+          auto result = run_config(self, base, opt["netns"], ips);
+          times[i].push_back(result.times.empty() ? failed : median(result.times));
+          cpus[i].push_back(result.times.empty() ? failed : result.cpu);
         }
       }
+      auto finite = [](const std::vector<double>& v) {
+        std::vector<double> out;
+        for (double x : v)
+          if (std::isfinite(x)) out.push_back(x);
+        return out;
+      };
+      // Median over rounds of a[round] / b[round].
+      auto paired = [&](const std::vector<double>& a, const std::vector<double>& b) {
+        std::vector<double> r;
+        for (size_t j = 0; j < a.size(); ++j) r.push_back(a[j] / b[j]);
+        return median(finite(r));
+      };
+      const bool with_gloo = !runs.empty() && runs[0].first == "gloo";
       for (size_t i = 0; i < runs.size(); ++i) {
         const auto& [impl, codec] = runs[i];
-        if (medians[i].empty()) {
+        const auto ok = finite(times[i]);
+        if (ok.empty()) {
           std::printf("%-5s %-5s %2d %8s   FAILED\n", impl.c_str(), codec.c_str(), k, mbs.c_str());
           continue;
         }
-        double t = median(medians[i]);
-        double lo = *std::min_element(medians[i].begin(), medians[i].end());
-        double hi = *std::max_element(medians[i].begin(), medians[i].end());
-        if (impl == "gloo") gloo_time = t;
+        const double t = median(ok);
+        const double lo = *std::min_element(ok.begin(), ok.end());
+        const double hi = *std::max_element(ok.begin(), ok.end());
+        const double cpu = median(finite(cpus[i]));
         double busbw = 2.0 * (k - 1) / k * static_cast<double>(bytes) / t;
-        char vs_link[32] = "-", vs_gloo[32] = "-", range[48];
+        char vs_link[32] = "-", vs_gloo[32] = "-", cpu_gloo[32] = "-", range[48];
         if (link > 0) std::snprintf(vs_link, sizeof vs_link, "%.2f", busbw / link);
-        if (gloo_time > 0 && impl != "gloo")
-          std::snprintf(vs_gloo, sizeof vs_gloo, "%.2f", gloo_time / t);
+        if (with_gloo && impl != "gloo") {
+          std::snprintf(vs_gloo, sizeof vs_gloo, "%.2f", paired(times[0], times[i]));
+          std::snprintf(cpu_gloo, sizeof cpu_gloo, "%.2f", paired(cpus[0], cpus[i]));
+        }
         std::snprintf(range, sizeof range, "%.1f-%.1f", lo * 1e3, hi * 1e3);
-        std::printf("%-5s %-5s %2d %8s %11.1f %15s %12.3f %9s %9s\n", impl.c_str(), codec.c_str(),
-                    k, mbs.c_str(), t * 1e3, range, busbw / 1e9, vs_link, vs_gloo);
+        std::printf("%-5s %-5s %2d %8s %11.1f %15s %12.3f %9s %9s %9.1f %9s\n", impl.c_str(),
+                    codec.c_str(), k, mbs.c_str(), t * 1e3, range, busbw / 1e9, vs_link, vs_gloo,
+                    cpu * 1e3, cpu_gloo);
         std::fflush(stdout);
       }
     }

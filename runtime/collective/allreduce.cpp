@@ -399,6 +399,7 @@ class Op {
   std::vector<std::optional<Clock::time_point>> dropped_;  // when a peer's connection dropped
   std::chrono::milliseconds grace_;                        // a peer's last message of another round
   std::vector<std::vector<zmq::message_t>> pending_;       // [chunk][rank] contributions to my part
+  std::vector<detail::Addend> addends_;                    // reduce_chunk's, kept for its capacity
   std::vector<int> pending_count_;
   size_t reduced_ = 0;
   std::shared_ptr<Bytes> send_;   // reduce-scatter chunks of other parts, my part's result
@@ -622,25 +623,12 @@ void Op::reduce_chunk(size_t c) {
   const size_t len = chunk_len(me_, c);
   float* acc = out_ + begin;
   // Rank order, so that the result does not depend on arrival order.
+  addends_.resize(k_);
   for (int r = 0; r < k_; ++r) {
-    if (r == me_) {
-      if (r == 0) {
-        std::memcpy(acc, in_ + begin, len * sizeof(float));
-      } else {
-        const float* own = in_ + begin;
-        for (size_t i = 0; i < len; ++i) acc[i] += own[i];
-      }
-    } else {
-      auto* src = static_cast<const uint8_t*>(pending_[c][r].data());
-      if (r == 0) {
-        detail::decode(codec_, src, len, acc);
-      } else {
-        detail::add_decoded(codec_, src, len, acc);
-      }
-    }
+    addends_[r] =
+        r == me_ ? detail::Addend{in_ + begin, true} : detail::Addend{pending_[c][r].data(), false};
   }
-  const float kf = static_cast<float>(k_);
-  for (size_t i = 0; i < len; ++i) acc[i] = acc[i] / kf;
+  detail::mean_of(codec_, addends_, len, acc);
   if (impl_.options.reject_nonfinite && !detail::all_finite(acc, len)) fail_nonfinite(c, acc);
   for (auto& m : pending_[c]) m = zmq::message_t();
   // Encode once; every member, this one too, uses the decoded bytes.

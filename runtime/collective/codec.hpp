@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "runtime/collective/allreduce.hpp"
 
@@ -19,6 +20,17 @@ void encode(Codec codec, const float* src, size_t count, uint8_t* dst);
 void decode(Codec codec, const uint8_t* src, size_t count, float* dst);
 // acc[i] += decode(src)[i]
 void add_decoded(Codec codec, const uint8_t* src, size_t count, float* acc);
+
+// One member's contribution to a reduced chunk: `count` raw floats (the owner's own values),
+// or `count` values encoded with the codec (what a peer sent).
+struct Addend {
+  const void* data = nullptr;
+  bool raw = false;
+};
+// out[i] = (x_0[i] + x_1[i] + ... + x_{m-1}[i]) / m, added in the order given, so that the
+// result depends on the values and their order only (not on which arrived first). Reads each
+// addend once; the same floats as adding them one by one into `out` and dividing.
+void mean_of(Codec codec, std::span<const Addend> addends, size_t count, float* out);
 // True when every value is finite.
 bool all_finite(const float* data, size_t count);
 // Index of the first non-finite value, or count.

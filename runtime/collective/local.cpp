@@ -41,8 +41,8 @@ void local_allreduce(std::span<const std::span<const float>> inputs, std::span<f
   }
   const Codec codec = options.codec;
   const size_t chunk = chunk_floats(options.chunk_bytes);
-  std::vector<uint8_t> wire(encoded_bytes(codec, chunk));
-  const float kf = static_cast<float>(k);
+  std::vector<std::vector<uint8_t>> wires(k, std::vector<uint8_t>(encoded_bytes(codec, chunk)));
+  std::vector<detail::Addend> addends(k);
   for (size_t p = 0; p < k; ++p) {
     const size_t end = part_begin(n, k, p + 1);
     for (size_t begin = part_begin(n, k, p); begin < end; begin += chunk) {
@@ -51,21 +51,13 @@ void local_allreduce(std::span<const std::span<const float>> inputs, std::span<f
       for (size_t r = 0; r < k; ++r) {
         const float* in = inputs[r].data() + begin;
         if (r == p) {  // the owner's own values travel nowhere
-          if (r == 0) {
-            std::memcpy(acc, in, len * sizeof(float));
-          } else {
-            for (size_t i = 0; i < len; ++i) acc[i] += in[i];
-          }
+          addends[r] = {in, true};
         } else {
-          detail::encode(codec, in, len, wire.data());
-          if (r == 0) {
-            detail::decode(codec, wire.data(), len, acc);
-          } else {
-            detail::add_decoded(codec, wire.data(), len, acc);
-          }
+          detail::encode(codec, in, len, wires[r].data());
+          addends[r] = {wires[r].data(), false};
         }
       }
-      for (size_t i = 0; i < len; ++i) acc[i] = acc[i] / kf;
+      detail::mean_of(codec, addends, len, acc);
       if (options.reject_nonfinite && !detail::all_finite(acc, len)) {
         for (size_t r = 0; r < k; ++r) {
           const size_t i = detail::first_nonfinite(inputs[r].data() + begin, len);
@@ -78,8 +70,8 @@ void local_allreduce(std::span<const std::span<const float>> inputs, std::span<f
                               std::to_string(begin + detail::first_nonfinite(acc, len)));
       }
       if (codec != Codec::fp32) {
-        detail::encode(codec, acc, len, wire.data());
-        detail::decode(codec, wire.data(), len, acc);
+        detail::encode(codec, acc, len, wires[p].data());
+        detail::decode(codec, wires[p].data(), len, acc);
       }
     }
   }
