@@ -10,6 +10,8 @@
 // runs; rounds_ms is their range), the bus bandwidth
 // 2(K-1)/K x bytes / time (of the fp32 bytes, also for compressed codecs), its ratio to the
 // link bound (with --link-gbit) and Gloo's median time over ours (> 1: we are faster).
+// Impl "ours-auto" is ours with parts sized by measured bandwidth: the members measure their
+// sending rates in the warm-up, share them, and cut the parts with part_weights_for_rates().
 // cpu_ms is the CPU time (user + system, all threads of all K processes) per operation, and
 // cpu_gloo Gloo's over ours: on a loaded machine with fewer cores than processes, the wall
 // time follows the CPU time, and the CPU time is the steadier of the two.
@@ -41,6 +43,7 @@
 #include <vector>
 
 #include "runtime/collective/allreduce.hpp"
+#include "runtime/collective/local.hpp"
 
 extern char** environ;
 
@@ -104,11 +107,11 @@ void write_file(const std::string& dir, const std::string& name, const std::stri
 
 int run_worker(const WorkerArgs& a) {
   const size_t n = a.bytes / sizeof(float);
-  std::vector<float> data(n), out(a.impl == "ours" ? n : 0);
+  std::vector<float> data(n), out(a.impl == "gloo" ? 0 : n);
   for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>((i * 7 + a.rank) % 1000) * 1e-3f;
   std::vector<double> times;
   double cpu_start = 0;  // from the first timed iteration on (its barrier included)
-  if (a.impl == "ours") {
+  if (a.impl == "ours" || a.impl == "ours-auto") {
     loco::collective::Options opts;
     opts.codec = loco::collective::parse_codec(a.codec).value();
     opts.chunk_bytes = a.chunk_bytes;
@@ -123,7 +126,7 @@ int run_worker(const WorkerArgs& a) {
     std::vector<float> one(1, 1.0f);
     for (int it = 0; it < a.warmup + a.iters; ++it) {
       if (it == a.warmup) cpu_start = cpu_seconds();
-      g.round_id = 2 * static_cast<uint64_t>(it);
+      g.round_id = 3 * static_cast<uint64_t>(it);  // barrier, operation, ours-auto's rates
       comm.options().codec = Codec::fp32;
       comm.allreduce(g, std::span<float>(one));  // barrier
       comm.options().codec = opts.codec;
@@ -132,6 +135,29 @@ int run_worker(const WorkerArgs& a) {
       // Out of place, as a DiLoCo worker uses it (the mean lands next to its own delta).
       comm.allreduce(g, std::span<const float>(data), std::span<float>(out));
       if (it >= a.warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (a.impl == "ours-auto" && it + 1 == a.warmup) {
+        // Parts sized by measured bandwidth: each member's sending rate in the warm-up (equal
+        // parts), shared through the all-reduce itself, then part_weights_for_rates().
+        const auto& st = comm.last_stats();
+        std::vector<float> rates(static_cast<size_t>(a.size), 0.0f);
+        rates[static_cast<size_t>(a.rank)] =
+            static_cast<float>(static_cast<double>(st.rate_bytes) / st.rate_seconds / 1e6);
+        g.round_id += 1;
+        comm.options().codec = Codec::fp32;
+        comm.allreduce(g, std::span<float>(rates));
+        comm.options().codec = opts.codec;
+        std::vector<double> mb_s;
+        for (float r : rates) mb_s.push_back(static_cast<double>(r) * a.size);
+        g.part_weights = loco::collective::part_weights_for_rates(mb_s);
+        if (a.rank == 0) {
+          std::ostringstream s;
+          s << "# ours-auto: sending rates (MB/s)";
+          for (double r : mb_s) s << " " << static_cast<int>(r);
+          s << ", part weights";
+          for (double w : g.part_weights) s << " " << std::round(w * 1000) / 1000;
+          write_file(a.dir, "note", s.str());
+        }
+      }
     }
   } else {
     gloo::transport::tcp::attr attr(a.host.c_str());
@@ -175,6 +201,7 @@ double median(std::vector<double> v) {
 struct ConfigResult {
   std::vector<double> times;  // rank 0's, one per timed operation; empty on failure
   double cpu = 0;             // CPU seconds per operation, all ranks together
+  std::string note;           // what rank 0 wants printed (ours-auto: rates and weights)
 };
 
 // Starts the K workers of one configuration and returns what they measured.
@@ -241,6 +268,8 @@ ConfigResult run_config(const std::string& self, const WorkerArgs& base, const s
     std::ifstream cpu(fs::path(dir) / ("cpu." + std::to_string(r)));
     if (cpu >> t) result.cpu += t;
   }
+  std::ifstream note(fs::path(dir) / "note");
+  std::getline(note, result.note);
   fs::remove_all(dir);
   return result;
 }
@@ -337,6 +366,7 @@ int main(int argc, char** argv) {
                                               : 4;
           base.warmup = bytes <= (2u << 20) ? 3 : 1;
           auto result = run_config(self, base, opt["netns"], ips);
+          if (!result.note.empty()) std::printf("%s\n", result.note.c_str());
           times[i].push_back(result.times.empty() ? failed : median(result.times));
           cpus[i].push_back(result.times.empty() ? failed : result.cpu);
         }

@@ -21,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bit>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -31,6 +32,7 @@
 #include <zmq.hpp>
 
 #include "runtime/collective/codec.hpp"
+#include "runtime/collective/local.hpp"
 
 namespace loco::collective {
 namespace {
@@ -72,6 +74,10 @@ uint64_t fingerprint(const Group& g) {
   for (const Member& m : g.members) {
     mix(m.name);
     mix(m.endpoint);
+  }
+  for (double w : g.part_weights) {
+    uint64_t bits = std::bit_cast<uint64_t>(w);
+    mix(std::string_view(reinterpret_cast<const char*>(&bits), sizeof bits));
   }
   return h;
 }
@@ -310,6 +316,7 @@ class Op {
         me_(group.rank),
         codec_(impl.options.codec),
         fp_(fingerprint(group)),
+        bounds_(part_bounds(n, group.members.size(), group.part_weights)),
         chunk_(std::max<size_t>(1, impl.options.chunk_bytes / sizeof(float))),
         timeout_(impl.options.peer_timeout),
         keepalive_interval_(std::max<std::chrono::milliseconds::rep>(1, timeout_.count() / 4)) {}
@@ -325,7 +332,7 @@ class Op {
   void broadcast_abort(const OpFailure& f, const std::string& except);
 
  private:
-  size_t part_begin(int p) const { return static_cast<size_t>(p) * n_ / static_cast<size_t>(k_); }
+  size_t part_begin(int p) const { return bounds_[static_cast<size_t>(p)]; }
   size_t part_len(int p) const { return part_begin(p + 1) - part_begin(p); }
   size_t chunks(int p) const { return (part_len(p) + chunk_ - 1) / chunk_; }
   size_t chunk_len(int p, size_t c) const { return std::min(chunk_, part_len(p) - c * chunk_); }
@@ -377,6 +384,7 @@ class Op {
   int me_;
   Codec codec_;
   uint64_t fp_;
+  std::vector<size_t> bounds_;  // where each member's part begins; n_ at the end
   size_t chunk_;
   std::chrono::milliseconds timeout_;
   // A peer that got nothing from us for this long gets a keepalive.
@@ -385,6 +393,8 @@ class Op {
   struct Outgoing {
     std::vector<zmq::message_t> frames;
     size_t next = 0;
+    size_t payload_bytes = 0;
+    bool reduce_scatter = false;
   };
   // Per peer: all-gather results overtake queued reduce-scatter chunks, so that both phases
   // stream at once; `sending_` is a message ZeroMQ has taken only some frames of.
@@ -407,6 +417,9 @@ class Op {
   // fp32 over tcp/ipc: reduce-scatter chunks point into the input instead of a copy. Not over
   // inproc, where the peer itself would hold our message until it reads it.
   bool input_zero_copy_ = false;
+  Clock::time_point start_;
+  uint64_t handed_bytes_ = 0;            // payload bytes of data messages ZeroMQ has taken
+  size_t rs_handed_ = 0, rs_total_ = 0;  // reduce-scatter messages taken / to send
   // reduce-scatter schedule position
   size_t rs_chunk_ = 0;
   int rs_step_ = 1;
@@ -421,6 +434,8 @@ void Op::enqueue(int peer, const Header& h, zmq::message_t payload, bool data, b
     impl_.stats.payload_bytes_sent += payload.size();
     ++impl_.stats.messages_sent;
   }
+  o.payload_bytes = data ? payload.size() : 0;
+  o.reduce_scatter = h.type == MsgType::reduce_scatter;
   o.frames.emplace_back(&h, sizeof h);
   o.frames.emplace_back(name.data(), name.size());
   o.frames.push_back(std::move(payload));
@@ -446,6 +461,11 @@ bool Op::flush(int peer) {
       if (o.next + 1 < o.frames.size()) flags = flags | zmq::send_flags::sndmore;
       if (!s.send(o.frames[o.next], flags)) return false;
       ++o.next;
+    }
+    handed_bytes_ += o.payload_bytes;
+    if (o.reduce_scatter && ++rs_handed_ == rs_total_) {
+      impl_.stats.rate_bytes = handed_bytes_;
+      impl_.stats.rate_seconds = std::chrono::duration<double>(Clock::now() - start_).count();
     }
     sending_[peer].reset();
     sent_[peer] = Clock::now();
@@ -554,12 +574,9 @@ void Op::handle(Received& r) {
       msg += "codec " + std::string(to_string(r.h.codec)) + ", expected " +
              std::string(to_string(codec_));
     } else {
-      size_t k = static_cast<size_t>(k_);
-      size_t theirs = (static_cast<size_t>(part) + 1) * r.h.total_n / k -
-                      static_cast<size_t>(part) * r.h.total_n / k;
-      msg += std::to_string(theirs) + " floats for part " + std::to_string(part) + ", expected " +
-             std::to_string(part_len(expected_part)) + " (its vector has " +
-             std::to_string(r.h.total_n) + " floats, ours " + std::to_string(n_) + ")";
+      msg += "data for part " + std::to_string(part) + " of a vector of " +
+             std::to_string(r.h.total_n) + " floats; expected part " +
+             std::to_string(expected_part) + " of " + std::to_string(n_) + " floats";
     }
     msg += " in round " + std::to_string(g_.round_id);
     throw OpFailure{AbortKind::mismatch, r.name, msg, true};
@@ -704,7 +721,7 @@ Clock::duration Op::poll_budget(Clock::time_point now) const {
 }
 
 void Op::run() {
-  const auto start = Clock::now();
+  const auto start = start_ = Clock::now();
   outbox_.resize(k_);
   urgent_.resize(k_);
   sending_.resize(k_);
@@ -719,6 +736,7 @@ void Op::run() {
   rs_left_[me_] = 0;
   for (int p = 0; p < k_; ++p) {
     if (p != me_) ag_left_[p] = chunks(p);
+    if (p != me_) rs_total_ += chunks(p);
     rs_max_chunks_ = std::max(rs_max_chunks_, chunks(p));
   }
   pending_.resize(chunks(me_));

@@ -48,6 +48,12 @@ struct Group {
   std::vector<Member> members;  // the same list, in the same order, on every member
   int rank = 0;                 // this process's index in `members`
   uint64_t round_id = 0;        // data of other rounds is never mixed into this one
+  // Relative sizes of the members' parts, one per member (empty: equal parts). A member that
+  // owns a part of p floats of n sends n - p + (k-1) p of them, so a member on a slower link
+  // should own a smaller part: part_weights_for_rates() (local.hpp) computes them from
+  // measured sending rates. Finite, >= 0, not all 0; the same on every member (they are part
+  // of the group's identity, like its members).
+  std::vector<double> part_weights;
 };
 
 enum class Codec : uint8_t { fp32, fp16, bf16, int8 };
@@ -99,6 +105,14 @@ struct Stats {
   uint64_t payload_bytes_sent = 0;
   uint64_t messages_sent = 0;
   double seconds = 0;
+  // This member's sending rate, rate_bytes / rate_seconds: the payload bytes ZeroMQ had taken
+  // from it when it took its last reduce-scatter chunk, and the time until then (0 and 0 when
+  // it had none to send). Until then it always has data queued, so its own link sets the pace,
+  // not the other members; this is what part_weights_for_rates() wants. Only meaningful when
+  // what it sends is much more than the kernel's socket buffers hold (MBs per peer): a small
+  // vector is taken at once, whatever the link.
+  uint64_t rate_bytes = 0;
+  double rate_seconds = 0;
 };
 
 namespace detail {

@@ -1,6 +1,7 @@
 #include "runtime/collective/local.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -12,9 +13,6 @@ namespace loco::collective {
 namespace {
 
 size_t chunk_floats(size_t chunk_bytes) { return std::max<size_t>(1, chunk_bytes / sizeof(float)); }
-
-// [begin, end) of part p of n floats among k members, as allreduce.cpp cuts them.
-size_t part_begin(size_t n, size_t k, size_t p) { return p * n / k; }
 
 // Encoded bytes of `len` floats sent as chunks of `chunk` floats.
 uint64_t encoded_in_chunks(Codec codec, size_t len, size_t chunk) {
@@ -43,9 +41,10 @@ void local_allreduce(std::span<const std::span<const float>> inputs, std::span<f
   const size_t chunk = chunk_floats(options.chunk_bytes);
   std::vector<std::vector<uint8_t>> wires(k, std::vector<uint8_t>(encoded_bytes(codec, chunk)));
   std::vector<detail::Addend> addends(k);
+  const std::vector<size_t> bounds = part_bounds(n, k);
   for (size_t p = 0; p < k; ++p) {
-    const size_t end = part_begin(n, k, p + 1);
-    for (size_t begin = part_begin(n, k, p); begin < end; begin += chunk) {
+    const size_t end = bounds[p + 1];
+    for (size_t begin = bounds[p]; begin < end; begin += chunk) {
       const size_t len = std::min(chunk, end - begin);
       float* acc = out.data() + begin;
       for (size_t r = 0; r < k; ++r) {
@@ -92,10 +91,98 @@ uint64_t allreduce_payload_bytes(size_t n, int k, Codec codec, size_t chunk_byte
   if (k <= 1) return 0;
   const size_t chunk = chunk_floats(chunk_bytes);
   const auto kk = static_cast<size_t>(k);
+  const std::vector<size_t> bounds = part_bounds(n, kk);
   uint64_t encoded = 0;  // the whole vector, part by part, chunk by chunk
   for (size_t p = 0; p < kk; ++p)
-    encoded += encoded_in_chunks(codec, part_begin(n, kk, p + 1) - part_begin(n, kk, p), chunk);
+    encoded += encoded_in_chunks(codec, bounds[p + 1] - bounds[p], chunk);
   return 2 * (kk - 1) * encoded / kk;
+}
+
+uint64_t allreduce_payload_bytes_of(size_t n, int k, int rank, Codec codec,
+                                    std::span<const double> weights, size_t chunk_bytes) {
+  if (k <= 1) return 0;
+  const size_t chunk = chunk_floats(chunk_bytes);
+  const auto kk = static_cast<size_t>(k);
+  const std::vector<size_t> bounds = part_bounds(n, kk, weights);
+  uint64_t sent = 0;
+  for (size_t p = 0; p < kk; ++p) {
+    const uint64_t part = encoded_in_chunks(codec, bounds[p + 1] - bounds[p], chunk);
+    // Others' parts once each (reduce-scatter), the own part to each of the k - 1 others.
+    sent += p == static_cast<size_t>(rank) ? (kk - 1) * part : part;
+  }
+  return sent;
+}
+
+std::vector<size_t> part_bounds(size_t n, size_t k, std::span<const double> weights) {
+  std::vector<size_t> bounds(k + 1, 0);
+  const bool all_equal = std::all_of(weights.begin(), weights.end(), [&](double w) {
+    return w == weights[0] && std::isfinite(w) && w > 0;
+  });
+  if (weights.empty() || (weights.size() == k && all_equal)) {  // exactly the unweighted cut
+    for (size_t p = 0; p <= k; ++p) bounds[p] = p * n / k;
+    return bounds;
+  }
+  if (weights.size() != k) {
+    throw CollectiveError("part weights: " + std::to_string(weights.size()) + " weights for " +
+                          std::to_string(k) + " members");
+  }
+  double total = 0;
+  for (size_t p = 0; p < k; ++p) {
+    if (!std::isfinite(weights[p]) || weights[p] < 0) {
+      throw CollectiveError("part weights: weight " + std::to_string(p) + " is " +
+                            std::to_string(weights[p]) + "; weights must be finite and >= 0");
+    }
+    total += weights[p];
+  }
+  if (!(total > 0) || !std::isfinite(total))
+    throw CollectiveError("part weights: they sum to " + std::to_string(total));
+  double cumulative = 0;
+  for (size_t p = 0; p < k; ++p) {
+    bounds[p] = std::min(n, static_cast<size_t>(static_cast<double>(n) * (cumulative / total)));
+    if (p > 0) bounds[p] = std::max(bounds[p], bounds[p - 1]);
+    cumulative += weights[p];
+  }
+  bounds[0] = 0;
+  bounds[k] = n;
+  return bounds;
+}
+
+std::vector<double> part_weights_for_rates(std::span<const double> rates) {
+  const size_t k = rates.size();
+  std::vector<double> equal(k, 1.0);
+  if (k <= 2) return equal;
+  for (double r : rates)
+    if (!std::isfinite(r) || !(r > 0)) return equal;
+  // Rates measured on equal links differ by a few per cent; unequal parts would then only
+  // make the largest part the slowest.
+  const auto [lo, hi] = std::minmax_element(rates.begin(), rates.end());
+  if (*hi <= kEqualRates * *lo) return equal;
+  // In units of n: the parts p_i = (T rate_i - 1) / (k - 2) of the members still in `in` sum to
+  // 1 when T = (k - 2 + |in|) / (sum of their rates). A member whose p_i comes out negative
+  // cannot send its share in time even with no part: drop it (p = 0) and solve again.
+  std::vector<bool> in(k, true);
+  std::vector<double> parts(k, 0.0);
+  const double km2 = static_cast<double>(k - 2);
+  for (bool changed = true; changed;) {
+    changed = false;
+    double sum = 0, count = 0;
+    for (size_t i = 0; i < k; ++i) {
+      if (in[i]) {
+        sum += rates[i];
+        count += 1;
+      }
+    }
+    const double t = (km2 + count) / sum;
+    for (size_t i = 0; i < k; ++i) {
+      parts[i] = in[i] ? (t * rates[i] - 1.0) / km2 : 0.0;
+      if (in[i] && parts[i] < 0) {
+        in[i] = false;
+        changed = true;
+      }
+    }
+  }
+  for (double& p : parts) p = std::max(0.0, p);
+  return parts;
 }
 
 }  // namespace loco::collective

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "runtime/collective/allreduce.hpp"
 
@@ -32,5 +33,23 @@ void codec_roundtrip(Codec codec, std::span<float> x, size_t chunk_bytes = Optio
 // the all-gather the own part's to each of the k - 1 others, 2 (k-1)/k of the encoded vector.
 uint64_t allreduce_payload_bytes(size_t n, int k, Codec codec,
                                  size_t chunk_bytes = Options{}.chunk_bytes);
+// Payload bytes that member `rank` sends, with parts cut by `weights` (empty: equal parts).
+uint64_t allreduce_payload_bytes_of(size_t n, int k, int rank, Codec codec,
+                                    std::span<const double> weights = {},
+                                    size_t chunk_bytes = Options{}.chunk_bytes);
+
+// Where the k parts of n floats begin, and n at the end (k + 1 values): part p is
+// [p n/k, (p+1) n/k) with no weights, else cut at n times the cumulative weight share, rounded
+// down. Throws CollectiveError for weights of another count, negative, non-finite or all 0.
+std::vector<size_t> part_bounds(size_t n, size_t k, std::span<const double> weights = {});
+
+// Part weights for members that send at `rates` (bytes/s, or any common unit), that make
+// their sending times equal where they can: owning p of n floats, a member sends
+// n + (k-2) p, so it gets p = (T rate - n) / (k-2) for the T that sums the parts to n;
+// a member too slow for any part gets 0 (it still sends n). Equal weights for k <= 2 (the
+// part changes nothing there), when a rate is not finite or <= 0 (nothing to go by), or when
+// the fastest is within kEqualRates of the slowest (measurement noise, not slower links).
+inline constexpr double kEqualRates = 1.1;
+std::vector<double> part_weights_for_rates(std::span<const double> rates);
 
 }  // namespace loco::collective

@@ -12,6 +12,7 @@
 #include <zmq.hpp>
 
 #include "runtime/collective/codec.hpp"
+#include "runtime/collective/local.hpp"
 #include "tests/collective/test_util.hpp"
 
 namespace loco::collective {
@@ -38,6 +39,7 @@ class Members {
 
   Group group(const std::vector<int>& ranks, uint64_t round, int me) const {
     Group g;
+    g.part_weights = weights;
     for (int r : ranks) g.members.push_back({"w" + std::to_string(r), comms[r]->endpoint()});
     g.rank = me;
     g.round_id = round;
@@ -65,6 +67,7 @@ class Members {
   }
 
   std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<double> weights;  // Group::part_weights of every operation
 };
 
 std::vector<int> iota(int k) {
@@ -237,8 +240,113 @@ TEST(Allreduce, SendsTwoTimesKMinusOneOverKOfThePayload) {
       EXPECT_GE(s.bytes_sent, exact);
       EXPECT_LT(static_cast<double>(s.bytes_sent), 1.01 * ideal) << "K=" << k << " rank " << r;
       EXPECT_LT(static_cast<double>(s.bytes_received), 1.01 * ideal);
+      // Every reduce-scatter byte was taken before the rate was read off, and not more than
+      // everything.
+      EXPECT_GE(s.rate_bytes, 4 * (n - mine));
+      EXPECT_LE(s.rate_bytes, exact);
+      EXPECT_GT(s.rate_seconds, 0.0);
+      EXPECT_LE(s.rate_seconds, s.seconds);
     }
   }
+}
+
+// Parts cut by weights (zeros included): the same floats as equal parts (fp32 adds in rank
+// order whoever owns an element), and each member sends what its part implies.
+TEST(Allreduce, WeightedPartsGiveTheSameMeanAndTheBytesTheyPromise) {
+  for (int k : {3, 5, 8}) {
+    Members m(k, Transport::tcp);
+    uint64_t round = 1;
+    for (size_t n : {size_t{0}, size_t{1}, size_t{13}, size_t{100003}}) {
+      std::vector<std::vector<float>> in, equal, weighted;
+      for (int r = 0; r < k; ++r) in.push_back(make_data(n + 3, r, n));
+      equal = in;
+      weighted = in;
+      m.weights.clear();
+      rethrow_any(m.run(iota(k), round++, equal));
+      m.weights.assign(static_cast<size_t>(k), 1.0);
+      m.weights[0] = 0.0;  // a member too slow to own anything
+      m.weights[1] = 3.5;  // a fast one
+      m.weights[k - 1] = 0.25;
+      rethrow_any(m.run(iota(k), round++, weighted));
+      for (int r = 0; r < k; ++r) {
+        ASSERT_EQ(std::memcmp(weighted[r].data(), equal[0].data(), n * sizeof(float)), 0)
+            << "K=" << k << " n=" << n << " member " << r;
+        EXPECT_EQ(m.comms[r]->last_stats().payload_bytes_sent,
+                  allreduce_payload_bytes_of(n, k, r, Codec::fp32, m.weights))
+            << "K=" << k << " n=" << n << " member " << r;
+      }
+    }
+    // The member with no part sends n floats, the one with the largest part the most.
+    EXPECT_EQ(m.comms[0]->last_stats().payload_bytes_sent, 4u * 100003u);
+    for (int r = 2; r < k; ++r)
+      EXPECT_GT(m.comms[1]->last_stats().payload_bytes_sent,
+                m.comms[r]->last_stats().payload_bytes_sent);
+  }
+}
+
+TEST(Allreduce, BadPartWeightsAreRejectedBeforeAnythingIsSent) {
+  const std::vector<std::pair<std::vector<double>, std::string>> cases = {
+      {{1.0}, "1 weights for 2 members"},
+      {{1.0, -1.0}, "weight 1 is -1"},
+      {{1.0, std::nan("")}, "weight 1 is nan"},
+      {{0.0, 0.0}, "sum to 0"},
+  };
+  Members m(2, Transport::tcp);
+  for (const auto& [weights, text] : cases) {
+    m.weights = weights;
+    std::vector<float> v(10, 1.0f);
+    try {
+      m.comms[0]->allreduce(m.group(iota(2), 1, 0), std::span<float>(v));
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+      EXPECT_EQ(m.comms[0]->last_stats().bytes_sent, 0u);
+    }
+  }
+}
+
+TEST(PartWeights, BoundsFollowTheWeights) {
+  EXPECT_EQ(part_bounds(10, 4), (std::vector<size_t>{0, 2, 5, 7, 10}));
+  EXPECT_EQ(part_bounds(10, 4, std::vector<double>{0, 1, 1, 0}),
+            (std::vector<size_t>{0, 0, 5, 10, 10}));
+  EXPECT_EQ(part_bounds(3, 2, std::vector<double>{1, 2}), (std::vector<size_t>{0, 1, 3}));
+  EXPECT_EQ(part_bounds(0, 3, std::vector<double>{1, 2, 3}), (std::vector<size_t>{0, 0, 0, 0}));
+}
+
+// Sending n + (k-2) p at its rate, every member with a part finishes at the same time, and a
+// member left without one could not have finished earlier.
+TEST(PartWeights, ForRatesEqualizeSendingTimes) {
+  auto times = [](const std::vector<double>& rates, const std::vector<double>& parts) {
+    std::vector<double> t;
+    for (size_t i = 0; i < rates.size(); ++i)
+      t.push_back((1.0 + static_cast<double>(rates.size() - 2) * parts[i]) / rates[i]);
+    return t;
+  };
+  {
+    std::vector<double> rates{1, 1, 1, 2};
+    auto w = part_weights_for_rates(rates);
+    double sum = 0;
+    for (double x : w) sum += x;
+    EXPECT_NEAR(sum, 1.0, 1e-12);
+    auto t = times(rates, w);
+    for (double x : t) EXPECT_NEAR(x, t[0], 1e-12);
+    EXPECT_GT(w[3], w[0]);
+  }
+  {
+    // One site at a quarter of the others' rate: it owns nothing, the others a third each.
+    std::vector<double> rates{0.25, 1, 1, 1};
+    auto w = part_weights_for_rates(rates);
+    EXPECT_EQ(w[0], 0.0);
+    for (int i = 1; i < 4; ++i) EXPECT_NEAR(w[i], 1.0 / 3, 1e-12);
+    auto t = times(rates, w);
+    EXPECT_GT(t[0], t[1]);  // the slow one is the bound: 4 against 6 with equal parts
+    EXPECT_NEAR(t[0], 4.0, 1e-12);
+  }
+  // Rates within 10 % (noise), two members, or a rate that says nothing: equal parts.
+  EXPECT_EQ(part_weights_for_rates(std::vector<double>{3, 3.2, 2.95}),
+            (std::vector<double>{1, 1, 1}));
+  EXPECT_EQ(part_weights_for_rates(std::vector<double>{1, 9}), (std::vector<double>{1, 1}));
+  EXPECT_EQ(part_weights_for_rates(std::vector<double>{1, 0, 2}), (std::vector<double>{1, 1, 1}));
 }
 
 struct CodecCase {
