@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -115,6 +116,8 @@ struct InnerWorker::State {
   void renew_comm() {
     collective::Options o;
     o.codec = dl::codec_of(cfg.compression);
+    o.chunk_bytes = size_t(cfg.allreduce.chunk_kb) * 1024;
+    o.peer_timeout = std::chrono::milliseconds(std::llround(cfg.allreduce.peer_timeout_s * 1000));
     comm.reset();
     comm = std::make_unique<collective::Communicator>("tcp://" + node_host() + ":0", o);
   }

@@ -102,7 +102,7 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   if (!root || root.IsNull()) throw ConfigError("job file: empty");
   check_keys(root, "",
              {"name", "seed", "threads", "model", "data", "workers", "inner", "outer",
-              "compression", "rounds", "token_budget", "checkpoint", "eval"});
+              "compression", "allreduce", "rounds", "token_budget", "checkpoint", "eval"});
   read(root, "", "name", c.name);
   read(root, "", "seed", c.seed);
   read(root, "", "threads", c.threads);
@@ -181,6 +181,11 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(k, "checkpoint", "every", c.checkpoint.every);
   read(k, "checkpoint", "dir", c.checkpoint.dir);
 
+  const auto a = root["allreduce"];
+  check_keys(a, "allreduce", {"chunk_kb", "peer_timeout_s"});
+  read(a, "allreduce", "chunk_kb", c.allreduce.chunk_kb);
+  read(a, "allreduce", "peer_timeout_s", c.allreduce.peer_timeout_s);
+
   const auto e = root["eval"];
   check_keys(e, "eval", {"every", "batches"});
   read(e, "eval", "every", c.eval.every);
@@ -252,6 +257,10 @@ void JobConfig::validate() const {
   require(checkpoint.every >= 0, "checkpoint.every", ">= 0", checkpoint.every);
   require(eval.every >= 1, "eval.every", ">= 1", eval.every);
   require(eval.batches >= 1, "eval.batches", ">= 1", eval.batches);
+  require(allreduce.chunk_kb >= 1 && allreduce.chunk_kb <= 65536, "allreduce.chunk_kb",
+          "in [1, 65536]", allreduce.chunk_kb);
+  require(allreduce.peer_timeout_s >= 0.1 && allreduce.peer_timeout_s <= 3600,
+          "allreduce.peer_timeout_s", "in [0.1, 3600]", allreduce.peer_timeout_s);
 }
 
 int JobConfig::vocab_size() const {
@@ -300,6 +309,9 @@ std::string JobConfig::to_yaml() const {
       << outer.lr << YAML::Key << "momentum" << YAML::Value << outer.momentum << YAML::Key
       << "nesterov" << YAML::Value << outer.nesterov << YAML::EndMap;
   out << YAML::Key << "compression" << YAML::Value << to_string(compression);
+  out << YAML::Key << "allreduce" << YAML::Value << YAML::BeginMap << YAML::Key << "chunk_kb"
+      << YAML::Value << allreduce.chunk_kb << YAML::Key << "peer_timeout_s" << YAML::Value
+      << allreduce.peer_timeout_s << YAML::EndMap;
   out << YAML::Key << "rounds" << YAML::Value << rounds;
   out << YAML::Key << "token_budget" << YAML::Value << token_budget;
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "every"

@@ -79,6 +79,14 @@ struct EvalConfig {
   int batches = 8;  // validation batches of inner.batch_size sequences
 };
 
+// The distributed all-reduce (collective::Options). A member hears nothing from a peer while
+// one of its chunks is on the way: over links of a few Mbit/s shared by several streams, set
+// a longer timeout and smaller chunks (tests/netns/slow_links.sh: 1 Mbit/s, 64 KiB, 15 s).
+struct AllreduceConfig {
+  int chunk_kb = 512;           // chunk of a member's part, in KiB of fp32
+  double peer_timeout_s = 3.0;  // a member that sends nothing for this long is lost
+};
+
 struct JobConfig {
   std::string name = "job";
   std::uint64_t seed = 0;
@@ -89,6 +97,7 @@ struct JobConfig {
   InnerConfig inner;
   OuterConfig outer;
   Compression compression = Compression::fp32;
+  AllreduceConfig allreduce;
   int rounds = 0;                 // number of outer rounds; 0: derived from token_budget
   std::int64_t token_budget = 0;  // tokens per worker; used when rounds is 0
   CheckpointConfig checkpoint;

@@ -29,6 +29,7 @@ workers: {count: 2}
 inner: {steps: 5, batch_size: 4, lr: 0.001, warmup: 2, weight_decay: 0.1, grad_clip: 1.0, grad_accum: 2, betas: [0.9, 0.95]}
 outer: {lr: 0.7, momentum: 0.9, nesterov: true}
 compression: int8
+allreduce: {chunk_kb: 64, peer_timeout_s: 20}
 rounds: 3
 checkpoint: {every: 1, dir: ck}
 eval: {every: 5, batches: 2}
@@ -61,6 +62,8 @@ TEST(Config, ParsesEveryField) {
   EXPECT_EQ(c.compression, Compression::int8);
   EXPECT_EQ(c.vocab_size(), 256);
   EXPECT_EQ(c.checkpoint.dir, "ck");
+  EXPECT_EQ(c.allreduce.chunk_kb, 64);
+  EXPECT_DOUBLE_EQ(c.allreduce.peer_timeout_s, 20.0);
   // to_yaml round-trips.
   const auto again = JobConfig::from_yaml(c.to_yaml());
   EXPECT_EQ(again.to_yaml(), c.to_yaml());
@@ -68,6 +71,12 @@ TEST(Config, ParsesEveryField) {
 
 TEST(Config, RejectsBadValuesNamingTheField) {
   EXPECT_EQ(error_of(replace(kJob, "lr: 0.001", "lr: -1")), "inner.lr: must be > 0, got -1");
+  EXPECT_EQ(error_of(replace(kJob, "peer_timeout_s: 20", "peer_timeout_s: 0")),
+            "allreduce.peer_timeout_s: must be in [0.1, 3600], got 0");
+  EXPECT_EQ(error_of(replace(kJob, "chunk_kb: 64", "chunk_kb: 0")),
+            "allreduce.chunk_kb: must be in [1, 65536], got 0");
+  EXPECT_NE(error_of(replace(kJob, "chunk_kb: 64", "chunk_kib: 64")).find("allreduce"),
+            std::string::npos);
   EXPECT_EQ(error_of(replace(kJob, "compression: int8", "compression: int4")),
             "compression: expected one of fp32|fp16|bf16|int8, got 'int4'");
   EXPECT_EQ(error_of(replace(kJob, "tokenizer: byte", "tokenizer: words")),
