@@ -123,13 +123,17 @@ int run_worker(const WorkerArgs& a) {
     loco::collective::Group g;
     for (int r = 0; r < a.size; ++r) g.members.push_back({"w" + std::to_string(r), eps[r]});
     g.rank = a.rank;
+    // A small exact all-reduce beside the measured ones: the barrier, ours-auto's rates.
+    auto exchange = [&](std::span<float> v) {
+      comm.options().codec = Codec::fp32;
+      comm.allreduce(g, v);
+      comm.options().codec = opts.codec;
+    };
     std::vector<float> one(1, 1.0f);
     for (int it = 0; it < a.warmup + a.iters; ++it) {
       if (it == a.warmup) cpu_start = cpu_seconds();
       g.round_id = 3 * static_cast<uint64_t>(it);  // barrier, operation, ours-auto's rates
-      comm.options().codec = Codec::fp32;
-      comm.allreduce(g, std::span<float>(one));  // barrier
-      comm.options().codec = opts.codec;
+      exchange(one);                               // barrier
       g.round_id += 1;
       auto t0 = Clock::now();
       // Out of place, as a DiLoCo worker uses it (the mean lands next to its own delta).
@@ -143,9 +147,7 @@ int run_worker(const WorkerArgs& a) {
         rates[static_cast<size_t>(a.rank)] =
             static_cast<float>(static_cast<double>(st.rate_bytes) / st.rate_seconds / 1e6);
         g.round_id += 1;
-        comm.options().codec = Codec::fp32;
-        comm.allreduce(g, std::span<float>(rates));
-        comm.options().codec = opts.codec;
+        exchange(rates);
         std::vector<double> mb_s;
         for (float r : rates) mb_s.push_back(static_cast<double>(r) * a.size);
         g.part_weights = loco::collective::part_weights_for_rates(mb_s);

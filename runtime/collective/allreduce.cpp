@@ -417,7 +417,7 @@ class Op {
   // fp32 over tcp/ipc: reduce-scatter chunks point into the input instead of a copy. Not over
   // inproc, where the peer itself would hold our message until it reads it.
   bool input_zero_copy_ = false;
-  Clock::time_point start_;
+  Clock::time_point start_;              // when run() began
   uint64_t handed_bytes_ = 0;            // payload bytes of data messages ZeroMQ has taken
   size_t rs_handed_ = 0, rs_total_ = 0;  // reduce-scatter messages taken / to send
   // reduce-scatter schedule position
@@ -721,13 +721,13 @@ Clock::duration Op::poll_budget(Clock::time_point now) const {
 }
 
 void Op::run() {
-  const auto start = start_ = Clock::now();
+  start_ = Clock::now();
   outbox_.resize(k_);
   urgent_.resize(k_);
   sending_.resize(k_);
-  heard_.assign(k_, start);
-  sent_.assign(k_, start);
-  keepalive_at_.assign(k_, start);
+  heard_.assign(k_, start_);
+  sent_.assign(k_, start_);
+  keepalive_at_.assign(k_, start_);
   rs_left_.assign(k_, chunks(me_));
   ag_left_.assign(k_, 0);
   stale_round_.assign(k_, std::nullopt);
@@ -834,7 +834,7 @@ void Op::run() {
     auto budget = std::chrono::duration_cast<std::chrono::milliseconds>(poll_budget(now));
     zmq::poll(items.data(), items.size(), budget);
   }
-  impl_.stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  impl_.stats.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
 }
 
 }  // namespace

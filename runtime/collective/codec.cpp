@@ -376,10 +376,6 @@ void decode(Codec codec, const uint8_t* src, size_t n, float* dst) {
   decode_range<false>(codec, src, 0, n, dst);
 }
 
-void add_decoded(Codec codec, const uint8_t* src, size_t n, float* acc) {
-  decode_range<true>(codec, src, 0, n, acc);
-}
-
 void mean_of(Codec codec, std::span<const Addend> addends, size_t n, float* out) {
   const size_t m = addends.size();
   constexpr size_t kMaxFused = 64;

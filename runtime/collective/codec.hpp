@@ -18,8 +18,6 @@ inline constexpr size_t kInt8Header = 2 * sizeof(float);
 
 void encode(Codec codec, const float* src, size_t count, uint8_t* dst);
 void decode(Codec codec, const uint8_t* src, size_t count, float* dst);
-// acc[i] += decode(src)[i]
-void add_decoded(Codec codec, const uint8_t* src, size_t count, float* acc);
 
 // One member's contribution to a reduced chunk: `count` raw floats (the owner's own values),
 // or `count` values encoded with the codec (what a peer sent).

@@ -114,28 +114,27 @@ uint64_t allreduce_payload_bytes_of(size_t n, int k, int rank, Codec codec,
 }
 
 std::vector<size_t> part_bounds(size_t n, size_t k, std::span<const double> weights) {
-  std::vector<size_t> bounds(k + 1, 0);
-  const bool all_equal = std::all_of(weights.begin(), weights.end(), [&](double w) {
-    return w == weights[0] && std::isfinite(w) && w > 0;
-  });
-  if (weights.empty() || (weights.size() == k && all_equal)) {  // exactly the unweighted cut
-    for (size_t p = 0; p <= k; ++p) bounds[p] = p * n / k;
-    return bounds;
-  }
-  if (weights.size() != k) {
+  double total = 0;
+  if (!weights.empty() && weights.size() != k) {
     throw CollectiveError("part weights: " + std::to_string(weights.size()) + " weights for " +
                           std::to_string(k) + " members");
   }
-  double total = 0;
-  for (size_t p = 0; p < k; ++p) {
+  for (size_t p = 0; p < weights.size(); ++p) {
     if (!std::isfinite(weights[p]) || weights[p] < 0) {
       throw CollectiveError("part weights: weight " + std::to_string(p) + " is " +
                             std::to_string(weights[p]) + "; weights must be finite and >= 0");
     }
     total += weights[p];
   }
-  if (!(total > 0) || !std::isfinite(total))
+  if (!weights.empty() && (!(total > 0) || !std::isfinite(total)))
     throw CollectiveError("part weights: they sum to " + std::to_string(total));
+  std::vector<size_t> bounds(k + 1, 0);
+  const bool equal =
+      std::all_of(weights.begin(), weights.end(), [&](double w) { return w == weights[0]; });
+  if (equal) {  // no weights, or all the same: exactly the unweighted cut
+    for (size_t p = 0; p <= k; ++p) bounds[p] = p * n / k;
+    return bounds;
+  }
   double cumulative = 0;
   for (size_t p = 0; p < k; ++p) {
     bounds[p] = std::min(n, static_cast<size_t>(static_cast<double>(n) * (cumulative / total)));
