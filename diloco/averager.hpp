@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "diloco/config.hpp"
-#include "runtime/collective/allreduce.hpp"
+#include "runtime/collective/types.hpp"
 
 namespace loco::diloco {
 

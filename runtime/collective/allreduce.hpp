@@ -1,4 +1,4 @@
-// Butterfly all-reduce (mean) of float buffers among a group of peers.
+// Butterfly all-reduce (mean) of float buffers among a group of peers, over ZeroMQ.
 //
 // Contract:
 // - Every member of a group calls allreduce() with the same Group (same members in the same
@@ -9,29 +9,31 @@
 // - Bulk data travels on the communicator's own ZeroMQ sockets, never on the actor runtime's
 //   control socket.
 // - No wait is unbounded: a member whose connection drops or is refused (its process died),
-//   or that stops sending for Options::peer_timeout, makes the operation fail with
-//   PeerLostError naming it. (A member that is only waiting, on a lost peer for instance, sends
-//   keepalives every peer_timeout / 4, so that the others do not take it for lost.) A failed
-//   operation leaves the communicator ready for the next one (typically the survivors, with a
-//   smaller group).
+//   or that falls silent (no keepalive, no data) for its silence window (Options::peer_timeout,
+//   see liveness.hpp), makes the operation fail with PeerLostError naming it. A member whose
+//   data only moves slowly is not lost: keepalives travel beside the data.
+// - A failed operation leaves the communicator ready for the next one: with the survivors
+//   (a smaller group), or with the same members again. It closes its connections, dropping
+//   what was queued, and the next operation opens new ones; its endpoint stays the same.
 // - Messages of different operations are told apart by (round_id, members): data of a later
 //   operation that arrives early is kept for it, data of an earlier one is dropped. So retrying
 //   a failed operation with the same members needs a new round_id (fold an attempt counter in);
 //   the usual retry, without the lost member, may keep the round id.
 // - One operation at a time per Communicator; it is not thread-safe.
+//
+// Layers (each its own file): types.hpp (this vocabulary, no sockets), wire.hpp (the message
+// header and abort notices), transport.hpp (what the schedule needs of a network, with
+// zmq_transport.hpp and the socket-free memory_transport.hpp), liveness.hpp (who counts as
+// lost: pure functions of the clock), butterfly.hpp (the schedule), and this Communicator,
+// which ties the schedule to a ZmqTransport.
 #pragma once
 
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <functional>
 #include <memory>
-#include <optional>
 #include <span>
-#include <stdexcept>
 #include <string>
-#include <string_view>
 #include <vector>
+
+#include "runtime/collective/types.hpp"
 
 namespace zmq {
 class context_t;
@@ -39,88 +41,7 @@ class context_t;
 
 namespace loco::collective {
 
-struct Member {
-  std::string name;      // for error messages and logs, e.g. "w3"
-  std::string endpoint;  // the member's Communicator::endpoint(), e.g. "tcp://10.0.0.3:7201"
-};
-
-struct Group {
-  std::vector<Member> members;  // the same list, in the same order, on every member
-  int rank = 0;                 // this process's index in `members`
-  uint64_t round_id = 0;        // data of other rounds is never mixed into this one
-  // Relative sizes of the members' parts, one per member (empty: equal parts). A member that
-  // owns a part of p floats of n sends n - p + (k-1) p of them, so a member on a slower link
-  // should own a smaller part: part_weights_for_rates() (local.hpp) computes them from
-  // measured sending rates. Finite, >= 0, not all 0; the same on every member (they are part
-  // of the group's identity, like its members).
-  std::vector<double> part_weights;
-};
-
-enum class Codec : uint8_t { fp32, fp16, bf16, int8 };
-
-// "fp32" | "fp16" | "bf16" | "int8"; std::nullopt for anything else.
-std::optional<Codec> parse_codec(std::string_view name);
-std::string_view to_string(Codec codec);
-// Encoded bytes for `count` floats (int8 adds a per-chunk header).
-size_t encoded_bytes(Codec codec, size_t count);
-
-struct Options {
-  Codec codec = Codec::fp32;
-  // A member from which data is still expected and nothing arrived for this long is lost.
-  std::chrono::milliseconds peer_timeout{3000};
-  // Parts are streamed in chunks of this many fp32 bytes (before compression).
-  size_t chunk_bytes = 512 * 1024;
-  // Reject NaN/Inf contributions with a CollectiveError naming the sender.
-  bool reject_nonfinite = true;
-  // ZeroMQ I/O threads of a communicator that owns its context: on loopback the kernel copies
-  // run on them, and two let sends and receives proceed in parallel.
-  int io_threads = 2;
-};
-
-// Any failure of an operation. member() names the member at fault, when one is known.
-class CollectiveError : public std::runtime_error {
- public:
-  CollectiveError(const std::string& what, std::string member = {})
-      : std::runtime_error(what), member_(std::move(member)) {}
-  const std::string& member() const { return member_; }
-
- private:
-  std::string member_;
-};
-
-// A member died or went silent during the operation.
-class PeerLostError : public CollectiveError {
- public:
-  PeerLostError(const std::string& what, std::string peer)
-      : CollectiveError(what, peer), peer_(std::move(peer)) {}
-  const std::string& peer() const { return peer_; }
-
- private:
-  std::string peer_;
-};
-
-struct Stats {
-  uint64_t bytes_sent = 0;      // payload + loco framing (header frames), all peers
-  uint64_t bytes_received = 0;  // same, of the messages of this operation
-  uint64_t payload_bytes_sent = 0;
-  uint64_t messages_sent = 0;
-  double seconds = 0;
-  // This member's sending rate, rate_bytes / rate_seconds: the payload bytes ZeroMQ had taken
-  // from it when it took its last reduce-scatter chunk, and the time until then (0 and 0 when
-  // it had none to send). Until then it always has data queued, so its own link sets the pace,
-  // not the other members; this is what part_weights_for_rates() wants. Only meaningful when
-  // what it sends is much more than the kernel's socket buffers hold (MBs per peer): a small
-  // vector is taken at once, whatever the link.
-  uint64_t rate_bytes = 0;
-  double rate_seconds = 0;
-};
-
 namespace detail {
-// Test hooks; production code leaves them empty.
-struct Hooks {
-  // Called after each data message this member sends (argument: messages sent so far).
-  std::function<void(uint64_t)> after_send;
-};
 struct CommunicatorImpl;
 }  // namespace detail
 

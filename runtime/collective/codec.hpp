@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <span>
 
-#include "runtime/collective/allreduce.hpp"
+#include "runtime/collective/types.hpp"
 
 namespace loco::collective::detail {
 

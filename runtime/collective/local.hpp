@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "runtime/collective/allreduce.hpp"
+#include "runtime/collective/types.hpp"
 
 namespace loco::collective {
 

@@ -1,0 +1,83 @@
+// The butterfly all-reduce schedule over a Transport. Internal to the collective; the public
+// face is Communicator (allreduce.hpp), which pairs it with a ZmqTransport.
+//
+// One operation, on member `me` of K: the vector of n floats is cut into K parts (part_bounds),
+// each part into chunks of chunk_bytes/4 floats.
+//   reduce-scatter: me sends chunk c of part p (encoded) to p, for c = 0.. and p = me+1.., so
+//                   that every owner gets its first chunks from everyone early; fp32 chunks
+//                   point into the caller's input where the transport allows it (zero-copy),
+//                   and the operation returns only once the transport has let go of them;
+//   reduce:         when the K-1 contributions for chunk c of my part are in, sum them with
+//                   mine in rank order, divide by K, encode once, decode into my result;
+//   all-gather:     send those encoded bytes (shared, uncopied) to every peer.
+// Everything runs in one loop on the caller's thread that alternates receiving (and reducing)
+// with producing the next chunk; the transport moves bytes meanwhile. Who is lost is decided
+// by liveness.hpp.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "runtime/collective/liveness.hpp"
+#include "runtime/collective/transport.hpp"
+#include "runtime/collective/types.hpp"
+
+namespace loco::collective::detail {
+
+// Counts the payloads that point into the caller's input and that a transport still holds.
+class InputRefs {
+ public:
+  // A reference for one payload; the count drops when the transport releases it.
+  static std::shared_ptr<const void> take(const std::shared_ptr<InputRefs>& self);
+  // Waits until no payload into the input is held, at most `limit`. True when none is.
+  bool wait_released(std::chrono::milliseconds limit);
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  size_t count_ = 0;
+};
+
+// Encoded bytes shared by the messages that point into them; uninitialized on purpose.
+struct Bytes {
+  explicit Bytes(size_t n) : data(new uint8_t[n]), size(n) {}
+  std::unique_ptr<uint8_t[]> data;
+  size_t size;
+};
+
+// What a member keeps from one operation to the next.
+struct Workspace {
+  Stats stats;
+  Hooks hooks;
+  // Messages of later operations that arrived early, bounded in bytes and count.
+  std::deque<Message> stash;
+  size_t stash_bytes = 0;
+  void stash_message(Message&& m);
+  // Encoded outgoing data, each buffer reused once no message holds it any more (the last
+  // chunks of one operation may still be on their way when the next one starts).
+  std::vector<std::shared_ptr<Bytes>> send_buffers;
+  std::shared_ptr<Bytes> send_buffer(size_t size);
+  // fp32 reduce-scatter chunks are sent straight from the caller's input; turned off for good
+  // if a transport ever kept one past the bound after its connections were closed.
+  std::shared_ptr<InputRefs> input_refs = std::make_shared<InputRefs>();
+  bool input_zero_copy = true;
+  std::vector<float> scratch;
+  // The longest gap between each peer's messages seen so far (liveness.hpp), by endpoint.
+  std::map<std::string, Clock::duration> longest_gap;
+  bool last_ok = true;  // whether the last operation succeeded
+};
+
+// out <- the mean over `group` of the members' `in` (n floats each; `out` may not overlap
+// `in`). Throws PeerLostError / CollectiveError naming the member at fault; then `in` is
+// untouched, nothing refers to it any more, and `out` holds garbage. The transport is ready
+// for the next operation either way.
+void butterfly_allreduce(Transport& transport, Workspace& ws, const Options& options,
+                         const Group& group, const float* in, float* out, size_t n);
+
+}  // namespace loco::collective::detail

@@ -1,0 +1,61 @@
+// When a member of an operation counts as lost: pure functions of (what we know of the peer,
+// now, the rules), so that tests inject the clock. Internal to the collective.
+//
+// Only what proves a peer gone counts:
+// - its connection closed, or a new one was refused (its process or communicator is gone; a
+//   grace period lets an abort notice sent just before it exited arrive and say why);
+// - it fell silent: no message at all, keepalive or data, for its silence window. Keepalives
+//   go every peer_timeout / 4 to every peer on a connection of their own, so a data stream
+//   that is merely slow (a shaped link, TCP recovering from a loss) never delays them; a
+//   member that only waits on a slower one keeps sending them too. The window is
+//   peer_timeout, widened for a peer whose messages have arrived with longer gaps before
+//   (twice the longest gap seen, at most kMaxWidening x peer_timeout): a link where TCP stalls
+//   for seconds widens its own window, loopback keeps the configured one.
+// Slow progress of data is not a sign of death: a live member may wait on a slower one for
+// the whole operation. A peer the operation no longer waits on is never judged.
+#pragma once
+
+#include <chrono>
+#include <optional>
+
+namespace loco::collective::detail {
+
+using Clock = std::chrono::steady_clock;
+
+inline constexpr int kMaxWidening = 4;
+
+struct LivenessRules {
+  Clock::duration peer_timeout{std::chrono::milliseconds(3000)};
+  Clock::duration keepalive_interval{std::chrono::milliseconds(750)};  // peer_timeout / 4
+  Clock::duration grace{std::chrono::milliseconds(250)};               // after a closed connection
+  static LivenessRules from(std::chrono::milliseconds peer_timeout);
+};
+
+// What one member knows of one peer during an operation.
+struct PeerState {
+  bool expecting = false;                    // data of this operation still expected from it
+  bool backlog = false;                      // data of this operation still queued for it
+  Clock::time_point heard{};                 // its last message, or the operation's start
+  bool heard_in_op = false;                  // a message of it arrived in this operation
+  Clock::time_point keepalive_sent{};        // our last keepalive to it
+  std::optional<Clock::time_point> dropped;  // when its connection closed or was refused
+  Clock::duration longest_gap{0};            // between its messages, over this communicator's life
+};
+
+// How long `peer` may stay silent.
+Clock::duration silence_window(const LivenessRules& rules, const PeerState& peer);
+
+enum class Verdict { alive, closed, silent };
+Verdict judge(const PeerState& peer, Clock::time_point now, const LivenessRules& rules);
+
+// A message from the peer arrived at `now`. The gap before its first message of an operation
+// is when it started, not how its link behaves, and does not widen its window.
+void note_heard(PeerState& peer, Clock::time_point now);
+
+bool keepalive_due(const PeerState& peer, Clock::time_point now, const LivenessRules& rules);
+
+// The earliest time at which judge() or keepalive_due() may change its answer.
+Clock::time_point next_check(const PeerState& peer, Clock::time_point now,
+                             const LivenessRules& rules);
+
+}  // namespace loco::collective::detail

@@ -1,0 +1,111 @@
+#include "runtime/collective/memory_transport.hpp"
+
+#include <algorithm>
+
+namespace loco::collective::detail {
+
+MemoryTransport::MemoryTransport(std::shared_ptr<MemoryHub> hub, std::string endpoint)
+    : hub_(std::move(hub)), endpoint_(std::move(endpoint)) {
+  std::lock_guard lock(hub_->m_);
+  if (!hub_->members_.emplace(endpoint_, MemoryHub::Inbox{}).second)
+    throw CollectiveError("collective: memory endpoint " + endpoint_ + " is taken");
+}
+
+MemoryTransport::~MemoryTransport() { close(); }
+
+void MemoryTransport::close() {
+  std::lock_guard lock(hub_->m_);
+  if (!open_) return;
+  open_ = false;
+  hub_->members_.erase(endpoint_);
+  for (auto& [ep, inbox] : hub_->members_) {
+    if (inbox.connected.count(endpoint_)) inbox.events[endpoint_] = PeerEvent::closed;
+    // What it sent and nobody read yet stays: a process's last messages outlive it.
+  }
+  hub_->cv_.notify_all();
+}
+
+void MemoryTransport::keep_only(std::span<const std::string> peers, std::chrono::milliseconds) {
+  std::lock_guard lock(hub_->m_);
+  auto self = hub_->members_.find(endpoint_);
+  if (self == hub_->members_.end()) return;
+  self->second.connected = std::set<std::string>(peers.begin(), peers.end());
+  for (const std::string& p : peers)
+    if (!hub_->members_.count(p)) self->second.events[p] = PeerEvent::refused;
+}
+
+bool MemoryTransport::room_locked(const std::string& peer, Channel channel) {
+  auto it = hub_->members_.find(peer);
+  if (it == hub_->members_.end()) return true;  // taken, and lost: as a socket would
+  const size_t limit = channel == Channel::data ? hub_->data_queue_ : 64;
+  return it->second.queued[{endpoint_, channel}] < limit;
+}
+
+bool MemoryTransport::try_send(const std::string& peer, Channel channel, const Header& header,
+                               const std::string& sender, Buffer payload) {
+  std::lock_guard lock(hub_->m_);
+  auto self = hub_->members_.find(endpoint_);
+  if (self == hub_->members_.end()) return true;  // closed: nothing leaves any more
+  if (self->second.connected.insert(peer).second && !hub_->members_.count(peer))
+    self->second.events[peer] = PeerEvent::refused;
+  if (!room_locked(peer, channel)) return false;
+  auto it = hub_->members_.find(peer);
+  if (it == hub_->members_.end()) return true;
+  ++it->second.queued[{endpoint_, channel}];
+  it->second.messages.push_back({Message{header, sender, std::move(payload)}, endpoint_, channel});
+  hub_->cv_.notify_all();
+  return true;
+}
+
+bool MemoryTransport::try_receive(Message& out) {
+  std::lock_guard lock(hub_->m_);
+  auto self = hub_->members_.find(endpoint_);
+  if (self == hub_->members_.end() || self->second.messages.empty()) return false;
+  MemoryHub::Queued& q = self->second.messages.front();
+  out = std::move(q.message);
+  --self->second.queued[{q.from, q.channel}];
+  self->second.messages.pop_front();
+  hub_->cv_.notify_all();
+  return true;
+}
+
+PeerEvent MemoryTransport::take_event(const std::string& peer) {
+  std::lock_guard lock(hub_->m_);
+  auto self = hub_->members_.find(endpoint_);
+  if (self == hub_->members_.end()) return PeerEvent::none;
+  auto it = self->second.events.find(peer);
+  if (it == self->second.events.end()) return PeerEvent::none;
+  PeerEvent e = it->second;
+  self->second.events.erase(it);
+  return e;
+}
+
+void MemoryTransport::wait(std::span<const std::string> writable, std::chrono::milliseconds limit) {
+  std::unique_lock lock(hub_->m_);
+  hub_->cv_.wait_for(lock, limit, [&] {
+    auto self = hub_->members_.find(endpoint_);
+    if (self == hub_->members_.end()) return true;
+    if (!self->second.messages.empty() || !self->second.events.empty()) return true;
+    return std::any_of(writable.begin(), writable.end(),
+                       [&](const std::string& p) { return room_locked(p, Channel::data); });
+  });
+}
+
+void MemoryTransport::drop_all() {
+  std::lock_guard lock(hub_->m_);
+  // What this member queued for others and they have not read is dropped, as closing a socket
+  // with linger 0 drops it.
+  for (auto& [ep, inbox] : hub_->members_) {
+    if (ep == endpoint_) continue;
+    std::erase_if(inbox.messages, [&](const MemoryHub::Queued& q) {
+      if (q.from != endpoint_) return false;
+      --inbox.queued[{q.from, q.channel}];
+      return true;
+    });
+  }
+  auto self = hub_->members_.find(endpoint_);
+  if (self != hub_->members_.end()) self->second.connected.clear();
+  hub_->cv_.notify_all();
+}
+
+}  // namespace loco::collective::detail

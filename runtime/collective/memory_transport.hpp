@@ -1,0 +1,69 @@
+// A Transport without sockets: members in one process exchange messages through a MemoryHub.
+// For the schedule's tests (and anything else that wants a group in one process): no ports,
+// no I/O threads, and a peer's death is one call (close()).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "runtime/collective/transport.hpp"
+
+namespace loco::collective::detail {
+
+class MemoryHub {
+ public:
+  // Messages a sender may have queued for one receiver on the data channel before try_send
+  // says the queue is full (the control channel takes 64).
+  explicit MemoryHub(size_t data_queue = 8) : data_queue_(data_queue) {}
+
+ private:
+  friend class MemoryTransport;
+  struct Queued {
+    Message message;
+    std::string from;  // the sender's endpoint
+    Channel channel;
+  };
+  struct Inbox {
+    std::deque<Queued> messages;
+    std::map<std::pair<std::string, Channel>, size_t> queued;  // by (sender endpoint, channel)
+    std::set<std::string> connected;                           // endpoints this member sends to
+    std::map<std::string, PeerEvent> events;
+  };
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::map<std::string, Inbox> members_;  // by endpoint, while open
+  size_t data_queue_;
+};
+
+class MemoryTransport final : public Transport {
+ public:
+  // Joins the hub as `endpoint` (CollectiveError if it is taken).
+  MemoryTransport(std::shared_ptr<MemoryHub> hub, std::string endpoint);
+  ~MemoryTransport() override;
+  // Leaves the hub as a crashed process would: peers that send to it see it closed, and what
+  // it had not read is gone.
+  void close();
+
+  const std::string& endpoint() const override { return endpoint_; }
+  bool releases_sent_payloads(const std::string&) const override { return false; }
+  void keep_only(std::span<const std::string> peers, std::chrono::milliseconds linger) override;
+  bool try_send(const std::string& peer, Channel channel, const Header& header,
+                const std::string& sender, Buffer payload) override;
+  bool try_receive(Message& out) override;
+  PeerEvent take_event(const std::string& peer) override;
+  void wait(std::span<const std::string> writable, std::chrono::milliseconds limit) override;
+  void drop_all() override;
+
+ private:
+  bool room_locked(const std::string& peer, Channel channel);
+  std::shared_ptr<MemoryHub> hub_;
+  std::string endpoint_;
+  bool open_ = true;
+};
+
+}  // namespace loco::collective::detail

@@ -1,0 +1,108 @@
+// The collective's vocabulary: groups, codecs, options, errors and counters. No sockets, no
+// threads: what the socket-free parts (codecs, the in-process all-reduce, the schedule) and
+// their users (diloco's averaging) need, without declaring the Communicator.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loco::collective {
+
+struct Member {
+  std::string name;      // for error messages and logs, e.g. "w3"
+  std::string endpoint;  // the member's Communicator::endpoint(), e.g. "tcp://10.0.0.3:7201"
+};
+
+struct Group {
+  std::vector<Member> members;  // the same list, in the same order, on every member
+  int rank = 0;                 // this process's index in `members`
+  uint64_t round_id = 0;        // data of other rounds is never mixed into this one
+  // Relative sizes of the members' parts, one per member (empty: equal parts). A member that
+  // owns a part of p floats of n sends n - p + (k-1) p of them, so a member on a slower link
+  // should own a smaller part: part_weights_for_rates() (local.hpp) computes them from
+  // measured sending rates. Finite, >= 0, not all 0; the same on every member (they are part
+  // of the group's identity, like its members).
+  std::vector<double> part_weights;
+};
+
+enum class Codec : uint8_t { fp32, fp16, bf16, int8 };
+
+// "fp32" | "fp16" | "bf16" | "int8"; std::nullopt for anything else.
+std::optional<Codec> parse_codec(std::string_view name);
+std::string_view to_string(Codec codec);
+// Encoded bytes for `count` floats (int8 adds a per-chunk header).
+size_t encoded_bytes(Codec codec, size_t count);
+
+struct Options {
+  Codec codec = Codec::fp32;
+  // Liveness. Members send each other keepalives every peer_timeout / 4 on a connection of
+  // their own, beside the data, so that a slow data stream never delays them. A member that
+  // the operation still waits on (data expected from it, or queued for it) is lost when its
+  // connection closes, or when nothing at all (keepalive or data) arrived from it for its
+  // silence window: peer_timeout, widened to twice the longest gap this communicator has seen
+  // between that member's messages (a link that stalls TCP for seconds), at most
+  // 4 x peer_timeout. See liveness.hpp.
+  std::chrono::milliseconds peer_timeout{3000};
+  // Parts are streamed in chunks of this many fp32 bytes (before compression).
+  size_t chunk_bytes = 512 * 1024;
+  // Reject NaN/Inf contributions with a CollectiveError naming the sender.
+  bool reject_nonfinite = true;
+  // ZeroMQ I/O threads of a communicator that owns its context: on loopback the kernel copies
+  // run on them, and two let sends and receives proceed in parallel.
+  int io_threads = 2;
+};
+
+// Any failure of an operation. member() names the member at fault, when one is known.
+class CollectiveError : public std::runtime_error {
+ public:
+  CollectiveError(const std::string& what, std::string member = {})
+      : std::runtime_error(what), member_(std::move(member)) {}
+  const std::string& member() const { return member_; }
+
+ private:
+  std::string member_;
+};
+
+// A member died or went silent during the operation.
+class PeerLostError : public CollectiveError {
+ public:
+  PeerLostError(const std::string& what, std::string peer)
+      : CollectiveError(what, peer), peer_(std::move(peer)) {}
+  const std::string& peer() const { return peer_; }
+
+ private:
+  std::string peer_;
+};
+
+struct Stats {
+  uint64_t bytes_sent = 0;      // payload + loco framing (header frames), all peers
+  uint64_t bytes_received = 0;  // same, of the messages of this operation
+  uint64_t payload_bytes_sent = 0;
+  uint64_t messages_sent = 0;
+  double seconds = 0;
+  // This member's sending rate, rate_bytes / rate_seconds: the payload bytes ZeroMQ had taken
+  // from it when it took its last reduce-scatter chunk, and the time until then (0 and 0 when
+  // it had none to send). Until then it always has data queued, so its own link sets the pace,
+  // not the other members; this is what part_weights_for_rates() wants. Only meaningful when
+  // what it sends is much more than the kernel's socket buffers hold (MBs per peer): a small
+  // vector is taken at once, whatever the link.
+  uint64_t rate_bytes = 0;
+  double rate_seconds = 0;
+};
+
+namespace detail {
+// Test hooks; production code leaves them empty.
+struct Hooks {
+  // Called after each data message this member sends (argument: messages sent so far).
+  std::function<void(uint64_t)> after_send;
+};
+}  // namespace detail
+
+}  // namespace loco::collective

@@ -1,0 +1,58 @@
+#include "runtime/collective/wire.hpp"
+
+#include <bit>
+#include <cstring>
+#include <string_view>
+
+namespace loco::collective::detail {
+
+std::optional<Header> parse_header(std::span<const uint8_t> bytes) {
+  if (bytes.size() != sizeof(Header)) return std::nullopt;
+  Header h;
+  std::memcpy(&h, bytes.data(), sizeof h);
+  if (h.magic != kMagic || h.version != kVersion) return std::nullopt;
+  return h;
+}
+
+uint64_t fingerprint(const Group& g) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::string_view s) {
+    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+    h = (h ^ 0xffu) * 1099511628211ull;
+  };
+  mix(std::to_string(g.members.size()));
+  for (const Member& m : g.members) {
+    mix(m.name);
+    mix(m.endpoint);
+  }
+  for (double w : g.part_weights) {
+    uint64_t bits = std::bit_cast<uint64_t>(w);
+    mix(std::string_view(reinterpret_cast<const char*>(&bits), sizeof bits));
+  }
+  return h;
+}
+
+std::string encode_abort(const Abort& a) {
+  std::string body(1, static_cast<char>(a.kind));
+  body += a.culprit;
+  body.push_back('\0');
+  body += a.message;
+  return body;
+}
+
+std::optional<Abort> decode_abort(std::span<const uint8_t> bytes) {
+  if (bytes.empty() || bytes[0] > static_cast<uint8_t>(AbortKind::mismatch)) return std::nullopt;
+  std::string_view body(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  Abort a;
+  a.kind = static_cast<AbortKind>(bytes[0]);
+  size_t z = body.find('\0', 1);
+  if (z == std::string_view::npos) {
+    a.message = body.substr(1);
+  } else {
+    a.culprit = body.substr(1, z - 1);
+    a.message = body.substr(z + 1);
+  }
+  return a;
+}
+
+}  // namespace loco::collective::detail

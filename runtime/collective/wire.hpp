@@ -1,0 +1,62 @@
+// The collective's wire format, apart from any transport. Internal to the collective.
+//
+// A message is three parts: a fixed binary Header, the sender's member name, and a payload
+// (one encoded chunk, an abort notice, or nothing for a keepalive). Every field of a received
+// header is checked against the operation before it is used; parse_header() only checks that
+// the bytes are a header of this version at all.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "runtime/collective/types.hpp"
+
+namespace loco::collective::detail {
+
+inline constexpr uint32_t kMagic = 0x52414f4cu;  // "LOAR"
+// 3: keepalives and aborts travel on a connection of their own (see liveness.hpp).
+inline constexpr uint8_t kVersion = 3;
+
+// keepalive: "still in this operation", sent to every peer every peer_timeout / 4.
+enum class MsgType : uint8_t { reduce_scatter = 1, all_gather = 2, abort = 3, keepalive = 4 };
+// Why an operation was aborted; peer_lost names a member that is gone, mismatch one whose
+// vector, codec or chunking differs from the group's.
+enum class AbortKind : uint8_t { error = 0, peer_lost = 1, mismatch = 2 };
+
+#pragma pack(push, 1)
+struct Header {
+  uint32_t magic = kMagic;
+  uint8_t version = kVersion;
+  MsgType type = MsgType::keepalive;
+  Codec codec = Codec::fp32;
+  uint8_t reserved = 0;
+  uint32_t sender_rank = 0;
+  uint32_t part = 0;
+  uint64_t group_fp = 0;  // fingerprint() of the sender's group
+  uint64_t round_id = 0;
+  uint64_t total_n = 0;  // length of the sender's whole vector, in floats
+  uint64_t offset = 0;   // first float of the chunk, relative to the part
+  uint64_t count = 0;    // floats in the chunk
+};
+#pragma pack(pop)
+
+// The header in `bytes`, or nullopt when they are not a header of this magic and version.
+std::optional<Header> parse_header(std::span<const uint8_t> bytes);
+
+// Identifies a group: members (names and endpoints, in order) and part weights. Members of
+// different groups that happen to share a round id never mix their data.
+uint64_t fingerprint(const Group& g);
+
+struct Abort {
+  AbortKind kind = AbortKind::error;
+  std::string culprit;  // the member at fault, "" when none is known
+  std::string message;
+};
+std::string encode_abort(const Abort& a);
+// nullopt for an empty payload or an unknown kind.
+std::optional<Abort> decode_abort(std::span<const uint8_t> bytes);
+
+}  // namespace loco::collective::detail

@@ -1,0 +1,52 @@
+// The collective's ZeroMQ transport. Internal to the collective.
+//
+// Each transport binds one ROUTER that only receives, and keeps two DEALERs per peer that
+// only send: one for data, one for control (keepalives, aborts). A message is three frames:
+// header, sender name, payload. A monitor on each DEALER reports a dropped or refused
+// connection: SIGKILL closes a peer's sockets, which is seen long before any timeout.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "runtime/collective/transport.hpp"
+
+namespace zmq {
+class context_t;
+class socket_t;
+}  // namespace zmq
+
+namespace loco::collective::detail {
+
+class ZmqTransport final : public Transport {
+ public:
+  // Binds (CollectiveError if it cannot). "tcp://HOST:0" picks a free port.
+  ZmqTransport(const std::string& bind_endpoint, std::shared_ptr<zmq::context_t> context);
+  ~ZmqTransport() override;
+
+  const std::string& endpoint() const override { return endpoint_; }
+  bool releases_sent_payloads(const std::string& peer) const override;
+  void keep_only(std::span<const std::string> peers, std::chrono::milliseconds linger) override;
+  bool try_send(const std::string& peer, Channel channel, const Header& header,
+                const std::string& sender, Buffer payload) override;
+  bool try_receive(Message& out) override;
+  PeerEvent take_event(const std::string& peer) override;
+  void wait(std::span<const std::string> writable, std::chrono::milliseconds limit) override;
+  void drop_all() override;
+
+  // Every open DEALER lingers this long when the transport is destroyed.
+  void set_linger_on_close(std::chrono::milliseconds linger);
+
+ private:
+  struct Peer;
+  Peer& peer(const std::string& endpoint);
+
+  std::shared_ptr<zmq::context_t> ctx_;
+  std::unique_ptr<zmq::socket_t> router_;
+  std::string endpoint_;
+  std::map<std::string, std::unique_ptr<Peer>> peers_;  // by endpoint
+  uint64_t monitor_serial_ = 0;
+};
+
+}  // namespace loco::collective::detail
