@@ -52,7 +52,14 @@ bool MemoryTransport::try_send(const std::string& peer, Channel channel, const H
   auto it = hub_->members_.find(peer);
   if (it == hub_->members_.end()) return true;
   ++it->second.queued[{endpoint_, channel}];
-  it->second.messages.push_back({Message{header, sender, std::move(payload)}, endpoint_, channel});
+  Clock::time_point at = Clock::now();
+  if (channel == Channel::data && hub_->data_latency_ > Clock::duration::zero()) {
+    Clock::time_point& free_at = it->second.data_free_at[endpoint_];
+    at = std::max(at, free_at) + hub_->data_latency_;
+    free_at = at;
+  }
+  it->second.messages.push_back(
+      {Message{header, sender, std::move(payload)}, endpoint_, channel, at});
   hub_->cv_.notify_all();
   return true;
 }
@@ -60,11 +67,16 @@ bool MemoryTransport::try_send(const std::string& peer, Channel channel, const H
 bool MemoryTransport::try_receive(Message& out) {
   std::lock_guard lock(hub_->m_);
   auto self = hub_->members_.find(endpoint_);
-  if (self == hub_->members_.end() || self->second.messages.empty()) return false;
-  MemoryHub::Queued& q = self->second.messages.front();
-  out = std::move(q.message);
-  --self->second.queued[{q.from, q.channel}];
-  self->second.messages.pop_front();
+  if (self == hub_->members_.end()) return false;
+  // Arrival order; a data message still on its slow link lets later control messages pass.
+  auto& box = self->second.messages;
+  const auto now = Clock::now();
+  auto q = std::find_if(box.begin(), box.end(),
+                        [&](const MemoryHub::Queued& m) { return m.visible_at <= now; });
+  if (q == box.end()) return false;
+  out = std::move(q->message);
+  --self->second.queued[{q->from, q->channel}];
+  box.erase(q);
   hub_->cv_.notify_all();
   return true;
 }
@@ -74,7 +86,11 @@ PeerEvent MemoryTransport::take_event(const std::string& peer) {
   auto self = hub_->members_.find(endpoint_);
   if (self == hub_->members_.end()) return PeerEvent::none;
   auto it = self->second.events.find(peer);
-  if (it == self->second.events.end()) return PeerEvent::none;
+  if (it == self->second.events.end()) {
+    // Like a socket's reconnection attempts, a peer that is not there refuses again and again.
+    bool absent = self->second.connected.count(peer) && !hub_->members_.count(peer);
+    return absent ? PeerEvent::refused : PeerEvent::none;
+  }
   PeerEvent e = it->second;
   self->second.events.erase(it);
   return e;
@@ -82,10 +98,18 @@ PeerEvent MemoryTransport::take_event(const std::string& peer) {
 
 void MemoryTransport::wait(std::span<const std::string> writable, std::chrono::milliseconds limit) {
   std::unique_lock lock(hub_->m_);
-  hub_->cv_.wait_for(lock, limit, [&] {
+  Clock::time_point until = Clock::now() + limit;
+  auto self = hub_->members_.find(endpoint_);
+  if (self != hub_->members_.end()) {
+    for (const MemoryHub::Queued& q : self->second.messages) until = std::min(until, q.visible_at);
+  }
+  hub_->cv_.wait_until(lock, until, [&] {
     auto self = hub_->members_.find(endpoint_);
     if (self == hub_->members_.end()) return true;
-    if (!self->second.messages.empty() || !self->second.events.empty()) return true;
+    const auto now = Clock::now();
+    if (!self->second.events.empty()) return true;
+    for (const MemoryHub::Queued& q : self->second.messages)
+      if (q.visible_at <= now) return true;
     return std::any_of(writable.begin(), writable.end(),
                        [&](const std::string& p) { return room_locked(p, Channel::data); });
   });

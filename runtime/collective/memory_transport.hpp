@@ -11,15 +11,19 @@
 #include <set>
 #include <string>
 
+#include "runtime/collective/liveness.hpp"
 #include "runtime/collective/transport.hpp"
 
 namespace loco::collective::detail {
 
 class MemoryHub {
  public:
-  // Messages a sender may have queued for one receiver on the data channel before try_send
-  // says the queue is full (the control channel takes 64).
-  explicit MemoryHub(size_t data_queue = 8) : data_queue_(data_queue) {}
+  // data_queue: messages a sender may have queued for one receiver on the data channel before
+  // try_send says the queue is full (the control channel takes 64). data_latency: a slow link:
+  // each data message between two members arrives this long after the one before it (or after
+  // it was sent), while control messages arrive at once.
+  explicit MemoryHub(size_t data_queue = 8, Clock::duration data_latency = Clock::duration::zero())
+      : data_queue_(data_queue), data_latency_(data_latency) {}
 
  private:
   friend class MemoryTransport;
@@ -27,17 +31,20 @@ class MemoryHub {
     Message message;
     std::string from;  // the sender's endpoint
     Channel channel;
+    Clock::time_point visible_at;  // when the receiver may have it
   };
   struct Inbox {
     std::deque<Queued> messages;
     std::map<std::pair<std::string, Channel>, size_t> queued;  // by (sender endpoint, channel)
     std::set<std::string> connected;                           // endpoints this member sends to
     std::map<std::string, PeerEvent> events;
+    std::map<std::string, Clock::time_point> data_free_at;  // by sender: when its link is free
   };
   std::mutex m_;
   std::condition_variable cv_;
   std::map<std::string, Inbox> members_;  // by endpoint, while open
   size_t data_queue_;
+  Clock::duration data_latency_;
 };
 
 class MemoryTransport final : public Transport {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/collective/allreduce.hpp"
+#include "runtime/collective/types.hpp"
 
 namespace loco::collective::testing {
 

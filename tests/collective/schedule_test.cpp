@@ -1,0 +1,283 @@
+// The butterfly schedule without sockets (MemoryTransport), and the liveness rules as pure
+// functions of an injected clock.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <thread>
+
+#include "runtime/collective/butterfly.hpp"
+#include "runtime/collective/liveness.hpp"
+#include "runtime/collective/local.hpp"
+#include "runtime/collective/memory_transport.hpp"
+#include "tests/collective/test_util.hpp"
+
+namespace loco::collective::detail {
+namespace {
+
+using namespace std::chrono_literals;
+using collective::testing::make_data;
+
+// K members of one process over a MemoryHub, each with its own workspace.
+struct MemoryGroup {
+  explicit MemoryGroup(int k, Options opts, std::shared_ptr<MemoryHub> hub = nullptr)
+      : options(opts), hub(hub ? std::move(hub) : std::make_shared<MemoryHub>()) {
+    for (int r = 0; r < k; ++r) {
+      transports.push_back(
+          std::make_unique<MemoryTransport>(this->hub, "mem://w" + std::to_string(r)));
+      workspaces.push_back(std::make_unique<Workspace>());
+    }
+  }
+
+  Group group(const std::vector<int>& ranks, int me, uint64_t round) const {
+    Group g;
+    for (int r : ranks) g.members.push_back({"w" + std::to_string(r), transports[r]->endpoint()});
+    g.rank = me;
+    g.round_id = round;
+    return g;
+  }
+
+  // Runs one operation among `ranks`; in[i] and out[i] belong to ranks[i].
+  std::vector<std::exception_ptr> run(const std::vector<int>& ranks, uint64_t round,
+                                      const std::vector<std::vector<float>>& in,
+                                      std::vector<std::vector<float>>& out) {
+    std::vector<std::exception_ptr> errors(ranks.size());
+    std::vector<std::thread> threads;
+    out.assign(ranks.size(), std::vector<float>(in[0].size()));
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      threads.emplace_back([&, i] {
+        try {
+          butterfly_allreduce(*transports[ranks[i]], *workspaces[ranks[i]], options,
+                              group(ranks, static_cast<int>(i), round), in[i].data(), out[i].data(),
+                              in[i].size());
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return errors;
+  }
+
+  Options options;
+  std::shared_ptr<MemoryHub> hub;
+  std::vector<std::unique_ptr<MemoryTransport>> transports;
+  std::vector<std::unique_ptr<Workspace>> workspaces;
+};
+
+std::vector<int> iota(int k) {
+  std::vector<int> v(k);
+  for (int i = 0; i < k; ++i) v[i] = i;
+  return v;
+}
+
+void expect_ok(const std::vector<std::exception_ptr>& errors) {
+  for (size_t i = 0; i < errors.size(); ++i) {
+    if (!errors[i]) continue;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "member " << i << ": " << e.what();
+    }
+  }
+}
+
+// What the Communicator computes is what local_allreduce computes, bit for bit: the schedule
+// alone, over queues in memory, for several group sizes, codecs and chunkings.
+TEST(Schedule, OverMemoryEqualsTheInProcessArithmeticBitForBit) {
+  for (Codec codec : {Codec::fp32, Codec::int8, Codec::bf16}) {
+    for (int k : {2, 3, 5}) {
+      Options o;
+      o.codec = codec;
+      o.chunk_bytes = 4096;
+      MemoryGroup m(k, o);
+      const size_t n = 10'007;
+      std::vector<std::vector<float>> in, out;
+      for (int r = 0; r < k; ++r) in.push_back(make_data(11, r, n));
+      expect_ok(m.run(iota(k), 1, in, out));
+      std::vector<std::span<const float>> spans(in.begin(), in.end());
+      std::vector<float> expected(n);
+      local_allreduce(spans, expected, o);
+      for (int r = 0; r < k; ++r) {
+        ASSERT_EQ(std::memcmp(out[r].data(), expected.data(), n * sizeof(float)), 0)
+            << to_string(codec) << " k=" << k << " member " << r;
+      }
+    }
+  }
+}
+
+// A slow link: every data message takes longer than the peer timeout to arrive, but keepalives
+// travel on the control channel meanwhile, so nobody is taken for lost.
+TEST(Schedule, DataSlowerThanThePeerTimeoutIsNotLoss) {
+  Options o;
+  o.peer_timeout = 200ms;
+  o.chunk_bytes = 4096;
+  auto hub = std::make_shared<MemoryHub>(8, 300ms);
+  MemoryGroup m(3, o, hub);
+  std::vector<std::vector<float>> in, out;
+  for (int r = 0; r < 3; ++r) in.push_back(make_data(5, r, 3 * 1024));  // one chunk per part
+  auto start = Clock::now();
+  expect_ok(m.run(iota(3), 1, in, out));
+  // Two hops of 300 ms each at least: the slow link was really in the way.
+  EXPECT_GE(Clock::now() - start, 600ms);
+  EXPECT_EQ(out[0], out[1]);
+  EXPECT_EQ(out[0], out[2]);
+}
+
+TEST(Schedule, ClosedMemberIsLostBeforeTheTimeout) {
+  Options o;
+  o.peer_timeout = 5000ms;
+  MemoryGroup m(3, o);
+  m.transports[2]->close();  // a process that died before the operation
+  std::vector<std::exception_ptr> errors(2);
+  std::vector<std::vector<float>> data{make_data(1, 0, 1000), make_data(1, 1, 1000)};
+  std::vector<float> out0(1000), out1(1000);
+  auto start = Clock::now();
+  std::thread t0([&] {
+    try {
+      butterfly_allreduce(*m.transports[0], *m.workspaces[0], o, m.group(iota(3), 0, 4),
+                          data[0].data(), out0.data(), 1000);
+    } catch (...) {
+      errors[0] = std::current_exception();
+    }
+  });
+  try {
+    butterfly_allreduce(*m.transports[1], *m.workspaces[1], o, m.group(iota(3), 1, 4),
+                        data[1].data(), out1.data(), 1000);
+  } catch (...) {
+    errors[1] = std::current_exception();
+  }
+  t0.join();
+  EXPECT_LT(Clock::now() - start, 2000ms);
+  for (auto& e : errors) {
+    ASSERT_TRUE(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const PeerLostError& err) {
+      EXPECT_EQ(err.peer(), "w2") << err.what();
+      EXPECT_NE(std::string(err.what()).find("connection closed"), std::string::npos);
+    }
+  }
+}
+
+TEST(Schedule, SilentMemberIsLostAfterItsWindowAndTheOthersGoOn) {
+  Options o;
+  o.peer_timeout = 300ms;
+  MemoryGroup m(3, o);  // w2 is there but never takes part
+  std::vector<std::vector<float>> in{make_data(2, 0, 5000), make_data(2, 1, 5000)}, out;
+  auto start = Clock::now();
+  auto errors = m.run({0, 1}, 9, in, out);  // a group of 2 first: it must not be disturbed
+  expect_ok(errors);
+  std::vector<std::exception_ptr> lost(2);
+  std::vector<std::thread> threads;
+  std::vector<std::vector<float>> res(2, std::vector<float>(5000));
+  start = Clock::now();
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        butterfly_allreduce(*m.transports[r], *m.workspaces[r], o, m.group(iota(3), r, 10),
+                            in[r].data(), res[r].data(), 5000);
+      } catch (...) {
+        lost[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto elapsed = Clock::now() - start;
+  EXPECT_GE(elapsed, 300ms);
+  EXPECT_LT(elapsed, 1500ms);
+  for (auto& e : lost) {
+    ASSERT_TRUE(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const PeerLostError& err) {
+      EXPECT_EQ(err.peer(), "w2") << err.what();
+      EXPECT_NE(std::string(err.what()).find("no data for 0.3 s"), std::string::npos) << err.what();
+    }
+  }
+  // The survivors at once, as a group of two with a new round.
+  expect_ok(m.run({0, 1}, 11, in, out));
+}
+
+TEST(Schedule, SameMembersRetryAfterAFailure) {
+  Options o;
+  o.peer_timeout = 500ms;
+  o.chunk_bytes = 1024;
+  MemoryGroup m(4, o);
+  std::vector<std::vector<float>> in, out;
+  for (int r = 0; r < 4; ++r) in.push_back(make_data(3, r, 4000));
+  for (uint64_t round = 20; round < 30; round += 2) {
+    auto bad = in;
+    bad[round % 4][100] = std::nanf("");
+    auto errors = m.run(iota(4), round, bad, out);
+    for (auto& e : errors) EXPECT_TRUE(e);
+    expect_ok(m.run(iota(4), round + 1, in, out));
+    for (int r = 1; r < 4; ++r) EXPECT_EQ(out[r], out[0]);
+  }
+}
+
+// The rules themselves, with the clock as a parameter.
+TEST(Liveness, OnlyPeersTheOperationWaitsOnAreJudged) {
+  auto rules = LivenessRules::from(3000ms);
+  Clock::time_point t0{};
+  PeerState p;
+  p.heard = t0;
+  EXPECT_EQ(judge(p, t0 + 1h, rules), Verdict::alive);
+  p.expecting = true;
+  EXPECT_EQ(judge(p, t0 + 2900ms, rules), Verdict::alive);
+  EXPECT_EQ(judge(p, t0 + 3100ms, rules), Verdict::silent);
+  p.expecting = false;
+  p.backlog = true;
+  EXPECT_EQ(judge(p, t0 + 3100ms, rules), Verdict::silent);
+}
+
+TEST(Liveness, AClosedConnectionCountsAfterTheGrace) {
+  auto rules = LivenessRules::from(3000ms);
+  Clock::time_point t0{};
+  PeerState p;
+  p.heard = t0;
+  p.expecting = true;
+  p.dropped = t0 + 100ms;
+  EXPECT_EQ(rules.grace, 250ms);
+  EXPECT_EQ(judge(p, t0 + 300ms, rules), Verdict::alive);
+  EXPECT_EQ(judge(p, t0 + 400ms, rules), Verdict::closed);
+  EXPECT_EQ(next_check(p, t0 + 200ms, rules), t0 + 350ms);
+}
+
+TEST(Liveness, TheWindowWidensWithTheGapsAPeerShowedAndStaysBounded) {
+  auto rules = LivenessRules::from(3000ms);
+  Clock::time_point t0{};
+  PeerState p;
+  p.heard = t0;
+  p.expecting = true;
+  // The first message of an operation says when the peer started, not how its link is.
+  note_heard(p, t0 + 10s);
+  EXPECT_EQ(p.longest_gap, Clock::duration::zero());
+  EXPECT_EQ(silence_window(rules, p), 3000ms);
+  note_heard(p, t0 + 10s + 2500ms);  // a TCP stall of 2.5 s on a slow link
+  EXPECT_EQ(silence_window(rules, p), 5000ms);
+  EXPECT_EQ(judge(p, p.heard + 4900ms, rules), Verdict::alive);
+  EXPECT_EQ(judge(p, p.heard + 5100ms, rules), Verdict::silent);
+  note_heard(p, p.heard + 60s);
+  EXPECT_EQ(silence_window(rules, p), 12000ms);  // at most 4 x peer_timeout
+}
+
+TEST(Liveness, KeepalivesAreDueEveryQuarterTimeout) {
+  auto rules = LivenessRules::from(2000ms);
+  Clock::time_point t0{};
+  PeerState p;
+  p.heard = t0;
+  p.keepalive_sent = t0;
+  EXPECT_FALSE(keepalive_due(p, t0 + 400ms, rules));
+  EXPECT_TRUE(keepalive_due(p, t0 + 500ms, rules));
+  // Nothing to judge: the next check is the next keepalive.
+  EXPECT_EQ(next_check(p, t0, rules), t0 + 500ms);
+  p.expecting = true;
+  p.keepalive_sent = t0 + 1900ms;
+  EXPECT_EQ(next_check(p, t0 + 1900ms, rules), t0 + 2000ms);
+}
+
+}  // namespace
+}  // namespace loco::collective::detail
