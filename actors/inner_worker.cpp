@@ -102,24 +102,21 @@ struct InnerWorker::State {
   int64_t shared_state_round = -1;
   FaultPlan fault = FaultPlan::from_env();
   torch::Tensor val_windows;
-  std::unique_ptr<collective::Communicator> comm;
+  collective::Communicator comm;  // one for the worker's life: failed operations leave it ready
 
   State(std::string job, const std::string& spec, int idx)
       : job_id(std::move(job)),
         index(idx),
         cfg(dl::JobConfig::from_yaml(spec)),
-        store(dl::TokenStore::open(cfg.data)) {
-    renew_comm();
-  }
-  // A fresh data socket (on a new port): after a failed all-reduce nothing of
-  // the old connections, queues or peers' endpoints can leak into the next one.
-  void renew_comm() {
+        store(dl::TokenStore::open(cfg.data)),
+        comm("tcp://" + node_host() + ":0", collective_options(cfg)) {}
+
+  static collective::Options collective_options(const dl::JobConfig& cfg) {
     collective::Options o;
     o.codec = dl::codec_of(cfg.compression);
     o.chunk_bytes = size_t(cfg.allreduce.chunk_kb) * 1024;
     o.peer_timeout = std::chrono::milliseconds(std::llround(cfg.allreduce.peer_timeout_s * 1000));
-    comm.reset();
-    comm = std::make_unique<collective::Communicator>("tcp://" + node_host() + ":0", o);
+    return o;
   }
 };
 
@@ -134,7 +131,7 @@ InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
 
 InnerWorker::~InnerWorker() = default;
 
-std::string InnerWorker::endpoint() const { return s_->comm->endpoint(); }
+std::string InnerWorker::endpoint() const { return s_->comm.endpoint(); }
 
 InitResult InnerWorker::init(WorkerInit init) {
   InitResult out;
@@ -255,26 +252,27 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
                                 std::to_string(req.round) + " but its Δ is of round " +
                                 std::to_string(s_->delta_round));
   auto t0 = std::chrono::steady_clock::now();
+  if (req.names.size() != req.endpoints.size() || req.rank < 0 ||
+      size_t(req.rank) >= req.names.size())
+    throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce with " +
+                                std::to_string(req.names.size()) + " names, " +
+                                std::to_string(req.endpoints.size()) + " endpoints and rank " +
+                                std::to_string(req.rank));
   collective::Group g;
   for (size_t i = 0; i < req.names.size(); ++i)
     g.members.push_back({req.names[i], req.endpoints[i]});
   g.rank = req.rank;
   g.round_id = req.op_id;
   if (s_->fault.hits(s_->index, req.round, "reduce"))
-    s_->comm->hooks().after_send = [](uint64_t) { FaultPlan::die(); };
+    s_->comm.hooks().after_send = [](uint64_t) { FaultPlan::die(); };
   // Out of place: Δ stays intact if a member is lost, for the re-formed group.
-  try {
-    s_->comm->allreduce(g, s_->delta, s_->averaged);
-  } catch (...) {
-    s_->renew_comm();  // the aggregator asks every member for its endpoint before a retry
-    throw;
-  }
+  s_->comm.allreduce(g, s_->delta, s_->averaged);
   s_->outer->step(s_->averaged);
   s_->trainer->load_parameters(s_->outer->theta());
   s_->delta_round = -1;
   ReduceResult r;
   r.theta_hash = s_->outer->theta_hash();
-  r.bytes_sent = s_->comm->last_stats().bytes_sent;
+  r.bytes_sent = s_->comm.last_stats().bytes_sent;
   r.seconds = seconds_since(t0);
   return r;
 }

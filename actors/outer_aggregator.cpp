@@ -597,24 +597,6 @@ void OuterAggregator::State::run() {
     std::optional<uint64_t> agreed;
     double reduce_bytes = 0;
     for (uint64_t attempt = 0; !agreed; ++attempt) {
-      if (attempt > 0) {
-        // Members renew their data sockets after a failure: ask for the endpoints again.
-        std::vector<Future<std::string>> eps;
-        for (int m : group) eps.push_back(worker(m).call(&InnerWorker::endpoint));
-        auto got = gather(eps, errors, Millis(60000));
-        std::vector<int> still;
-        for (size_t i = 0; i < group.size(); ++i) {
-          if (got[i]) {
-            slots[size_t(group[i])].endpoint = *got[i];
-            still.push_back(group[i]);
-          } else {
-            release(group[i], "lost before the all-reduce of round " + std::to_string(r + 1) +
-                                  ": " + errors[i].message);
-          }
-        }
-        group = still;
-        if (group.empty()) break;
-      }
       ReduceRequest req;
       req.round = r;
       req.attempt = attempt;

@@ -60,8 +60,11 @@ class Op {
     for (auto& q : urgent_) q.clear();
     for (auto& q : outbox_) q.clear();
   }
-  // Tells the peers (except `except`) that this operation failed, on the control channel.
-  void broadcast_abort(const OpFailure& f, const std::string& except);
+  // Tells the peers that this operation failed, on the control channel; not the ones known to
+  // be gone (the member lost, a closed connection): a socket left reconnecting to a dead
+  // endpoint broke the next operations (CollectiveProcesses.RetriesAfterFailures... fails
+  // when the culprit is sent one).
+  void broadcast_abort(const OpFailure& f);
   // What this operation learnt of the peers' links, for the next one.
   void keep_gaps() {
     for (int p = 0; p < k_ && p < static_cast<int>(peers_.size()); ++p)
@@ -197,11 +200,13 @@ void Op::send_keepalives(Clock::time_point now) {
   }
 }
 
-void Op::broadcast_abort(const OpFailure& f, const std::string& except) {
+void Op::broadcast_abort(const OpFailure& f) {
   auto body = std::make_shared<std::string>(encode_abort({f.kind, f.culprit, f.message}));
   Buffer payload{reinterpret_cast<const uint8_t*>(body->data()), body->size(), body};
   for (int p = 0; p < k_; ++p) {
-    if (p == me_ || g_.members[p].name == except) continue;
+    const bool gone = (f.kind == AbortKind::peer_lost && g_.members[p].name == f.culprit) ||
+                      (p < static_cast<int>(peers_.size()) && peers_[p].dropped);
+    if (p == me_ || gone) continue;
     // Best effort: a peer that cannot take it times out anyway.
     (void)t_.try_send(ep(p), Channel::control, header(MsgType::abort, 0, 0, 0),
                       g_.members[me_].name, payload);
@@ -232,13 +237,23 @@ void Op::handle(Message& m) {
   const Header& h = m.header;
   const bool current = h.round_id == g_.round_id && h.group_fp == fp_;
   if (!current) {
-    int s = rank_of(m.sender);
+    const int s = rank_of(m.sender);
+    const bool member = s >= 0 && s != me_;
     if (h.round_id < g_.round_id) {  // left over from an earlier operation
-      if (s >= 0) stale_round_[s] = h.round_id;
+      if (member) {
+        // Still finishing that one, on its way here: alive. (Its earlier operation is bounded
+        // like ours, so this cannot keep us waiting for long.)
+        note_heard(peers_[s], Clock::now());
+        stale_round_[s] = h.round_id;
+      }
       return;
     }
-    if (s >= 0 && s != me_ && h.round_id > g_.round_id && expecting(s)) {
-      // A member only moves on after sending us all its data of this round.
+    // A later round. Data arrives in order, so a member's data of a later round means that
+    // none of this one is still coming from it. Its control messages prove nothing of the
+    // kind: they overtake data still on its way (and do not count as hearing from it, or two
+    // members each in another round could keep each other waiting for ever).
+    const bool data = h.type == MsgType::reduce_scatter || h.type == MsgType::all_gather;
+    if (member && data && expecting(s)) {
       throw OpFailure{AbortKind::error, m.sender,
                       "member " + who(s) + " sent data for round " + std::to_string(h.round_id) +
                           " while round " + std::to_string(g_.round_id) +
@@ -628,7 +643,7 @@ void butterfly_allreduce(Transport& t, Workspace& ws, const Options& options, co
   } catch (const OpFailure& f) {
     op.keep_gaps();
     abandon(t, ws, op);
-    if (f.broadcast) op.broadcast_abort(f, f.kind == AbortKind::peer_lost ? f.culprit : "");
+    if (f.broadcast) op.broadcast_abort(f);
     spdlog::warn("collective: {}", f.message);
     if (f.kind == AbortKind::peer_lost) throw PeerLostError(f.message, f.culprit);
     throw CollectiveError(f.message, f.culprit);

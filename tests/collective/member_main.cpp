@@ -6,7 +6,12 @@
 // tcp://127.0.0.1:0, prints "endpoint EP", runs one all-reduce and prints "ok HASH" or
 // "error MEMBER MESSAGE". MODE: normal | nan | longer | round+1 | stall:N (after N data
 // messages print "stalled" and wait on stdin, for at most 60 s, to be killed) | pause:N (the
-// same, but go on with the operation once a line arrives on stdin).
+// same, but go on with the operation once a line arrives on stdin) | serve (no PEERS: runs
+// the operations that stdin asks for, one line each, as a worker runs the aggregator's, on the
+// same communicator: "op ROUND MODE PEER..." with the endpoints spelled out, and the member's
+// own data (by RANK) whatever its rank in that group; "quit" ends it) | repeat:N (N operations
+// on PEERS, round ids ROUND, ROUND+1, ..., one result line each).
+// LOCO_MEMBER_BIND, if set, is the endpoint to bind instead of tcp://127.0.0.1:0.
 #include <poll.h>
 #include <unistd.h>
 
@@ -14,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include "runtime/collective/allreduce.hpp"
@@ -22,7 +28,7 @@
 using namespace loco::collective;
 
 int main(int argc, char** argv) {
-  if (argc < 11) {
+  if (argc < 10 || (argc < 11 && std::string(argv[9]) != "serve")) {
     std::cerr
         << "usage: collective_member NAME RANK ROUND N SEED CODEC TIMEOUT_MS CHUNK MODE PEERS...\n";
     return 2;
@@ -38,38 +44,81 @@ int main(int argc, char** argv) {
   opts.chunk_bytes = std::strtoull(argv[8], nullptr, 10);
   std::string mode = argv[9];
 
-  Communicator comm("tcp://127.0.0.1:0", opts);
+  const char* bind = getenv("LOCO_MEMBER_BIND");
+  Communicator comm(bind ? bind : "tcp://127.0.0.1:0", opts);
   std::cout << "endpoint " << comm.endpoint() << std::endl;
 
-  Group g;
-  g.rank = rank;
-  g.round_id = mode == "round+1" ? round + 1 : round;
-  for (int i = 10; i < argc; ++i) {
-    std::string a = argv[i];
-    auto eq = a.find('=');
-    std::string ep = a.substr(eq + 1);
-    g.members.push_back({a.substr(0, eq), ep == "self" ? comm.endpoint() : ep});
+  auto group_of = [&](uint64_t round_id, const std::vector<std::string>& peers) {
+    Group g;
+    g.round_id = round_id;
+    for (const std::string& a : peers) {
+      auto eq = a.find('=');
+      std::string ep = a.substr(eq + 1);
+      if (a.substr(0, eq) == name) g.rank = static_cast<int>(g.members.size());
+      g.members.push_back({a.substr(0, eq), ep == "self" ? comm.endpoint() : ep});
+    }
+    return g;
+  };
+  auto run_op = [&](uint64_t round_id, const std::string& op_mode,
+                    const std::vector<std::string>& peers) {
+    Group g = group_of(op_mode == "round+1" ? round_id + 1 : round_id, peers);
+    std::vector<float> data = testing::make_data(seed, rank, op_mode == "longer" ? n + 5 : n);
+    if (op_mode == "nan" && !data.empty()) data[data.size() / 2] = std::nanf("");
+    comm.hooks().after_send = nullptr;
+    if (op_mode.rfind("stall:", 0) == 0 || op_mode.rfind("pause:", 0) == 0) {
+      uint64_t after = std::strtoull(op_mode.c_str() + 6, nullptr, 10);
+      bool resume = op_mode[0] == 'p';
+      comm.hooks().after_send = [after, resume](uint64_t sent) {
+        if (sent != after) return;
+        std::cout << "stalled" << std::endl;
+        pollfd p{0, POLLIN, 0};
+        ::poll(&p, 1, 60'000);  // the test kills or resumes us long before
+        if (!resume) std::_Exit(3);
+        std::string line;
+        std::getline(std::cin, line);
+      };
+    }
+    try {
+      comm.allreduce(g, std::span<float>(data));
+      std::cout << "ok " << testing::hash_floats(data) << std::endl;
+    } catch (const CollectiveError& e) {
+      std::cout << "error " << e.member() << " " << e.what() << std::endl;
+    }
+  };
+
+  if (mode.rfind("repeat:", 0) == 0) {
+    const uint64_t times = std::strtoull(mode.c_str() + 7, nullptr, 10);
+    std::vector<std::string> peers(argv + 10, argv + argc);
+    for (uint64_t i = 0; i < times; ++i) run_op(round + i, "normal", peers);
+    // A last operation as a barrier before exiting: a member that closes its sockets while
+    // data of the last operation is still on its way to it is lost to the others. Its own
+    // result is not reported.
+    Group g = group_of(round + times, peers);
+    float one = 1;
+    try {
+      comm.allreduce(g, std::span<float>(&one, 1));
+    } catch (const CollectiveError&) {
+    }
+    return 0;
   }
-  std::vector<float> data = testing::make_data(seed, rank, mode == "longer" ? n + 5 : n);
-  if (mode == "nan" && !data.empty()) data[data.size() / 2] = std::nanf("");
-  if (mode.rfind("stall:", 0) == 0 || mode.rfind("pause:", 0) == 0) {
-    uint64_t after = std::strtoull(mode.c_str() + 6, nullptr, 10);
-    bool resume = mode[0] == 'p';
-    comm.hooks().after_send = [after, resume](uint64_t sent) {
-      if (sent != after) return;
-      std::cout << "stalled" << std::endl;
-      pollfd p{0, POLLIN, 0};
-      ::poll(&p, 1, 60'000);  // the test kills or resumes us long before
-      if (!resume) std::_Exit(3);
-      std::string line;
-      std::getline(std::cin, line);
-    };
+  if (mode != "serve") {
+    run_op(round, mode, std::vector<std::string>(argv + 10, argv + argc));
+    return 0;
   }
-  try {
-    comm.allreduce(g, std::span<float>(data));
-    std::cout << "ok " << testing::hash_floats(data) << std::endl;
-  } catch (const CollectiveError& e) {
-    std::cout << "error " << e.member() << " " << e.what() << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream words(line);
+    std::string verb, op_mode;
+    uint64_t op_round = 0;
+    words >> verb;
+    if (verb == "quit") break;
+    if (verb != "op" || !(words >> op_round >> op_mode)) {
+      std::cout << "error - bad command: " << line << std::endl;
+      continue;
+    }
+    std::vector<std::string> peers;
+    for (std::string p; words >> p;) peers.push_back(p);
+    run_op(op_round, op_mode, peers);
   }
   return 0;
 }

@@ -9,12 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <iostream>
 #include <thread>
 
 #include "runtime/collective/allreduce.hpp"
+#include "runtime/collective/local.hpp"
 #include "tests/collective/test_util.hpp"
 
 extern char** environ;
@@ -337,6 +339,108 @@ TEST(CollectiveProcesses, InputIsNotReadAfterAFailedOperationReturns) {
   std::string line = run.child->read_result(std::chrono::seconds(30));
   EXPECT_EQ(line.rfind("error ", 0), 0u) << line;
   for (float* p : inputs) munmap(p, bytes);
+}
+
+// Every member a process of its own, driven the way the aggregator drives workers: one
+// operation after another on the same communicators, with failures in between and the CPU
+// oversubscribed. Before, a failed all-reduce left state behind that livelocked a retry under
+// load, and workers threw their communicator away after each failure (and the aggregator asked
+// every member for its new endpoint). A failed operation must leave a communicator ready for
+// the next one, whoever is in it.
+TEST(CollectiveProcesses, RetriesAfterFailuresSucceedUnderLoadOnTheSameCommunicators) {
+  const int k = 4;
+  const size_t n = 1'000'000;
+  const int64_t timeout_ms = 1000;
+  std::vector<std::unique_ptr<Child>> members;
+  std::vector<std::string> endpoints;
+  for (int r = 0; r < k; ++r) {
+    members.push_back(std::make_unique<Child>(std::vector<std::string>{
+        LOCO_COLLECTIVE_MEMBER, "w" + std::to_string(r), std::to_string(r), "0", std::to_string(n),
+        "5", "fp32", std::to_string(timeout_ms), std::to_string(64 * 1024), "serve"}));
+    std::string line = members[r]->read_result(std::chrono::seconds(10));
+    ASSERT_EQ(line.rfind("endpoint ", 0), 0u) << line;
+    endpoints.push_back(line.substr(9));
+  }
+  // Runs one operation among `ranks`; `modes[i]` for ranks[i]. Returns each member's line.
+  auto op = [&](uint64_t round, const std::vector<int>& ranks,
+                const std::vector<std::string>& modes) {
+    std::string peers;
+    for (int r : ranks) peers += " w" + std::to_string(r) + "=" + endpoints[r];
+    for (size_t i = 0; i < ranks.size(); ++i)
+      members[ranks[i]]->write_line("op " + std::to_string(round) + " " + modes[i] + peers);
+    std::vector<std::string> lines(ranks.size());
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (modes[i].rfind("stall:", 0) == 0) {
+        EXPECT_EQ(members[ranks[i]]->read_result(std::chrono::seconds(60)), "stalled");
+        members[ranks[i]]->sigkill();
+        lines[i] = "killed";
+      }
+    }
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      // Bounded: every wait inside is, and a livelock shows here as an empty line.
+      if (lines[i].empty()) lines[i] = members[ranks[i]]->read_result(std::chrono::seconds(60));
+    }
+    return lines;
+  };
+  auto expected_hash = [&](const std::vector<int>& ranks) {
+    std::vector<std::vector<float>> in;
+    for (int r : ranks) in.push_back(testing::make_data(5, r, n));
+    std::vector<std::span<const float>> spans(in.begin(), in.end());
+    std::vector<float> out(n);
+    Options o;
+    o.chunk_bytes = 64 * 1024;
+    local_allreduce(spans, out, o);
+    return "ok " + std::to_string(testing::hash_floats(out));
+  };
+
+  // Oversubscribe the CPU for the rest of the test (the machines that run this have 2 cores).
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> hogs;
+  for (int i = 0; i < 3; ++i) {
+    hogs.emplace_back([&stop] {
+      volatile uint64_t x = 0;
+      while (!stop.load(std::memory_order_relaxed)) x = x + 1;
+    });
+  }
+  // 1. A member dies in the middle of an operation: the others name it.
+  auto lines = op(1, {0, 1, 2, 3}, {"normal", "normal", "normal", "stall:10"});
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(lines[r].rfind("error w3 ", 0), 0u) << "w" << r << ": " << lines[r];
+  // 2. The survivors again and again, a failure (NaN) every other time, same communicators.
+  const std::string ok3 = expected_hash({0, 1, 2});
+  for (uint64_t round = 2; round < 12; ++round) {
+    const bool fail = round % 2 == 1;
+    const int culprit = static_cast<int>(round % 3);
+    std::vector<std::string> modes(3, "normal");
+    if (fail) modes[culprit] = "nan";
+    lines = op(round, {0, 1, 2}, modes);
+    for (int r = 0; r < 3; ++r) {
+      if (fail) {
+        EXPECT_EQ(lines[r].rfind("error w" + std::to_string(culprit) + " ", 0), 0u)
+            << "round " << round << " w" << r << ": " << lines[r];
+      } else {
+        EXPECT_EQ(lines[r], ok3) << "round " << round << " w" << r;
+      }
+    }
+  }
+  // 3. The dead member still in the group (nobody has told the caller yet) and another
+  // member's NaN: every operation with it fails, and the next ones without it succeed.
+  for (uint64_t round = 12; round < 18; round += 2) {
+    std::string peers;
+    for (int r = 0; r < k; ++r) peers += " w" + std::to_string(r) + "=" + endpoints[r];
+    for (int r = 0; r < 3; ++r)
+      members[r]->write_line("op " + std::to_string(round) + (r == 0 ? " nan" : " normal") + peers);
+    for (int r = 0; r < 3; ++r) {
+      lines[r] = members[r]->read_result(std::chrono::seconds(60));
+      EXPECT_EQ(lines[r].rfind("error ", 0), 0u)
+          << "round " << round << " w" << r << ": " << lines[r];
+    }
+    lines = op(round + 1, {0, 1, 2}, {"normal", "normal", "normal"});
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(lines[r], ok3) << "round " << round + 1 << " w" << r;
+  }
+  stop = true;
+  for (auto& t : hogs) t.join();
+  for (int r = 0; r < 3; ++r) members[r]->write_line("quit");
 }
 
 struct BadCase {
