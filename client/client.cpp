@@ -63,26 +63,41 @@ JobEvents JobHandle::poll(std::string& cursor, int max) {
   return ev;
 }
 
-std::optional<RoundReport> JobHandle::Watch::next() {
+std::optional<JobHandle::Update> JobHandle::Watch::next_update() {
   Backoff idle(Millis(50), Millis(500));
   while (true) {
-    while (pos_ < pending_.size()) {
+    if (pos_ < pending_.size()) {
       const JobEvent& e = pending_[pos_++];
-      if (e.kind != "report") continue;
-      JobProgress p = msgpack::unpack(e.data.data(), e.data.size()).get().as<JobProgress>();
-      return RoundReport::from(p);
+      Update u;
+      if (e.kind == "report") {
+        JobProgress p = msgpack::unpack(e.data.data(), e.data.size()).get().as<JobProgress>();
+        u.report = RoundReport::from(p);
+      } else {
+        u.line = e.data;
+      }
+      return u;
     }
+    if (ended_ || (stop_ && stop_->load())) return std::nullopt;
     pending_.clear();
     pos_ = 0;
     JobEvents ev = job_->poll(job_->cursor_);
     pending_ = std::move(ev.events);
     if (pending_.empty()) {
-      if (ev.job.finished()) return std::nullopt;
+      if (ev.job.finished()) {
+        ended_ = std::move(ev.job);
+        return std::nullopt;
+      }
       std::this_thread::sleep_for(idle.next());
     } else {
       idle.reset();
     }
   }
+}
+
+std::optional<RoundReport> JobHandle::Watch::next() {
+  while (auto u = next_update())
+    if (u->report) return std::move(u->report);
+  return std::nullopt;
 }
 
 JobHandle::Watch::iterator& JobHandle::Watch::iterator::operator++() {

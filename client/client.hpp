@@ -5,6 +5,7 @@
 //   loco::JobHandle job = client.submit(loco::JobSpec::from_yaml_file("job.yaml"));
 //   for (const loco::RoundReport& r : job.watch()) { ... }
 //   job.wait();
+#include <atomic>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,7 +50,16 @@ class JobHandle {
   JobHandle(Runtime rt, std::string id) : rt_(std::move(rt)), id_(std::move(id)) {}
   const std::string& id() const { return id_; }
 
-  // Reports as they come, until the job ends. Single pass.
+  // One entry of the job's event log, decoded: a round's report, or a line
+  // of its log.
+  struct Update {
+    std::optional<RoundReport> report;  // set for a report
+    std::string line;                   // the log line otherwise
+  };
+
+  // The job's events as they come, until the job ends or `*stop` (when given)
+  // becomes true; it is read between polls. Iterating gives the reports only;
+  // next_update() gives log lines too. Single pass.
   class Watch {
    public:
     class iterator {
@@ -66,18 +76,28 @@ class JobHandle {
       Watch* w_ = nullptr;
       RoundReport current_;
     };
-    explicit Watch(JobHandle* job) : job_(job) {}
+    explicit Watch(JobHandle* job, const std::atomic<bool>* stop = nullptr)
+        : job_(job), stop_(stop) {}
     iterator begin() { return iterator(this); }
     iterator end() { return iterator(); }
+
+    // The next report or log line; nullopt once the job has ended (ended()
+    // then holds its final record) or `*stop` became true.
+    std::optional<Update> next_update();
+    // The job's final record once the watch has seen it end; nullopt before,
+    // and when it was stopped first.
+    const std::optional<JobInfo>& ended() const { return ended_; }
 
    private:
     friend class iterator;
     std::optional<RoundReport> next();
     JobHandle* job_;
+    const std::atomic<bool>* stop_;
     std::vector<JobEvent> pending_;
     size_t pos_ = 0;
+    std::optional<JobInfo> ended_;
   };
-  Watch watch() { return Watch(this); }
+  Watch watch(const std::atomic<bool>* stop = nullptr) { return Watch(this, stop); }
 
   // Log lines and reports since `cursor` (advanced); the job's current record.
   JobEvents poll(std::string& cursor, int max = 1000);

@@ -1,7 +1,7 @@
 // One DiLoCo worker's algorithm: the inner trainer (model replica, AdamW with
 // warmup + cosine, clipping, accumulation, its data shards) and the outer
 // optimizer (θ_global and the Nesterov momentum, fp32). Nothing here knows
-// actors or sockets; the simulator and issue 4's InnerWorker both drive it:
+// actors or sockets; the simulator and the distributed InnerWorker both drive it:
 //
 //   trainer.run_inner_steps(H);
 //   trainer.pseudo_gradient(outer.theta(), delta);      // Δ = θ − θ_local

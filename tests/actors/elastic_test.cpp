@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "tests/actors/job_util.hpp"
+#include "tests/support/eventually.hpp"
 
 namespace loco::testing {
 namespace {
@@ -57,14 +58,18 @@ std::optional<std::pair<int64_t, std::string>> first_line(JobHandle& job,
 }
 
 // Waits (bounded) until the job's log has a line containing `needle`.
+// A job that ended without the line stops the wait early.
 bool wait_for_line(JobHandle& job, const std::string& needle, Millis timeout) {
-  Backoff idle(Millis(50), Millis(500));
-  for (int64_t end = now_ms() + timeout.count(); now_ms() < end;) {
-    if (first_line(job, needle)) return true;
-    if (job.info().finished()) return bool(first_line(job, needle));
-    std::this_thread::sleep_for(idle.next());
-  }
-  return false;
+  bool seen = false;
+  (void)eventually(
+      [&] {
+        seen = bool(first_line(job, needle));
+        if (seen || !job.info().finished()) return seen;
+        seen = bool(first_line(job, needle));  // written just before the end
+        return true;
+      },
+      timeout, Millis(100));
+  return seen;
 }
 
 // Long jobs (kLong rounds) that a test cancels once it has seen what it came

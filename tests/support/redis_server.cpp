@@ -21,13 +21,13 @@
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
-#include <thread>
+
+#include "tests/support/eventually.hpp"
 
 namespace loco::testing {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 // Polling interval while waiting for the server to start or exit.
@@ -141,7 +141,7 @@ void RedisServer::start() {
     if (choose_port) port_ = free_tcp_port();
     if (port_ == 0) port_ = options_.port;
     spawn();
-    if (wait_ready(Clock::now() + options_.start_timeout, why)) return;
+    if (wait_ready(why)) return;
     kill();
     if (why.find("Address already in use") == std::string::npos) break;
   }
@@ -204,23 +204,24 @@ void RedisServer::spawn() {
   pid_ = pid;
 }
 
-bool RedisServer::wait_ready(Clock::time_point deadline, std::string& why) {
-  while (true) {
-    if (reap(false)) {
-      why = "it exited";
-      const std::string tail = log_tail();
-      if (tail.find("Address already in use") != std::string::npos)
-        why += " (Address already in use)";
-      return false;
-    }
-    if (answers_ping(port_, why)) return true;
-    if (Clock::now() >= deadline) {
-      why =
-          "no PONG within " + std::to_string(options_.start_timeout.count()) + " ms (" + why + ")";
-      return false;
-    }
-    std::this_thread::sleep_for(kPoll);
+bool RedisServer::wait_ready(std::string& why) {
+  bool exited = false;
+  const bool answered = eventually(
+      [&] {
+        exited = reap(false);
+        return exited || answers_ping(port_, why);
+      },
+      options_.start_timeout, kPoll);
+  if (exited) {
+    why = "it exited";
+    const std::string tail = log_tail();
+    if (tail.find("Address already in use") != std::string::npos)
+      why += " (Address already in use)";
+    return false;
   }
+  if (answered) return true;
+  why = "no PONG within " + std::to_string(options_.start_timeout.count()) + " ms (" + why + ")";
+  return false;
 }
 
 bool RedisServer::reap(bool block) {
@@ -241,14 +242,7 @@ void RedisServer::stop() {
   if (!running()) return;
   ::kill(pid_, SIGTERM);
   ::kill(pid_, SIGCONT);  // a paused server must run to handle SIGTERM
-  const auto deadline = Clock::now() + options_.stop_timeout;
-  while (!reap(false)) {
-    if (Clock::now() >= deadline) {
-      kill();
-      return;
-    }
-    std::this_thread::sleep_for(kPoll);
-  }
+  if (!eventually([&] { return reap(false); }, options_.stop_timeout, kPoll)) kill();
 }
 
 void RedisServer::kill() {

@@ -82,7 +82,8 @@ class RedisServer {
 
  private:
   void spawn();
-  bool wait_ready(std::chrono::steady_clock::time_point deadline, std::string& why);
+  // Until it answers PING, exits, or start_timeout passes; `why` says which.
+  bool wait_ready(std::string& why);
   bool reap(bool block);  // true once the child has exited
   std::string log_tail() const;
 

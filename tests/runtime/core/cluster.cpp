@@ -6,7 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
-#include <thread>
+
+#include "tests/support/eventually.hpp"
 
 namespace fs = std::filesystem;
 
@@ -50,13 +51,13 @@ std::string LocalCluster::start_process(std::vector<std::string> argv, const std
   o.log_path = dir_ + "/" + name + ".log";
   if (!opts_.plugins.empty()) o.env["LOCO_PLUGIN_PATH"] = opts_.plugins;
   out.emplace(argv, o);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!fs::exists(ready)) {
+  auto ready_or_exited = [&] {
+    if (fs::exists(ready)) return true;
     if (!out->running()) throw std::runtime_error(name + " exited early; see " + o.log_path);
-    if (std::chrono::steady_clock::now() > deadline)
-      throw std::runtime_error(name + " did not become ready in 20 s; see " + o.log_path);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+    return false;
+  };
+  if (!eventually(ready_or_exited, std::chrono::seconds(20), std::chrono::milliseconds(10)))
+    throw std::runtime_error(name + " did not become ready in 20 s; see " + o.log_path);
   std::string addr;
   std::ifstream(ready) >> addr;
   return addr;
@@ -92,17 +93,17 @@ std::vector<std::string> LocalCluster::node_addresses() const {
 }
 
 bool LocalCluster::wait_alive_nodes(int n, Millis timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    try {
-      int alive = 0;
-      for (auto& ns : runtime_->status().nodes) alive += ns.node.state == "alive";
-      if (alive == n) return true;
-    } catch (const ClusterError&) {
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
+  return eventually(
+      [&] {
+        try {
+          int alive = 0;
+          for (auto& ns : runtime_->status().nodes) alive += ns.node.state == "alive";
+          return alive == n;
+        } catch (const ClusterError&) {
+          return false;
+        }
+      },
+      timeout);
 }
 
 }  // namespace loco::testing

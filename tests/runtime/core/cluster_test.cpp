@@ -12,6 +12,7 @@
 #include "runtime/core/server.hpp"
 #include "runtime/membership/store.hpp"
 #include "tests/runtime/core/test_actors.hpp"
+#include "tests/support/eventually.hpp"
 
 namespace loco::testing {
 namespace {
@@ -160,9 +161,7 @@ TEST(Cluster, ActorWithoutRestartsIsDeadAfterItsNodeDies) {
   c.node(a.address()).kill();
   EXPECT_THROW((void)a.call(&Counter::sleep_ms, 20000).get(Millis(10000)), ActorDiedError);
   // Once the head has caught up, the handle says the actor is dead, and why.
-  auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (rt.locate(a.id()).state != "dead" && Clock::now() < deadline)
-    std::this_thread::sleep_for(Millis(20));
+  (void)eventually([&] { return rt.locate(a.id()).state == "dead"; }, std::chrono::seconds(10));
   try {
     (void)a.call(&Counter::get).get(Millis(5000));
     FAIL();
@@ -348,19 +347,18 @@ TEST(Cluster, RedisLostWhileRunningNodesRetryAndCarryOn) {
   // Outlast the detection time, then bring Redis back.
   std::this_thread::sleep_for(Millis(2500));
   c.redis().start();
-  auto deadline = Clock::now() + std::chrono::seconds(15);
-  bool ok = false;
-  while (!ok && Clock::now() < deadline) {
+  auto recovered = [&] {
     try {
       ClusterStatus st = rt.status();
       int alive = 0;
       for (auto& n : st.nodes) alive += n.node.state == "alive";
-      ok = alive == 3 && st.actors.size() == 1 && st.actors[0].state == "alive";
+      return alive == 3 && st.actors.size() == 1 && st.actors[0].state == "alive";
     } catch (const Error&) {
+      return false;
     }
-    if (!ok) std::this_thread::sleep_for(Millis(50));
-  }
-  EXPECT_TRUE(ok) << "cluster did not recover after Redis came back";
+  };
+  EXPECT_TRUE(eventually(recovered, std::chrono::seconds(15), Millis(50)))
+      << "cluster did not recover after Redis came back";
   EXPECT_EQ(rt.get_actor<Counter>("survivor").call(&Counter::add, 1).get(Millis(5000)), 2);
   auto b = rt.spawn<Counter>(ActorOptions(), 3);
   EXPECT_EQ(b.call(&Counter::get).get(Millis(5000)), 3);
@@ -379,12 +377,7 @@ std::string read_file(const std::string& path) {
 
 // Polls `path` until it contains `needle` or `timeout` passes.
 bool wait_for_text(const std::string& path, const std::string& needle, Millis timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (read_file(path).find(needle) != std::string::npos) return true;
-    std::this_thread::sleep_for(Millis(20));
-  }
-  return false;
+  return eventually([&] { return read_file(path).find(needle) != std::string::npos; }, timeout);
 }
 
 TEST(Cli, UpStartsAWholeClusterAndCtrlCStopsAllOfIt) {

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/eventually.hpp"
 #include "tests/support/redis_server.hpp"
 
 namespace loco::membership {
@@ -79,13 +80,7 @@ class StoreTest : public ::testing::TestWithParam<Backend> {
 
   // True once `done` holds: at once for memory, polling for at most 5 s on Redis.
   bool eventually(const std::function<bool()>& done) {
-    if (memory()) return done();
-    const auto deadline = Clock::now() + 5s;
-    while (!done()) {
-      if (Clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(10ms);
-    }
-    return true;
+    return memory() ? done() : loco::testing::eventually(done, 5s, 10ms);
   }
 
   std::atomic<int64_t> now_ms_{1'000'000};

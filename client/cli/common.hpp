@@ -1,5 +1,6 @@
 #pragma once
 // Pieces shared by the `loco` subcommands.
+#include <atomic>
 #include <string>
 
 namespace loco::cli {
@@ -11,5 +12,10 @@ std::string state_dir();
 // this machine started last, else 127.0.0.1:7070.
 std::string head_address(const std::string& flag);
 void setup_logging();
+
+// SIGINT and SIGTERM set stop_requested() instead of ending the process;
+// SIGPIPE is ignored. For the commands that run until stopped.
+void install_signal_handlers();
+const std::atomic<bool>& stop_requested();
 
 }  // namespace loco::cli

@@ -1,0 +1,202 @@
+// loco start, loco stop: the head and nodes of this machine.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "client/cli/commands.hpp"
+#include "client/cli/common.hpp"
+#include "client/process.hpp"
+#include "runtime/core/server.hpp"
+
+namespace fs = std::filesystem;
+
+namespace loco::cli {
+namespace {
+
+std::string default_plugin_dir() { return executable_dir() + "/../plugins"; }
+
+// ---- loco start ---------------------------------------------------------------
+
+struct StartArgs {
+  bool head = false;
+  int port = -1;
+  std::string host = "0.0.0.0";
+  std::string advertise;
+  std::string redis;
+  std::string address;
+  std::string resources;
+  std::vector<std::string> plugins;
+  int64_t detect_ms = 2000;
+  size_t max_message_bytes = size_t(1) << 30;
+  bool block = false;
+  std::string ready_file;  // internal: written once serving
+};
+
+int start_blocking(const StartArgs& a) {
+  install_signal_handlers();
+  auto ready = [&](const std::string& addr) {
+    if (a.ready_file.empty()) return;
+    std::string tmp = a.ready_file + ".tmp";
+    std::ofstream(tmp) << addr << "\n";
+    fs::rename(tmp, a.ready_file);
+  };
+  std::string advertise = a.advertise;
+  if (advertise.empty() && a.host != "0.0.0.0") advertise = a.host;
+  if (advertise.empty()) advertise = "127.0.0.1";
+  if (a.head) {
+    HeadConfig cfg;
+    cfg.bind = "tcp://" + a.host + ":" + std::to_string(a.port < 0 ? 7070 : a.port);
+    cfg.advertise = advertise;
+    cfg.redis_url = a.redis;
+    cfg.detect_ms = a.detect_ms;
+    cfg.max_message_bytes = a.max_message_bytes;
+    return run_head(cfg, stop_requested(), ready);
+  }
+  NodeConfig cfg;
+  cfg.head_address = head_address(a.address);
+  cfg.bind = "tcp://" + a.host + ":" + std::to_string(a.port < 0 ? 0 : a.port);
+  cfg.advertise = advertise;
+  try {
+    cfg.resources = parse_resources(a.resources);
+  } catch (const std::exception& e) {
+    spdlog::error("--resources: {}", e.what());
+    return 2;
+  }
+  cfg.plugins = a.plugins;
+  // $LOCO_PLUGIN_PATH (colon-separated files or folders) replaces the default
+  // folder next to the binary; --plugin adds to either.
+  if (const char* p = std::getenv("LOCO_PLUGIN_PATH")) {
+    std::stringstream ss(p);
+    for (std::string part; std::getline(ss, part, ':');)
+      if (!part.empty()) cfg.plugins.push_back(part);
+  } else if (fs::is_directory(default_plugin_dir())) {
+    cfg.plugins.push_back(default_plugin_dir());
+  }
+  cfg.max_message_bytes = a.max_message_bytes;
+  return run_node(cfg, stop_requested(), ready);
+}
+
+// Runs `loco start ... --block` detached, waits until it serves, records its pid.
+int start_daemon(const StartArgs& a, const std::vector<std::string>& raw_args) {
+  std::string dir = state_dir();
+  fs::create_directories(dir + "/pids");
+  fs::create_directories(dir + "/logs");
+  std::string tag = (a.head ? "head-" : "node-") + std::to_string(::time(nullptr)) + "-" +
+                    std::to_string(::getpid());
+  std::string log = dir + "/logs/" + tag + ".log";
+  std::string ready = dir + "/" + tag + ".ready";
+  std::vector<std::string> argv = {executable_dir() + "/loco", "start"};
+  argv.insert(argv.end(), raw_args.begin(), raw_args.end());
+  argv.push_back("--block");
+  argv.push_back("--ready-file=" + ready);
+  Subprocess::Options opts;
+  opts.log_path = log;
+  opts.die_with_parent = false;
+  opts.new_session = true;
+  Subprocess child(argv, opts);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+  while (!fs::exists(ready)) {
+    if (!child.running() || std::chrono::steady_clock::now() > deadline) {
+      std::cerr << "loco start: the " << (a.head ? "head" : "node") << " did not come up; log "
+                << log << ":\n";
+      std::ifstream f(log);
+      std::cerr << f.rdbuf();
+      if (child.running()) child.kill();
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::string addr;
+  std::ifstream(ready) >> addr;
+  fs::remove(ready);
+  std::ofstream(dir + "/pids/" + std::to_string(child.pid()))
+      << (a.head ? "head " : "node ") << addr << "\n";
+  if (a.head) std::ofstream(dir + "/head_address") << addr << "\n";
+  std::cout << (a.head ? "head" : "node") << " serving at " << addr << " (pid " << child.pid()
+            << ", log " << log << ")\n";
+  if (a.head) std::cout << "join more nodes with: loco start --address " << addr << "\n";
+  child.release();  // leave it running
+  return 0;
+}
+
+// ---- loco stop ----------------------------------------------------------------
+
+bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+int stop_local(int grace_ms) {
+  std::string dir = state_dir() + "/pids";
+  if (!fs::is_directory(dir)) {
+    std::cout << "no loco processes started from this machine\n";
+    return 0;
+  }
+  std::vector<pid_t> pids;
+  for (auto& e : fs::directory_iterator(dir)) {
+    pid_t pid = std::atoi(e.path().filename().c_str());
+    if (pid > 0 && alive(pid)) {
+      ::kill(pid, SIGTERM);
+      pids.push_back(pid);
+    } else {
+      fs::remove(e.path());
+    }
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
+  for (pid_t pid : pids) {
+    while (alive(pid) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    bool forced = alive(pid);
+    if (forced) ::kill(pid, SIGKILL);
+    std::cout << "stopped pid " << pid << (forced ? " (killed after grace period)" : "") << "\n";
+    fs::remove(dir + "/" + std::to_string(pid));
+  }
+  if (pids.empty()) std::cout << "no loco processes were running\n";
+  return 0;
+}
+
+}  // namespace
+
+void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::string>& args) {
+  auto sa = std::make_shared<StartArgs>();
+  auto* start = app.add_subcommand("start", "start a head or a node on this machine");
+  start->add_flag("--head", sa->head, "start the head (scheduler and job table)");
+  start->add_option("--port", sa->port, "port to serve at (head default 7070, node: any free)");
+  start->add_option("--host", sa->host, "interface to bind (default 0.0.0.0)");
+  start->add_option("--advertise", sa->advertise, "host name or IP others reach this process at");
+  start->add_option("--redis", sa->redis, "Redis for the head: redis://HOST:PORT");
+  start->add_option("--address", sa->address, "head to join, HOST:PORT");
+  start->add_option("--resources", sa->resources, "node resources, e.g. cpu=2,gpu=0,ssd=1");
+  start->add_option("--plugin", sa->plugins, "shared library (or folder) of actor classes");
+  start
+      ->add_option(
+          "--detect-ms", sa->detect_ms,
+          "failure detection time in ms (default 2000; set on the head, nodes take it from there)")
+      ->check(CLI::Range(100, 600000));
+  start->add_option("--max-message-bytes", sa->max_message_bytes, "largest message accepted");
+  start->add_flag("--block", sa->block, "stay in the foreground");
+  start->add_option("--ready-file", sa->ready_file)->group("");
+  out.push_back({start, [sa, args] {
+                   if (sa->head && sa->redis.empty()) {
+                     std::cerr << "loco start --head: --redis redis://HOST:PORT is required\n";
+                     return 2;
+                   }
+                   if (sa->block) return start_blocking(*sa);
+                   // What follows "start": the daemon gets the same options.
+                   std::vector<std::string> raw(args.begin() + 1, args.end());
+                   return start_daemon(*sa, raw);
+                 }});
+
+  auto grace_ms = std::make_shared<int>(10000);
+  auto* stop = app.add_subcommand("stop", "stop the loco processes started on this machine");
+  stop->add_option("--grace-ms", *grace_ms, "wait this long before SIGKILL");
+  out.push_back({stop, [grace_ms] { return stop_local(*grace_ms); }});
+}
+
+}  // namespace loco::cli

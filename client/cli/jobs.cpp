@@ -1,0 +1,117 @@
+// loco submit, jobs, logs, cancel, scale: a cluster's jobs.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "client/cli/commands.hpp"
+#include "client/cli/common.hpp"
+#include "client/cli/follow.hpp"
+#include "client/client.hpp"
+
+namespace loco::cli {
+namespace {
+
+int submit(const std::string& address, const std::string& file, bool detach,
+           const std::string& entry) {
+  install_signal_handlers();
+  JobSpec spec = JobSpec::from_yaml_file(file);
+  if (!entry.empty()) spec.entry_class = entry;
+  Client client(head_address(address));
+  JobHandle job = client.submit(spec);
+  std::printf("submitted %s as job %s\n", file.c_str(), job.id().c_str());
+  std::fflush(stdout);
+  if (detach) return 0;
+  auto end = follow(job, true);
+  if (!end) {
+    std::printf("stopped following; job %s keeps running (loco cancel %s stops it)\n",
+                job.id().c_str(), job.id().c_str());
+    return 130;
+  }
+  return end->state == "succeeded" ? 0 : 1;
+}
+
+void print_jobs(const std::vector<JobInfo>& jobs) {
+  std::printf("%-18s %-20s %-10s %s\n", "JOB", "NAME", "STATE", "MESSAGE");
+  for (const JobInfo& j : jobs)
+    std::printf("%-18s %-20s %-10s %s\n", j.id.c_str(), j.name.c_str(), j.state.c_str(),
+                j.message.c_str());
+}
+
+int print_log(const std::string& address, const std::string& id, bool follow_it) {
+  Client client(head_address(address));
+  JobHandle job = client.job(id);
+  if (follow_it) {
+    install_signal_handlers();
+    auto end = follow(job, false);
+    return end && end->state == "succeeded" ? 0 : 1;
+  }
+  // What the log holds now, without waiting for more.
+  std::string cursor;
+  while (true) {
+    auto ev = job.poll(cursor);
+    for (auto& e : ev.events)
+      if (e.kind != "report") std::printf("%s\n", e.data.c_str());
+    if (ev.events.empty()) break;
+  }
+  return 0;
+}
+
+struct JobArgs {
+  std::string address, file, id, entry;
+  bool detach = false, follow = false;
+  int workers = 0;
+};
+
+}  // namespace
+
+void add_job_commands(CLI::App& app, Commands& out) {
+  auto a = std::make_shared<JobArgs>();
+  auto* submit_cmd = app.add_subcommand("submit", "submit a job file and follow its progress");
+  submit_cmd->add_option("file", a->file, "job file (YAML)")->required();
+  submit_cmd->add_option("--address", a->address, "head HOST:PORT");
+  submit_cmd->add_flag("--detach", a->detach, "return once submitted");
+  submit_cmd->add_option("--entry", a->entry,
+                         "actor class that runs the job (default diloco.OuterAggregator)");
+  out.push_back({submit_cmd, [a] { return submit(a->address, a->file, a->detach, a->entry); }});
+
+  auto* jobs_cmd = app.add_subcommand("jobs", "list the cluster's jobs");
+  jobs_cmd->add_option("--address", a->address, "head HOST:PORT");
+  out.push_back({jobs_cmd, [a] {
+                   Client client(head_address(a->address));
+                   print_jobs(client.jobs());
+                   return 0;
+                 }});
+
+  auto* logs_cmd = app.add_subcommand("logs", "print a job's log");
+  logs_cmd->add_option("job", a->id, "job id")->required();
+  logs_cmd->add_option("--address", a->address, "head HOST:PORT");
+  logs_cmd->add_flag("-f,--follow", a->follow, "keep following until the job ends");
+  out.push_back({logs_cmd, [a] { return print_log(a->address, a->id, a->follow); }});
+
+  auto* cancel_cmd = app.add_subcommand("cancel", "cancel a job");
+  cancel_cmd->add_option("job", a->id, "job id")->required();
+  cancel_cmd->add_option("--address", a->address, "head HOST:PORT");
+  out.push_back({cancel_cmd, [a] {
+                   Client client(head_address(a->address));
+                   JobInfo j = client.job(a->id).cancel();
+                   std::printf("job %s %s\n", j.id.c_str(), j.state.c_str());
+                   return 0;
+                 }});
+
+  auto* scale_cmd = app.add_subcommand("scale", "change the number of workers of a running job");
+  scale_cmd->add_option("job", a->id, "job id")->required();
+  scale_cmd->add_option("--workers", a->workers, "workers from the next round on")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  scale_cmd->add_option("--address", a->address, "head HOST:PORT");
+  out.push_back({scale_cmd, [a] {
+                   Client client(head_address(a->address));
+                   JobInfo j = client.job(a->id).scale(a->workers);
+                   std::printf("job %s: %d workers requested; they join at the next round\n",
+                               j.id.c_str(), j.scale);
+                   return 0;
+                 }});
+}
+
+}  // namespace loco::cli

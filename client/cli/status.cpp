@@ -1,0 +1,52 @@
+// loco status: nodes, resources and actors of a cluster.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+
+#include "client/cli/commands.hpp"
+#include "client/cli/common.hpp"
+#include "runtime/core/runtime.hpp"
+
+namespace loco::cli {
+namespace {
+
+void print_status(const ClusterStatus& st) {
+  std::printf("head %s   redis %s\n\n", st.head_address.c_str(), st.redis_url.c_str());
+  std::printf("%-20s %-22s %-6s %-28s %s\n", "NODE", "ADDRESS", "STATE", "RESOURCES (used/total)",
+              "HOST");
+  for (const NodeStatus& n : st.nodes) {
+    std::string res;
+    for (auto& [k, total] : n.node.resources) {
+      double used = n.used.count(k) ? n.used.at(k) : 0;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s%s=%g/%g", res.empty() ? "" : ",", k.c_str(), used, total);
+      res += buf;
+    }
+    std::printf("%-20s %-22s %-6s %-28s %s%s\n", n.node.id.c_str(), n.node.address.c_str(),
+                n.node.state.c_str(), res.c_str(), n.node.hostname.c_str(),
+                n.node.reason.empty() ? "" : ("  (" + n.node.reason + ")").c_str());
+  }
+  std::printf("\n%-20s %-16s %-14s %-20s %-10s %s\n", "ACTOR", "NAME", "CLASS", "NODE", "STATE",
+              "RESTARTS");
+  for (const ActorInfo& a : st.actors) {
+    std::printf("%-20s %-16s %-14s %-20s %-10s %d/%d%s\n", a.id.c_str(),
+                a.name.empty() ? "-" : a.name.c_str(), a.class_name.c_str(), a.node_id.c_str(),
+                a.state.c_str(), a.restarts, a.max_restarts,
+                a.reason.empty() ? "" : ("  " + a.reason).c_str());
+  }
+}
+
+}  // namespace
+
+void add_status_command(CLI::App& app, Commands& out) {
+  auto address = std::make_shared<std::string>();
+  auto* status = app.add_subcommand("status", "nodes, resources and actors of a cluster");
+  status->add_option("--address", *address, "head HOST:PORT");
+  out.push_back({status, [address] {
+                   auto rt = Runtime::connect(head_address(*address));
+                   print_status(rt.status());
+                   return 0;
+                 }});
+}
+
+}  // namespace loco::cli

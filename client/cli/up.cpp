@@ -1,0 +1,170 @@
+// loco up: a whole local cluster (Redis, a head, N nodes), optionally running
+// a job file or a command on it and stopping it afterwards.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "client/cli/commands.hpp"
+#include "client/cli/common.hpp"
+#include "client/cli/follow.hpp"
+#include "client/client.hpp"
+#include "client/process.hpp"
+#include "runtime/core/runtime.hpp"
+
+namespace fs = std::filesystem;
+
+namespace loco::cli {
+namespace {
+
+struct UpArgs {
+  int workers = 2;
+  std::string redis;
+  int port = 0;
+  std::string resources;
+  int64_t detect_ms = 2000;
+  std::vector<std::string> command;
+};
+
+int up(const UpArgs& a) {
+  install_signal_handlers();
+  std::string dir = state_dir() + "/up-" + std::to_string(::getpid());
+  fs::create_directories(dir);
+  std::string bin = executable_dir() + "/loco";
+  std::vector<Subprocess> procs;
+  std::optional<Subprocess> redis;
+  auto teardown = [&] {
+    for (auto it = procs.rbegin(); it != procs.rend(); ++it) it->stop(std::chrono::seconds(10));
+    if (redis) redis->stop(std::chrono::seconds(5));
+  };
+  std::string redis_url = a.redis;
+  if (redis_url.empty()) {
+    int port = free_tcp_port();
+    Subprocess::Options o;
+    o.log_path = dir + "/redis.log";
+    redis.emplace(
+        std::vector<std::string>{"redis-server", "--port", std::to_string(port), "--bind",
+                                 "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir},
+        o);
+    redis_url = "redis://127.0.0.1:" + std::to_string(port);
+  }
+  int head_port = a.port ? a.port : free_tcp_port();
+  std::string head_addr = "127.0.0.1:" + std::to_string(head_port);
+  std::string detect = "--detect-ms=" + std::to_string(a.detect_ms);
+  // The head retries Redis for a few seconds while a fresh redis-server starts.
+  auto start = [&](std::vector<std::string> argv, const std::string& log) {
+    Subprocess::Options o;
+    o.log_path = dir + "/" + log;
+    procs.emplace_back(std::move(argv), o);
+  };
+  bool head_up = false;
+  for (int attempt = 0; attempt < 50 && !head_up && !stop_requested(); ++attempt) {
+    start({bin, "start", "--head", "--block", "--host=127.0.0.1",
+           "--port=" + std::to_string(head_port), "--redis=" + redis_url, detect},
+          "head.log");
+    // The head exits at once when Redis does not answer yet: retry briefly.
+    if (procs.back().wait(std::chrono::milliseconds(300))) {
+      procs.pop_back();
+      continue;
+    }
+    head_up = true;
+  }
+  if (!head_up) {
+    std::cerr << "loco up: the head did not start; see " << dir << "/head.log\n";
+    teardown();
+    return 1;
+  }
+  for (int i = 0; i < a.workers; ++i) {
+    std::vector<std::string> argv = {
+        bin, "start", "--block", "--host=127.0.0.1", "--address=" + head_addr, detect};
+    if (!a.resources.empty()) argv.push_back("--resources=" + a.resources);
+    start(argv, "node-" + std::to_string(i) + ".log");
+  }
+  // Wait until every node has joined.
+  try {
+    Runtime rt = Runtime::connect(head_addr);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (true) {
+      int alive = 0;
+      for (auto& n : rt.status().nodes) alive += n.node.state == "alive";
+      if (alive >= a.workers) break;
+      for (auto& p : procs)
+        if (!p.running()) throw ClusterError("a cluster process exited early; logs in " + dir);
+      if (std::chrono::steady_clock::now() > deadline || stop_requested())
+        throw ClusterError("nodes did not join within 60 s; logs in " + dir);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "loco up: " << e.what() << "\n";
+    teardown();
+    return 1;
+  }
+  std::cout << "cluster up: head " << head_addr << ", " << a.workers << " nodes, redis "
+            << redis_url << " (logs in " << dir << ")" << std::endl;
+  int rc = 0;
+  auto is_job_file = [](const std::string& f) {
+    return f.size() > 5 && (f.ends_with(".yaml") || f.ends_with(".yml"));
+  };
+  if (a.command.size() == 1 && is_job_file(a.command[0])) {
+    // A job file: submit it, follow it to its end, then stop the cluster.
+    try {
+      JobSpec spec = JobSpec::from_yaml_file(a.command[0]);
+      Client client(head_addr);
+      JobHandle job = client.submit(spec);
+      std::cout << "submitted " << a.command[0] << " as job " << job.id() << std::endl;
+      auto end = follow(job, true);
+      if (!end) {
+        std::cout << "interrupted: cancelling job " << job.id() << std::endl;
+        job.cancel();
+        rc = 130;
+      } else {
+        rc = end->state == "succeeded" ? 0 : 1;
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "loco up: " << e.what() << "\n";
+      rc = 1;
+    }
+  } else if (!a.command.empty()) {
+    Subprocess::Options o;
+    o.env["LOCO_ADDRESS"] = head_addr;
+    Subprocess cmd(a.command, o);
+    while (!cmd.wait(std::chrono::milliseconds(100))) {
+      if (stop_requested()) {
+        cmd.stop(std::chrono::seconds(5));
+        break;
+      }
+    }
+    rc = cmd.exit_code().value_or(1);
+  } else {
+    std::cout << "press Ctrl-C to stop it" << std::endl;
+    while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::cout << "stopping the cluster" << std::endl;
+  teardown();
+  return rc;
+}
+
+}  // namespace
+
+void add_up_command(CLI::App& app, Commands& out) {
+  auto ua = std::make_shared<UpArgs>();
+  auto* cmd = app.add_subcommand("up", "a whole local cluster: redis, head and N nodes");
+  cmd->add_option("--workers", ua->workers, "number of worker nodes")->check(CLI::Range(0, 256));
+  cmd->add_option("--redis", ua->redis, "use this Redis instead of starting one");
+  cmd->add_option("--port", ua->port, "head port (default: any free)");
+  cmd->add_option("--resources", ua->resources, "resources of each node");
+  cmd->add_option("--detect-ms", ua->detect_ms, "failure detection time in ms");
+  cmd->add_option(
+         "command", ua->command,
+         "a job file to run, or a command to run with LOCO_ADDRESS set; then stop the cluster")
+      ->allow_extra_args();
+  cmd->positionals_at_end();
+  out.push_back({cmd, [ua] { return up(*ua); }});
+}
+
+}  // namespace loco::cli
