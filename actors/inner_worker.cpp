@@ -115,7 +115,7 @@ struct InnerWorker::State {
   // the old connections, queues or peers' endpoints can leak into the next one.
   void renew_comm() {
     collective::Options o;
-    o.codec = dl::codec_of(cfg.compression);
+    o.codec = cfg.compression;
     o.chunk_bytes = size_t(cfg.allreduce.chunk_kb) * 1024;
     o.peer_timeout = std::chrono::milliseconds(std::llround(cfg.allreduce.peer_timeout_s * 1000));
     comm.reset();

@@ -491,8 +491,8 @@ void OuterAggregator::State::run() {
     std::ofstream(metrics_path, std::ios::trunc);
     log("job " + cfg.name + ": " + std::to_string(cfg.workers.count) + " workers (min " +
         std::to_string(cfg.workers.min) + "), H=" + std::to_string(cfg.inner.steps) + ", " +
-        std::to_string(rounds) + " rounds, compression " + dl::to_string(cfg.compression) +
-        "; folder " + folder);
+        std::to_string(rounds) + " rounds, compression " +
+        std::string(collective::to_string(cfg.compression)) + "; folder " + folder);
   }
   std::ofstream metrics(metrics_path, std::ios::app);
 

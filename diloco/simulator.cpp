@@ -112,7 +112,7 @@ RoundMetrics Simulator::run_round() {
     loss = trainers_[0]->run_inner_steps(h).mean_loss;
     if (opt_.mode == Mode::ddp)
       bytes_ += static_cast<std::uint64_t>(h) *
-                allreduce_bytes_per_member(static_cast<std::size_t>(n), k, Compression::fp32);
+                allreduce_bytes_per_member(static_cast<std::size_t>(n), k, collective::Codec::fp32);
   }
   ++round_;
   steps_since_eval_ += h;
