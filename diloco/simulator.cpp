@@ -3,8 +3,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <iomanip>
-#include <sstream>
 
 namespace loco::diloco {
 
@@ -13,20 +11,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 }  // namespace
-
-std::string RoundMetrics::to_json() const {
-  std::ostringstream s;
-  s << std::setprecision(8) << "{\"round\":" << round << ",\"inner_steps\":" << inner_steps
-    << ",\"tokens\":" << tokens_per_worker << ",\"tokens_total\":" << tokens_total
-    << ",\"train_loss\":" << train_loss << ",\"val_loss\":";
-  if (val_loss)
-    s << *val_loss;
-  else
-    s << "null";
-  s << ",\"bytes\":" << bytes_per_worker << ",\"time\":" << seconds << ",\"theta_hash\":\""
-    << std::hex << theta_hash << "\"}";
-  return s.str();
-}
 
 Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
     : cfg_(cfg), opt_(opt), store_(TokenStore::open(cfg.data)) {
