@@ -617,7 +617,6 @@ void OuterAggregator::State::run() {
       }
       ReduceRequest req;
       req.round = r;
-      req.attempt = attempt;
       const auto us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
