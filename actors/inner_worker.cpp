@@ -113,7 +113,7 @@ struct InnerWorker::State {
 
   static collective::Options collective_options(const dl::JobConfig& cfg) {
     collective::Options o;
-    o.codec = dl::codec_of(cfg.compression);
+    o.codec = cfg.compression;
     o.chunk_bytes = size_t(cfg.allreduce.chunk_kb) * 1024;
     o.peer_timeout = std::chrono::milliseconds(std::llround(cfg.allreduce.peer_timeout_s * 1000));
     return o;

@@ -51,12 +51,11 @@ struct ReduceRequest {
   std::vector<std::string> names;      // members, in rank order
   std::vector<std::string> endpoints;  // their collective endpoints
   int rank = 0;
-  uint64_t attempt = 0;  // re-formed groups of one round count up
   // The collective's operation id: strictly increasing over the whole job, across
   // re-formed groups, redone rounds and restarted aggregators (microseconds since
   // the epoch), so that no member ever mixes in data of another attempt.
   uint64_t op_id = 0;
-  MSGPACK_DEFINE(round, names, endpoints, rank, attempt, op_id)
+  MSGPACK_DEFINE(round, names, endpoints, rank, op_id)
 };
 
 struct ReduceResult {

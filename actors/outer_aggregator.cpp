@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "actors/inner_worker.hpp"
+#include "actors/job_records.hpp"
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
@@ -468,36 +469,44 @@ std::optional<T> OuterAggregator::State::ask_any(
 
 void OuterAggregator::State::run() {
   // Restarted by the head after the job ended (its node died late): nothing to do.
-  if (rt.job(job_id).finished()) return;
+  const JobInfo info = rt.job(job_id);
+  if (info.finished()) return;
   const int rounds = cfg.total_rounds();
   total_steps = int64_t(rounds) * cfg.inner.steps;
   fs::create_directories(folder);
   find_checkpoint();
-  const std::string metrics_path = folder + "/metrics.jsonl";
+  // The rounds after the checkpoint are redone (without one, round 0 too): their lines go.
+  JobRecords records(folder, resume_from.empty() ? -1 : resume_round);
+  auto job_time = [&] {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+    return double(ms - info.submitted_unix_ms) / 1000.0;
+  };
   if (!resume_from.empty()) {
-    // The rounds after the checkpoint are redone: their lines go.
-    std::ifstream in(metrics_path);
-    std::string kept, line;
-    while (std::getline(in, line)) {
-      auto at = line.find("\"round\":");
-      if (at != std::string::npos && std::stoll(line.substr(at + 8)) <= resume_round)
-        kept += line + "\n";
-    }
-    in.close();
-    std::ofstream(metrics_path, std::ios::trunc) << kept;
     log("resuming from " + resume_from + ": round " + std::to_string(resume_round) + " of " +
         std::to_string(rounds));
   } else {
-    std::ofstream(metrics_path, std::ios::trunc);
     log("job " + cfg.name + ": " + std::to_string(cfg.workers.count) + " workers (min " +
         std::to_string(cfg.workers.min) + "), H=" + std::to_string(cfg.inner.steps) + ", " +
-        std::to_string(rounds) + " rounds, compression " + dl::to_string(cfg.compression) +
-        "; folder " + folder);
+        std::to_string(rounds) + " rounds, compression " +
+        std::string(collective::to_string(cfg.compression)) + "; folder " + folder);
   }
-  std::ofstream metrics(metrics_path, std::ios::app);
 
-  auto report = [&](int64_t r, double loss, std::optional<double> val, double tok_s, double bytes,
-                    double util, int members, double secs, uint64_t hash) {
+  // round_time: of the pass that completed round r, without its failed all-reduce attempts.
+  auto report = [&](int64_t r, double loss, std::optional<double> val, double tok_s, double util,
+                    int members, double round_time, uint64_t hash) {
+    // The simulator's line format (loco-train writes the same), plus the job's figures.
+    dl::RoundMetrics m;
+    m.round = int(r);
+    m.inner_steps = r * cfg.inner.steps;
+    m.tokens_per_worker = m.inner_steps * cfg.tokens_per_inner_step();
+    m.tokens_total = m.tokens_per_worker * members;
+    m.train_loss = loss;
+    m.val_loss = val;
+    m.theta_hash = hash;
+    const int failed = records.failed_attempts();
+    records.round(m, RoundFigures{util, members, round_time, job_time()});
     JobProgress p;
     p.step = r;
     p.total = rounds;
@@ -508,27 +517,13 @@ void OuterAggregator::State::run() {
       p.metrics["val_ppl"] = std::exp(*val);
     }
     p.metrics["tokens_per_s"] = tok_s;
-    p.metrics["bytes_sent"] = bytes;
+    p.metrics["bytes_per_worker"] = double(records.bytes_per_worker());
+    p.metrics["job_bytes_per_worker"] = double(records.job_bytes_per_worker());
+    p.metrics["failed_attempts"] = failed;
+    p.metrics["redo"] = double(records.redo());
     p.metrics["utilization"] = util;
     p.metrics["workers"] = members;
     publish([this, p] { rt.job_progress(job_id, p); });
-    // The simulator's line format (loco-train writes the same), plus utilization.
-    dl::RoundMetrics m;
-    m.round = int(r);
-    m.inner_steps = r * cfg.inner.steps;
-    m.tokens_per_worker = m.inner_steps * cfg.tokens_per_inner_step();
-    m.tokens_total = m.tokens_per_worker * members;
-    m.train_loss = loss;
-    m.val_loss = val;
-    m.bytes_per_worker = uint64_t(bytes / std::max(1, members));
-    m.seconds = secs;
-    m.theta_hash = hash;
-    std::string line = m.to_json();
-    line.pop_back();
-    char extra[96];
-    std::snprintf(extra, sizeof extra, ",\"utilization\":%.4f,\"workers\":%d}", util, members);
-    metrics << line << extra << "\n";
-    metrics.flush();
   };
 
   int64_t r = resume_round;
@@ -543,14 +538,13 @@ void OuterAggregator::State::run() {
     else
       reconcile(r);
   }
-  const double t_start = now_s();
-  double bytes = 0, last_val = 0;
+  double last_val = 0;
   if (r == 0) {
     auto v = evaluate(windows);
     auto h =
         ask_any<uint64_t>("to hash θ", [](auto& w) { return w.call(&InnerWorker::theta_hash); });
     if (v) last_val = *v;
-    report(0, 0, v, 0, 0, 0, int(active().size()), 0, h.value_or(0));
+    report(0, 0, v, 0, 0, int(active().size()), 0, h.value_or(0));
   }
   // Whole-job utilization: time in inner steps over the time the members were
   // in the job, all rounds, checkpoints, evaluations and joins included.
@@ -564,6 +558,7 @@ void OuterAggregator::State::run() {
     } catch (const std::out_of_range&) {  // rewind (see reconcile)
       r = resume_round;
       round = r;
+      records.go_back(r);
       for (Slot& s : slots) s.active = false;
       reconcile(r);
       continue;
@@ -595,11 +590,10 @@ void OuterAggregator::State::run() {
     // 3-5. The group averages Δ and steps; every member reports θ's hash.
     std::vector<int> group = ready;
     std::optional<uint64_t> agreed;
-    double reduce_bytes = 0;
+    double failed_secs = 0;  // in this pass's failed all-reduce attempts
     for (uint64_t attempt = 0; !agreed; ++attempt) {
       ReduceRequest req;
       req.round = r;
-      req.attempt = attempt;
       const auto us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
@@ -608,12 +602,24 @@ void OuterAggregator::State::run() {
         req.names.push_back(slots[size_t(m)].name);
         req.endpoints.push_back(slots[size_t(m)].endpoint);
       }
+      const double t_attempt = now_s();
       std::vector<Future<ReduceResult>> red;
       for (size_t i = 0; i < group.size(); ++i) {
         req.rank = int(i);
         red.push_back(worker(group[i]).call(&InnerWorker::reduce, req));
       }
       auto rr = gather(red, errors, Millis(600 * 1000));
+      AttemptRecord rec;
+      rec.round = r + 1;
+      rec.members = group;
+      rec.seconds = now_s() - t_attempt;
+      for (size_t i = 0; i < group.size(); ++i) {
+        // A member whose reduce failed does not say what it sent before it did.
+        rec.bytes.push_back(rr[i] ? std::optional(rr[i]->bytes_sent) : std::nullopt);
+        if (!rr[i]) rec.errors.push_back({group[i], errors[i].gone, errors[i].message});
+      }
+      records.attempt(rec);
+      if (!rec.errors.empty()) failed_secs += rec.seconds;
       std::vector<int> alive;
       for (size_t i = 0; i < group.size(); ++i) {
         if (rr[i] || !errors[i].gone) {
@@ -630,7 +636,6 @@ void OuterAggregator::State::run() {
       if (all_ok) {
         uint64_t h0 = rr[0]->theta_hash;
         for (size_t i = 0; i < group.size(); ++i) {
-          reduce_bytes += double(rr[i]->bytes_sent);
           if (rr[i]->theta_hash != h0)
             throw std::runtime_error("round " + std::to_string(r + 1) + ": worker " +
                                      std::to_string(group[i]) + " holds a different θ (hash " +
@@ -659,7 +664,6 @@ void OuterAggregator::State::run() {
     }
     if (group.size() < members.size()) deal_shards();  // the lost ones were released above
     members = group;
-    bytes += reduce_bytes;
     r += 1;
     round = r;
     steps_since_eval += cfg.inner.steps;
@@ -679,7 +683,7 @@ void OuterAggregator::State::run() {
     const double util = inner_secs / (double(ready.size()) * wall);
     const double tok_s =
         double(ready.size()) * double(cfg.inner.steps) * double(cfg.tokens_per_inner_step()) / wall;
-    report(r, loss, val, tok_s, bytes, util, int(members.size()), now_s() - t_start, *agreed);
+    report(r, loss, val, tok_s, util, int(members.size()), wall - failed_secs, *agreed);
     if (cfg.checkpoint.every > 0 && r % cfg.checkpoint.every == 0 && r < rounds) {
       const std::string file = folder + "/ckpt-round-" + std::to_string(r) + ".pt";
       std::vector<Future<std::string>> inner_files;
@@ -721,7 +725,6 @@ void OuterAggregator::State::run() {
       return w.call(&InnerWorker::save_checkpoint, folder + "/final.pt");
     });
   }
-  metrics.close();
   log(kCheckpointLine + *final_path);
   // A finished job holds no cpus.
   for (Slot& s : slots) {
@@ -732,7 +735,7 @@ void OuterAggregator::State::run() {
       log_warn(job_id + ": stopping " + s.name + ": " + e.what());
     }
   }
-  plot(metrics_path, folder + "/loss.png");
+  plot(records.metrics_path(), folder + "/loss.png");
   char msg[192];
   std::snprintf(
       msg, sizeof msg,
@@ -761,15 +764,9 @@ void OuterAggregator::State::plot(const std::string& jsonl, const std::string& p
     std::ifstream in(jsonl);
     std::ofstream out(dat);
     std::string line;
-    auto field = [&](const std::string& l, const std::string& key) -> std::string {
-      auto at = l.find("\"" + key + "\":");
-      if (at == std::string::npos) return "";
-      at += key.size() + 3;
-      return l.substr(at, l.find_first_of(",}", at) - at);
-    };
     while (std::getline(in, line)) {
-      std::string v = field(line, "val_loss");
-      out << field(line, "tokens") << " " << field(line, "train_loss") << " "
+      std::string v = json_field(line, "val_loss");
+      out << json_field(line, "tokens") << " " << json_field(line, "train_loss") << " "
           << (v == "null" ? "NaN" : v) << "\n";
     }
   }

@@ -50,7 +50,10 @@ RoundReport RoundReport::from(const JobProgress& p) {
   r.val_loss = m("val_loss");
   r.val_ppl = m("val_ppl");
   r.tokens_per_s = m("tokens_per_s");
-  r.bytes_sent = m("bytes_sent");
+  r.bytes_per_worker = m("bytes_per_worker");
+  r.job_bytes_per_worker = m("job_bytes_per_worker");
+  r.failed_attempts = int(m("failed_attempts"));
+  r.redo = int(m("redo"));
   r.utilization = m("utilization");
   r.workers = int(m("workers"));
   r.note = p.note;

@@ -38,7 +38,13 @@ struct RoundReport {
   double val_loss = 0;  // 0 when not evaluated this round
   double val_ppl = 0;
   double tokens_per_s = 0;  // all workers together
-  double bytes_sent = 0;    // all-reduce bytes sent by all workers, cumulative
+  // All-reduce bytes sent per worker, cumulative: over the rounds of θ's history
+  // (metrics.jsonl's "bytes"), and over every attempt, failed ones and rounds
+  // redone included ("job_bytes"; see actors/job_records.hpp).
+  double bytes_per_worker = 0;
+  double job_bytes_per_worker = 0;
+  int failed_attempts = 0;  // all-reduce attempts of this round that failed
+  int redo = 0;             // times the job had gone back to a checkpoint (0: never)
   double utilization = 0;   // time in inner steps / wall time, 0..1
   int workers = 0;
   std::string note;

@@ -14,19 +14,16 @@
 
 namespace loco::diloco {
 
-// The collective's codec for a job's `compression`.
-collective::Codec codec_of(Compression c);
-
 // Replaces x by what a receiver of x, sent with compression c, decodes: the
 // collective's codec round trip (runtime/collective/local.hpp), chunk by chunk
 // as the collective sends it. fp32 leaves x unchanged.
-void codec_roundtrip(std::span<float> x, Compression c);
+void codec_roundtrip(std::span<float> x, collective::Codec c);
 
 // Payload bytes one member sends in the collective's butterfly all-reduce
 // (reduce-scatter + all-gather) of n elements among k members: 2 (k-1)/k of
 // the encoded vector (int8: 1 byte a value + an 8-byte header per chunk),
 // averaged over the members.
-std::uint64_t allreduce_bytes_per_member(std::size_t n, int k, Compression c);
+std::uint64_t allreduce_bytes_per_member(std::size_t n, int k, collective::Codec c);
 
 struct AverageStats {
   int members = 0;               // workers in the round
@@ -39,7 +36,7 @@ struct AverageStats {
 // simulator, one per process distributed), all of the same length. On return
 // every buffer of every member of the round holds the same bytes: the mean
 // over all members, computed bit for bit as runtime/collective's all-reduce
-// computes it with codec_of(c) and default Options (the owner of each part
+// computes it with codec c and default Options (the owner of each part
 // sums its own values and the others' decoded contributions in member order,
 // divides by the count, and everyone uses the decoding of that mean). Throws
 // on failure (a member lost, a NaN/Inf contribution); the buffers are then
@@ -47,7 +44,7 @@ struct AverageStats {
 class Averager {
  public:
   virtual ~Averager() = default;
-  virtual AverageStats average(std::span<const std::span<float>> locals, Compression c) = 0;
+  virtual AverageStats average(std::span<const std::span<float>> locals, collective::Codec c) = 0;
 };
 
 // The simulator's Averager: every member is a local buffer, averaged with
@@ -57,7 +54,7 @@ class LocalAverager final : public Averager {
   // `options` as the distributed run's Communicator has them (codec aside:
   // average() sets it from its argument).
   explicit LocalAverager(collective::Options options = {}) : options_(options) {}
-  AverageStats average(std::span<const std::span<float>> locals, Compression c) override;
+  AverageStats average(std::span<const std::span<float>> locals, collective::Codec c) override;
 
  private:
   collective::Options options_;

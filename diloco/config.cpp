@@ -8,20 +8,6 @@
 
 namespace loco::diloco {
 
-const char* to_string(Compression c) {
-  switch (c) {
-    case Compression::fp32:
-      return "fp32";
-    case Compression::fp16:
-      return "fp16";
-    case Compression::bf16:
-      return "bf16";
-    case Compression::int8:
-      return "int8";
-  }
-  return "?";
-}
-
 namespace {
 
 std::string join(const std::string& prefix, const std::string& key) {
@@ -77,6 +63,22 @@ void read_enum(const YAML::Node& node, const std::string& where, const std::stri
   throw ConfigError(join(where, key) + ": expected one of " + allowed + ", got '" + s + "'");
 }
 
+// The collective's codecs by their names (collective::parse_codec).
+void read_codec(const YAML::Node& node, const std::string& key, collective::Codec& out) {
+  if (!node || !node[key]) return;
+  std::string s;
+  read(node, "", key, s);
+  if (auto c = collective::parse_codec(s)) {
+    out = *c;
+    return;
+  }
+  std::string allowed;
+  for (auto c : {collective::Codec::fp32, collective::Codec::fp16, collective::Codec::bf16,
+                 collective::Codec::int8})
+    allowed += (allowed.empty() ? "" : "|") + std::string(collective::to_string(c));
+  throw ConfigError(key + ": expected one of " + allowed + ", got '" + s + "'");
+}
+
 template <class T>
 std::string show(T v) {
   std::ostringstream s;
@@ -108,11 +110,7 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(root, "", "threads", c.threads);
   read(root, "", "rounds", c.rounds);
   read(root, "", "token_budget", c.token_budget);
-  read_enum(root, "", "compression", c.compression,
-            std::array<std::pair<const char*, Compression>, 4>{{{"fp32", Compression::fp32},
-                                                                {"fp16", Compression::fp16},
-                                                                {"bf16", Compression::bf16},
-                                                                {"int8", Compression::int8}}});
+  read_codec(root, "compression", c.compression);
 
   const auto m = root["model"];
   check_keys(
@@ -308,7 +306,8 @@ std::string JobConfig::to_yaml() const {
   out << YAML::Key << "outer" << YAML::Value << YAML::BeginMap << YAML::Key << "lr" << YAML::Value
       << outer.lr << YAML::Key << "momentum" << YAML::Value << outer.momentum << YAML::Key
       << "nesterov" << YAML::Value << outer.nesterov << YAML::EndMap;
-  out << YAML::Key << "compression" << YAML::Value << to_string(compression);
+  out << YAML::Key << "compression" << YAML::Value
+      << std::string(collective::to_string(compression));
   out << YAML::Key << "allreduce" << YAML::Value << YAML::BeginMap << YAML::Key << "chunk_kb"
       << YAML::Value << allreduce.chunk_kb << YAML::Key << "peer_timeout_s" << YAML::Value
       << allreduce.peer_timeout_s << YAML::EndMap;

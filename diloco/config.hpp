@@ -8,11 +8,9 @@
 #include <stdexcept>
 #include <string>
 
-namespace loco::diloco {
+#include "runtime/collective/allreduce.hpp"  // collective::Codec
 
-// Numerics applied to pseudo-gradients when they are averaged.
-enum class Compression { fp32, fp16, bf16, int8 };
-const char* to_string(Compression c);
+namespace loco::diloco {
 
 enum class TokenizerKind { byte, bpe };
 
@@ -96,7 +94,8 @@ struct JobConfig {
   WorkersConfig workers;
   InnerConfig inner;
   OuterConfig outer;
-  Compression compression = Compression::fp32;
+  // Numerics applied to pseudo-gradients when they are averaged: the collective's codec.
+  collective::Codec compression = collective::Codec::fp32;
   AllreduceConfig allreduce;
   int rounds = 0;                 // number of outer rounds; 0: derived from token_budget
   std::int64_t token_budget = 0;  // tokens per worker; used when rounds is 0

@@ -3,8 +3,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <iomanip>
-#include <sstream>
 
 namespace loco::diloco {
 
@@ -13,20 +11,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 }  // namespace
-
-std::string RoundMetrics::to_json() const {
-  std::ostringstream s;
-  s << std::setprecision(8) << "{\"round\":" << round << ",\"inner_steps\":" << inner_steps
-    << ",\"tokens\":" << tokens_per_worker << ",\"tokens_total\":" << tokens_total
-    << ",\"train_loss\":" << train_loss << ",\"val_loss\":";
-  if (val_loss)
-    s << *val_loss;
-  else
-    s << "null";
-  s << ",\"bytes\":" << bytes_per_worker << ",\"time\":" << seconds << ",\"theta_hash\":\""
-    << std::hex << theta_hash << "\"}";
-  return s.str();
-}
 
 Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
     : cfg_(cfg), opt_(opt), store_(TokenStore::open(cfg.data)) {
@@ -112,7 +96,7 @@ RoundMetrics Simulator::run_round() {
     loss = trainers_[0]->run_inner_steps(h).mean_loss;
     if (opt_.mode == Mode::ddp)
       bytes_ += static_cast<std::uint64_t>(h) *
-                allreduce_bytes_per_member(static_cast<std::size_t>(n), k, Compression::fp32);
+                allreduce_bytes_per_member(static_cast<std::size_t>(n), k, collective::Codec::fp32);
   }
   ++round_;
   steps_since_eval_ += h;

@@ -13,6 +13,7 @@
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
+#include "diloco/metrics.hpp"
 #include "diloco/trainer.hpp"
 
 namespace loco::diloco {
@@ -27,20 +28,6 @@ struct SimulateOptions {
   int workers = 4;  // K
   Mode mode = Mode::diloco;
   int rounds = 0;  // 0: cfg.total_rounds()
-};
-
-// One line of metrics.jsonl. Tokens and bytes are cumulative.
-struct RoundMetrics {
-  int round = 0;                 // rounds done (baselines: H-step segments done)
-  std::int64_t inner_steps = 0;  // per worker
-  std::int64_t tokens_per_worker = 0;
-  std::int64_t tokens_total = 0;       // over all workers
-  double train_loss = 0;               // mean over the round's steps and workers
-  std::optional<double> val_loss;      // when evaluated this round
-  std::uint64_t bytes_per_worker = 0;  // sent by each worker, all-reduce model of averager.hpp
-  double seconds = 0;                  // wall time since start (this process)
-  std::uint64_t theta_hash = 0;
-  std::string to_json() const;
 };
 
 class Simulator {

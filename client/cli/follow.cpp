@@ -26,13 +26,20 @@ std::string progress_line(const RoundReport& r) {
   const int width = 20;
   int filled = r.rounds > 0 ? int(double(r.round) / r.rounds * width + 0.5) : 0;
   std::string bar = "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
-  char buf[256];
+  std::string extra;
+  if (r.failed_attempts > 0)
+    extra += "  " + std::to_string(r.failed_attempts) + " failed all-reduce attempt" +
+             (r.failed_attempts > 1 ? "s" : "");
+  if (r.redo > 0) extra += "  redone (" + std::to_string(r.redo) + ")";
+  char buf[320];
   std::snprintf(
       buf, sizeof buf,
-      "%s round %d/%d  step %d  loss %.3f%s  %.1fk tok/s  sent %s  util %.0f%%  workers %d",
+      "%s round %d/%d  step %d  loss %.3f%s  %.1fk tok/s  sent %s/worker  util %.0f%%  workers "
+      "%d%s",
       bar.c_str(), r.round, r.rounds, r.inner_step, r.loss,
       r.val_loss > 0 ? ("  val ppl " + std::to_string(r.val_ppl).substr(0, 6)).c_str() : "",
-      r.tokens_per_s / 1000, human_bytes(r.bytes_sent).c_str(), r.utilization * 100, r.workers);
+      r.tokens_per_s / 1000, human_bytes(r.bytes_per_worker).c_str(), r.utilization * 100,
+      r.workers, extra.c_str());
   return buf;
 }
 

@@ -34,8 +34,9 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
   std::cerr << "loco-train: " << cfg.name << ": model of " << sim.parameter_count()
             << " parameters, " << (baseline.empty() ? "diloco" : baseline) << " with K=" << k
             << ", H=" << cfg.inner.steps << ", " << sim.rounds() << " rounds, compression "
-            << to_string(cfg.compression) << ", " << at::get_num_threads() << " threads"
-            << (init.empty() ? "" : ", from " + init) << " -> " << out << "/metrics.jsonl\n";
+            << loco::collective::to_string(cfg.compression) << ", " << at::get_num_threads()
+            << " threads" << (init.empty() ? "" : ", from " + init) << " -> " << out
+            << "/metrics.jsonl\n";
   const fs::path ckpt_dir = fs::path(cfg.checkpoint.dir).is_absolute()
                                 ? fs::path(cfg.checkpoint.dir)
                                 : fs::path(out) / cfg.checkpoint.dir;

@@ -125,7 +125,7 @@ struct JobEvent {
 
 // What a job's entry actor reports as it goes (data of a "report" event):
 // a step out of a total, and named figures. For DiLoCo: step = round, and
-// metrics loss, val_loss, tokens_per_s, bytes_sent, utilization, workers, ...
+// metrics loss, val_loss, tokens_per_s, bytes_per_worker, utilization, workers, ...
 struct JobProgress {
   int64_t step = 0;
   int64_t total = 0;

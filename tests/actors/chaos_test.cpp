@@ -136,6 +136,8 @@ TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
     }
   }
   const double got = val_losses(dir_ + "/ckpt/" + j.id() + "/metrics.jsonl").rbegin()->second;
+  // Rounds redone after the aggregator came back are in metrics.jsonl once.
+  EXPECT_EQ(expect_each_round_once(dir_ + "/ckpt/" + j.id() + "/metrics.jsonl"), rounds);
   if (std::getenv("LOCO_CHAOS_LOG")) std::printf("%s\n", log.c_str());
   if (std::getenv("LOCO_CHAOS_CURVE")) {
     std::printf("round  workers  val loss  without faults\n");

@@ -207,6 +207,64 @@ TEST_F(Elastic, SigkillDuringTheAllReduceTheGroupReformsAndTheWorkerRejoins) {
   JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, kLong).yaml()));
   crash_and_rejoin(j, fault_log, "lost in the all-reduce of round 3");
   EXPECT_TRUE(contains(log_text(j), "round 3 re-formed with 2 workers")) << log_text(j);
+  // The records: the failed attempt and the one that succeeded, round 3 once.
+  const std::string folder = dir_ + "/ckpt/" + j.id();
+  std::vector<std::string> round3;
+  for (const std::string& l : jsonl(folder + "/attempts.jsonl"))
+    if (actors::json_field(l, "round") == "3") round3.push_back(l);
+  ASSERT_GE(round3.size(), 2u) << folder;
+  EXPECT_EQ(actors::json_field(round3[0], "outcome"), "\"failed\"") << round3[0];
+  EXPECT_EQ(actors::json_field(round3[0], "workers"), "3") << round3[0];
+  EXPECT_TRUE(contains(round3[0], R"({"worker":1,"lost":true,)")) << round3[0];
+  EXPECT_EQ(actors::json_field(round3.back(), "outcome"), "\"ok\"") << round3.back();
+  EXPECT_EQ(actors::json_field(round3.back(), "workers"), "2") << round3.back();
+  EXPECT_EQ(actors::json_field(round3.back(), "attempt"), std::to_string(round3.size()));
+  ASSERT_GE(expect_each_round_once(folder + "/metrics.jsonl"), 3);
+  for (const std::string& l : jsonl(folder + "/metrics.jsonl")) {
+    if (actors::json_field(l, "round") != "3") continue;
+    EXPECT_EQ(actors::json_field(l, "failed_attempts"), std::to_string(round3.size() - 1)) << l;
+    EXPECT_EQ(actors::json_field(l, "redo"), "0") << l;
+    EXPECT_GT(std::stoll(actors::json_field(l, "job_bytes")), 0) << l;
+  }
+}
+
+// Every worker's actor killed at once: no one holds the outer state, and with no
+// checkpoint the job goes back to its start. The redone rounds replace the undone
+// ones in metrics.jsonl (each round once, marked "redo": 1); the undone rounds'
+// all-reduces stay in attempts.jsonl and in job_bytes.
+TEST_F(Elastic, EveryWorkerKilledTheJobGoesBackToItsStartAndRecordsEachRoundOnce) {
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  JobHandle j = client.submit(JobSpec::from_yaml(job(2, 1, kLong).yaml()));
+  int killed_at = 0, last_before = 0;
+  ASSERT_TRUE(follow(j, [&](const RoundReport& r) {
+    if (!killed_at && r.round >= 3) {
+      killed_at = r.round;
+      for (auto& a : client.runtime().status().actors)
+        if (a.name.rfind(j.id() + ".worker-", 0) == 0 && a.state == "alive")
+          client.runtime().kill(a.id);
+    }
+    if (r.redo == 0) last_before = std::max(last_before, r.round);
+    return r.redo >= 1 && r.round >= 2;
+  })) << log_text(j);
+  EXPECT_TRUE(wait_for_line(j, "going back to the start", Millis(1000))) << log_text(j);
+  const std::string folder = dir_ + "/ckpt/" + j.id();
+  const int last = expect_each_round_once(folder + "/metrics.jsonl");
+  EXPECT_GE(last, 2);
+  uint64_t job_bytes = 0, bytes = 0;
+  for (const std::string& l : jsonl(folder + "/metrics.jsonl")) {
+    EXPECT_EQ(actors::json_field(l, "redo"), actors::json_field(l, "round") == "0" ? "0" : "1")
+        << l;
+    job_bytes = std::stoull(actors::json_field(l, "job_bytes"));
+    bytes = std::stoull(actors::json_field(l, "bytes"));
+  }
+  // The undone rounds' all-reduces (at least 3) count in the job's bytes only.
+  EXPECT_GT(job_bytes, bytes);
+  int undone_ok = 0;
+  for (const std::string& l : jsonl(folder + "/attempts.jsonl"))
+    undone_ok +=
+        actors::json_field(l, "redo") == "0" && actors::json_field(l, "outcome") == "\"ok\"";
+  EXPECT_GE(undone_ok, last_before) << "killed after the report of round " << killed_at;
 }
 
 TEST_F(Elastic, BelowMinWorkersTheJobWaitsAndANewNodeSavesIt) {
@@ -293,9 +351,12 @@ TEST_F(Elastic, HeadAndAggregatorNodeKilledTheJobResumesFromItsCheckpoint) {
       "final validation loss: %.5f without faults, %.5f with the coordinator killed (%.2f%%)\n",
       reference, got, 100 * (got - reference) / reference);
   EXPECT_LE(std::abs(got - reference) / reference, 0.01);
-  // Rounds 5.. were redone, once each in the metrics.
+  // Rounds 5.. were redone, once each in the metrics, marked as redone.
   auto v = val_losses(dir_ + "/ckpt/" + id + "/metrics.jsonl");
   EXPECT_EQ(v.size(), 17u);
+  EXPECT_EQ(expect_each_round_once(dir_ + "/ckpt/" + id + "/metrics.jsonl"), 16);
+  // The restarted aggregator went back to its checkpoint: the rounds after it are redone.
+  EXPECT_NE(actors::json_field(jsonl(dir_ + "/ckpt/" + id + "/metrics.jsonl").back(), "redo"), "0");
 }
 
 TEST_F(Elastic, RedisRestartedMidJobTheJobFinishesWithEveryReport) {

@@ -8,7 +8,9 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
+#include "actors/job_records.hpp"
 #include "client/client.hpp"
 #include "tests/diloco/test_corpus.hpp"
 #include "tests/runtime/core/cluster.hpp"
@@ -75,6 +77,31 @@ inline std::map<int, double> val_losses(const std::string& path) {
     out[std::stoi(line.substr(r + 8))] = std::stod(val);
   }
   return out;
+}
+
+// The lines of a JSON-lines file (a job's metrics.jsonl, attempts.jsonl).
+inline std::vector<std::string> jsonl(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) out.push_back(line);
+  return out;
+}
+
+// round -> number of lines of metrics.jsonl that have it.
+inline std::map<int, int> round_counts(const std::string& metrics) {
+  std::map<int, int> out;
+  for (const std::string& l : jsonl(metrics)) ++out[std::stoi(actors::json_field(l, "round"))];
+  return out;
+}
+
+// Every round 0..last exactly once in metrics.jsonl; returns the last round.
+inline int expect_each_round_once(const std::string& metrics) {
+  auto counts = round_counts(metrics);
+  int last = counts.empty() ? -1 : counts.rbegin()->first;
+  for (int r = 0; r <= last; ++r) EXPECT_EQ(counts[r], 1) << "round " << r << " in " << metrics;
+  return last;
 }
 
 // The job's log lines so far, each with the unix ms of its Redis stream id.

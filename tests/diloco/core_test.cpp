@@ -17,6 +17,7 @@
 #include "tests/diloco/test_corpus.hpp"
 
 using namespace loco::diloco;
+using loco::collective::Codec;
 
 namespace {
 
@@ -59,7 +60,7 @@ TEST(Config, ParsesEveryField) {
   EXPECT_EQ(c.data.shards, 8);
   EXPECT_EQ(c.inner.grad_accum, 2);
   EXPECT_DOUBLE_EQ(c.inner.betas[1], 0.95);
-  EXPECT_EQ(c.compression, Compression::int8);
+  EXPECT_EQ(c.compression, Codec::int8);
   EXPECT_EQ(c.vocab_size(), 256);
   EXPECT_EQ(c.checkpoint.dir, "ck");
   EXPECT_EQ(c.allreduce.chunk_kb, 64);
@@ -109,7 +110,7 @@ TEST(Compression, Int8ErrorIsBoundedByHalfAStepPerChunk) {
   }
   x[5] = 50.f;  // one outlier: only its chunk gets a coarse step
   auto y = x;
-  codec_roundtrip(y, Compression::int8);
+  codec_roundtrip(y, Codec::int8);
   for (std::size_t begin = 0; begin < x.size(); begin += chunk) {
     const std::size_t end = std::min(x.size(), begin + chunk);
     const auto [lo, hi] = std::minmax_element(x.begin() + static_cast<std::ptrdiff_t>(begin),
@@ -120,9 +121,9 @@ TEST(Compression, Int8ErrorIsBoundedByHalfAStepPerChunk) {
   }
   // 1 byte a value and an 8-byte header per chunk; K = 2 sends 2 (K-1)/K = 1
   // vector, cut into 2 parts of 2 chunks each.
-  EXPECT_EQ(allreduce_bytes_per_member(x.size(), 2, Compression::int8), x.size() + 4 * 8);
-  EXPECT_EQ(allreduce_bytes_per_member(x.size(), 2, Compression::fp32), 4 * x.size());
-  EXPECT_EQ(allreduce_bytes_per_member(x.size(), 1, Compression::fp32), 0u);
+  EXPECT_EQ(allreduce_bytes_per_member(x.size(), 2, Codec::int8), x.size() + 4 * 8);
+  EXPECT_EQ(allreduce_bytes_per_member(x.size(), 2, Codec::fp32), 4 * x.size());
+  EXPECT_EQ(allreduce_bytes_per_member(x.size(), 1, Codec::fp32), 0u);
 }
 
 TEST(Compression, HalfPrecisionEdgeCases) {
@@ -134,7 +135,7 @@ TEST(Compression, HalfPrecisionEdgeCases) {
                           std::ldexp(1.f, -25),
                           std::ldexp(3.f, -25),
                           -2.5f};
-  codec_roundtrip(v, Compression::fp16);
+  codec_roundtrip(v, Codec::fp16);
   EXPECT_EQ(v[0], 1.0f);
   EXPECT_EQ(v[1], 0.333251953125f);
   EXPECT_EQ(v[2], 65504.f);
@@ -144,14 +145,14 @@ TEST(Compression, HalfPrecisionEdgeCases) {
   EXPECT_EQ(v[6], std::ldexp(1.f, -23));  // tie to even
   EXPECT_EQ(v[7], -2.5f);
   std::vector<float> b = {1.0f + std::ldexp(1.f, -8), 1.0f + std::ldexp(3.f, -8)};
-  codec_roundtrip(b, Compression::bf16);
+  codec_roundtrip(b, Codec::bf16);
   EXPECT_EQ(b[0], 1.0f);
   EXPECT_EQ(b[1], 1.0f + std::ldexp(1.f, -6));  // 1.5 ulp: tie to even
 }
 
 TEST(Averager, EveryMemberGetsTheSameMean) {
   LocalAverager avg;
-  for (auto c : {Compression::fp32, Compression::fp16, Compression::bf16, Compression::int8}) {
+  for (auto c : {Codec::fp32, Codec::fp16, Codec::bf16, Codec::int8}) {
     std::vector<std::vector<float>> bufs(3, std::vector<float>(5000));
     for (std::size_t k = 0; k < 3; ++k)
       for (std::size_t i = 0; i < 5000; ++i)
@@ -163,8 +164,7 @@ TEST(Averager, EveryMemberGetsTheSameMean) {
     for (std::size_t i = 0; i < 5000; ++i) {
       ASSERT_EQ(bufs[1][i], bufs[0][i]);
       ASSERT_EQ(bufs[2][i], bufs[0][i]);
-      ASSERT_NEAR(bufs[0][i], 0.02f * static_cast<float>(i % 7),
-                  c == Compression::fp32 ? 1e-6 : 0.01);
+      ASSERT_NEAR(bufs[0][i], 0.02f * static_cast<float>(i % 7), c == Codec::fp32 ? 1e-6 : 0.01);
     }
   }
 }
@@ -233,9 +233,9 @@ TEST(Averager, EqualsTheCollectiveBitForBit) {
           inputs[r][i] = static_cast<float>(u * 1e-3 * static_cast<double>(r + 1) *
                                             (i % 5000 < 100 ? 30.0 : 1.0));
         }
-      for (auto c : {Compression::fp32, Compression::fp16, Compression::bf16, Compression::int8}) {
+      for (auto c : {Codec::fp32, Codec::fp16, Codec::bf16, Codec::int8}) {
         loco::collective::Options opts;
-        opts.codec = codec_of(c);
+        opts.codec = c;
         opts.chunk_bytes = shape.chunk_bytes;
         const auto expected = collective_mean(inputs, opts);
         auto local = inputs;
@@ -246,10 +246,10 @@ TEST(Averager, EqualsTheCollectiveBitForBit) {
           ASSERT_EQ(std::memcmp(local[r].data(), expected[r].data(), shape.n * sizeof(float)), 0)
               << to_string(c) << " K=" << k << " n=" << shape.n << " member " << r;
         // The codec matters: without it the mean would differ (fp32 aside).
-        if (c != Compression::fp32) {
+        if (c != Codec::fp32) {
           auto plain = inputs;
           std::vector<std::span<float>> ps(plain.begin(), plain.end());
-          LocalAverager(opts).average(ps, Compression::fp32);
+          LocalAverager(opts).average(ps, Codec::fp32);
           EXPECT_NE(std::memcmp(plain[0].data(), local[0].data(), shape.n * sizeof(float)), 0);
         }
       }

@@ -10,6 +10,7 @@
 #include "tests/diloco/test_corpus.hpp"
 
 using namespace loco::diloco;
+using loco::collective::Codec;
 
 namespace {
 
@@ -104,8 +105,8 @@ TEST_F(DilocoTest, AttentionIsCausal) {
 TEST_F(DilocoTest, CompressionMatchesTorchCasts) {
   auto x = torch::randn({20000}) * 1000;
   x.slice(0, 0, 1000).mul_(1e-7);  // subnormal halves
-  for (auto [c, dtype] : {std::pair{Compression::fp16, torch::kHalf},
-                          std::pair{Compression::bf16, torch::kBFloat16}}) {
+  for (auto [c, dtype] :
+       {std::pair{Codec::fp16, torch::kHalf}, std::pair{Codec::bf16, torch::kBFloat16}}) {
     auto y = x.clone();
     codec_roundtrip({y.data_ptr<float>(), 20000}, c);
     EXPECT_TRUE(torch::equal(y, x.to(dtype).to(torch::kFloat32))) << to_string(c);
@@ -258,7 +259,7 @@ TEST_F(DilocoTest, OneWorkerWithPlainAveragingEqualsPlainTraining) {
     const auto sp = plain.run_inner_steps(4);
     diloco.pseudo_gradient(outer.theta(), delta);
     std::vector<std::span<float>> spans = {delta};
-    avg.average(spans, Compression::fp32);
+    avg.average(spans, Codec::fp32);
     outer.step(delta);
     diloco.load_parameters(outer.theta());
     EXPECT_NEAR(sd.mean_loss, sp.mean_loss, 1e-4);
@@ -280,7 +281,7 @@ TEST_F(DilocoTest, OneWorkerWithPlainAveragingEqualsPlainTraining) {
 
 TEST_F(DilocoTest, CheckpointResumeIsBitIdentical) {
   auto c = small_job();
-  c.compression = Compression::int8;
+  c.compression = Codec::int8;
   SimulateOptions opt{.workers = 2, .mode = Mode::diloco, .rounds = 4};
   Simulator straight(c, opt);
   std::vector<double> losses;
@@ -362,7 +363,7 @@ TEST_F(DilocoTest, SimulatorModesCommunicateWhatTheyShould) {
   }
   EXPECT_EQ(ms.bytes_per_worker, 0u);
   const auto per_allreduce =
-      allreduce_bytes_per_member(static_cast<std::size_t>(n), 4, Compression::fp32);
+      allreduce_bytes_per_member(static_cast<std::size_t>(n), 4, Codec::fp32);
   EXPECT_EQ(md.bytes_per_worker, 2u * 4u * per_allreduce);  // every inner step
   EXPECT_EQ(mdl.bytes_per_worker, 2u * per_allreduce);      // once a round
   EXPECT_EQ(md.tokens_total, 4 * ms.tokens_total);

@@ -102,7 +102,8 @@ wait_log() {
 
 wait_job_end() {
   STATE=""
-  for _ in $(seq 1 $(( $1 * 2 ))); do
+  local end=$(( SECONDS + $1 ))
+  while [ "$SECONDS" -lt "$end" ]; do
     STATE="$("$LOCO_BIN/loco" jobs --address "$HEAD" | grep "$JOB" || true)"
     case "$STATE" in *succeeded*|*failed*|*cancelled*) return 0 ;; esac
     sleep 0.5

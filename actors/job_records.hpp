@@ -1,0 +1,109 @@
+#pragma once
+// What a DiLoCo job writes about its rounds into its folder (next to its
+// checkpoints): two files of JSON lines, for people and plotting scripts.
+//
+// metrics.jsonl: θ's history, one line per round 0..r, each round number once.
+//   The simulator's fields (diloco/metrics.hpp), where "bytes" and "time" add up
+//   "round_bytes" and "round_time" over rounds 1..r, then:
+//     "utilization", "workers"  inner-step time over the pass's wall time; the
+//                       round's members at its end
+//     "round_bytes"     bytes sent per member by the round's successful all-reduce
+//     "round_time"      seconds of the pass that completed the round (joins,
+//                       inner steps, the all-reduce, evaluation), without the
+//                       failed all-reduce attempts of that pass
+//     "failed_attempts" all-reduce attempts of the round that failed (since the
+//                       job last went back, see "redo")
+//     "redo"            times the job had gone back to a checkpoint or to its
+//                       start (every worker lost, or the aggregator restarted)
+//                       before it did the round; 0 for a job that never did.
+//                       Going back removes the lines of the rounds it undoes,
+//                       so that every round number stays once: a redone round's
+//                       line comes again, with a higher "redo" than any line
+//                       before. The undone rounds' cost stays in attempts.jsonl
+//                       and in job_*.
+//     "job_bytes"       bytes sent per member over every all-reduce attempt of
+//                       the job so far: failed ones (as far as known, see
+//                       below) and undone rounds included
+//     "job_time"        seconds since the job was submitted
+//
+// attempts.jsonl: one line per all-reduce attempt, successful or failed, in
+//   order, never removed:
+//     {"round":R,"redo":n,"attempt":a,"workers":k,"members":[slots in rank order],
+//      "outcome":"ok"|"failed","seconds":s,"bytes":[per member, null: not known],
+//      "bytes_per_worker":b|null,"errors":[{"worker":i,"lost":true|false,"error":"..."}]}
+//   R is the round the attempt was to complete (the log's "all-reduce of round R");
+//   a counts the attempts of round R since the job last went back, from 1;
+//   "seconds" is the aggregator's wall time from asking the members to the last answer.
+//   A member whose reduce failed does not report what it sent: its bytes are null,
+//   and "bytes_per_worker" (the known bytes over the k members) is then a lower
+//   bound, null when no member's bytes are known.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "diloco/metrics.hpp"
+
+namespace loco::actors {
+
+struct AttemptRecord {
+  struct Error {
+    int worker = 0;
+    bool lost = false;  // its actor is gone; else it answered with the error
+    std::string message;
+  };
+  int64_t round = 0;                           // the round it was to complete, from 1
+  std::vector<int> members;                    // slots, in rank order
+  std::vector<std::optional<uint64_t>> bytes;  // sent by each member, when known
+  double seconds = 0;
+  std::vector<Error> errors;  // none: the attempt succeeded
+};
+
+// The aggregator's figures of a completed round.
+struct RoundFigures {
+  double utilization = 0;
+  int workers = 0;
+  double round_time = 0;
+  double job_time = 0;
+};
+
+class JobRecords {
+ public:
+  // The records in `folder` of a job that starts, or restarts after round `from`
+  // (-1: before round 0, whose θ is evaluated again). Records already there
+  // mean that the aggregator was restarted: the job goes back to `from` (the
+  // lines of later rounds go, "redo" counts one more) and job_bytes carries on.
+  JobRecords(std::string folder, int64_t from);
+
+  // The job goes back to round `round` (a checkpoint's, or 0): the lines of the
+  // rounds after it go, and the rounds done from now on count one more redo.
+  void go_back(int64_t round);
+  // Appends an attempt of the round in progress. Returns its line.
+  std::string attempt(const AttemptRecord& a);
+  // Appends the line of a completed round. m.bytes_per_worker and m.seconds are
+  // set here (the history's sums). Returns the line.
+  std::string round(diloco::RoundMetrics m, const RoundFigures& f);
+
+  int64_t redo() const { return redo_; }
+  uint64_t bytes_per_worker() const { return bytes_; }  // over θ's history
+  uint64_t job_bytes_per_worker() const { return job_bytes_; }
+  int failed_attempts() const { return failed_; }  // of the round in progress
+  const std::string& metrics_path() const { return metrics_path_; }
+  const std::string& attempts_path() const { return attempts_path_; }
+
+ private:
+  void drop_after(int64_t round);
+  std::string metrics_path_, attempts_path_;
+  int64_t redo_ = 0;
+  uint64_t bytes_ = 0;  // sums of the kept lines' round_bytes and round_time
+  double seconds_ = 0;
+  uint64_t job_bytes_ = 0;
+  int attempts_ = 0, failed_ = 0;  // of the round in progress
+  uint64_t ok_bytes_ = 0;          // bytes_per_worker of its successful attempt
+};
+
+// The text of a scalar field in a line written here: `"key":VALUE` gives VALUE
+// ("" when the line has no such field).
+std::string json_field(const std::string& line, const std::string& key);
+
+}  // namespace loco::actors

@@ -1,0 +1,190 @@
+// The job's records (actors/job_records.hpp) without a cluster: rounds once
+// each in metrics.jsonl whatever was redone, every all-reduce attempt in
+// attempts.jsonl, and totals that count the failed and the undone ones.
+#include "actors/job_records.hpp"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+namespace loco::actors {
+namespace {
+
+std::vector<std::string> lines(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  std::string l;
+  while (std::getline(in, l)) out.push_back(l);
+  return out;
+}
+
+int64_t num(const std::string& line, const std::string& key) {
+  return std::stoll(json_field(line, key));
+}
+
+// round -> how many lines of metrics.jsonl have it
+std::map<int64_t, int> round_counts(const JobRecords& rec) {
+  std::map<int64_t, int> n;
+  for (auto& l : lines(rec.metrics_path())) ++n[num(l, "round")];
+  return n;
+}
+
+class JobRecordsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/loco-records-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  static AttemptRecord ok(int64_t round, std::vector<int> members, uint64_t each) {
+    AttemptRecord a;
+    a.round = round;
+    a.members = members;
+    a.bytes.assign(members.size(), each);
+    a.seconds = 2;
+    return a;
+  }
+  // Member 0 lost, the others failing with it; what member 1 sent is known.
+  static AttemptRecord failed(int64_t round, std::vector<int> members) {
+    AttemptRecord a;
+    a.round = round;
+    a.members = members;
+    a.seconds = 3;
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (i == 1) {
+        a.bytes.push_back(400);
+        continue;
+      }
+      a.bytes.push_back(std::nullopt);
+      a.errors.push_back({members[i], i == 0, i == 0 ? "actor died" : "lost member \"w0\"\nagain"});
+    }
+    return a;
+  }
+  static diloco::RoundMetrics round(int r) {
+    diloco::RoundMetrics m;
+    m.round = r;
+    m.inner_steps = 10 * r;
+    if (r % 2 == 0) m.val_loss = 3.0 - 0.1 * r;
+    return m;
+  }
+  static RoundFigures figures(double secs) { return RoundFigures{0.9, 3, secs, 100}; }
+
+  std::string dir_;
+};
+
+TEST_F(JobRecordsTest, EachRoundOnceEachAttemptRecordedFailedOnesInTheTotals) {
+  JobRecords rec(dir_, -1);
+  rec.round(round(0), figures(0));
+  rec.attempt(ok(1, {0, 1, 2}, 300));
+  rec.round(round(1), figures(5));
+  rec.attempt(failed(2, {0, 1, 2}));
+  rec.attempt(ok(2, {1, 2}, 600));
+  const std::string l2 = rec.round(round(2), figures(6));
+
+  EXPECT_EQ(round_counts(rec), (std::map<int64_t, int>{{0, 1}, {1, 1}, {2, 1}}));
+  EXPECT_EQ(num(l2, "round_bytes"), 600);
+  EXPECT_EQ(num(l2, "bytes"), 900);  // the successful all-reduces of rounds 1 and 2
+  EXPECT_EQ(std::stod(json_field(l2, "time")), 11.0);
+  EXPECT_EQ(std::stod(json_field(l2, "round_time")), 6.0);
+  EXPECT_EQ(num(l2, "failed_attempts"), 1);
+  EXPECT_EQ(num(l2, "redo"), 0);
+  // The failed attempt's known bytes (member 1: 400) over its 3 members count too.
+  EXPECT_EQ(num(l2, "job_bytes"), 300 + 133 + 600);
+  EXPECT_EQ(std::stod(json_field(l2, "job_time")), 100.0);
+
+  auto att = lines(rec.attempts_path());
+  ASSERT_EQ(att.size(), 3u);
+  EXPECT_EQ(json_field(att[1], "outcome"), "\"failed\"");
+  EXPECT_EQ(num(att[1], "round"), 2);
+  EXPECT_EQ(num(att[1], "attempt"), 1);
+  EXPECT_EQ(num(att[2], "attempt"), 2);
+  EXPECT_EQ(num(att[1], "workers"), 3);
+  EXPECT_NE(att[1].find("\"bytes\":[null,400,null]"), std::string::npos) << att[1];
+  EXPECT_NE(att[1].find(R"({"worker":0,"lost":true,"error":"actor died"})"), std::string::npos)
+      << att[1];
+  EXPECT_NE(att[1].find(R"("error":"lost member \"w0\"\u000aagain")"), std::string::npos) << att[1];
+  EXPECT_EQ(json_field(att[2], "outcome"), "\"ok\"");
+  EXPECT_NE(att[2].find("\"errors\":[]}"), std::string::npos) << att[2];
+}
+
+TEST_F(JobRecordsTest, NoMemberBytesKnownIsNullNotZero) {
+  JobRecords rec(dir_, -1);
+  AttemptRecord a;
+  a.round = 1;
+  a.members = {0, 1};
+  a.bytes = {std::nullopt, std::nullopt};
+  a.errors = {{0, true, "gone"}, {1, false, "lost member"}};
+  const std::string line = rec.attempt(a);
+  EXPECT_EQ(json_field(line, "bytes_per_worker"), "null");
+  EXPECT_EQ(rec.job_bytes_per_worker(), 0u);
+}
+
+TEST_F(JobRecordsTest, GoingBackRemovesTheUndoneRoundsAndMarksTheRedoneOnes) {
+  JobRecords rec(dir_, -1);
+  rec.round(round(0), figures(0));
+  for (int r = 1; r <= 3; ++r) {
+    rec.attempt(ok(r, {0, 1}, 100));
+    rec.round(round(r), figures(1));
+  }
+  rec.go_back(1);  // every worker lost; the checkpoint was of round 1
+  EXPECT_EQ(round_counts(rec), (std::map<int64_t, int>{{0, 1}, {1, 1}}));
+  EXPECT_EQ(rec.redo(), 1);
+  EXPECT_EQ(rec.bytes_per_worker(), 100u);
+  rec.attempt(ok(2, {0, 1}, 100));
+  const std::string l2 = rec.round(round(2), figures(1));
+  EXPECT_EQ(num(l2, "redo"), 1);
+  EXPECT_EQ(num(l2, "bytes"), 200);      // rounds 1 and 2 of θ's history
+  EXPECT_EQ(num(l2, "job_bytes"), 400);  // and the undone rounds 2 and 3
+  EXPECT_EQ(std::stod(json_field(l2, "time")), 2.0);
+  EXPECT_EQ(round_counts(rec), (std::map<int64_t, int>{{0, 1}, {1, 1}, {2, 1}}));
+  EXPECT_EQ(num(lines(rec.attempts_path()).back(), "redo"), 1);
+  EXPECT_EQ(num(lines(rec.attempts_path()).back(), "attempt"), 1);
+}
+
+TEST_F(JobRecordsTest, ARestartedAggregatorGoesBackAndCarriesTheTotalsOn) {
+  {
+    JobRecords rec(dir_, -1);
+    EXPECT_EQ(rec.redo(), 0);
+    rec.round(round(0), figures(0));
+    for (int r = 1; r <= 3; ++r) {
+      rec.attempt(ok(r, {0, 1}, 100));
+      rec.round(round(r), figures(1));
+    }
+    rec.attempt(failed(4, {0, 1, 2}));
+  }
+  {
+    // Resumed from the checkpoint of round 3: round 4 starts over.
+    JobRecords rec(dir_, 3);
+    EXPECT_EQ(rec.redo(), 1);
+    EXPECT_EQ(rec.failed_attempts(), 0);
+    EXPECT_EQ(rec.job_bytes_per_worker(), 300u + 133u);
+    EXPECT_EQ(rec.bytes_per_worker(), 300u);
+    rec.attempt(ok(4, {0, 1}, 100));
+    EXPECT_EQ(num(lines(rec.attempts_path()).back(), "attempt"), 1);
+    const std::string l4 = rec.round(round(4), figures(1));
+    EXPECT_EQ(num(l4, "bytes"), 400);
+    EXPECT_EQ(num(l4, "redo"), 1);
+    EXPECT_EQ(num(l4, "job_bytes"), 533);
+  }
+  {
+    // Resumed from the checkpoint of round 2: rounds 3 and 4 are undone.
+    JobRecords rec(dir_, 2);
+    EXPECT_EQ(rec.redo(), 2);
+    EXPECT_EQ(rec.bytes_per_worker(), 200u);
+    EXPECT_EQ(round_counts(rec), (std::map<int64_t, int>{{0, 1}, {1, 1}, {2, 1}}));
+  }
+  {
+    // No checkpoint: everything again, round 0 too. The last "redo" written was 1.
+    JobRecords rec(dir_, -1);
+    EXPECT_EQ(rec.redo(), 2);
+    EXPECT_TRUE(lines(rec.metrics_path()).empty());
+    EXPECT_EQ(lines(rec.attempts_path()).size(), 5u);  // attempts are never removed
+  }
+}
+
+}  // namespace
+}  // namespace loco::actors
