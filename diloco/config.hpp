@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime/collective/allreduce.hpp"  // collective::Codec
+#include "runtime/collective/compression.hpp"
 
 namespace loco::diloco {
 

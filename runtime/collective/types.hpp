@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/collective/compression.hpp"
+
 namespace loco::collective {
 
 struct Member {
@@ -31,14 +33,6 @@ struct Group {
   // of the group's identity, like its members).
   std::vector<double> part_weights;
 };
-
-enum class Codec : uint8_t { fp32, fp16, bf16, int8 };
-
-// "fp32" | "fp16" | "bf16" | "int8"; std::nullopt for anything else.
-std::optional<Codec> parse_codec(std::string_view name);
-std::string_view to_string(Codec codec);
-// Encoded bytes for `count` floats (int8 adds a per-chunk header).
-size_t encoded_bytes(Codec codec, size_t count);
 
 struct Options {
   Codec codec = Codec::fp32;
