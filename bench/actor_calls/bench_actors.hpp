@@ -14,6 +14,8 @@ class Echo {
   int ping(int n) { return n; }
   void poke(int) { ++pokes_; }
   int64_t pokes() const { return pokes_; }
+  // Sends the blob back: received as a view of the frame, sent from it again.
+  loco::Blob bounce(loco::Blob b) { return b; }
 
  private:
   int64_t pokes_ = 0;
@@ -67,6 +69,20 @@ class Pinger {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (after - before != n) throw std::runtime_error("tells lost");
     return n / s;
+  }
+  // Bytes per second of blobs of `bytes` sent to the Echo and back, one call at a
+  // time: a copy of the blob on either side would show here.
+  double blobs(std::string echo_id, int64_t bytes, int n) {
+    auto echo = loco::Runtime::current().actor<Echo>(echo_id);
+    loco::Blob blob = loco::Blob::from_vector(std::vector<uint8_t>(size_t(bytes), 7));
+    (void)echo.call(&Echo::bounce, blob).get(loco::Millis(10000));
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      loco::Blob back = echo.call(&Echo::bounce, blob).get(loco::Millis(30000));
+      if (back.size() != blob.size()) throw std::runtime_error("blob came back cut");
+    }
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return 2.0 * double(bytes) * n / s;
   }
 };
 

@@ -3,6 +3,7 @@
 // two processes (the bound: loco sends over the same socket types).
 //
 //   build/bin/bench_actor_calls [--n 20000] [--calls 300000] [--window 2000] [--repeats 3]
+//                               [--blob-kb 4096] [--blob-calls 200]
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -92,7 +93,7 @@ RawResult raw_zmq(int n, int calls, int window) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int n = 20000, calls = 300000, window = 2000, repeats = 3;
+  int n = 20000, calls = 300000, window = 2000, repeats = 3, blob_kb = 4096, blob_calls = 200;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int v = std::atoi(argv[i + 1]);
@@ -104,6 +105,10 @@ int main(int argc, char** argv) {
       window = v;
     else if (k == "--repeats")
       repeats = v;
+    else if (k == "--blob-kb")
+      blob_kb = v;
+    else if (k == "--blob-calls")
+      blob_calls = v;
   }
   using namespace loco;
   testing::ClusterOptions co;
@@ -118,24 +123,28 @@ int main(int argc, char** argv) {
   auto pinger = rt.spawn<bench::Pinger>(ActorOptions().with_resources({{"pinger", 1}}));
   if (echo.address() == pinger.address()) throw std::runtime_error("actors share a node");
 
-  std::vector<double> raw_med, loco_med, loco_p99, raw_tput, loco_tput, loco_tell;
+  std::vector<double> raw_med, loco_med, loco_p99, raw_tput, loco_tput, loco_tell, loco_blob;
   for (int rep = 0; rep < repeats; ++rep) {
     RawResult raw = raw_zmq(n, calls, window);
     auto lat = pinger.call(&bench::Pinger::latency, echo.id(), n).get(Millis(600000));
     double tput =
         pinger.call(&bench::Pinger::throughput, echo.id(), calls, window).get(Millis(600000));
     double tells = pinger.call(&bench::Pinger::tells, echo.id(), calls).get(Millis(600000));
+    double blob_bps =
+        pinger.call(&bench::Pinger::blobs, echo.id(), int64_t(blob_kb) * 1024, blob_calls)
+            .get(Millis(600000));
     raw_med.push_back(median(raw.rtt_us));
     raw_tput.push_back(raw.msgs_per_s);
     loco_med.push_back(median(lat.rtt_us));
     loco_p99.push_back(pct(lat.rtt_us, 0.99));
     loco_tput.push_back(tput);
     loco_tell.push_back(tells);
+    loco_blob.push_back(blob_bps);
     std::printf(
         "run %d: raw zmq rtt %.1f us, loco rtt %.1f us (p99 %.1f), raw %.0f msg/s, loco "
-        "%.0f calls/s, %.0f tells/s\n",
+        "%.0f calls/s, %.0f tells/s, blobs %.2f GB/s\n",
         rep + 1, raw_med.back(), loco_med.back(), loco_p99.back(), raw_tput.back(),
-        loco_tput.back(), loco_tell.back());
+        loco_tput.back(), loco_tell.back(), loco_blob.back() / 1e9);
   }
   double rm = median(raw_med), lm = median(loco_med);
   std::printf("\nactor_calls (median of %d runs, %d round trips, %d pipelined calls, window %d)\n",
@@ -149,5 +158,7 @@ int main(int argc, char** argv) {
   std::printf("  loco async calls             : %8.0f calls/s  (target >= 100000), %.2fx raw\n",
               median(loco_tput), median(loco_tput) / median(raw_tput));
   std::printf("  loco one-way tells           : %8.0f calls/s\n", median(loco_tell));
+  std::printf("  loco blob calls              : %8.2f GB/s     (%d KiB there and back)\n",
+              median(loco_blob) / 1e9, blob_kb);
   return 0;
 }
