@@ -19,7 +19,9 @@
 #include <tuple>
 #include <type_traits>
 
-#include "runtime/core/core.hpp"
+#include "runtime/core/caller.hpp"
+#include "runtime/core/cluster_types.hpp"
+#include "runtime/core/registry.hpp"
 
 namespace loco {
 
@@ -47,7 +49,7 @@ struct ActorOptions {
 template <class R>
 class [[nodiscard]] Future {
  public:
-  Future(std::shared_ptr<detail::Core> core, std::shared_ptr<detail::CallState> st)
+  Future(std::shared_ptr<detail::Caller> core, std::shared_ptr<detail::CallState> st)
       : core_(std::move(core)), st_(std::move(st)) {}
 
   R get(Millis timeout = Millis(60000)) {
@@ -61,7 +63,7 @@ class [[nodiscard]] Future {
   }
 
  private:
-  std::shared_ptr<detail::Core> core_;
+  std::shared_ptr<detail::Caller> core_;
   std::shared_ptr<detail::CallState> st_;
 };
 
@@ -82,7 +84,7 @@ template <class T>
 class ActorHandle {
  public:
   ActorHandle() = default;
-  ActorHandle(std::shared_ptr<detail::Core> core, std::shared_ptr<detail::ActorRef> ref)
+  ActorHandle(std::shared_ptr<detail::Caller> core, std::shared_ptr<detail::ActorRef> ref)
       : core_(std::move(core)), ref_(std::move(ref)) {}
 
   template <class R, class... Params, class... Args>
@@ -122,7 +124,7 @@ class ActorHandle {
     return Future<R>(core_, core_->call(ref_, method, detail::pack_payload(tuple), oneway));
   }
 
-  std::shared_ptr<detail::Core> core_;
+  std::shared_ptr<detail::Caller> core_;
   std::shared_ptr<detail::ActorRef> ref_;
 };
 

@@ -16,84 +16,14 @@ std::vector<Blob>*& blob_sink() {
   return sink;
 }
 
-std::vector<zmq::message_t>*& blob_source() {
-  thread_local std::vector<zmq::message_t>* source = nullptr;
+const std::vector<Blob>*& blob_source() {
+  thread_local const std::vector<Blob>* source = nullptr;
   return source;
 }
 
-zmq::message_t zero_copy_frame(const Blob& blob) {
-  if (blob.size() == 0) return zmq::message_t();
-  // The frame keeps a reference to the blob's owner until ZeroMQ has sent it.
-  auto* keep = new std::shared_ptr<const void>(blob.owner());
-  return zmq::message_t(
-      const_cast<uint8_t*>(blob.data()), blob.size(),
-      [](void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }, keep);
-}
-
-std::vector<zmq::message_t> encode(const Envelope& env, Payload&& payload) {
-  msgpack::sbuffer buf;
-  msgpack::pack(buf, env);
-  std::vector<zmq::message_t> frames;
-  frames.reserve(2 + payload.blobs.size());
-  frames.emplace_back(buf.data(), buf.size());
-  frames.push_back(std::move(payload.body));
-  for (auto& b : payload.blobs) frames.push_back(std::move(b));
-  return frames;
-}
-
-std::vector<zmq::message_t> encode(const Envelope& env) {
-  msgpack::sbuffer buf;
-  msgpack::pack(buf, env);
-  std::vector<zmq::message_t> frames;
-  frames.emplace_back(buf.data(), buf.size());
-  return frames;
-}
-
-Decoded decode(std::vector<zmq::message_t>&& frames, size_t max_bytes) {
-  if (frames.empty()) throw ProtocolError("empty message: no envelope frame");
-  size_t total = 0;
-  for (auto& f : frames) total += f.size();
-  if (total > max_bytes)
-    throw ProtocolError("message of " + std::to_string(total) + " bytes exceeds the limit of " +
-                        std::to_string(max_bytes) + " bytes");
-  Decoded d;
-  try {
-    msgpack::object_handle oh =
-        msgpack::unpack(static_cast<const char*>(frames[0].data()), frames[0].size());
-    const msgpack::object& o = oh.get();
-    // Read the version first so that another version's envelope of another
-    // shape is reported as a version mismatch, not as garbage.
-    if (o.type != msgpack::type::ARRAY || o.via.array.size < 1)
-      throw ProtocolError("malformed envelope: not a msgpack array");
-    uint32_t version = o.via.array.ptr[0].as<uint32_t>();
-    if (version != kProtocolVersion)
-      throw ProtocolError("envelope of protocol version " + std::to_string(version) +
-                          ", this process speaks version " + std::to_string(kProtocolVersion));
-    o.convert(d.env);
-  } catch (const ProtocolError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw ProtocolError(std::string("malformed envelope: ") + e.what());
-  }
-  auto k = d.env.kind;
-  if (k < static_cast<uint8_t>(Kind::Request) || k > static_cast<uint8_t>(Kind::Pong))
-    throw ProtocolError("malformed envelope: unknown message kind " + std::to_string(k));
-  if (frames.size() >= 2) d.payload.body = std::move(frames[1]);
-  for (size_t i = 2; i < frames.size(); ++i) d.payload.blobs.push_back(std::move(frames[i]));
-  return d;
-}
-
-uint64_t salvage_corr(const zmq::message_t& frame) {
-  try {
-    msgpack::object_handle oh =
-        msgpack::unpack(static_cast<const char*>(frame.data()), frame.size());
-    const msgpack::object& o = oh.get();
-    if (o.type == msgpack::type::ARRAY && o.via.array.size >= 3 &&
-        o.via.array.ptr[2].type == msgpack::type::POSITIVE_INTEGER)
-      return o.via.array.ptr[2].via.u64;
-  } catch (...) {
-  }
-  return 0;
+Blob body_of(msgpack::sbuffer&& buf) {
+  auto owner = std::make_shared<msgpack::sbuffer>(std::move(buf));
+  return Blob(owner, reinterpret_cast<const uint8_t*>(owner->data()), owner->size());
 }
 
 }  // namespace detail

@@ -1,14 +1,10 @@
 #pragma once
-// The wire format. One message is a list of ZeroMQ frames:
-//
-//   [envelope][body][blob 0][blob 1]...
-//
-// envelope: msgpack array (version, kind, correlation id, sender, target actor,
-//           method, error type, error message) — the only frame every hop decodes;
-// body:     msgpack of the arguments (a tuple) or of the result;
-// blobs:    raw bytes of every loco::Blob inside the body, sent as their own
-//           frames without copying (the body holds an ext placeholder with the
-//           blob's index). Tensors travel this way, never as msgpack arrays.
+// Arguments and results as msgpack, with loco::Blob for bulk bytes. A message
+// carries a body (msgpack of the arguments, a tuple, or of the result) and
+// blobs: the raw bytes of every loco::Blob inside the body, each sent as its
+// own frame without copying (the body holds an ext placeholder with the blob's
+// index). Tensors travel this way, never as msgpack arrays. How a message
+// becomes ZeroMQ frames is private to runtime/ (wire.hpp).
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -17,7 +13,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-#include <zmq.hpp>
 
 #include "runtime/core/errors.hpp"
 
@@ -60,43 +55,27 @@ class Blob {
 
 namespace detail {
 
-constexpr uint32_t kProtocolVersion = 1;
 constexpr int8_t kBlobExtType = 17;
-
-enum class Kind : uint8_t { Request = 1, Tell = 2, Reply = 3, Error = 4, Ping = 5, Pong = 6 };
-
-struct Envelope {
-  uint32_t version = kProtocolVersion;
-  uint8_t kind = 0;
-  uint64_t corr = 0;
-  std::string sender;
-  std::string target;
-  std::string method;
-  std::string error_type;
-  std::string error_message;
-  MSGPACK_DEFINE(version, kind, corr, sender, target, method, error_type, error_message)
-
-  Kind k() const { return static_cast<Kind>(kind); }
-};
 
 // A body and its blobs, ready to send or just received.
 struct Payload {
-  zmq::message_t body;
-  std::vector<zmq::message_t> blobs;
+  Blob body;
+  std::vector<Blob> blobs;
 };
 
-// Thread-local plumbing between msgpack's adaptors and the frames.
+// Thread-local plumbing between msgpack's adaptors and a payload's blobs.
 std::vector<Blob>*& blob_sink();
-std::vector<zmq::message_t>*& blob_source();
+const std::vector<Blob>*& blob_source();
 
-zmq::message_t zero_copy_frame(const Blob& blob);
+// The body of a payload: takes the packed buffer over, without copying it.
+Blob body_of(msgpack::sbuffer&& buf);
 
 template <class T>
 Payload pack_payload(const T& value) {
   msgpack::sbuffer buf;
-  std::vector<Blob> blobs;
+  Payload p;
   std::vector<Blob>* saved = blob_sink();
-  blob_sink() = &blobs;
+  blob_sink() = &p.blobs;
   try {
     msgpack::pack(buf, value);
   } catch (...) {
@@ -104,24 +83,21 @@ Payload pack_payload(const T& value) {
     throw;
   }
   blob_sink() = saved;
-  Payload p;
-  p.body = zmq::message_t(buf.data(), buf.size());
-  p.blobs.reserve(blobs.size());
-  for (const Blob& b : blobs) p.blobs.push_back(zero_copy_frame(b));
+  p.body = body_of(std::move(buf));
   return p;
 }
 
-// Decodes a body into T; blobs point into `p.blobs`' frames (which the caller
-// must hand over: they are moved into shared ownership). Throws ProtocolError
-// naming `what_prefix + what` when the body does not hold a T (the two parts are
-// joined only then: this runs for every call).
+// Decodes a body into T; blobs in the result share `p.blobs`' memory (a
+// received frame: no copy). Throws ProtocolError naming `what_prefix + what`
+// when the body does not hold a T (the two parts are joined only then: this
+// runs for every call).
 template <class T>
-T unpack_payload(Payload& p, std::string_view what_prefix, std::string_view what = {}) {
-  std::vector<zmq::message_t>* saved = blob_source();
+T unpack_payload(const Payload& p, std::string_view what_prefix, std::string_view what = {}) {
+  const std::vector<Blob>* saved = blob_source();
   blob_source() = &p.blobs;
   try {
     msgpack::object_handle oh =
-        msgpack::unpack(static_cast<const char*>(p.body.data()), p.body.size());
+        msgpack::unpack(reinterpret_cast<const char*>(p.body.data()), p.body.size());
     T value = oh.get().as<T>();
     blob_source() = saved;
     return value;
@@ -134,22 +110,6 @@ T unpack_payload(Payload& p, std::string_view what_prefix, std::string_view what
                         e.what() + ")");
   }
 }
-
-// Frames of a whole message.
-std::vector<zmq::message_t> encode(const Envelope& env, Payload&& payload);
-// An envelope-only message (pings, errors).
-std::vector<zmq::message_t> encode(const Envelope& env);
-
-// Splits received frames. Throws ProtocolError for a missing or malformed
-// envelope, another protocol version, or too many bytes.
-struct Decoded {
-  Envelope env;
-  Payload payload;
-};
-Decoded decode(std::vector<zmq::message_t>&& frames, size_t max_bytes);
-// Best effort: the correlation id of a message whose envelope may be broken
-// (0 when even that cannot be read), so that an error reply can still name it.
-uint64_t salvage_corr(const zmq::message_t& envelope_frame);
 
 }  // namespace detail
 }  // namespace loco
@@ -187,12 +147,7 @@ MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS) {
         throw loco::ProtocolError("message refers to blob frame " + std::to_string(index) +
                                   " but carries " + std::to_string(source ? source->size() : 0) +
                                   " blob frames");
-      auto frame = std::make_shared<zmq::message_t>(std::move((*source)[index]));
-      // A moved-from frame is empty: re-share the same frame for repeated references.
-      (*source)[index].copy(*frame);
-      const uint8_t* data = static_cast<const uint8_t*>(frame->data());
-      size_t size = frame->size();
-      b = loco::Blob(std::shared_ptr<const void>(frame, frame.get()), data, size);
+      b = (*source)[index];
       return o;
     }
   };

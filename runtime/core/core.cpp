@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <thread>
+
 namespace loco::detail {
 
 std::string ActorRef::describe() const {
@@ -157,6 +160,27 @@ std::shared_ptr<CallState> Core::call(const std::shared_ptr<ActorRef>& ref,
   }
   transport_->send_to_peer(addr, encode(env, std::move(args)));
   return st;
+}
+
+Payload Core::call_head(const std::string& method, Payload&& args, Millis timeout) {
+  int64_t deadline = now_ms() + timeout.count();
+  Backoff backoff(Millis(100), Millis(1000));
+  while (true) {
+    // Every attempt sends the same payload: a copy shares its buffers.
+    auto st = call(head_ref_, method, Payload(args), false);
+    try {
+      await(*st, Millis(std::max<int64_t>(1, deadline - now_ms())));
+      return std::move(st->result);
+    } catch (const ActorDiedError& e) {
+      // The head is unreachable: it may be restarting. Retry until the deadline.
+      if (now_ms() + 100 >= deadline)
+        throw ClusterError("head at " + opts_.head_address + " unreachable: " + e.what());
+      std::this_thread::sleep_for(std::min(backoff.next(), Millis(deadline - now_ms())));
+    } catch (const TimeoutError&) {
+      throw ClusterError("head at " + opts_.head_address + " did not answer " + method +
+                         " within " + human_ms(timeout.count()));
+    }
+  }
 }
 
 void Core::await(CallState& st, Millis timeout) {

@@ -2,6 +2,10 @@
 // The per-process engine behind handles, nodes and the head: sends calls,
 // matches replies, detects peers that stopped answering, and runs the actors
 // this process hosts, each on its own thread, one message at a time.
+//
+// Private to runtime/ (and white-box tests): handles and loco::Runtime see it
+// only as a detail::Caller (caller.hpp), so that a change here, or in the
+// ZeroMQ plumbing below it, rebuilds no user code.
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -12,45 +16,14 @@
 #include <thread>
 #include <unordered_map>
 
+#include "runtime/core/caller.hpp"
 #include "runtime/core/cluster_types.hpp"
-#include "runtime/core/codec.hpp"
 #include "runtime/core/registry.hpp"
 #include "runtime/core/transport.hpp"
 #include "runtime/core/util.hpp"
+#include "runtime/core/wire.hpp"
 
 namespace loco::detail {
-
-// Where an actor is; shared by every copy of a handle so that a re-resolved
-// location (after a restart) serves them all.
-struct ActorRef {
-  std::string id;
-  std::string name;
-  std::string class_name;
-  bool fixed = false;  // a system actor at a known address (the head): never re-resolved
-  std::mutex mu;
-  std::string address;  // "" when unknown or stale
-  std::string node_id;
-
-  std::string describe() const;  // "Counter 'c' (a-1f2e)"
-};
-
-// One call in flight.
-struct CallState {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  std::string error_type;  // empty on success
-  std::string error_message;
-  Payload result;
-  // For error messages and failure detection.
-  uint64_t corr = 0;
-  std::string peer;
-  std::string method;
-  std::shared_ptr<ActorRef> ref;
-
-  // "add on Counter 'c' (a-1f2e)": built only when an error needs it.
-  std::string what() const { return method + " on " + ref->describe(); }
-};
 
 struct CoreOptions {
   std::string bind;            // "tcp://HOST:PORT"; empty for a driver
@@ -63,28 +36,21 @@ struct CoreOptions {
   int64_t resolve_timeout_ms = 15000;  // how long a handle waits for a restarting actor
 };
 
-class Core : public std::enable_shared_from_this<Core> {
+class Core final : public Caller, public std::enable_shared_from_this<Core> {
  public:
   explicit Core(CoreOptions opts);
-  ~Core();
+  ~Core() override;
 
   const CoreOptions& options() const { return opts_; }
   // Adopts the cluster's failure detection times (a node learns them from the head).
   void set_detection(int64_t detect_ms, int64_t heartbeat_ms);
-  // "HOST:PORT" other processes reach this one at ("" for a driver).
-  std::string address() const;
 
-  // Sends `method` with `args` to the actor. Never blocks on the network; may
-  // block to resolve an actor whose location is unknown (asks the head).
+  // Caller
   std::shared_ptr<CallState> call(const std::shared_ptr<ActorRef>& ref, const std::string& method,
-                                  Payload&& args, bool oneway);
-  // Waits for the reply; throws its error, or TimeoutError.
-  void await(CallState& st, Millis timeout);
-
-  // A call to the head's service, retried while the head is unreachable (it may
-  // be restarting), until `timeout`.
-  template <class R, class... A>
-  R head_call(const std::string& method, Millis timeout, const A&... args);
+                                  Payload&& args, bool oneway) override;
+  void await(CallState& st, Millis timeout) override;
+  Payload call_head(const std::string& method, Payload&& args, Millis timeout) override;
+  std::string address() const override;
 
   // Hosting (nodes and the head).
   void host(const std::string& actor_id, const ClassEntry& cls, std::shared_ptr<void> instance);
@@ -140,30 +106,5 @@ class Core : public std::enable_shared_from_this<Core> {
 // The Core of the process that runs the current actor method, or of the
 // process's driver runtime. Set by nodes and by Runtime::connect.
 std::shared_ptr<Core>& current_core();
-
-template <class R, class... A>
-R Core::head_call(const std::string& method, Millis timeout, const A&... args) {
-  int64_t deadline = now_ms() + timeout.count();
-  Backoff backoff(Millis(100), Millis(1000));
-  while (true) {
-    auto st = call(head_ref_, method, pack_payload(std::make_tuple(args...)), false);
-    try {
-      await(*st, Millis(std::max<int64_t>(1, deadline - now_ms())));
-      if constexpr (std::is_void_v<R>) {
-        return;
-      } else {
-        return unpack_payload<R>(st->result, "reply of head.", method);
-      }
-    } catch (const ActorDiedError& e) {
-      // The head is unreachable: it may be restarting. Retry until the deadline.
-      if (now_ms() + 100 >= deadline)
-        throw ClusterError("head at " + opts_.head_address + " unreachable: " + e.what());
-      std::this_thread::sleep_for(std::min(backoff.next(), Millis(deadline - now_ms())));
-    } catch (const TimeoutError&) {
-      throw ClusterError("head at " + opts_.head_address + " did not answer " + method +
-                         " within " + human_ms(timeout.count()));
-    }
-  }
-}
 
 }  // namespace loco::detail

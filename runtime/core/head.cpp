@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "runtime/core/actor.hpp"
+#include "runtime/core/core.hpp"
 #include "runtime/core/decisions.hpp"
 #include "runtime/core/server.hpp"
 #include "runtime/membership/store.hpp"

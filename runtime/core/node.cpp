@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "runtime/core/actor.hpp"
+#include "runtime/core/core.hpp"
 #include "runtime/core/server.hpp"
 #include "runtime/membership/store.hpp"
 
@@ -43,7 +44,7 @@ class NodeService {
                                (known.empty() ? "none (load a plugin with --plugin)" : known));
     }
     detail::Payload args;
-    args.body = zmq::message_t(req.ctor_args.data(), req.ctor_args.size());
+    args.body = Blob::copy_of(req.ctor_args.data(), req.ctor_args.size());
     std::shared_ptr<void> instance = cls->factory(args);
     detail::current_core()->host(req.actor_id, *cls, std::move(instance));
     spdlog::info("node {}: created {} ({})", node_id_, req.class_name, req.actor_id);

@@ -1,5 +1,7 @@
 #include "runtime/core/runtime.hpp"
 
+#include "runtime/core/core.hpp"
+
 namespace loco {
 
 Runtime Runtime::connect(const std::string& head_address, ConnectOptions opts) {
@@ -25,7 +27,7 @@ Runtime Runtime::current() {
 std::string Runtime::body_bytes(const detail::Payload& p) {
   if (!p.blobs.empty())
     throw std::invalid_argument("constructor arguments cannot contain loco::Blob");
-  return std::string(static_cast<const char*>(p.body.data()), p.body.size());
+  return std::string(reinterpret_cast<const char*>(p.body.data()), p.body.size());
 }
 
 ActorInfo Runtime::spawn_raw(const SpawnRequest& req) {

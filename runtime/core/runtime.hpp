@@ -74,16 +74,16 @@ class Runtime {
   void job_finished(const std::string& job_id, const std::string& state,
                     const std::string& message);
 
-  std::shared_ptr<detail::Core> core() const { return core_; }
+  std::shared_ptr<detail::Caller> core() const { return core_; }
 
  private:
-  explicit Runtime(std::shared_ptr<detail::Core> core, std::shared_ptr<void> owner = nullptr)
+  explicit Runtime(std::shared_ptr<detail::Caller> core, std::shared_ptr<void> owner = nullptr)
       : core_(std::move(core)), owner_(std::move(owner)) {}
   static std::string body_bytes(const detail::Payload& p);
   ActorInfo spawn_raw(const SpawnRequest& req);
   static std::shared_ptr<detail::ActorRef> ref_from(const ActorInfo& info);
 
-  std::shared_ptr<detail::Core> core_;
+  std::shared_ptr<detail::Caller> core_;
   std::shared_ptr<void> owner_;  // shuts a driver's core down with its last copy
 };
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "runtime/core/server.hpp"
+#include "runtime/core/wire.hpp"
 #include "runtime/membership/store.hpp"
 #include "tests/runtime/core/test_actors.hpp"
 #include "tests/support/eventually.hpp"

@@ -3,8 +3,10 @@
 
 #include <thread>
 
+#include "runtime/core/core.hpp"
 #include "runtime/core/decisions.hpp"
 #include "runtime/core/runtime.hpp"
+#include "runtime/core/wire.hpp"
 #include "tests/runtime/core/test_actors.hpp"
 
 namespace loco {

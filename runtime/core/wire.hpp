@@ -1,0 +1,62 @@
+#pragma once
+// The wire format, private to runtime/ (only its .cpp files and white-box tests
+// include this, so that a change here rebuilds no user code). One message is a
+// list of ZeroMQ frames:
+//
+//   [envelope][body][blob 0][blob 1]...
+//
+// envelope: msgpack array (version, kind, correlation id, sender, target actor,
+//           method, error type, error message) — the only frame every hop decodes;
+// body, blobs: a detail::Payload (codec.hpp). Blobs are sent from their own
+//           memory and received as views of the frames: neither side copies them.
+#include <cstdint>
+#include <msgpack.hpp>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "runtime/core/codec.hpp"
+
+namespace loco::detail {
+
+constexpr uint32_t kProtocolVersion = 1;
+
+enum class Kind : uint8_t { Request = 1, Tell = 2, Reply = 3, Error = 4, Ping = 5, Pong = 6 };
+
+struct Envelope {
+  uint32_t version = kProtocolVersion;
+  uint8_t kind = 0;
+  uint64_t corr = 0;
+  std::string sender;
+  std::string target;
+  std::string method;
+  std::string error_type;
+  std::string error_message;
+  MSGPACK_DEFINE(version, kind, corr, sender, target, method, error_type, error_message)
+
+  Kind k() const { return static_cast<Kind>(kind); }
+};
+
+// A frame that points at the blob's memory and keeps its owner alive until
+// ZeroMQ has sent it.
+zmq::message_t zero_copy_frame(const Blob& blob);
+// A blob that points into the frame and owns it.
+Blob blob_of(zmq::message_t&& frame);
+
+// Frames of a whole message.
+std::vector<zmq::message_t> encode(const Envelope& env, Payload&& payload);
+// An envelope-only message (pings, errors).
+std::vector<zmq::message_t> encode(const Envelope& env);
+
+// Splits received frames. Throws ProtocolError for a missing or malformed
+// envelope, another protocol version, or too many bytes.
+struct Decoded {
+  Envelope env;
+  Payload payload;
+};
+Decoded decode(std::vector<zmq::message_t>&& frames, size_t max_bytes);
+// Best effort: the correlation id of a message whose envelope may be broken
+// (0 when even that cannot be read), so that an error reply can still name it.
+uint64_t salvage_corr(const zmq::message_t& envelope_frame);
+
+}  // namespace loco::detail
