@@ -227,11 +227,11 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
       } catch (const ActorNotFoundError&) {
       }
       s.handle.reset();
-      if (info && (info->state == "restarting" || info->state == "pending")) {
+      if (info && (info->state == ActorState::restarting || info->state == ActorState::pending)) {
         note_waiting(i, "its actor is restarting (" + info->reason + ")");
         continue;
       }
-      if (info && info->state != "dead") s.handle = rt.get_actor<InnerWorker>(s.name);
+      if (info && info->state != ActorState::dead) s.handle = rt.get_actor<InnerWorker>(s.name);
       if (!s.handle)
         s.handle = rt.spawn<InnerWorker>(ActorOptions()
                                              .with_name(s.name)
@@ -745,7 +745,7 @@ void OuterAggregator::State::run() {
   for (const double give_up = now_s() + 600;;) {
     try {
       if (flush()) {
-        rt.job_finished(job_id, "succeeded", msg);
+        rt.job_finished(job_id, JobState::succeeded, msg);
         break;
       }
     } catch (const std::exception& e) {
@@ -795,7 +795,7 @@ OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
       if (!s->stop) {
         log_error(s->job_id + ": " + e.what());
         try {
-          s->rt.job_finished(s->job_id, "failed", e.what());
+          s->rt.job_finished(s->job_id, JobState::failed, e.what());
         } catch (const std::exception& e2) {
           log_error(s->job_id + ": could not report the failure: " + e2.what());
         }

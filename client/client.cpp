@@ -123,7 +123,7 @@ JobInfo JobHandle::wait(Millis timeout) {
     JobInfo j = info();
     if (j.finished()) return j;
     if (now_ms() >= deadline)
-      throw TimeoutError("job " + id_ + " still " + j.state + " after " +
+      throw TimeoutError("job " + id_ + " still " + to_string(j.state) + " after " +
                          human_ms(timeout.count()));
     std::this_thread::sleep_for(idle.next());
   }

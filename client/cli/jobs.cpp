@@ -28,13 +28,13 @@ int submit(const std::string& address, const std::string& file, bool detach,
                 job.id().c_str(), job.id().c_str());
     return 130;
   }
-  return end->state == "succeeded" ? 0 : 1;
+  return end->state == loco::JobState::succeeded ? 0 : 1;
 }
 
 void print_jobs(const std::vector<JobInfo>& jobs) {
   std::printf("%-18s %-20s %-10s %s\n", "JOB", "NAME", "STATE", "MESSAGE");
   for (const JobInfo& j : jobs)
-    std::printf("%-18s %-20s %-10s %s\n", j.id.c_str(), j.name.c_str(), j.state.c_str(),
+    std::printf("%-18s %-20s %-10s %s\n", j.id.c_str(), j.name.c_str(), to_string(j.state).c_str(),
                 j.message.c_str());
 }
 
@@ -44,7 +44,7 @@ int print_log(const std::string& address, const std::string& id, bool follow_it)
   if (follow_it) {
     install_signal_handlers();
     auto end = follow(job, false);
-    return end && end->state == "succeeded" ? 0 : 1;
+    return end && end->state == loco::JobState::succeeded ? 0 : 1;
   }
   // What the log holds now, without waiting for more.
   std::string cursor;
@@ -95,7 +95,7 @@ void add_job_commands(CLI::App& app, Commands& out) {
   out.push_back({cancel_cmd, [a] {
                    Client client(head_address(a->address));
                    JobInfo j = client.job(a->id).cancel();
-                   std::printf("job %s %s\n", j.id.c_str(), j.state.c_str());
+                   std::printf("job %s %s\n", j.id.c_str(), to_string(j.state).c_str());
                    return 0;
                  }});
 

@@ -23,7 +23,7 @@ void print_status(const ClusterStatus& st) {
       res += buf;
     }
     std::printf("%-20s %-22s %-6s %-28s %s%s\n", n.node.id.c_str(), n.node.address.c_str(),
-                n.node.state.c_str(), res.c_str(), n.node.hostname.c_str(),
+                to_string(n.node.state).c_str(), res.c_str(), n.node.hostname.c_str(),
                 n.node.reason.empty() ? "" : ("  (" + n.node.reason + ")").c_str());
   }
   std::printf("\n%-20s %-16s %-14s %-20s %-10s %s\n", "ACTOR", "NAME", "CLASS", "NODE", "STATE",
@@ -31,7 +31,7 @@ void print_status(const ClusterStatus& st) {
   for (const ActorInfo& a : st.actors) {
     std::printf("%-20s %-16s %-14s %-20s %-10s %d/%d%s\n", a.id.c_str(),
                 a.name.empty() ? "-" : a.name.c_str(), a.class_name.c_str(), a.node_id.c_str(),
-                a.state.c_str(), a.restarts, a.max_restarts,
+                to_string(a.state).c_str(), a.restarts, a.max_restarts,
                 a.reason.empty() ? "" : ("  " + a.reason).c_str());
   }
 }

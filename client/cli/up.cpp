@@ -91,7 +91,7 @@ int up(const UpArgs& a) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (true) {
       int alive = 0;
-      for (auto& n : rt.status().nodes) alive += n.node.state == "alive";
+      for (auto& n : rt.status().nodes) alive += n.node.state == loco::NodeState::alive;
       if (alive >= a.workers) break;
       for (auto& p : procs)
         if (!p.running()) throw ClusterError("a cluster process exited early; logs in " + dir);
@@ -123,7 +123,7 @@ int up(const UpArgs& a) {
         job.cancel();
         rc = 130;
       } else {
-        rc = end->state == "succeeded" ? 0 : 1;
+        rc = end->state == loco::JobState::succeeded ? 0 : 1;
       }
     } catch (const std::exception& e) {
       std::cerr << "loco up: " << e.what() << "\n";

@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   try {
     loco::Runtime rt = loco::Runtime::connect(addr ? addr : "127.0.0.1:7070");
     int nodes = 0;
-    for (auto& n : rt.status().nodes) nodes += n.node.state == "alive";
+    for (auto& n : rt.status().nodes) nodes += n.node.state == loco::NodeState::alive;
     if (nodes == 0) throw loco::ClusterError("the cluster has no live node");
 
     auto totals = rt.spawn<KvStore>(loco::ActorOptions().with_name("wordcount-totals"));
@@ -55,8 +55,8 @@ int main(int argc, char** argv) {
 
     // Anyone can find the totals by name.
     auto found = rt.get_actor<KvStore>("wordcount-totals");
-    std::cout << "\nmost frequent words in " << *found.call(&KvStore::get, std::string("source")).get()
-              << ":\n";
+    std::cout << "\nmost frequent words in "
+              << *found.call(&KvStore::get, std::string("source")).get() << ":\n";
     for (auto& [word, n] : found.call(&KvStore::top, 10).get())
       std::cout << "  " << word << " " << n << "\n";
     return 0;

@@ -2,14 +2,75 @@
 // Records the head, the nodes and the clients exchange, and that the head keeps
 // in the membership store. All msgpack-serializable.
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <msgpack.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loco {
 
 using Resources = std::map<std::string, double>;
+
+// The life cycle of a node, an actor and a job. On the wire and in the store
+// each state travels as its name (to_string), the same words as before the
+// enums, so records of either age read the same; `loco status` and `loco jobs`
+// print these names.
+enum class NodeState : uint8_t { alive, dead, left };
+enum class ActorState : uint8_t { pending, alive, restarting, dead };
+enum class JobState : uint8_t { running, succeeded, failed, cancelled };
+
+// "alive", "dead", ...
+const std::string& to_string(NodeState s);
+const std::string& to_string(ActorState s);
+const std::string& to_string(JobState s);
+// The state called `name`; throws std::invalid_argument naming it and the known
+// states. A record or message with an unknown state does not decode.
+NodeState parse_node_state(std::string_view name);
+ActorState parse_actor_state(std::string_view name);
+JobState parse_job_state(std::string_view name);
+// The name, for test failures and logs.
+std::ostream& operator<<(std::ostream& os, NodeState s);
+std::ostream& operator<<(std::ostream& os, ActorState s);
+std::ostream& operator<<(std::ostream& os, JobState s);
+
+}  // namespace loco
+
+// States as msgpack strings (see above).
+namespace msgpack {
+MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS) {
+  namespace adaptor {
+
+#define LOCO_STATE_ADAPTOR(Enum, parse)                                          \
+  template <>                                                                    \
+  struct pack<Enum> {                                                            \
+    template <typename Stream>                                                   \
+    packer<Stream>& operator()(packer<Stream>& o, Enum s) const {                \
+      const std::string& name = loco::to_string(s);                              \
+      o.pack_str(static_cast<uint32_t>(name.size()));                            \
+      o.pack_str_body(name.data(), static_cast<uint32_t>(name.size()));          \
+      return o;                                                                  \
+    }                                                                            \
+  };                                                                             \
+  template <>                                                                    \
+  struct convert<Enum> {                                                         \
+    const msgpack::object& operator()(const msgpack::object& o, Enum& s) const { \
+      if (o.type != msgpack::type::STR) throw msgpack::type_error();             \
+      s = loco::parse(std::string_view(o.via.str.ptr, o.via.str.size));          \
+      return o;                                                                  \
+    }                                                                            \
+  };
+  LOCO_STATE_ADAPTOR(loco::NodeState, parse_node_state)
+  LOCO_STATE_ADAPTOR(loco::ActorState, parse_actor_state)
+  LOCO_STATE_ADAPTOR(loco::JobState, parse_job_state)
+#undef LOCO_STATE_ADAPTOR
+
+  }  // namespace adaptor
+}
+}  // namespace msgpack
+
+namespace loco {
 
 // "cpu=2,gpu=1" -> {cpu: 2, gpu: 1}; throws std::invalid_argument naming the bad part.
 Resources parse_resources(const std::string& text);
@@ -19,7 +80,7 @@ struct NodeRecord {
   std::string id;
   std::string address;  // "HOST:PORT" of its ROUTER
   Resources resources;
-  std::string state;  // "alive", "dead", "left"
+  NodeState state = NodeState::alive;
   std::string hostname;
   int64_t pid = 0;
   int64_t started_unix_ms = 0;
@@ -33,7 +94,7 @@ struct ActorInfo {
   std::string class_name;
   std::string node_id;
   std::string address;  // of its node
-  std::string state;    // "pending", "alive", "restarting", "dead"
+  ActorState state = ActorState::pending;
   int restarts = 0;
   int max_restarts = 0;
   Resources resources;
@@ -98,7 +159,7 @@ struct JobInfo {
   std::string id;  // "job-<hex>"
   std::string name;
   std::string entry_class;
-  std::string state;  // "running", "succeeded", "failed", "cancelled"
+  JobState state = JobState::running;
   std::string message;
   std::string entry_actor;
   int64_t submitted_unix_ms = 0;
@@ -110,7 +171,8 @@ struct JobInfo {
                  finished_unix_ms, scale)
 
   bool finished() const {
-    return state == "succeeded" || state == "failed" || state == "cancelled";
+    return state == JobState::succeeded || state == JobState::failed ||
+           state == JobState::cancelled;
   }
 };
 

@@ -104,8 +104,9 @@ void Core::resolve(ActorRef& ref) {
   int64_t deadline = now_ms() + opts_.resolve_timeout_ms;
   while (true) {
     ActorInfo info = head_call<ActorInfo>("locate", Millis(opts_.resolve_timeout_ms), ref.id);
-    if (info.state == "dead") throw ActorDiedError(ref.describe() + " is dead: " + info.reason);
-    bool usable = info.state == "alive";
+    if (info.state == ActorState::dead)
+      throw ActorDiedError(ref.describe() + " is dead: " + info.reason);
+    bool usable = info.state == ActorState::alive;
     if (usable) {
       std::lock_guard<std::mutex> lock(calls_mu_);
       auto it = dead_peers_.find(info.address);
@@ -120,7 +121,7 @@ void Core::resolve(ActorRef& ref) {
       return;
     }
     if (now_ms() >= deadline)
-      throw ActorDiedError(ref.describe() + " is not reachable: state " + info.state +
+      throw ActorDiedError(ref.describe() + " is not reachable: state " + to_string(info.state) +
                            (info.reason.empty() ? "" : " (" + info.reason + ")") + " after " +
                            human_ms(opts_.resolve_timeout_ms));
     std::this_thread::sleep_for(backoff.next());

@@ -47,9 +47,9 @@ class HeadService {
     if (req.class_name.empty()) throw ClusterError("spawn: empty actor class name");
     if (!req.name.empty()) {
       if (auto id = store_->hget(keys::kNames, req.name)) {
-        if (auto rec = actor(*id); rec && rec->info.state != "dead")
+        if (auto rec = actor(*id); rec && rec->info.state != ActorState::dead)
           throw ClusterError("an actor named '" + req.name + "' already exists (" + *id + ", " +
-                             rec->info.state + ")");
+                             to_string(rec->info.state) + ")");
       }
     }
     ActorRecord rec;
@@ -103,14 +103,14 @@ class HeadService {
     guard_store();
     auto rec = actor(id);
     if (!rec) throw ActorNotFoundError("no actor with id " + id);
-    if (rec->info.state == "alive") {
+    if (rec->info.state == ActorState::alive) {
       if (auto node = node_record(rec->info.node_id)) tell_node(*node, "kill_actor", id);
     }
     if (allow_restart && rec->info.restarts < rec->info.max_restarts) {
       to_restart(*rec, "killed by request");
       try_restart(*rec);
     } else {
-      rec->info.state = "dead";
+      rec->info.state = ActorState::dead;
       rec->info.reason = "killed by request";
       save(*rec);
     }
@@ -156,7 +156,7 @@ class HeadService {
     job.id = random_id("job").substr(0, 16);
     job.name = sub.name.empty() ? job.id : sub.name;
     job.entry_class = sub.entry_class;
-    job.state = "running";
+    job.state = JobState::running;
     job.submitted_unix_ms = unix_ms();
     save_job(job);
     SpawnRequest req;
@@ -170,7 +170,7 @@ class HeadService {
     try {
       job.entry_actor = spawn_impl(req).id;
     } catch (const std::exception& e) {
-      finish(job, "failed", std::string("could not start the job: ") + e.what());
+      finish(job, JobState::failed, std::string("could not start the job: ") + e.what());
       throw;
     }
     save_job(job);
@@ -188,7 +188,7 @@ class HeadService {
   }
 
   // Called by the entry actor when the job ends.
-  void job_finished(std::string job_id, std::string state, std::string message) {
+  void job_finished(std::string job_id, JobState state, std::string message) {
     with_store([&] {
       JobInfo job = job_record(job_id);
       if (!job.finished()) finish(job, state, message);
@@ -222,7 +222,8 @@ class HeadService {
         throw ClusterError("scale: a job needs at least 1 worker, not " + std::to_string(workers));
       JobInfo job = job_record(job_id);
       if (job.finished())
-        throw ClusterError("scale: job " + job_id + " has " + job.state + "; nothing to scale");
+        throw ClusterError("scale: job " + job_id + " has " + to_string(job.state) +
+                           "; nothing to scale");
       job.scale = workers;
       save_job(job);
       job_log(job.id, "log", "scale: " + std::to_string(workers) + " workers requested");
@@ -246,7 +247,7 @@ class HeadService {
       JobInfo job = job_record(job_id);
       if (job.finished()) return job;
       kill_job_actors(job.id, "job cancelled");
-      finish(job, "cancelled", "cancelled by request");
+      finish(job, JobState::cancelled, "cancelled by request");
       return job;
     });
   }
@@ -262,7 +263,7 @@ class HeadService {
         store_was_down_ = false;
       }
       for (auto& [id, n] : nodes) {
-        if (n.state == "alive")
+        if (n.state == NodeState::alive)
           detector_.observe(id, store_->get(keys::alive(id)), now);
         else
           detector_.forget(id);
@@ -271,7 +272,7 @@ class HeadService {
         auto it = nodes.find(v.node);
         if (it == nodes.end()) continue;
         NodeRecord& n = it->second;
-        n.state = "dead";
+        n.state = NodeState::dead;
         n.reason = v.reason;
         store_->hput(keys::kNodes, n.id, pack_str(n));
         detector_.forget(n.id);
@@ -280,23 +281,23 @@ class HeadService {
       }
       // Actors on nodes that are gone: restart (when allowed) or mark dead.
       for (auto& [id, rec] : all_actors()) {
-        if (rec.info.state == "dead") continue;
-        if (rec.info.state == "restarting") {
+        if (rec.info.state == ActorState::dead) continue;
+        if (rec.info.state == ActorState::restarting) {
           try_restart(rec);
           continue;
         }
         auto n = nodes.find(rec.info.node_id);
-        if (n != nodes.end() && n->second.state == "alive") continue;
+        if (n != nodes.end() && n->second.state == NodeState::alive) continue;
         std::string why = n == nodes.end()
                               ? "its node is unknown"
                               : "node " + n->second.id + " (" + n->second.address + ") " +
-                                    (n->second.state == "left" ? "left" : "died") +
+                                    (n->second.state == NodeState::left ? "left" : "died") +
                                     (n->second.reason.empty() ? "" : ": " + n->second.reason);
         if (rec.info.restarts < rec.info.max_restarts) {
           to_restart(rec, why);
           try_restart(rec);
         } else {
-          rec.info.state = "dead";
+          rec.info.state = ActorState::dead;
           rec.info.reason = why + (rec.info.max_restarts ? "; no restarts left" : "");
           save(rec);
           event({{"type", "actor_dead"}, {"actor", rec.info.id}, {"reason", rec.info.reason}});
@@ -326,25 +327,26 @@ class HeadService {
   void job_log(const std::string& job_id, const std::string& kind, const std::string& data) {
     store_->append(keys::job_events(job_id), {{"kind", kind}, {"data", data}}, 100000);
   }
-  void finish(JobInfo& job, const std::string& state, const std::string& message) {
+  void finish(JobInfo& job, JobState state, const std::string& message) {
     job.state = state;
     job.message = message;
     job.finished_unix_ms = unix_ms();
     save_job(job);
-    job_log(job.id, "log", "job " + state + (message.empty() ? "" : ": " + message));
-    event({{"type", "job_" + state}, {"job", job.id}, {"message", message}});
-    spdlog::info("head: job {} {}{}", job.id, state, message.empty() ? "" : ": " + message);
+    job_log(job.id, "log", "job " + to_string(state) + (message.empty() ? "" : ": " + message));
+    event({{"type", "job_" + to_string(state)}, {"job", job.id}, {"message", message}});
+    spdlog::info("head: job {} {}{}", job.id, to_string(state),
+                 message.empty() ? "" : ": " + message);
     // A finished job holds nothing: the head never restarts its actors.
-    kill_job_actors(job.id, "job " + state);
+    kill_job_actors(job.id, "job " + to_string(state));
   }
   // Kills every live actor named "<job id>.*", without restarts.
   void kill_job_actors(const std::string& job_id, const std::string& why) {
     for (auto& [id, rec] : all_actors()) {
-      if (rec.info.name.rfind(job_id + ".", 0) != 0 || rec.info.state == "dead") continue;
-      if (rec.info.state == "alive") {
+      if (rec.info.name.rfind(job_id + ".", 0) != 0 || rec.info.state == ActorState::dead) continue;
+      if (rec.info.state == ActorState::alive) {
         if (auto node = node_record(rec.info.node_id)) tell_node(*node, "kill_actor", id);
       }
-      rec.info.state = "dead";
+      rec.info.state = ActorState::dead;
       rec.info.reason = why;
       save(rec);
     }
@@ -355,8 +357,8 @@ class HeadService {
       JobInfo job = unpack_str<JobInfo>(v);
       if (job.finished() || job.entry_actor.empty()) continue;
       auto it = actors.find(job.entry_actor);
-      if (it != actors.end() && it->second.info.state == "dead")
-        finish(job, "failed",
+      if (it != actors.end() && it->second.info.state == ActorState::dead)
+        finish(job, JobState::failed,
                "its " + it->second.info.class_name + " died: " + it->second.info.reason);
     }
   }
@@ -375,7 +377,9 @@ class HeadService {
   static std::string describe(const ActorInfo& a) {
     return a.class_name + (a.name.empty() ? "" : " '" + a.name + "'") + " (" + a.id + ")";
   }
-  static bool occupies(const ActorInfo& a) { return a.state == "alive" || a.state == "pending"; }
+  static bool occupies(const ActorInfo& a) {
+    return a.state == ActorState::alive || a.state == ActorState::pending;
+  }
 
   void guard_store() {
     if (store_was_down_) {
@@ -415,7 +419,7 @@ class HeadService {
   }
   std::map<std::string, NodeRecord> live_nodes() {
     auto nodes = all_nodes();
-    std::erase_if(nodes, [](auto& kv) { return kv.second.state != "alive"; });
+    std::erase_if(nodes, [](auto& kv) { return kv.second.state != NodeState::alive; });
     return nodes;
   }
   std::vector<NodeView> views(const std::map<std::string, NodeRecord>& nodes) {
@@ -463,7 +467,7 @@ class HeadService {
   // Creates the actor on `node` and records it alive there; on failure records
   // it dead and rethrows.
   void start_on(ActorRecord& rec, const NodeRecord& node) {
-    rec.info.state = "pending";
+    rec.info.state = ActorState::pending;
     rec.info.node_id = node.id;
     rec.info.address = node.address;
     save(rec);
@@ -471,18 +475,18 @@ class HeadService {
       call_node<void>(node, "create_actor",
                       CreateActorRequest{rec.info.id, rec.info.class_name, rec.ctor_args});
     } catch (const std::exception& e) {
-      rec.info.state = "dead";
+      rec.info.state = ActorState::dead;
       rec.info.reason = std::string("could not be created on node ") + node.id + ": " + e.what();
       save(rec);
       throw;
     }
-    rec.info.state = "alive";
+    rec.info.state = ActorState::alive;
     rec.info.reason.clear();
     save(rec);
   }
 
   void to_restart(ActorRecord& rec, const std::string& why) {
-    rec.info.state = "restarting";
+    rec.info.state = ActorState::restarting;
     rec.info.reason = why;
     save(rec);
     event({{"type", "actor_restarting"}, {"actor", rec.info.id}, {"reason", why}});

@@ -153,7 +153,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   rec.address = core->address();
   rec.resources = cfg.resources;
   if (rec.resources.empty()) rec.resources["cpu"] = std::thread::hardware_concurrency();
-  rec.state = "alive";
+  rec.state = NodeState::alive;
   rec.hostname = host_name();
   rec.pid = ::getpid();
   rec.started_unix_ms = unix_ms();
@@ -206,7 +206,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
         auto cur = store->hget(keys::kNodes, node_id);
         if (cur) {
           NodeRecord r = msgpack::unpack(cur->data(), cur->size()).get().as<NodeRecord>();
-          if (r.state == "dead") {
+          if (r.state == NodeState::dead) {
             // Cut off for longer than the detection time: the cluster has moved on
             // (our actors were restarted elsewhere or declared dead). Drop them and
             // join again as a new node, so that a host whose link comes back serves again.
@@ -244,7 +244,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   // Leave cleanly: the head moves our restartable actors elsewhere.
   for (const std::string& id : core->hosted()) core->unhost(id);
   try {
-    rec.state = "left";
+    rec.state = NodeState::left;
     rec.reason = "stopped";
     store->hput(keys::kNodes, node_id, packed(rec));
     store->erase(keys::alive(node_id));

@@ -39,7 +39,7 @@ std::shared_ptr<detail::ActorRef> Runtime::ref_from(const ActorInfo& info) {
   ref->id = info.id;
   ref->name = info.name;
   ref->class_name = info.class_name;
-  if (info.state == "alive") {
+  if (info.state == ActorState::alive) {
     ref->address = info.address;
     ref->node_id = info.node_id;
   }
@@ -93,8 +93,7 @@ void Runtime::job_progress(const std::string& job_id, const JobProgress& progres
                          std::string(b.data(), b.size()));
 }
 
-void Runtime::job_finished(const std::string& job_id, const std::string& state,
-                           const std::string& message) {
+void Runtime::job_finished(const std::string& job_id, JobState state, const std::string& message) {
   core_->head_call<void>("job_finished", Millis(10000), job_id, state, message);
 }
 

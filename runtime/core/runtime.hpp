@@ -71,8 +71,7 @@ class Runtime {
   JobInfo scale_job(const std::string& job_id, int workers);
   void job_log(const std::string& job_id, const std::string& line);
   void job_progress(const std::string& job_id, const JobProgress& progress);
-  void job_finished(const std::string& job_id, const std::string& state,
-                    const std::string& message);
+  void job_finished(const std::string& job_id, JobState state, const std::string& message);
 
   std::shared_ptr<detail::Caller> core() const { return core_; }
 

@@ -59,7 +59,7 @@ TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
   {
     JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
     JobInfo end = j.wait(Millis(600000));
-    ASSERT_EQ(end.state, "succeeded") << end.message;
+    ASSERT_EQ(end.state, JobState::succeeded) << end.message;
     refcurve = val_losses(dir_ + "/ckpt/" + j.id() + "/metrics.jsonl");
     reference = refcurve.rbegin()->second;
   }
@@ -78,7 +78,7 @@ TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
   auto victim = [&]() -> std::string {
     std::vector<std::string> hosts;
     for (auto& a : client.runtime().status().actors)
-      if (a.name.rfind(j.id() + ".worker-", 0) == 0 && a.state == "alive")
+      if (a.name.rfind(j.id() + ".worker-", 0) == 0 && a.state == ActorState::alive)
         hosts.push_back(a.address);
     if (hosts.empty()) return "";
     return hosts[std::uniform_int_distribution<size_t>(0, hosts.size() - 1)(rng)];
@@ -97,7 +97,7 @@ TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
     f.at_ms = now;
     const int kind = std::uniform_int_distribution<int>(0, 3)(rng);
     int alive_nodes = 0;
-    for (auto& n : client.runtime().status().nodes) alive_nodes += n.node.state == "alive";
+    for (auto& n : client.runtime().status().nodes) alive_nodes += n.node.state == NodeState::alive;
     if (kind == 2) {
       // A machine joins: spare capacity, where the next lost worker restarts.
       c.add_node({"--resources", "cpu=1"});
@@ -122,7 +122,7 @@ TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
   }
   JobInfo end = j.wait(Millis(10000));
   std::string log = log_text(j);
-  ASSERT_EQ(end.state, "succeeded") << end.message << "\n" << log;
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
 
   // Every round reported once, finite, with at least one worker.
   for (int r = 0; r <= rounds; ++r) {

@@ -241,7 +241,7 @@ TEST_F(Elastic, EveryWorkerKilledTheJobGoesBackToItsStartAndRecordsEachRoundOnce
     if (!killed_at && r.round >= 3) {
       killed_at = r.round;
       for (auto& a : client.runtime().status().actors)
-        if (a.name.rfind(j.id() + ".worker-", 0) == 0 && a.state == "alive")
+        if (a.name.rfind(j.id() + ".worker-", 0) == 0 && a.state == ActorState::alive)
           client.runtime().kill(a.id);
     }
     if (r.redo == 0) last_before = std::max(last_before, r.round);
@@ -302,7 +302,7 @@ TEST_F(Elastic, BelowMinWorkersPastWaitTheJobFailsSayingWhy) {
     }
   }
   JobInfo end = j.wait(Millis(120000));
-  ASSERT_EQ(end.state, "failed");
+  ASSERT_EQ(end.state, JobState::failed);
   EXPECT_TRUE(contains(end.message, "below workers.min = 2")) << end.message;
   EXPECT_TRUE(contains(end.message, "workers.wait_s = 2 s")) << end.message;
   EXPECT_TRUE(contains(end.message, "worker 1")) << end.message;
@@ -323,7 +323,7 @@ TEST_F(Elastic, HeadAndAggregatorNodeKilledTheJobResumesFromItsCheckpoint) {
     Client client(c.head_address());
     JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
     JobInfo end = j.wait(Millis(300000));
-    ASSERT_EQ(end.state, "succeeded") << end.message;
+    ASSERT_EQ(end.state, JobState::succeeded) << end.message;
     reference = final_val_loss(dir_ + "/ckpt/" + j.id() + "/metrics.jsonl");
   }
   std::string id;
@@ -343,7 +343,7 @@ TEST_F(Elastic, HeadAndAggregatorNodeKilledTheJobResumesFromItsCheckpoint) {
   Client client(c.head_address());
   JobHandle j = client.job(id);
   JobInfo end = j.wait(Millis(300000));
-  ASSERT_EQ(end.state, "succeeded") << end.message << "\n" << log_text(j);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log_text(j);
   std::string log = log_text(j);
   EXPECT_TRUE(contains(log, "resuming from " + dir_ + "/ckpt/" + id + "/ckpt-round-")) << log;
   double got = final_val_loss(dir_ + "/ckpt/" + id + "/metrics.jsonl");
@@ -373,11 +373,11 @@ TEST_F(Elastic, RedisRestartedMidJobTheJobFinishesWithEveryReport) {
   std::this_thread::sleep_for(Millis(1500));  // an outage, not a synchronization
   c.redis().restart();
   JobInfo end = j.wait(Millis(300000));
-  ASSERT_EQ(end.state, "succeeded") << end.message;
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message;
   auto w = workers_by_round(j);
   for (int r = 0; r <= 40; ++r) EXPECT_EQ(w[r], 3) << "report of round " << r;
   bool listed = false;
-  for (auto& info : client.jobs()) listed |= info.id == j.id() && info.state == "succeeded";
+  for (auto& info : client.jobs()) listed |= info.id == j.id() && info.state == JobState::succeeded;
   EXPECT_TRUE(listed);
 }
 

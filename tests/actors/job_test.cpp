@@ -52,7 +52,7 @@ TEST_P(DilocoParity, DistributedOverFourNodesMatchesTheSimulator) {
     EXPECT_EQ(r.workers, 4);
   }
   JobInfo end = job.wait(Millis(10000));
-  ASSERT_EQ(end.state, "succeeded") << end.message;
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message;
   EXPECT_EQ(rounds, (std::vector<int>{0, 1, 2, 3}));
   // The four workers ran on four different nodes.
   std::set<std::string> nodes;
@@ -94,7 +94,7 @@ TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
     }
   }
   JobInfo end = job.wait(Millis(10000));
-  ASSERT_EQ(end.state, "succeeded") << end.message;
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message;
   EXPECT_EQ(last_round, 6);
   EXPECT_EQ(last_workers, 3);
   EXPECT_TRUE(std::isfinite(last_val));

@@ -97,7 +97,7 @@ bool LocalCluster::wait_alive_nodes(int n, Millis timeout) {
       [&] {
         try {
           int alive = 0;
-          for (auto& ns : runtime_->status().nodes) alive += ns.node.state == "alive";
+          for (auto& ns : runtime_->status().nodes) alive += ns.node.state == NodeState::alive;
           return alive == n;
         } catch (const ClusterError&) {
           return false;

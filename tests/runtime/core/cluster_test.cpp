@@ -56,7 +56,7 @@ TEST(Cluster, SpawnCallTellNamedLookupAndStatus) {
   EXPECT_EQ(st.nodes.size(), 3u);
   ASSERT_EQ(st.actors.size(), 1u);
   EXPECT_EQ(st.actors[0].name, "c");
-  EXPECT_EQ(st.actors[0].state, "alive");
+  EXPECT_EQ(st.actors[0].state, ActorState::alive);
   double used = 0;
   for (auto& n : st.nodes) used += n.used.count("cpu") ? n.used.at("cpu") : 0;
   EXPECT_EQ(used, 2);
@@ -125,11 +125,11 @@ TEST(Cluster, KilledNodeGivesActorDiedErrorWithinBoundAndActorRestartsElsewhere)
   std::cout << "restarted and answering after " << ms_since(t1) << " ms\n";
   ActorInfo info = rt.locate(sturdy.id());
   EXPECT_EQ(info.restarts, 1);
-  EXPECT_EQ(info.state, "alive");
+  EXPECT_EQ(info.state, ActorState::alive);
 
   if (fragile.address() == victim) {
     EXPECT_THROW((void)fragile.call(&Counter::get).get(Millis(10000)), ActorDiedError);
-    EXPECT_EQ(rt.locate(fragile.id()).state, "dead");
+    EXPECT_EQ(rt.locate(fragile.id()).state, ActorState::dead);
   } else {
     EXPECT_EQ(fragile.call(&Counter::get).get(Millis(5000)), 1);
   }
@@ -138,7 +138,7 @@ TEST(Cluster, KilledNodeGivesActorDiedErrorWithinBoundAndActorRestartsElsewhere)
   for (auto& n : rt.status().nodes)
     if (n.node.address == victim) {
       victim_id = n.node.id;
-      EXPECT_EQ(n.node.state, "dead");
+      EXPECT_EQ(n.node.state, NodeState::dead);
       EXPECT_TRUE(contains(n.node.reason, "missed heartbeats")) << n.node.reason;
     }
   ASSERT_FALSE(victim_id.empty());
@@ -162,7 +162,7 @@ TEST(Cluster, ActorWithoutRestartsIsDeadAfterItsNodeDies) {
   c.node(a.address()).kill();
   EXPECT_THROW((void)a.call(&Counter::sleep_ms, 20000).get(Millis(10000)), ActorDiedError);
   // Once the head has caught up, the handle says the actor is dead, and why.
-  (void)eventually([&] { return rt.locate(a.id()).state == "dead"; }, std::chrono::seconds(10));
+  (void)eventually([&] { return rt.locate(a.id()).state == ActorState::dead; }, std::chrono::seconds(10));
   try {
     (void)a.call(&Counter::get).get(Millis(5000));
     FAIL();
@@ -185,7 +185,7 @@ TEST(Cluster, HeadRestartKeepsNodesAndActors) {
   ASSERT_EQ(after.nodes.size(), before.nodes.size());
   for (size_t i = 0; i < after.nodes.size(); ++i) {
     EXPECT_EQ(after.nodes[i].node.id, before.nodes[i].node.id);
-    EXPECT_EQ(after.nodes[i].node.state, "alive");
+    EXPECT_EQ(after.nodes[i].node.state, NodeState::alive);
   }
   ASSERT_EQ(after.actors.size(), 1u);
   EXPECT_EQ(after.actors[0].id, a.id());
@@ -352,8 +352,8 @@ TEST(Cluster, RedisLostWhileRunningNodesRetryAndCarryOn) {
     try {
       ClusterStatus st = rt.status();
       int alive = 0;
-      for (auto& n : st.nodes) alive += n.node.state == "alive";
-      return alive == 3 && st.actors.size() == 1 && st.actors[0].state == "alive";
+      for (auto& n : st.nodes) alive += n.node.state == NodeState::alive;
+      return alive == 3 && st.actors.size() == 1 && st.actors[0].state == ActorState::alive;
     } catch (const Error&) {
       return false;
     }

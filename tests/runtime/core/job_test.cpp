@@ -35,7 +35,7 @@ TEST(Jobs, SubmitWatchWaitAndList) {
   }
   EXPECT_EQ(rounds, (std::vector<int>{1, 2, 3, 4, 5}));
   JobInfo end = job.wait(Millis(10000));
-  EXPECT_EQ(end.state, "succeeded");
+  EXPECT_EQ(end.state, JobState::succeeded);
   auto jobs = client.jobs();
   ASSERT_EQ(jobs.size(), 1u);
   EXPECT_EQ(jobs[0].id, job.id());
@@ -46,20 +46,20 @@ TEST(Jobs, FailureAndCancelAreReported) {
   LocalCluster c(ClusterOptions{.nodes = 1});
   Client client(c.head_address());
   JobInfo failed = client.submit(fake("rounds 2 fail")).wait(Millis(10000));
-  EXPECT_EQ(failed.state, "failed");
+  EXPECT_EQ(failed.state, JobState::failed);
   EXPECT_EQ(failed.message, "asked to fail");
 
   JobHandle long_job = client.submit(fake("rounds 100000"));
   // Cancel once it is under way.
   for (const RoundReport& r : long_job.watch())
     if (r.round >= 3) break;
-  EXPECT_EQ(long_job.cancel().state, "cancelled");
+  EXPECT_EQ(long_job.cancel().state, JobState::cancelled);
   JobInfo end = long_job.wait(Millis(5000));
-  EXPECT_EQ(end.state, "cancelled");
+  EXPECT_EQ(end.state, JobState::cancelled);
   // Its actors are gone.
   for (auto& a : client.runtime().status().actors) {
     if (a.name.rfind(long_job.id(), 0) == 0) {
-      EXPECT_EQ(a.state, "dead");
+      EXPECT_EQ(a.state, ActorState::dead);
     }
   }
 
@@ -90,7 +90,7 @@ TEST(Jobs, EntryActorIsRestartedWhenItsNodeDies) {
   ActorInfo again = client.runtime().lookup(job.id() + ".entry");
   EXPECT_EQ(again.restarts, 1);
   EXPECT_NE(again.address, entry.address);
-  EXPECT_EQ(job.info().state, "running");
+  EXPECT_EQ(job.info().state, JobState::running);
   job.cancel();
 }
 
@@ -105,7 +105,7 @@ TEST(Jobs, EntryActorDeathWithoutRestartsFailsTheJob) {
   ActorInfo entry = client.runtime().lookup(job.id() + ".entry");
   c.node(entry.address).kill();
   JobInfo end = job.wait(Millis(15000));
-  EXPECT_EQ(end.state, "failed");
+  EXPECT_EQ(end.state, JobState::failed);
   EXPECT_NE(end.message.find("died"), std::string::npos) << end.message;
 }
 
@@ -155,7 +155,7 @@ TEST(Jobs, CommandLineSubmitJobsLogsCancel) {
   out = run(loco + "cancel " + long_id + at, &rc);
   EXPECT_EQ(rc, 0);
   EXPECT_NE(out.find("cancelled"), std::string::npos) << out;
-  EXPECT_EQ(Client(c.head_address()).job(long_id).info().state, "cancelled");
+  EXPECT_EQ(Client(c.head_address()).job(long_id).info().state, JobState::cancelled);
   std::filesystem::remove_all(dir);
 }
 

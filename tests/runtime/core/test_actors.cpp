@@ -76,11 +76,11 @@ FakeJob::FakeJob(std::string job_id, std::string spec) : job_id_(std::move(job_i
       if (stop_) return;
       rt.job_log(job_id_, "fake job done");
       if (fail_)
-        rt.job_finished(job_id_, "failed", "asked to fail");
+        rt.job_finished(job_id_, JobState::failed, "asked to fail");
       else
-        rt.job_finished(job_id_, "succeeded", "");
+        rt.job_finished(job_id_, JobState::succeeded, "");
     } catch (const std::exception& e) {
-      if (!stop_) rt.job_finished(job_id_, "failed", e.what());
+      if (!stop_) rt.job_finished(job_id_, JobState::failed, e.what());
     }
   });
 }

@@ -111,6 +111,85 @@ TEST(Codec, TruncatedEnvelopeIsAProtocolErrorAndCorrIsSalvaged) {
   EXPECT_EQ(detail::salvage_corr(whole), 9u);
 }
 
+TEST(States, NamesRoundTripAndUnknownNamesAreRefused) {
+  for (NodeState s : {NodeState::alive, NodeState::dead, NodeState::left})
+    EXPECT_EQ(parse_node_state(to_string(s)), s);
+  for (ActorState s :
+       {ActorState::pending, ActorState::alive, ActorState::restarting, ActorState::dead})
+    EXPECT_EQ(parse_actor_state(to_string(s)), s);
+  for (JobState s : {JobState::running, JobState::succeeded, JobState::failed, JobState::cancelled})
+    EXPECT_EQ(parse_job_state(to_string(s)), s);
+  EXPECT_EQ(to_string(NodeState::left), "left");
+  EXPECT_EQ(to_string(ActorState::restarting), "restarting");
+  EXPECT_EQ(to_string(JobState::cancelled), "cancelled");
+  try {
+    parse_job_state("done");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown job state 'done'"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("running, succeeded, failed, cancelled"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(parse_node_state(""), std::invalid_argument);
+  EXPECT_THROW(parse_actor_state("Alive"), std::invalid_argument);
+}
+
+// The records as they were before the states became enums: a string in the same place.
+struct NodeRecordV0 {
+  std::string id, address;
+  Resources resources;
+  std::string state, hostname;
+  int64_t pid = 0, started_unix_ms = 0;
+  std::string reason;
+  MSGPACK_DEFINE(id, address, resources, state, hostname, pid, started_unix_ms, reason)
+};
+struct JobInfoV0 {
+  std::string id, name, entry_class, state, message, entry_actor;
+  int64_t submitted_unix_ms = 0, finished_unix_ms = 0;
+  int scale = 0;
+  MSGPACK_DEFINE(id, name, entry_class, state, message, entry_actor, submitted_unix_ms,
+                 finished_unix_ms, scale)
+};
+
+template <class To, class From>
+To repack(const From& v) {
+  msgpack::sbuffer b;
+  msgpack::pack(b, v);
+  return msgpack::unpack(b.data(), b.size()).get().as<To>();
+}
+
+TEST(States, RecordsKeepTheirWireFormat) {
+  NodeRecordV0 old_node;
+  old_node.id = "n-1";
+  old_node.state = "left";
+  old_node.pid = 42;
+  NodeRecord node = repack<NodeRecord>(old_node);
+  EXPECT_EQ(node.state, NodeState::left);
+  EXPECT_EQ(node.pid, 42);
+  node.state = NodeState::dead;
+  EXPECT_EQ(repack<NodeRecordV0>(node).state, "dead");
+  {
+    msgpack::sbuffer a, b;
+    old_node.state = "dead";
+    msgpack::pack(a, old_node);
+    msgpack::pack(b, node);
+    EXPECT_EQ(std::string(a.data(), a.size()), std::string(b.data(), b.size()));
+  }
+
+  JobInfoV0 old_job;
+  old_job.id = "job-1";
+  old_job.state = "succeeded";
+  JobInfo job = repack<JobInfo>(old_job);
+  EXPECT_EQ(job.state, JobState::succeeded);
+  EXPECT_TRUE(job.finished());
+  EXPECT_EQ(repack<JobInfoV0>(job).state, "succeeded");
+
+  old_job.state = "exploded";
+  EXPECT_THROW(repack<JobInfo>(old_job), std::invalid_argument);
+}
+
 TEST(Resources, ParseAndReject) {
   auto r = parse_resources("cpu=2,gpu=0.5,ssd=1");
   EXPECT_EQ(r.at("cpu"), 2);
