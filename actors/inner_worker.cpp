@@ -68,10 +68,7 @@ struct FaultPlan {
   }
   [[noreturn]] static void die() {
     if (const char* log = std::getenv("LOCO_FAULT_LOG")) {
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    std::chrono::system_clock::now().time_since_epoch())
-                    .count();
-      std::ofstream(log, std::ios::app) << ms << "\n";
+      std::ofstream(log, std::ios::app) << unix_ms() << "\n";
     }
     ::kill(::getpid(), SIGKILL);
     std::abort();

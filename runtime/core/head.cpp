@@ -314,10 +314,6 @@ class HeadService {
   }
 
  private:
-  static int64_t unix_ms() {
-    return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  }
   void save_job(const JobInfo& job) { store_->hput(keys::kJobs, job.id, pack_str(job)); }
   JobInfo job_record(const std::string& id) {
     auto v = store_->hget(keys::kJobs, id);

@@ -15,11 +15,6 @@
 namespace loco {
 namespace {
 
-int64_t unix_ms() {
-  return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 std::string host_name() {
   char buf[256] = {0};
   gethostname(buf, sizeof buf - 1);

@@ -11,6 +11,11 @@ int64_t now_ms() {
       .count();
 }
 
+int64_t unix_ms() {
+  return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 Backoff::Backoff(Millis initial, Millis max)
     : initial_(initial), max_(max), current_(initial), rng_(std::random_device{}()) {}
 

@@ -13,6 +13,10 @@ using Millis = std::chrono::milliseconds;
 // Milliseconds on the steady clock. Decisions that depend on time take `now`
 // as a parameter (see decisions.hpp); only the loops that drive them call this.
 int64_t now_ms();
+// Milliseconds since the Unix epoch, on the system clock: for timestamps that
+// people read or other hosts compare (a job's submission, a node's start).
+// Never for timeouts or durations: it can jump.
+int64_t unix_ms();
 
 // Exponential backoff with jitter, for every retry loop in loco
 // (heartbeats, reconnecting to Redis or the head, waiting for a restart).
