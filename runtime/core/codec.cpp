@@ -21,10 +21,5 @@ const std::vector<Blob>*& blob_source() {
   return source;
 }
 
-Blob body_of(msgpack::sbuffer&& buf) {
-  auto owner = std::make_shared<msgpack::sbuffer>(std::move(buf));
-  return Blob(owner, reinterpret_cast<const uint8_t*>(owner->data()), owner->size());
-}
-
 }  // namespace detail
 }  // namespace loco

@@ -3,8 +3,10 @@
 // carries a body (msgpack of the arguments, a tuple, or of the result) and
 // blobs: the raw bytes of every loco::Blob inside the body, each sent as its
 // own frame without copying (the body holds an ext placeholder with the blob's
-// index). Tensors travel this way, never as msgpack arrays. How a message
-// becomes ZeroMQ frames is private to runtime/ (wire.hpp).
+// index). Tensors travel this way, never as msgpack arrays: the body is copied
+// into and out of its frame (a few bytes, usually; no allocation at all below
+// 16), the blobs never are. How a message becomes ZeroMQ frames is private to
+// runtime/ (wire.hpp).
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -59,7 +61,7 @@ constexpr int8_t kBlobExtType = 17;
 
 // A body and its blobs, ready to send or just received.
 struct Payload {
-  Blob body;
+  std::string body;  // msgpack
   std::vector<Blob> blobs;
 };
 
@@ -67,23 +69,25 @@ struct Payload {
 std::vector<Blob>*& blob_sink();
 const std::vector<Blob>*& blob_source();
 
-// The body of a payload: takes the packed buffer over, without copying it.
-Blob body_of(msgpack::sbuffer&& buf);
+// msgpack's output stream for a body.
+struct BodyWriter {
+  std::string& out;
+  void write(const char* data, size_t size) { out.append(data, size); }
+};
 
 template <class T>
 Payload pack_payload(const T& value) {
-  msgpack::sbuffer buf;
   Payload p;
+  BodyWriter writer{p.body};
   std::vector<Blob>* saved = blob_sink();
   blob_sink() = &p.blobs;
   try {
-    msgpack::pack(buf, value);
+    msgpack::pack(writer, value);
   } catch (...) {
     blob_sink() = saved;
     throw;
   }
   blob_sink() = saved;
-  p.body = body_of(std::move(buf));
   return p;
 }
 
@@ -96,8 +100,7 @@ T unpack_payload(const Payload& p, std::string_view what_prefix, std::string_vie
   const std::vector<Blob>* saved = blob_source();
   blob_source() = &p.blobs;
   try {
-    msgpack::object_handle oh =
-        msgpack::unpack(reinterpret_cast<const char*>(p.body.data()), p.body.size());
+    msgpack::object_handle oh = msgpack::unpack(p.body.data(), p.body.size());
     T value = oh.get().as<T>();
     blob_source() = saved;
     return value;

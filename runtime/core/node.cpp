@@ -39,7 +39,7 @@ class NodeService {
                                (known.empty() ? "none (load a plugin with --plugin)" : known));
     }
     detail::Payload args;
-    args.body = Blob::copy_of(req.ctor_args.data(), req.ctor_args.size());
+    args.body = std::move(req.ctor_args);
     std::shared_ptr<void> instance = cls->factory(args);
     detail::current_core()->host(req.actor_id, *cls, std::move(instance));
     spdlog::info("node {}: created {} ({})", node_id_, req.class_name, req.actor_id);

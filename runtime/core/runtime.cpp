@@ -27,7 +27,7 @@ Runtime Runtime::current() {
 std::string Runtime::body_bytes(const detail::Payload& p) {
   if (!p.blobs.empty())
     throw std::invalid_argument("constructor arguments cannot contain loco::Blob");
-  return std::string(reinterpret_cast<const char*>(p.body.data()), p.body.size());
+  return p.body;
 }
 
 ActorInfo Runtime::spawn_raw(const SpawnRequest& req) {

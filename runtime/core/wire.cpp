@@ -24,7 +24,6 @@ std::vector<zmq::message_t> encode(const Envelope& env, Payload&& payload) {
   std::vector<zmq::message_t> frames;
   frames.reserve(2 + payload.blobs.size());
   frames.emplace_back(buf.data(), buf.size());
-  // The body is small (blobs hold the bulk): one copy costs less than sharing it.
   frames.emplace_back(payload.body.data(), payload.body.size());
   for (const Blob& b : payload.blobs) frames.push_back(zero_copy_frame(b));
   return frames;
@@ -67,7 +66,8 @@ Decoded decode(std::vector<zmq::message_t>&& frames, size_t max_bytes) {
   auto k = d.env.kind;
   if (k < static_cast<uint8_t>(Kind::Request) || k > static_cast<uint8_t>(Kind::Pong))
     throw ProtocolError("malformed envelope: unknown message kind " + std::to_string(k));
-  if (frames.size() >= 2) d.payload.body = blob_of(std::move(frames[1]));
+  if (frames.size() >= 2)
+    d.payload.body.assign(static_cast<const char*>(frames[1].data()), frames[1].size());
   d.payload.blobs.reserve(frames.size() > 2 ? frames.size() - 2 : 0);
   for (size_t i = 2; i < frames.size(); ++i)
     d.payload.blobs.push_back(blob_of(std::move(frames[i])));

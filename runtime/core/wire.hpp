@@ -7,8 +7,9 @@
 //
 // envelope: msgpack array (version, kind, correlation id, sender, target actor,
 //           method, error type, error message) — the only frame every hop decodes;
-// body, blobs: a detail::Payload (codec.hpp). Blobs are sent from their own
-//           memory and received as views of the frames: neither side copies them.
+// body, blobs: a detail::Payload (codec.hpp). The body is copied into and out
+//           of its frame; blobs are sent from their own memory and received as
+//           views of their frames: neither side copies them.
 #include <cstdint>
 #include <msgpack.hpp>
 #include <string>
