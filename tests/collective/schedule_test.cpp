@@ -84,6 +84,22 @@ void expect_ok(const std::vector<std::exception_ptr>& errors) {
   }
 }
 
+// Every error is a PeerLostError naming `peer`, with `text` in its message.
+void expect_lost(const std::vector<std::exception_ptr>& errors, const std::string& peer,
+                 const std::string& text) {
+  for (auto& e : errors) {
+    ASSERT_TRUE(e) << "expected " << peer << " to be lost";
+    try {
+      std::rethrow_exception(e);
+    } catch (const PeerLostError& err) {
+      EXPECT_EQ(err.peer(), peer) << err.what();
+      EXPECT_NE(std::string(err.what()).find(text), std::string::npos) << err.what();
+    } catch (const std::exception& err) {
+      ADD_FAILURE() << "not a PeerLostError: " << err.what();
+    }
+  }
+}
+
 // What the Communicator computes is what local_allreduce computes, bit for bit: the schedule
 // alone, over queues in memory, for several group sizes, codecs and chunkings.
 TEST(Schedule, OverMemoryEqualsTheInProcessArithmeticBitForBit) {
@@ -151,15 +167,7 @@ TEST(Schedule, ClosedMemberIsLostBeforeTheTimeout) {
   }
   t0.join();
   EXPECT_LT(Clock::now() - start, 2000ms);
-  for (auto& e : errors) {
-    ASSERT_TRUE(e);
-    try {
-      std::rethrow_exception(e);
-    } catch (const PeerLostError& err) {
-      EXPECT_EQ(err.peer(), "w2") << err.what();
-      EXPECT_NE(std::string(err.what()).find("connection closed"), std::string::npos);
-    }
-  }
+  expect_lost(errors, "w2", "connection closed");
 }
 
 TEST(Schedule, SilentMemberIsLostAfterItsWindowAndTheOthersGoOn) {
@@ -188,15 +196,8 @@ TEST(Schedule, SilentMemberIsLostAfterItsWindowAndTheOthersGoOn) {
   auto elapsed = Clock::now() - start;
   EXPECT_GE(elapsed, 300ms);
   EXPECT_LT(elapsed, 1500ms);
-  for (auto& e : lost) {
-    ASSERT_TRUE(e);
-    try {
-      std::rethrow_exception(e);
-    } catch (const PeerLostError& err) {
-      EXPECT_EQ(err.peer(), "w2") << err.what();
-      EXPECT_NE(std::string(err.what()).find("no data for 0.3 s"), std::string::npos) << err.what();
-    }
-  }
+  expect_lost(lost, "w2", "no data for 0.3 s");
+
   // The survivors at once, as a group of two with a new round.
   expect_ok(m.run({0, 1}, 11, in, out));
 }
