@@ -30,13 +30,11 @@ void MemoryTransport::keep_only(std::span<const std::string> peers, std::chrono:
   auto self = hub_->members_.find(endpoint_);
   if (self == hub_->members_.end()) return;
   self->second.connected = std::set<std::string>(peers.begin(), peers.end());
-  for (const std::string& p : peers)
-    if (!hub_->members_.count(p)) self->second.events[p] = PeerEvent::refused;
 }
 
 bool MemoryTransport::room_locked(const std::string& peer, Channel channel) {
   auto it = hub_->members_.find(peer);
-  if (it == hub_->members_.end()) return true;  // taken, and lost: as a socket would
+  if (it == hub_->members_.end()) return true;  // taken and lost, as by a socket to a dead peer
   const size_t limit = channel == Channel::data ? hub_->data_queue_ : 64;
   return it->second.queued[{endpoint_, channel}] < limit;
 }
@@ -46,8 +44,7 @@ bool MemoryTransport::try_send(const std::string& peer, Channel channel, const H
   std::lock_guard lock(hub_->m_);
   auto self = hub_->members_.find(endpoint_);
   if (self == hub_->members_.end()) return true;  // closed: nothing leaves any more
-  if (self->second.connected.insert(peer).second && !hub_->members_.count(peer))
-    self->second.events[peer] = PeerEvent::refused;
+  self->second.connected.insert(peer);
   if (!room_locked(peer, channel)) return false;
   auto it = hub_->members_.find(peer);
   if (it == hub_->members_.end()) return true;

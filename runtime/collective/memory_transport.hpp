@@ -37,7 +37,7 @@ class MemoryHub {
     std::deque<Queued> messages;
     std::map<std::pair<std::string, Channel>, size_t> queued;  // by (sender endpoint, channel)
     std::set<std::string> connected;                           // endpoints this member sends to
-    std::map<std::string, PeerEvent> events;
+    std::map<std::string, PeerEvent> events;  // closed ones; a refusal is derived (take_event)
     std::map<std::string, Clock::time_point> data_free_at;  // by sender: when its link is free
   };
   std::mutex m_;
