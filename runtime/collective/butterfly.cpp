@@ -21,6 +21,10 @@ std::string seconds_str(Clock::duration d) {
   return s.str();
 }
 
+bool is_data(MsgType t) { return t == MsgType::reduce_scatter || t == MsgType::all_gather; }
+// Sent on the data connection (in order with the data).
+bool on_data_connection(MsgType t) { return is_data(t) || t == MsgType::hello; }
+
 // Thrown inside an operation; carries what the other members should be told.
 struct OpFailure {
   AbortKind kind;
@@ -107,6 +111,8 @@ class Op {
   void enqueue(int peer, const Header& h, Buffer payload, bool urgent);
   bool flush(int peer);
   void send_keepalives(Clock::time_point now);
+  // Samples the bytes that have arrived on peer p's connections (liveness.hpp).
+  void sample_bytes(int p, Clock::time_point now);
   void handle(Message& m);
   void handle_abort(const Message& m);
   void reduce_chunk(size_t c);
@@ -193,11 +199,29 @@ bool Op::flush(int peer) {
 void Op::send_keepalives(Clock::time_point now) {
   for (int p = 0; p < k_; ++p) {
     if (p == me_ || !keepalive_due(peers_[p], now, rules_)) continue;
+    sample_bytes(p, now);
     peers_[p].keepalive_sent = now;  // when the queue is full, try again an interval later
     Header h = header(MsgType::keepalive, 0, 0, 0);
     if (t_.try_send(ep(p), Channel::control, h, g_.members[me_].name, Buffer{}))
       ws_.stats.bytes_sent += sizeof h + g_.members[me_].name.size();
   }
+}
+
+void Op::sample_bytes(int p, Clock::time_point now) {
+  auto it = ws_.links.find(ep(p));
+  uint64_t total = 0;
+  if (it != ws_.links.end()) {
+    for (auto l = it->second.begin(); l != it->second.end();) {
+      const uint64_t b = t_.link_bytes(*l);
+      if (b == 0) {
+        l = it->second.erase(l);  // gone (the next message brings its new connection)
+      } else {
+        total += b;
+        ++l;
+      }
+    }
+  }
+  note_bytes(peers_[p], total, now);
 }
 
 void Op::broadcast_abort(const OpFailure& f) {
@@ -240,6 +264,7 @@ void Op::handle(Message& m) {
     const int s = rank_of(m.sender);
     const bool member = s >= 0 && s != me_;
     if (h.round_id < g_.round_id) {  // left over from an earlier operation
+      if (member && m.link != 0) ws_.links[ep(s)].insert(m.link);
       if (member) {
         // Still finishing that one, on its way here: alive. (Its earlier operation is bounded
         // like ours, so this cannot keep us waiting for long.)
@@ -248,12 +273,11 @@ void Op::handle(Message& m) {
       }
       return;
     }
-    // A later round. Data arrives in order, so a member's data of a later round means that
-    // none of this one is still coming from it. Its control messages prove nothing of the
+    // A later round. Data arrives in order, so a member's data (or hello) of a later round
+    // means that none of this one is still coming from it. Its control messages prove nothing of the
     // kind: they overtake data still on its way (and do not count as hearing from it, or two
     // members each in another round could keep each other waiting for ever).
-    const bool data = h.type == MsgType::reduce_scatter || h.type == MsgType::all_gather;
-    if (member && data && expecting(s)) {
+    if (member && on_data_connection(h.type) && expecting(s)) {
       throw OpFailure{AbortKind::error, m.sender,
                       "member " + who(s) + " sent data for round " + std::to_string(h.round_id) +
                           " while round " + std::to_string(g_.round_id) +
@@ -272,7 +296,8 @@ void Op::handle(Message& m) {
                     false};
   }
   note_heard(peers_[s], Clock::now());
-  if (h.type == MsgType::keepalive) return;
+  if (m.link != 0) ws_.links[ep(s)].insert(m.link);
+  if (h.type == MsgType::keepalive || h.type == MsgType::hello) return;
   if (h.type == MsgType::abort) handle_abort(m);
   const int part = static_cast<int>(h.part);
   const int expected_part = h.type == MsgType::reduce_scatter ? me_ : s;
@@ -389,6 +414,8 @@ void Op::check_liveness(Clock::time_point now) {
             "lost member " + who(p) + ": connection closed in round " + std::to_string(g_.round_id),
             true};
       case Verdict::silent:
+        sample_bytes(p, now);  // bytes since the last sample prove it alive then
+        if (judge(peer, now, rules_) == Verdict::alive) break;
         // The one silent for longest is the likeliest cause of the others' silence.
         if (silent < 0 || peer.heard < peers_[silent].heard) silent = p;
         break;
@@ -455,6 +482,13 @@ void Op::run() {
   send_ = ws_.send_buffer(input_zero_copy_ ? enc_part_[me_ + 1] : enc_part_[k_]);
   for (int p = 0; p < k_; ++p)
     if (p != me_) (void)t_.take_event(ep(p));  // forget drops before this operation
+  // A hello ahead of the data on each data connection (best effort: a queue still full of the
+  // last operation's chunks skips it, and the first chunk tells the connection instead).
+  for (int p = 0; p < k_; ++p) {
+    if (p != me_ && t_.try_send(ep(p), Channel::data, header(MsgType::hello, 0, 0, 0),
+                                g_.members[me_].name, Buffer{}))
+      ws_.stats.bytes_sent += sizeof(Header) + g_.members[me_].name.size();
+  }
 
   // Messages of this operation that arrived during an earlier one.
   std::deque<Message> early;

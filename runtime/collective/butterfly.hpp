@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "runtime/collective/liveness.hpp"
@@ -70,6 +71,9 @@ struct Workspace {
   std::vector<float> scratch;
   // The longest gap between each peer's messages seen so far (liveness.hpp), by endpoint.
   std::map<std::string, Clock::duration> longest_gap;
+  // The connections each peer's messages have come on (Message::link), by endpoint: their
+  // bytes are evidence of life between whole messages.
+  std::map<std::string, std::set<uint64_t>> links;
   bool last_ok = true;  // whether the last operation succeeded
 };
 

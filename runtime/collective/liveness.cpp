@@ -30,6 +30,13 @@ void note_heard(PeerState& peer, Clock::time_point now) {
   peer.heard_in_op = true;
 }
 
+void note_bytes(PeerState& peer, uint64_t total, Clock::time_point now) {
+  if (total > peer.bytes_in && peer.bytes_sampled != Clock::time_point{})
+    peer.heard = std::max(peer.heard, peer.bytes_sampled);
+  peer.bytes_in = total;
+  peer.bytes_sampled = now;
+}
+
 bool keepalive_due(const PeerState& peer, Clock::time_point now, const LivenessRules& rules) {
   return now - peer.keepalive_sent >= rules.keepalive_interval;
 }

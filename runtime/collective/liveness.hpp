@@ -4,7 +4,14 @@
 // Only what proves a peer gone counts:
 // - its connection closed, or a new one was refused (its process or communicator is gone; a
 //   grace period lets an abort notice sent just before it exited arrive and say why);
-// - it fell silent: no message at all, keepalive or data, for its silence window. Keepalives
+// - it fell silent: no message at all, keepalive or data, and no bytes on its connections,
+//   for its silence window. Bytes count because on a slow link one chunk may take longer than
+//   the window to arrive whole, and a saturated link drops the small keepalives as readily as
+//   data. Bytes are sampled when a keepalive is due and before a verdict, and prove the peer
+//   alive at the previous sample (not later: they may have come at any time since). A member
+//   in a later round cannot keep this one waiting by its bytes: its data connection opens
+//   each operation with a hello, and a hello or data of a later round from a member we still
+//   expect data from fails the operation (butterfly.cpp, handle()). Keepalives
 //   go every peer_timeout / 4 to every peer on a connection of their own, so a data stream
 //   that is merely slow (a shaped link, TCP recovering from a loss) never delays them; a
 //   member that only waits on a slower one keeps sending them too. The window is
@@ -40,6 +47,8 @@ struct PeerState {
   Clock::time_point keepalive_sent{};        // our last keepalive to it
   std::optional<Clock::time_point> dropped;  // when its connection closed or was refused
   Clock::duration longest_gap{0};            // between its messages, over this communicator's life
+  uint64_t bytes_in = 0;                     // on its connections, at the last sample
+  Clock::time_point bytes_sampled{};         // when that sample was taken
 };
 
 // How long `peer` may stay silent.
@@ -51,6 +60,10 @@ Verdict judge(const PeerState& peer, Clock::time_point now, const LivenessRules&
 // A message from the peer arrived at `now`. The gap before its first message of an operation
 // is when it started, not how its link behaves, and does not widen its window.
 void note_heard(PeerState& peer, Clock::time_point now);
+
+// `total` bytes had arrived on the peer's connections at `now`. More than at the last
+// sample proves it alive at that sample's time; a first sample only sets the baseline.
+void note_bytes(PeerState& peer, uint64_t total, Clock::time_point now);
 
 bool keepalive_due(const PeerState& peer, Clock::time_point now, const LivenessRules& rules);
 

@@ -49,14 +49,24 @@ bool MemoryTransport::try_send(const std::string& peer, Channel channel, const H
   auto it = hub_->members_.find(peer);
   if (it == hub_->members_.end()) return true;
   ++it->second.queued[{endpoint_, channel}];
-  Clock::time_point at = Clock::now();
+  const Clock::time_point now = Clock::now();
+  Clock::time_point begins = now, at = now;
   if (channel == Channel::data && hub_->data_latency_ > Clock::duration::zero()) {
     Clock::time_point& free_at = it->second.data_free_at[endpoint_];
-    at = std::max(at, free_at) + hub_->data_latency_;
+    begins = std::max(now, free_at);
+    at = begins + (payload.size > 0 ? hub_->data_latency_ : Clock::duration::zero());
     free_at = at;
+  } else if (channel == Channel::control) {
+    at = begins = now + hub_->control_latency_;  // held back, then there at once
   }
-  it->second.messages.push_back(
-      {Message{header, sender, std::move(payload)}, endpoint_, channel, at});
+  uint64_t& link = it->second.links[{endpoint_, channel}];
+  if (link == 0) {
+    link = hub_->links_.size() + 1;
+    hub_->links_[link] = MemoryHub::Link{peer, endpoint_, channel};
+  }
+  const size_t bytes = sizeof header + sender.size() + payload.size;
+  Message m{header, sender, std::move(payload), link};
+  it->second.messages.push_back({std::move(m), endpoint_, channel, begins, at, bytes});
   hub_->cv_.notify_all();
   return true;
 }
@@ -73,9 +83,31 @@ bool MemoryTransport::try_receive(Message& out) {
   if (q == box.end()) return false;
   out = std::move(q->message);
   --self->second.queued[{q->from, q->channel}];
+  hub_->links_[out.link].read += q->bytes;
   box.erase(q);
   hub_->cv_.notify_all();
   return true;
+}
+
+uint64_t MemoryTransport::link_bytes(uint64_t link) {
+  std::lock_guard lock(hub_->m_);
+  auto l = hub_->links_.find(link);
+  if (l == hub_->links_.end() || l->second.to != endpoint_) return 0;
+  auto self = hub_->members_.find(endpoint_);
+  if (self == hub_->members_.end() || !hub_->members_.count(l->second.from)) return 0;
+  uint64_t total = l->second.read;
+  const auto now = Clock::now();
+  for (const MemoryHub::Queued& q : self->second.messages) {
+    if (q.from != l->second.from || q.channel != l->second.channel || now <= q.begins_at) continue;
+    if (now >= q.visible_at) {
+      total += q.bytes;
+    } else {
+      const double f = std::chrono::duration<double>(now - q.begins_at) /
+                       std::chrono::duration<double>(q.visible_at - q.begins_at);
+      total += static_cast<uint64_t>(f * static_cast<double>(q.bytes));
+    }
+  }
+  return total;
 }
 
 PeerEvent MemoryTransport::take_event(const std::string& peer) {

@@ -20,10 +20,14 @@ class MemoryHub {
  public:
   // data_queue: messages a sender may have queued for one receiver on the data channel before
   // try_send says the queue is full (the control channel takes 64). data_latency: a slow link:
-  // each data message between two members arrives this long after the one before it (or after
-  // it was sent), while control messages arrive at once.
-  explicit MemoryHub(size_t data_queue = 8, Clock::duration data_latency = Clock::duration::zero())
-      : data_queue_(data_queue), data_latency_(data_latency) {}
+  // each data message with a payload arrives this long after the one before it (or after it
+  // was sent), its bytes coming in evenly over that time (link_bytes); one without a payload
+  // arrives right after the one before it. control_latency: each
+  // control message arrives this long after it was sent (keepalives that TCP holds back while it
+  // recovers a loss).
+  explicit MemoryHub(size_t data_queue = 8, Clock::duration data_latency = Clock::duration::zero(),
+                     Clock::duration control_latency = Clock::duration::zero())
+      : data_queue_(data_queue), data_latency_(data_latency), control_latency_(control_latency) {}
 
  private:
   friend class MemoryTransport;
@@ -31,7 +35,14 @@ class MemoryHub {
     Message message;
     std::string from;  // the sender's endpoint
     Channel channel;
-    Clock::time_point visible_at;  // when the receiver may have it
+    Clock::time_point begins_at;   // when its first byte arrives
+    Clock::time_point visible_at;  // when its last byte has arrived and the receiver may have it
+    size_t bytes;
+  };
+  struct Link {
+    std::string to, from;  // endpoints
+    Channel channel;
+    uint64_t read = 0;  // bytes of the messages the receiver has taken
   };
   struct Inbox {
     std::deque<Queued> messages;
@@ -39,12 +50,15 @@ class MemoryHub {
     std::set<std::string> connected;                           // endpoints this member sends to
     std::map<std::string, PeerEvent> events;  // closed ones; a refusal is derived (take_event)
     std::map<std::string, Clock::time_point> data_free_at;  // by sender: when its link is free
+    std::map<std::pair<std::string, Channel>, uint64_t> links;  // (sender, channel) -> link id
   };
   std::mutex m_;
   std::condition_variable cv_;
   std::map<std::string, Inbox> members_;  // by endpoint, while open
   size_t data_queue_;
   Clock::duration data_latency_;
+  Clock::duration control_latency_;
+  std::map<uint64_t, Link> links_;  // by id (from 1)
 };
 
 class MemoryTransport final : public Transport {
@@ -62,6 +76,7 @@ class MemoryTransport final : public Transport {
   bool try_send(const std::string& peer, Channel channel, const Header& header,
                 const std::string& sender, Buffer payload) override;
   bool try_receive(Message& out) override;
+  uint64_t link_bytes(uint64_t link) override;
   PeerEvent take_event(const std::string& peer) override;
   void wait(std::span<const std::string> writable, std::chrono::milliseconds limit) override;
   void drop_all() override;

@@ -31,6 +31,7 @@ struct Message {
   Header header;
   std::string sender;  // the sender's member name, as it says
   Buffer payload;
+  uint64_t link = 0;   // the connection it came on, for link_bytes(); 0: not known
 };
 
 // data: chunks, in order behind each other. control: keepalives and aborts, on a connection
@@ -59,6 +60,10 @@ class Transport {
   // A received message, or false when none is waiting. Messages without a valid header
   // (another protocol, another version) are dropped here.
   virtual bool try_receive(Message& out) = 0;
+  // Bytes that have arrived on connection `link` (Message::link) so far, whole messages or not:
+  // on a slow link a message takes longer than a liveness window, and its bytes arriving prove
+  // the sender alive. 0 when not known (the connection is gone, or the transport cannot tell).
+  virtual uint64_t link_bytes(uint64_t link) = 0;
   // Drains and returns what happened to our connections to `peer` (closed wins over refused).
   virtual PeerEvent take_event(const std::string& peer) = 0;
   // Blocks until a message arrives, a connection event, one of `writable` may take a data

@@ -18,10 +18,20 @@ namespace loco::collective::detail {
 
 inline constexpr uint32_t kMagic = 0x52414f4cu;  // "LOAR"
 // 3: keepalives and aborts travel on a connection of their own (see liveness.hpp).
-inline constexpr uint8_t kVersion = 3;
+// 4: each operation opens with a hello on the data connection.
+inline constexpr uint8_t kVersion = 4;
 
-// keepalive: "still in this operation", sent to every peer every peer_timeout / 4.
-enum class MsgType : uint8_t { reduce_scatter = 1, all_gather = 2, abort = 3, keepalive = 4 };
+// keepalive: "still in this operation", sent to every peer every peer_timeout / 4 on the
+// control connection. hello: the first message of an operation on the data connection, ahead
+// of the data: it tells the receiver which connection carries the sender's data, whose bytes
+// then prove the sender alive before a whole chunk has arrived (liveness.hpp).
+enum class MsgType : uint8_t {
+  reduce_scatter = 1,
+  all_gather = 2,
+  abort = 3,
+  keepalive = 4,
+  hello = 5
+};
 // Why an operation was aborted; peer_lost names a member that is gone, mismatch one whose
 // vector, codec or chunking differs from the group's.
 enum class AbortKind : uint8_t { error = 0, peer_lost = 1, mismatch = 2 };

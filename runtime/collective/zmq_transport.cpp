@@ -1,5 +1,9 @@
 #include "runtime/collective/zmq_transport.hpp"
 
+#include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_received (glibc's lacks it)
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -7,6 +11,15 @@
 
 namespace loco::collective::detail {
 namespace {
+
+// Who is at the other end of TCP connection `fd` ("" if it is none).
+std::string peer_address(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return {};
+  if (a.ss_family != AF_INET && a.ss_family != AF_INET6) return {};
+  return std::string(reinterpret_cast<const char*>(&a), len);
+}
 
 void release_owner(void* /*data*/, void* hint) {
   delete static_cast<std::shared_ptr<const void>*>(hint);
@@ -21,7 +34,7 @@ zmq::message_t frame_of(Buffer&& b) {
   return zmq::message_t(const_cast<uint8_t*>(b.data), b.size, &release_owner, hint);
 }
 
-// A DEALER whose monitor reports dropped and refused connections.
+// A DEALER whose monitor reports new, dropped and refused connections.
 struct Monitored {
   std::unique_ptr<zmq::socket_t> socket;
   std::unique_ptr<zmq::socket_t> monitor;
@@ -32,11 +45,16 @@ Monitored open_dealer(zmq::context_t& ctx, const std::string& endpoint, int sndh
   Monitored d;
   d.socket = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
   d.socket->set(zmq::sockopt::linger, 0);
+  // No limit on ZeroMQ's handshake: on a saturated link of 1 Mbit/s the few bytes of a new
+  // connection's handshake can wait behind data for more than its default 30 s, and ZeroMQ
+  // then closes a connection to a live peer. Liveness (liveness.hpp) judges a peer that never
+  // answers.
+  d.socket->set(zmq::sockopt::handshake_ivl, 0);
   d.socket->set(zmq::sockopt::sndhwm, sndhwm);
   d.socket->set(zmq::sockopt::reconnect_ivl, 50);
   d.socket->set(zmq::sockopt::reconnect_ivl_max, 500);
   if (zmq_socket_monitor(d.socket->handle(), monitor_endpoint.c_str(),
-                         ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED) == 0) {
+                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED) == 0) {
     d.monitor = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
     d.monitor->set(zmq::sockopt::linger, 0);
     d.monitor->connect(monitor_endpoint);
@@ -45,7 +63,12 @@ Monitored open_dealer(zmq::context_t& ctx, const std::string& endpoint, int sndh
   return d;
 }
 
-PeerEvent drain_monitor(zmq::socket_t* monitor) {
+// `thin`: the connection carries a thin stream (keepalives, aborts): a lost segment is resent
+// after one retransmission timeout each time instead of exponentially later (Linux's linear
+// timeouts for thin streams), so that a saturated, lossy link does not hold keepalives back
+// for many seconds. Set when the connection is reported, by its descriptor (the number is
+// ZeroMQ's; at worst it names another of its sockets, which the option does not harm).
+PeerEvent drain_monitor(zmq::socket_t* monitor, bool thin) {
   if (!monitor) return PeerEvent::none;
   PeerEvent seen = PeerEvent::none;
   zmq::message_t event, addr;
@@ -53,6 +76,13 @@ PeerEvent drain_monitor(zmq::socket_t* monitor) {
     if (event.more()) (void)monitor->recv(addr, zmq::recv_flags::none);
     uint16_t id = 0;
     if (event.size() >= sizeof id) std::memcpy(&id, event.data(), sizeof id);
+    if (id == ZMQ_EVENT_CONNECTED && thin && event.size() >= sizeof id + sizeof(int32_t)) {
+      int32_t fd = -1;
+      std::memcpy(&fd, static_cast<const uint8_t*>(event.data()) + sizeof id, sizeof fd);
+      const int on = 1;
+      if (fd >= 0 && !peer_address(fd).empty())
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, &on, sizeof on);
+    }
     if (id == ZMQ_EVENT_DISCONNECTED) seen = PeerEvent::closed;
     if (id == ZMQ_EVENT_CONNECT_RETRIED && seen == PeerEvent::none) seen = PeerEvent::refused;
   }
@@ -76,6 +106,7 @@ ZmqTransport::ZmqTransport(const std::string& bind_endpoint,
     : ctx_(std::move(context)),
       router_(std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::router)) {
   router_->set(zmq::sockopt::linger, 0);
+  router_->set(zmq::sockopt::handshake_ivl, 0);  // as for the DEALERs (open_dealer)
   router_->set(zmq::sockopt::rcvhwm, 4096);
   // The ROUTER only receives; should it ever route, an unknown peer must be an error.
   router_->set(zmq::sockopt::router_mandatory, true);
@@ -153,6 +184,17 @@ bool ZmqTransport::try_receive(Message& out) {
       frames.push_back(std::move(f));
     }
     if (frames.size() != 3) continue;
+    // The connection it came on: ZeroMQ tells its file descriptor (-1 for inproc).
+    out.link = 0;
+    const int fd = zmq_msg_get(id.handle(), ZMQ_SRCFD);  // -1 (EINVAL) for inproc
+    if (fd >= 0) {
+      auto it = links_.find(fd);
+      if (it == links_.end()) {
+        std::string a = peer_address(fd);
+        if (!a.empty()) it = links_.emplace(fd, std::move(a)).first;
+      }
+      if (it != links_.end()) out.link = static_cast<uint64_t>(fd) + 1;
+    }
     auto header = parse_header({static_cast<const uint8_t*>(frames[0].data()), frames[0].size()});
     if (!header) continue;
     out.header = *header;
@@ -165,11 +207,29 @@ bool ZmqTransport::try_receive(Message& out) {
   }
 }
 
+uint64_t ZmqTransport::link_bytes(uint64_t link) {
+  if (link == 0) return 0;
+  const int fd = static_cast<int>(link - 1);
+  auto it = links_.find(fd);
+  if (it == links_.end()) return 0;
+  // The descriptor belongs to ZeroMQ's I/O thread: once the connection closes, the number may
+  // name another socket. The same remote address says it is still ours.
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (peer_address(fd) != it->second ||
+      getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      len < offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received) {
+    links_.erase(it);
+    return 0;
+  }
+  return info.tcpi_bytes_received;
+}
+
 PeerEvent ZmqTransport::take_event(const std::string& endpoint) {
   auto it = peers_.find(endpoint);
   if (it == peers_.end()) return PeerEvent::none;
-  PeerEvent a = drain_monitor(it->second->data.monitor.get());
-  PeerEvent b = drain_monitor(it->second->control.monitor.get());
+  PeerEvent a = drain_monitor(it->second->data.monitor.get(), false);
+  PeerEvent b = drain_monitor(it->second->control.monitor.get(), true);
   if (a == PeerEvent::closed || b == PeerEvent::closed) return PeerEvent::closed;
   if (a == PeerEvent::refused || b == PeerEvent::refused) return PeerEvent::refused;
   return PeerEvent::none;

@@ -31,6 +31,8 @@ class ZmqTransport final : public Transport {
   bool try_send(const std::string& peer, Channel channel, const Header& header,
                 const std::string& sender, Buffer payload) override;
   bool try_receive(Message& out) override;
+  // From the kernel's count of the TCP connection's bytes (TCP_INFO); 0 for ipc and inproc.
+  uint64_t link_bytes(uint64_t link) override;
   PeerEvent take_event(const std::string& peer) override;
   void wait(std::span<const std::string> writable, std::chrono::milliseconds limit) override;
   void drop_all() override;
@@ -47,6 +49,8 @@ class ZmqTransport final : public Transport {
   std::string endpoint_;
   std::map<std::string, std::unique_ptr<Peer>> peers_;  // by endpoint
   uint64_t monitor_serial_ = 0;
+  // Remote address of each TCP connection a message came on, by file descriptor.
+  std::map<int, std::string> links_;
 };
 
 }  // namespace loco::collective::detail

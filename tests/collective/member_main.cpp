@@ -10,10 +10,16 @@
 // the operations that stdin asks for, one line each, as a worker runs the aggregator's, on the
 // same communicator: "op ROUND MODE PEER..." with the endpoints spelled out, and the member's
 // own data (by RANK) whatever its rank in that group; "quit" ends it) | repeat:N (N operations
-// on PEERS, round ids ROUND, ROUND+1, ..., one result line each).
+// on PEERS, round ids ROUND, ROUND+1, ..., one result line each, once every peer listens).
 // LOCO_MEMBER_BIND, if set, is the endpoint to bind instead of tcp://127.0.0.1:0.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <cmath>
 #include <cstdio>
@@ -26,6 +32,31 @@
 #include "tests/collective/test_util.hpp"
 
 using namespace loco::collective;
+
+// Waits until every tcp:// peer accepts connections (bounded by `limit`): members started
+// together must not connect to one that has not bound yet, which a member would take for a
+// peer that is gone. False on timeout.
+bool wait_for_peers(const std::vector<std::string>& peers, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (const std::string& p : peers) {
+    const std::string ep = p.substr(p.find('=') + 1);
+    if (ep.rfind("tcp://", 0) != 0) continue;
+    const auto colon = ep.rfind(':');
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(std::atoi(ep.c_str() + colon + 1)));
+    if (inet_pton(AF_INET, ep.substr(6, colon - 6).c_str(), &a.sin_addr) != 1) return false;
+    while (true) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      const bool up = fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+      if (fd >= 0) close(fd);
+      if (up) break;
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a port, bounded
+    }
+  }
+  return true;
+}
 
 int main(int argc, char** argv) {
   if (argc < 10 || (argc < 11 && std::string(argv[9]) != "serve")) {
@@ -89,6 +120,10 @@ int main(int argc, char** argv) {
   if (mode.rfind("repeat:", 0) == 0) {
     const uint64_t times = std::strtoull(mode.c_str() + 7, nullptr, 10);
     std::vector<std::string> peers(argv + 10, argv + argc);
+    if (!wait_for_peers(peers, std::chrono::seconds(30))) {
+      std::cout << "error peers not listening after 30 s" << std::endl;
+      return 1;
+    }
     for (uint64_t i = 0; i < times; ++i) run_op(round + i, "normal", peers);
     // A last operation as a barrier before exiting: a member that closes its sockets while
     // data of the last operation is still on its way to it is lost to the others. Its own

@@ -142,6 +142,24 @@ TEST(Schedule, DataSlowerThanThePeerTimeoutIsNotLoss) {
   EXPECT_EQ(out[0], out[2]);
 }
 
+// A saturated slow link: whole data messages take longer than the peer timeout (even widened)
+// and the keepalives are held back longer still, as TCP holds back a thin stream behind a lost
+// segment. The data's bytes keep arriving, and prove every member alive.
+TEST(Schedule, DataBytesArrivingProveAMemberAliveWhenNoWholeMessageDoes) {
+  Options o;
+  o.peer_timeout = 150ms;
+  o.chunk_bytes = 4096;
+  auto hub = std::make_shared<MemoryHub>(8, 700ms, 10s);
+  MemoryGroup m(3, o, hub);
+  std::vector<std::vector<float>> in, out;
+  for (int r = 0; r < 3; ++r) in.push_back(make_data(6, r, 3 * 1024));
+  auto start = Clock::now();
+  expect_ok(m.run(iota(3), 1, in, out));
+  EXPECT_GE(Clock::now() - start, 1400ms);  // two hops of 700 ms: nothing came in early
+  EXPECT_EQ(out[0], out[1]);
+  EXPECT_EQ(out[0], out[2]);
+}
+
 TEST(Schedule, ClosedMemberIsLostBeforeTheTimeout) {
   Options o;
   o.peer_timeout = 5000ms;
@@ -263,6 +281,27 @@ TEST(Liveness, TheWindowWidensWithTheGapsAPeerShowedAndStaysBounded) {
   EXPECT_EQ(judge(p, p.heard + 5100ms, rules), Verdict::silent);
   note_heard(p, p.heard + 60s);
   EXPECT_EQ(silence_window(rules, p), 12000ms);  // at most 4 x peer_timeout
+}
+
+TEST(Liveness, BytesBetweenSamplesProveThePeerAliveAtTheEarlierSample) {
+  auto rules = LivenessRules::from(1000ms);
+  Clock::time_point t0{};
+  PeerState p;
+  p.heard = t0;
+  p.expecting = true;
+  note_bytes(p, 5000, t0 + 200ms);  // the first sample sets the baseline only
+  EXPECT_EQ(p.heard, t0);
+  note_bytes(p, 5000, t0 + 600ms);  // nothing new
+  EXPECT_EQ(p.heard, t0);
+  note_bytes(p, 9000, t0 + 900ms);  // new bytes came some time after the sample at 600 ms
+  EXPECT_EQ(p.heard, t0 + 600ms);
+  EXPECT_EQ(judge(p, t0 + 1500ms, rules), Verdict::alive);
+  EXPECT_EQ(judge(p, t0 + 1700ms, rules), Verdict::silent);
+  // A count that went down (the connection was replaced) is a new baseline, not progress.
+  note_bytes(p, 100, t0 + 1000ms);
+  EXPECT_EQ(p.heard, t0 + 600ms);
+  // Whole messages still widen the window; bytes never do.
+  EXPECT_EQ(p.longest_gap, Clock::duration::zero());
 }
 
 TEST(Liveness, KeepalivesAreDueEveryQuarterTimeout) {
