@@ -99,6 +99,7 @@ struct InnerWorker::State {
   int64_t shared_state_round = -1;
   FaultPlan fault = FaultPlan::from_env();
   torch::Tensor val_windows;
+  dl::DeviceChoice device;        // from the job's `device` and the GPUs the head gave this actor
   collective::Communicator comm;  // one for the worker's life: failed operations leave it ready
 
   State(std::string job, const std::string& spec, int idx)
@@ -120,6 +121,10 @@ struct InnerWorker::State {
 InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
   s_ = std::make_unique<State>(std::move(job_id), spec, index);
   if (s_->cfg.threads > 0) at::set_num_threads(s_->cfg.threads);
+  // CUDA is not even probed for device: cpu.
+  const bool cuda = s_->cfg.device != dl::DeviceKind::cpu && torch::cuda::is_available();
+  s_->device = dl::choose_device(s_->cfg.device, this_actor().gpus, cuda,
+                                 cuda ? int(torch::cuda::device_count()) : 0);
   const int n = s_->cfg.eval.batches * s_->cfg.inner.batch_size;
   s_->val_windows = torch::empty({n, s_->cfg.model.context + 1}, torch::kInt64);
   dl::validation_windows(s_->store, s_->cfg.model.context, n,
@@ -140,14 +145,17 @@ InitResult InnerWorker::init(WorkerInit init) {
   if (init.source.empty() && !init.inner_state.empty() &&
       std::filesystem::exists(init.inner_state)) {
     inner_ar.emplace();
-    inner_ar->load_from(init.inner_state);
+    inner_ar->load_from(init.inner_state, torch::kCPU);
     c10::IValue v;
     inner_ar->read("stream", v);
     init.stream = uint64_t(v.toInt());
   }
   s_->stream = init.stream;
+  const torch::Device device = s_->device.cuda
+                                   ? torch::Device(torch::kCUDA, c10::DeviceIndex(s_->device.index))
+                                   : torch::Device(torch::kCPU);
   s_->trainer = std::make_unique<dl::InnerTrainer>(s_->cfg, s_->store, init.shards, init.stream,
-                                                   init.total_steps);
+                                                   init.total_steps, device);
   if (inner_ar) {
     s_->trainer->load(*inner_ar, "worker.");  // AdamW moments, step, data position
     // The aggregator's dealing holds, should the members differ from the checkpoint's.
@@ -186,7 +194,7 @@ InitResult InnerWorker::init(WorkerInit init) {
     }
     torch::serialize::InputArchive ar;
     try {
-      ar.load_from(bytes.data(), bytes.size());
+      ar.load_from(bytes.data(), bytes.size(), torch::kCPU);
     } catch (const std::exception& e) {
       throw std::runtime_error("InnerWorker " + std::to_string(init.index) +
                                ": the join state from " + init.source + " is malformed (" +
@@ -197,7 +205,7 @@ InitResult InnerWorker::init(WorkerInit init) {
     out.state_bytes = bytes.size();
   } else if (!init.checkpoint.empty()) {
     torch::serialize::InputArchive ar;
-    ar.load_from(init.checkpoint);
+    ar.load_from(init.checkpoint, torch::kCPU);
     s_->outer->load(ar, "outer.");
     out.state_bytes = uint64_t(std::filesystem::file_size(init.checkpoint));
   }
@@ -214,6 +222,7 @@ InitResult InnerWorker::init(WorkerInit init) {
   s_->delta_round = -1;
   out.parameters = int64_t(n);
   out.theta_hash = s_->outer->theta_hash();
+  out.device = s_->device.reason;
   return out;
 }
 

@@ -34,7 +34,8 @@ struct InitResult {
   uint64_t state_bytes =
       0;  // outer state and moments copied from `source`, or the `checkpoint` read
   double copy_seconds = 0;
-  MSGPACK_DEFINE(parameters, theta_hash, state_bytes, copy_seconds)
+  std::string device;  // where it trains, and why: "cuda:1 (device: cuda)", "cpu (device: cpu)"
+  MSGPACK_DEFINE(parameters, theta_hash, state_bytes, copy_seconds, device)
 };
 
 struct InnerResult {

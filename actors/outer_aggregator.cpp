@@ -151,6 +151,7 @@ struct OuterAggregator::State {
   void read_target();
   void note_waiting(int i, const std::string& why);
   std::vector<int> acquire(const std::vector<int>& want, int64_t r);
+  Resources worker_resources();
   void deal_shards();
   void release(int i, const std::string& why);
   void reconcile(int64_t r);
@@ -235,7 +236,8 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
       if (!s.handle)
         s.handle = rt.spawn<InnerWorker>(ActorOptions()
                                              .with_name(s.name)
-                                             .with_resources({{"cpu", 1}})
+                                             .with_resources(worker_resources())
+                                             .with_shared_gpus(cfg.workers.share_gpu)
                                              .with_max_restarts(cfg.workers.max_restarts),
                                          job_id, std::string(cfg.to_yaml()), i);
       live.push_back(i);
@@ -312,8 +314,26 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
                                    : ("copied from " + source).c_str(),
                   done[k]->copy_seconds, now_s() - t0[i]);
     if (!fresh || r > 0) log(line);
+    if (cfg.device != dl::DeviceKind::cpu)
+      log("worker " + std::to_string(i) + " trains on " + done[k]->device);
   }
   return joined;
+}
+
+// What a worker's actor asks its node for: a cpu, and with a GPU device
+// workers.gpus GPUs (their indices are the worker's own unless workers.share_gpu).
+// device: auto asks for GPUs when some live node offers them.
+Resources OuterAggregator::State::worker_resources() {
+  bool cluster_has_gpus = false;
+  if (cfg.device == dl::DeviceKind::auto_) {
+    for (const NodeStatus& n : rt.status().nodes)
+      if (n.node.state == NodeState::alive && n.node.resources.count("gpu") &&
+          n.node.resources.at("gpu") >= 1)
+        cluster_has_gpus = true;
+  }
+  Resources r{{"cpu", 1}};
+  if (cfg.wants_gpus(cluster_has_gpus)) r["gpu"] = cfg.workers.gpus;
+  return r;
 }
 
 // Deals every data shard over the active workers, round-robin in slot order,

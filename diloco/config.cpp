@@ -103,11 +103,15 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   JobConfig c;
   if (!root || root.IsNull()) throw ConfigError("job file: empty");
   check_keys(root, "",
-             {"name", "seed", "threads", "model", "data", "workers", "inner", "outer",
+             {"name", "seed", "threads", "device", "model", "data", "workers", "inner", "outer",
               "compression", "allreduce", "rounds", "token_budget", "checkpoint", "eval"});
   read(root, "", "name", c.name);
   read(root, "", "seed", c.seed);
   read(root, "", "threads", c.threads);
+  read_enum(
+      root, "", "device", c.device,
+      std::array<std::pair<const char*, DeviceKind>, 3>{
+          {{"auto", DeviceKind::auto_}, {"cpu", DeviceKind::cpu}, {"cuda", DeviceKind::cuda}}});
   read(root, "", "rounds", c.rounds);
   read(root, "", "token_budget", c.token_budget);
   read_codec(root, "compression", c.compression);
@@ -137,12 +141,14 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(d, "data", "val_fraction", c.data.val_fraction);
 
   const auto w = root["workers"];
-  check_keys(w, "workers", {"count", "min", "max", "max_restarts", "wait_s"});
+  check_keys(w, "workers", {"count", "min", "max", "max_restarts", "wait_s", "gpus", "share_gpu"});
   read(w, "workers", "count", c.workers.count);
   read(w, "workers", "min", c.workers.min);
   read(w, "workers", "max", c.workers.max);
   read(w, "workers", "max_restarts", c.workers.max_restarts);
   read(w, "workers", "wait_s", c.workers.wait_s);
+  read(w, "workers", "gpus", c.workers.gpus);
+  read(w, "workers", "share_gpu", c.workers.share_gpu);
 
   const auto i = root["inner"];
   check_keys(i, "inner",
@@ -233,6 +239,11 @@ void JobConfig::validate() const {
           workers.max);
   require(workers.max_restarts >= 0, "workers.max_restarts", ">= 0", workers.max_restarts);
   require(workers.wait_s > 0, "workers.wait_s", "> 0", workers.wait_s);
+  require(workers.gpus >= 1, "workers.gpus", ">= 1", workers.gpus);
+  if (workers.gpus > 1)
+    throw ConfigError("workers.gpus: " + show(workers.gpus) +
+                      " GPUs per worker is not yet supported (data-parallel steps inside a "
+                      "worker are planned); use 1 GPU per worker and more workers");
   require(inner.steps >= 1, "inner.steps", ">= 1", inner.steps);
   require(inner.batch_size >= 1, "inner.batch_size", ">= 1", inner.batch_size);
   require(inner.lr > 0, "inner.lr", "> 0", inner.lr);
@@ -261,6 +272,45 @@ void JobConfig::validate() const {
           "allreduce.peer_timeout_s", "in [0.1, 3600]", allreduce.peer_timeout_s);
 }
 
+const char* to_string(DeviceKind d) {
+  switch (d) {
+    case DeviceKind::auto_:
+      return "auto";
+    case DeviceKind::cpu:
+      return "cpu";
+    case DeviceKind::cuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+DeviceChoice choose_device(DeviceKind want, const std::vector<int>& gpus, bool cuda_available,
+                           int cuda_devices) {
+  if (want == DeviceKind::cpu) return {false, 0, "cpu (device: cpu)"};
+  const bool strict = want == DeviceKind::cuda;
+  if (gpus.empty()) {
+    if (strict)
+      throw ConfigError(
+          "device: cuda, but the runtime gave this worker no GPU (start its node with "
+          "`loco start --resources gpu=N`)");
+    return {false, 0, "cpu (device: auto; the worker's node offers no gpu resources)"};
+  }
+  if (!cuda_available) {
+    if (strict)
+      throw ConfigError(
+          "device: cuda, but CUDA is not available in this process (a LibTorch "
+          "without CUDA, no driver, or CUDA_VISIBLE_DEVICES empty); GPU index " +
+          std::to_string(gpus[0]) + " was assigned");
+    return {false, 0, "cpu (device: auto; CUDA is not available in this process)"};
+  }
+  const int index = gpus[0];
+  if (index < 0 || index >= cuda_devices)
+    throw ConfigError("device: GPU index " + std::to_string(index) +
+                      " was assigned, but this process sees " + std::to_string(cuda_devices) +
+                      " CUDA device(s): the node's `--resources gpu=N` is more than it has");
+  return {true, index, "cuda:" + std::to_string(index) + " (device: " + to_string(want) + ")"};
+}
+
 int JobConfig::vocab_size() const {
   if (model.vocab > 0) return model.vocab;
   return data.tokenizer == TokenizerKind::byte ? 256 : data.bpe_vocab;
@@ -278,6 +328,7 @@ std::string JobConfig::to_yaml() const {
   out << YAML::Key << "name" << YAML::Value << name;
   out << YAML::Key << "seed" << YAML::Value << seed;
   out << YAML::Key << "threads" << YAML::Value << threads;
+  out << YAML::Key << "device" << YAML::Value << to_string(device);
   out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "layers"
       << YAML::Value << model.layers << YAML::Key << "d_model" << YAML::Value << model.d_model
       << YAML::Key << "heads" << YAML::Value << model.heads << YAML::Key << "context" << YAML::Value
@@ -293,7 +344,8 @@ std::string JobConfig::to_yaml() const {
       << YAML::Value << workers.count << YAML::Key << "min" << YAML::Value << workers.min
       << YAML::Key << "max" << YAML::Value << workers.max << YAML::Key << "max_restarts"
       << YAML::Value << workers.max_restarts << YAML::Key << "wait_s" << YAML::Value
-      << workers.wait_s << YAML::EndMap;
+      << workers.wait_s << YAML::Key << "gpus" << YAML::Value << workers.gpus << YAML::Key
+      << "share_gpu" << YAML::Value << workers.share_gpu << YAML::EndMap;
   out << YAML::Key << "inner" << YAML::Value << YAML::BeginMap << YAML::Key << "steps"
       << YAML::Value << inner.steps << YAML::Key << "batch_size" << YAML::Value << inner.batch_size
       << YAML::Key << "lr" << YAML::Value << inner.lr << YAML::Key << "warmup" << YAML::Value

@@ -7,12 +7,18 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "runtime/collective/compression.hpp"
 
 namespace loco::diloco {
 
 enum class TokenizerKind { byte, bpe };
+
+// Where a worker trains. auto: CUDA when the runtime gave the worker a GPU (its
+// node offers `gpu` resources) and this process has CUDA; otherwise the CPU.
+enum class DeviceKind { auto_, cpu, cuda };
+const char* to_string(DeviceKind d);
 
 // Thrown for a job file that does not parse or does not validate. what()
 // names the field, the rule and the value: "inner.lr: must be > 0, got -1".
@@ -45,6 +51,11 @@ struct WorkersConfig {
   int max = 0;           // upper bound for `loco scale`; 0: no bound
   int max_restarts = 3;  // per worker actor: restarted on a live node when its node dies
   double wait_s = 300;   // below `min` workers, how long the job waits for joins before failing
+  // With a GPU device: GPUs per worker (its actor asks for resources {gpu: gpus}).
+  // Only 1 for now: data-parallel steps inside a worker are planned (docs/design.md).
+  int gpus = 1;
+  // Lets several workers hold one GPU (tests on a one-GPU host); off: one worker per GPU.
+  bool share_gpu = false;
 };
 
 struct InnerConfig {
@@ -89,6 +100,7 @@ struct JobConfig {
   std::string name = "job";
   std::uint64_t seed = 0;
   int threads = 0;  // torch intra-op threads per process; 0: leave torch's default
+  DeviceKind device = DeviceKind::cpu;
   ModelConfig model;
   DataConfig data;
   WorkersConfig workers;
@@ -114,9 +126,26 @@ struct JobConfig {
   int vocab_size() const;
   // Rounds to run: `rounds`, or the token budget divided by the tokens of one round.
   int total_rounds() const;
+  // Whether workers ask the runtime for GPUs (device cuda, or auto when
+  // `cluster_has_gpus`: some live node offers `gpu` resources).
+  bool wants_gpus(bool cluster_has_gpus) const {
+    return device == DeviceKind::cuda || (device == DeviceKind::auto_ && cluster_has_gpus);
+  }
   std::int64_t tokens_per_inner_step() const {
     return static_cast<std::int64_t>(inner.batch_size) * model.context;
   }
 };
+
+// The device a worker trains on, decided from the job's `device`, the GPU indices
+// the runtime gave its actor (this_actor().gpus), and what this process's torch
+// sees. No LibTorch here: the caller passes torch::cuda::is_available() and
+// device_count(). Throws ConfigError naming `device` when it cannot be met.
+struct DeviceChoice {
+  bool cuda = false;
+  int index = 0;       // CUDA device index when cuda
+  std::string reason;  // why this device, for the worker's log ("cuda:1 (node gpu 1)")
+};
+DeviceChoice choose_device(DeviceKind want, const std::vector<int>& gpus, bool cuda_available,
+                           int cuda_devices);
 
 }  // namespace loco::diloco

@@ -10,6 +10,16 @@ namespace {
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// The simulator is one process on one host: as a node that offers all of its
+// GPUs, its K workers share the first (device: cuda, or auto with CUDA).
+torch::Device simulator_device(const JobConfig& cfg) {
+  const bool cuda = cfg.device != DeviceKind::cpu && torch::cuda::is_available();
+  const DeviceChoice d = choose_device(cfg.device, {0}, cuda,
+                                       cuda ? static_cast<int>(torch::cuda::device_count()) : 0);
+  return d.cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(d.index))
+                : torch::Device(torch::kCPU);
+}
 }  // namespace
 
 Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
@@ -22,13 +32,14 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
     throw std::invalid_argument("data.shards: must be >= the number of workers (" +
                                 std::to_string(opt_.workers) + "), got " +
                                 std::to_string(cfg_.data.shards));
+  const torch::Device device = simulator_device(cfg_);
   std::vector<int> all(static_cast<std::size_t>(cfg_.data.shards));
   for (int s = 0; s < cfg_.data.shards; ++s) all[static_cast<std::size_t>(s)] = s;
   if (opt_.mode == Mode::diloco) {
     for (int k = 0; k < opt_.workers; ++k) {
       trainers_.push_back(std::make_unique<InnerTrainer>(
           cfg_, store_, round_robin_shards(cfg_.data.shards, k, opt_.workers),
-          static_cast<std::uint64_t>(k), total_steps));
+          static_cast<std::uint64_t>(k), total_steps, device));
       outers_.push_back(
           std::make_unique<OuterOptimizer>(cfg_.outer, trainers_.back()->flat_parameters()));
       deltas_.emplace_back(static_cast<std::size_t>(trainers_.back()->parameter_count()));
@@ -40,7 +51,7 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
       c.inner.batch_size *= opt_.workers;
       c.inner.grad_accum *= opt_.workers;
     }
-    trainers_.push_back(std::make_unique<InnerTrainer>(c, store_, all, 0, total_steps));
+    trainers_.push_back(std::make_unique<InnerTrainer>(c, store_, all, 0, total_steps, device));
   }
   const int n = cfg_.eval.batches * cfg_.inner.batch_size;
   val_windows_ = torch::empty({n, cfg_.model.context + 1}, torch::kInt64);
@@ -56,7 +67,7 @@ std::int64_t Simulator::parameter_count() const { return trainers_[0]->parameter
 
 std::uint64_t Simulator::theta_hash() const {
   return opt_.mode == Mode::diloco ? outers_[0]->theta_hash()
-                                   : tensor_hash(trainers_[0]->flat_parameters());
+                                   : tensor_hash(trainers_[0]->flat_parameters().cpu());
 }
 
 double Simulator::evaluate() { return trainers_[0]->evaluate(val_windows_); }
@@ -149,7 +160,7 @@ void Simulator::save_checkpoint(const std::string& path) const {
 
 void Simulator::load_checkpoint(const std::string& path) {
   torch::serialize::InputArchive ar;
-  ar.load_from(path);
+  ar.load_from(path, torch::kCPU);
   c10::IValue v;
   ar.read("mode", v);
   const auto mode = v.toInt();
@@ -193,19 +204,19 @@ torch::Tensor read_theta(torch::serialize::InputArchive& ar, const std::string& 
 
 JobConfig checkpoint_config(const std::string& path) {
   torch::serialize::InputArchive ar;
-  ar.load_from(path);
+  ar.load_from(path, torch::kCPU);
   return read_config(ar);
 }
 
 torch::Tensor checkpoint_theta(const std::string& path) {
   torch::serialize::InputArchive ar;
-  ar.load_from(path);
+  ar.load_from(path, torch::kCPU);
   return read_theta(ar, path);
 }
 
 Gpt load_model_from_checkpoint(const std::string& path, JobConfig* cfg_out) {
   torch::serialize::InputArchive ar;
-  ar.load_from(path);
+  ar.load_from(path, torch::kCPU);
   const JobConfig cfg = read_config(ar);
   Gpt model(cfg.model, cfg.vocab_size());
   const torch::Tensor theta = read_theta(ar, path);

@@ -16,6 +16,7 @@ double inner_lr(const InnerConfig& c, std::int64_t step, std::int64_t total) {
 
 std::uint64_t tensor_hash(const torch::Tensor& t) {
   TORCH_CHECK(t.is_contiguous(), "tensor_hash: tensor must be contiguous");
+  TORCH_CHECK(t.is_cpu(), "tensor_hash: tensor must be in host memory, not on ", t.device());
   const auto* p = static_cast<const unsigned char*>(t.data_ptr());
   const std::size_t n = static_cast<std::size_t>(t.numel()) * t.element_size();
   std::uint64_t h = 0xcbf29ce484222325ull;
@@ -31,19 +32,22 @@ torch::Tensor flat_view(std::span<float> data) {
 }
 
 InnerTrainer::InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::vector<int> shards,
-                           std::uint64_t stream, std::int64_t total_steps)
+                           std::uint64_t stream, std::int64_t total_steps, torch::Device device)
     : cfg_(cfg),
+      device_(device),
       model_(Gpt(cfg.model, cfg.vocab_size())),
       sampler_(store, std::move(shards), cfg.model.context, cfg.seed, stream),
       total_steps_(total_steps) {
   torch::NoGradGuard no_grad;
-  model_->init_weights(cfg.seed);
+  model_->init_weights(cfg.seed);  // on the CPU: the same weights on every device
+  if (!device_.is_cpu()) model_->to(device_);
   auto ps = model_->parameters();
   std::int64_t n = 0;
   for (const auto& p : ps) n += p.numel();
-  params_ = torch::empty({n}, torch::kFloat32);
-  grads_ = torch::zeros({n}, torch::kFloat32);
-  decay_mask_ = torch::zeros({n}, torch::kFloat32);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
+  params_ = torch::empty({n}, f32);
+  grads_ = torch::zeros({n}, f32);
+  decay_mask_ = torch::zeros({n}, f32);
   std::int64_t off = 0;
   for (auto& p : ps) {
     const auto k = p.numel();
@@ -55,10 +59,12 @@ InnerTrainer::InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::v
   }
   param_list_ = ps;
   grad_views_.resize(ps.size());
-  exp_avg_ = torch::zeros({n}, torch::kFloat32);
-  exp_avg_sq_ = torch::zeros({n}, torch::kFloat32);
-  denom_ = torch::empty({n}, torch::kFloat32);
+  exp_avg_ = torch::zeros({n}, f32);
+  exp_avg_sq_ = torch::zeros({n}, f32);
+  denom_ = torch::empty({n}, f32);
   batch_ = torch::empty({cfg.inner.batch_size, cfg.model.context + 1}, torch::kInt64);
+  if (!device_.is_cpu())
+    batch_device_ = torch::empty(batch_.sizes(), torch::dtype(torch::kInt64).device(device_));
 }
 
 InnerStats InnerTrainer::run_inner_steps(int h) {
@@ -71,6 +77,7 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
   for (int s = 0; s < h; ++s) {
     sampler_.next(ic.batch_size,
                   {batch_.data_ptr<std::int64_t>(), static_cast<std::size_t>(batch_.numel())});
+    const torch::Tensor& batch = device_.is_cpu() ? batch_ : batch_device_.copy_(batch_);
     // Gradients start undefined so that autograd hands each parameter the
     // tensor it computed (no extra accumulate pass); one cat_out then packs
     // them into the flat gradient buffer. Measured faster than keeping the
@@ -78,7 +85,7 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
     for (auto& p : param_list_) p.mutable_grad().reset();
     double step_loss = 0;
     for (int a = 0; a < ic.grad_accum; ++a) {
-      auto mb = batch_.slice(0, a * micro, (a + 1) * micro);
+      auto mb = batch.slice(0, a * micro, (a + 1) * micro);
       auto loss = model_->loss(mb.slice(1, 0, ctx), mb.slice(1, 1, ctx + 1));
       if (ic.grad_accum > 1) loss = loss / static_cast<double>(ic.grad_accum);
       loss.backward();
@@ -87,7 +94,8 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
     torch::NoGradGuard no_grad;
     for (std::size_t i = 0; i < param_list_.size(); ++i) {
       const auto& g = param_list_[i].grad();
-      grad_views_[i] = g.defined() ? g.reshape({-1}) : torch::zeros({param_list_[i].numel()});
+      grad_views_[i] =
+          g.defined() ? g.reshape({-1}) : torch::zeros({param_list_[i].numel()}, grads_.options());
     }
     torch::cat_out(grads_, grad_views_);
     const double norm = grads_.norm().item<double>();
@@ -123,7 +131,12 @@ void InnerTrainer::pseudo_gradient(const torch::Tensor& theta_global, std::span<
   TORCH_CHECK(static_cast<std::int64_t>(out.size()) == params_.numel(),
               "pseudo_gradient: buffer has ", out.size(), " elements, the model ", params_.numel());
   auto o = flat_view(out);
-  torch::sub_out(o, theta_global, params_);
+  if (device_.is_cpu()) {
+    torch::sub_out(o, theta_global, params_);
+  } else {
+    o.copy_(params_);  // the one device → host copy of the round
+    torch::sub_out(o, theta_global, o);
+  }
 }
 
 void InnerTrainer::load_parameters(const torch::Tensor& theta) {
@@ -138,7 +151,7 @@ double InnerTrainer::evaluate(const torch::Tensor& windows) {
   const auto n = windows.size(0);
   double sum = 0;
   for (std::int64_t b = 0; b < n; b += cfg_.inner.batch_size) {
-    auto w = windows.slice(0, b, std::min<std::int64_t>(n, b + cfg_.inner.batch_size));
+    auto w = windows.slice(0, b, std::min<std::int64_t>(n, b + cfg_.inner.batch_size)).to(device_);
     sum += model_->loss(w.slice(1, 0, ctx), w.slice(1, 1, ctx + 1)).item<double>() *
            static_cast<double>(w.size(0));
   }
@@ -160,7 +173,7 @@ void read_into(torch::serialize::InputArchive& ar, const std::string& key, torch
 }  // namespace
 
 void InnerTrainer::save(torch::serialize::OutputArchive& ar, const std::string& prefix) const {
-  ar.write(prefix + "params", params_);
+  ar.write(prefix + "params", params_.cpu());
   save_moments(ar, prefix);
   ar.write(prefix + "step", c10::IValue(step_));
   ar.write(prefix + "sampler_position",
@@ -191,8 +204,8 @@ void InnerTrainer::load(torch::serialize::InputArchive& ar, const std::string& p
 
 void InnerTrainer::save_moments(torch::serialize::OutputArchive& ar,
                                 const std::string& prefix) const {
-  ar.write(prefix + "exp_avg", exp_avg_);
-  ar.write(prefix + "exp_avg_sq", exp_avg_sq_);
+  ar.write(prefix + "exp_avg", exp_avg_.cpu());
+  ar.write(prefix + "exp_avg_sq", exp_avg_sq_.cpu());
   ar.write(prefix + "adam_steps", c10::IValue(adam_steps_));
 }
 
@@ -212,7 +225,7 @@ void InnerTrainer::load_moments(torch::serialize::InputArchive& ar, const std::s
 
 OuterOptimizer::OuterOptimizer(const OuterConfig& cfg, const torch::Tensor& theta0)
     : cfg_(cfg),
-      theta_(theta0.detach().to(torch::kFloat32).clone().reshape({-1})),
+      theta_(theta0.detach().to(torch::kCPU, torch::kFloat32).clone().reshape({-1})),
       momentum_(torch::zeros_like(theta_)),
       scratch_(torch::empty_like(theta_)) {}
 

@@ -8,6 +8,13 @@
 //   averager.average({delta}, cfg.compression);         // mean over the round
 //   outer.step(delta);                                  // θ ← Nesterov(θ, Δ)
 //   trainer.load_parameters(outer.theta());
+//
+// Devices: the trainer's model, its flat parameter and gradient buffers, the
+// AdamW moments and the batches live on its device (the CPU by default); the
+// outer state stays in host memory, fp32, whatever the device: the all-reduce,
+// θ's hash and checkpoints work on host memory. A round costs one copy each way:
+// pseudo_gradient() device → host into the averager's buffer, load_parameters()
+// host → device. Checkpoints hold CPU tensors and load onto any device.
 #pragma once
 
 #include <torch/torch.h>
@@ -46,26 +53,29 @@ class InnerTrainer {
   // and packs the gradients into another after each backward, so that
   // pseudo-gradients, AdamW and clipping each run over one contiguous vector. `stream` separates
   // the data streams of workers; `total_steps` is the length of the learning-rate schedule.
+  // Weights are initialised on the CPU (the same on every device), then moved to `device`.
   InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::vector<int> shards,
-               std::uint64_t stream, std::int64_t total_steps);
+               std::uint64_t stream, std::int64_t total_steps, torch::Device device = torch::kCPU);
   InnerTrainer(const InnerTrainer&) = delete;
   InnerTrainer& operator=(const InnerTrainer&) = delete;
 
   // h inner steps on this worker's shards. Inner optimizer state persists across calls.
   InnerStats run_inner_steps(int h);
 
-  // out[i] = theta_global[i] − θ_local[i], written straight into `out`
-  // (the buffer that the averager then works on: no other copy).
+  // out[i] = theta_global[i] − θ_local[i], written straight into `out` (host
+  // memory: the buffer that the averager then works on). theta_global: host, fp32.
+  // On a GPU, θ_local is first copied into `out`, then subtracted from on the host.
   void pseudo_gradient(const torch::Tensor& theta_global, std::span<float> out) const;
-  // θ_local ← theta (a flat fp32 tensor of parameter_count() elements).
+  // θ_local ← theta (a flat fp32 tensor of parameter_count() elements, any device).
   void load_parameters(const torch::Tensor& theta);
 
-  // Mean validation loss over `windows` ([n, context + 1] int64), in batches
+  // Mean validation loss over `windows` ([n, context + 1] int64, host), in batches
   // of inner.batch_size. Deterministic.
   double evaluate(const torch::Tensor& windows);
 
-  // The flat parameter buffer; the model's parameters are views into it.
+  // The flat parameter buffer, on device(); the model's parameters are views into it.
   const torch::Tensor& flat_parameters() const { return params_; }
+  torch::Device device() const { return device_; }
   Gpt& model() { return model_; }
   std::int64_t parameter_count() const { return params_.numel(); }
   std::int64_t step() const { return step_; }
@@ -78,7 +88,8 @@ class InnerTrainer {
   ShardSampler& sampler() { return sampler_; }
 
   // Inner state: parameters, AdamW moments, step (which fixes the schedule),
-  // sampler position and shards. Keys are prefixed with `prefix`.
+  // sampler position and shards. Keys are prefixed with `prefix`. Saved as CPU
+  // tensors and loaded onto this trainer's device: archives move between devices.
   void save(torch::serialize::OutputArchive& ar, const std::string& prefix) const;
   void load(torch::serialize::InputArchive& ar, const std::string& prefix);
   // The AdamW moments and their step count alone (keys prefixed with `prefix`, as
@@ -90,6 +101,7 @@ class InnerTrainer {
 
  private:
   JobConfig cfg_;
+  torch::Device device_;
   Gpt model_{nullptr};
   ShardSampler sampler_;
   std::int64_t total_steps_;
@@ -101,14 +113,15 @@ class InnerTrainer {
   torch::Tensor exp_avg_, exp_avg_sq_;     // AdamW moments, flat fp32
   torch::Tensor decay_mask_;               // 1 where weight decay applies
   torch::Tensor denom_;                    // scratch
-  std::vector<std::int64_t> batch_host_;
-  torch::Tensor batch_;  // [B, context + 1] int64, reused
+  torch::Tensor batch_;         // [B, context + 1] int64, reused, host (the sampler fills it)
+  torch::Tensor batch_device_;  // its copy on the device; undefined on the CPU
 };
 
-// θ_global and the momentum buffer, fp32, replicated on every worker.
+// θ_global and the momentum buffer, fp32, replicated on every worker, always in
+// host memory (the all-reduce hands Δ over in host memory, and θ is hashed there).
 class OuterOptimizer {
  public:
-  // theta0: the initial parameters (copied).
+  // theta0: the initial parameters (copied to host memory from any device).
   OuterOptimizer(const OuterConfig& cfg, const torch::Tensor& theta0);
 
   // One step with the averaged pseudo-gradient Δ (as torch.optim.SGD,

@@ -26,12 +26,16 @@ void print_status(const ClusterStatus& st) {
                 to_string(n.node.state).c_str(), res.c_str(), n.node.hostname.c_str(),
                 n.node.reason.empty() ? "" : ("  (" + n.node.reason + ")").c_str());
   }
-  std::printf("\n%-20s %-16s %-14s %-20s %-10s %s\n", "ACTOR", "NAME", "CLASS", "NODE", "STATE",
-              "RESTARTS");
+  std::printf("\n%-20s %-16s %-14s %-20s %-10s %-8s %s\n", "ACTOR", "NAME", "CLASS", "NODE",
+              "STATE", "GPUS", "RESTARTS");
   for (const ActorInfo& a : st.actors) {
-    std::printf("%-20s %-16s %-14s %-20s %-10s %d/%d%s\n", a.id.c_str(),
+    // The node's GPU indices it holds; "*": shared with other actors (share_gpus).
+    const bool holds = a.state == ActorState::alive || a.state == ActorState::pending;
+    std::string gpus = holds ? format_gpus(a.gpus) : "-";
+    if (holds && a.share_gpus && !a.gpus.empty()) gpus += "*";
+    std::printf("%-20s %-16s %-14s %-20s %-10s %-8s %d/%d%s\n", a.id.c_str(),
                 a.name.empty() ? "-" : a.name.c_str(), a.class_name.c_str(), a.node_id.c_str(),
-                to_string(a.state).c_str(), a.restarts, a.max_restarts,
+                to_string(a.state).c_str(), gpus.c_str(), a.restarts, a.max_restarts,
                 a.reason.empty() ? "" : ("  " + a.reason).c_str());
   }
 }

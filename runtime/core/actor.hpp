@@ -29,6 +29,10 @@ struct ActorOptions {
   std::string name;       // unique in the cluster; "" for an anonymous actor
   Resources resources{};  // what the actor needs on its node; default {cpu: 1}
   int max_restarts = 0;   // restarts on another node after its node dies
+  // With resources {gpu: G}, the actor gets G of its node's GPU indices to itself
+  // (this_actor().gpus). Shared, it may get indices that other sharing actors
+  // hold (never one an exclusive actor holds): several on one GPU, for tests.
+  bool share_gpus = false;
 
   ActorOptions& with_name(std::string n) {
     name = std::move(n);
@@ -40,6 +44,10 @@ struct ActorOptions {
   }
   ActorOptions& with_max_restarts(int n) {
     max_restarts = n;
+    return *this;
+  }
+  ActorOptions& with_shared_gpus(bool shared = true) {
+    share_gpus = shared;
     return *this;
   }
 };

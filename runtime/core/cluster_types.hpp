@@ -75,6 +75,8 @@ namespace loco {
 // "cpu=2,gpu=1" -> {cpu: 2, gpu: 1}; throws std::invalid_argument naming the bad part.
 Resources parse_resources(const std::string& text);
 std::string format_resources(const Resources& r);
+// GPU indices as `loco status` shows them: "0,1", or "-" for none.
+std::string format_gpus(const std::vector<int>& gpus);
 
 struct NodeRecord {
   std::string id;
@@ -99,8 +101,12 @@ struct ActorInfo {
   int max_restarts = 0;
   Resources resources;
   std::string reason;  // why it is dead or restarting
+  // The node's GPU indices (0 .. gpu-1 of its `gpu` resource) the head gave it
+  // while it is pending or alive; several actors hold one only with share_gpus.
+  std::vector<int> gpus;
+  bool share_gpus = false;
   MSGPACK_DEFINE(id, name, class_name, node_id, address, state, restarts, max_restarts, resources,
-                 reason)
+                 reason, gpus, share_gpus)
 };
 
 // What the head stores for an actor: its info and how to construct it again.
@@ -116,7 +122,8 @@ struct SpawnRequest {
   std::string name;
   Resources resources;
   int max_restarts = 0;
-  MSGPACK_DEFINE(class_name, ctor_args, name, resources, max_restarts)
+  bool share_gpus = false;  // see ActorOptions::with_shared_gpus
+  MSGPACK_DEFINE(class_name, ctor_args, name, resources, max_restarts, share_gpus)
 };
 
 // What a node learns from the head when it joins.
@@ -207,7 +214,14 @@ struct CreateActorRequest {
   std::string actor_id;
   std::string class_name;
   std::string ctor_args;
-  MSGPACK_DEFINE(actor_id, class_name, ctor_args)
+  std::vector<int> gpus;  // the node's GPU indices the actor may use (ActorInfo::gpus)
+  MSGPACK_DEFINE(actor_id, class_name, ctor_args, gpus)
+};
+
+// What an actor learns about its own placement (loco::this_actor()).
+struct ActorContext {
+  std::string actor_id;
+  std::vector<int> gpus;  // indices of its node's GPUs; empty when it asked for none
 };
 
 }  // namespace loco

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <thread>
 
+#include "runtime/core/runtime.hpp"
+
 namespace loco::detail {
 
 std::string ActorRef::describe() const {
@@ -18,6 +20,7 @@ struct Core::Mailbox {
   std::string id;
   const ClassEntry* cls = nullptr;
   std::shared_ptr<void> instance;
+  ActorContext context;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Inbound> queue;
@@ -27,7 +30,24 @@ struct Core::Mailbox {
 
 namespace {
 thread_local std::shared_ptr<Core>* tl_core = nullptr;
+thread_local const ActorContext* tl_actor = nullptr;
+}  // namespace
+
+ActorContextScope::ActorContextScope(const ActorContext* context) : previous_(tl_actor) {
+  tl_actor = context;
 }
+ActorContextScope::~ActorContextScope() { tl_actor = previous_; }
+
+}  // namespace loco::detail
+
+namespace loco {
+const ActorContext& this_actor() {
+  static const ActorContext none;
+  return detail::tl_actor ? *detail::tl_actor : none;
+}
+}  // namespace loco
+
+namespace loco::detail {
 
 std::shared_ptr<Core>& current_core() {
   static std::shared_ptr<Core> process_core;
@@ -395,12 +415,14 @@ void Core::post(const std::string& actor_id, const std::string& method, Payload&
   if (was_empty) box->cv.notify_one();
 }
 
-void Core::host(const std::string& actor_id, const ClassEntry& cls,
-                std::shared_ptr<void> instance) {
+void Core::host(const std::string& actor_id, const ClassEntry& cls, std::shared_ptr<void> instance,
+                ActorContext context) {
   auto box = std::make_shared<Mailbox>();
   box->id = actor_id;
   box->cls = &cls;
   box->instance = std::move(instance);
+  box->context = std::move(context);
+  if (box->context.actor_id.empty()) box->context.actor_id = actor_id;
   {
     std::lock_guard<std::mutex> lock(actors_mu_);
     if (actors_.count(actor_id))
@@ -457,6 +479,7 @@ void Core::refuse_queued(Mailbox& box) {
 void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
   std::shared_ptr<Core> self = shared_from_this();
   tl_core = &self;
+  ActorContextScope actor(&box->context);
   std::deque<Inbound> batch;
   while (true) {
     {

@@ -53,7 +53,9 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   std::string address() const override;
 
   // Hosting (nodes and the head).
-  void host(const std::string& actor_id, const ClassEntry& cls, std::shared_ptr<void> instance);
+  // Its methods see `context` as this_actor().
+  void host(const std::string& actor_id, const ClassEntry& cls, std::shared_ptr<void> instance,
+            ActorContext context = {});
   bool unhost(const std::string& actor_id);
   std::vector<std::string> hosted() const;
 
@@ -106,5 +108,18 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
 // The Core of the process that runs the current actor method, or of the
 // process's driver runtime. Set by nodes and by Runtime::connect.
 std::shared_ptr<Core>& current_core();
+
+// Makes `context` this thread's this_actor() until the scope ends (a node
+// constructing an actor; each mailbox thread for its actor's methods).
+class ActorContextScope {
+ public:
+  explicit ActorContextScope(const ActorContext* context);
+  ~ActorContextScope();
+  ActorContextScope(const ActorContextScope&) = delete;
+  ActorContextScope& operator=(const ActorContextScope&) = delete;
+
+ private:
+  const ActorContext* previous_;
+};
 
 }  // namespace loco::detail

@@ -1,5 +1,7 @@
 #include "runtime/core/decisions.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 
@@ -21,16 +23,77 @@ std::string num(double v) {
 
 }  // namespace
 
+std::vector<NodeView> node_views(const std::vector<NodeRecord>& nodes,
+                                 const std::vector<ActorInfo>& actors) {
+  std::vector<NodeView> out;
+  std::map<std::string, size_t> at;
+  for (const NodeRecord& n : nodes) {
+    at[n.id] = out.size();
+    out.push_back(NodeView{n.id, n.resources, {}, 0, {}});
+  }
+  for (const ActorInfo& a : actors) {
+    auto it = at.find(a.node_id);
+    if (it == at.end() || (a.state != ActorState::alive && a.state != ActorState::pending))
+      continue;
+    NodeView& v = out[it->second];
+    for (auto& [k, amount] : a.resources)
+      if (k != "gpu") v.used[k] += amount;
+    if (!a.gpus.empty()) v.gpus.push_back({a.gpus, a.share_gpus});
+    v.actors++;
+  }
+  for (NodeView& v : out) {
+    std::set<int> held;
+    for (const GpuHold& h : v.gpus) held.insert(h.indices.begin(), h.indices.end());
+    if (!held.empty()) v.used["gpu"] = double(held.size());
+  }
+  return out;
+}
+
+std::optional<std::vector<int>> assign_gpus(int total, const std::vector<GpuHold>& held, int count,
+                                            bool shared) {
+  if (count <= 0) return std::vector<int>{};
+  std::vector<int> sharers(size_t(std::max(0, total)), 0);
+  std::vector<bool> exclusive(sharers.size(), false);
+  for (const GpuHold& h : held)
+    for (int i : h.indices) {
+      if (i < 0 || i >= total) continue;
+      if (h.shared)
+        sharers[size_t(i)]++;
+      else
+        exclusive[size_t(i)] = true;
+    }
+  std::vector<int> candidates;
+  for (int i = 0; i < total; ++i)
+    if (!exclusive[size_t(i)] && (shared || sharers[size_t(i)] == 0)) candidates.push_back(i);
+  if (int(candidates.size()) < count) return std::nullopt;
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](int a, int b) { return sharers[size_t(a)] < sharers[size_t(b)]; });
+  candidates.resize(size_t(count));
+  std::sort(candidates.begin(), candidates.end());
+  return candidates;
+}
+
 Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
-                const std::set<std::string>& exclude) {
+                const std::set<std::string>& exclude, bool share_gpus) {
+  const double gpu_need = get(demand, "gpu");
+  if (gpu_need > 0 && gpu_need != std::floor(gpu_need))
+    return {std::nullopt, "gpu: whole GPUs only, got " + num(gpu_need), {}};
   const NodeView* best = nullptr;
+  std::vector<int> best_gpus;
   double best_cpu = -std::numeric_limits<double>::infinity();
   for (const NodeView& n : nodes) {
     if (exclude.count(n.id)) continue;
     bool fits = true;
     for (auto& [k, need] : demand)
-      if (need > 0 && get(n.total, k) - get(n.used, k) + 1e-9 < need) fits = false;
+      if (need > 0 && !(k == "gpu" && share_gpus) && get(n.total, k) - get(n.used, k) + 1e-9 < need)
+        fits = false;
     if (!fits) continue;
+    std::optional<std::vector<int>> gpus;
+    if (gpu_need > 0) {
+      gpus = assign_gpus(int(std::floor(get(n.total, "gpu") + 1e-9)), n.gpus, int(gpu_need),
+                         share_gpus);
+      if (!gpus) continue;
+    }
     double cpu_left = get(n.total, "cpu") - get(n.used, "cpu") - get(demand, "cpu");
     bool better = !best || cpu_left > best_cpu ||
                   (cpu_left == best_cpu &&
@@ -38,17 +101,18 @@ Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
     if (better) {
       best = &n;
       best_cpu = cpu_left;
+      best_gpus = gpus.value_or(std::vector<int>{});
     }
   }
-  if (best) return {best->id, ""};
+  if (best) return {best->id, "", best_gpus};
 
   int live = 0;
   for (const NodeView& n : nodes) live += exclude.count(n.id) ? 0 : 1;
-  if (live == 0) return {std::nullopt, "no live node in the cluster"};
+  if (live == 0) return {std::nullopt, "no live node in the cluster", {}};
   // Name every resource that no single node has enough of.
   std::string reason;
   for (auto& [k, need] : demand) {
-    if (need <= 0) continue;
+    if (need <= 0 || (k == "gpu" && share_gpus)) continue;
     double largest = 0, total = 0;
     std::string where;
     for (const NodeView& n : nodes) {
@@ -65,8 +129,11 @@ Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
     reason += "no node has " + num(need) + " free " + k + " (most free: " + num(largest) + " on " +
               where + ", cluster total " + num(total) + ")";
   }
+  if (reason.empty() && gpu_need > 0 && share_gpus)
+    reason = "no node has " + num(gpu_need) + " gpu free or shared (not held by an actor that " +
+             "does not share)";
   if (reason.empty()) reason = "no single node has all of " + format_resources(demand) + " free";
-  return {std::nullopt, reason};
+  return {std::nullopt, reason, {}};
 }
 
 void FailureDetector::observe(const std::string& node, const std::optional<std::string>& heartbeat,
@@ -117,6 +184,12 @@ Resources parse_resources(const std::string& text) {
     r[name] = v;
   }
   return r;
+}
+
+std::string format_gpus(const std::vector<int>& gpus) {
+  std::string out;
+  for (int g : gpus) out += (out.empty() ? "" : ",") + std::to_string(g);
+  return out.empty() ? "-" : out;
 }
 
 std::string format_resources(const Resources& r) {

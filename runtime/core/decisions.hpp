@@ -14,23 +14,45 @@ namespace loco {
 
 // ---- placement --------------------------------------------------------------
 
+// GPUs are a resource with identity: a node started with `gpu=N` has devices
+// 0 .. N-1 (as its process sees them, CUDA_VISIBLE_DEVICES applied), and an
+// actor that asks for `gpu: G` gets G of those indices. What one actor holds:
+struct GpuHold {
+  std::vector<int> indices;
+  bool shared = false;  // ActorOptions::share_gpus
+};
+
 struct NodeView {
   std::string id;
   Resources total;
-  Resources used;
+  Resources used;  // "gpu": indices held (by anyone), not the sum of demands
   int actors = 0;
+  std::vector<GpuHold> gpus;  // of the actors that occupy the node
 };
+
+// The nodes as placement sees them: what the actors that occupy them (pending or
+// alive) hold; a dead or restarting actor holds nothing, its GPUs included.
+std::vector<NodeView> node_views(const std::vector<NodeRecord>& nodes,
+                                 const std::vector<ActorInfo>& actors);
+
+// `count` of a node's `total` GPU indices for a new actor, lowest first: free
+// ones for an exclusive actor; for a shared one, any not held by an exclusive
+// actor, the least shared first. nullopt when there are not enough.
+std::optional<std::vector<int>> assign_gpus(int total, const std::vector<GpuHold>& held, int count,
+                                            bool shared);
 
 struct Placement {
   std::optional<std::string> node;  // where to place, or nothing
   std::string reason;               // why nothing fits ("no node has 2 free gpu: ...")
+  std::vector<int> gpus;            // the node's GPU indices for the actor (assign_gpus)
 };
 
 // Picks the node with enough free resources of every kind that `demand` names,
 // spreading load: the most free cpu after placement, then the fewest actors,
-// then the smallest id. Nodes in `exclude` are skipped.
+// then the smallest id. Nodes in `exclude` are skipped. A demand of `gpu` must
+// be whole and is met with indices (assign_gpus; `share_gpus` as there).
 Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
-                const std::set<std::string>& exclude = {});
+                const std::set<std::string>& exclude = {}, bool share_gpus = false);
 
 // ---- failure detection --------------------------------------------------------
 

@@ -58,13 +58,15 @@ class HeadService {
     rec.info.class_name = req.class_name;
     rec.info.max_restarts = req.max_restarts;
     rec.info.resources = req.resources.empty() ? Resources{{"cpu", 1}} : req.resources;
+    rec.info.share_gpus = req.share_gpus;
     rec.ctor_args = req.ctor_args;
     auto nodes = live_nodes();
-    Placement where = place(views(nodes), rec.info.resources);
+    Placement where = place(views(nodes), rec.info.resources, {}, rec.info.share_gpus);
     if (!where.node)
       throw SchedulingError("cannot place " + describe(rec.info) + " needing " +
-                            format_resources(rec.info.resources) + ": " + where.reason);
-    start_on(rec, nodes.at(*where.node));  // throws when the node refuses
+                            format_resources(rec.info.resources) +
+                            (rec.info.share_gpus ? " (gpus shared)" : "") + ": " + where.reason);
+    start_on(rec, nodes.at(*where.node), where.gpus);  // throws when the node refuses
     if (!req.name.empty()) store_->hput(keys::kNames, req.name, rec.info.id);
     event({{"type", "spawn"},
            {"actor", rec.info.id},
@@ -125,16 +127,11 @@ class HeadService {
     ClusterStatus st;
     st.head_address = address_;
     st.redis_url = cfg_.redis_url;
-    auto actors = all_actors();
-    for (auto& [id, n] : all_nodes()) {
-      NodeStatus ns;
-      ns.node = n;
-      for (auto& [aid, a] : actors)
-        if (a.info.node_id == id && occupies(a.info))
-          for (auto& [k, v] : a.info.resources) ns.used[k] += v;
-      st.nodes.push_back(ns);
-    }
-    for (auto& [id, a] : actors) st.actors.push_back(a.info);
+    for (auto& [id, a] : all_actors()) st.actors.push_back(a.info);
+    std::vector<NodeRecord> nodes;
+    for (auto& [id, n] : all_nodes()) nodes.push_back(n);
+    auto used = node_views(nodes, st.actors);
+    for (size_t i = 0; i < nodes.size(); ++i) st.nodes.push_back({nodes[i], used[i].used});
     for (auto& e : store_->read(keys::kEvents, "0", 1000)) {
       std::string line;
       for (auto& [k, v] : e.fields) line += (line.empty() ? "" : " ") + k + "=" + v;
@@ -373,9 +370,6 @@ class HeadService {
   static std::string describe(const ActorInfo& a) {
     return a.class_name + (a.name.empty() ? "" : " '" + a.name + "'") + " (" + a.id + ")";
   }
-  static bool occupies(const ActorInfo& a) {
-    return a.state == ActorState::alive || a.state == ActorState::pending;
-  }
 
   void guard_store() {
     if (store_was_down_) {
@@ -419,17 +413,11 @@ class HeadService {
     return nodes;
   }
   std::vector<NodeView> views(const std::map<std::string, NodeRecord>& nodes) {
-    std::map<std::string, NodeView> v;
-    for (auto& [id, n] : nodes) v[id] = NodeView{id, n.resources, {}, 0};
-    for (auto& [aid, a] : all_actors()) {
-      auto it = v.find(a.info.node_id);
-      if (it == v.end() || !occupies(a.info)) continue;
-      for (auto& [k, amount] : a.info.resources) it->second.used[k] += amount;
-      it->second.actors++;
-    }
-    std::vector<NodeView> out;
-    for (auto& [id, view] : v) out.push_back(view);
-    return out;
+    std::vector<NodeRecord> ns;
+    for (auto& [id, n] : nodes) ns.push_back(n);
+    std::vector<ActorInfo> actors;
+    for (auto& [id, a] : all_actors()) actors.push_back(a.info);
+    return node_views(ns, actors);
   }
 
   // The node's built-in service, at a known address.
@@ -460,16 +448,17 @@ class HeadService {
                                  detail::pack_payload(std::make_tuple(args...)), true);
   }
 
-  // Creates the actor on `node` and records it alive there; on failure records
-  // it dead and rethrows.
-  void start_on(ActorRecord& rec, const NodeRecord& node) {
+  // Creates the actor on `node` with the node's GPU indices `gpus` and records it
+  // alive there; on failure records it dead and rethrows.
+  void start_on(ActorRecord& rec, const NodeRecord& node, const std::vector<int>& gpus) {
     rec.info.state = ActorState::pending;
     rec.info.node_id = node.id;
     rec.info.address = node.address;
+    rec.info.gpus = gpus;
     save(rec);
     try {
       call_node<void>(node, "create_actor",
-                      CreateActorRequest{rec.info.id, rec.info.class_name, rec.ctor_args});
+                      CreateActorRequest{rec.info.id, rec.info.class_name, rec.ctor_args, gpus});
     } catch (const std::exception& e) {
       rec.info.state = ActorState::dead;
       rec.info.reason = std::string("could not be created on node ") + node.id + ": " + e.what();
@@ -491,7 +480,7 @@ class HeadService {
 
   void try_restart(ActorRecord& rec) {
     auto nodes = live_nodes();
-    Placement where = place(views(nodes), rec.info.resources);
+    Placement where = place(views(nodes), rec.info.resources, {}, rec.info.share_gpus);
     if (!where.node) {
       if (rec.info.reason.find("waiting:") == std::string::npos) {
         rec.info.reason += "; waiting: " + where.reason;
@@ -502,7 +491,7 @@ class HeadService {
     std::string why = rec.info.reason;
     rec.info.restarts++;
     try {
-      start_on(rec, nodes.at(*where.node));
+      start_on(rec, nodes.at(*where.node), where.gpus);
       event({{"type", "actor_restarted"}, {"actor", rec.info.id}, {"node", rec.info.node_id}});
       spdlog::info("head: restarted {} on node {} (restart {}/{})", describe(rec.info),
                    rec.info.node_id, rec.info.restarts, rec.info.max_restarts);

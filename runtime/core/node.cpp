@@ -40,9 +40,15 @@ class NodeService {
     }
     detail::Payload args;
     args.body = std::move(req.ctor_args);
-    std::shared_ptr<void> instance = cls->factory(args);
-    detail::current_core()->host(req.actor_id, *cls, std::move(instance));
-    spdlog::info("node {}: created {} ({})", node_id_, req.class_name, req.actor_id);
+    ActorContext context{req.actor_id, req.gpus};
+    std::shared_ptr<void> instance;
+    {
+      detail::ActorContextScope scope(&context);  // the constructor sees its own placement
+      instance = cls->factory(args);
+    }
+    detail::current_core()->host(req.actor_id, *cls, std::move(instance), std::move(context));
+    spdlog::info("node {}: created {} ({}){}", node_id_, req.class_name, req.actor_id,
+                 req.gpus.empty() ? "" : " with gpu " + format_gpus(req.gpus));
   }
 
   bool kill_actor(std::string actor_id) {

@@ -37,6 +37,7 @@ class Runtime {
     req.name = opts.name;
     req.resources = opts.resources;
     req.max_restarts = opts.max_restarts;
+    req.share_gpus = opts.share_gpus;
     return ActorHandle<T>(core_, ref_from(spawn_raw(req)));
   }
 
@@ -85,5 +86,9 @@ class Runtime {
   std::shared_ptr<detail::Caller> core_;
   std::shared_ptr<void> owner_;  // shuts a driver's core down with its last copy
 };
+
+// Inside an actor's constructor or methods: its id and the GPU indices of its
+// node that the head gave it (ActorOptions, resources {gpu: G}). Elsewhere: empty.
+const ActorContext& this_actor();
 
 }  // namespace loco

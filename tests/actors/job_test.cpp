@@ -127,5 +127,45 @@ TEST_F(DilocoJob, BadJobFileFailsTheSubmissionNamingTheField) {
   }
 }
 
+// device: auto where no node offers `gpu`: the workers ask for none and train on
+// the CPU, saying so in the job's log.
+TEST_F(DilocoJob, DeviceAutoOnNodesWithoutGpusTrainsOnTheCpu) {
+  TestJob j;
+  j.data = data_;
+  j.ckpt = dir_ + "/ckpt";
+  j.workers = j.min = 2;
+  j.rounds = 1;
+  j.device = "auto";
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  JobHandle job = client.submit(JobSpec::from_yaml(j.yaml()));
+  for (const RoundReport& r : job.watch()) EXPECT_EQ(r.workers, 2);
+  JobInfo end = job.wait(Millis(10000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message;
+  const std::string log = log_text(job);
+  for (int i : {0, 1})
+    EXPECT_NE(log.find("worker " + std::to_string(i) +
+                       " trains on cpu (device: auto; the worker's node offers no gpu resources)"),
+              std::string::npos)
+        << log;
+}
+
+// device: cuda where no node offers `gpu`: the job fails, naming the resource.
+TEST_F(DilocoJob, DeviceCudaWithoutGpuNodesFailsNamingTheGpus) {
+  TestJob j;
+  j.data = data_;
+  j.ckpt = dir_ + "/ckpt";
+  j.workers = j.min = 1;
+  j.device = "cuda";
+  j.wait_s = 1;
+  LocalCluster c(one_worker_per_node(1));
+  Client client(c.head_address());
+  JobHandle job = client.submit(JobSpec::from_yaml(j.yaml()));
+  for (const RoundReport& r : job.watch()) (void)r;
+  JobInfo end = job.wait(Millis(30000));
+  EXPECT_EQ(end.state, JobState::failed);
+  EXPECT_NE(end.message.find("1 free gpu"), std::string::npos) << end.message;
+}
+
 }  // namespace
 }  // namespace loco::testing

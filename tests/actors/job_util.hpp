@@ -26,10 +26,12 @@ struct TestJob {
   double wait_s = 60;
   std::string compression = "fp32";
   uint64_t seed = 7;
+  std::string device;  // "": the job file does not say (cpu)
+  bool share_gpu = false;
 
   std::string yaml() const {
-    return "name: test\nseed: " + std::to_string(seed) +
-           "\nthreads: 1\n"
+    return "name: test\nseed: " + std::to_string(seed) + "\nthreads: 1\n" +
+           (device.empty() ? "" : "device: " + device + "\n") +
            "model: {layers: 2, width: 64, heads: 2, context: 32}\n"
            "data: {dir: " +
            data +
@@ -37,7 +39,7 @@ struct TestJob {
            "workers: {count: " +
            std::to_string(workers) + ", min: " + std::to_string(min) +
            ", max_restarts: " + std::to_string(max_restarts) +
-           ", wait_s: " + std::to_string(wait_s) +
+           ", wait_s: " + std::to_string(wait_s) + (share_gpu ? ", share_gpu: true" : "") +
            "}\n"
            "inner: {steps: " +
            std::to_string(steps) +

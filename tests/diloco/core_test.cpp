@@ -99,6 +99,77 @@ TEST(Config, RejectsBadValuesNamingTheField) {
   EXPECT_EQ(error_of(kJob), "");
 }
 
+TEST(Config, DeviceAndGpusParseValidateAndRoundTrip) {
+  const auto plain = JobConfig::from_yaml(kJob);
+  EXPECT_EQ(plain.device, DeviceKind::cpu);  // default: CPU, as before the field existed
+  EXPECT_EQ(plain.workers.gpus, 1);
+  EXPECT_FALSE(plain.workers.share_gpu);
+  EXPECT_FALSE(plain.wants_gpus(true));
+
+  auto c = JobConfig::from_yaml(replace(kJob, "workers: {count: 2}",
+                                        "device: cuda\nworkers: {count: 2, gpus: 1, share_gpu: "
+                                        "true}"));
+  EXPECT_EQ(c.device, DeviceKind::cuda);
+  EXPECT_TRUE(c.workers.share_gpu);
+  EXPECT_TRUE(c.wants_gpus(false));
+  const auto again = JobConfig::from_yaml(c.to_yaml());
+  EXPECT_EQ(again.device, DeviceKind::cuda);
+  EXPECT_TRUE(again.workers.share_gpu);
+  EXPECT_EQ(again.to_yaml(), c.to_yaml());
+
+  const auto a = JobConfig::from_yaml(replace(kJob, "seed: 3", "seed: 3\ndevice: auto"));
+  EXPECT_EQ(a.device, DeviceKind::auto_);
+  EXPECT_FALSE(a.wants_gpus(false));  // no node offers gpu: the workers ask for none
+  EXPECT_TRUE(a.wants_gpus(true));
+
+  EXPECT_EQ(error_of(replace(kJob, "seed: 3", "seed: 3\ndevice: tpu")),
+            "device: expected one of auto|cpu|cuda, got 'tpu'");
+  EXPECT_EQ(error_of(replace(kJob, "workers: {count: 2}", "workers: {count: 2, gpus: 0}")),
+            "workers.gpus: must be >= 1, got 0");
+  const auto many = error_of(replace(kJob, "workers: {count: 2}", "workers: {count: 2, gpus: 8}"));
+  EXPECT_NE(many.find("workers.gpus: 8 GPUs per worker is not yet supported"), std::string::npos)
+      << many;
+  EXPECT_NE(error_of(replace(kJob, "workers: {count: 2}", "workers: {count: 2, share_gpu: maybe}"))
+                .find("workers.share_gpu: cannot read 'maybe' as a boolean"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace(kJob, "workers: {count: 2}", "workers: {count: 2, gpu: 1}"))
+                .find("workers.gpu: unknown field"),
+            std::string::npos);
+}
+
+TEST(Config, DeviceChoiceFollowsTheAssignedGpusAndTorch) {
+  // cpu: always the CPU, whatever the node offers.
+  EXPECT_FALSE(choose_device(DeviceKind::cpu, {0}, true, 1).cuda);
+  // auto on a node without gpu resources (no index assigned) runs on the CPU...
+  auto d = choose_device(DeviceKind::auto_, {}, true, 8);
+  EXPECT_FALSE(d.cuda);
+  EXPECT_NE(d.reason.find("offers no gpu"), std::string::npos) << d.reason;
+  // ... and so does auto where this process has no CUDA.
+  EXPECT_FALSE(choose_device(DeviceKind::auto_, {1}, false, 0).cuda);
+  // With an index and CUDA: that device.
+  d = choose_device(DeviceKind::auto_, {3}, true, 4);
+  EXPECT_TRUE(d.cuda);
+  EXPECT_EQ(d.index, 3);
+  EXPECT_EQ(choose_device(DeviceKind::cuda, {1}, true, 2).index, 1);
+  // cuda that cannot be met says why, naming the field.
+  auto error = [](DeviceKind k, std::vector<int> g, bool avail, int n) -> std::string {
+    try {
+      choose_device(k, g, avail, n);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error(DeviceKind::cuda, {}, true, 1)
+                .find("device: cuda, but the runtime gave this "
+                      "worker no GPU"),
+            std::string::npos);
+  EXPECT_NE(error(DeviceKind::cuda, {0}, false, 0).find("CUDA is not available"),
+            std::string::npos);
+  EXPECT_NE(error(DeviceKind::auto_, {2}, true, 2).find("sees 2 CUDA device(s)"),
+            std::string::npos);
+}
+
 TEST(Compression, Int8ErrorIsBoundedByHalfAStepPerChunk) {
   // The collective's int8: min-max per chunk of Options::chunk_bytes / 4 floats, 255 steps.
   const std::size_t chunk = loco::collective::Options{}.chunk_bytes / sizeof(float);

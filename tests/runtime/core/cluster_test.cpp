@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "runtime/core/server.hpp"
@@ -94,6 +96,68 @@ TEST(Cluster, PlacementSpreadsAndSaysWhichResourceIsShort) {
   }
 }
 
+// Nodes started with --resources gpu=N hand each actor that asks for GPUs its
+// own indices; `loco status` shows who holds which.
+TEST(Cluster, GpuIndicesAreHandedOutOncePerNodeAndFreedWhenTheActorDies) {
+  ClusterOptions o;
+  o.nodes = 2;
+  o.node_resources = "cpu=8,gpu=2";
+  LocalCluster c(o);
+  Runtime& rt = c.runtime();
+  std::set<std::pair<std::string, int>> taken;
+  std::vector<ActorHandle<Counter>> held;
+  for (int k = 0; k < 4; ++k) {
+    auto a = rt.spawn<Counter>(ActorOptions().with_resources({{"cpu", 1}, {"gpu", 1}}), 0);
+    auto gpus = a.call(&Counter::gpus).get(Millis(5000));
+    ASSERT_EQ(gpus.size(), 1u);
+    EXPECT_TRUE(taken.insert({a.address(), gpus[0]}).second) << a.address() << " " << gpus[0];
+    held.push_back(a);
+  }
+  try {
+    rt.spawn<Counter>(ActorOptions().with_resources({{"gpu", 1}}), 0);
+    FAIL() << "a fifth GPU actor on 4 GPUs";
+  } catch (const SchedulingError& e) {
+    EXPECT_TRUE(contains(e.what(), "no node has 1 free gpu")) << e.what();
+  }
+  // Actors that ask for none get none.
+  EXPECT_TRUE(rt.spawn<Counter>(ActorOptions(), 0).call(&Counter::gpus).get(Millis(5000)).empty());
+
+  ClusterStatus st = rt.status();
+  for (auto& n : st.nodes) EXPECT_EQ(n.used.at("gpu"), 2) << n.node.id;
+  std::string out = c.log_dir() + "/status-gpus.txt";
+  std::string cmd = loco_binary() + " status --address " + c.head_address() + " > " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::stringstream text;
+  text << std::ifstream(out).rdbuf();
+  EXPECT_TRUE(contains(text.str(), "GPUS")) << text.str();
+  EXPECT_TRUE(contains(text.str(), "gpu=2/2")) << text.str();
+
+  // Killed, its index goes to the next actor.
+  auto freed = held[1].call(&Counter::gpus).get(Millis(5000));
+  std::string freed_node = held[1].address();
+  rt.kill(held[1].id());
+  auto next = rt.spawn<Counter>(ActorOptions().with_resources({{"gpu", 1}}), 0);
+  EXPECT_EQ(next.address(), freed_node);
+  EXPECT_EQ(next.call(&Counter::gpus).get(Millis(5000)), freed);
+}
+
+TEST(Cluster, SharedGpuActorsFitOnOneGpu) {
+  ClusterOptions o;
+  o.nodes = 1;
+  o.node_resources = "cpu=8,gpu=1";
+  LocalCluster c(o);
+  Runtime& rt = c.runtime();
+  for (int k = 0; k < 3; ++k) {
+    auto a = rt.spawn<Counter>(
+        ActorOptions().with_resources({{"cpu", 1}, {"gpu", 1}}).with_shared_gpus(), 0);
+    EXPECT_EQ(a.call(&Counter::gpus).get(Millis(5000)), std::vector<int>{0});
+  }
+  EXPECT_THROW(rt.spawn<Counter>(ActorOptions().with_resources({{"gpu", 1}}), 0), SchedulingError);
+  ClusterStatus st = rt.status();
+  ASSERT_EQ(st.nodes.size(), 1u);
+  EXPECT_EQ(st.nodes[0].used.at("gpu"), 1);
+}
+
 TEST(Cluster, KilledNodeGivesActorDiedErrorWithinBoundAndActorRestartsElsewhere) {
   ClusterOptions o;
   o.detect_ms = 1000;
@@ -162,7 +226,8 @@ TEST(Cluster, ActorWithoutRestartsIsDeadAfterItsNodeDies) {
   c.node(a.address()).kill();
   EXPECT_THROW((void)a.call(&Counter::sleep_ms, 20000).get(Millis(10000)), ActorDiedError);
   // Once the head has caught up, the handle says the actor is dead, and why.
-  (void)eventually([&] { return rt.locate(a.id()).state == ActorState::dead; }, std::chrono::seconds(10));
+  (void)eventually([&] { return rt.locate(a.id()).state == ActorState::dead; },
+                   std::chrono::seconds(10));
   try {
     (void)a.call(&Counter::get).get(Millis(5000));
     FAIL();

@@ -31,6 +31,12 @@ int Counter::fail(std::string message) { throw std::runtime_error(message); }
 
 std::string Counter::whoami() const { return std::to_string(::getpid()); }
 
+std::vector<int> Counter::gpus() const {
+  if (this_actor().gpus != gpus_at_construction_)
+    throw std::logic_error("this_actor().gpus differs between constructor and method");
+  return this_actor().gpus;
+}
+
 LOCO_REGISTER(Counter, loco::ActorClass<Counter>("test.Counter")
                            .constructor<int>()
                            .method("add", &Counter::add)
@@ -42,7 +48,8 @@ LOCO_REGISTER(Counter, loco::ActorClass<Counter>("test.Counter")
                            .method("echo", &Counter::echo)
                            .method("sum", &Counter::sum)
                            .method("fail", &Counter::fail)
-                           .method("whoami", &Counter::whoami));
+                           .method("whoami", &Counter::whoami)
+                           .method("gpus", &Counter::gpus));
 
 }  // namespace loco::testing
 

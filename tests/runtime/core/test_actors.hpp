@@ -7,13 +7,14 @@
 #include <vector>
 
 #include "runtime/core/actor.hpp"
+#include "runtime/core/runtime.hpp"
 
 namespace loco::testing {
 
 class Counter {
  public:
-  Counter() = default;
-  explicit Counter(int start) : value_(start) {}
+  Counter() : gpus_at_construction_(this_actor().gpus) {}
+  explicit Counter(int start) : value_(start), gpus_at_construction_(this_actor().gpus) {}
   int add(int n);
   int get() const { return value_; }
   // Appends to a log, to check that messages are handled in order.
@@ -27,11 +28,14 @@ class Counter {
   double sum(Blob b);
   int fail(std::string message);
   std::string whoami() const;
+  // The GPU indices the head gave it: as its constructor saw them, then as a method does.
+  std::vector<int> gpus() const;
 
  private:
   int value_ = 0;
   std::vector<int> log_;
   std::atomic<int> running_{0};
+  std::vector<int> gpus_at_construction_;
 };
 
 }  // namespace loco::testing

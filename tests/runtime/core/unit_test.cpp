@@ -227,6 +227,130 @@ TEST(Placement, SaysWhichResourceIsShort) {
   EXPECT_EQ(place({}, {{"cpu", 1}}).reason, "no live node in the cluster");
 }
 
+namespace {
+ActorInfo gpu_actor(std::string id, std::string node, std::vector<int> gpus, bool shared = false,
+                    ActorState state = ActorState::alive) {
+  ActorInfo a;
+  a.id = std::move(id);
+  a.node_id = std::move(node);
+  a.state = state;
+  a.resources = {{"cpu", 1}, {"gpu", double(gpus.size())}};
+  a.gpus = std::move(gpus);
+  a.share_gpus = shared;
+  return a;
+}
+NodeRecord gpu_node(std::string id, double gpus) {
+  NodeRecord n;
+  n.id = std::move(id);
+  n.resources = {{"cpu", 8}, {"gpu", gpus}};
+  return n;
+}
+}  // namespace
+
+TEST(GpuAssignment, ExclusiveActorsNeverShareAnIndex) {
+  EXPECT_EQ(assign_gpus(4, {}, 2, false), (std::vector<int>{0, 1}));
+  std::vector<GpuHold> held = {{{0}, false}, {{2}, false}};
+  EXPECT_EQ(assign_gpus(4, held, 1, false), (std::vector<int>{1}));
+  EXPECT_EQ(assign_gpus(4, held, 2, false), (std::vector<int>{1, 3}));
+  EXPECT_EQ(assign_gpus(4, held, 3, false), std::nullopt);
+  // Indices held by sharing actors are not free to an exclusive one either.
+  EXPECT_EQ(assign_gpus(2, {{{0}, true}}, 2, false), std::nullopt);
+  EXPECT_EQ(assign_gpus(2, {{{0}, true}}, 1, false), (std::vector<int>{1}));
+  // Indices outside the node's count (a node restarted with fewer) are ignored.
+  EXPECT_EQ(assign_gpus(1, {{{5}, false}}, 1, false), (std::vector<int>{0}));
+  EXPECT_EQ(assign_gpus(0, {}, 1, false), std::nullopt);
+  EXPECT_EQ(assign_gpus(3, {}, 0, false), (std::vector<int>{}));
+}
+
+TEST(GpuAssignment, SharingActorsSpreadAndAvoidExclusiveOnes) {
+  // One GPU: any number of sharing actors, lowest index.
+  std::vector<GpuHold> held;
+  for (int k = 0; k < 4; ++k) {
+    auto g = assign_gpus(1, held, 1, true);
+    ASSERT_TRUE(g);
+    EXPECT_EQ(*g, std::vector<int>{0});
+    held.push_back({*g, true});
+  }
+  // Two GPUs: the least shared first.
+  EXPECT_EQ(assign_gpus(2, {{{0}, true}}, 1, true), (std::vector<int>{1}));
+  EXPECT_EQ(assign_gpus(2, {{{0}, true}, {{1}, true}, {{1}, true}}, 1, true),
+            (std::vector<int>{0}));
+  // Never an index an exclusive actor holds.
+  EXPECT_EQ(assign_gpus(2, {{{1}, false}, {{0}, true}}, 1, true), (std::vector<int>{0}));
+  EXPECT_EQ(assign_gpus(1, {{{0}, false}}, 1, true), std::nullopt);
+}
+
+TEST(GpuAssignment, PlacementSkipsNodesWithoutEnoughGpusAndHandsOutIndices) {
+  std::vector<NodeRecord> nodes = {gpu_node("cpu-only", 0), gpu_node("one", 1), gpu_node("two", 2)};
+  nodes[0].resources = {{"cpu", 16}};
+  std::vector<ActorInfo> actors;
+  std::set<std::pair<std::string, int>> taken;
+  // Four exclusive one-GPU actors on three GPUs: three are placed, each on its own index.
+  for (int k = 0; k < 3; ++k) {
+    Placement p = place(node_views(nodes, actors), {{"cpu", 1}, {"gpu", 1}});
+    ASSERT_TRUE(p.node) << p.reason;
+    EXPECT_NE(*p.node, "cpu-only");
+    ASSERT_EQ(p.gpus.size(), 1u);
+    EXPECT_TRUE(taken.insert({*p.node, p.gpus[0]}).second) << *p.node << " " << p.gpus[0];
+    actors.push_back(gpu_actor("a" + std::to_string(k), *p.node, p.gpus));
+  }
+  Placement full = place(node_views(nodes, actors), {{"cpu", 1}, {"gpu", 1}});
+  EXPECT_FALSE(full.node);
+  EXPECT_NE(full.reason.find("no node has 1 free gpu"), std::string::npos) << full.reason;
+  // Two GPUs are only on "two", and only while both are free.
+  std::vector<ActorInfo> none;
+  Placement two = place(node_views(nodes, none), {{"gpu", 2}});
+  EXPECT_EQ(two.node, "two");
+  EXPECT_EQ(two.gpus, (std::vector<int>{0, 1}));
+  EXPECT_FALSE(place(node_views(nodes, actors), {{"gpu", 2}}).node);
+  // Whole GPUs only.
+  Placement half = place(node_views(nodes, none), {{"gpu", 0.5}});
+  EXPECT_FALSE(half.node);
+  EXPECT_NE(half.reason.find("whole GPUs only"), std::string::npos) << half.reason;
+  // Without a gpu demand, no indices.
+  EXPECT_TRUE(place(node_views(nodes, actors), {{"cpu", 1}}).gpus.empty());
+}
+
+TEST(GpuAssignment, IndicesAreFreedWhenTheActorDiesOrRestarts) {
+  std::vector<NodeRecord> nodes = {gpu_node("n", 1)};
+  std::vector<ActorInfo> actors = {gpu_actor("a", "n", {0})};
+  auto v = node_views(nodes, actors);
+  EXPECT_EQ(v[0].used.at("gpu"), 1);
+  EXPECT_EQ(v[0].used.at("cpu"), 1);
+  EXPECT_FALSE(place(v, {{"gpu", 1}}).node);
+  for (ActorState gone : {ActorState::dead, ActorState::restarting}) {
+    actors[0].state = gone;
+    auto w = node_views(nodes, actors);
+    EXPECT_EQ(w[0].used.count("gpu"), 0u) << gone;
+    Placement p = place(w, {{"gpu", 1}});
+    EXPECT_EQ(p.node, "n") << gone;
+    EXPECT_EQ(p.gpus, std::vector<int>{0}) << gone;
+  }
+  // A pending actor (being created) holds its index already.
+  actors[0].state = ActorState::pending;
+  EXPECT_FALSE(place(node_views(nodes, actors), {{"gpu", 1}}).node);
+}
+
+TEST(GpuAssignment, SharedActorsFitOnOneGpuAndCountItOnce) {
+  std::vector<NodeRecord> nodes = {gpu_node("n", 1)};
+  std::vector<ActorInfo> actors;
+  for (int k = 0; k < 4; ++k) {
+    Placement p = place(node_views(nodes, actors), {{"cpu", 1}, {"gpu", 1}}, {}, true);
+    ASSERT_TRUE(p.node) << p.reason;
+    EXPECT_EQ(p.gpus, std::vector<int>{0});
+    actors.push_back(gpu_actor("s" + std::to_string(k), "n", p.gpus, true));
+  }
+  EXPECT_EQ(node_views(nodes, actors)[0].used.at("gpu"), 1);  // one GPU in use, not four
+  // An exclusive actor finds no free GPU; sharing ones still fit.
+  EXPECT_FALSE(place(node_views(nodes, actors), {{"gpu", 1}}).node);
+  std::vector<ActorInfo> exclusive = {gpu_actor("x", "n", {0})};
+  Placement p = place(node_views(nodes, exclusive), {{"gpu", 1}}, {}, true);
+  EXPECT_FALSE(p.node);
+  EXPECT_NE(p.reason.find("free or shared"), std::string::npos) << p.reason;
+  EXPECT_EQ(format_gpus({0, 3}), "0,3");
+  EXPECT_EQ(format_gpus({}), "-");
+}
+
 TEST(FailureDetector, DeadOnlyAfterTimeoutWithoutHeartbeatChange) {
   FailureDetector fd(2000);
   fd.observe("a", "1", 0);

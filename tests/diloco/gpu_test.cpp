@@ -1,0 +1,193 @@
+// The trainer on a CUDA device (ctest label `gpu`; every test skips where
+// torch sees no CUDA device, as on CI). What a GPU run must keep: it follows the
+// CPU run within float tolerance, the outer state stays in host memory, and
+// checkpoints move between devices.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "diloco/simulator.hpp"
+#include "diloco/trainer.hpp"
+#include "tests/diloco/test_corpus.hpp"
+
+using namespace loco::diloco;
+
+namespace {
+
+class CudaTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    at::set_num_threads(1);
+    dir_ = new std::string(loco::diloco::testing::make_corpus_dir("gpu"));
+  }
+  static void TearDownTestSuite() {
+    remove_tree(*dir_);
+    delete dir_;
+  }
+  void SetUp() override {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "torch sees no CUDA device";
+  }
+  static JobConfig small_job() {
+    JobConfig c;
+    c.seed = 11;
+    c.model = {.layers = 2,
+               .d_model = 32,
+               .heads = 2,
+               .context = 16,
+               .vocab = 0,
+               .tied_embeddings = true,
+               .mlp_ratio = 4};
+    c.data.dir = *dir_;
+    c.data.shards = 8;
+    c.data.val_fraction = 0.05;
+    c.inner.steps = 4;
+    c.inner.batch_size = 4;
+    c.inner.lr = 3e-3;
+    c.inner.warmup = 3;
+    c.rounds = 5;
+    c.eval.every = 4;
+    c.eval.batches = 2;
+    c.validate();
+    return c;
+  }
+  static std::string* dir_;
+};
+std::string* CudaTest::dir_ = nullptr;
+
+const torch::Device kCuda(torch::kCUDA, 0);
+
+torch::serialize::InputArchive round_trip(const InnerTrainer& t) {
+  torch::serialize::OutputArchive out;
+  t.save(out, "worker.");
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);  // no device given: tensors come back where they were saved
+  return in;
+}
+
+// ‖a − b‖ / ‖b − start‖: how far two runs drifted apart, relative to how far they moved.
+double drift(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& start) {
+  return (a.cpu() - b.cpu()).norm().item<double>() / (b.cpu() - start).norm().item<double>();
+}
+
+}  // namespace
+
+TEST_F(CudaTest, InnerStepsOnTheGpuFollowTheCpuFor20Steps) {
+  const auto c = small_job();
+  const auto store = TokenStore::open(c.data);
+  InnerTrainer cpu(c, store, {0, 1, 2, 3}, 0, 20);
+  InnerTrainer gpu(c, store, {0, 1, 2, 3}, 0, 20, kCuda);
+  EXPECT_TRUE(gpu.flat_parameters().is_cuda());
+  const torch::Tensor start = cpu.flat_parameters().clone();
+  EXPECT_TRUE(torch::equal(gpu.flat_parameters().cpu(), start));  // same initialisation
+  for (int s = 0; s < 20; ++s) {
+    const auto a = cpu.run_inner_steps(1), b = gpu.run_inner_steps(1);
+    EXPECT_NEAR(b.last_loss, a.last_loss, 1e-3 * a.last_loss) << "step " << s;
+    EXPECT_NEAR(b.grad_norm, a.grad_norm, 1e-2 * a.grad_norm) << "step " << s;
+  }
+  EXPECT_LT(drift(gpu.flat_parameters(), cpu.flat_parameters(), start), 1e-2);
+
+  // Pseudo-gradients land in host memory against a host θ.
+  std::vector<float> dc(size_t(cpu.parameter_count())), dg(dc.size());
+  cpu.pseudo_gradient(start, dc);
+  gpu.pseudo_gradient(start, dg);
+  const auto tc = flat_view(dc), tg = flat_view(dg);
+  EXPECT_LT((tc - tg).norm().item<double>() / tc.norm().item<double>(), 1e-2);
+
+  const int n = 2 * c.inner.batch_size;
+  torch::Tensor windows = torch::empty({n, c.model.context + 1}, torch::kInt64);
+  validation_windows(store, c.model.context, n,
+                     {windows.data_ptr<std::int64_t>(), size_t(windows.numel())});
+  const double vc = cpu.evaluate(windows), vg = gpu.evaluate(windows);
+  EXPECT_NEAR(vg, vc, 1e-3 * vc);
+}
+
+TEST_F(CudaTest, OuterStateStaysOnTheHostAndLoadsBackOntoTheGpu) {
+  const auto c = small_job();
+  const auto store = TokenStore::open(c.data);
+  InnerTrainer gpu(c, store, {0, 1}, 0, 20, kCuda);
+  OuterOptimizer outer(c.outer, gpu.flat_parameters());
+  EXPECT_TRUE(outer.theta().is_cpu());
+  EXPECT_TRUE(outer.momentum().is_cpu());
+  gpu.run_inner_steps(4);
+  std::vector<float> delta(size_t(gpu.parameter_count()));
+  gpu.pseudo_gradient(outer.theta(), delta);
+  outer.step(delta);
+  gpu.load_parameters(outer.theta());
+  EXPECT_TRUE(gpu.flat_parameters().is_cuda());
+  EXPECT_TRUE(torch::equal(gpu.flat_parameters().cpu(), outer.theta()));
+  EXPECT_EQ(tensor_hash(gpu.flat_parameters().cpu()), outer.theta_hash());
+}
+
+TEST_F(CudaTest, DilocoRoundsOnTheGpuFollowTheCpu) {
+  auto c = small_job();  // 5 rounds of 4 steps: 20 inner steps per worker
+  SimulateOptions opt{.workers = 2, .mode = Mode::diloco, .rounds = 5};
+  Simulator cpu(c, opt);
+  c.device = DeviceKind::cuda;
+  Simulator gpu(c, opt);
+  while (!cpu.done()) {
+    const auto a = cpu.run_round(), b = gpu.run_round();  // each checks its workers' θ agree
+    EXPECT_NEAR(b.train_loss, a.train_loss, 1e-3 * a.train_loss) << "round " << a.round;
+    ASSERT_EQ(a.val_loss.has_value(), b.val_loss.has_value());
+    if (a.val_loss) {
+      EXPECT_NEAR(*b.val_loss, *a.val_loss, 1e-3 * *a.val_loss);
+    }
+  }
+}
+
+TEST_F(CudaTest, CheckpointTakenOnTheGpuResumesOnTheCpuAndBack) {
+  const auto c = small_job();
+  const auto store = TokenStore::open(c.data);
+  InnerTrainer gpu(c, store, {0, 1, 2, 3}, 3, 40, kCuda);
+  gpu.run_inner_steps(5);
+  auto ar = round_trip(gpu);
+  torch::Tensor saved;
+  ar.read("worker.params", saved);
+  EXPECT_TRUE(saved.is_cpu()) << "checkpoints hold CPU tensors";
+  ar.read("worker.exp_avg", saved);
+  EXPECT_TRUE(saved.is_cpu());
+
+  // GPU → CPU: the same state exactly, then the same training within tolerance.
+  InnerTrainer cpu(c, store, {0, 1, 2, 3}, 3, 40);
+  cpu.load(ar, "worker.");
+  EXPECT_TRUE(torch::equal(cpu.flat_parameters(), gpu.flat_parameters().cpu()));
+  EXPECT_EQ(cpu.step(), gpu.step());
+  EXPECT_EQ(cpu.sampler().position(), gpu.sampler().position());
+  const torch::Tensor at5 = cpu.flat_parameters().clone();
+  cpu.run_inner_steps(5);
+  gpu.run_inner_steps(5);
+  EXPECT_LT(drift(gpu.flat_parameters(), cpu.flat_parameters(), at5), 1e-2);
+
+  // CPU → GPU: exactly the CPU's state on the device.
+  auto back = round_trip(cpu);
+  InnerTrainer gpu2(c, store, {0, 1, 2, 3}, 3, 40, kCuda);
+  gpu2.load(back, "worker.");
+  EXPECT_TRUE(gpu2.flat_parameters().is_cuda());
+  EXPECT_TRUE(torch::equal(gpu2.flat_parameters().cpu(), cpu.flat_parameters()));
+  EXPECT_EQ(gpu2.adam_steps(), cpu.adam_steps());
+
+  // A whole simulation: checkpointed on the GPU, resumed on the CPU, and back.
+  auto gc = small_job();
+  gc.device = DeviceKind::cuda;
+  SimulateOptions opt{.workers = 2, .mode = Mode::diloco, .rounds = 5};
+  const auto path = (std::filesystem::path(c.data.dir) / "ck" / "gpu.pt").string();
+  const auto path2 = (std::filesystem::path(c.data.dir) / "ck" / "cpu.pt").string();
+  Simulator on_gpu(gc, opt);
+  on_gpu.run_round();
+  on_gpu.run_round();
+  on_gpu.save_checkpoint(path);
+  Simulator on_cpu(c, opt);
+  on_cpu.load_checkpoint(path);
+  EXPECT_EQ(on_cpu.theta_hash(), on_gpu.theta_hash());  // θ is host memory: bit-identical
+  const auto a = on_cpu.run_round(), b = on_gpu.run_round();
+  EXPECT_NEAR(a.train_loss, b.train_loss, 1e-3 * b.train_loss);
+  on_cpu.save_checkpoint(path2);
+  Simulator again(gc, opt);
+  again.load_checkpoint(path2);
+  EXPECT_EQ(again.theta_hash(), on_cpu.theta_hash());
+  EXPECT_NO_THROW(again.run_round());
+}
