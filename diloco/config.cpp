@@ -103,8 +103,9 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   JobConfig c;
   if (!root || root.IsNull()) throw ConfigError("job file: empty");
   check_keys(root, "",
-             {"name", "seed", "threads", "device", "model", "data", "workers", "inner", "outer",
-              "compression", "allreduce", "rounds", "token_budget", "checkpoint", "eval"});
+             {"name", "seed", "threads", "device", "precision", "model", "data", "workers",
+              "inner", "outer", "compression", "allreduce", "rounds", "token_budget",
+              "checkpoint", "eval"});
   read(root, "", "name", c.name);
   read(root, "", "seed", c.seed);
   read(root, "", "threads", c.threads);
@@ -115,11 +116,14 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(root, "", "rounds", c.rounds);
   read(root, "", "token_budget", c.token_budget);
   read_codec(root, "compression", c.compression);
+  read_enum(root, "", "precision", c.precision,
+            std::array<std::pair<const char*, Precision>, 2>{
+                {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}}});
 
   const auto m = root["model"];
-  check_keys(
-      m, "model",
-      {"layers", "width", "d_model", "heads", "context", "vocab", "tied_embeddings", "mlp_ratio"});
+  check_keys(m, "model",
+             {"layers", "width", "d_model", "heads", "context", "vocab", "tied_embeddings",
+              "mlp_ratio", "activation_checkpointing"});
   read(m, "model", "layers", c.model.layers);
   read(m, "model", "width", c.model.d_model);
   read(m, "model", "d_model", c.model.d_model);
@@ -128,6 +132,7 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(m, "model", "vocab", c.model.vocab);
   read(m, "model", "tied_embeddings", c.model.tied_embeddings);
   read(m, "model", "mlp_ratio", c.model.mlp_ratio);
+  read(m, "model", "activation_checkpointing", c.model.activation_checkpointing);
 
   const auto d = root["data"];
   check_keys(d, "data", {"dir", "path", "tokenizer", "bpe_vocab", "shards", "val_fraction"});
@@ -334,7 +339,8 @@ std::string JobConfig::to_yaml() const {
       << YAML::Key << "heads" << YAML::Value << model.heads << YAML::Key << "context" << YAML::Value
       << model.context << YAML::Key << "vocab" << YAML::Value << model.vocab << YAML::Key
       << "tied_embeddings" << YAML::Value << model.tied_embeddings << YAML::Key << "mlp_ratio"
-      << YAML::Value << model.mlp_ratio << YAML::EndMap;
+      << YAML::Value << model.mlp_ratio << YAML::Key << "activation_checkpointing" << YAML::Value
+      << model.activation_checkpointing << YAML::EndMap;
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value
       << data.dir << YAML::Key << "tokenizer" << YAML::Value
       << (data.tokenizer == TokenizerKind::byte ? "byte" : "bpe") << YAML::Key << "bpe_vocab"
@@ -358,6 +364,8 @@ std::string JobConfig::to_yaml() const {
   out << YAML::Key << "outer" << YAML::Value << YAML::BeginMap << YAML::Key << "lr" << YAML::Value
       << outer.lr << YAML::Key << "momentum" << YAML::Value << outer.momentum << YAML::Key
       << "nesterov" << YAML::Value << outer.nesterov << YAML::EndMap;
+  out << YAML::Key << "precision" << YAML::Value
+      << (precision == Precision::fp32 ? "fp32" : "bf16");
   out << YAML::Key << "compression" << YAML::Value
       << std::string(collective::to_string(compression));
   out << YAML::Key << "allreduce" << YAML::Value << YAML::BeginMap << YAML::Key << "chunk_kb"

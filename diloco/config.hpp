@@ -20,6 +20,11 @@ enum class TokenizerKind { byte, bpe };
 enum class DeviceKind { auto_, cpu, cuda };
 const char* to_string(DeviceKind d);
 
+// Arithmetic of the inner steps' forward and backward. bf16: autocast to bfloat16 (as
+// torch.autocast), with fp32 master weights, gradients and AdamW state; the
+// pseudo-gradient and the all-reduce are unchanged (fp32, or the job's compression).
+enum class Precision { fp32, bf16 };
+
 // Thrown for a job file that does not parse or does not validate. what()
 // names the field, the rule and the value: "inner.lr: must be > 0, got -1".
 class ConfigError : public std::runtime_error {
@@ -35,6 +40,8 @@ struct ModelConfig {
   int vocab = 0;      // 0: taken from the tokenizer (256 for byte, data.bpe_vocab for bpe)
   bool tied_embeddings = true;
   int mlp_ratio = 4;
+  // Recompute each block in the backward pass instead of keeping its activations.
+  bool activation_checkpointing = false;
 };
 
 struct DataConfig {
@@ -101,6 +108,7 @@ struct JobConfig {
   std::uint64_t seed = 0;
   int threads = 0;  // torch intra-op threads per process; 0: leave torch's default
   DeviceKind device = DeviceKind::cpu;
+  Precision precision = Precision::fp32;
   ModelConfig model;
   DataConfig data;
   WorkersConfig workers;

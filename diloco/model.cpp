@@ -6,6 +6,74 @@ namespace loco::diloco {
 
 namespace F = torch::nn::functional;
 
+AutocastGuard::AutocastGuard(at::DeviceType device, bool enabled, at::ScalarType dtype)
+    : device_(device),
+      was_enabled_(at::autocast::is_autocast_enabled(device)),
+      was_dtype_(at::autocast::get_autocast_dtype(device)) {
+  at::autocast::set_autocast_enabled(device_, enabled);
+  at::autocast::set_autocast_dtype(device_, dtype);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_, was_enabled_);
+  at::autocast::set_autocast_dtype(device_, was_dtype_);
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Keeps a block alive for the backward pass of a graph that went through it.
+struct BlockRef : torch::CustomClassHolder {
+  explicit BlockRef(std::shared_ptr<BlockImpl> b) : block(std::move(b)) {}
+  std::shared_ptr<BlockImpl> block;
+};
+
+// Activation checkpointing of one block (LibTorch C++ has no torch.utils.checkpoint).
+// Forward: the block under no grad (Function::apply turns grad mode off), saving only
+// its input. Backward: the block again with grad on and under the forward's autocast
+// state, then its gradients with respect to the input and the parameters. The
+// parameters are inputs of the function so that the engine accumulates their
+// gradients as usual. There is no dropout in the model, so no RNG state to replay.
+struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               at::TensorList /*params: for the engine*/,
+                               const std::shared_ptr<BlockImpl>& block) {
+    const auto dev = x.device().type();
+    ctx->save_for_backward({x});
+    ctx->saved_data["block"] = c10::IValue::make_capsule(c10::make_intrusive<BlockRef>(block));
+    ctx->saved_data["autocast"] = at::autocast::is_autocast_enabled(dev);
+    ctx->saved_data["autocast_dtype"] =
+        static_cast<std::int64_t>(at::autocast::get_autocast_dtype(dev));
+    return block->forward(x);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto capsule = ctx->saved_data["block"].toCapsule();
+    auto& block = static_cast<BlockRef*>(capsule.get())->block;
+    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    variable_list inputs{x};
+    for (const auto& p : block->parameters()) inputs.push_back(p);
+    torch::Tensor y;
+    {
+      torch::AutoGradMode grad_on(true);
+      AutocastGuard autocast(
+          x.device().type(), ctx->saved_data["autocast"].toBool(),
+          static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
+      y = block->forward(x);
+    }
+    auto grads = torch::autograd::grad({y}, inputs, {grad_out[0]}, /*retain_graph=*/false,
+                                       /*create_graph=*/false, /*allow_unused=*/true);
+    grads.emplace_back();  // for the `block` argument
+    return grads;
+  }
+};
+
+}  // namespace
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(int d_model, int heads) : heads_(heads) {
   qkv = register_module("qkv", torch::nn::Linear(d_model, 3 * d_model));
   proj = register_module("proj", torch::nn::Linear(d_model, d_model));
@@ -51,7 +119,16 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   TORCH_CHECK(t <= cfg_.context, "sequence of ", t, " tokens is longer than model.context ",
               cfg_.context);
   auto x = wte(idx) + wpe->weight.slice(0, 0, t);
-  for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
+  const bool checkpoint = cfg_.activation_checkpointing && torch::GradMode::is_enabled();
+  for (std::size_t i = 0; i < blocks->size(); ++i) {
+    auto block = blocks->ptr<BlockImpl>(i);
+    if (checkpoint) {
+      const auto params = block->parameters();
+      x = CheckpointedBlock::apply(x, at::TensorList(params), block);
+    } else {
+      x = block->forward(x);
+    }
+  }
   x = ln_f(x);
   return cfg_.tied_embeddings ? F::linear(x, wte->weight) : lm_head(x);
 }

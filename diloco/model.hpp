@@ -1,8 +1,10 @@
 // A GPT-style decoder: token + learned position embeddings, pre-norm blocks
 // of causal self-attention and a GELU MLP, a final norm, and a language-model
-// head (optionally tied to the token embedding).
+// head (optionally tied to the token embedding). No dropout anywhere, so a
+// forward pass is a deterministic function of its inputs and parameters.
 #pragma once
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -10,6 +12,22 @@
 #include "diloco/config.hpp"
 
 namespace loco::diloco {
+
+// Autocast on `device` for the guard's lifetime (to `dtype`, or off), as torch.autocast
+// does: the previous state comes back at the end, and the cache of casted weights is
+// cleared when the outermost autocast region ends.
+class AutocastGuard {
+ public:
+  AutocastGuard(at::DeviceType device, bool enabled, at::ScalarType dtype = at::kBFloat16);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  at::DeviceType device_;
+  bool was_enabled_;
+  at::ScalarType was_dtype_;
+};
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
@@ -37,6 +55,8 @@ class GptImpl : public torch::nn::Module {
   // vocab: the tokenizer's vocabulary size (JobConfig::vocab_size()).
   GptImpl(const ModelConfig& cfg, int vocab);
   // idx: [B, T] int64 token ids, T <= context. Returns logits [B, T, vocab].
+  // With model.activation_checkpointing and grad mode on, each block keeps only its
+  // input and is run again in the backward pass (same result, less memory).
   torch::Tensor forward(const torch::Tensor& idx);
   // Mean next-token cross-entropy of `targets` [B, T].
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);

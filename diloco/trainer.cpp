@@ -14,6 +14,20 @@ double inner_lr(const InnerConfig& c, std::int64_t step, std::int64_t total) {
   return min_lr + 0.5 * (c.lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
+void adamw_flat_step(torch::Tensor& params, const torch::Tensor& grads, torch::Tensor& exp_avg,
+                     torch::Tensor& exp_avg_sq, const torch::Tensor& decay_mask,
+                     torch::Tensor& denom, const InnerConfig& c, double lr, std::int64_t step) {
+  const double b1 = c.betas[0], b2 = c.betas[1];
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
+  if (c.weight_decay > 0) params.addcmul_(params, decay_mask, -lr * c.weight_decay);
+  exp_avg.lerp_(grads, 1.0 - b1);
+  exp_avg_sq.mul_(b2).addcmul_(grads, grads, 1.0 - b2);
+  torch::sqrt_out(denom, exp_avg_sq);
+  denom.div_(std::sqrt(bc2)).add_(c.eps);
+  params.addcdiv_(exp_avg, denom, -lr / bc1);
+}
+
 std::uint64_t tensor_hash(const torch::Tensor& t) {
   TORCH_CHECK(t.is_contiguous(), "tensor_hash: tensor must be contiguous");
   TORCH_CHECK(t.is_cpu(), "tensor_hash: tensor must be in host memory, not on ", t.device());
@@ -86,7 +100,7 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
     double step_loss = 0;
     for (int a = 0; a < ic.grad_accum; ++a) {
       auto mb = batch.slice(0, a * micro, (a + 1) * micro);
-      auto loss = model_->loss(mb.slice(1, 0, ctx), mb.slice(1, 1, ctx + 1));
+      auto loss = forward_loss(mb.slice(1, 0, ctx), mb.slice(1, 1, ctx + 1));
       if (ic.grad_accum > 1) loss = loss / static_cast<double>(ic.grad_accum);
       loss.backward();
       step_loss += loss.item<double>();
@@ -107,15 +121,8 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
     const double lr = inner_lr(ic, step_, total_steps_);
     ++step_;
     ++adam_steps_;
-    const double b1 = ic.betas[0], b2 = ic.betas[1];
-    const double bc1 = 1.0 - std::pow(b1, static_cast<double>(adam_steps_));
-    const double bc2 = 1.0 - std::pow(b2, static_cast<double>(adam_steps_));
-    if (ic.weight_decay > 0) params_.addcmul_(params_, decay_mask_, -lr * ic.weight_decay);
-    exp_avg_.lerp_(grads_, 1.0 - b1);
-    exp_avg_sq_.mul_(b2).addcmul_(grads_, grads_, 1.0 - b2);
-    torch::sqrt_out(denom_, exp_avg_sq_);
-    denom_.div_(std::sqrt(bc2)).add_(ic.eps);
-    params_.addcdiv_(exp_avg_, denom_, -lr / bc1);
+    adamw_flat_step(params_, grads_, exp_avg_, exp_avg_sq_, decay_mask_, denom_, ic, lr,
+                    adam_steps_);
 
     loss_sum += step_loss;
     stats.last_loss = step_loss;
@@ -125,6 +132,15 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
   stats.steps = h;
   stats.mean_loss = h > 0 ? loss_sum / h : 0.0;
   return stats;
+}
+
+torch::Tensor InnerTrainer::forward_loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  if (cfg_.precision == Precision::fp32) return model_->loss(idx, targets);
+  // Autocast covers the forward only, as torch.autocast advises: the backward runs each op
+  // in the dtype its forward ran in (bf16 matmuls, fp32 norms and loss), and the gradients
+  // of the fp32 parameters come out fp32 through the casts.
+  AutocastGuard autocast(params_.device().type(), true, at::kBFloat16);
+  return model_->loss(idx, targets);
 }
 
 void InnerTrainer::pseudo_gradient(const torch::Tensor& theta_global, std::span<float> out) const {
@@ -152,7 +168,7 @@ double InnerTrainer::evaluate(const torch::Tensor& windows) {
   double sum = 0;
   for (std::int64_t b = 0; b < n; b += cfg_.inner.batch_size) {
     auto w = windows.slice(0, b, std::min<std::int64_t>(n, b + cfg_.inner.batch_size)).to(device_);
-    sum += model_->loss(w.slice(1, 0, ctx), w.slice(1, 1, ctx + 1)).item<double>() *
+    sum += forward_loss(w.slice(1, 0, ctx), w.slice(1, 1, ctx + 1)).item<double>() *
            static_cast<double>(w.size(0));
   }
   model_->train();

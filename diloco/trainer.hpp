@@ -34,6 +34,14 @@ namespace loco::diloco {
 // from lr/warmup to lr over `warmup` steps, then cosine decay to lr * min_lr_ratio.
 double inner_lr(const InnerConfig& c, std::int64_t step, std::int64_t total);
 
+// One AdamW step over flat fp32 buffers, the arithmetic of torch.optim.AdamW, with
+// decoupled weight decay where `decay_mask` is 1; `step` counts this step (1 for the
+// first, for the bias correction); `denom` is scratch. The inner step of InnerTrainer
+// (exposed for bench/adamw, which compares it with LibTorch's fused and foreach AdamW).
+void adamw_flat_step(torch::Tensor& params, const torch::Tensor& grads, torch::Tensor& exp_avg,
+                     torch::Tensor& exp_avg_sq, const torch::Tensor& decay_mask,
+                     torch::Tensor& denom, const InnerConfig& c, double lr, std::int64_t step);
+
 // 64-bit FNV-1a of a contiguous fp32 tensor's bytes: equal hashes across
 // workers mean bit-identical θ.
 std::uint64_t tensor_hash(const torch::Tensor& t);
@@ -60,6 +68,8 @@ class InnerTrainer {
   InnerTrainer& operator=(const InnerTrainer&) = delete;
 
   // h inner steps on this worker's shards. Inner optimizer state persists across calls.
+  // With precision bf16 the forward passes run under autocast; parameters, gradients and
+  // AdamW moments stay fp32 either way.
   InnerStats run_inner_steps(int h);
 
   // out[i] = theta_global[i] − θ_local[i], written straight into `out` (host
@@ -70,12 +80,15 @@ class InnerTrainer {
   void load_parameters(const torch::Tensor& theta);
 
   // Mean validation loss over `windows` ([n, context + 1] int64, host), in batches
-  // of inner.batch_size. Deterministic.
+  // of inner.batch_size, in the job's precision. Deterministic.
   double evaluate(const torch::Tensor& windows);
 
   // The flat parameter buffer, on device(); the model's parameters are views into it.
   const torch::Tensor& flat_parameters() const { return params_; }
   torch::Device device() const { return device_; }
+  const torch::Tensor& flat_gradients() const { return grads_; }
+  const torch::Tensor& exp_avg() const { return exp_avg_; }
+  const torch::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
   Gpt& model() { return model_; }
   std::int64_t parameter_count() const { return params_.numel(); }
   std::int64_t step() const { return step_; }
@@ -100,6 +113,9 @@ class InnerTrainer {
   void load_moments(torch::serialize::InputArchive& ar, const std::string& prefix);
 
  private:
+  // The model's mean loss, under autocast when the job's precision is bf16.
+  torch::Tensor forward_loss(const torch::Tensor& idx, const torch::Tensor& targets);
+
   JobConfig cfg_;
   torch::Device device_;
   Gpt model_{nullptr};

@@ -167,6 +167,26 @@ TEST(Config, DeviceChoiceFollowsTheAssignedGpusAndTorch) {
   EXPECT_NE(error(DeviceKind::cuda, {0}, false, 0).find("CUDA is not available"),
             std::string::npos);
   EXPECT_NE(error(DeviceKind::auto_, {2}, true, 2).find("sees 2 CUDA device(s)"),
+              std::string::npos);
+}
+
+TEST(Config, PrecisionAndActivationCheckpointing) {
+  const auto plain = JobConfig::from_yaml(kJob);
+  EXPECT_EQ(plain.precision, Precision::fp32);
+  EXPECT_FALSE(plain.model.activation_checkpointing);
+  const auto c = JobConfig::from_yaml(
+      replace(replace(kJob, "compression: int8", "compression: int8\nprecision: bf16"),
+              "tied_embeddings: true", "tied_embeddings: true, activation_checkpointing: true"));
+  EXPECT_EQ(c.precision, Precision::bf16);
+  EXPECT_TRUE(c.model.activation_checkpointing);
+  const auto again = JobConfig::from_yaml(c.to_yaml());
+  EXPECT_EQ(again.precision, Precision::bf16);
+  EXPECT_TRUE(again.model.activation_checkpointing);
+  EXPECT_EQ(error_of(replace(kJob, "compression: int8", "compression: int8\nprecision: fp16")),
+            "precision: expected one of fp32|bf16, got 'fp16'");
+  EXPECT_NE(error_of(replace(kJob, "tied_embeddings: true",
+                             "tied_embeddings: true, activation_checkpointing: sometimes"))
+                .find("model.activation_checkpointing: cannot read"),
             std::string::npos);
 }
 

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <sstream>
 
 #include "diloco/simulator.hpp"
@@ -62,6 +63,21 @@ torch::serialize::InputArchive written_and_read(
   torch::serialize::InputArchive in;
   in.load_from(bytes);
   return in;
+}
+
+// Nodes of the autograd graph behind `t` whose name contains `part`.
+int graph_nodes_named(const torch::Tensor& t, const std::string& part) {
+  std::vector<torch::autograd::Node*> todo{t.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  int n = 0;
+  while (!todo.empty()) {
+    auto* node = todo.back();
+    todo.pop_back();
+    if (!node || !seen.insert(node).second) continue;
+    n += node->name().find(part) != std::string::npos;
+    for (const auto& e : node->next_edges()) todo.push_back(e.function.get());
+  }
+  return n;
 }
 
 }  // namespace
@@ -132,6 +148,77 @@ TEST_F(DilocoTest, InnerTrainingLowersTheLossAndKeepsGradientsFlat) {
     EXPECT_EQ(p.data_ptr<float>(), base + off);
     ASSERT_TRUE(p.grad().defined());
     off += p.numel();
+  }
+}
+
+// bf16 autocast: the loss goes down, and what the optimizer works on stays fp32.
+TEST_F(DilocoTest, Bf16TrainsWithFp32MasterWeightsGradientsAndMoments) {
+  auto c = small_job();
+  const auto store = TokenStore::open(c.data);
+  torch::Tensor windows = torch::empty({8, 17}, torch::kInt64);
+  validation_windows(store, 16, 8, {windows.data_ptr<std::int64_t>(), 8 * 17});
+  InnerTrainer fp32(c, store, {0, 1, 2, 3, 4, 5, 6, 7}, 0, 30);
+  c.precision = Precision::bf16;
+  InnerTrainer bf16(c, store, {0, 1, 2, 3, 4, 5, 6, 7}, 0, 30);
+  const double before = bf16.evaluate(windows);
+  EXPECT_NEAR(before, std::log(256.0), 0.3);
+  const auto first = bf16.run_inner_steps(1);
+  // Autocast took effect: the same first batch gives another loss than in fp32.
+  EXPECT_NE(first.last_loss, fp32.run_inner_steps(1).last_loss);
+  EXPECT_NEAR(first.last_loss, std::log(256.0), 0.3);
+  const auto stats = bf16.run_inner_steps(29);
+  EXPECT_LT(stats.last_loss, first.last_loss - 1.0);
+  EXPECT_LT(bf16.evaluate(windows), before - 1.0);
+  for (const auto* t :
+       {&bf16.flat_parameters(), &bf16.flat_gradients(), &bf16.exp_avg(), &bf16.exp_avg_sq()})
+    EXPECT_EQ(t->scalar_type(), torch::kFloat32);
+  std::int64_t off = 0;
+  const auto* base = bf16.flat_parameters().data_ptr<float>();
+  for (const auto& p : bf16.model()->parameters()) {
+    EXPECT_EQ(p.scalar_type(), torch::kFloat32);
+    EXPECT_EQ(p.data_ptr<float>(), base + off);
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32);
+    off += p.numel();
+  }
+  // Autocast is off again outside the trainer.
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+}
+
+// Recomputing each block in the backward pass gives the gradients of keeping its
+// activations, in fp32 and under bf16 autocast (the recomputation runs under the
+// forward's autocast state).
+TEST_F(DilocoTest, ActivationCheckpointingGivesTheSameGradients) {
+  auto c = small_job();
+  c.model.layers = 3;
+  auto idx = torch::randint(0, 256, {3, 17}, torch::kInt64);
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    std::vector<std::vector<torch::Tensor>> grads;
+    std::vector<double> losses;
+    for (const bool ckpt : {false, true}) {
+      c.model.activation_checkpointing = ckpt;
+      Gpt m(c.model, 256);
+      m->init_weights(7);
+      torch::Tensor loss;
+      {
+        AutocastGuard autocast(at::kCPU, bf16);
+        loss = m->loss(idx.slice(1, 0, 16), idx.slice(1, 1, 17));
+      }
+      EXPECT_EQ(graph_nodes_named(loss, "CheckpointedBlock"), ckpt ? 3 : 0);
+      loss.backward();
+      losses.push_back(loss.item<double>());
+      grads.emplace_back();
+      for (const auto& p : m->parameters()) {
+        ASSERT_TRUE(p.grad().defined());
+        grads.back().push_back(p.grad().clone());
+      }
+    }
+    EXPECT_EQ(losses[0], losses[1]);
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (std::size_t i = 0; i < grads[0].size(); ++i)
+      EXPECT_TRUE(torch::allclose(grads[0][i], grads[1][i], 1e-6, 1e-9))
+          << i << ": max |difference| " << (grads[0][i] - grads[1][i]).abs().max().item<double>();
   }
 }
 
