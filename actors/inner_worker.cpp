@@ -22,6 +22,7 @@
 #include "runtime/collective/allreduce.hpp"
 #include "runtime/core/actor.hpp"
 #include "runtime/core/runtime.hpp"
+#include "runtime/core/util.hpp"
 
 namespace loco::actors {
 
@@ -29,9 +30,8 @@ namespace dl = loco::diloco;
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
+// Seconds since `t0`, both on the runtime's one steady clock (runtime/core/util.hpp).
+double seconds_since(int64_t t0) { return static_cast<double>(loco::now_ms() - t0) / 1000.0; }
 
 // Fault injection for the fault-tolerance tests and scripts/chaos, off unless
 // LOCO_FAULT is set: "worker=I,round=R,at=inner|reduce" makes the process that
@@ -165,7 +165,7 @@ InitResult InnerWorker::init(WorkerInit init) {
   // Behind the job when the slot's inner state is older than the outer state it gets.
   s_->trainer->set_step(init.round * s_->cfg.inner.steps);
   s_->outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, s_->trainer->flat_parameters());
-  auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = loco::now_ms();
   if (!init.source.empty()) {
     // Straight from a live member (idle between rounds), in parts with a few in
     // flight: on a slow link one 100 MB reply would hold up the heartbeats behind
@@ -176,7 +176,7 @@ InitResult InnerWorker::init(WorkerInit init) {
     const int64_t total = src.call(&InnerWorker::join_state_size, init.round).get(Millis(60000));
     std::string bytes(size_t(total), '\0');
     std::deque<std::pair<int64_t, Future<Blob>>> parts;
-    const auto started = std::chrono::steady_clock::now();
+    const int64_t started = loco::now_ms();
     int64_t received = 0;
     for (int64_t next = 0; next < total || !parts.empty();) {
       while (next < total && parts.size() < kInFlight) {
@@ -235,7 +235,7 @@ InnerResult InnerWorker::inner(int64_t round) {
     again.seconds = 0;
     return again;
   }
-  auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = loco::now_ms();
   if (s_->fault.hits(s_->index, round, "inner")) {
     s_->trainer->run_inner_steps(std::max(1, s_->cfg.inner.steps / 2));
     FaultPlan::die();
@@ -257,7 +257,7 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
     throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce of round " +
                                 std::to_string(req.round) + " but its Δ is of round " +
                                 std::to_string(s_->delta_round));
-  auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = loco::now_ms();
   if (req.names.size() != req.endpoints.size() || req.rank < 0 ||
       size_t(req.rank) >= req.names.size())
     throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce with " +

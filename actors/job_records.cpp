@@ -13,15 +13,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<std::string> read_lines(const std::string& path) {
-  std::vector<std::string> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) out.push_back(line);
-  return out;
-}
-
 int64_t int_field(const std::string& line, const std::string& key, int64_t fallback = 0) {
   const std::string v = json_field(line, key);
   try {
@@ -75,11 +66,11 @@ JobRecords::JobRecords(std::string folder, int64_t from)
     : metrics_path_(folder + "/metrics.jsonl"), attempts_path_(folder + "/attempts.jsonl") {
   // Records already there: the aggregator was restarted, and goes back.
   int64_t last = -1;
-  for (const std::string& l : read_lines(attempts_path_)) {
+  for (const std::string& l : read_json_lines(attempts_path_)) {
     last = std::max(last, int_field(l, "redo"));
     job_bytes_ += uint64_t(int_field(l, "bytes_per_worker"));
   }
-  for (const std::string& l : read_lines(metrics_path_))
+  for (const std::string& l : read_json_lines(metrics_path_))
     last = std::max(last, int_field(l, "redo"));
   redo_ = last + 1;
   drop_after(from);
@@ -95,7 +86,7 @@ void JobRecords::drop_after(int64_t round) {
   std::string kept;
   bytes_ = 0;
   seconds_ = 0;
-  for (const std::string& l : read_lines(metrics_path_)) {
+  for (const std::string& l : read_json_lines(metrics_path_)) {
     const int64_t r = int_field(l, "round", -1);
     if (r > round || r < 0) continue;
     kept += l + "\n";
@@ -169,6 +160,15 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
   attempts_ = failed_ = 0;
   ok_bytes_ = 0;
   return s.str();
+}
+
+std::vector<std::string> read_json_lines(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(line);
+  return out;
 }
 
 }  // namespace loco::actors

@@ -106,4 +106,8 @@ class JobRecords {
 // ("" when the line has no such field).
 std::string json_field(const std::string& line, const std::string& key);
 
+// The non-empty lines of a JSON-lines file (metrics.jsonl, attempts.jsonl); none when it is
+// missing.
+std::vector<std::string> read_json_lines(const std::string& path);
+
 }  // namespace loco::actors

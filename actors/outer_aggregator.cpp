@@ -20,6 +20,7 @@
 #include "diloco/data.hpp"
 #include "diloco/simulator.hpp"
 #include "runtime/core/runtime.hpp"
+#include "runtime/core/util.hpp"
 
 namespace loco::actors {
 
@@ -28,9 +29,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+// Seconds on the runtime's one steady clock (runtime/core/util.hpp).
+double now_s() { return static_cast<double>(loco::now_ms()) / 1000.0; }
 
 std::string join_ints(const std::vector<int>& v) {
   std::string s;

@@ -66,20 +66,31 @@ JobEvents JobHandle::poll(std::string& cursor, int max) {
   return ev;
 }
 
+JobHandle::Update JobHandle::decode(const JobEvent& e) {
+  Update u;
+  if (e.kind == "report") {
+    JobProgress p = msgpack::unpack(e.data.data(), e.data.size()).get().as<JobProgress>();
+    u.report = RoundReport::from(p);
+  } else {
+    u.line = e.data;
+  }
+  return u;
+}
+
+std::vector<JobHandle::Update> JobHandle::updates_so_far() {
+  std::vector<Update> out;
+  std::string cursor;
+  while (true) {
+    JobEvents ev = poll(cursor);
+    if (ev.events.empty()) return out;
+    for (const JobEvent& e : ev.events) out.push_back(decode(e));
+  }
+}
+
 std::optional<JobHandle::Update> JobHandle::Watch::next_update() {
   Backoff idle(Millis(50), Millis(500));
   while (true) {
-    if (pos_ < pending_.size()) {
-      const JobEvent& e = pending_[pos_++];
-      Update u;
-      if (e.kind == "report") {
-        JobProgress p = msgpack::unpack(e.data.data(), e.data.size()).get().as<JobProgress>();
-        u.report = RoundReport::from(p);
-      } else {
-        u.line = e.data;
-      }
-      return u;
-    }
+    if (pos_ < pending_.size()) return decode(pending_[pos_++]);
     if (ended_ || (stop_ && stop_->load())) return std::nullopt;
     pending_.clear();
     pos_ = 0;

@@ -46,14 +46,8 @@ int print_log(const std::string& address, const std::string& id, bool follow_it)
     auto end = follow(job, false);
     return end && end->state == loco::JobState::succeeded ? 0 : 1;
   }
-  // What the log holds now, without waiting for more.
-  std::string cursor;
-  while (true) {
-    auto ev = job.poll(cursor);
-    for (auto& e : ev.events)
-      if (e.kind != "report") std::printf("%s\n", e.data.c_str());
-    if (ev.events.empty()) break;
-  }
+  for (const JobHandle::Update& u : job.updates_so_far())
+    if (!u.report) std::printf("%s\n", u.line.c_str());
   return 0;
 }
 

@@ -68,27 +68,17 @@ inline ClusterOptions one_worker_per_node(int n) {
 // round -> val_loss, from a metrics.jsonl of loco-train or of a job.
 inline std::map<int, double> val_losses(const std::string& path) {
   std::map<int, double> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    auto r = line.find("\"round\":");
-    auto v = line.find("\"val_loss\":");
-    if (r == std::string::npos || v == std::string::npos) continue;
-    std::string val = line.substr(v + 11, line.find_first_of(",}", v) - v - 11);
-    if (val == "null") continue;
-    out[std::stoi(line.substr(r + 8))] = std::stod(val);
+  for (const std::string& line : actors::read_json_lines(path)) {
+    const std::string r = actors::json_field(line, "round");
+    const std::string v = actors::json_field(line, "val_loss");
+    if (r.empty() || v.empty() || v == "null") continue;
+    out[std::stoi(r)] = std::stod(v);
   }
   return out;
 }
 
-// The lines of a JSON-lines file (a job's metrics.jsonl, attempts.jsonl).
 inline std::vector<std::string> jsonl(const std::string& path) {
-  std::vector<std::string> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) out.push_back(line);
-  return out;
+  return actors::read_json_lines(path);
 }
 
 // round -> number of lines of metrics.jsonl that have it.
