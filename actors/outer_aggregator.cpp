@@ -15,6 +15,7 @@
 
 #include "actors/inner_worker.hpp"
 #include "actors/job_records.hpp"
+#include "actors/round_decisions.hpp"
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
@@ -600,7 +601,7 @@ void OuterAggregator::State::run() {
         release(members[i], "failed in round " + std::to_string(r + 1) + ": " + errors[i].message);
       }
     }
-    if (ready.empty() || int(ready.size()) < cfg.workers.min) {
+    if (after_inner(int(ready.size()), cfg.workers.min) == AfterInner::redo) {
       log("round " + std::to_string(r + 1) + ": " + std::to_string(ready.size()) +
           " workers finished their inner steps, below workers.min = " +
           std::to_string(cfg.workers.min) + "; the round is redone");
@@ -640,39 +641,37 @@ void OuterAggregator::State::run() {
       }
       records.attempt(rec);
       if (!rec.errors.empty()) failed_secs += rec.seconds;
-      std::vector<int> alive;
+      std::vector<MemberOutcome> outcomes;
       for (size_t i = 0; i < group.size(); ++i) {
-        if (rr[i] || !errors[i].gone) {
-          alive.push_back(group[i]);  // a survivor that saw a peer go: it retries
-          if (!rr[i])
-            log("worker " + std::to_string(group[i]) + " failed the all-reduce of round " +
-                std::to_string(r + 1) + ": " + errors[i].message);
-        } else {
+        outcomes.push_back(rr[i] ? MemberOutcome{true, rr[i]->theta_hash, false}
+                                 : MemberOutcome{false, 0, errors[i].gone});
+        if (!rr[i] && !errors[i].gone)
+          log("worker " + std::to_string(group[i]) + " failed the all-reduce of round " +
+              std::to_string(r + 1) + ": " + errors[i].message);
+      }
+      const AttemptDecision d = after_attempt(group, outcomes, attempt);
+      for (size_t i = 0; i < group.size(); ++i) {
+        if (!rr[i] && errors[i].gone)
           release(group[i], "lost in the all-reduce of round " + std::to_string(r + 1) + ": " +
                                 errors[i].message);
-        }
       }
-      bool all_ok = std::all_of(rr.begin(), rr.end(), [](auto& x) { return x.has_value(); });
-      if (all_ok) {
-        uint64_t h0 = rr[0]->theta_hash;
-        for (size_t i = 0; i < group.size(); ++i) {
-          if (rr[i]->theta_hash != h0)
-            throw std::runtime_error("round " + std::to_string(r + 1) + ": worker " +
-                                     std::to_string(group[i]) + " holds a different θ (hash " +
-                                     std::to_string(rr[i]->theta_hash) + " vs " +
-                                     std::to_string(h0) + ")");
-        }
-        agreed = h0;
+      if (d.kind == AttemptDecision::Kind::diverged) {
+        const size_t i = size_t(std::find(group.begin(), group.end(), d.diverged_member) -
+                                group.begin());
+        throw std::runtime_error("round " + std::to_string(r + 1) + ": worker " +
+                                 std::to_string(d.diverged_member) + " holds a different θ (hash " +
+                                 std::to_string(rr[i]->theta_hash) + " vs " +
+                                 std::to_string(rr[0]->theta_hash) + ")");
+      }
+      if (d.kind == AttemptDecision::Kind::agreed) {
+        agreed = d.theta_hash;
         break;
       }
-      // Members that failed but are still there may have applied the step already
-      // (when the failure came after their all-reduce): a re-run would need the same
-      // Δ again, which they hold until a reduce succeeds. Retry a few times.
-      if (attempt >= 3 || alive.empty()) break;
-      if (alive.size() < group.size())
-        log("round " + std::to_string(r + 1) + " re-formed with " + std::to_string(alive.size()) +
-            " workers: " + join_ints(alive));
-      group = alive;
+      if (d.kind == AttemptDecision::Kind::give_up) break;
+      if (d.next_group.size() < group.size())
+        log("round " + std::to_string(r + 1) + " re-formed with " +
+            std::to_string(d.next_group.size()) + " workers: " + join_ints(d.next_group));
+      group = d.next_group;
     }
     if (!agreed) {
       // The group could not agree: its members' θ may differ now. Drop them all;

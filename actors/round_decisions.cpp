@@ -1,0 +1,48 @@
+#include "actors/round_decisions.hpp"
+
+#include <stdexcept>
+
+namespace loco::actors {
+
+AfterInner after_inner(int finished, int min) {
+  return finished == 0 || finished < min ? AfterInner::redo : AfterInner::reduce;
+}
+
+AttemptDecision after_attempt(const std::vector<int>& group,
+                              const std::vector<MemberOutcome>& outcomes, uint64_t attempt) {
+  if (group.size() != outcomes.size())
+    throw std::invalid_argument("after_attempt: " + std::to_string(outcomes.size()) +
+                                " outcomes for a group of " + std::to_string(group.size()));
+  AttemptDecision d;
+  bool all_ok = true;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const MemberOutcome& o = outcomes[i];
+    all_ok = all_ok && o.ok;
+    // A survivor that saw a peer go retries; a member whose actor is gone is released.
+    if (o.ok || !o.gone)
+      d.next_group.push_back(group[i]);
+    else
+      d.lost.push_back(group[i]);
+  }
+  if (all_ok && !group.empty()) {
+    d.theta_hash = outcomes[0].theta_hash;
+    d.kind = AttemptDecision::Kind::agreed;
+    for (size_t i = 1; i < group.size(); ++i) {
+      if (outcomes[i].theta_hash != d.theta_hash) {
+        d.kind = AttemptDecision::Kind::diverged;
+        d.diverged_member = group[i];
+        break;
+      }
+    }
+    d.next_group.clear();
+    return d;
+  }
+  // Members that failed but are still there may have stepped already (the failure came after
+  // their all-reduce): a re-run needs the same Δ, which they hold until a reduce succeeds.
+  d.kind = attempt >= kMaxReduceRetries || d.next_group.empty() ? AttemptDecision::Kind::give_up
+                                                                  : AttemptDecision::Kind::retry;
+  if (d.kind == AttemptDecision::Kind::give_up) d.next_group.clear();
+  return d;
+}
+
+}  // namespace loco::actors

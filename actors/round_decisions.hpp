@@ -1,0 +1,43 @@
+// The aggregator's decisions about a round, as pure functions of what it has seen: no
+// actors, no clocks, no LibTorch, so that each rule has a unit test (round_decisions_test)
+// and the round loop in outer_aggregator.cpp only carries them out. The first of the
+// decisions that issue "8 ·" asks for; more move here as the round becomes a state machine.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace loco::actors {
+
+// After every member ran its inner steps: `finished` of them did, the job needs `min`.
+enum class AfterInner { reduce, redo };
+AfterInner after_inner(int finished, int min);
+
+// What one member of an all-reduce attempt answered.
+struct MemberOutcome {
+  bool ok = false;          // its reduce returned
+  uint64_t theta_hash = 0;  // θ after the outer step, when ok
+  bool gone = false;        // when not ok: its actor is gone (not merely the operation failed)
+};
+
+inline constexpr uint64_t kMaxReduceRetries = 3;
+
+struct AttemptDecision {
+  enum class Kind {
+    agreed,    // every member stepped and all hold the same θ
+    diverged,  // every member stepped but θ differs: a bug, the job must stop
+    retry,     // the members still there run the all-reduce again (they still hold Δ)
+    give_up,   // retries exhausted or nobody left: drop the group, reconcile from a checkpoint
+  };
+  Kind kind = Kind::give_up;
+  uint64_t theta_hash = 0;      // agreed: the common hash
+  int diverged_member = -1;     // diverged: the first member whose hash differs from the first's
+  std::vector<int> lost;        // members gone during the attempt: release them
+  std::vector<int> next_group;  // retry: the members that are still there, in order
+};
+
+// `group[i]` answered `outcomes[i]` in attempt number `attempt` (0-based) of a round.
+AttemptDecision after_attempt(const std::vector<int>& group,
+                              const std::vector<MemberOutcome>& outcomes, uint64_t attempt);
+
+}  // namespace loco::actors

@@ -1,0 +1,57 @@
+// The aggregator's round decisions (actors/round_decisions.hpp) without a cluster.
+#include "actors/round_decisions.hpp"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+namespace loco::actors {
+namespace {
+
+using Kind = AttemptDecision::Kind;
+
+MemberOutcome ok(uint64_t hash) { return {true, hash, false}; }
+MemberOutcome failed() { return {false, 0, false}; }
+MemberOutcome gone() { return {false, 0, true}; }
+
+TEST(RoundDecisions, TheRoundIsRedoneBelowTheMinimumOrWithNobody) {
+  EXPECT_EQ(after_inner(3, 2), AfterInner::reduce);
+  EXPECT_EQ(after_inner(2, 2), AfterInner::reduce);
+  EXPECT_EQ(after_inner(1, 2), AfterInner::redo);
+  EXPECT_EQ(after_inner(0, 0), AfterInner::redo);
+}
+
+TEST(RoundDecisions, EqualHashesAgreeAndADifferentOneIsNamed) {
+  auto d = after_attempt({0, 2, 5}, {ok(7), ok(7), ok(7)}, 0);
+  EXPECT_EQ(d.kind, Kind::agreed);
+  EXPECT_EQ(d.theta_hash, 7u);
+  EXPECT_TRUE(d.lost.empty());
+  d = after_attempt({0, 2, 5}, {ok(7), ok(7), ok(8)}, 0);
+  EXPECT_EQ(d.kind, Kind::diverged);
+  EXPECT_EQ(d.diverged_member, 5);
+}
+
+TEST(RoundDecisions, SurvivorsRetryAndTheGoneAreReleased) {
+  auto d = after_attempt({1, 3, 4, 6}, {failed(), gone(), ok(9), failed()}, 0);
+  EXPECT_EQ(d.kind, Kind::retry);
+  EXPECT_EQ(d.next_group, (std::vector<int>{1, 4, 6}));  // a member that stepped retries too
+  EXPECT_EQ(d.lost, (std::vector<int>{3}));
+}
+
+TEST(RoundDecisions, RetriesAreBoundedAndAnEmptyGroupGivesUp) {
+  for (uint64_t attempt = 0; attempt < kMaxReduceRetries; ++attempt)
+    EXPECT_EQ(after_attempt({0, 1}, {failed(), failed()}, attempt).kind, Kind::retry);
+  auto d = after_attempt({0, 1}, {failed(), failed()}, kMaxReduceRetries);
+  EXPECT_EQ(d.kind, Kind::give_up);
+  EXPECT_TRUE(d.next_group.empty());
+  d = after_attempt({0, 1}, {gone(), gone()}, 0);
+  EXPECT_EQ(d.kind, Kind::give_up);
+  EXPECT_EQ(d.lost, (std::vector<int>{0, 1}));
+}
+
+TEST(RoundDecisions, OutcomesMustMatchTheGroup) {
+  EXPECT_THROW(after_attempt({0, 1}, {ok(1)}, 0), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace loco::actors
