@@ -257,8 +257,11 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
       slots[size_t(members[k])].shards =
           dl::round_robin_shards(cfg.data.shards, int(k), int(members.size()));
 
-  // A member that holds the current outer state.
-  const std::string source = current.empty() ? "" : slots[size_t(current[0])].name;
+  // Members that hold the current outer state, one per joiner, spread over them.
+  const std::vector<int> sources = copy_sources(current, live);
+  auto source_of = [&](size_t k) {
+    return sources.empty() ? std::string() : slots[size_t(sources[k])].name;
+  };
   const bool fresh = r == 0 && resume_from.empty();
   std::vector<Future<std::string>> eps;
   for (int i : live) eps.push_back(worker(i).call(&InnerWorker::endpoint));
@@ -282,8 +285,8 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     wi.total_steps = total_steps;
     wi.round = r;
     if (!fresh) {
-      if (!source.empty()) {
-        wi.source = source;
+      if (!sources.empty()) {
+        wi.source = source_of(k);
       } else {
         wi.checkpoint = resume_from;
         if (!resume_from.empty()) wi.inner_state = inner_state_path(resume_from, i);
@@ -296,6 +299,8 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
   std::vector<int> joined;
   for (size_t k = 0; k < initing.size(); ++k) {
     int i = initing[k];
+    const std::string source =
+        source_of(size_t(std::find(live.begin(), live.end(), i) - live.begin()));
     Slot& s = slots[size_t(i)];
     if (!done[k]) {
       note_waiting(i, errors[k].message);

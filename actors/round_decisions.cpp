@@ -8,6 +8,13 @@ AfterInner after_inner(int finished, int min) {
   return finished == 0 || finished < min ? AfterInner::redo : AfterInner::reduce;
 }
 
+std::vector<int> copy_sources(const std::vector<int>& up_to_date, const std::vector<int>& joiners) {
+  std::vector<int> out;
+  if (up_to_date.empty()) return out;
+  for (size_t k = 0; k < joiners.size(); ++k) out.push_back(up_to_date[k % up_to_date.size()]);
+  return out;
+}
+
 AttemptDecision after_attempt(const std::vector<int>& group,
                               const std::vector<MemberOutcome>& outcomes, uint64_t attempt) {
   if (group.size() != outcomes.size())

@@ -13,6 +13,11 @@ namespace loco::actors {
 enum class AfterInner { reduce, redo };
 AfterInner after_inner(int finished, int min);
 
+// Where each of `joiners` copies the outer state from: the members that hold the current one
+// (`up_to_date`), spread so that k joiners load k members rather than all one (joiner k copies
+// from up_to_date[k mod n]). Empty when nobody holds it (the joiners then read a checkpoint).
+std::vector<int> copy_sources(const std::vector<int>& up_to_date, const std::vector<int>& joiners);
+
 // What one member of an all-reduce attempt answered.
 struct MemberOutcome {
   bool ok = false;          // its reduce returned

@@ -21,6 +21,12 @@ TEST(RoundDecisions, TheRoundIsRedoneBelowTheMinimumOrWithNobody) {
   EXPECT_EQ(after_inner(0, 0), AfterInner::redo);
 }
 
+TEST(RoundDecisions, JoinersCopyFromDifferentUpToDateMembers) {
+  EXPECT_EQ(copy_sources({2, 5, 7}, {0, 1, 3, 4}), (std::vector<int>{2, 5, 7, 2}));
+  EXPECT_EQ(copy_sources({4}, {0, 1}), (std::vector<int>{4, 4}));
+  EXPECT_TRUE(copy_sources({}, {0, 1}).empty());  // nobody holds it: from a checkpoint
+}
+
 TEST(RoundDecisions, EqualHashesAgreeAndADifferentOneIsNamed) {
   auto d = after_attempt({0, 2, 5}, {ok(7), ok(7), ok(7)}, 0);
   EXPECT_EQ(d.kind, Kind::agreed);
