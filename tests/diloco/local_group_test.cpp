@@ -1,7 +1,6 @@
 // A worker's local ranks (diloco/local_group.hpp) as CPU ranks: threads of this process
 // over c10d's Gloo backend and a HashStore, the interface that NCCL ranks use on GPUs.
 #include "diloco/local_group.hpp"
-#include "diloco/simulator.hpp"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "diloco/averager.hpp"
+#include "diloco/simulator.hpp"
 #include "diloco/trainer.hpp"
 #include "tests/diloco/test_corpus.hpp"
 
@@ -123,6 +123,31 @@ TEST(LocalGroup, NcclWithoutTheBuildOrAGpuSaysSo) {
         nccl_compiled() ? "torch sees no CUDA device" : "this build has no NCCL";
     EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
+}
+
+// Every wait is bounded: a rank that never joins, or never calls the collective, makes
+// the others throw LocalGroupError within the group's timeout instead of hanging.
+TEST(LocalGroup, AMissingRankFailsTheOthersWithinTheTimeout) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    LocalGroup alone(c10::make_intrusive<c10d::HashStore>(), 0, 2, LocalBackend::gloo,
+                     std::chrono::milliseconds(300));
+    FAIL() << "joined a group of 2 alone";
+  } catch (const LocalGroupError& e) {
+    EXPECT_NE(std::string(e.what()).find("could not join"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::unique_ptr<LocalGroup>> ranks(2);
+  on_threads(2, [&](int r) {
+    ranks[r] = std::make_unique<LocalGroup>(store, r, 2, LocalBackend::gloo,
+                                            std::chrono::milliseconds(300));
+  });
+  auto x = torch::ones({100});
+  const auto t1 = std::chrono::steady_clock::now();
+  EXPECT_THROW(ranks[0]->allreduce_mean(x), LocalGroupError);  // rank 1 never calls it
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(20));
 }
 
 TEST(LocalGroup, AllreduceMeanAndGatherOverGlooThreads) {
