@@ -18,7 +18,7 @@
 //   trainer.pseudo_gradient(outer.theta(), delta.subspan(s.begin, s.size()), s.begin);
 //   averager.average({that slice}, ...);      // rank r of every worker: G butterflies
 //   outer.step(that slice, s.begin);          // θ and momentum of the slice only
-//   trainer.gather_outer_state(outer, group); // θ whole again on every rank, loaded
+//   trainer.gather_outer_state(outer);        // θ whole again on every rank, loaded
 //
 // All of it is elementwise, so with fp32 compression the slices give θ bit for bit as
 // the unsliced round (SlicedRound.EqualsTheWholeRound); lossy codecs move the
@@ -113,8 +113,9 @@ class InnerTrainer {
   // group holds the outer step's result for its slice of outer.theta() (and, with
   // `momentum`, of outer.momentum()); gathers the slices over the group, through this
   // trainer's device buffers (θ_local, and the gradient buffer as scratch), so that every
-  // rank's θ_local and outer θ (and momentum) hold every slice. Without a group, or with
-  // one rank: load_parameters(outer.theta()).
+  // rank's θ_local and outer θ (and momentum) hold every slice. Without `momentum`, each
+  // rank's momentum is right on its own slice only: enough for the next sliced step, not
+  // for a checkpoint. Without a group, or with one rank: load_parameters(outer.theta()).
   void gather_outer_state(OuterOptimizer& outer, bool momentum = false);
   LocalGroup* group() const { return group_; }
 
