@@ -248,7 +248,7 @@ void ShardSampler::set_shards(std::vector<int> shards) {
   shards_ = std::move(shards);
 }
 
-void ShardSampler::next(int batch, std::span<std::int64_t> out) {
+void ShardSampler::next(int batch, std::span<std::int64_t> out, int first) {
   const std::size_t w = static_cast<std::size_t>(context_) + 1;
   if (out.size() != static_cast<std::size_t>(batch) * w)
     throw std::invalid_argument("ShardSampler::next: bad out size");
@@ -256,7 +256,7 @@ void ShardSampler::next(int batch, std::span<std::int64_t> out) {
   const std::uint64_t key = splitmix64(seed_ ^ splitmix64(stream_ + 0x5851f42d4c957f2dull));
   for (int b = 0; b < batch; ++b) {
     const std::uint64_t h =
-        splitmix64(key ^ splitmix64(position_ * 65536ull + static_cast<std::uint64_t>(b)));
+        splitmix64(key ^ splitmix64(position_ * 65536ull + static_cast<std::uint64_t>(first + b)));
     const int s = shards_[static_cast<std::size_t>(h % shards_.size())];
     const auto [begin, end] = store_->shard(s);
     const std::size_t start = begin + static_cast<std::size_t>(splitmix64(h) % (end - begin - w));

@@ -77,8 +77,11 @@ class ShardSampler {
   ShardSampler(const TokenStore& store, std::vector<int> shards, int context, std::uint64_t seed,
                std::uint64_t stream);
   // Fills `out` (batch * (context + 1) tokens, as int64) with `batch` windows of
-  // context + 1 tokens: inputs are [0, context), targets [1, context + 1).
-  void next(int batch, std::span<std::int64_t> out);
+  // context + 1 tokens: inputs are [0, context), targets [1, context + 1). Window b of
+  // a position is a function of (position, b): with `first`, the windows are
+  // first .. first + batch − 1 of the position, so G local ranks taking batch B from
+  // first = rank · B read together the G · B windows of one rank's next(G · B).
+  void next(int batch, std::span<std::int64_t> out, int first = 0);
   std::uint64_t position() const { return position_; }
   void set_position(std::uint64_t p) { position_ = p; }
   void set_shards(std::vector<int> shards);

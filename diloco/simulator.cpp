@@ -2,7 +2,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <filesystem>
+#include <mutex>
+#include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 namespace loco::diloco {
 
@@ -35,7 +39,34 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
   const torch::Device device = simulator_device(cfg_);
   std::vector<int> all(static_cast<std::size_t>(cfg_.data.shards));
   for (int s = 0; s < cfg_.data.shards; ++s) all[static_cast<std::size_t>(s)] = s;
-  if (opt_.mode == Mode::diloco) {
+  const int g = opt_.local_ranks;
+  if (g < 1) throw std::invalid_argument("local ranks: must be >= 1, got " + std::to_string(g));
+  if (g > 1 && (opt_.mode != Mode::diloco || !device.is_cpu()))
+    throw std::invalid_argument(
+        "local ranks: " + std::to_string(g) +
+        " per worker run in diloco mode on the CPU only (Gloo ranks as threads); the "
+        "simulator's workers share one GPU, and NCCL ranks need a GPU each");
+  if (g > 1) {
+    // Each worker's ranks join their own group concurrently (joining blocks until all have),
+    // then build their trainers: rank r reads its 1/G of the worker's batch.
+    const auto k = static_cast<std::size_t>(opt_.workers);
+    const auto gs = static_cast<std::size_t>(g);
+    std::vector<c10::intrusive_ptr<c10d::Store>> stores;
+    for (std::size_t w = 0; w < k; ++w) stores.push_back(c10::make_intrusive<c10d::HashStore>());
+    groups_.resize(k * gs);
+    trainers_.resize(k * gs);
+    outers_.resize(k * gs);
+    on_ranks([&](std::size_t i) {
+      const int w = static_cast<int>(i / gs), r = static_cast<int>(i % gs);
+      groups_[i] = std::make_unique<LocalGroup>(stores[i / gs], r, g, LocalBackend::gloo);
+      trainers_[i] = std::make_unique<InnerTrainer>(
+          cfg_, store_, round_robin_shards(cfg_.data.shards, w, opt_.workers),
+          static_cast<std::uint64_t>(w), total_steps, device, groups_[i].get());
+      outers_[i] = std::make_unique<OuterOptimizer>(cfg_.outer, trainers_[i]->flat_parameters());
+    });
+    for (std::size_t w = 0; w < k; ++w)
+      deltas_.emplace_back(static_cast<std::size_t>(trainers_[0]->parameter_count()));
+  } else if (opt_.mode == Mode::diloco) {
     for (int k = 0; k < opt_.workers; ++k) {
       trainers_.push_back(std::make_unique<InnerTrainer>(
           cfg_, store_, round_robin_shards(cfg_.data.shards, k, opt_.workers),
@@ -63,6 +94,61 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
 
 Simulator::~Simulator() = default;
 
+void Simulator::on_ranks(const std::function<void(std::size_t)>& fn) {
+  const std::size_t n = static_cast<std::size_t>(opt_.workers * opt_.local_ranks);
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::exception_ptr first;
+  const int torch_threads = at::get_num_threads();
+  for (std::size_t i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      at::set_num_threads(torch_threads);  // OpenMP's thread count is the calling thread's
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  // Every collective is bounded by its group's timeout: a failed rank makes the others throw.
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+double Simulator::run_sliced_round() {
+  const auto gs = static_cast<std::size_t>(opt_.local_ranks);
+  const std::int64_t n = parameter_count();
+  std::vector<double> losses(trainers_.size());
+  on_ranks([&](std::size_t i) {
+    losses[i] = trainers_[i]->run_inner_steps(cfg_.inner.steps).mean_loss;
+  });
+  double loss = 0;
+  for (std::size_t i = 0; i < losses.size(); i += gs) loss += losses[i];  // rank 0: the worker's
+  loss /= static_cast<double>(opt_.workers);
+  // Rank r of every worker: its slice of Δ; then the rank-r slices are averaged across the
+  // workers (one all-reduce per local rank); then each rank steps its slice and they gather.
+  on_ranks([&](std::size_t i) {
+    const Slice s = groups_[i]->slice(n);
+    trainers_[i]->pseudo_gradient(
+        outers_[i]->theta(), {deltas_[i / gs].data() + s.begin, static_cast<std::size_t>(s.size())},
+        s.begin);
+  });
+  for (std::size_t r = 0; r < gs; ++r) {
+    const Slice s = local_slice(n, static_cast<int>(r), opt_.local_ranks);
+    std::vector<std::span<float>> parts;
+    for (auto& d : deltas_)
+      parts.emplace_back(d.data() + s.begin, static_cast<std::size_t>(s.size()));
+    bytes_ += averager_.average(parts, cfg_.compression).bytes_sent;
+  }
+  on_ranks([&](std::size_t i) {
+    const Slice s = groups_[i]->slice(n);
+    outers_[i]->step({deltas_[i / gs].data() + s.begin, static_cast<std::size_t>(s.size())},
+                     s.begin);
+    trainers_[i]->gather_outer_state(*outers_[i], true);  // whole momentum: checkpoints
+  });
+  return loss;
+}
+
 std::int64_t Simulator::parameter_count() const { return trainers_[0]->parameter_count(); }
 
 std::uint64_t Simulator::theta_hash() const {
@@ -85,7 +171,15 @@ RoundMetrics Simulator::run_round() {
   const int k = opt_.workers;
   const std::int64_t n = parameter_count();
   double loss = 0;
-  if (opt_.mode == Mode::diloco) {
+  if (opt_.mode == Mode::diloco && opt_.local_ranks > 1) {
+    loss = run_sliced_round();
+    const auto h0 = outers_[0]->theta_hash();
+    for (std::size_t i = 1; i < outers_.size(); ++i)
+      if (outers_[i]->theta_hash() != h0 || tensor_hash(trainers_[i]->flat_parameters()) != h0)
+        throw std::runtime_error("simulator: rank " + std::to_string(i % opt_.local_ranks) +
+                                 " of worker " + std::to_string(i / opt_.local_ranks) +
+                                 " holds a different θ after round " + std::to_string(round_ + 1));
+  } else if (opt_.mode == Mode::diloco) {
     for (auto& t : trainers_) loss += t->run_inner_steps(h).mean_loss;
     loss /= static_cast<double>(trainers_.size());
     std::vector<std::span<float>> spans;
@@ -149,8 +243,10 @@ void Simulator::save_checkpoint(const std::string& path) const {
   ar.write("bytes", c10::IValue(static_cast<std::int64_t>(bytes_)));
   ar.write("rng", at::detail::getDefaultCPUGenerator().get_state());
   if (!outers_.empty()) outers_[0]->save(ar, "outer.");
-  for (std::size_t i = 0; i < trainers_.size(); ++i)
-    trainers_[i]->save(ar, "worker." + std::to_string(i) + ".");
+  // A worker's ranks hold the same inner state (θ_local, moments, step, sampler): rank 0's.
+  const auto gs = static_cast<std::size_t>(opt_.local_ranks);
+  for (std::size_t i = 0; i < trainers_.size(); i += gs)
+    trainers_[i]->save(ar, "worker." + std::to_string(i / gs) + ".");
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
   const std::string tmp = path + ".tmp";
@@ -180,8 +276,9 @@ void Simulator::load_checkpoint(const std::string& path) {
   auto gen = at::detail::getDefaultCPUGenerator();
   gen.set_state(rng);
   for (auto& o : outers_) o->load(ar, "outer.");
+  const auto gs = static_cast<std::size_t>(opt_.local_ranks);
   for (std::size_t i = 0; i < trainers_.size(); ++i)
-    trainers_[i]->load(ar, "worker." + std::to_string(i) + ".");
+    trainers_[i]->load(ar, "worker." + std::to_string(i / gs) + ".");
 }
 
 namespace {

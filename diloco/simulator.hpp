@@ -28,6 +28,10 @@ struct SimulateOptions {
   int workers = 4;  // K
   Mode mode = Mode::diloco;
   int rounds = 0;  // 0: cfg.total_rounds()
+  // G: local ranks per worker (diloco mode, CPU device), as threads over Gloo
+  // (local_group.hpp): each worker's inner steps data-parallel over its G ranks, each rank
+  // averaging and stepping its slice. 1: the plain path, no group, no threads.
+  int local_ranks = 1;
 };
 
 class Simulator {
@@ -68,6 +72,8 @@ class Simulator {
   JobConfig cfg_;
   SimulateOptions opt_;
   TokenStore store_;
+  // With G local ranks, rank r of worker k is index k·G + r of the next three.
+  std::vector<std::unique_ptr<LocalGroup>> groups_;  // empty when G = 1
   std::vector<std::unique_ptr<InnerTrainer>> trainers_;
   std::vector<std::unique_ptr<OuterOptimizer>> outers_;  // one replica per worker (diloco)
   std::vector<std::vector<float>> deltas_;               // one flat Δ per worker, reused
@@ -77,6 +83,11 @@ class Simulator {
   int round_ = 0;
   std::int64_t steps_since_eval_ = 0;
   std::uint64_t bytes_ = 0;
+
+  // Runs fn(i) for every rank i of every worker, one thread each; rethrows the first error.
+  void on_ranks(const std::function<void(std::size_t)>& fn);
+  // A diloco round with G > 1 local ranks; returns the mean training loss.
+  double run_sliced_round();
   double start_seconds_ = 0;
 };
 

@@ -46,12 +46,21 @@ torch::Tensor flat_view(std::span<float> data) {
 }
 
 InnerTrainer::InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::vector<int> shards,
-                           std::uint64_t stream, std::int64_t total_steps, torch::Device device)
+                           std::uint64_t stream, std::int64_t total_steps, torch::Device device,
+                           LocalGroup* group)
     : cfg_(cfg),
       device_(device),
+      group_(group),
       model_(Gpt(cfg.model, cfg.vocab_size())),
       sampler_(store, std::move(shards), cfg.model.context, cfg.seed, stream),
       total_steps_(total_steps) {
+  const int g = group_ ? group_->size() : 1;
+  if (cfg.inner.batch_size % (g * cfg.inner.grad_accum) != 0)
+    throw std::invalid_argument(
+        "inner.batch_size: " + std::to_string(cfg.inner.batch_size) + " sequences do not split " +
+        "into " + std::to_string(g) + " local ranks of " + std::to_string(cfg.inner.grad_accum) +
+        " micro-batches (inner.grad_accum); make it a multiple of workers.gpus × inner.grad_accum");
+  local_batch_ = cfg.inner.batch_size / g;
   torch::NoGradGuard no_grad;
   model_->init_weights(cfg.seed);  // on the CPU: the same weights on every device
   if (!device_.is_cpu()) model_->to(device_);
@@ -76,7 +85,7 @@ InnerTrainer::InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::v
   exp_avg_ = torch::zeros({n}, f32);
   exp_avg_sq_ = torch::zeros({n}, f32);
   denom_ = torch::empty({n}, f32);
-  batch_ = torch::empty({cfg.inner.batch_size, cfg.model.context + 1}, torch::kInt64);
+  batch_ = torch::empty({local_batch_, cfg.model.context + 1}, torch::kInt64);
   if (!device_.is_cpu())
     batch_device_ = torch::empty(batch_.sizes(), torch::dtype(torch::kInt64).device(device_));
 }
@@ -84,13 +93,15 @@ InnerTrainer::InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::v
 InnerStats InnerTrainer::run_inner_steps(int h) {
   InnerStats stats;
   const auto& ic = cfg_.inner;
-  const int micro = ic.batch_size / ic.grad_accum;
+  const int micro = local_batch_ / ic.grad_accum;
+  const int first = group_ ? group_->rank() * local_batch_ : 0;
   const int ctx = cfg_.model.context;
   double loss_sum = 0;
   model_->train();
   for (int s = 0; s < h; ++s) {
-    sampler_.next(ic.batch_size,
-                  {batch_.data_ptr<std::int64_t>(), static_cast<std::size_t>(batch_.numel())});
+    sampler_.next(local_batch_,
+                  {batch_.data_ptr<std::int64_t>(), static_cast<std::size_t>(batch_.numel())},
+                  first);
     const torch::Tensor& batch = device_.is_cpu() ? batch_ : batch_device_.copy_(batch_);
     // Gradients start undefined so that autograd hands each parameter the
     // tensor it computed (no extra accumulate pass); one cat_out then packs
@@ -112,6 +123,14 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
           g.defined() ? g.reshape({-1}) : torch::zeros({param_list_[i].numel()}, grads_.options());
     }
     torch::cat_out(grads_, grad_views_);
+    if (group_) {
+      // The worker's gradient: the mean over its local ranks (each rank's is the mean over
+      // its windows). The same bytes on every rank, so every rank takes the same step.
+      group_->allreduce_mean(grads_);
+      auto l = torch::full({1}, step_loss, torch::dtype(torch::kFloat64).device(device_));
+      group_->allreduce_mean(l);
+      step_loss = l.item<double>();
+    }
     const double norm = grads_.norm().item<double>();
     if (ic.grad_clip > 0) {
       const double coef = ic.grad_clip / (norm + 1e-6);
@@ -143,21 +162,43 @@ torch::Tensor InnerTrainer::forward_loss(const torch::Tensor& idx, const torch::
   return model_->loss(idx, targets);
 }
 
-void InnerTrainer::pseudo_gradient(const torch::Tensor& theta_global, std::span<float> out) const {
-  TORCH_CHECK(static_cast<std::int64_t>(out.size()) == params_.numel(),
-              "pseudo_gradient: buffer has ", out.size(), " elements, the model ", params_.numel());
+void InnerTrainer::pseudo_gradient(const torch::Tensor& theta_global, std::span<float> out,
+                                   std::int64_t begin) const {
+  const auto n = static_cast<std::int64_t>(out.size());
+  TORCH_CHECK(begin >= 0 && begin + n <= params_.numel() && theta_global.numel() == params_.numel(),
+              "pseudo_gradient: slice [", begin, ", ", begin + n, ") of θ (", theta_global.numel(),
+              " elements) does not fit the model's ", params_.numel());
   auto o = flat_view(out);
+  const auto theta = theta_global.slice(0, begin, begin + n);
+  const auto local = params_.slice(0, begin, begin + n);
   if (device_.is_cpu()) {
-    torch::sub_out(o, theta_global, params_);
+    torch::sub_out(o, theta, local);
   } else {
-    o.copy_(params_);  // the one device → host copy of the round
-    torch::sub_out(o, theta_global, o);
+    o.copy_(local);  // the one device → host copy of the round
+    torch::sub_out(o, theta, o);
   }
 }
 
 void InnerTrainer::load_parameters(const torch::Tensor& theta) {
   torch::NoGradGuard no_grad;
   params_.copy_(theta);
+}
+
+void InnerTrainer::gather_outer_state(OuterOptimizer& outer, bool momentum) {
+  torch::NoGradGuard no_grad;
+  if (!group_ || group_->size() == 1) {
+    params_.copy_(outer.theta());
+    return;
+  }
+  const Slice s = group_->slice(params_.numel());
+  // Through the device buffers: NCCL gathers device memory, and θ_local wants θ anyway.
+  const auto gather = [&](torch::Tensor& host, torch::Tensor& buf) {
+    buf.slice(0, s.begin, s.end).copy_(host.slice(0, s.begin, s.end));
+    group_->all_gather_slices(buf);
+    host.copy_(buf);
+  };
+  gather(outer.mutable_theta(), params_);
+  if (momentum) gather(outer.mutable_momentum(), grads_);  // the gradients are spent
 }
 
 double InnerTrainer::evaluate(const torch::Tensor& windows) {
@@ -245,22 +286,26 @@ OuterOptimizer::OuterOptimizer(const OuterConfig& cfg, const torch::Tensor& thet
       momentum_(torch::zeros_like(theta_)),
       scratch_(torch::empty_like(theta_)) {}
 
-void OuterOptimizer::step(std::span<const float> delta) {
+void OuterOptimizer::step(std::span<const float> delta, std::int64_t begin) {
   torch::NoGradGuard no_grad;
-  TORCH_CHECK(static_cast<std::int64_t>(delta.size()) == theta_.numel(),
-              "OuterOptimizer::step: Δ has ", delta.size(), " elements, θ ", theta_.numel());
+  const auto n = static_cast<std::int64_t>(delta.size());
+  TORCH_CHECK(begin >= 0 && begin + n <= theta_.numel(), "OuterOptimizer::step: Δ's slice [", begin,
+              ", ", begin + n, ") does not fit θ's ", theta_.numel(), " elements");
   const auto d = flat_view({const_cast<float*>(delta.data()), delta.size()});
+  // Slices of the whole (all of it by default): the arithmetic is elementwise.
+  auto theta = theta_.slice(0, begin, begin + n), momentum = momentum_.slice(0, begin, begin + n),
+       scratch = scratch_.slice(0, begin, begin + n);
   const double mu = cfg_.momentum;
   if (mu > 0) {
-    momentum_.mul_(mu).add_(d);
+    momentum.mul_(mu).add_(d);
     if (cfg_.nesterov) {
-      torch::add_out(scratch_, d, momentum_, mu);
-      theta_.sub_(scratch_, cfg_.lr);
+      torch::add_out(scratch, d, momentum, mu);
+      theta.sub_(scratch, cfg_.lr);
     } else {
-      theta_.sub_(momentum_, cfg_.lr);
+      theta.sub_(momentum, cfg_.lr);
     }
   } else {
-    theta_.sub_(d, cfg_.lr);
+    theta.sub_(d, cfg_.lr);
   }
   ++round_;
 }

@@ -9,6 +9,22 @@
 //   outer.step(delta);                                  // θ ← Nesterov(θ, Δ)
 //   trainer.load_parameters(outer.theta());
 //
+// Local ranks: a worker with G GPUs runs G InnerTrainers, one per local rank of a
+// LocalGroup (local_group.hpp), data-parallel: each reads its 1/G of the worker's
+// batch, the gradients are averaged over the group every step, and the identical
+// AdamW step keeps θ_local the same on every rank. At the round's end each rank
+// carries its slice s = group.slice(n) of the flat vector:
+//
+//   trainer.pseudo_gradient(outer.theta(), delta.subspan(s.begin, s.size()), s.begin);
+//   averager.average({that slice}, ...);      // rank r of every worker: G butterflies
+//   outer.step(that slice, s.begin);          // θ and momentum of the slice only
+//   trainer.gather_outer_state(outer);        // θ whole again on every rank, loaded
+//
+// All of it is elementwise, so with fp32 compression the slices give θ bit for bit as
+// the unsliced round (SlicedRound.EqualsTheWholeRound); lossy codecs move the
+// collective's part owners, so there the bits differ by their rounding (every rank of
+// every worker still agrees).
+//
 // Devices: the trainer's model, its flat parameter and gradient buffers, the
 // AdamW moments and the batches live on its device (the CPU by default); the
 // outer state stays in host memory, fp32, whatever the device: the all-reduce,
@@ -26,6 +42,7 @@
 
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
+#include "diloco/local_group.hpp"
 #include "diloco/model.hpp"
 
 namespace loco::diloco {
@@ -54,6 +71,8 @@ struct InnerStats {
   double grad_norm = 0;  // of the last step, before clipping
 };
 
+class OuterOptimizer;
+
 class InnerTrainer {
  public:
   // Builds the model from cfg.model with deterministic weights from cfg.seed,
@@ -62,8 +81,17 @@ class InnerTrainer {
   // pseudo-gradients, AdamW and clipping each run over one contiguous vector. `stream` separates
   // the data streams of workers; `total_steps` is the length of the learning-rate schedule.
   // Weights are initialised on the CPU (the same on every device), then moved to `device`.
+  //
+  // With `group` (not owned; it outlives the trainer) this trainer is local rank
+  // group->rank() of group->size(): it reads windows [rank · B, (rank + 1) · B) of each of
+  // the worker's batches of inner.batch_size = G · B sequences (B split into grad_accum
+  // micro-batches) and averages its gradients over the group before each AdamW step: the
+  // worker's step is one rank's step on the whole batch, to float rounding. The group's
+  // backend must suit `device` (gloo: CPU; nccl: CUDA). A one-rank group computes bit for
+  // bit what no group does.
   InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::vector<int> shards,
-               std::uint64_t stream, std::int64_t total_steps, torch::Device device = torch::kCPU);
+               std::uint64_t stream, std::int64_t total_steps, torch::Device device = torch::kCPU,
+               LocalGroup* group = nullptr);
   InnerTrainer(const InnerTrainer&) = delete;
   InnerTrainer& operator=(const InnerTrainer&) = delete;
 
@@ -72,12 +100,24 @@ class InnerTrainer {
   // AdamW moments stay fp32 either way.
   InnerStats run_inner_steps(int h);
 
-  // out[i] = theta_global[i] − θ_local[i], written straight into `out` (host
-  // memory: the buffer that the averager then works on). theta_global: host, fp32.
-  // On a GPU, θ_local is first copied into `out`, then subtracted from on the host.
-  void pseudo_gradient(const torch::Tensor& theta_global, std::span<float> out) const;
+  // out[i] = theta_global[begin + i] − θ_local[begin + i], written straight into `out`
+  // (host memory: the buffer that the averager then works on), for the slice
+  // [begin, begin + out.size()) of the flat vector (a local rank's; all of it by
+  // default). theta_global: host, fp32, whole. On a GPU, θ_local's slice is first
+  // copied into `out`, then subtracted from on the host.
+  void pseudo_gradient(const torch::Tensor& theta_global, std::span<float> out,
+                       std::int64_t begin = 0) const;
   // θ_local ← theta (a flat fp32 tensor of parameter_count() elements, any device).
   void load_parameters(const torch::Tensor& theta);
+  // The end of a sliced round (see the top of this file): each rank of the trainer's
+  // group holds the outer step's result for its slice of outer.theta() (and, with
+  // `momentum`, of outer.momentum()); gathers the slices over the group, through this
+  // trainer's device buffers (θ_local, and the gradient buffer as scratch), so that every
+  // rank's θ_local and outer θ (and momentum) hold every slice. Without `momentum`, each
+  // rank's momentum is right on its own slice only: enough for the next sliced step, not
+  // for a checkpoint. Without a group, or with one rank: load_parameters(outer.theta()).
+  void gather_outer_state(OuterOptimizer& outer, bool momentum = false);
+  LocalGroup* group() const { return group_; }
 
   // Mean validation loss over `windows` ([n, context + 1] int64, host), in batches
   // of inner.batch_size, in the job's precision. Deterministic.
@@ -118,6 +158,8 @@ class InnerTrainer {
 
   JobConfig cfg_;
   torch::Device device_;
+  LocalGroup* group_ = nullptr;  // local ranks (not owned), or none
+  int local_batch_ = 0;          // sequences this rank reads per step: batch_size / G
   Gpt model_{nullptr};
   ShardSampler sampler_;
   std::int64_t total_steps_;
@@ -143,10 +185,15 @@ class OuterOptimizer {
   // One step with the averaged pseudo-gradient Δ (as torch.optim.SGD,
   // dampening 0): buf ← μ buf + Δ; g ← Δ + μ buf (Nesterov) or buf; θ ← θ − lr g.
   // With lr 1 and μ 0 this is plain averaging: θ ← θ − mean(θ − θ_k).
-  void step(std::span<const float> delta);
+  // `delta` is the slice [begin, begin + delta.size()) of Δ: only that slice of θ and
+  // the momentum changes (a local rank's outer step), elementwise as the whole step.
+  void step(std::span<const float> delta, std::int64_t begin = 0);
 
   const torch::Tensor& theta() const { return theta_; }
   const torch::Tensor& momentum() const { return momentum_; }
+  // For gathering slices stepped by the local ranks (InnerTrainer::gather_outer_state).
+  torch::Tensor& mutable_theta() { return theta_; }
+  torch::Tensor& mutable_momentum() { return momentum_; }
   std::int64_t round() const { return round_; }
   std::uint64_t theta_hash() const { return tensor_hash(theta_); }
 

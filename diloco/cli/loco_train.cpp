@@ -1,7 +1,7 @@
 // loco-train: the simulator and text generation. `loco train ...` and
 // `loco generate ...` forward here.
 //   loco-train train --simulate K job.yaml [--baseline single|ddp] [--rounds N] [--out DIR]
-//                    [--init CKPT | --resume CKPT]
+//                    [--local-ranks G] [--init CKPT | --resume CKPT]
 //   loco-train generate --checkpoint PATH --prompt "..." [--tokens N]
 #include <torch/torch.h>
 
@@ -18,7 +18,7 @@ using namespace loco::diloco;
 namespace {
 
 int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out,
-          int threads, const std::string& resume, const std::string& init) {
+          int threads, const std::string& resume, const std::string& init, int local_ranks) {
   JobConfig cfg = JobConfig::from_yaml_file(job);
   if (threads > 0) cfg.threads = threads;
   if (cfg.threads > 0) at::set_num_threads(cfg.threads);
@@ -26,6 +26,7 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
   SimulateOptions opt;
   opt.workers = k;
   opt.rounds = rounds;
+  opt.local_ranks = local_ranks;
   opt.mode = baseline.empty() ? Mode::diloco : baseline == "single" ? Mode::single : Mode::ddp;
   if (out.empty()) out = "runs/" + cfg.name;
   fs::create_directories(out);
@@ -33,6 +34,7 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
   if (!init.empty()) sim.init_parameters(init);
   std::cerr << "loco-train: " << cfg.name << ": model of " << sim.parameter_count()
             << " parameters, " << (baseline.empty() ? "diloco" : baseline) << " with K=" << k
+            << (local_ranks > 1 ? " of " + std::to_string(local_ranks) + " local ranks" : "")
             << ", H=" << cfg.inner.steps << ", " << sim.rounds() << " rounds, compression "
             << loco::collective::to_string(cfg.compression) << ", " << at::get_num_threads()
             << " threads" << (init.empty() ? "" : ", from " + init) << " -> " << out
@@ -104,7 +106,7 @@ int main(int argc, char** argv) {
   auto* tr =
       app.add_subcommand("train", "train a job; --simulate K runs K workers in this process");
   std::string job, baseline, out, resume, init;
-  int k = 0, rounds = 0, threads = 0;
+  int k = 0, rounds = 0, threads = 0, local_ranks = 1;
   tr->add_option("job", job, "job file (YAML)")->required()->check(CLI::ExistingFile);
   tr->add_option("--simulate", k, "number of simulated workers K")
       ->required()
@@ -114,6 +116,10 @@ int main(int argc, char** argv) {
   tr->add_option("--rounds", rounds, "rounds to run (default: from the job file)");
   tr->add_option("--out", out, "output folder (default runs/NAME)");
   tr->add_option("--threads", threads, "torch threads (default: the job's `threads`)");
+  tr->add_option("--local-ranks", local_ranks,
+                 "G: each worker's inner steps data-parallel over G CPU ranks (threads over "
+                 "Gloo), each rank averaging and stepping 1/G of the pseudo-gradient")
+      ->check(CLI::Range(1, 64));
   auto* resume_opt =
       tr->add_option("--resume", resume, "checkpoint to continue from")->check(CLI::ExistingFile);
   tr->add_option("--init", init,
@@ -137,7 +143,8 @@ int main(int argc, char** argv) {
   ge->add_option("--seed", seed, "sampling seed");
   CLI11_PARSE(app, argc, argv);
   try {
-    if (tr->parsed()) return train(job, k, baseline, rounds, out, threads, resume, init);
+    if (tr->parsed())
+      return train(job, k, baseline, rounds, out, threads, resume, init, local_ranks);
     return generate(checkpoint, prompt, tokens, temperature, top_k, seed);
   } catch (const std::exception& e) {
     std::cerr << "loco-train: " << e.what() << "\n";

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <filesystem>
 #include <sstream>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "diloco/local_group.hpp"
 #include "diloco/simulator.hpp"
 #include "diloco/trainer.hpp"
 #include "tests/diloco/test_corpus.hpp"
@@ -190,4 +192,33 @@ TEST_F(CudaTest, CheckpointTakenOnTheGpuResumesOnTheCpuAndBack) {
   again.load_checkpoint(path2);
   EXPECT_EQ(again.theta_hash(), on_cpu.theta_hash());
   EXPECT_NO_THROW(again.run_round());
+}
+
+// A worker's local ranks on GPUs are NCCL ranks (diloco/local_group.hpp). These machines
+// have one GPU: a one-rank NCCL group, the path that G ranks take, against no group.
+TEST_F(CudaTest, OneRankNcclGroupFollowsNoGroup) {
+  if (!nccl_compiled()) GTEST_SKIP() << "this build has no NCCL";
+  const auto c = small_job();
+  const auto store = TokenStore::open(c.data);
+  LocalGroup group(c10::make_intrusive<c10d::HashStore>(), 0, 1, LocalBackend::nccl,
+                   std::chrono::seconds(60));
+  auto x = torch::arange(1000, torch::dtype(torch::kFloat32).device(kCuda));
+  const auto before = x.clone();
+  group.allreduce_mean(x);
+  EXPECT_TRUE(torch::equal(x, before));
+  group.all_gather_slices(x);
+  EXPECT_TRUE(torch::equal(x, before));
+
+  InnerTrainer plain(c, store, {0, 1, 2, 3}, 0, 20, kCuda);
+  InnerTrainer ranked(c, store, {0, 1, 2, 3}, 0, 20, kCuda, &group);
+  const auto a = plain.run_inner_steps(3), b = ranked.run_inner_steps(3);
+  EXPECT_NEAR(b.mean_loss, a.mean_loss, 1e-5 * a.mean_loss);
+  EXPECT_TRUE(torch::allclose(ranked.flat_parameters(), plain.flat_parameters(), 1e-5, 1e-6));
+  OuterOptimizer outer(c.outer, torch::zeros({ranked.parameter_count()}));
+  std::vector<float> d(size_t(ranked.parameter_count()));
+  ranked.pseudo_gradient(outer.theta(), d, 0);
+  outer.step(d, 0);
+  ranked.gather_outer_state(outer, true);
+  EXPECT_TRUE(outer.theta().is_cpu());
+  EXPECT_TRUE(torch::equal(ranked.flat_parameters().cpu(), outer.theta()));
 }
