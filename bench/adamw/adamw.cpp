@@ -19,17 +19,14 @@
 #include <functional>
 #include <map>
 
+#include "bench/stats.hpp"
 #include "diloco/trainer.hpp"
 
 using namespace loco::diloco;
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const auto n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using loco::bench::median;
 
 struct State {
   torch::Tensor params, grads, exp_avg, exp_avg_sq, denom;

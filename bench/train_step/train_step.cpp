@@ -16,17 +16,14 @@
 #include <iostream>
 #include <regex>
 
+#include "bench/stats.hpp"
 #include "diloco/trainer.hpp"
 
 using namespace loco::diloco;
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const auto n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using loco::bench::median;
 
 // Runs `n` copies of `cmd` at once; their outputs, in order.
 std::vector<std::string> run_all(const std::string& cmd, int n) {

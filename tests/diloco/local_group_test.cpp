@@ -68,23 +68,11 @@ class LocalGroupTest : public ::testing::Test {
     delete dir_;
   }
   static JobConfig small_job() {
-    JobConfig c;
-    c.seed = 11;
-    c.model = {.layers = 2,
-               .d_model = 32,
-               .heads = 2,
-               .context = 16,
-               .vocab = 0,
-               .tied_embeddings = true,
-               .mlp_ratio = 4};
-    c.data.dir = *dir_;
-    c.data.shards = 8;
-    c.data.val_fraction = 0.05;
+    JobConfig c = loco::diloco::testing::small_job(*dir_);
     c.inner.steps = 3;
-    c.inner.batch_size = 4;
-    c.inner.lr = 3e-3;
     c.inner.warmup = 2;
     c.rounds = 2;
+    c.eval = EvalConfig{};  // the default evaluation
     c.validate();
     return c;
   }

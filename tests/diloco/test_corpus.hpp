@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include "diloco/config.hpp"
 #include "diloco/data.hpp"
 
 namespace loco::diloco::testing {
@@ -36,6 +37,31 @@ inline std::string make_corpus_dir(const std::string& tag, std::size_t bytes = 2
     }
   }
   return dir.string();
+}
+
+// The tests' small job over the corpus in `dir`: a 2-layer GPT of width 32, 4 inner steps of
+// 4 sequences, 4 rounds. Not validated: callers change what they need, then validate().
+inline JobConfig small_job(const std::string& dir) {
+  JobConfig c;
+  c.seed = 11;
+  c.model = {.layers = 2,
+             .d_model = 32,
+             .heads = 2,
+             .context = 16,
+             .vocab = 0,
+             .tied_embeddings = true,
+             .mlp_ratio = 4};
+  c.data.dir = dir;
+  c.data.shards = 8;
+  c.data.val_fraction = 0.05;
+  c.inner.steps = 4;
+  c.inner.batch_size = 4;
+  c.inner.lr = 3e-3;
+  c.inner.warmup = 3;
+  c.rounds = 4;
+  c.eval.every = 4;
+  c.eval.batches = 2;
+  return c;
 }
 
 }  // namespace loco::diloco::testing
