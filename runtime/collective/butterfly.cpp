@@ -21,9 +21,10 @@ std::string seconds_str(Clock::duration d) {
   return s.str();
 }
 
-bool is_data(MsgType t) { return t == MsgType::reduce_scatter || t == MsgType::all_gather; }
-// Sent on the data connection (in order with the data).
-bool on_data_connection(MsgType t) { return is_data(t) || t == MsgType::hello; }
+// Sent on the data connection, in order with the data.
+bool on_data_connection(MsgType t) {
+  return t == MsgType::reduce_scatter || t == MsgType::all_gather || t == MsgType::hello;
+}
 
 // Thrown inside an operation; carries what the other members should be told.
 struct OpFailure {
@@ -264,19 +265,19 @@ void Op::handle(Message& m) {
     const int s = rank_of(m.sender);
     const bool member = s >= 0 && s != me_;
     if (h.round_id < g_.round_id) {  // left over from an earlier operation
-      if (member && m.link != 0) ws_.links[ep(s)].insert(m.link);
       if (member) {
         // Still finishing that one, on its way here: alive. (Its earlier operation is bounded
         // like ours, so this cannot keep us waiting for long.)
+        if (m.link != 0) ws_.links[ep(s)].insert(m.link);
         note_heard(peers_[s], Clock::now());
         stale_round_[s] = h.round_id;
       }
       return;
     }
     // A later round. Data arrives in order, so a member's data (or hello) of a later round
-    // means that none of this one is still coming from it. Its control messages prove nothing of the
-    // kind: they overtake data still on its way (and do not count as hearing from it, or two
-    // members each in another round could keep each other waiting for ever).
+    // means that none of this one is still coming from it. Its control messages prove nothing
+    // of the kind: they overtake data still on its way (and do not count as hearing from it,
+    // or two members each in another round could keep each other waiting for ever).
     if (member && on_data_connection(h.type) && expecting(s)) {
       throw OpFailure{AbortKind::error, m.sender,
                       "member " + who(s) + " sent data for round " + std::to_string(h.round_id) +

@@ -34,15 +34,18 @@ zmq::message_t frame_of(Buffer&& b) {
   return zmq::message_t(const_cast<uint8_t*>(b.data), b.size, &release_owner, hint);
 }
 
-// A DEALER whose monitor reports new, dropped and refused connections.
+// A DEALER whose monitor reports dropped and refused connections, and for a thin one (the
+// control channel: keepalives, aborts) new ones too.
 struct Monitored {
   std::unique_ptr<zmq::socket_t> socket;
   std::unique_ptr<zmq::socket_t> monitor;
+  bool thin = false;
 };
 
-Monitored open_dealer(zmq::context_t& ctx, const std::string& endpoint, int sndhwm,
+Monitored open_dealer(zmq::context_t& ctx, const std::string& endpoint, int sndhwm, bool thin,
                       const std::string& monitor_endpoint) {
   Monitored d;
+  d.thin = thin;
   d.socket = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
   d.socket->set(zmq::sockopt::linger, 0);
   // No limit on ZeroMQ's handshake: on a saturated link of 1 Mbit/s the few bytes of a new
@@ -53,8 +56,9 @@ Monitored open_dealer(zmq::context_t& ctx, const std::string& endpoint, int sndh
   d.socket->set(zmq::sockopt::sndhwm, sndhwm);
   d.socket->set(zmq::sockopt::reconnect_ivl, 50);
   d.socket->set(zmq::sockopt::reconnect_ivl_max, 500);
-  if (zmq_socket_monitor(d.socket->handle(), monitor_endpoint.c_str(),
-                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED) == 0) {
+  const int events = ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED |
+                     (thin ? ZMQ_EVENT_CONNECTED : 0);
+  if (zmq_socket_monitor(d.socket->handle(), monitor_endpoint.c_str(), events) == 0) {
     d.monitor = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
     d.monitor->set(zmq::sockopt::linger, 0);
     d.monitor->connect(monitor_endpoint);
@@ -63,12 +67,13 @@ Monitored open_dealer(zmq::context_t& ctx, const std::string& endpoint, int sndh
   return d;
 }
 
-// `thin`: the connection carries a thin stream (keepalives, aborts): a lost segment is resent
-// after one retransmission timeout each time instead of exponentially later (Linux's linear
-// timeouts for thin streams), so that a saturated, lossy link does not hold keepalives back
-// for many seconds. Set when the connection is reported, by its descriptor (the number is
-// ZeroMQ's; at worst it names another of its sockets, which the option does not harm).
-PeerEvent drain_monitor(zmq::socket_t* monitor, bool thin) {
+// A thin DEALER's connections resend a lost segment after one retransmission timeout each
+// time instead of exponentially later (Linux's linear timeouts for thin streams), so that a
+// saturated, lossy link does not hold keepalives back for many seconds. Set when the
+// connection is reported, by its descriptor (the number is ZeroMQ's; at worst it names
+// another of its sockets, which the option does not harm).
+PeerEvent drain_monitor(const Monitored& d) {
+  zmq::socket_t* monitor = d.monitor.get();
   if (!monitor) return PeerEvent::none;
   PeerEvent seen = PeerEvent::none;
   zmq::message_t event, addr;
@@ -76,7 +81,7 @@ PeerEvent drain_monitor(zmq::socket_t* monitor, bool thin) {
     if (event.more()) (void)monitor->recv(addr, zmq::recv_flags::none);
     uint16_t id = 0;
     if (event.size() >= sizeof id) std::memcpy(&id, event.data(), sizeof id);
-    if (id == ZMQ_EVENT_CONNECTED && thin && event.size() >= sizeof id + sizeof(int32_t)) {
+    if (id == ZMQ_EVENT_CONNECTED && d.thin && event.size() >= sizeof id + sizeof(int32_t)) {
       int32_t fd = -1;
       std::memcpy(&fd, static_cast<const uint8_t*>(event.data()) + sizeof id, sizeof fd);
       const int on = 1;
@@ -142,8 +147,8 @@ ZmqTransport::Peer& ZmqTransport::peer(const std::string& endpoint) {
   auto p = std::make_unique<Peer>();
   // A short data queue in ZeroMQ (the kernel's socket buffer holds more): what waits, waits
   // in the schedule's outbox, where all-gather results overtake reduce-scatter chunks.
-  p->data = open_dealer(*ctx_, endpoint, 4, monitor_ep());
-  p->control = open_dealer(*ctx_, endpoint, 64, monitor_ep());
+  p->data = open_dealer(*ctx_, endpoint, 4, false, monitor_ep());
+  p->control = open_dealer(*ctx_, endpoint, 64, true, monitor_ep());
   return *peers_.emplace(endpoint, std::move(p)).first->second;
 }
 
@@ -228,8 +233,8 @@ uint64_t ZmqTransport::link_bytes(uint64_t link) {
 PeerEvent ZmqTransport::take_event(const std::string& endpoint) {
   auto it = peers_.find(endpoint);
   if (it == peers_.end()) return PeerEvent::none;
-  PeerEvent a = drain_monitor(it->second->data.monitor.get(), false);
-  PeerEvent b = drain_monitor(it->second->control.monitor.get(), true);
+  PeerEvent a = drain_monitor(it->second->data);
+  PeerEvent b = drain_monitor(it->second->control);
   if (a == PeerEvent::closed || b == PeerEvent::closed) return PeerEvent::closed;
   if (a == PeerEvent::refused || b == PeerEvent::refused) return PeerEvent::refused;
   return PeerEvent::none;
