@@ -92,7 +92,9 @@ struct InnerWorker::State {
   std::unique_ptr<dl::InnerTrainer> trainer;
   std::unique_ptr<dl::OuterOptimizer> outer;
   std::vector<float> delta, averaged;
-  int64_t delta_round = -1;  // the round whose Δ `delta` holds
+  int64_t delta_round = -1;    // the round whose Δ `delta` holds
+  int64_t stepped_round = -1;  // the round whose outer step θ holds (undone if it is re-run)
+  bool fault_fired = false;
   InnerResult last_inner;
   uint64_t stream = 0;
   std::shared_ptr<const std::string> shared_state;  // see join_state()
@@ -220,6 +222,7 @@ InitResult InnerWorker::init(WorkerInit init) {
   s_->delta.assign(n, 0.0f);
   s_->averaged.assign(n, 0.0f);
   s_->delta_round = -1;
+  s_->stepped_round = -1;
   out.parameters = int64_t(n);
   out.theta_hash = s_->outer->theta_hash();
   out.device = s_->device.reason;
@@ -271,11 +274,23 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
   g.round_id = req.op_id;
   if (s_->fault.hits(s_->index, req.round, "reduce"))
     s_->comm.hooks().after_send = [](uint64_t) { FaultPlan::die(); };
-  // Out of place: Δ stays intact if a member is lost, for the re-formed group.
+  // Out of place: Δ stays intact if a member is lost, for the re-formed group. Δ is kept
+  // after a success too: an attempt can succeed for this member and fail for another, and the
+  // retry (the same round, perhaps fewer members) must start from the outer state that
+  // every member of it holds: the one before this member's step.
   s_->comm.allreduce(g, s_->delta, s_->averaged);
+  if (s_->fault.hits(s_->index, req.round, "after_allreduce") && !s_->fault_fired) {
+    s_->fault_fired = true;
+    throw std::runtime_error("injected fault: after the all-reduce of round " +
+                             std::to_string(req.round + 1));
+  }
+  if (s_->stepped_round == req.round)
+    s_->outer->undo_step();
+  else
+    s_->outer->keep_before_step();
   s_->outer->step(s_->averaged);
+  s_->stepped_round = req.round;
   s_->trainer->load_parameters(s_->outer->theta());
-  s_->delta_round = -1;
   ReduceResult r;
   r.theta_hash = s_->outer->theta_hash();
   r.bytes_sent = s_->comm.last_stats().bytes_sent;

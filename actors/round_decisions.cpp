@@ -44,8 +44,9 @@ AttemptDecision after_attempt(const std::vector<int>& group,
     d.next_group.clear();
     return d;
   }
-  // Members that failed but are still there may have stepped already (the failure came after
-  // their all-reduce): a re-run needs the same Δ, which they hold until a reduce succeeds.
+  // Members that are still there retry, those that stepped included (their all-reduce
+  // succeeded, another's failed): each holds its Δ until its next round's inner steps, and
+  // one that stepped goes back to the outer state from before its step (InnerWorker::reduce).
   d.kind = attempt >= kMaxReduceRetries || d.next_group.empty() ? AttemptDecision::Kind::give_up
                                                                   : AttemptDecision::Kind::retry;
   if (d.kind == AttemptDecision::Kind::give_up) d.next_group.clear();

@@ -310,6 +310,25 @@ void OuterOptimizer::step(std::span<const float> delta, std::int64_t begin) {
   ++round_;
 }
 
+void OuterOptimizer::keep_before_step() {
+  torch::NoGradGuard no_grad;
+  if (!kept_theta_.defined()) {
+    kept_theta_ = torch::empty_like(theta_);
+    kept_momentum_ = torch::empty_like(momentum_);
+  }
+  kept_theta_.copy_(theta_);
+  kept_momentum_.copy_(momentum_);
+  kept_round_ = round_;
+}
+
+void OuterOptimizer::undo_step() {
+  TORCH_CHECK(kept_round_ >= 0, "OuterOptimizer::undo_step without keep_before_step");
+  torch::NoGradGuard no_grad;
+  theta_.copy_(kept_theta_);
+  momentum_.copy_(kept_momentum_);
+  round_ = kept_round_;
+}
+
 void OuterOptimizer::save(torch::serialize::OutputArchive& ar, const std::string& prefix) const {
   ar.write(prefix + "theta", theta_);
   ar.write(prefix + "momentum", momentum_);

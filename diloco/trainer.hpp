@@ -189,6 +189,13 @@ class OuterOptimizer {
   // the momentum changes (a local rank's outer step), elementwise as the whole step.
   void step(std::span<const float> delta, std::int64_t begin = 0);
 
+  // A step taken can be taken back, bit for bit: keep_before_step() copies θ, the momentum
+  // and the round (into buffers it reuses), undo_step() puts them back. A worker that stepped
+  // when its all-reduce succeeded, while the attempt failed for another member, redoes the
+  // round's step from the same state as the others (actors/inner_worker.cpp, reduce()).
+  void keep_before_step();
+  void undo_step();
+
   const torch::Tensor& theta() const { return theta_; }
   const torch::Tensor& momentum() const { return momentum_; }
   // For gathering slices stepped by the local ranks (InnerTrainer::gather_outer_state).
@@ -204,6 +211,8 @@ class OuterOptimizer {
   OuterConfig cfg_;
   torch::Tensor theta_, momentum_, scratch_;
   std::int64_t round_ = 0;
+  torch::Tensor kept_theta_, kept_momentum_;  // keep_before_step()
+  std::int64_t kept_round_ = -1;
 };
 
 // Flat fp32 tensor viewing `data` without copying.

@@ -36,10 +36,33 @@ zmq::message_t frame_of(Buffer&& b) {
 
 // A DEALER whose monitor reports dropped and refused connections, and for a thin one (the
 // control channel: keepalives, aborts) new ones too.
+//
+// ZeroMQ's I/O thread sends monitor events with a blocking send: to a monitor whose reader is
+// gone, or whose queue is full, it would block that thread for good, and with it every
+// connection of this communicator (nothing sent, nothing accepted; seen as a member that all
+// its peers lose, attempt after attempt). So the reader's queue is unbounded (an event is a
+// few bytes; a dead peer's reconnects make two a second), and ZeroMQ stops monitoring before
+// the reader closes.
 struct Monitored {
   std::unique_ptr<zmq::socket_t> socket;
   std::unique_ptr<zmq::socket_t> monitor;
   bool thin = false;
+
+  Monitored() = default;
+  Monitored(Monitored&&) = default;
+  Monitored& operator=(Monitored&& other) {
+    stop_monitor();
+    socket = std::move(other.socket);
+    monitor = std::move(other.monitor);
+    thin = other.thin;
+    return *this;
+  }
+  ~Monitored() { stop_monitor(); }
+
+  void stop_monitor() {
+    if (socket && monitor) (void)zmq_socket_monitor(socket->handle(), nullptr, 0);
+    monitor.reset();
+  }
 };
 
 Monitored open_dealer(zmq::context_t& ctx, const std::string& endpoint, int sndhwm, bool thin,
@@ -61,6 +84,7 @@ Monitored open_dealer(zmq::context_t& ctx, const std::string& endpoint, int sndh
   if (zmq_socket_monitor(d.socket->handle(), monitor_endpoint.c_str(), events) == 0) {
     d.monitor = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
     d.monitor->set(zmq::sockopt::linger, 0);
+    d.monitor->set(zmq::sockopt::rcvhwm, 0);  // with it 0, the inproc pipe has no limit
     d.monitor->connect(monitor_endpoint);
   }
   d.socket->connect(endpoint);

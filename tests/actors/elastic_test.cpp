@@ -228,6 +228,36 @@ TEST_F(Elastic, SigkillDuringTheAllReduceTheGroupReformsAndTheWorkerRejoins) {
   }
 }
 
+// An attempt that succeeds for some members and fails for another: the members whose
+// all-reduce returned took the outer step; the retry (same round, same group) must start from
+// the state every member holds, so those take their step back and all agree on θ. Without
+// the undo, their retries fail (their Δ is spent) until the job goes back to its start.
+TEST_F(Elastic, AnAttemptThatFailsForOneMemberAfterTheOthersSteppedIsRetriedFromTheSameState) {
+  ScopedEnv fault("LOCO_FAULT", "worker=1,round=3,at=after_allreduce");
+  LocalCluster c(one_worker_per_node(3));
+  Client client(c.head_address());
+  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 3, kLong).yaml()));
+  ASSERT_TRUE(follow(j, [&](const RoundReport& r) { return r.round >= 5; })) << log_text(j);
+  const std::string log = log_text(j);
+  EXPECT_TRUE(contains(log, "injected fault: after the all-reduce of round 3")) << log;
+  EXPECT_FALSE(contains(log, "going back")) << log;
+  EXPECT_FALSE(contains(log, "holds a different")) << log;
+  const std::string folder = dir_ + "/ckpt/" + j.id();
+  std::vector<std::string> round3;
+  for (const std::string& l : jsonl(folder + "/attempts.jsonl"))
+    if (actors::json_field(l, "round") == "3") round3.push_back(l);
+  ASSERT_EQ(round3.size(), 2u) << folder;
+  EXPECT_EQ(actors::json_field(round3[0], "outcome"), "\"failed\"") << round3[0];
+  EXPECT_TRUE(contains(round3[0], R"({"worker":1,"lost":false,)")) << round3[0];
+  EXPECT_EQ(actors::json_field(round3[1], "outcome"), "\"ok\"") << round3[1];
+  EXPECT_EQ(actors::json_field(round3[1], "workers"), "3") << round3[1];
+  ASSERT_GE(expect_each_round_once(folder + "/metrics.jsonl"), 5);
+  for (const std::string& l : jsonl(folder + "/metrics.jsonl")) {
+    EXPECT_EQ(actors::json_field(l, "redo"), "0") << l;
+    EXPECT_EQ(actors::json_field(l, "workers"), "3") << l;
+  }
+}
+
 // Every worker's actor killed at once: no one holds the outer state, and with no
 // checkpoint the job goes back to its start. The redone rounds replace the undone
 // ones in metrics.jsonl (each round once, marked "redo": 1); the undone rounds'
