@@ -96,8 +96,9 @@ struct EvalConfig {
 };
 
 // The distributed all-reduce (collective::Options). The defaults hold from loopback down to
-// 20 Mbit/s links (at 4 Mbit/s most runs, not all); below that set a longer timeout and
-// smaller chunks (tests/netns/slow_links.sh: 1 Mbit/s, 64 KiB, 15 s).
+// 4 Mbit/s links (tests/netns: netns_collective_slow_links, netns_collective_4mbit); below
+// that set a longer timeout and smaller chunks (tests/netns/slow_links.sh: 1 Mbit/s, 64 KiB,
+// 15 s).
 struct AllreduceConfig {
   int chunk_kb = 512;           // chunk of a member's part, in KiB of fp32
   double peer_timeout_s = 3.0;  // a member from which no byte arrives for this long is lost

@@ -7,6 +7,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "runtime/collective/codec.hpp"
 #include "runtime/collective/local.hpp"
@@ -60,6 +61,14 @@ class Op {
 
   uint64_t round_id() const { return g_.round_id; }
   void run();
+  // After run() succeeded: our last data may still be on its way to peers that wait for it
+  // (in ZeroMQ's queue, or in the kernel unacknowledged). On a saturated link TCP can hold
+  // those bytes back for longer than the peers' silence window (exponential retransmission
+  // backoff), and a member that has returned sends nothing more: it would be taken for lost.
+  // So it keeps sending keepalives to each such peer until the peer's kernel has all its
+  // bytes, the peer aborts or closes, or falls silent for its window; at most
+  // kMaxWidening x peer_timeout in all. Messages of later operations are kept for them.
+  void linger_until_delivered();
   // Drops the messages not yet handed to the transport (they may point into the input).
   void drop_outgoing() {
     for (auto& q : urgent_) q.clear();
@@ -556,6 +565,52 @@ void Op::run() {
   ws_.stats.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
 }
 
+void Op::linger_until_delivered() {
+  const auto start = Clock::now();
+  std::vector<char> waiting(static_cast<size_t>(k_), 0);
+  int left = 0;
+  for (int p = 0; p < k_; ++p)
+    if (p != me_ && t_.undelivered(ep(p))) left += waiting[p] = 1;
+  while (left > 0 && Clock::now() - start < kMaxWidening * rules_.peer_timeout) {
+    Message m;
+    while (t_.try_receive(m)) {
+      const Header& h = m.header;
+      if (h.round_id > g_.round_id && h.type != MsgType::keepalive) {
+        ws_.stash_message(std::move(m));
+      } else if (h.round_id == g_.round_id && h.sender_rank < static_cast<uint32_t>(k_) &&
+                 g_.members[h.sender_rank].name == m.sender) {
+        const int s = static_cast<int>(h.sender_rank);
+        note_heard(peers_[s], Clock::now());
+        if (h.type == MsgType::abort && waiting[s]) left -= 1, waiting[s] = 0;
+      }
+      m = Message{};
+    }
+    const auto now = Clock::now();
+    for (int p = 0; p < k_; ++p) {
+      if (!waiting[p]) continue;
+      const bool gone = t_.take_event(ep(p)) == PeerEvent::closed ||
+                        now - peers_[p].heard > silence_window(rules_, peers_[p]);
+      if (gone || !t_.undelivered(ep(p))) {
+        left -= 1;
+        waiting[p] = 0;
+        continue;
+      }
+      if (!keepalive_due(peers_[p], now, rules_)) continue;
+      peers_[p].keepalive_sent = now;
+      Header h = header(MsgType::keepalive, 0, 0, 0);
+      if (t_.try_send(ep(p), Channel::control, h, g_.members[me_].name, Buffer{}))
+        ws_.stats.bytes_sent += sizeof h + g_.members[me_].name.size();
+    }
+    // Acknowledgements wake nobody: look again soon; on a fast link (the first 2 ms) sooner
+    // than the transport's wait can (1 ms steps), which would cost small operations 20 %.
+    if (left == 0) break;
+    if (Clock::now() - start < std::chrono::milliseconds(2))
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else
+      t_.wait({}, std::chrono::milliseconds(1));
+  }
+}
+
 // After a failure: nothing more goes out of this operation, nothing refers to the input, and
 // the receive queue is empty (data of later operations kept for them).
 void abandon(Transport& t, Workspace& ws, Op& op) {
@@ -675,6 +730,7 @@ void butterfly_allreduce(Transport& t, Workspace& ws, const Options& options, co
   Op op(t, ws, options, group, in, out, n);
   try {
     op.run();
+    op.linger_until_delivered();
   } catch (const OpFailure& f) {
     op.keep_gaps();
     abandon(t, ws, op);

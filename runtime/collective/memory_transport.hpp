@@ -78,6 +78,7 @@ class MemoryTransport final : public Transport {
   bool try_receive(Message& out) override;
   uint64_t link_bytes(uint64_t link) override;
   PeerEvent take_event(const std::string& peer) override;
+  bool undelivered(const std::string&) override { return false; }  // in the peer's queue at once
   void wait(std::span<const std::string> writable, std::chrono::milliseconds limit) override;
   void drop_all() override;
 

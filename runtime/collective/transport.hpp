@@ -66,6 +66,9 @@ class Transport {
   virtual uint64_t link_bytes(uint64_t link) = 0;
   // Drains and returns what happened to our connections to `peer` (closed wins over refused).
   virtual PeerEvent take_event(const std::string& peer) = 0;
+  // Whether data sent to `peer` may still be on its way: queued in the transport, or in the
+  // kernel and not yet acknowledged by the peer's. False when it cannot tell.
+  virtual bool undelivered(const std::string& peer) = 0;
   // Blocks until a message arrives, a connection event, one of `writable` may take a data
   // message, or `limit` passes.
   virtual void wait(std::span<const std::string> writable, std::chrono::milliseconds limit) = 0;

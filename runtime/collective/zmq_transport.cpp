@@ -1,11 +1,15 @@
 #include "runtime/collective/zmq_transport.hpp"
 
 #include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_received (glibc's lacks it)
+#include <linux/sockios.h>  // SIOCOUTQ
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <utility>
 #include <vector>
 #include <zmq.hpp>
 
@@ -47,6 +51,9 @@ struct Monitored {
   std::unique_ptr<zmq::socket_t> socket;
   std::unique_ptr<zmq::socket_t> monitor;
   bool thin = false;
+  PeerEvent seen = PeerEvent::none;  // since take_event() last looked
+  int fd = -1;                       // the connection, as its CONNECTED event said
+  std::string fd_peer;               // who was at its other end then
 
   Monitored() = default;
   Monitored(Monitored&&) = default;
@@ -55,6 +62,9 @@ struct Monitored {
     socket = std::move(other.socket);
     monitor = std::move(other.monitor);
     thin = other.thin;
+    seen = other.seen;
+    fd = other.fd;
+    fd_peer = std::move(other.fd_peer);
     return *this;
   }
   ~Monitored() { stop_monitor(); }
@@ -79,8 +89,7 @@ Monitored open_dealer(zmq::context_t& ctx, const std::string& endpoint, int sndh
   d.socket->set(zmq::sockopt::sndhwm, sndhwm);
   d.socket->set(zmq::sockopt::reconnect_ivl, 50);
   d.socket->set(zmq::sockopt::reconnect_ivl_max, 500);
-  const int events = ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED |
-                     (thin ? ZMQ_EVENT_CONNECTED : 0);
+  const int events = ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_CONNECTED;
   if (zmq_socket_monitor(d.socket->handle(), monitor_endpoint.c_str(), events) == 0) {
     d.monitor = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
     d.monitor->set(zmq::sockopt::linger, 0);
@@ -91,31 +100,46 @@ Monitored open_dealer(zmq::context_t& ctx, const std::string& endpoint, int sndh
   return d;
 }
 
-// A thin DEALER's connections resend a lost segment after one retransmission timeout each
-// time instead of exponentially later (Linux's linear timeouts for thin streams), so that a
-// saturated, lossy link does not hold keepalives back for many seconds. Set when the
-// connection is reported, by its descriptor (the number is ZeroMQ's; at worst it names
-// another of its sockets, which the option does not harm).
-PeerEvent drain_monitor(const Monitored& d) {
+// Reads the monitor's events into `d`. A connection reported connected is remembered by its
+// descriptor (the number is ZeroMQ's: the remote address, checked when it is used, says
+// whether it still names that connection). A thin DEALER's connections resend a lost segment
+// after one retransmission timeout each time instead of exponentially later (Linux's linear
+// timeouts for thin streams), so that a saturated, lossy link does not hold keepalives back
+// for many seconds.
+void drain_monitor(Monitored& d) {
   zmq::socket_t* monitor = d.monitor.get();
-  if (!monitor) return PeerEvent::none;
-  PeerEvent seen = PeerEvent::none;
+  if (!monitor) return;
   zmq::message_t event, addr;
   while (monitor->recv(event, zmq::recv_flags::dontwait)) {
     if (event.more()) (void)monitor->recv(addr, zmq::recv_flags::none);
     uint16_t id = 0;
     if (event.size() >= sizeof id) std::memcpy(&id, event.data(), sizeof id);
-    if (id == ZMQ_EVENT_CONNECTED && d.thin && event.size() >= sizeof id + sizeof(int32_t)) {
+    if (id == ZMQ_EVENT_CONNECTED && event.size() >= sizeof id + sizeof(int32_t)) {
       int32_t fd = -1;
       std::memcpy(&fd, static_cast<const uint8_t*>(event.data()) + sizeof id, sizeof fd);
-      const int on = 1;
-      if (fd >= 0 && !peer_address(fd).empty())
-        (void)setsockopt(fd, IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, &on, sizeof on);
+      std::string who = fd >= 0 ? peer_address(fd) : std::string();
+      if (!who.empty()) {
+        d.fd = fd;
+        d.fd_peer = std::move(who);
+        const int on = 1;
+        if (d.thin) (void)setsockopt(fd, IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, &on, sizeof on);
+      }
     }
-    if (id == ZMQ_EVENT_DISCONNECTED) seen = PeerEvent::closed;
-    if (id == ZMQ_EVENT_CONNECT_RETRIED && seen == PeerEvent::none) seen = PeerEvent::refused;
+    if (id == ZMQ_EVENT_DISCONNECTED) {
+      d.seen = PeerEvent::closed;
+      d.fd = -1;
+    }
+    if (id == ZMQ_EVENT_CONNECT_RETRIED && d.seen == PeerEvent::none) d.seen = PeerEvent::refused;
   }
-  return seen;
+}
+
+// Bytes in the kernel's send queue of `d`'s connection not yet acknowledged by the peer; 0
+// when the connection is not known.
+int unacknowledged(const Monitored& d) {
+  if (d.fd < 0 || peer_address(d.fd) != d.fd_peer) return 0;
+  int n = 0;
+  if (ioctl(d.fd, SIOCOUTQ, &n) != 0) return 0;
+  return n;
 }
 
 }  // namespace
@@ -123,6 +147,9 @@ PeerEvent drain_monitor(const Monitored& d) {
 struct ZmqTransport::Peer {
   Monitored data;
   Monitored control;
+  // Data payloads handed to ZeroMQ and not yet released by it (written to the kernel or
+  // dropped); shared with the release callbacks, which may run after the peer is closed.
+  std::shared_ptr<std::atomic<int>> queued = std::make_shared<std::atomic<int>>(0);
   zmq::socket_t& socket(Channel c) { return *(c == Channel::data ? data : control).socket; }
   void set_linger(std::chrono::milliseconds linger) {
     data.socket->set(zmq::sockopt::linger, static_cast<int>(linger.count()));
@@ -190,7 +217,8 @@ void ZmqTransport::keep_only(std::span<const std::string> keep, std::chrono::mil
 
 bool ZmqTransport::try_send(const std::string& to, Channel channel, const Header& header,
                             const std::string& sender, Buffer payload) {
-  zmq::socket_t& s = peer(to).socket(channel);
+  Peer& p = peer(to);
+  zmq::socket_t& s = p.socket(channel);
   // All frames or none: once ZeroMQ took the first frame of a multipart message, it takes the
   // rest without blocking.
   if (!s.send(zmq::buffer(&header, sizeof header),
@@ -198,6 +226,15 @@ bool ZmqTransport::try_send(const std::string& to, Channel channel, const Header
     return false;
   }
   (void)s.send(zmq::buffer(sender), zmq::send_flags::sndmore);
+  if (channel == Channel::data && payload.owner) {
+    // Counted until ZeroMQ lets go of it (undelivered()).
+    p.queued->fetch_add(1);
+    const void* held = payload.owner.get();
+    payload.owner = std::shared_ptr<const void>(
+        held, [owner = std::move(payload.owner), queued = p.queued](const void*) {
+          queued->fetch_sub(1);
+        });
+  }
   (void)s.send(frame_of(std::move(payload)), zmq::send_flags::none);
   return true;
 }
@@ -257,11 +294,24 @@ uint64_t ZmqTransport::link_bytes(uint64_t link) {
 PeerEvent ZmqTransport::take_event(const std::string& endpoint) {
   auto it = peers_.find(endpoint);
   if (it == peers_.end()) return PeerEvent::none;
-  PeerEvent a = drain_monitor(it->second->data);
-  PeerEvent b = drain_monitor(it->second->control);
+  Monitored& data = it->second->data;
+  Monitored& control = it->second->control;
+  drain_monitor(data);
+  drain_monitor(control);
+  const PeerEvent a = std::exchange(data.seen, PeerEvent::none);
+  const PeerEvent b = std::exchange(control.seen, PeerEvent::none);
   if (a == PeerEvent::closed || b == PeerEvent::closed) return PeerEvent::closed;
   if (a == PeerEvent::refused || b == PeerEvent::refused) return PeerEvent::refused;
   return PeerEvent::none;
+}
+
+bool ZmqTransport::undelivered(const std::string& endpoint) {
+  auto it = peers_.find(endpoint);
+  if (it == peers_.end()) return false;
+  Peer& p = *it->second;
+  if (p.queued->load() > 0) return true;
+  drain_monitor(p.data);
+  return unacknowledged(p.data) > 0;
 }
 
 void ZmqTransport::wait(std::span<const std::string> writable, std::chrono::milliseconds limit) {

@@ -34,6 +34,7 @@ class ZmqTransport final : public Transport {
   // From the kernel's count of the TCP connection's bytes (TCP_INFO); 0 for ipc and inproc.
   uint64_t link_bytes(uint64_t link) override;
   PeerEvent take_event(const std::string& peer) override;
+  bool undelivered(const std::string& peer) override;
   void wait(std::span<const std::string> writable, std::chrono::milliseconds limit) override;
   void drop_all() override;
 

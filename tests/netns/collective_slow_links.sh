@@ -5,7 +5,7 @@
 # and TCP stalls a stream for seconds while it recovers, which is normal on real links: no
 # live member may be taken for lost. Passes when every member reports every operation "ok"
 # with the same hash as the others, and nothing failed. RATE, OPS and FLOATS change the
-# setting (RATE=4mbit OPS=3 FLOATS=1000000: passes most runs, not all; not in ctest).
+# setting (ctest's netns_collective_4mbit: RATE=4mbit OPS=3 FLOATS=1000000).
 # Needs root; skipped (exit 77) otherwise.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/env.sh"
