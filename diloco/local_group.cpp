@@ -9,6 +9,7 @@
 #define USE_C10D_GLOO
 #endif
 #include <algorithm>
+#include <mutex>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <vector>
 
@@ -24,6 +25,17 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 }  // namespace detail
 
 namespace {
+// Every local group of this process issues its collectives under this lock (waiting for them
+// is outside it). c10d's flight recorder, one per process, inserts a group's status into a
+// map outside its own lock the first time that group records a collective: ranks of one
+// worker issuing their first collectives from their threads at once crashed in that map
+// (LocalGroup.AllreduceMeanAndGatherOverGlooThreads, about 1 run in 30 under
+// --gtest_repeat; gdb: FlightRecorder::recordWithResetEnabled, _Rb_tree_insert).
+std::mutex& issue_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 // Elements per slice: ceil(n / size), rounded up to 64 floats so that every slice starts
 // on a 256-byte boundary, where ATen's vectorized elementwise loops start too: a slice's
 // elements go through the same (vector or scalar) code as in the whole vector.
@@ -104,7 +116,12 @@ void LocalGroup::allreduce_mean(torch::Tensor& t) {
   TORCH_CHECK(t.is_contiguous() && t.is_floating_point(),
               "LocalGroup::allreduce_mean: want a contiguous floating-point tensor");
   std::vector<at::Tensor> ts{t};
-  wait("allreduce", pg_->allreduce(ts));
+  c10::intrusive_ptr<c10d::Work> work;
+  {
+    std::lock_guard lock(issue_mutex());
+    work = pg_->allreduce(ts);
+  }
+  wait("allreduce", work);
   if (size_ > 1) t.div_(static_cast<double>(size_));
 }
 
@@ -122,7 +139,12 @@ void LocalGroup::all_gather_slices(torch::Tensor& full) {
   const Slice s = slice(n);
   // The input apart from the output: Gloo copies it into its place first.
   gather_in_.slice(0, 0, s.size()).copy_(full.slice(0, s.begin, s.end));
-  wait("all-gather", pg_->_allgather_base(gather_scratch_, gather_in_));
+  c10::intrusive_ptr<c10d::Work> work;
+  {
+    std::lock_guard lock(issue_mutex());
+    work = pg_->_allgather_base(gather_scratch_, gather_in_);
+  }
+  wait("all-gather", work);
   full.copy_(gather_scratch_.slice(0, 0, n));
 }
 
