@@ -66,4 +66,13 @@ struct ReduceResult {
   MSGPACK_DEFINE(theta_hash, bytes_sent, seconds)
 };
 
+// A checkpoint the job wrote (event kind kCheckpointRecord in its event log): what a restarted
+// aggregator resumes from.
+inline constexpr const char* kCheckpointRecord = "checkpoint";
+struct CheckpointRecord {
+  std::string path;
+  int64_t round = 0;
+  MSGPACK_DEFINE(path, round)
+};
+
 }  // namespace loco::actors

@@ -71,8 +71,8 @@ std::string inner_state_path(const std::string& checkpoint, int slot) {
   return base + ".worker-" + std::to_string(slot) + ".pt";
 }
 
-// "checkpoint: PATH (round N)" lines of the job's log record its checkpoints
-// in Redis; a restarted aggregator resumes from the last one.
+// The job's log says "checkpoint: PATH (round N)" for people; a restarted aggregator reads
+// the typed CheckpointRecord events (messages.hpp) that go beside those lines.
 constexpr const char* kCheckpointLine = "checkpoint: ";
 
 }  // namespace
@@ -139,6 +139,15 @@ struct OuterAggregator::State {
     log_info(job_id + ": " + line);
     publish([this, line] { rt.job_log(job_id, line); });
   }
+  // A checkpoint of round `r`: a line for people and the record a restarted aggregator reads.
+  void record_checkpoint(const std::string& path, int64_t r) {
+    log(kCheckpointLine + path + " (round " + std::to_string(r) + ")");
+    msgpack::sbuffer b;
+    msgpack::pack(b, CheckpointRecord{path, r});
+    publish([this, data = std::string(b.data(), b.size())] {
+      rt.job_record(job_id, kCheckpointRecord, data);
+    });
+  }
 
   std::vector<int> active() const {
     std::vector<int> v;
@@ -172,14 +181,17 @@ void OuterAggregator::State::find_checkpoint() {
     if (ev.events.empty()) break;
     cursor = ev.events.back().id;
     for (const JobEvent& e : ev.events) {
-      if (e.kind != "log" || e.data.rfind(kCheckpointLine, 0) != 0) continue;
-      auto at = e.data.rfind(" (round ");
-      if (at == std::string::npos) continue;
-      std::string path =
-          e.data.substr(std::strlen(kCheckpointLine), at - std::strlen(kCheckpointLine));
-      if (!fs::exists(path)) continue;
-      resume_from = path;
-      resume_round = std::stoll(e.data.substr(at + 8));
+      if (e.kind != kCheckpointRecord) continue;
+      CheckpointRecord rec;
+      try {
+        rec = msgpack::unpack(e.data.data(), e.data.size()).get().as<CheckpointRecord>();
+      } catch (const std::exception& err) {
+        log("ignoring a malformed checkpoint record: " + std::string(err.what()));
+        continue;
+      }
+      if (!fs::exists(rec.path)) continue;
+      resume_from = rec.path;
+      resume_round = rec.round;
     }
   }
 }
@@ -723,7 +735,7 @@ void OuterAggregator::State::run() {
       if (path) {
         resume_from = *path;
         resume_round = r;
-        log(kCheckpointLine + *path + " (round " + std::to_string(r) + ")");
+        record_checkpoint(*path, r);
       }
     }
     member_seconds += double(members.size()) * (now_s() - t_round);

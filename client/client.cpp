@@ -66,13 +66,15 @@ JobEvents JobHandle::poll(std::string& cursor, int max) {
   return ev;
 }
 
-JobHandle::Update JobHandle::decode(const JobEvent& e) {
+std::optional<JobHandle::Update> JobHandle::decode(const JobEvent& e) {
   Update u;
   if (e.kind == "report") {
     JobProgress p = msgpack::unpack(e.data.data(), e.data.size()).get().as<JobProgress>();
     u.report = RoundReport::from(p);
-  } else {
+  } else if (e.kind == "log") {
     u.line = e.data;
+  } else {
+    return std::nullopt;
   }
   return u;
 }
@@ -83,14 +85,18 @@ std::vector<JobHandle::Update> JobHandle::updates_so_far() {
   while (true) {
     JobEvents ev = poll(cursor);
     if (ev.events.empty()) return out;
-    for (const JobEvent& e : ev.events) out.push_back(decode(e));
+    for (const JobEvent& e : ev.events)
+      if (auto u = decode(e)) out.push_back(std::move(*u));
   }
 }
 
 std::optional<JobHandle::Update> JobHandle::Watch::next_update() {
   Backoff idle(Millis(50), Millis(500));
   while (true) {
-    if (pos_ < pending_.size()) return decode(pending_[pos_++]);
+    if (pos_ < pending_.size()) {
+      if (auto u = decode(pending_[pos_++])) return u;
+      continue;
+    }
     if (ended_ || (stop_ && stop_->load())) return std::nullopt;
     pending_.clear();
     pos_ = 0;

@@ -109,8 +109,9 @@ class JobHandle {
   JobEvents poll(std::string& cursor, int max = 1000);
   // Everything the job's event log holds now, decoded, without waiting for more.
   std::vector<Update> updates_so_far();
-  // One event of the log, decoded (a report, or a line of the log).
-  static Update decode(const JobEvent& e);
+  // One event of the log, decoded (a report, or a line of the log); nullopt for the job's own
+  // typed records (other kinds), which are not for people.
+  static std::optional<Update> decode(const JobEvent& e);
   // Waits for the end; throws TimeoutError after `timeout`. Returns the final record.
   JobInfo wait(Millis timeout = Millis(24LL * 3600 * 1000));
   JobInfo info();

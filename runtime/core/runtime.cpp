@@ -86,6 +86,11 @@ void Runtime::job_log(const std::string& job_id, const std::string& line) {
   core_->head_call<void>("job_event", Millis(10000), job_id, std::string("log"), line);
 }
 
+void Runtime::job_record(const std::string& job_id, const std::string& kind,
+                         const std::string& data) {
+  core_->head_call<void>("job_event", Millis(10000), job_id, kind, data);
+}
+
 void Runtime::job_progress(const std::string& job_id, const JobProgress& progress) {
   msgpack::sbuffer b;
   msgpack::pack(b, progress);

@@ -71,6 +71,10 @@ class Runtime {
   // Asks a running job for `workers` workers (JobInfo::scale); its entry actor acts on it.
   JobInfo scale_job(const std::string& job_id, int workers);
   void job_log(const std::string& job_id, const std::string& line);
+  // A typed record of the job's own in its event log (kind: not "log" or "report"; data:
+  // msgpack, say): what the job must read back, as a restarted entry actor its checkpoints,
+  // kept apart from the log lines that are for people.
+  void job_record(const std::string& job_id, const std::string& kind, const std::string& data);
   void job_progress(const std::string& job_id, const JobProgress& progress);
   void job_finished(const std::string& job_id, JobState state, const std::string& message);
 

@@ -142,6 +142,13 @@ TEST(Jobs, CommandLineSubmitJobsLogsCancel) {
   out = run(loco + "logs " + id + at, &rc);
   EXPECT_EQ(rc, 0);
   EXPECT_NE(out.find("fake job done"), std::string::npos) << out;
+  // The job's typed record is in its event log, but not among the lines for people.
+  EXPECT_EQ(out.find("FAKE-RECORD-DATA"), std::string::npos) << out;
+  std::string cursor;
+  bool recorded = false;
+  for (const JobEvent& e : Client(c.head_address()).job(id).poll(cursor).events)
+    recorded = recorded || (e.kind == "fake-record" && e.data == "FAKE-RECORD-DATA");
+  EXPECT_TRUE(recorded);
   // A job file that is not YAML is refused before anything is submitted.
   std::ofstream(dir + "/broken.yaml") << "rounds: [1, 2";
   out = run(loco + "submit " + dir + "/broken.yaml" + at, &rc);

@@ -81,6 +81,9 @@ FakeJob::FakeJob(std::string job_id, std::string spec) : job_id_(std::move(job_i
         if (rounds_ > 100) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
       if (stop_) return;
+      // A typed record of the job's own, as the DiLoCo aggregator writes for checkpoints:
+      // in the event log, not for people (clients skip it).
+      rt.job_record(job_id_, "fake-record", "FAKE-RECORD-DATA");
       rt.job_log(job_id_, "fake job done");
       if (fail_)
         rt.job_finished(job_id_, JobState::failed, "asked to fail");
