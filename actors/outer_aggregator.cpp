@@ -1,7 +1,14 @@
 #include "actors/outer_aggregator.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -793,12 +800,50 @@ void OuterAggregator::State::run() {
   }
 }
 
-// A PNG of the training and validation loss, drawn by gnuplot.
+namespace {
+
+// Runs argv[0] (looked up in PATH, no shell) in folder `dir` with its output discarded.
+// Its exit code, or -1 when it could not start, died of a signal, or ran past `limit` (then
+// it is killed).
+int run_in(const std::string& dir, const std::vector<std::string>& argv,
+           std::chrono::seconds limit) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addchdir_np(&actions, dir.c_str());
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return -1;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (int status = 0;;) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (r < 0) return -1;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling a child, bounded
+  }
+}
+
+}  // namespace
+
+// A PNG of the training and validation loss, drawn by gnuplot. Nothing from the job file
+// reaches a shell or gnuplot's own language (which can run commands): gnuplot runs without a
+// shell in the job's folder, and its script names only fixed files there.
 void OuterAggregator::State::plot(const std::string& jsonl, const std::string& png) {
-  std::string dat = folder + "/loss.dat";
+  const std::string dat = "loss.dat", script = "loss.gp",
+                    image = fs::path(png).filename().string();
   {
     std::ifstream in(jsonl);
-    std::ofstream out(dat);
+    std::ofstream out(folder + "/" + dat);
     std::string line;
     while (std::getline(in, line)) {
       std::string v = json_field(line, "val_loss");
@@ -806,14 +851,17 @@ void OuterAggregator::State::plot(const std::string& jsonl, const std::string& p
           << (v == "null" ? "NaN" : v) << "\n";
     }
   }
-  std::string script = folder + "/loss.gp";
-  std::ofstream(script) << "set terminal pngcairo size 900,540\nset output '" << png
-                        << "'\nset title 'DiLoCo job " << job_id
-                        << "'\nset xlabel 'tokens per worker'\nset ylabel 'loss'\nset grid\n"
-                        << "set datafile missing 'NaN'\n"
-                        << "plot '" << dat << "' using 1:2 every ::1 with lines title 'train', '"
-                        << dat << "' using 1:3 with linespoints title 'validation'\n";
-  if (std::system(("gnuplot '" + script + "' 2>/dev/null").c_str()) == 0 && fs::exists(png))
+  // The head makes job ids ("job-" and hex digits); kept to such characters all the same.
+  std::string title = job_id;
+  std::erase_if(title, [](char c) { return !std::isalnum(static_cast<unsigned char>(c)) && c != '-'; });
+  std::ofstream(folder + "/" + script)
+      << "set terminal pngcairo size 900,540\nset output '" << image
+      << "'\nset title 'DiLoCo job " << title
+      << "'\nset xlabel 'tokens per worker'\nset ylabel 'loss'\nset grid\n"
+      << "set datafile missing 'NaN'\n"
+      << "plot '" << dat << "' using 1:2 every ::1 with lines title 'train', '" << dat
+      << "' using 1:3 with linespoints title 'validation'\n";
+  if (run_in(folder, {"gnuplot", script}, std::chrono::seconds(60)) == 0 && fs::exists(png))
     log("plot: " + png);
   else
     log("plot: gnuplot is not installed or failed; metrics are in " + jsonl);

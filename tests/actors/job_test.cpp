@@ -104,6 +104,30 @@ TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
       << log;
 }
 
+// A checkpoint folder whose name would end a quoted shell word and run a command: the job's
+// plot is drawn without a shell (nor any path in gnuplot's script), so nothing runs.
+TEST_F(DilocoJob, AQuoteInTheCheckpointFolderRunsNoCommand) {
+  const std::string marker = dir_ + "/PWNED";
+  TestJob j;
+  j.data = data_;
+  j.ckpt = "\"" + dir_ + "/ck'; touch " + marker + "; echo '\"";  // YAML double-quoted
+  j.rounds = 1;
+  j.min = 1;
+  j.workers = 1;
+  LocalCluster c(one_worker_per_node(1));
+  Client client(c.head_address());
+  JobHandle job = client.submit(JobSpec::from_yaml(j.yaml()));
+  for (const RoundReport& r : job.watch()) (void)r;
+  JobInfo end = job.wait(Millis(60000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message;
+  EXPECT_FALSE(fs::exists(marker)) << "the job file ran a command";
+  const std::string folder = dir_ + "/ck'; touch " + marker + "; echo '/" + job.id();
+  EXPECT_TRUE(fs::exists(folder + "/metrics.jsonl")) << folder;
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {  // a fixed command of the test
+    EXPECT_TRUE(fs::exists(folder + "/loss.png")) << log_text(job);
+  }
+}
+
 TEST_F(DilocoJob, BadJobFileFailsTheSubmissionNamingTheField) {
   std::string text = job_yaml(data_, dir_ + "/ckpt", "int4");
   ClusterOptions co;
