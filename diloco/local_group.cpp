@@ -25,15 +25,17 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 }  // namespace detail
 
 namespace {
-// Every local group of this process issues its collectives under this lock (waiting for them
-// is outside it). c10d's flight recorder, one per process, inserts a group's status into a
+// Every local group of this process issues its collectives through here, under one lock
+// (waiting for them is outside it). c10d's flight recorder, one per process, inserts a group's status into a
 // map outside its own lock the first time that group records a collective: ranks of one
 // worker issuing their first collectives from their threads at once crashed in that map
 // (LocalGroup.AllreduceMeanAndGatherOverGlooThreads, about 1 run in 30 under
 // --gtest_repeat; gdb: FlightRecorder::recordWithResetEnabled, _Rb_tree_insert).
-std::mutex& issue_mutex() {
+template <typename Issue>
+c10::intrusive_ptr<c10d::Work> issued(Issue&& issue) {
   static std::mutex m;
-  return m;
+  std::lock_guard lock(m);
+  return issue();
 }
 
 // Elements per slice: ceil(n / size), rounded up to 64 floats so that every slice starts
@@ -116,12 +118,7 @@ void LocalGroup::allreduce_mean(torch::Tensor& t) {
   TORCH_CHECK(t.is_contiguous() && t.is_floating_point(),
               "LocalGroup::allreduce_mean: want a contiguous floating-point tensor");
   std::vector<at::Tensor> ts{t};
-  c10::intrusive_ptr<c10d::Work> work;
-  {
-    std::lock_guard lock(issue_mutex());
-    work = pg_->allreduce(ts);
-  }
-  wait("allreduce", work);
+  wait("allreduce", issued([&] { return pg_->allreduce(ts); }));
   if (size_ > 1) t.div_(static_cast<double>(size_));
 }
 
@@ -139,12 +136,7 @@ void LocalGroup::all_gather_slices(torch::Tensor& full) {
   const Slice s = slice(n);
   // The input apart from the output: Gloo copies it into its place first.
   gather_in_.slice(0, 0, s.size()).copy_(full.slice(0, s.begin, s.end));
-  c10::intrusive_ptr<c10d::Work> work;
-  {
-    std::lock_guard lock(issue_mutex());
-    work = pg_->_allgather_base(gather_scratch_, gather_in_);
-  }
-  wait("all-gather", work);
+  wait("all-gather", issued([&] { return pg_->_allgather_base(gather_scratch_, gather_in_); }));
   full.copy_(gather_scratch_.slice(0, 0, n));
 }
 

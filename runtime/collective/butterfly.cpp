@@ -121,6 +121,7 @@ class Op {
   void enqueue(int peer, const Header& h, Buffer payload, bool urgent);
   bool flush(int peer);
   void send_keepalives(Clock::time_point now);
+  void send_keepalive(int p, Clock::time_point now);
   // Samples the bytes that have arrived on peer p's connections (liveness.hpp).
   void sample_bytes(int p, Clock::time_point now);
   void handle(Message& m);
@@ -210,11 +211,15 @@ void Op::send_keepalives(Clock::time_point now) {
   for (int p = 0; p < k_; ++p) {
     if (p == me_ || !keepalive_due(peers_[p], now, rules_)) continue;
     sample_bytes(p, now);
-    peers_[p].keepalive_sent = now;  // when the queue is full, try again an interval later
-    Header h = header(MsgType::keepalive, 0, 0, 0);
-    if (t_.try_send(ep(p), Channel::control, h, g_.members[me_].name, Buffer{}))
-      ws_.stats.bytes_sent += sizeof h + g_.members[me_].name.size();
+    send_keepalive(p, now);
   }
+}
+
+void Op::send_keepalive(int p, Clock::time_point now) {
+  peers_[p].keepalive_sent = now;  // when the queue is full, try again an interval later
+  Header h = header(MsgType::keepalive, 0, 0, 0);
+  if (t_.try_send(ep(p), Channel::control, h, g_.members[me_].name, Buffer{}))
+    ws_.stats.bytes_sent += sizeof h + g_.members[me_].name.size();
 }
 
 void Op::sample_bytes(int p, Clock::time_point now) {
@@ -567,11 +572,11 @@ void Op::run() {
 
 void Op::linger_until_delivered() {
   const auto start = Clock::now();
-  std::vector<char> waiting(static_cast<size_t>(k_), 0);
-  int left = 0;
+  std::vector<int> waiting;  // the peers that may not have all our data yet
   for (int p = 0; p < k_; ++p)
-    if (p != me_ && t_.undelivered(ep(p))) left += waiting[p] = 1;
-  while (left > 0 && Clock::now() - start < kMaxWidening * rules_.peer_timeout) {
+    if (p != me_ && t_.undelivered(ep(p))) waiting.push_back(p);
+  auto stop_waiting = [&](int p) { std::erase(waiting, p); };
+  while (!waiting.empty() && Clock::now() - start < kMaxWidening * rules_.peer_timeout) {
     Message m;
     while (t_.try_receive(m)) {
       const Header& h = m.header;
@@ -581,29 +586,20 @@ void Op::linger_until_delivered() {
                  g_.members[h.sender_rank].name == m.sender) {
         const int s = static_cast<int>(h.sender_rank);
         note_heard(peers_[s], Clock::now());
-        if (h.type == MsgType::abort && waiting[s]) left -= 1, waiting[s] = 0;
+        if (h.type == MsgType::abort) stop_waiting(s);
       }
       m = Message{};
     }
     const auto now = Clock::now();
-    for (int p = 0; p < k_; ++p) {
-      if (!waiting[p]) continue;
-      const bool gone = t_.take_event(ep(p)) == PeerEvent::closed ||
-                        now - peers_[p].heard > silence_window(rules_, peers_[p]);
-      if (gone || !t_.undelivered(ep(p))) {
-        left -= 1;
-        waiting[p] = 0;
-        continue;
-      }
-      if (!keepalive_due(peers_[p], now, rules_)) continue;
-      peers_[p].keepalive_sent = now;
-      Header h = header(MsgType::keepalive, 0, 0, 0);
-      if (t_.try_send(ep(p), Channel::control, h, g_.members[me_].name, Buffer{}))
-        ws_.stats.bytes_sent += sizeof h + g_.members[me_].name.size();
-    }
+    std::erase_if(waiting, [&](int p) {
+      return t_.take_event(ep(p)) == PeerEvent::closed ||
+             now - peers_[p].heard > silence_window(rules_, peers_[p]) || !t_.undelivered(ep(p));
+    });
+    for (int p : waiting)
+      if (keepalive_due(peers_[p], now, rules_)) send_keepalive(p, now);
     // Acknowledgements wake nobody: look again soon; on a fast link (the first 2 ms) sooner
     // than the transport's wait can (1 ms steps), which would cost small operations 20 %.
-    if (left == 0) break;
+    if (waiting.empty()) break;
     if (Clock::now() - start < std::chrono::milliseconds(2))
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     else

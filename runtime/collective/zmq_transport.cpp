@@ -56,17 +56,8 @@ struct Monitored {
   std::string fd_peer;               // who was at its other end then
 
   Monitored() = default;
-  Monitored(Monitored&&) = default;
-  Monitored& operator=(Monitored&& other) {
-    stop_monitor();
-    socket = std::move(other.socket);
-    monitor = std::move(other.monitor);
-    thin = other.thin;
-    seen = other.seen;
-    fd = other.fd;
-    fd_peer = std::move(other.fd_peer);
-    return *this;
-  }
+  Monitored(Monitored&&) = default;  // the moved-from one has no socket: its stop is a no-op
+  Monitored& operator=(Monitored&&) = delete;
   ~Monitored() { stop_monitor(); }
 
   void stop_monitor() {
@@ -195,11 +186,11 @@ ZmqTransport::Peer& ZmqTransport::peer(const std::string& endpoint) {
     return "inproc://loco-collective-monitor-" + std::to_string(reinterpret_cast<uintptr_t>(this)) +
            "-" + std::to_string(++monitor_serial_);
   };
-  auto p = std::make_unique<Peer>();
   // A short data queue in ZeroMQ (the kernel's socket buffer holds more): what waits, waits
   // in the schedule's outbox, where all-gather results overtake reduce-scatter chunks.
-  p->data = open_dealer(*ctx_, endpoint, 4, false, monitor_ep());
-  p->control = open_dealer(*ctx_, endpoint, 64, true, monitor_ep());
+  auto p = std::make_unique<Peer>(
+      Peer{.data = open_dealer(*ctx_, endpoint, 4, false, monitor_ep()),
+           .control = open_dealer(*ctx_, endpoint, 64, true, monitor_ep())});
   return *peers_.emplace(endpoint, std::move(p)).first->second;
 }
 

@@ -88,6 +88,14 @@ bool follow(JobHandle& j, const std::function<bool(const RoundReport&)>& step) {
   return false;
 }
 
+// The lines of a job's attempts.jsonl for one round, in order.
+std::vector<std::string> attempts_of_round(const std::string& folder, const std::string& round) {
+  std::vector<std::string> out;
+  for (const std::string& l : jsonl(folder + "/attempts.jsonl"))
+    if (actors::json_field(l, "round") == round) out.push_back(l);
+  return out;
+}
+
 using Elastic = DilocoJob;
 
 TEST_F(Elastic, ScaleUpNewWorkerCopiesTheOuterStateThenScaleDown) {
@@ -209,9 +217,7 @@ TEST_F(Elastic, SigkillDuringTheAllReduceTheGroupReformsAndTheWorkerRejoins) {
   EXPECT_TRUE(contains(log_text(j), "round 3 re-formed with 2 workers")) << log_text(j);
   // The records: the failed attempt and the one that succeeded, round 3 once.
   const std::string folder = dir_ + "/ckpt/" + j.id();
-  std::vector<std::string> round3;
-  for (const std::string& l : jsonl(folder + "/attempts.jsonl"))
-    if (actors::json_field(l, "round") == "3") round3.push_back(l);
+  const std::vector<std::string> round3 = attempts_of_round(folder, "3");
   ASSERT_GE(round3.size(), 2u) << folder;
   EXPECT_EQ(actors::json_field(round3[0], "outcome"), "\"failed\"") << round3[0];
   EXPECT_EQ(actors::json_field(round3[0], "workers"), "3") << round3[0];
@@ -243,9 +249,7 @@ TEST_F(Elastic, AnAttemptThatFailsForOneMemberAfterTheOthersSteppedIsRetriedFrom
   EXPECT_FALSE(contains(log, "going back")) << log;
   EXPECT_FALSE(contains(log, "holds a different")) << log;
   const std::string folder = dir_ + "/ckpt/" + j.id();
-  std::vector<std::string> round3;
-  for (const std::string& l : jsonl(folder + "/attempts.jsonl"))
-    if (actors::json_field(l, "round") == "3") round3.push_back(l);
+  const std::vector<std::string> round3 = attempts_of_round(folder, "3");
   ASSERT_EQ(round3.size(), 2u) << folder;
   EXPECT_EQ(actors::json_field(round3[0], "outcome"), "\"failed\"") << round3[0];
   EXPECT_TRUE(contains(round3[0], R"({"worker":1,"lost":false,)")) << round3[0];

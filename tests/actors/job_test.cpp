@@ -117,7 +117,6 @@ TEST_F(DilocoJob, AQuoteInTheCheckpointFolderRunsNoCommand) {
   LocalCluster c(one_worker_per_node(1));
   Client client(c.head_address());
   JobHandle job = client.submit(JobSpec::from_yaml(j.yaml()));
-  for (const RoundReport& r : job.watch()) (void)r;
   JobInfo end = job.wait(Millis(60000));
   ASSERT_EQ(end.state, JobState::succeeded) << end.message;
   EXPECT_FALSE(fs::exists(marker)) << "the job file ran a command";
