@@ -12,12 +12,15 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
+#include "diloco/local_group.hpp"
 #include "diloco/trainer.hpp"
 #include "runtime/collective/allreduce.hpp"
 #include "runtime/core/actor.hpp"
@@ -84,14 +87,24 @@ std::string node_host() {
 
 }  // namespace
 
+// One local rank of the worker (one GPU, or a CPU rank): its model replica and inner
+// optimizer, its copy of the outer state, and the communicator that carries its slice of Δ
+// across workers (rank r of every worker averages slice r: G streams over the slow link).
+struct Rank {
+  torch::Device device = torch::kCPU;
+  std::unique_ptr<dl::LocalGroup> group;  // none with one rank: the same arithmetic, bit for bit
+  std::unique_ptr<dl::InnerTrainer> trainer;
+  std::unique_ptr<dl::OuterOptimizer> outer;
+  std::unique_ptr<collective::Communicator> comm;  // for the worker's life: failures leave it ready
+};
+
 struct InnerWorker::State {
   std::string job_id;
   int index = 0;
   dl::JobConfig cfg;
   dl::TokenStore store;
-  std::unique_ptr<dl::InnerTrainer> trainer;
-  std::unique_ptr<dl::OuterOptimizer> outer;
-  std::vector<float> delta, averaged;
+  std::vector<Rank> ranks;  // rank 0 answers for the worker: θ's hash, evaluation, checkpoints
+  std::vector<float> delta, averaged;  // whole; rank r writes and averages its slice
   int64_t delta_round = -1;    // the round whose Δ `delta` holds
   int64_t stepped_round = -1;  // the round whose outer step θ holds (undone if it is re-run)
   bool fault_fired = false;
@@ -101,15 +114,24 @@ struct InnerWorker::State {
   int64_t shared_state_round = -1;
   FaultPlan fault = FaultPlan::from_env();
   torch::Tensor val_windows;
-  dl::DeviceChoice device;        // from the job's `device` and the GPUs the head gave this actor
-  collective::Communicator comm;  // one for the worker's life: failed operations leave it ready
+  dl::DeviceChoice device;  // from the job's `device` and the GPUs the head gave this actor
 
   State(std::string job, const std::string& spec, int idx)
       : job_id(std::move(job)),
         index(idx),
         cfg(dl::JobConfig::from_yaml(spec)),
-        store(dl::TokenStore::open(cfg.data)),
-        comm("tcp://" + node_host() + ":0", collective_options(cfg)) {}
+        store(dl::TokenStore::open(cfg.data)) {}
+
+  Rank& lead() { return ranks[0]; }
+  const Rank& lead() const { return ranks[0]; }
+  // fn(rank) for every rank, each on its own thread (the caller's with one rank).
+  void for_ranks(const std::function<void(Rank&)>& fn) {
+    dl::on_ranks(ranks.size(), [&](size_t r) { fn(ranks[r]); });
+  }
+  dl::Slice slice_of(const Rank& k) const {
+    const auto n = int64_t(delta.size());
+    return k.group ? k.group->slice(n) : dl::Slice{0, n};
+  }
 
   static collective::Options collective_options(const dl::JobConfig& cfg) {
     collective::Options o;
@@ -120,13 +142,60 @@ struct InnerWorker::State {
   }
 };
 
+namespace {
+
+// The devices of a worker's G ranks: the GPUs the head gave its actor, one each and all
+// different (NCCL puts one rank on a GPU), or the CPU G times.
+std::vector<torch::Device> rank_devices(const dl::DeviceChoice& choice, const std::vector<int>& gpus,
+                                        int g) {
+  if (!choice.cuda) return std::vector<torch::Device>(size_t(g), torch::Device(torch::kCPU));
+  if (int(gpus.size()) < g)
+    throw dl::ConfigError("workers.gpus: " + std::to_string(g) + " ranks, but the runtime gave " +
+                          "this worker " + std::to_string(gpus.size()) + " GPU(s)");
+  std::vector<torch::Device> out;
+  const int visible = int(torch::cuda::device_count());
+  for (int r = 0; r < g; ++r) {
+    const int gpu = gpus[size_t(r)];
+    if (gpu < 0 || gpu >= visible)
+      throw dl::ConfigError("device: GPU index " + std::to_string(gpu) +
+                            " was assigned, but this process sees " + std::to_string(visible) +
+                            " CUDA device(s)");
+    if (std::find(gpus.begin(), gpus.begin() + r, gpu) != gpus.begin() + r)
+      throw dl::ConfigError("workers.gpus: " + std::to_string(g) +
+                            " ranks need as many different GPUs (one NCCL rank per GPU), but GPU " +
+                            std::to_string(gpu) + " was given twice (workers.share_gpu?)");
+    out.emplace_back(torch::kCUDA, c10::DeviceIndex(gpu));
+  }
+  return out;
+}
+
+}  // namespace
+
 InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
   s_ = std::make_unique<State>(std::move(job_id), spec, index);
   if (s_->cfg.threads > 0) at::set_num_threads(s_->cfg.threads);
   // CUDA is not even probed for device: cpu.
   const bool cuda = s_->cfg.device != dl::DeviceKind::cpu && torch::cuda::is_available();
-  s_->device = dl::choose_device(s_->cfg.device, this_actor().gpus, cuda,
+  const std::vector<int>& gpus = this_actor().gpus;
+  s_->device = dl::choose_device(s_->cfg.device, gpus, cuda,
                                  cuda ? int(torch::cuda::device_count()) : 0);
+  const int g = s_->cfg.ranks_per_worker(s_->device.cuda);
+  const auto devices = rank_devices(s_->device, gpus, g);
+  s_->ranks.resize(size_t(g));
+  for (int r = 0; r < g; ++r) {
+    Rank& k = s_->ranks[size_t(r)];
+    k.device = devices[size_t(r)];
+    k.comm = std::make_unique<collective::Communicator>("tcp://" + node_host() + ":0",
+                                                        State::collective_options(s_->cfg));
+  }
+  if (g > 1) {
+    // The ranks join their group together: joining blocks until all have.
+    auto rendezvous = c10::make_intrusive<c10d::HashStore>();
+    const auto backend = s_->device.cuda ? dl::LocalBackend::nccl : dl::LocalBackend::gloo;
+    dl::on_ranks(size_t(g), [&](size_t r) {
+      s_->ranks[r].group = std::make_unique<dl::LocalGroup>(rendezvous, int(r), g, backend);
+    });
+  }
   const int n = s_->cfg.eval.batches * s_->cfg.inner.batch_size;
   s_->val_windows = torch::empty({n, s_->cfg.model.context + 1}, torch::kInt64);
   dl::validation_windows(s_->store, s_->cfg.model.context, n,
@@ -135,7 +204,11 @@ InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
 
 InnerWorker::~InnerWorker() = default;
 
-std::string InnerWorker::endpoint() const { return s_->comm.endpoint(); }
+std::vector<std::string> InnerWorker::endpoints() const {
+  std::vector<std::string> out;
+  for (const Rank& k : s_->ranks) out.push_back(k.comm->endpoint());
+  return out;
+}
 
 InitResult InnerWorker::init(WorkerInit init) {
   InitResult out;
@@ -153,20 +226,21 @@ InitResult InnerWorker::init(WorkerInit init) {
     init.stream = uint64_t(v.toInt());
   }
   s_->stream = init.stream;
-  const torch::Device device = s_->device.cuda
-                                   ? torch::Device(torch::kCUDA, c10::DeviceIndex(s_->device.index))
-                                   : torch::Device(torch::kCPU);
-  s_->trainer = std::make_unique<dl::InnerTrainer>(s_->cfg, s_->store, init.shards, init.stream,
-                                                   init.total_steps, device);
-  if (inner_ar) {
-    s_->trainer->load(*inner_ar, "worker.");  // AdamW moments, step, data position
-    // The aggregator's dealing holds, should the members differ from the checkpoint's.
-    if (s_->trainer->sampler().shards() != init.shards)
-      s_->trainer->sampler().set_shards(init.shards);
+  // Every rank reads the worker's stream, rank r its windows [r·B, (r+1)·B) of each batch.
+  s_->for_ranks([&](Rank& k) {
+    k.trainer = std::make_unique<dl::InnerTrainer>(s_->cfg, s_->store, init.shards, init.stream,
+                                                   init.total_steps, k.device, k.group.get());
+  });
+  for (Rank& k : s_->ranks) {
+    if (inner_ar) {
+      k.trainer->load(*inner_ar, "worker.");  // AdamW moments, step, data position
+      // The aggregator's dealing holds, should the members differ from the checkpoint's.
+      if (k.trainer->sampler().shards() != init.shards) k.trainer->sampler().set_shards(init.shards);
+    }
+    // Behind the job when the slot's inner state is older than the outer state it gets.
+    k.trainer->set_step(init.round * s_->cfg.inner.steps);
+    k.outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, k.trainer->flat_parameters());
   }
-  // Behind the job when the slot's inner state is older than the outer state it gets.
-  s_->trainer->set_step(init.round * s_->cfg.inner.steps);
-  s_->outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, s_->trainer->flat_parameters());
   const int64_t t0 = loco::now_ms();
   if (!init.source.empty()) {
     // Straight from a live member (idle between rounds), in parts with a few in
@@ -202,35 +276,40 @@ InitResult InnerWorker::init(WorkerInit init) {
                                ": the join state from " + init.source + " is malformed (" +
                                std::to_string(bytes.size()) + " bytes): " + e.what());
     }
-    s_->outer->load(ar, "outer.");
-    s_->trainer->load_moments(ar, "moments.");
+    for (Rank& k : s_->ranks) {
+      k.outer->load(ar, "outer.");
+      k.trainer->load_moments(ar, "moments.");
+    }
     out.state_bytes = bytes.size();
   } else if (!init.checkpoint.empty()) {
     torch::serialize::InputArchive ar;
     ar.load_from(init.checkpoint, torch::kCPU);
-    s_->outer->load(ar, "outer.");
+    for (Rank& k : s_->ranks) k.outer->load(ar, "outer.");
     out.state_bytes = uint64_t(std::filesystem::file_size(init.checkpoint));
   }
-  if (s_->outer->round() != init.round && (!init.source.empty() || !init.checkpoint.empty()))
+  const dl::OuterOptimizer& outer = *s_->lead().outer;
+  if (outer.round() != init.round && (!init.source.empty() || !init.checkpoint.empty()))
     throw std::runtime_error(
         "InnerWorker " + std::to_string(init.index) + ": the outer state from " +
         (init.source.empty() ? init.checkpoint : init.source) + " is of round " +
-        std::to_string(s_->outer->round()) + ", not " + std::to_string(init.round));
+        std::to_string(outer.round()) + ", not " + std::to_string(init.round));
   out.copy_seconds = seconds_since(t0);
-  s_->trainer->load_parameters(s_->outer->theta());
-  const auto n = size_t(s_->trainer->parameter_count());
+  for (Rank& k : s_->ranks) k.trainer->load_parameters(k.outer->theta());
+  const auto n = size_t(s_->lead().trainer->parameter_count());
   s_->delta.assign(n, 0.0f);
   s_->averaged.assign(n, 0.0f);
   s_->delta_round = -1;
   s_->stepped_round = -1;
   out.parameters = int64_t(n);
-  out.theta_hash = s_->outer->theta_hash();
+  out.theta_hash = outer.theta_hash();
   out.device = s_->device.reason;
+  if (s_->ranks.size() > 1)
+    out.device += ", " + std::to_string(s_->ranks.size()) + " local ranks";
   return out;
 }
 
 InnerResult InnerWorker::inner(int64_t round) {
-  if (!s_->trainer) throw std::logic_error("InnerWorker: inner() before init()");
+  if (!s_->lead().trainer) throw std::logic_error("InnerWorker: inner() before init()");
   // Asked again for a round whose Δ it holds (the round is redone because too
   // few workers finished it): that Δ stands, no second H steps.
   if (s_->delta_round == round) {
@@ -240,11 +319,19 @@ InnerResult InnerWorker::inner(int64_t round) {
   }
   const int64_t t0 = loco::now_ms();
   if (s_->fault.hits(s_->index, round, "inner")) {
-    s_->trainer->run_inner_steps(std::max(1, s_->cfg.inner.steps / 2));
+    s_->for_ranks([&](Rank& k) { k.trainer->run_inner_steps(std::max(1, s_->cfg.inner.steps / 2)); });
     FaultPlan::die();
   }
-  dl::InnerStats st = s_->trainer->run_inner_steps(s_->cfg.inner.steps);
-  s_->trainer->pseudo_gradient(s_->outer->theta(), s_->delta);
+  // The ranks step together (their gradients averaged every step), then each writes its
+  // slice of Δ = θ − θ_local. The loss is averaged over the ranks too: rank 0's is the worker's.
+  dl::InnerStats st;
+  s_->for_ranks([&](Rank& k) {
+    dl::InnerStats mine = k.trainer->run_inner_steps(s_->cfg.inner.steps);
+    if (&k == &s_->lead()) st = mine;
+    const dl::Slice sl = s_->slice_of(k);
+    k.trainer->pseudo_gradient(k.outer->theta(), {s_->delta.data() + sl.begin, size_t(sl.size())},
+                               sl.begin);
+  });
   s_->delta_round = round;
   InnerResult r;
   r.round = round;
@@ -261,44 +348,64 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
                                 std::to_string(req.round) + " but its Δ is of round " +
                                 std::to_string(s_->delta_round));
   const int64_t t0 = loco::now_ms();
+  const size_t g = s_->ranks.size();
   if (req.names.size() != req.endpoints.size() || req.rank < 0 ||
       size_t(req.rank) >= req.names.size())
     throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce with " +
                                 std::to_string(req.names.size()) + " names, " +
-                                std::to_string(req.endpoints.size()) + " endpoints and rank " +
+                                std::to_string(req.endpoints.size()) + " endpoint lists and rank " +
                                 std::to_string(req.rank));
-  collective::Group g;
-  for (size_t i = 0; i < req.names.size(); ++i)
-    g.members.push_back({req.names[i], req.endpoints[i]});
-  g.rank = req.rank;
-  g.round_id = req.op_id;
+  for (size_t i = 0; i < req.endpoints.size(); ++i)
+    if (req.endpoints[i].size() != g)
+      throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce where " +
+                                  req.names[i] + " has " + std::to_string(req.endpoints[i].size()) +
+                                  " endpoints, not one for each of this worker's " +
+                                  std::to_string(g) + " local ranks");
   if (s_->fault.hits(s_->index, req.round, "reduce"))
-    s_->comm.hooks().after_send = [](uint64_t) { FaultPlan::die(); };
-  // Out of place: Δ stays intact if a member is lost, for the re-formed group. Δ is kept
-  // after a success too: an attempt can succeed for this member and fail for another, and the
-  // retry (the same round, perhaps fewer members) must start from the outer state that
-  // every member of it holds: the one before this member's step.
-  s_->comm.allreduce(g, s_->delta, s_->averaged);
+    s_->lead().comm->hooks().after_send = [](uint64_t) { FaultPlan::die(); };
+  // Rank r averages slice r of Δ with rank r of every other member. Out of place: Δ stays
+  // intact if a member is lost, for the re-formed group. Δ is kept after a success too: an
+  // attempt can succeed for this member and fail for another, and the retry (the same round,
+  // perhaps fewer members) must start from the outer state that every member of it holds:
+  // the one before this member's step.
+  s_->for_ranks([&](Rank& k) {
+    const size_t r = size_t(&k - s_->ranks.data());
+    collective::Group group;
+    for (size_t i = 0; i < req.names.size(); ++i)
+      group.members.push_back(
+          {g == 1 ? req.names[i] : req.names[i] + "/rank" + std::to_string(r), req.endpoints[i][r]});
+    group.rank = req.rank;
+    group.round_id = req.op_id;
+    const dl::Slice sl = s_->slice_of(k);
+    k.comm->allreduce(group, {s_->delta.data() + sl.begin, size_t(sl.size())},
+                      {s_->averaged.data() + sl.begin, size_t(sl.size())});
+  });
   if (s_->fault.hits(s_->index, req.round, "after_allreduce") && !s_->fault_fired) {
     s_->fault_fired = true;
     throw std::runtime_error("injected fault: after the all-reduce of round " +
                              std::to_string(req.round + 1));
   }
-  if (s_->stepped_round == req.round)
-    s_->outer->undo_step();
-  else
-    s_->outer->keep_before_step();
-  s_->outer->step(s_->averaged);
+  // Each rank steps its slice of θ and the momentum, then the ranks gather the slices: θ
+  // and the momentum whole again on every rank (the momentum for checkpoints and joiners).
+  const bool redo = s_->stepped_round == req.round;
+  s_->for_ranks([&](Rank& k) {
+    if (redo)
+      k.outer->undo_step();
+    else
+      k.outer->keep_before_step();
+    const dl::Slice sl = s_->slice_of(k);
+    k.outer->step({s_->averaged.data() + sl.begin, size_t(sl.size())}, sl.begin);
+    k.trainer->gather_outer_state(*k.outer, true);
+  });
   s_->stepped_round = req.round;
-  s_->trainer->load_parameters(s_->outer->theta());
   ReduceResult r;
-  r.theta_hash = s_->outer->theta_hash();
-  r.bytes_sent = s_->comm.last_stats().bytes_sent;
+  r.theta_hash = s_->lead().outer->theta_hash();
+  for (const Rank& k : s_->ranks) r.bytes_sent += k.comm->last_stats().bytes_sent;
   r.seconds = seconds_since(t0);
   return r;
 }
 
-double InnerWorker::evaluate() { return s_->trainer->evaluate(s_->val_windows); }
+double InnerWorker::evaluate() { return s_->lead().trainer->evaluate(s_->val_windows); }
 
 double InnerWorker::evaluate_windows(int64_t begin, int64_t end) {
   const int64_t n = s_->val_windows.size(0);
@@ -306,7 +413,7 @@ double InnerWorker::evaluate_windows(int64_t begin, int64_t end) {
     throw std::invalid_argument("evaluate_windows: [" + std::to_string(begin) + ", " +
                                 std::to_string(end) + ") is not inside the " + std::to_string(n) +
                                 " validation windows");
-  return s_->trainer->evaluate(s_->val_windows.slice(0, begin, end));
+  return s_->lead().trainer->evaluate(s_->val_windows.slice(0, begin, end));
 }
 
 int64_t InnerWorker::validation_windows() const { return s_->val_windows.size(0); }
@@ -317,14 +424,14 @@ int64_t InnerWorker::validation_windows() const { return s_->val_windows.size(0)
 // The moments are as of the first request in the round (a round being redone
 // may have moved them by one round's inner steps; they only steer step sizes).
 const std::shared_ptr<const std::string>& InnerWorker::join_state(int64_t round) {
-  if (s_->outer->round() != round)
+  if (s_->lead().outer->round() != round)
     throw std::invalid_argument(
         "InnerWorker " + std::to_string(s_->index) + " holds the outer state of round " +
-        std::to_string(s_->outer->round()) + ", not of round " + std::to_string(round));
+        std::to_string(s_->lead().outer->round()) + ", not of round " + std::to_string(round));
   if (!s_->shared_state || s_->shared_state_round != round) {
     torch::serialize::OutputArchive ar;
-    s_->outer->save(ar, "outer.");
-    s_->trainer->save_moments(ar, "moments.");
+    s_->lead().outer->save(ar, "outer.");
+    s_->lead().trainer->save_moments(ar, "moments.");
     std::ostringstream out;
     ar.save_to(out);
     s_->shared_state = std::make_shared<const std::string>(std::move(out).str());
@@ -344,24 +451,24 @@ Blob InnerWorker::join_state_part(int64_t round, int64_t offset, int64_t length)
   return Blob(state, reinterpret_cast<const uint8_t*>(state->data()) + offset, size_t(length));
 }
 
-uint64_t InnerWorker::theta_hash() const { return s_->outer->theta_hash(); }
+uint64_t InnerWorker::theta_hash() const { return s_->lead().outer->theta_hash(); }
 
 void InnerWorker::set_shards(std::vector<int> shards) {
-  if (!s_->trainer) throw std::logic_error("InnerWorker: set_shards() before init()");
-  s_->trainer->sampler().set_shards(std::move(shards));
+  if (!s_->lead().trainer) throw std::logic_error("InnerWorker: set_shards() before init()");
+  for (Rank& k : s_->ranks) k.trainer->sampler().set_shards(shards);
 }
 
 std::vector<int> InnerWorker::shards() const {
-  return s_->trainer ? s_->trainer->sampler().shards() : std::vector<int>{};
+  return s_->lead().trainer ? s_->lead().trainer->sampler().shards() : std::vector<int>{};
 }
 
 std::string InnerWorker::save_checkpoint(std::string path) {
   torch::serialize::OutputArchive ar;
   ar.write("config", c10::IValue(s_->cfg.to_yaml()));
-  ar.write("round", c10::IValue(s_->outer->round()));
+  ar.write("round", c10::IValue(s_->lead().outer->round()));
   ar.write("worker_index", c10::IValue(int64_t(s_->index)));
-  s_->outer->save(ar, "outer.");
-  s_->trainer->save(ar, "worker.0.");
+  s_->lead().outer->save(ar, "outer.");
+  s_->lead().trainer->save(ar, "worker.0.");
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
   ar.save_to(path + ".tmp");
@@ -372,8 +479,8 @@ std::string InnerWorker::save_checkpoint(std::string path) {
 std::string InnerWorker::save_inner_state(std::string path) {
   torch::serialize::OutputArchive ar;
   ar.write("stream", c10::IValue(int64_t(s_->stream)));
-  ar.write("round", c10::IValue(s_->outer->round()));
-  s_->trainer->save(ar, "worker.");
+  ar.write("round", c10::IValue(s_->lead().outer->round()));
+  s_->lead().trainer->save(ar, "worker.");
   ar.save_to(path + ".tmp");
   std::filesystem::rename(path + ".tmp", path);
   return path;
@@ -381,7 +488,7 @@ std::string InnerWorker::save_inner_state(std::string path) {
 
 LOCO_REGISTER(InnerWorker, loco::ActorClass<InnerWorker>("diloco.InnerWorker")
                                .constructor<std::string, std::string, int>()
-                               .method("endpoint", &InnerWorker::endpoint)
+                               .method("endpoints", &InnerWorker::endpoints)
                                .method("init", &InnerWorker::init)
                                .method("inner", &InnerWorker::inner)
                                .method("reduce", &InnerWorker::reduce)

@@ -16,8 +16,9 @@ class InnerWorker {
   InnerWorker(std::string job_id, std::string spec, int index);
   ~InnerWorker();
 
-  // The endpoint of its collective (bulk data) socket.
-  std::string endpoint() const;
+  // The endpoints of its collective (bulk data) sockets, one per local rank: rank r
+  // averages slice r of Δ with rank r of the other workers.
+  std::vector<std::string> endpoints() const;
   // Sets shards and the outer state (copied from a live worker, read from a
   // checkpoint, or from the seed); a worker that rejoins starts over here.
   InitResult init(WorkerInit init);

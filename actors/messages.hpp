@@ -50,7 +50,9 @@ struct InnerResult {
 struct ReduceRequest {
   int64_t round = 0;
   std::vector<std::string> names;      // members, in rank order
-  std::vector<std::string> endpoints;  // their collective endpoints
+  // Their collective endpoints, one per local rank (InnerWorker::endpoints): every
+  // member has as many, the job's ranks per worker.
+  std::vector<std::vector<std::string>> endpoints;
   int rank = 0;
   // The collective's operation id: strictly increasing over the whole job, across
   // re-formed groups, redone rounds and restarted aggregators (microseconds since

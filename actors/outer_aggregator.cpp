@@ -89,7 +89,7 @@ constexpr const char* kCheckpointLine = "checkpoint: ";
 struct Slot {
   std::string name;
   std::optional<ActorHandle<InnerWorker>> handle;
-  std::string endpoint;
+  std::vector<std::string> endpoints;  // one per local rank
   std::vector<int> shards;
   bool active = false;
   std::string waiting;  // why it could not (re)join, logged when it changes
@@ -282,8 +282,8 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     return sources.empty() ? std::string() : slots[size_t(sources[k])].name;
   };
   const bool fresh = r == 0 && resume_from.empty();
-  std::vector<Future<std::string>> eps;
-  for (int i : live) eps.push_back(worker(i).call(&InnerWorker::endpoint));
+  std::vector<Future<std::vector<std::string>>> eps;
+  for (int i : live) eps.push_back(worker(i).call(&InnerWorker::endpoints));
   std::vector<Failure> errors;
   auto got = gather(eps, errors, Millis(60000));
   std::vector<int> initing;
@@ -295,7 +295,7 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
       continue;
     }
     Slot& s = slots[size_t(i)];
-    s.endpoint = *got[k];
+    s.endpoints = *got[k];
     WorkerInit wi;
     wi.index = i;
     wi.shards = s.shards;
@@ -339,7 +339,7 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
                                    : ("copied from " + source).c_str(),
                   done[k]->copy_seconds, now_s() - t0[i]);
     if (!fresh || r > 0) log(line);
-    if (cfg.device != dl::DeviceKind::cpu)
+    if (cfg.device != dl::DeviceKind::cpu || cfg.ranks_per_worker(false) > 1)
       log("worker " + std::to_string(i) + " trains on " + done[k]->device);
   }
   return joined;
@@ -645,7 +645,7 @@ void OuterAggregator::State::run() {
       last_op_id = req.op_id = std::max(last_op_id + 1, us);
       for (int m : group) {
         req.names.push_back(slots[size_t(m)].name);
-        req.endpoints.push_back(slots[size_t(m)].endpoint);
+        req.endpoints.push_back(slots[size_t(m)].endpoints);
       }
       const double t_attempt = now_s();
       std::vector<Future<ReduceResult>> red;

@@ -146,7 +146,8 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(d, "data", "val_fraction", c.data.val_fraction);
 
   const auto w = root["workers"];
-  check_keys(w, "workers", {"count", "min", "max", "max_restarts", "wait_s", "gpus", "share_gpu"});
+  check_keys(w, "workers",
+             {"count", "min", "max", "max_restarts", "wait_s", "gpus", "share_gpu", "local_ranks"});
   read(w, "workers", "count", c.workers.count);
   read(w, "workers", "min", c.workers.min);
   read(w, "workers", "max", c.workers.max);
@@ -154,6 +155,7 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(w, "workers", "wait_s", c.workers.wait_s);
   read(w, "workers", "gpus", c.workers.gpus);
   read(w, "workers", "share_gpu", c.workers.share_gpu);
+  read(w, "workers", "local_ranks", c.workers.local_ranks);
 
   const auto i = root["inner"];
   check_keys(i, "inner",
@@ -245,10 +247,13 @@ void JobConfig::validate() const {
   require(workers.max_restarts >= 0, "workers.max_restarts", ">= 0", workers.max_restarts);
   require(workers.wait_s > 0, "workers.wait_s", "> 0", workers.wait_s);
   require(workers.gpus >= 1, "workers.gpus", ">= 1", workers.gpus);
-  if (workers.gpus > 1)
-    throw ConfigError("workers.gpus: " + show(workers.gpus) +
-                      " GPUs per worker is not yet supported (data-parallel steps inside a "
-                      "worker are planned); use 1 GPU per worker and more workers");
+  require(workers.gpus <= 64, "workers.gpus", "<= 64", workers.gpus);
+  require(workers.local_ranks >= 0 && workers.local_ranks <= 64, "workers.local_ranks",
+          "in [0, 64]", workers.local_ranks);
+  if (device == DeviceKind::cuda && workers.local_ranks > 1 && workers.local_ranks != workers.gpus)
+    throw ConfigError("workers.local_ranks: " + show(workers.local_ranks) +
+                      " with device: cuda, where a worker's ranks are its GPUs (workers.gpus: " +
+                      show(workers.gpus) + "); leave it out or make it equal");
   require(inner.steps >= 1, "inner.steps", ">= 1", inner.steps);
   require(inner.batch_size >= 1, "inner.batch_size", ">= 1", inner.batch_size);
   require(inner.lr > 0, "inner.lr", "> 0", inner.lr);
@@ -260,6 +265,14 @@ void JobConfig::validate() const {
   require(inner.grad_accum >= 1, "inner.grad_accum", ">= 1", inner.grad_accum);
   require(inner.batch_size % inner.grad_accum == 0, "inner.grad_accum",
           "a divisor of inner.batch_size (" + show(inner.batch_size) + ")", inner.grad_accum);
+  // Each rank reads batch_size / G sequences of every step, in grad_accum micro-batches.
+  for (int g : {device == DeviceKind::cpu ? 1 : workers.gpus, std::max(1, workers.local_ranks)})
+    if (inner.batch_size % (g * inner.grad_accum) != 0)
+      throw ConfigError("inner.batch_size: " + show(inner.batch_size) +
+                        " sequences do not split into " + show(g) + " local ranks of " +
+                        show(inner.grad_accum) +
+                        " micro-batches; make it a multiple of the ranks per worker "
+                        "(workers.gpus or workers.local_ranks) × inner.grad_accum");
   require(inner.betas[0] >= 0 && inner.betas[0] < 1, "inner.betas[0]", "in [0, 1)", inner.betas[0]);
   require(inner.betas[1] >= 0 && inner.betas[1] < 1, "inner.betas[1]", "in [0, 1)", inner.betas[1]);
   require(inner.eps > 0, "inner.eps", "> 0", inner.eps);
@@ -351,7 +364,8 @@ std::string JobConfig::to_yaml() const {
       << YAML::Key << "max" << YAML::Value << workers.max << YAML::Key << "max_restarts"
       << YAML::Value << workers.max_restarts << YAML::Key << "wait_s" << YAML::Value
       << workers.wait_s << YAML::Key << "gpus" << YAML::Value << workers.gpus << YAML::Key
-      << "share_gpu" << YAML::Value << workers.share_gpu << YAML::EndMap;
+      << "share_gpu" << YAML::Value << workers.share_gpu << YAML::Key << "local_ranks"
+      << YAML::Value << workers.local_ranks << YAML::EndMap;
   out << YAML::Key << "inner" << YAML::Value << YAML::BeginMap << YAML::Key << "steps"
       << YAML::Value << inner.steps << YAML::Key << "batch_size" << YAML::Value << inner.batch_size
       << YAML::Key << "lr" << YAML::Value << inner.lr << YAML::Key << "warmup" << YAML::Value

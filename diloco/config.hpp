@@ -3,6 +3,7 @@
 // distributed run (`loco submit`). No LibTorch here.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <stdexcept>
@@ -58,9 +59,13 @@ struct WorkersConfig {
   int max = 0;           // upper bound for `loco scale`; 0: no bound
   int max_restarts = 3;  // per worker actor: restarted on a live node when its node dies
   double wait_s = 300;   // below `min` workers, how long the job waits for joins before failing
-  // With a GPU device: GPUs per worker (its actor asks for resources {gpu: gpus}).
-  // Only 1 for now: data-parallel steps inside a worker are planned (docs/design.md).
+  // With a GPU device: GPUs per worker (its actor asks for resources {gpu: gpus}), one
+  // local rank per GPU, its inner steps data-parallel over them (NCCL).
   int gpus = 1;
+  // On the CPU: local ranks per worker, threads over Gloo, data-parallel as GPUs are (0: 1).
+  // For a host whose sockets or cores are better used as several ranks, and for testing the
+  // ranks' logic where there is no GPU. On a GPU device the ranks are the GPUs.
+  int local_ranks = 0;
   // Lets several workers hold one GPU (tests on a one-GPU host); off: one worker per GPU.
   bool share_gpu = false;
 };
@@ -140,6 +145,8 @@ struct JobConfig {
   bool wants_gpus(bool cluster_has_gpus) const {
     return device == DeviceKind::cuda || (device == DeviceKind::auto_ && cluster_has_gpus);
   }
+  // Local ranks of each worker: one per GPU on CUDA, workers.local_ranks (at least 1) on the CPU.
+  int ranks_per_worker(bool cuda) const { return cuda ? workers.gpus : std::max(1, workers.local_ranks); }
   std::int64_t tokens_per_inner_step() const {
     return static_cast<std::int64_t>(inner.batch_size) * model.context;
   }

@@ -9,7 +9,9 @@
 #define USE_C10D_GLOO
 #endif
 #include <algorithm>
+#include <exception>
 #include <mutex>
+#include <thread>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <vector>
 
@@ -54,6 +56,26 @@ Slice local_slice(std::int64_t n, int rank, int size) {
   if (size == 1) return {0, n};
   const std::int64_t c = slice_stride(n, size);
   return {std::min(n, c * rank), std::min(n, c * (rank + 1))};
+}
+
+void on_ranks(std::size_t n, const std::function<void(std::size_t)>& fn) {
+  if (n == 1) return fn(0);
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::exception_ptr first;
+  const int torch_threads = at::get_num_threads();
+  for (std::size_t i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      at::set_num_threads(torch_threads);  // OpenMP's thread count is the calling thread's
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
 }
 
 bool nccl_compiled() {

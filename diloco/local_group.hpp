@@ -18,7 +18,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -41,6 +43,13 @@ struct Slice {
 Slice local_slice(std::int64_t n, int rank, int size);
 
 enum class LocalBackend { gloo, nccl };
+
+// Runs fn(0), …, fn(n − 1) each on a thread of its own, with the caller's torch thread
+// count, waits for all of them and rethrows the first exception any threw; n = 1 runs on
+// the caller's thread. How the local ranks of a worker (or of the simulator's workers)
+// run their part of a step: every collective a rank waits on is bounded by its group's
+// timeout, so a rank that fails cannot hold the others here for longer than that.
+void on_ranks(std::size_t n, const std::function<void(std::size_t)>& fn);
 
 // Whether this build can make NCCL groups (torch's ProcessGroupNCCL and nccl.h at
 // compile time); whether there is a GPU is a separate question.

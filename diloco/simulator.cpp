@@ -2,10 +2,7 @@
 
 #include <chrono>
 #include <cmath>
-#include <exception>
 #include <filesystem>
-#include <mutex>
-#include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 namespace loco::diloco {
@@ -95,24 +92,7 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
 Simulator::~Simulator() = default;
 
 void Simulator::on_ranks(const std::function<void(std::size_t)>& fn) {
-  const std::size_t n = static_cast<std::size_t>(opt_.workers * opt_.local_ranks);
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::exception_ptr first;
-  const int torch_threads = at::get_num_threads();
-  for (std::size_t i = 0; i < n; ++i)
-    threads.emplace_back([&, i] {
-      at::set_num_threads(torch_threads);  // OpenMP's thread count is the calling thread's
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  // Every collective is bounded by its group's timeout: a failed rank makes the others throw.
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
+  diloco::on_ranks(static_cast<std::size_t>(opt_.workers * opt_.local_ranks), fn);
 }
 
 double Simulator::run_sliced_round() {

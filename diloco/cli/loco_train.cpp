@@ -26,15 +26,19 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
   SimulateOptions opt;
   opt.workers = k;
   opt.rounds = rounds;
-  opt.local_ranks = local_ranks;
   opt.mode = baseline.empty() ? Mode::diloco : baseline == "single" ? Mode::single : Mode::ddp;
+  // The job file's workers.local_ranks, as a cluster runs it, unless --local-ranks says.
+  opt.local_ranks = local_ranks > 0             ? local_ranks
+                    : opt.mode == Mode::diloco ? cfg.ranks_per_worker(false)
+                                               : 1;
   if (out.empty()) out = "runs/" + cfg.name;
   fs::create_directories(out);
   Simulator sim(cfg, opt);
   if (!init.empty()) sim.init_parameters(init);
   std::cerr << "loco-train: " << cfg.name << ": model of " << sim.parameter_count()
             << " parameters, " << (baseline.empty() ? "diloco" : baseline) << " with K=" << k
-            << (local_ranks > 1 ? " of " + std::to_string(local_ranks) + " local ranks" : "")
+            << (opt.local_ranks > 1 ? " of " + std::to_string(opt.local_ranks) + " local ranks"
+                                    : "")
             << ", H=" << cfg.inner.steps << ", " << sim.rounds() << " rounds, compression "
             << loco::collective::to_string(cfg.compression) << ", " << at::get_num_threads()
             << " threads" << (init.empty() ? "" : ", from " + init) << " -> " << out
@@ -106,7 +110,7 @@ int main(int argc, char** argv) {
   auto* tr =
       app.add_subcommand("train", "train a job; --simulate K runs K workers in this process");
   std::string job, baseline, out, resume, init;
-  int k = 0, rounds = 0, threads = 0, local_ranks = 1;
+  int k = 0, rounds = 0, threads = 0, local_ranks = 0;
   tr->add_option("job", job, "job file (YAML)")->required()->check(CLI::ExistingFile);
   tr->add_option("--simulate", k, "number of simulated workers K")
       ->required()
@@ -118,7 +122,8 @@ int main(int argc, char** argv) {
   tr->add_option("--threads", threads, "torch threads (default: the job's `threads`)");
   tr->add_option("--local-ranks", local_ranks,
                  "G: each worker's inner steps data-parallel over G CPU ranks (threads over "
-                 "Gloo), each rank averaging and stepping 1/G of the pseudo-gradient")
+                 "Gloo), each rank averaging and stepping 1/G of the pseudo-gradient "
+                 "(default: the job's workers.local_ranks)")
       ->check(CLI::Range(1, 64));
   auto* resume_opt =
       tr->add_option("--resume", resume, "checkpoint to continue from")->check(CLI::ExistingFile);

@@ -76,6 +76,46 @@ TEST_P(DilocoParity, DistributedOverFourNodesMatchesTheSimulator) {
 
 INSTANTIATE_TEST_SUITE_P(Compression, DilocoParity, ::testing::Values("fp32", "int8"));
 
+// round -> θ's hash, from a metrics.jsonl of loco-train or of a job.
+std::map<int, std::string> theta_hashes(const std::string& path) {
+  std::map<int, std::string> out;
+  for (const std::string& line : jsonl(path))
+    out[std::stoi(actors::json_field(line, "round"))] = actors::json_field(line, "theta_hash");
+  return out;
+}
+
+// A worker with G local ranks (here 2 CPU ranks over Gloo, as G GPUs over NCCL would be): the
+// ranks step data-parallel, and at a round's end rank r of each worker averages slice r of Δ
+// over its own butterfly. 2 such workers on 2 nodes hold the θ of the simulator's
+// `--simulate 2` with the same job file, round for round, bit for bit (fp32 and int8).
+TEST_P(DilocoParity, TwoLocalRanksPerWorkerHoldTheSimulatorsThetaBitForBit) {
+  TestJob j = job(2, 2, 3);
+  j.compression = GetParam();
+  j.local_ranks = 2;
+  const std::string file = dir_ + "/job.yaml";
+  std::ofstream(file) << j.yaml();
+
+  const std::string sim_out = dir_ + "/sim";
+  Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out", sim_out},
+                 Subprocess::Options{.log_path = dir_ + "/sim.log"});
+  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  std::ifstream sim_log(dir_ + "/sim.log");
+  const std::string sim_text((std::istreambuf_iterator<char>(sim_log)), {});
+  EXPECT_NE(sim_text.find("of 2 local ranks"), std::string::npos) << sim_text;
+  const auto expected = theta_hashes(sim_out + "/metrics.jsonl");
+  ASSERT_EQ(expected.size(), 4u);  // rounds 0..3
+
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  JobHandle handle = client.submit(JobSpec::from_yaml_file(file));
+  JobInfo end = handle.wait(Millis(300000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message;
+  const std::string log = log_text(handle);
+  EXPECT_NE(log.find("2 local ranks"), std::string::npos) << log;
+  const auto got = theta_hashes(dir_ + "/ckpt/" + handle.id() + "/metrics.jsonl");
+  EXPECT_EQ(got, expected);
+}
+
 TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
   LocalCluster c(one_worker_per_node(4));
   Client client(c.head_address());

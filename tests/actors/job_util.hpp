@@ -28,6 +28,7 @@ struct TestJob {
   uint64_t seed = 7;
   std::string device;  // "": the job file does not say (cpu)
   bool share_gpu = false;
+  int local_ranks = 0;  // 0: the job file does not say (one rank per worker on the CPU)
 
   std::string yaml() const {
     return "name: test\nseed: " + std::to_string(seed) + "\nthreads: 1\n" +
@@ -40,6 +41,7 @@ struct TestJob {
            std::to_string(workers) + ", min: " + std::to_string(min) +
            ", max_restarts: " + std::to_string(max_restarts) +
            ", wait_s: " + std::to_string(wait_s) + (share_gpu ? ", share_gpu: true" : "") +
+           (local_ranks ? ", local_ranks: " + std::to_string(local_ranks) : "") +
            "}\n"
            "inner: {steps: " +
            std::to_string(steps) +

@@ -126,9 +126,36 @@ TEST(Config, DeviceAndGpusParseValidateAndRoundTrip) {
             "device: expected one of auto|cpu|cuda, got 'tpu'");
   EXPECT_EQ(error_of(replace(kJob, "workers: {count: 2}", "workers: {count: 2, gpus: 0}")),
             "workers.gpus: must be >= 1, got 0");
-  const auto many = error_of(replace(kJob, "workers: {count: 2}", "workers: {count: 2, gpus: 8}"));
-  EXPECT_NE(many.find("workers.gpus: 8 GPUs per worker is not yet supported"), std::string::npos)
-      << many;
+  // Several GPUs per worker, one local rank each; on the CPU, local ranks.
+  const auto eight = JobConfig::from_yaml(
+      replace(replace(kJob, "workers: {count: 2}", "device: cuda\nworkers: {count: 2, gpus: 8}"),
+              "batch_size: 4", "batch_size: 16"));
+  EXPECT_EQ(eight.ranks_per_worker(true), 8);
+  EXPECT_EQ(eight.ranks_per_worker(false), 1);
+  EXPECT_EQ(JobConfig::from_yaml(eight.to_yaml()).workers.gpus, 8);
+  const auto two = JobConfig::from_yaml(
+      replace(kJob, "workers: {count: 2}", "workers: {count: 2, local_ranks: 2}"));
+  EXPECT_EQ(two.ranks_per_worker(false), 2);
+  EXPECT_EQ(JobConfig::from_yaml(two.to_yaml()).workers.local_ranks, 2);
+  EXPECT_EQ(error_of(replace(kJob, "workers: {count: 2}", "workers: {count: 2, gpus: 65}")),
+            "workers.gpus: must be <= 64, got 65");
+  EXPECT_EQ(error_of(replace(kJob, "workers: {count: 2}", "workers: {count: 2, local_ranks: -1}")),
+            "workers.local_ranks: must be in [0, 64], got -1");
+  const auto uneven =
+      error_of(replace(kJob, "workers: {count: 2}", "workers: {count: 2, local_ranks: 3}"));
+  EXPECT_NE(uneven.find("inner.batch_size: 4 sequences do not split into 3 local ranks"),
+            std::string::npos)
+      << uneven;
+  const auto cuda_gpus = error_of(replace(kJob, "workers: {count: 2}",
+                                          "device: cuda\nworkers: {count: 2, gpus: 8}"));
+  EXPECT_NE(cuda_gpus.find("inner.batch_size: 4 sequences do not split into 8 local ranks"),
+            std::string::npos)
+      << cuda_gpus;
+  const auto mismatch =
+      error_of(replace(kJob, "workers: {count: 2}",
+                       "device: cuda\nworkers: {count: 2, gpus: 2, local_ranks: 4}"));
+  EXPECT_NE(mismatch.find("workers.local_ranks: 4 with device: cuda"), std::string::npos)
+      << mismatch;
   EXPECT_NE(error_of(replace(kJob, "workers: {count: 2}", "workers: {count: 2, share_gpu: maybe}"))
                 .find("workers.share_gpu: cannot read 'maybe' as a boolean"),
             std::string::npos);

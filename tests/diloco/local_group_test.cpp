@@ -5,11 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
@@ -25,23 +22,9 @@ namespace {
 
 constexpr auto kTimeout = std::chrono::seconds(30);
 
-// Runs fn(0) .. fn(n − 1) on n threads and rethrows the first exception. Each rank's
-// collectives are bounded by the group's timeout, so a missing rank cannot hang this.
+// Ranks as threads (diloco::on_ranks), with int indices.
 void on_threads(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> ts;
-  std::mutex mu;
-  std::exception_ptr first;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  if (first) std::rethrow_exception(first);
+  on_ranks(static_cast<std::size_t>(n), [&](std::size_t i) { fn(static_cast<int>(i)); });
 }
 
 // The G ranks of one worker, joined concurrently (joining blocks until all have).
