@@ -131,6 +131,31 @@ TEST_F(Elastic, ScaleUpNewWorkerCopiesTheOuterStateThenScaleDown) {
   EXPECT_LT(last_val, val0);
 }
 
+// Workers of 2 local ranks each (CPU ranks over Gloo): one that joins mid-job copies the
+// outer state and AdamW moments into both of its ranks, and from then on its two slices
+// take part in the round; the aggregator checks every round that every member's θ agrees.
+TEST_F(Elastic, AWorkerOfTwoLocalRanksJoinsMidJobAndHoldsTheSameTheta) {
+  LocalCluster c(one_worker_per_node(3));
+  Client client(c.head_address());
+  TestJob tj = job(2, 1, kLong);
+  tj.local_ranks = 2;
+  JobHandle j = client.submit(JobSpec::from_yaml(tj.yaml()));
+  int rounds_with_3 = 0;
+  bool scaled = false;
+  ASSERT_TRUE(follow(j, [&](const RoundReport& r) {
+    if (!scaled && r.round >= 2) {
+      EXPECT_EQ(r.workers, 2);
+      EXPECT_EQ(j.scale(3).scale, 3);
+      scaled = true;
+    }
+    return r.workers == 3 && ++rounds_with_3 == 2;
+  })) << log_text(j);
+  const std::string log = log_text(j);
+  EXPECT_TRUE(contains(log, "worker 2 joined at round")) << log;
+  EXPECT_TRUE(contains(log, "worker 2 trains on cpu (device: cpu), 2 local ranks")) << log;
+  EXPECT_FALSE(contains(log, "holds a different")) << log;
+}
+
 TEST_F(Elastic, ANodeStartedDuringTheJobTakesTheMissingWorker) {
   LocalCluster c(one_worker_per_node(2));
   Client client(c.head_address());
