@@ -24,6 +24,7 @@
 #include "diloco/trainer.hpp"
 #include "runtime/collective/allreduce.hpp"
 #include "runtime/core/actor.hpp"
+#include "runtime/core/paths.hpp"
 #include "runtime/core/runtime.hpp"
 #include "runtime/core/util.hpp"
 
@@ -116,11 +117,28 @@ struct InnerWorker::State {
   torch::Tensor val_windows;
   dl::DeviceChoice device;  // from the job's `device` and the GPUs the head gave this actor
 
+  PathRoots roots;  // its node's data and checkpoint roots: where it may read and write
+
   State(std::string job, const std::string& spec, int idx)
       : job_id(std::move(job)),
         index(idx),
         cfg(dl::JobConfig::from_yaml(spec)),
-        store(dl::TokenStore::open(cfg.data)) {}
+        store(dl::TokenStore::open(data_under_root(cfg.data))),
+        roots(this_actor().roots) {}
+
+  // The job's data folder as this node allows it: under its data root.
+  static dl::DataConfig data_under_root(dl::DataConfig d) {
+    d.dir = resolve_data_path(this_actor().roots, d.dir, "data.dir");
+    return d;
+  }
+  // A path the aggregator (or anyone) asks this worker to write or read a checkpoint at.
+  // A file strictly inside the root: its ".tmp" sibling must be inside too.
+  std::string checkpoint_path(const std::string& path, const char* what) const {
+    std::string p = resolve_checkpoint_path(roots, path, what);
+    if (p == roots.checkpoints)
+      throw PathError(std::string(what) + ": the checkpoint root itself is not a file");
+    return p;
+  }
 
   Rank& lead() { return ranks[0]; }
   const Rank& lead() const { return ranks[0]; }
@@ -216,6 +234,10 @@ InitResult InnerWorker::init(WorkerInit init) {
   // A job resumed from a checkpoint continues each worker from its own inner
   // state (exactly); a worker that joins a live job takes a new data stream and
   // copies the AdamW moments of the live worker it copies θ from.
+  if (!init.checkpoint.empty())
+    init.checkpoint = s_->checkpoint_path(init.checkpoint, "init: checkpoint");
+  if (!init.inner_state.empty())
+    init.inner_state = s_->checkpoint_path(init.inner_state, "init: inner_state");
   std::optional<torch::serialize::InputArchive> inner_ar;
   if (init.source.empty() && !init.inner_state.empty() &&
       std::filesystem::exists(init.inner_state)) {
@@ -463,6 +485,7 @@ std::vector<int> InnerWorker::shards() const {
 }
 
 std::string InnerWorker::save_checkpoint(std::string path) {
+  path = s_->checkpoint_path(path, "save_checkpoint: path");
   torch::serialize::OutputArchive ar;
   ar.write("config", c10::IValue(s_->cfg.to_yaml()));
   ar.write("round", c10::IValue(s_->lead().outer->round()));
@@ -477,6 +500,7 @@ std::string InnerWorker::save_checkpoint(std::string path) {
 }
 
 std::string InnerWorker::save_inner_state(std::string path) {
+  path = s_->checkpoint_path(path, "save_inner_state: path");
   torch::serialize::OutputArchive ar;
   ar.write("stream", c10::IValue(int64_t(s_->stream)));
   ar.write("round", c10::IValue(s_->lead().outer->round()));

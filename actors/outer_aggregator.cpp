@@ -27,6 +27,7 @@
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
 #include "diloco/simulator.hpp"
+#include "runtime/core/paths.hpp"
 #include "runtime/core/runtime.hpp"
 #include "runtime/core/util.hpp"
 
@@ -115,9 +116,16 @@ struct OuterAggregator::State {
   uint64_t last_op_id = 0;
   std::vector<int> dealt;  // the members the shards were last dealt to
 
+  PathRoots roots;  // its node's: the job's folder and the checkpoints it resumes from are in them
+
   State(std::string id, const std::string& spec)
-      : job_id(std::move(id)), cfg(dl::JobConfig::from_yaml(spec)), rt(Runtime::current()) {
-    folder = fs::absolute(fs::path(cfg.checkpoint.dir) / job_id).string();
+      : job_id(std::move(id)),
+        cfg(dl::JobConfig::from_yaml(spec)),
+        rt(Runtime::current()),
+        roots(this_actor().roots) {
+    resolve_checkpoint_path(roots, cfg.checkpoint.dir, "checkpoint.dir");
+    folder = resolve_checkpoint_path(roots, (fs::path(cfg.checkpoint.dir) / job_id).string(),
+                                     "checkpoint.dir/" + job_id);
     target = cfg.workers.count;
   }
 
@@ -196,7 +204,14 @@ void OuterAggregator::State::find_checkpoint() {
         log("ignoring a malformed checkpoint record: " + std::string(err.what()));
         continue;
       }
-      if (!fs::exists(rec.path)) continue;
+      // Only a checkpoint in this job's folder: a record is not a way to read other files.
+      try {
+        rec.path = resolve_checkpoint_path(roots, rec.path, "checkpoint record");
+      } catch (const PathError& err) {
+        log("ignoring a checkpoint record: " + std::string(err.what()));
+        continue;
+      }
+      if (rec.path.rfind(folder + "/", 0) != 0 || !fs::exists(rec.path)) continue;
       resume_from = rec.path;
       resume_round = rec.round;
     }
@@ -870,7 +885,10 @@ void OuterAggregator::State::plot(const std::string& jsonl, const std::string& p
 OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
     : s_(std::make_shared<State>(std::move(job_id), spec)) {
   s_->cfg.validate();
-  dl::TokenStore::open(s_->cfg.data);  // a missing corpus fails the submission, not round 1
+  // A corpus outside the node's data root, or missing, fails the submission, not round 1.
+  dl::DataConfig data = s_->cfg.data;
+  data.dir = resolve_data_path(s_->roots, data.dir, "data.dir");
+  dl::TokenStore::open(data);
   auto s = s_;
   s_->thread = std::thread([s] {
     try {

@@ -37,6 +37,7 @@ struct StartArgs {
   std::vector<std::string> plugins;
   int64_t detect_ms = 2000;
   size_t max_message_bytes = size_t(1) << 30;
+  std::string data_root, checkpoint_root;
   bool block = false;
   std::string ready_file;  // internal: written once serving
 };
@@ -82,6 +83,8 @@ int start_blocking(const StartArgs& a) {
     cfg.plugins.push_back(default_plugin_dir());
   }
   cfg.max_message_bytes = a.max_message_bytes;
+  cfg.data_root = a.data_root;
+  cfg.checkpoint_root = a.checkpoint_root;
   return run_node(cfg, stop_requested(), ready);
 }
 
@@ -180,6 +183,11 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
           "failure detection time in ms (default 2000; set on the head, nodes take it from there)")
       ->check(CLI::Range(100, 600000));
   start->add_option("--max-message-bytes", sa->max_message_bytes, "largest message accepted");
+  start->add_option("--data-root", sa->data_root,
+                    "node: the folder jobs' data.dir must be in (default: the working directory)");
+  start->add_option("--checkpoint-root", sa->checkpoint_root,
+                    "node: the folder jobs' checkpoint.dir must be in (default: the working "
+                    "directory)");
   start->add_flag("--block", sa->block, "stay in the foreground");
   start->add_option("--ready-file", sa->ready_file)->group("");
   out.push_back({start, [sa, args] {

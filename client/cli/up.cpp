@@ -28,6 +28,7 @@ struct UpArgs {
   int port = 0;
   std::string resources;
   int64_t detect_ms = 2000;
+  std::string data_root, checkpoint_root;
   std::vector<std::string> command;
 };
 
@@ -83,6 +84,8 @@ int up(const UpArgs& a) {
     std::vector<std::string> argv = {
         bin, "start", "--block", "--host=127.0.0.1", "--address=" + head_addr, detect};
     if (!a.resources.empty()) argv.push_back("--resources=" + a.resources);
+    if (!a.data_root.empty()) argv.push_back("--data-root=" + a.data_root);
+    if (!a.checkpoint_root.empty()) argv.push_back("--checkpoint-root=" + a.checkpoint_root);
     start(argv, "node-" + std::to_string(i) + ".log");
   }
   // Wait until every node has joined.
@@ -159,6 +162,10 @@ void add_up_command(CLI::App& app, Commands& out) {
   cmd->add_option("--port", ua->port, "head port (default: any free)");
   cmd->add_option("--resources", ua->resources, "resources of each node");
   cmd->add_option("--detect-ms", ua->detect_ms, "failure detection time in ms");
+  cmd->add_option("--data-root", ua->data_root,
+                  "the folder jobs' data.dir must be in (default: the working directory)");
+  cmd->add_option("--checkpoint-root", ua->checkpoint_root,
+                  "the folder jobs' checkpoint.dir must be in (default: the working directory)");
   cmd->add_option(
          "command", ua->command,
          "a job file to run, or a command to run with LOCO_ADDRESS set; then stop the cluster")

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/core/paths.hpp"
+
 namespace loco {
 
 using Resources = std::map<std::string, double>;
@@ -222,6 +224,7 @@ struct CreateActorRequest {
 struct ActorContext {
   std::string actor_id;
   std::vector<int> gpus;  // indices of its node's GPUs; empty when it asked for none
+  PathRoots roots;        // the folders its node lets it read and write (paths.hpp)
 };
 
 }  // namespace loco

@@ -25,8 +25,8 @@ std::string host_name() {
 // create and kill actors here.
 class NodeService {
  public:
-  NodeService(std::string node_id, std::string address)
-      : node_id_(std::move(node_id)), address_(std::move(address)) {}
+  NodeService(std::string node_id, std::string address, PathRoots roots)
+      : node_id_(std::move(node_id)), address_(std::move(address)), roots_(std::move(roots)) {}
 
   void create_actor(CreateActorRequest req) {
     const detail::ClassEntry* cls = detail::Registry::instance().find(req.class_name);
@@ -40,7 +40,7 @@ class NodeService {
     }
     detail::Payload args;
     args.body = std::move(req.ctor_args);
-    ActorContext context{req.actor_id, req.gpus};
+    ActorContext context{req.actor_id, req.gpus, roots_};
     std::shared_ptr<void> instance;
     {
       detail::ActorContextScope scope(&context);  // the constructor sees its own placement
@@ -61,6 +61,7 @@ class NodeService {
 
  private:
   std::string node_id_, address_;
+  PathRoots roots_;
 };
 
 LOCO_REGISTER(NodeService, loco::ActorClass<NodeService>("loco.Node")
@@ -113,6 +114,11 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
     spdlog::error("{}", e.what());
     return 1;
   }
+  PathRoots roots = PathRoots::at(".");
+  if (!cfg.data_root.empty()) roots.data = PathRoots::at(cfg.data_root).data;
+  if (!cfg.checkpoint_root.empty()) roots.checkpoints = PathRoots::at(cfg.checkpoint_root).data;
+  spdlog::info("node: jobs read and write data under {} and checkpoints under {}", roots.data,
+               roots.checkpoints);
   std::string node_id = random_id("n");
   detail::CoreOptions co;
   co.bind = cfg.bind;
@@ -168,7 +174,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   auto heartbeat = [&] { store->put(keys::alive(node_id), std::to_string(++beat), ttl); };
   auto serve = [&] {
     core->host("@node", detail::class_entry<NodeService>(),
-               std::make_shared<NodeService>(node_id, rec.address));
+               std::make_shared<NodeService>(node_id, rec.address, roots));
   };
   auto join = [&] {
     store->hput(keys::kNodes, node_id, packed(rec));

@@ -26,6 +26,9 @@ struct NodeConfig {
   std::vector<std::string> plugins;  // shared libraries (or folders of them) with actor classes
   size_t max_message_bytes = size_t(1) << 30;
   int64_t connect_timeout_ms = 30000;
+  // What the jobs of its actors may read and write (loco start --data-root,
+  // --checkpoint-root); empty: the working directory.
+  std::string data_root, checkpoint_root;
 };
 
 // Both run until `stop` becomes true (a signal handler sets it), then leave the

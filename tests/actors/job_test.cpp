@@ -3,6 +3,7 @@
 // collective's own numerics), and bad job files fail the
 // submission with the field's name.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -165,6 +166,79 @@ TEST_F(DilocoJob, AQuoteInTheCheckpointFolderRunsNoCommand) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {  // a fixed command of the test
     EXPECT_TRUE(fs::exists(folder + "/loss.png")) << log_text(job);
   }
+}
+
+// What anyone who reaches a node sees of a job's worker: the name and signature of one of
+// its methods, enough to call it. (The test process does not load the DiLoCo plugin.)
+struct WorkerStub {
+  std::string save_checkpoint(std::string) { return {}; }
+};
+LOCO_REGISTER(WorkerStub, loco::ActorClass<WorkerStub>("diloco.InnerWorker")
+                              .method("save_checkpoint", &WorkerStub::save_checkpoint));
+
+// A node's jobs read and write only under its roots (loco start --data-root,
+// --checkpoint-root): a job file whose checkpoint.dir or data.dir leaves them, by an
+// absolute path, by "..", or through a symbolic link, is refused naming the field, and a
+// worker asked to write a checkpoint outside writes nothing.
+TEST_F(DilocoJob, PathsOutsideTheNodesRootsAreRefusedNamingTheField) {
+  const std::string root = dir_ + "/root";
+  fs::create_directories(root);
+  fs::copy(data_, root + "/data", fs::copy_options::recursive);
+  const std::string outside = "/var/tmp/loco-escape-" + std::to_string(::getpid());
+  ClusterOptions co = one_worker_per_node(1);
+  co.path_root = root;
+  LocalCluster c(co);
+  Client client(c.head_address());
+  auto refused = [&](const std::string& data, const std::string& ckpt) -> std::string {
+    TestJob j = job(1, 1, 1);
+    j.data = data;
+    j.ckpt = ckpt;
+    try {
+      client.submit(JobSpec::from_yaml(j.yaml()));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  for (const std::string& ckpt : {outside, root + "/../escape"}) {
+    const std::string e = refused(root + "/data", ckpt);
+    EXPECT_NE(e.find("checkpoint.dir: '" + ckpt + "' is outside this node's checkpoint root"),
+              std::string::npos)
+        << e;
+  }
+  EXPECT_FALSE(fs::exists(outside));
+  EXPECT_FALSE(fs::exists(dir_ + "/escape"));
+  fs::create_directory_symlink(data_, root + "/link");
+  for (const std::string& data : {data_, root + "/link", std::string("../../") + data_}) {
+    const std::string e = refused(data, root + "/ckpt");
+    EXPECT_NE(e.find("data.dir: '" + data + "' is outside this node's data root"),
+              std::string::npos)
+        << e;
+  }
+
+  // Inside both roots (relative paths are taken from the roots) the job runs; its worker
+  // writes a checkpoint where asked inside the root, and refuses outside.
+  TestJob j = job(1, 1, 200);
+  j.data = "data";
+  j.ckpt = "ckpt";
+  JobHandle handle = client.submit(JobSpec::from_yaml(j.yaml()));
+  for (const RoundReport& r : handle.watch())
+    if (r.round >= 1) break;
+  auto w = client.runtime().get_actor<WorkerStub>(handle.id() + ".worker-0");
+  try {
+    w.call(&WorkerStub::save_checkpoint, outside + "/w.pt").get(Millis(30000));
+    ADD_FAILURE() << "a checkpoint was written at " << outside;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("save_checkpoint: path: '" + outside +
+                                         "/w.pt' is outside this node's checkpoint root"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(outside));
+  EXPECT_EQ(w.call(&WorkerStub::save_checkpoint, root + "/ckpt/probe.pt").get(Millis(30000)),
+            root + "/ckpt/probe.pt");
+  EXPECT_TRUE(fs::exists(root + "/ckpt/probe.pt"));
+  handle.cancel();
 }
 
 TEST_F(DilocoJob, BadJobFileFailsTheSubmissionNamingTheField) {

@@ -67,7 +67,8 @@ cluster_up() {
   PIDS+=($!)
   for h in $(seq 1 "$HOSTS"); do
     ip netns exec "${TAG}h$h" "$LOCO_BIN/loco" start --block --address "$HEAD" \
-      --host "$BASE.1$h" --resources cpu=1 >"$WORK/node$h.log" 2>&1 &
+      --host "$BASE.1$h" --resources cpu=1 --data-root "$WORK" --checkpoint-root "$WORK" \
+      >"$WORK/node$h.log" 2>&1 &
     PIDS+=($!)
   done
   local alive=0

@@ -79,6 +79,9 @@ std::string LocalCluster::add_node(const std::vector<std::string>& extra_args) {
     return a.rfind("--resources", 0) == 0;
   });
   if (!own_resources) argv.push_back("--resources=" + opts_.node_resources);
+  // The tests' corpora and job folders are under /tmp.
+  argv.push_back("--data-root=" + opts_.path_root);
+  argv.push_back("--checkpoint-root=" + opts_.path_root);
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   std::optional<Subprocess> p;
   std::string addr = start_process(argv, "node-" + std::to_string(node_count_++), p);

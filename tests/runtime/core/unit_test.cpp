@@ -1,10 +1,14 @@
 // Unit tests of the runtime: codec, placement, failure detection, mailboxes.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <thread>
 
 #include "runtime/core/core.hpp"
 #include "runtime/core/decisions.hpp"
+#include "runtime/core/paths.hpp"
 #include "runtime/core/runtime.hpp"
 #include "runtime/core/wire.hpp"
 #include "tests/runtime/core/test_actors.hpp"
@@ -456,6 +460,39 @@ TEST_F(InProcess, LargeBlobsRoundTrip) {
   double s =
       counter_.call(&testing::Counter::sum, Blob::from_values(std::move(v))).get(Millis(20000));
   EXPECT_DOUBLE_EQ(s, 0.5 * (4 << 20));
+}
+
+TEST(PathRoots, PathsResolveUnderTheRootOrAreRefusedNamingTheField) {
+  namespace fs = std::filesystem;
+  const fs::path base = fs::temp_directory_path() / ("loco-roots-" + std::to_string(::getpid()));
+  fs::create_directories(base / "root/sub");
+  fs::create_directories(base / "elsewhere");
+  fs::create_directory_symlink(base / "elsewhere", base / "root/out");
+  fs::create_directory_symlink(base / "root/sub", base / "root/in");
+  const std::string root = (base / "root").string();
+  EXPECT_EQ(resolve_under(root, "sub/x.pt", "f", "--checkpoint-root"), root + "/sub/x.pt");
+  EXPECT_EQ(resolve_under(root, "new/deeper", "f", "--checkpoint-root"), root + "/new/deeper");
+  EXPECT_EQ(resolve_under(root, root + "/sub/../sub", "f", "--checkpoint-root"), root + "/sub");
+  EXPECT_EQ(resolve_under(root, ".", "f", "--checkpoint-root"), root);
+  EXPECT_EQ(resolve_under(root, "in/x", "f", "--checkpoint-root"), root + "/sub/x");
+  auto error = [&](const std::string& path) {
+    try {
+      resolve_under(root, path, "checkpoint.dir", "--checkpoint-root");
+    } catch (const PathError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(error("../elsewhere"), "checkpoint.dir: '../elsewhere' is outside this node's "
+                                   "checkpoint root '" + root + "' (loco start --checkpoint-root)");
+  EXPECT_NE(error("/etc").find("'/etc' is outside"), std::string::npos);
+  EXPECT_NE(error("sub/../../elsewhere/x").find("is outside"), std::string::npos);
+  EXPECT_NE(error("out/x.pt").find("is outside"), std::string::npos);  // a link leads out
+  EXPECT_NE(error(root + "-sibling/x").find("is outside"), std::string::npos);  // not a prefix
+  EXPECT_EQ(error(""), "checkpoint.dir: an empty path");
+  EXPECT_EQ(error(std::string("a\0b", 3)), "checkpoint.dir: a path with a NUL byte");
+  EXPECT_NE(error("/" + std::string(5000, 'x')).find("x..."), std::string::npos);  // truncated
+  fs::remove_all(base);
 }
 
 }  // namespace

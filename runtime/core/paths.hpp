@@ -1,0 +1,45 @@
+// The folders a node lets the jobs it hosts read and write: its data root (corpora,
+// `data.dir`) and its checkpoint root (`checkpoint.dir`, and every path a job's actors are
+// asked to write or read a checkpoint at). `loco start --data-root DIR --checkpoint-root
+// DIR`; both default to the node's working directory. A path from a job file or from a
+// request is resolved under its root and refused, naming the field, when it leaves it.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace loco {
+
+struct PathRoots {
+  std::string data;         // absolute, normalized
+  std::string checkpoints;  // absolute, normalized
+
+  // Both roots at `dir` (made absolute): what a node started without root options uses,
+  // with its working directory.
+  static PathRoots at(const std::string& dir);
+};
+
+// A path that leaves the root it must stay under. what() names the field.
+struct PathError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// `path` (the value of `field`, e.g. "checkpoint.dir") under `root` (absolute): a relative
+// path is taken from the root, an absolute one as it is. The result, with ".", ".." and the
+// symbolic links of the part that exists resolved, must be the root or inside it; else
+// PathError "FIELD: 'PATH' is outside this node's ROOT_NAME 'ROOT' (loco start OPTION)".
+// Empty paths and NUL bytes are refused too. Returns the resolved absolute path.
+std::string resolve_under(const std::string& root, const std::string& path,
+                          const std::string& field, const std::string& root_option);
+
+// The node's data and checkpoint roots of the calling actor (this_actor().roots), by name.
+inline std::string resolve_data_path(const PathRoots& r, const std::string& path,
+                                     const std::string& field) {
+  return resolve_under(r.data, path, field, "--data-root");
+}
+inline std::string resolve_checkpoint_path(const PathRoots& r, const std::string& path,
+                                           const std::string& field) {
+  return resolve_under(r.checkpoints, path, field, "--checkpoint-root");
+}
+
+}  // namespace loco
