@@ -365,10 +365,6 @@ InnerResult InnerWorker::inner(int64_t round) {
 }
 
 ReduceResult InnerWorker::reduce(ReduceRequest req) {
-  if (s_->delta_round != req.round)
-    throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce of round " +
-                                std::to_string(req.round) + " but its Δ is of round " +
-                                std::to_string(s_->delta_round));
   const int64_t t0 = loco::now_ms();
   const size_t g = s_->ranks.size();
   if (req.names.size() != req.endpoints.size() || req.rank < 0 ||
@@ -383,6 +379,10 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
                                   req.names[i] + " has " + std::to_string(req.endpoints[i].size()) +
                                   " endpoints, not one for each of this worker's " +
                                   std::to_string(g) + " local ranks");
+  if (s_->delta_round != req.round)
+    throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce of round " +
+                                std::to_string(req.round) + " but its Δ is of round " +
+                                std::to_string(s_->delta_round));
   if (s_->fault.hits(s_->index, req.round, "reduce"))
     s_->lead().comm->hooks().after_send = [](uint64_t) { FaultPlan::die(); };
   // Rank r averages slice r of Δ with rank r of every other member. Out of place: Δ stays

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 
+#include "actors/messages.hpp"
 #include "tests/actors/job_util.hpp"
 
 namespace loco::testing {
@@ -172,9 +173,11 @@ TEST_F(DilocoJob, AQuoteInTheCheckpointFolderRunsNoCommand) {
 // its methods, enough to call it. (The test process does not load the DiLoCo plugin.)
 struct WorkerStub {
   std::string save_checkpoint(std::string) { return {}; }
+  actors::ReduceResult reduce(actors::ReduceRequest) { return {}; }
 };
 LOCO_REGISTER(WorkerStub, loco::ActorClass<WorkerStub>("diloco.InnerWorker")
-                              .method("save_checkpoint", &WorkerStub::save_checkpoint));
+                              .method("save_checkpoint", &WorkerStub::save_checkpoint)
+                              .method("reduce", &WorkerStub::reduce));
 
 // A node's jobs read and write only under its roots (loco start --data-root,
 // --checkpoint-root): a job file whose checkpoint.dir or data.dir leaves them, by an
@@ -235,6 +238,20 @@ TEST_F(DilocoJob, PathsOutsideTheNodesRootsAreRefusedNamingTheField) {
         << e.what();
   }
   EXPECT_FALSE(fs::exists(outside));
+  // A reduce whose lists do not match (it once indexed past the endpoints and took the node
+  // down with all its actors) is refused, and the worker goes on answering.
+  actors::ReduceRequest bad;
+  bad.names = {"a", "b"};
+  bad.endpoints = {{"tcp://127.0.0.1:1"}};
+  bad.rank = 1;
+  try {
+    w.call(&WorkerStub::reduce, bad).get(Millis(30000));
+    ADD_FAILURE() << "a reduce with 2 names and 1 endpoint list was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("reduce with 2 names, 1 endpoint lists and rank 1"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_EQ(w.call(&WorkerStub::save_checkpoint, root + "/ckpt/probe.pt").get(Millis(30000)),
             root + "/ckpt/probe.pt");
   EXPECT_TRUE(fs::exists(root + "/ckpt/probe.pt"));
