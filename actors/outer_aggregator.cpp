@@ -885,6 +885,10 @@ void OuterAggregator::State::plot(const std::string& jsonl, const std::string& p
 OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
     : s_(std::make_shared<State>(std::move(job_id), spec)) {
   s_->cfg.validate();
+  if (s_->cfg.sync.mode != dl::SyncMode::blocking)
+    throw dl::ConfigError(
+        "sync.mode: streaming runs in the simulator only for now (loco train --simulate K); "
+        "a job on a cluster synchronizes blocking");
   // A corpus outside the node's data root, or missing, fails the submission, not round 1.
   dl::DataConfig data = s_->cfg.data;
   data.dir = resolve_data_path(s_->roots, data.dir, "data.dir");

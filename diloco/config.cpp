@@ -104,7 +104,7 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   if (!root || root.IsNull()) throw ConfigError("job file: empty");
   check_keys(root, "",
              {"name", "seed", "threads", "device", "precision", "model", "data", "workers",
-              "inner", "outer", "compression", "allreduce", "rounds", "token_budget",
+              "inner", "outer", "compression", "allreduce", "sync", "rounds", "token_budget",
               "checkpoint", "eval"});
   read(root, "", "name", c.name);
   read(root, "", "seed", c.seed);
@@ -186,6 +186,16 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   read(o, "outer", "lr", c.outer.lr);
   read(o, "outer", "momentum", c.outer.momentum);
   read(o, "outer", "nesterov", c.outer.nesterov);
+
+  const auto y = root["sync"];
+  check_keys(y, "sync", {"mode", "fragments", "overlap_steps", "mix"});
+  read_enum(y, "sync", "mode", c.sync.mode,
+            std::array<std::pair<const char*, SyncMode>, 3>{{{"blocking", SyncMode::blocking},
+                                                            {"streaming", SyncMode::streaming},
+                                                            {"eager", SyncMode::eager}}});
+  read(y, "sync", "fragments", c.sync.fragments);
+  read(y, "sync", "overlap_steps", c.sync.overlap_steps);
+  read(y, "sync", "mix", c.sync.mix);
 
   const auto k = root["checkpoint"];
   check_keys(k, "checkpoint", {"every", "dir"});
@@ -284,6 +294,19 @@ void JobConfig::validate() const {
   require(checkpoint.every >= 0, "checkpoint.every", ">= 0", checkpoint.every);
   require(eval.every >= 1, "eval.every", ">= 1", eval.every);
   require(eval.batches >= 1, "eval.batches", ">= 1", eval.batches);
+  if (sync.mode == SyncMode::eager)
+    throw ConfigError("sync.mode: eager is not built yet (planned: docs/design.md, Overlap); use "
+                      "blocking or streaming");
+  require(sync.fragments >= 1 && sync.fragments <= model.layers, "sync.fragments",
+          "in [1, model.layers = " + show(model.layers) + "]", sync.fragments);
+  require(inner.steps % sync.fragments == 0, "sync.fragments",
+          "a divisor of inner.steps (" + show(inner.steps) + ")", sync.fragments);
+  require(sync.overlap_steps >= 0 && sync.overlap_steps < inner.steps, "sync.overlap_steps",
+          "in [0, inner.steps)", sync.overlap_steps);
+  require(sync.mix >= 0 && sync.mix <= 1, "sync.mix", "in [0, 1]", sync.mix);
+  if (sync.mode == SyncMode::blocking && (sync.fragments != 1 || sync.overlap_steps != 0))
+    throw ConfigError("sync.fragments: " + show(sync.fragments) + " and sync.overlap_steps: " +
+                      show(sync.overlap_steps) + " need sync.mode: streaming");
   require(allreduce.chunk_kb >= 1 && allreduce.chunk_kb <= 65536, "allreduce.chunk_kb",
           "in [1, 65536]", allreduce.chunk_kb);
   require(allreduce.peer_timeout_s >= 0.1 && allreduce.peer_timeout_s <= 3600,
@@ -385,6 +408,14 @@ std::string JobConfig::to_yaml() const {
   out << YAML::Key << "allreduce" << YAML::Value << YAML::BeginMap << YAML::Key << "chunk_kb"
       << YAML::Value << allreduce.chunk_kb << YAML::Key << "peer_timeout_s" << YAML::Value
       << allreduce.peer_timeout_s << YAML::EndMap;
+  out << YAML::Key << "sync" << YAML::Value << YAML::BeginMap << YAML::Key << "mode"
+      << YAML::Value
+      << (sync.mode == SyncMode::blocking    ? "blocking"
+          : sync.mode == SyncMode::streaming ? "streaming"
+                                             : "eager")
+      << YAML::Key << "fragments" << YAML::Value << sync.fragments << YAML::Key << "overlap_steps"
+      << YAML::Value << sync.overlap_steps << YAML::Key << "mix" << YAML::Value << sync.mix
+      << YAML::EndMap;
   out << YAML::Key << "rounds" << YAML::Value << rounds;
   out << YAML::Key << "token_budget" << YAML::Value << token_budget;
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "every"

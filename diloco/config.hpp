@@ -90,6 +90,22 @@ struct OuterConfig {
   bool nesterov = true;
 };
 
+// How a round's pseudo-gradients are synchronized (docs/design.md, Decisions, Overlap).
+//   blocking:  today's round: H inner steps, then the all-reduce of all of Δ, then the step.
+//   streaming: Streaming DiLoCo: the parameters cut into `fragments` P (the transformer
+//              blocks strided over depth, fragment 0 also the embeddings and final norm);
+//              fragment p synchronizes after inner step (p + 1)·H/P of every round, its
+//              average arrives `overlap_steps` τ inner steps later, and then its θ steps with
+//              its own momentum and the local fragment becomes mix·local + (1 − mix)·global.
+//   eager:     the all-reduce of round t during round t + 1 (planned; refused for now).
+enum class SyncMode { blocking, streaming, eager };
+struct SyncConfig {
+  SyncMode mode = SyncMode::blocking;
+  int fragments = 1;      // P: divides inner.steps and is at most model.layers
+  int overlap_steps = 0;  // τ in [0, inner.steps)
+  double mix = 0;         // α in [0, 1]: how much of the local fragment survives its merge
+};
+
 struct CheckpointConfig {
   int every = 0;  // rounds between checkpoints; 0: only at the end
   std::string dir = "checkpoints";
@@ -123,6 +139,7 @@ struct JobConfig {
   // Numerics applied to pseudo-gradients when they are averaged: the collective's codec.
   collective::Codec compression = collective::Codec::fp32;
   AllreduceConfig allreduce;
+  SyncConfig sync;
   int rounds = 0;                 // number of outer rounds; 0: derived from token_budget
   std::int64_t token_budget = 0;  // tokens per worker; used when rounds is 0
   CheckpointConfig checkpoint;

@@ -157,6 +157,28 @@ void GptImpl::init_weights(std::uint64_t seed) {
   }
 }
 
+std::vector<std::vector<Range>> parameter_fragments(Gpt& model, int count) {
+  if (count < 1 || count > static_cast<int>(model->blocks->size()))
+    throw std::invalid_argument("parameter_fragments: " + std::to_string(count) +
+                                " fragments of a model of " +
+                                std::to_string(model->blocks->size()) + " blocks");
+  std::vector<std::vector<Range>> out(static_cast<std::size_t>(count));
+  std::int64_t at = 0;
+  for (const auto& item : model->named_parameters()) {
+    const std::string& name = item.key();  // "blocks.3.attn.qkv.weight", "wte.weight", ...
+    int f = 0;
+    if (name.rfind("blocks.", 0) == 0) f = std::stoi(name.substr(7)) % count;
+    auto& ranges = out[static_cast<std::size_t>(f)];
+    const std::int64_t end = at + item.value().numel();
+    if (!ranges.empty() && ranges.back().end == at)
+      ranges.back().end = end;
+    else
+      ranges.push_back({at, end});
+    at = end;
+  }
+  return out;
+}
+
 std::int64_t GptImpl::parameter_count() const {
   std::int64_t n = 0;
   for (const auto& p : parameters()) n += p.numel();

@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "diloco/config.hpp"
 
@@ -78,5 +80,18 @@ class GptImpl : public torch::nn::Module {
   int vocab_;
 };
 TORCH_MODULE(Gpt);
+
+// [begin, end) of the flat parameter vector (the model's parameters() in order).
+struct Range {
+  std::int64_t begin = 0, end = 0;
+  std::int64_t size() const { return end - begin; }
+};
+
+// The flat parameter vector cut into `count` fragments for Streaming DiLoCo, strided over
+// depth: fragment f holds the transformer blocks i with i mod count == f, and fragment 0
+// also the parameters outside the blocks (embeddings, final norm, an untied head). Each
+// fragment's ranges are in the flat vector's order, adjacent ones merged; together the
+// fragments cover the vector once. One fragment: the whole vector.
+std::vector<std::vector<Range>> parameter_fragments(Gpt& model, int count);
 
 }  // namespace loco::diloco

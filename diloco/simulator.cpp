@@ -81,6 +81,13 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
     }
     trainers_.push_back(std::make_unique<InnerTrainer>(c, store_, all, 0, total_steps, device));
   }
+  if (cfg_.sync.mode == SyncMode::streaming) {
+    if (opt_.mode != Mode::diloco || g > 1)
+      throw std::invalid_argument(
+          "sync.mode: streaming runs in diloco mode with one rank per worker (the baselines "
+          "and --local-ranks run blocking)");
+    fragments_ = parameter_fragments(trainers_[0]->model(), cfg_.sync.fragments);
+  }
   const int n = cfg_.eval.batches * cfg_.inner.batch_size;
   val_windows_ = torch::empty({n, cfg_.model.context + 1}, torch::kInt64);
   validation_windows(
@@ -129,6 +136,70 @@ double Simulator::run_sliced_round() {
   return loss;
 }
 
+void Simulator::sync_fragment(int fragment, std::int64_t now) {
+  const auto& ranges = fragments_[static_cast<std::size_t>(fragment)];
+  std::int64_t size = 0;
+  for (const Range& r : ranges) size += r.size();
+  InFlight f{fragment, now + cfg_.sync.overlap_steps, {}};
+  std::vector<std::span<float>> spans;
+  for (std::size_t k = 0; k < trainers_.size(); ++k) {
+    auto& buf = f.mean.emplace_back(static_cast<std::size_t>(size));
+    std::size_t at = 0;
+    for (const Range& r : ranges) {
+      trainers_[k]->pseudo_gradient(outers_[k]->theta(),
+                                    {buf.data() + at, static_cast<std::size_t>(r.size())},
+                                    r.begin);
+      at += static_cast<std::size_t>(r.size());
+    }
+  }
+  for (auto& buf : f.mean) spans.emplace_back(buf);
+  bytes_ += averager_.average(spans, cfg_.compression).bytes_sent;
+  in_flight_.push_back(std::move(f));
+}
+
+void Simulator::land(InFlight& f) {
+  const auto& ranges = fragments_[static_cast<std::size_t>(f.fragment)];
+  for (std::size_t k = 0; k < trainers_.size(); ++k) {
+    outers_[k]->step_ranges(f.mean[k], ranges);
+    trainers_[k]->merge_parameters(outers_[k]->theta(), ranges, cfg_.sync.mix);
+  }
+}
+
+double Simulator::run_streaming_round() {
+  const int h = cfg_.inner.steps;
+  const std::int64_t stride = h / cfg_.sync.fragments;
+  const std::int64_t start = static_cast<std::int64_t>(round_) * h, end = start + h;
+  std::vector<double> loss(trainers_.size(), 0.0);
+  // From event to event: a fragment's synchronization (after inner step start + (f+1)·stride)
+  // or a landing; every worker runs the inner steps in between.
+  for (std::int64_t now = start; now < end;) {
+    std::int64_t next = end;
+    for (int f = 0; f < cfg_.sync.fragments; ++f)
+      if (start + (f + 1) * stride > now) next = std::min(next, start + (f + 1) * stride);
+    for (const InFlight& f : in_flight_) next = std::min(next, f.lands);
+    const int n = static_cast<int>(next - now);
+    for (std::size_t k = 0; k < trainers_.size(); ++k)
+      loss[k] += trainers_[k]->run_inner_steps(n).mean_loss * n;
+    now = next;
+    // Synchronizations first: with no overlap a fragment lands at the step it synchronizes.
+    for (int f = 0; f < cfg_.sync.fragments; ++f)
+      if (start + (f + 1) * stride == now) sync_fragment(f, now);
+    const bool last = round_ + 1 >= rounds_ && now == end;
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      if (it->lands == now || last) {
+        land(*it);
+        it = in_flight_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& o : outers_) o->end_round();
+  double mean = 0;
+  for (double l : loss) mean += l / h;
+  return mean / static_cast<double>(trainers_.size());
+}
+
 std::int64_t Simulator::parameter_count() const { return trainers_[0]->parameter_count(); }
 
 std::uint64_t Simulator::theta_hash() const {
@@ -136,7 +207,12 @@ std::uint64_t Simulator::theta_hash() const {
                                    : tensor_hash(trainers_[0]->flat_parameters().cpu());
 }
 
-double Simulator::evaluate() { return trainers_[0]->evaluate(val_windows_); }
+double Simulator::evaluate() {
+  // Streaming: the outer θ, which no worker's parameters equal while fragments are apart.
+  if (cfg_.sync.mode == SyncMode::streaming)
+    return trainers_[0]->evaluate_parameters(outers_[0]->theta(), val_windows_);
+  return trainers_[0]->evaluate(val_windows_);
+}
 
 RoundMetrics Simulator::initial_metrics() {
   RoundMetrics m;
@@ -151,7 +227,14 @@ RoundMetrics Simulator::run_round() {
   const int k = opt_.workers;
   const std::int64_t n = parameter_count();
   double loss = 0;
-  if (opt_.mode == Mode::diloco && opt_.local_ranks > 1) {
+  if (opt_.mode == Mode::diloco && cfg_.sync.mode == SyncMode::streaming) {
+    loss = run_streaming_round();
+    const auto h0 = outers_[0]->theta_hash();
+    for (std::size_t i = 1; i < outers_.size(); ++i)
+      if (outers_[i]->theta_hash() != h0)
+        throw std::runtime_error("simulator: worker " + std::to_string(i) +
+                                 " holds a different θ after round " + std::to_string(round_ + 1));
+  } else if (opt_.mode == Mode::diloco && opt_.local_ranks > 1) {
     loss = run_sliced_round();
     const auto h0 = outers_[0]->theta_hash();
     for (std::size_t i = 1; i < outers_.size(); ++i)
@@ -227,6 +310,16 @@ void Simulator::save_checkpoint(const std::string& path) const {
   const auto gs = static_cast<std::size_t>(opt_.local_ranks);
   for (std::size_t i = 0; i < trainers_.size(); i += gs)
     trainers_[i]->save(ar, "worker." + std::to_string(i / gs) + ".");
+  // Streaming: the fragments on their way, with their averages.
+  ar.write("in_flight", c10::IValue(static_cast<std::int64_t>(in_flight_.size())));
+  for (std::size_t i = 0; i < in_flight_.size(); ++i) {
+    const std::string key = "in_flight." + std::to_string(i) + ".";
+    ar.write(key + "fragment", c10::IValue(static_cast<std::int64_t>(in_flight_[i].fragment)));
+    ar.write(key + "lands", c10::IValue(in_flight_[i].lands));
+    for (std::size_t k = 0; k < in_flight_[i].mean.size(); ++k)
+      ar.write(key + std::to_string(k),
+               flat_view(const_cast<std::vector<float>&>(in_flight_[i].mean[k])).clone());
+  }
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
   const std::string tmp = path + ".tmp";
@@ -259,6 +352,25 @@ void Simulator::load_checkpoint(const std::string& path) {
   const auto gs = static_cast<std::size_t>(opt_.local_ranks);
   for (std::size_t i = 0; i < trainers_.size(); ++i)
     trainers_[i]->load(ar, "worker." + std::to_string(i / gs) + ".");
+  in_flight_.clear();
+  if (ar.try_read("in_flight", v)) {
+    for (std::int64_t i = 0; i < v.toInt(); ++i) {
+      const std::string key = "in_flight." + std::to_string(i) + ".";
+      InFlight f;
+      c10::IValue x;
+      ar.read(key + "fragment", x);
+      f.fragment = static_cast<int>(x.toInt());
+      ar.read(key + "lands", x);
+      f.lands = x.toInt();
+      for (std::size_t k = 0; k < trainers_.size(); ++k) {
+        torch::Tensor t;
+        ar.read(key + std::to_string(k), t);
+        t = t.contiguous();
+        f.mean.emplace_back(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+      }
+      in_flight_.push_back(std::move(f));
+    }
+  }
 }
 
 namespace {

@@ -88,6 +88,22 @@ class Simulator {
   void on_ranks(const std::function<void(std::size_t)>& fn);
   // A diloco round with G > 1 local ranks; returns the mean training loss.
   double run_sliced_round();
+
+  // sync.mode streaming (config.hpp, SyncConfig): fragments_[f] are fragment f's ranges of
+  // the flat vector; a fragment whose average is on its way lands `overlap_steps` inner
+  // steps after it synchronized, possibly in the next round.
+  struct InFlight {
+    int fragment = 0;
+    std::int64_t lands = 0;                // the worker's inner step count it lands after
+    std::vector<std::vector<float>> mean;  // per worker: the averaged Δ, range after range
+  };
+  std::vector<std::vector<Range>> fragments_;
+  std::vector<InFlight> in_flight_;
+  // A streaming round; returns the mean training loss. The job's last round lands every
+  // fragment still in flight before it ends.
+  double run_streaming_round();
+  void sync_fragment(int fragment, std::int64_t now);
+  void land(InFlight& f);
   double start_seconds_ = 0;
 };
 

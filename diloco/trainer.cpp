@@ -184,6 +184,29 @@ void InnerTrainer::load_parameters(const torch::Tensor& theta) {
   params_.copy_(theta);
 }
 
+void InnerTrainer::merge_parameters(const torch::Tensor& theta, const std::vector<Range>& ranges,
+                                    double mix) {
+  torch::NoGradGuard no_grad;
+  for (const Range& r : ranges) {
+    auto local = params_.slice(0, r.begin, r.end);
+    const auto global = theta.slice(0, r.begin, r.end);
+    if (mix == 0) {
+      local.copy_(global);
+    } else {
+      local.mul_(mix).add_(global.to(device_), 1.0 - mix);
+    }
+  }
+}
+
+double InnerTrainer::evaluate_parameters(const torch::Tensor& theta, const torch::Tensor& windows) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor local = params_.clone();
+  params_.copy_(theta);
+  const double loss = evaluate(windows);
+  params_.copy_(local);
+  return loss;
+}
+
 void InnerTrainer::gather_outer_state(OuterOptimizer& outer, bool momentum) {
   torch::NoGradGuard no_grad;
   if (!group_ || group_->size() == 1) {
@@ -308,6 +331,19 @@ void OuterOptimizer::step(std::span<const float> delta, std::int64_t begin) {
     theta.sub_(d, cfg_.lr);
   }
   ++round_;
+}
+
+void OuterOptimizer::step_ranges(std::span<const float> packed, const std::vector<Range>& ranges) {
+  std::size_t at = 0;
+  for (const Range& r : ranges) {
+    TORCH_CHECK(at + static_cast<std::size_t>(r.size()) <= packed.size(),
+                "OuterOptimizer::step_ranges: ", packed.size(), " values for ranges of more");
+    step(packed.subspan(at, static_cast<std::size_t>(r.size())), r.begin);
+    --round_;  // step() counts a round; a fragment is not one
+    at += static_cast<std::size_t>(r.size());
+  }
+  TORCH_CHECK(at == packed.size(), "OuterOptimizer::step_ranges: ", packed.size(),
+              " values for ranges of ", at);
 }
 
 void OuterOptimizer::keep_before_step() {

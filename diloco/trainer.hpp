@@ -109,6 +109,12 @@ class InnerTrainer {
                        std::int64_t begin = 0) const;
   // θ_local ← theta (a flat fp32 tensor of parameter_count() elements, any device).
   void load_parameters(const torch::Tensor& theta);
+  // Streaming DiLoCo's merge of a fragment that synchronized: on `ranges` of the flat vector,
+  // θ_local ← mix · θ_local + (1 − mix) · theta (host, whole); mix 0 copies theta's bytes.
+  void merge_parameters(const torch::Tensor& theta, const std::vector<Range>& ranges, double mix);
+  // The validation loss (as evaluate) of the parameters `theta` (host, whole) instead of
+  // θ_local, which is put back after.
+  double evaluate_parameters(const torch::Tensor& theta, const torch::Tensor& windows);
   // The end of a sliced round (see the top of this file): each rank of the trainer's
   // group holds the outer step's result for its slice of outer.theta() (and, with
   // `momentum`, of outer.momentum()); gathers the slices over the group, through this
@@ -188,6 +194,11 @@ class OuterOptimizer {
   // `delta` is the slice [begin, begin + delta.size()) of Δ: only that slice of θ and
   // the momentum changes (a local rank's outer step), elementwise as the whole step.
   void step(std::span<const float> delta, std::int64_t begin = 0);
+  // A fragment's step (Streaming DiLoCo): `packed` holds its Δ range after range, each range
+  // stepped as step() steps a slice, with the fragment's own part of the momentum. The round
+  // does not advance: end_round() does, once per H inner steps.
+  void step_ranges(std::span<const float> packed, const std::vector<Range>& ranges);
+  void end_round() { ++round_; }
 
   // A step taken can be taken back, bit for bit: keep_before_step() copies θ, the momentum
   // and the round (into buffers it reuses), undo_step() puts them back. A worker that stepped

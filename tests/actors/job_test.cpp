@@ -272,6 +272,16 @@ TEST_F(DilocoJob, BadJobFileFailsTheSubmissionNamingTheField) {
     EXPECT_NE(std::string(e.what()).find("compression"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("int4"), std::string::npos) << e.what();
   }
+  // Streaming runs in the simulator only, for now: a cluster refuses it, naming the field.
+  try {
+    client.submit(JobSpec::from_yaml(job_yaml(data_, dir_ + "/ckpt", "fp32") +
+                                     "sync: {mode: streaming, fragments: 2}\n"));
+    FAIL() << "a streaming job was accepted by a cluster";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sync.mode: streaming runs in the simulator only"),
+              std::string::npos)
+        << e.what();
+  }
   // A missing corpus is named too.
   try {
     client.submit(JobSpec::from_yaml(job_yaml(dir_ + "/nothing-here", dir_ + "/ckpt", "fp32")));
