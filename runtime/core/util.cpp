@@ -49,36 +49,4 @@ std::string human_ms(int64_t ms) {
   return buf;
 }
 
-std::string escape_remote(std::string_view text, size_t max_bytes) {
-  const std::string_view shown = text.substr(0, std::min(text.size(), max_bytes));
-  std::string out;
-  out.reserve(shown.size() + 16);
-  for (unsigned char ch : shown) {
-    if (ch == '\\') {
-      out += "\\\\";
-    } else if (ch >= 0x20 && ch < 0x7f) {
-      out.push_back(static_cast<char>(ch));
-    } else {
-      char buf[5];
-      std::snprintf(buf, sizeof buf, "\\x%02x", ch);
-      out += buf;
-    }
-  }
-  if (shown.size() < text.size())
-    out += "...(" + std::to_string(text.size() - shown.size()) + " more bytes)";
-  return out;
-}
-
-bool RateLimit::allow(int64_t now, uint64_t* suppressed) {
-  if (any_ && now - last_ < interval_ms_) {
-    ++held_;
-    return false;
-  }
-  if (suppressed) *suppressed = held_;
-  held_ = 0;
-  any_ = true;
-  last_ = now;
-  return true;
-}
-
 }  // namespace loco

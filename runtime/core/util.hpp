@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "runtime/core/remote_input.hpp"
+
 namespace loco {
 
 using Millis = std::chrono::milliseconds;
@@ -43,27 +45,5 @@ void log_error(const std::string& line);
 
 // "1.5 s", "250 ms": durations as people read them in error messages.
 std::string human_ms(int64_t ms);
-
-// Text that came from the network (a peer's name, a method, an error message) made safe for
-// a log line or an error message: bytes outside printable ASCII become \xNN, a backslash
-// becomes \\, and past `max_bytes` of input the rest is cut and replaced by
-// "...(N more bytes)". A remote party cannot forge log lines, fill the disk or hide text.
-std::string escape_remote(std::string_view text, size_t max_bytes = 200);
-
-// Lets a repeated warning through at most once per `interval_ms`, counting what it holds back,
-// so that a flood of bad input costs one line per interval. The clock is a parameter.
-class RateLimit {
- public:
-  explicit RateLimit(int64_t interval_ms = 10'000) : interval_ms_(interval_ms) {}
-  // True when a line may be logged now; then `*suppressed` (if given) is how many were held
-  // back since the last one, and the count starts again.
-  bool allow(int64_t now, uint64_t* suppressed = nullptr);
-
- private:
-  int64_t interval_ms_;
-  int64_t last_ = 0;
-  bool any_ = false;
-  uint64_t held_ = 0;
-};
 
 }  // namespace loco

@@ -58,7 +58,8 @@ Decoded decode(std::vector<zmq::message_t>&& frames, size_t max_bytes) {
   Decoded d;
   try {
     msgpack::object_handle oh =
-        unpack_bounded(static_cast<const char*>(frames[0].data()), frames[0].size(), "envelope",
+        unpack_bounded(static_cast<const char*>(frames[0].data()), frames[0].size(),
+                       "malformed envelope",
                        UnpackLimits{1, kMaxEnvelopeBytes * 2});
     const msgpack::object& o = oh.get();
     // Read the version first so that another version's envelope of another
