@@ -13,8 +13,8 @@ namespace loco::diloco {
 
 namespace {
 
-// A string field as it shows in an error: cut and with control bytes escaped.
-std::string quoted(const std::string& s) {
+// Text from the job file as it shows in an error: cut, control bytes escaped.
+std::string clean(const std::string& s) {
   std::string out;
   for (unsigned char ch : s.substr(0, 80)) {
     if (ch >= 0x20 && ch < 0x7f) {
@@ -25,8 +25,10 @@ std::string quoted(const std::string& s) {
       out += buf;
     }
   }
-  return "'" + out + (s.size() > 80 ? "'... (" + std::to_string(s.size()) + " bytes)" : "'");
+  return s.size() > 80 ? out + "... (" + std::to_string(s.size()) + " bytes)" : out;
 }
+
+std::string quoted(const std::string& s) { return "'" + clean(s) + "'"; }
 
 std::string join(const std::string& prefix, const std::string& key) {
   return prefix.empty() ? key : prefix + "." + key;
@@ -43,7 +45,7 @@ void check_keys(const YAML::Node& node, const std::string& where,
     if (!known.count(key)) {
       std::string allowed;
       for (const auto& k : known) allowed += (allowed.empty() ? "" : "|") + k;
-      throw ConfigError(join(where, quoted(key)) + ": unknown field (expected one of " + allowed +
+      throw ConfigError(join(where, clean(key)) + ": unknown field (expected one of " + allowed +
                         ")");
     }
   }
