@@ -52,6 +52,9 @@ class HeadService {
   ActorInfo spawn_impl(SpawnRequest req) {
     check_size("spawn: class name", req.class_name.size(), kMaxJobNameBytes);
     check_size("spawn: actor name", req.name.size(), kMaxJobNameBytes);
+    // Kept in the actor's record in the store, and sent again on every restart.
+    constexpr size_t kMaxCtorArgsBytes = size_t(16) << 20;
+    check_size("spawn: constructor arguments", req.ctor_args.size(), kMaxCtorArgsBytes);
     guard_store();
     if (req.class_name.empty()) throw ClusterError("spawn: empty actor class name");
     if (!req.name.empty()) {
