@@ -4,8 +4,8 @@
 
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -164,9 +164,8 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   JobConfig c;
   if (!root || root.IsNull()) throw ConfigError("job file: empty");
   check_keys(root, "",
-             {"name", "seed", "threads", "device", "precision", "model", "data", "workers",
-              "inner", "outer", "compression", "allreduce", "rounds", "token_budget",
-              "checkpoint", "eval"});
+             {"name", "seed", "threads", "device", "precision", "model", "data", "workers", "inner",
+              "outer", "compression", "allreduce", "rounds", "token_budget", "checkpoint", "eval"});
   read(root, "", "name", c.name);
   read(root, "", "seed", c.seed);
   read(root, "", "threads", c.threads);
@@ -304,8 +303,7 @@ void JobConfig::validate() const {
   require(model.layers <= kMaxLayers, "model.layers", "<= " + show(kMaxLayers), model.layers);
   require(model.d_model <= kMaxWidth, "model.d_model", "<= " + show(kMaxWidth), model.d_model);
   require(model.heads <= kMaxHeads, "model.heads", "<= " + show(kMaxHeads), model.heads);
-  require(model.context <= kMaxContext, "model.context", "<= " + show(kMaxContext),
-          model.context);
+  require(model.context <= kMaxContext, "model.context", "<= " + show(kMaxContext), model.context);
   require(model.mlp_ratio <= kMaxMlpRatio, "model.mlp_ratio", "<= " + show(kMaxMlpRatio),
           model.mlp_ratio);
   require(model.layers >= 1, "model.layers", ">= 1", model.layers);
@@ -371,10 +369,9 @@ void JobConfig::validate() const {
           params);
   // One micro-batch's activations: per layer, context x width values and heads x context^2
   // attention weights per sequence.
-  const double activations = static_cast<double>(inner.batch_size / inner.grad_accum) *
-                             model.layers * model.context *
-                             (static_cast<double>(model.d_model) +
-                              static_cast<double>(model.heads) * model.context);
+  const double activations =
+      static_cast<double>(inner.batch_size / inner.grad_accum) * model.layers * model.context *
+      (static_cast<double>(model.d_model) + static_cast<double>(model.heads) * model.context);
   require(activations <= kMaxActivationValues, "model.context",
           "small enough that batch_size / grad_accum x layers x context x (width + heads x "
           "context) <= " +

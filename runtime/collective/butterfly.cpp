@@ -313,8 +313,7 @@ void Op::handle(Message& m) {
     // The name and the rank disagree, so neither can be believed: blaming the member it names
     // would let anyone who can reach this socket abort a round in another's name.
     ws_.drop(m, "it claims rank " + std::to_string(h.sender_rank) +
-                    ", which is not the rank of that name in round " +
-                    std::to_string(g_.round_id));
+                    ", which is not the rank of that name in round " + std::to_string(g_.round_id));
     return;
   }
   note_heard(peers_[s], Clock::now());
@@ -697,10 +696,9 @@ void Workspace::stash_message(Message&& m, uint64_t round_id, bool stranger,
   const size_t size = m.payload.size;
   if (stranger &&
       (stranger_bytes + size > kMaxStrangerStashBytes || strangers >= kMaxStrangerStashMessages)) {
-    drop(m, "a sender outside the group of round " + std::to_string(round_id) +
-                " already has " + std::to_string(stranger_bytes) + " bytes in " +
-                std::to_string(strangers) + " messages waiting (limits " +
-                std::to_string(kMaxStrangerStashBytes) + " bytes, " +
+    drop(m, "a sender outside the group of round " + std::to_string(round_id) + " already has " +
+                std::to_string(stranger_bytes) + " bytes in " + std::to_string(strangers) +
+                " messages waiting (limits " + std::to_string(kMaxStrangerStashBytes) + " bytes, " +
                 std::to_string(kMaxStrangerStashMessages) + " messages)");
     return;
   }

@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "runtime/collective/liveness.hpp"
-#include "runtime/core/remote_input.hpp"
 #include "runtime/collective/transport.hpp"
 #include "runtime/collective/types.hpp"
+#include "runtime/core/remote_input.hpp"
 
 namespace loco::collective::detail {
 

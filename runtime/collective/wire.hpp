@@ -57,7 +57,7 @@ struct Header {
 std::optional<Header> parse_header(std::span<const uint8_t> bytes);
 
 // Bounds on what a received message may hold, whatever its operation.
-inline constexpr size_t kMaxSenderBytes = 256;          // a member's name
+inline constexpr size_t kMaxSenderBytes = 256;              // a member's name
 inline constexpr size_t kMaxAbortBytes = size_t(64) << 10;  // an abort notice
 inline constexpr uint64_t kMaxChunkFloats = uint64_t(1) << 30;
 // What can be checked of a received message without its operation: a known type and codec,

@@ -151,7 +151,7 @@ struct ClusterStatus {
 
 // What the head accepts in a submission and in a job's events, checked before anything is
 // stored: a record that large would hold the head's store round trips and every reader.
-inline constexpr size_t kMaxJobNameBytes = 256;       // a job's name, an actor class's name
+inline constexpr size_t kMaxJobNameBytes = 256;              // a job's name, an actor class's name
 inline constexpr size_t kMaxJobSpecBytes = size_t(1) << 20;  // the job file's text
 inline constexpr size_t kMaxJobEventBytes = size_t(64) << 10;  // one event's data
 

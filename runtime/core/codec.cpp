@@ -48,12 +48,13 @@ class LimitCheck : public msgpack::v2::null_visitor {
   bool end_array() { return close(); }
   bool start_map(uint32_t n) {
     if (size_t(n) * 2 > input_)
-      refuse("a map of " + std::to_string(n) + " entries in " + std::to_string(input_) +
-             " bytes");
+      refuse("a map of " + std::to_string(n) + " entries in " + std::to_string(input_) + " bytes");
     return open() && grow(size_t(n) * sizeof(msgpack::object_kv));
   }
   bool end_map() { return close(); }
-  void parse_error(size_t, size_t at) { refuse("not msgpack (at byte " + std::to_string(at) + ")"); }
+  void parse_error(size_t, size_t at) {
+    refuse("not msgpack (at byte " + std::to_string(at) + ")");
+  }
   void insufficient_bytes(size_t, size_t at) {
     refuse("truncated msgpack (ends inside a value at byte " + std::to_string(at) + ")");
   }

@@ -382,8 +382,8 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
     case Kind::Tell:
       break;
     default:
-      warn_bad_input("dropped an unexpected " + std::to_string(int(d.env.kind)) +
-                     " message from " + escape_remote(d.env.sender));
+      warn_bad_input("dropped an unexpected " + std::to_string(int(d.env.kind)) + " message from " +
+                     escape_remote(d.env.sender));
       return;
   }
   std::shared_ptr<Mailbox> box;
@@ -410,17 +410,16 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
     was_empty = box->queue.empty();
     queued = box->queue.size();
     queued_bytes = box->queued_bytes;
-    full = !was_empty && (queued >= opts_.max_mailbox_messages ||
-                          queued_bytes + bytes > opts_.max_mailbox_bytes);
+    full = !was_empty &&
+           (queued >= opts_.max_mailbox_messages || queued_bytes + bytes > opts_.max_mailbox_bytes);
     if (!full) {
       box->queued_bytes += bytes;
       box->queue.push_back(Inbound{std::move(rid), std::move(d.env), std::move(d.payload)});
     }
   }
   if (full) {
-    const std::string why = "the mailbox of actor " + box->id + " holds " +
-                            std::to_string(queued) + " calls of " +
-                            std::to_string(queued_bytes) + " bytes (limits " +
+    const std::string why = "the mailbox of actor " + box->id + " holds " + std::to_string(queued) +
+                            " calls of " + std::to_string(queued_bytes) + " bytes (limits " +
                             std::to_string(opts_.max_mailbox_messages) + " calls, " +
                             std::to_string(opts_.max_mailbox_bytes) + " bytes)";
     if (d.env.k() == Kind::Request) {

@@ -59,8 +59,7 @@ Decoded decode(std::vector<zmq::message_t>&& frames, size_t max_bytes) {
   try {
     msgpack::object_handle oh =
         unpack_bounded(static_cast<const char*>(frames[0].data()), frames[0].size(),
-                       "malformed envelope",
-                       UnpackLimits{1, kMaxEnvelopeBytes * 2});
+                       "malformed envelope", UnpackLimits{1, kMaxEnvelopeBytes * 2});
     const msgpack::object& o = oh.get();
     // Read the version first so that another version's envelope of another
     // shape is reported as a version mismatch, not as garbage.
@@ -90,9 +89,8 @@ Decoded decode(std::vector<zmq::message_t>&& frames, size_t max_bytes) {
 uint64_t salvage_corr(const zmq::message_t& frame) {
   if (frame.size() > kMaxEnvelopeBytes) return 0;
   try {
-    msgpack::object_handle oh =
-        unpack_bounded(static_cast<const char*>(frame.data()), frame.size(), "envelope",
-                       UnpackLimits{1, kMaxEnvelopeBytes * 2});
+    msgpack::object_handle oh = unpack_bounded(static_cast<const char*>(frame.data()), frame.size(),
+                                               "envelope", UnpackLimits{1, kMaxEnvelopeBytes * 2});
     const msgpack::object& o = oh.get();
     if (o.type == msgpack::type::ARRAY && o.via.array.size >= 3 &&
         o.via.array.ptr[2].type == msgpack::type::POSITIVE_INTEGER)

@@ -167,7 +167,7 @@ TEST(Config, DeviceChoiceFollowsTheAssignedGpusAndTorch) {
   EXPECT_NE(error(DeviceKind::cuda, {0}, false, 0).find("CUDA is not available"),
             std::string::npos);
   EXPECT_NE(error(DeviceKind::auto_, {2}, true, 2).find("sees 2 CUDA device(s)"),
-              std::string::npos);
+            std::string::npos);
 }
 
 TEST(Config, PrecisionAndActivationCheckpointing) {
@@ -470,8 +470,9 @@ TEST(Config, EverySizeIsBoundedNamingTheField) {
   EXPECT_EQ(error_of(replace(kJob, "rounds: 3", "rounds: 1000000000")),
             "rounds: must be in [0, 16777216], got 1000000000");
   // A value that does not fit the field's integer is a read error naming it.
-  EXPECT_NE(error_of(replace(kJob, "layers: 2", "layers: 99999999999")).find("model.layers: cannot read"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(replace(kJob, "layers: 2", "layers: 99999999999")).find("model.layers: cannot read"),
+      std::string::npos);
   // Each size within its bound, together too much for a worker: named as well.
   EXPECT_NE(error_of(replace(replace(kJob, "layers: 2", "layers: 1024"), "width: 32, heads: 2",
                              "width: 65536, heads: 2"))

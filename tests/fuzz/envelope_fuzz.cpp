@@ -30,8 +30,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     Decoded d = decode(std::move(frames), size_t(1) << 20);
     try {
-      (void)unpack_payload<std::tuple<std::string, int64_t, std::vector<std::string>>>(
-          d.payload, "fuzz");
+      (void)unpack_payload<std::tuple<std::string, int64_t, std::vector<std::string>>>(d.payload,
+                                                                                       "fuzz");
     } catch (const Error&) {
     }
     try {

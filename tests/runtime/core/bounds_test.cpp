@@ -33,7 +33,7 @@ std::string declares_huge(char type) {
   std::string s(1, type);
   s += std::string(4, '\xff');
   if (type == '\xc9') s += '\x01';  // ext type
-  s.resize(42, '\xc0');            // nils
+  s.resize(42, '\xc0');             // nils
   return s;
 }
 
