@@ -260,17 +260,17 @@ void Op::handle_abort(const Message& m) {
     // The sender disagrees with us: it is the odd one, whatever it blames.
     int s = rank_of(m.sender);
     throw OpFailure{AbortKind::mismatch, m.sender,
-                    "member " + (s >= 0 ? who(s) : m.sender) + " has a vector of " +
+                    "member " + (s >= 0 ? who(s) : escape_remote(m.sender)) + " has a vector of " +
                         std::to_string(m.header.total_n) + " floats in codec " +
                         std::string(to_string(m.header.codec)) + ", expected " +
                         std::to_string(n_) + " in " + std::string(to_string(codec_)) +
                         ", in round " + std::to_string(g_.round_id),
                     false};
   }
-  throw OpFailure{
-      abort->kind, abort->culprit,
-      "round " + std::to_string(g_.round_id) + " aborted by " + m.sender + ": " + abort->message,
-      false};
+  throw OpFailure{abort->kind, abort->culprit,
+                  "round " + std::to_string(g_.round_id) + " aborted by " + m.sender + ": " +
+                      escape_remote(abort->message, 1000),
+                  false};
 }
 
 void Op::handle(Message& m) {

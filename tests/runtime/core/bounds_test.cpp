@@ -8,8 +8,11 @@
 #include <tuple>
 
 #include "runtime/core/codec.hpp"
+#include "runtime/core/core.hpp"
+#include "runtime/core/runtime.hpp"
 #include "runtime/core/util.hpp"
 #include "runtime/core/wire.hpp"
+#include "tests/runtime/core/test_actors.hpp"
 
 namespace loco::detail {
 namespace {
@@ -126,6 +129,54 @@ TEST(Envelope, LongErrorMessagesAreCutToFit) {
 
 namespace loco {
 namespace {
+
+// A mailbox holds at most max_mailbox_messages calls from the network: past that a request
+// gets an error naming the bound, and the actor keeps serving.
+TEST(Mailbox, IsBoundedAndAFullOneRefusesRequestsNamingTheLimit) {
+  detail::CoreOptions node_opts;
+  node_opts.bind = "tcp://127.0.0.1:0";
+  node_opts.self_name = "node test";
+  node_opts.max_mailbox_messages = 2;
+  auto node = std::make_shared<detail::Core>(node_opts);
+  node->host("a-counter", detail::class_entry<testing::Counter>(),
+             std::make_shared<testing::Counter>(0));
+  detail::CoreOptions caller_opts;
+  caller_opts.head_address = node->address();
+  caller_opts.self_name = "caller";
+  auto caller = std::make_shared<detail::Core>(caller_opts);
+  auto ref = std::make_shared<detail::ActorRef>();
+  ref->id = "a-counter";
+  ref->class_name = "test.Counter";
+  ref->address = node->address();
+  ActorHandle<testing::Counter> counter(caller, ref);
+
+  // The actor is busy for 3 s (far longer than sending a few calls over loopback takes), so
+  // whether or not it has taken that call from the box yet, at most two of the six calls
+  // behind it fit.
+  auto busy = counter.call(&testing::Counter::sleep_ms, 3000);
+  std::vector<Future<int>> calls;
+  for (int i = 0; i < 6; ++i) calls.push_back(counter.call(&testing::Counter::get));
+  int refused = 0, served = 0;
+  for (auto& f : calls) {
+    try {
+      (void)f.get(Millis(20000));
+      ++served;
+    } catch (const RemoteError& e) {
+      ++refused;
+      EXPECT_NE(std::string(e.what()).find("refused: the mailbox of actor a-counter holds"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("(limits 2 calls"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GE(refused, 4);
+  EXPECT_EQ(refused + served, 6);
+  EXPECT_GE(served, 1);
+  (void)busy.get(Millis(20000));
+  EXPECT_EQ(counter.call(&testing::Counter::get).get(Millis(5000)), 0);
+  caller->shutdown();
+  node->shutdown();
+}
 
 TEST(RemoteText, EscapedAndCut) {
   EXPECT_EQ(escape_remote("plain name"), "plain name");
