@@ -297,7 +297,13 @@ void Op::handle(Message& m) {
     // means that none of this one is still coming from it. Its control messages prove nothing
     // of the kind: they overtake data still on its way (and do not count as hearing from it,
     // or two members each in another round could keep each other waiting for ever).
-    if (member && on_data_connection(h.type) && expecting(s)) {
+    // Only from a connection known to be that member's: anyone can write its name into a
+    // header, and a stranger's claim must not abort the round in the member's name (it is
+    // kept like other early data; if the member did move on, its silence in this round tells).
+    // Without connection ids (inproc) the name is all there is.
+    const bool its_connection =
+        m.link == 0 || (member && ws_.links.count(ep(s)) && ws_.links[ep(s)].count(m.link));
+    if (member && on_data_connection(h.type) && expecting(s) && its_connection) {
       throw OpFailure{AbortKind::error, m.sender,
                       "member " + who(s) + " sent data for round " + std::to_string(h.round_id) +
                           " while round " + std::to_string(g_.round_id) +

@@ -362,6 +362,23 @@ TEST(Hostile, AForgedRankIsDroppedWithoutFailingTheRoundOrBlamingTheMemberItName
   EXPECT_EQ(g.workspaces[0]->dropped, 2u);
 }
 
+// Data of a later round from a member says it moved on, so the round fails naming it; but only
+// when it comes on that member's connection. A stranger writing the member's name into a
+// hello of the next round no longer aborts the round in its name.
+TEST(Hostile, ALaterRoundInAMembersNameFromAnotherConnectionDoesNotAbortTheRound) {
+  MemoryGroup g(2, Options{});
+  Forger x(g);
+  Header hello;
+  hello.type = MsgType::hello;
+  hello.round_id = 8;
+  hello.group_fp = fingerprint(g.group(iota(2), 0, 8));
+  hello.sender_rank = 1;
+  x.send(g, 0, hello, "w1", 0);
+  std::vector<std::vector<float>> in{make_data(2, 0, 1000), make_data(2, 1, 1000)}, out;
+  expect_ok(g.run(iota(2), 7, in, out));
+  EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0);
+}
+
 TEST(Hostile, EarlyDataFromOutsideTheGroupIsBoundedAndFarFutureRoundsAreNotKept) {
   MemoryGroup g(2, Options{});
   Forger x(g);
