@@ -41,6 +41,10 @@ void check_keys(const YAML::Node& node, const std::string& where,
   if (!node.IsMap())
     throw ConfigError((where.empty() ? std::string("job") : where) + ": expected a mapping");
   for (const auto& kv : node) {
+    // YAML allows any node as a key ("? {a: 1}"); a job file's keys are names.
+    if (!kv.first.IsScalar())
+      throw ConfigError((where.empty() ? std::string("job") : where) +
+                        ": a key must be a name, got " + quoted(YAML::Dump(kv.first)));
     const auto key = kv.first.as<std::string>();
     if (!known.count(key)) {
       std::string allowed;
@@ -148,21 +152,8 @@ void check_nesting(const std::string& text) {
   }
 }
 
-}  // namespace
-
-JobConfig JobConfig::from_yaml(const std::string& text) {
-  if (text.size() > kMaxJobFileBytes)
-    throw ConfigError("job file: " + show(text.size()) + " bytes, more than the limit of " +
-                      show(kMaxJobFileBytes) + " bytes");
-  check_nesting(text);
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(std::string("job file: YAML syntax error: ") + e.what());
-  }
-  JobConfig c;
-  if (!root || root.IsNull()) throw ConfigError("job file: empty");
+// from_yaml's reading of every field (no validation).
+void read_fields(const YAML::Node& root, JobConfig& c) {
   check_keys(root, "",
              {"name", "seed", "threads", "device", "precision", "model", "data", "workers", "inner",
               "outer", "compression", "allreduce", "rounds", "token_budget", "checkpoint", "eval"});
@@ -261,7 +252,29 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   check_keys(e, "eval", {"every", "batches"});
   read(e, "eval", "every", c.eval.every);
   read(e, "eval", "batches", c.eval.batches);
+}
 
+}  // namespace
+
+JobConfig JobConfig::from_yaml(const std::string& text) {
+  if (text.size() > kMaxJobFileBytes)
+    throw ConfigError("job file: " + show(text.size()) + " bytes, more than the limit of " +
+                      show(kMaxJobFileBytes) + " bytes");
+  check_nesting(text);
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(std::string("job file: YAML syntax error: ") + e.what());
+  }
+  JobConfig c;
+  if (!root || root.IsNull()) throw ConfigError("job file: empty");
+  try {
+    read_fields(root, c);
+  } catch (const YAML::Exception& e) {
+    // What the checks above do not foresee still comes out as a ConfigError.
+    throw ConfigError("job file: " + clean(e.what()));
+  }
   c.validate();
   return c;
 }

@@ -510,6 +510,14 @@ TEST(Config, NamesPathsAndTheFileItselfAreBounded) {
             "checkpoint.dir: must be at most 4096 bytes, got 5000 bytes");
   // yaml-cpp recurses on flow nesting: refused before it parses.
   EXPECT_EQ(error_of(std::string(100000, '[')), "job file: more than 32 nested [ or { brackets");
+  // Found by fuzz_job_file: a key that is not a name (YAML's "? {..}") escaped from_yaml as a
+  // YAML::TypedBadConversion instead of a ConfigError.
+  EXPECT_EQ(error_of("? {heads: 4}\n: 1\n"), "job: a key must be a name, got '{heads: 4}'");
+  EXPECT_NE(error_of(replace(kJob, "eval:", "model2:\n  ? [a]\n  : 1\neval:"))
+                .find("unknown field"),
+            std::string::npos);
+  EXPECT_EQ(error_of("model:\n  ? heads: 4\n"),
+            "model: a key must be a name, got 'heads: 4'");
   // An unreadable value shows cut and escaped in the error.
   const auto e = error_of(replace(kJob, "steps: 5", "steps: \"" + std::string(5000, 'x') + "\""));
   EXPECT_NE(e.find("inner.steps: cannot read"), std::string::npos) << e;
