@@ -2,13 +2,33 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
 namespace loco::diloco {
 
 namespace {
+
+// Text from the job file as it shows in an error: cut, control bytes escaped.
+std::string clean(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s.substr(0, 80)) {
+    if (ch >= 0x20 && ch < 0x7f) {
+      out.push_back(static_cast<char>(ch));
+    } else {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02x", ch);
+      out += buf;
+    }
+  }
+  return s.size() > 80 ? out + "... (" + std::to_string(s.size()) + " bytes)" : out;
+}
+
+std::string quoted(const std::string& s) { return "'" + clean(s) + "'"; }
 
 std::string join(const std::string& prefix, const std::string& key) {
   return prefix.empty() ? key : prefix + "." + key;
@@ -21,11 +41,16 @@ void check_keys(const YAML::Node& node, const std::string& where,
   if (!node.IsMap())
     throw ConfigError((where.empty() ? std::string("job") : where) + ": expected a mapping");
   for (const auto& kv : node) {
+    // YAML allows any node as a key ("? {a: 1}"); a job file's keys are names.
+    if (!kv.first.IsScalar())
+      throw ConfigError((where.empty() ? std::string("job") : where) +
+                        ": a key must be a name, got " + quoted(YAML::Dump(kv.first)));
     const auto key = kv.first.as<std::string>();
     if (!known.count(key)) {
       std::string allowed;
       for (const auto& k : known) allowed += (allowed.empty() ? "" : "|") + k;
-      throw ConfigError(join(where, key) + ": unknown field (expected one of " + allowed + ")");
+      throw ConfigError(join(where, clean(key)) + ": unknown field (expected one of " + allowed +
+                        ")");
     }
   }
 }
@@ -37,7 +62,7 @@ void read(const YAML::Node& node, const std::string& where, const std::string& k
     out = node[key].as<T>();
   } catch (const YAML::Exception&) {
     std::ostringstream msg;
-    msg << join(where, key) << ": cannot read '" << YAML::Dump(node[key]) << "' as "
+    msg << join(where, key) << ": cannot read " << quoted(YAML::Dump(node[key])) << " as "
         << (std::is_same_v<T, bool>       ? "a boolean"
             : std::is_integral_v<T>       ? "an integer"
             : std::is_floating_point_v<T> ? "a number"
@@ -60,7 +85,7 @@ void read_enum(const YAML::Node& node, const std::string& where, const std::stri
     }
     allowed += (allowed.empty() ? "" : "|") + std::string(name);
   }
-  throw ConfigError(join(where, key) + ": expected one of " + allowed + ", got '" + s + "'");
+  throw ConfigError(join(where, key) + ": expected one of " + allowed + ", got " + quoted(s));
 }
 
 // The collective's codecs by their names (collective::parse_codec).
@@ -76,7 +101,7 @@ void read_codec(const YAML::Node& node, const std::string& key, collective::Code
   for (auto c : {collective::Codec::fp32, collective::Codec::fp16, collective::Codec::bf16,
                  collective::Codec::int8})
     allowed += (allowed.empty() ? "" : "|") + std::string(collective::to_string(c));
-  throw ConfigError(key + ": expected one of " + allowed + ", got '" + s + "'");
+  throw ConfigError(key + ": expected one of " + allowed + ", got " + quoted(s));
 }
 
 template <class T>
@@ -91,17 +116,44 @@ void require(bool ok, const std::string& field, const std::string& rule, T got) 
   if (!ok) throw ConfigError(field + ": must be " + rule + ", got " + show(got));
 }
 
-}  // namespace
+// A number in [lo, hi], named by `field`.
+template <class T>
+void require_in(T v, T lo, T hi, const std::string& field) {
+  require(v >= lo && v <= hi, field, "in [" + show(lo) + ", " + show(hi) + "]", v);
+}
 
-JobConfig JobConfig::from_yaml(const std::string& text) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(std::string("job file: YAML syntax error: ") + e.what());
+void require_finite(double v, const std::string& field) {
+  require(std::isfinite(v), field, "a finite number", v);
+}
+
+void require_text(const std::string& s, size_t max_bytes, const std::string& field) {
+  if (s.size() > max_bytes)
+    throw ConfigError(field + ": must be at most " + show(max_bytes) + " bytes, got " +
+                      show(s.size()) + " bytes");
+  for (unsigned char ch : s)
+    if (ch < 0x20 || ch == 0x7f)
+      throw ConfigError(field + ": must not contain control characters, got " + quoted(s));
+}
+
+// yaml-cpp parses flow collections ([..], {..}) by recursion: a job file of a few thousand
+// opening brackets would exhaust the stack. Nothing in a job file nests more than a few
+// levels; refuse deep flow nesting before yaml-cpp sees it. (Brackets inside quoted strings
+// count too: harmless, as no field holds that many.)
+void check_nesting(const std::string& text) {
+  int depth = 0;
+  for (char ch : text) {
+    if (ch == '[' || ch == '{') {
+      if (++depth > kMaxJobFileNesting)
+        throw ConfigError("job file: more than " + show(kMaxJobFileNesting) +
+                          " nested [ or { brackets");
+    } else if ((ch == ']' || ch == '}') && depth > 0) {
+      --depth;
+    }
   }
-  JobConfig c;
-  if (!root || root.IsNull()) throw ConfigError("job file: empty");
+}
+
+// from_yaml's reading of every field (no validation).
+void read_fields(const YAML::Node& root, JobConfig& c) {
   check_keys(root, "",
              {"name", "seed", "threads", "device", "precision", "model", "data", "workers",
               "inner", "outer", "compression", "allreduce", "sync", "rounds", "token_budget",
@@ -173,11 +225,13 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   if (i && i["betas"]) {
     const auto b = i["betas"];
     if (!b.IsSequence() || b.size() != 2)
-      throw ConfigError("inner.betas: expected a list of two numbers, got " + YAML::Dump(b));
+      throw ConfigError("inner.betas: expected a list of two numbers, got " +
+                        quoted(YAML::Dump(b)));
     try {
       c.inner.betas = {b[0].as<double>(), b[1].as<double>()};
     } catch (const YAML::Exception&) {
-      throw ConfigError("inner.betas: expected a list of two numbers, got " + YAML::Dump(b));
+      throw ConfigError("inner.betas: expected a list of two numbers, got " +
+                        quoted(YAML::Dump(b)));
     }
   }
 
@@ -211,7 +265,29 @@ JobConfig JobConfig::from_yaml(const std::string& text) {
   check_keys(e, "eval", {"every", "batches"});
   read(e, "eval", "every", c.eval.every);
   read(e, "eval", "batches", c.eval.batches);
+}
 
+}  // namespace
+
+JobConfig JobConfig::from_yaml(const std::string& text) {
+  if (text.size() > kMaxJobFileBytes)
+    throw ConfigError("job file: " + show(text.size()) + " bytes, more than the limit of " +
+                      show(kMaxJobFileBytes) + " bytes");
+  check_nesting(text);
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(std::string("job file: YAML syntax error: ") + e.what());
+  }
+  JobConfig c;
+  if (!root || root.IsNull()) throw ConfigError("job file: empty");
+  try {
+    read_fields(root, c);
+  } catch (const YAML::Exception& e) {
+    // What the checks above do not foresee still comes out as a ConfigError.
+    throw ConfigError("job file: " + clean(e.what()));
+  }
   c.validate();
   return c;
 }
@@ -229,7 +305,33 @@ JobConfig JobConfig::from_yaml_file(const std::string& path) {
 }
 
 void JobConfig::validate() const {
+  // Non-finite numbers first: NaN fails every comparison below, but +inf passes "> 0".
+  for (const auto& [v, field] : std::initializer_list<std::pair<double, const char*>>{
+           {data.val_fraction, "data.val_fraction"},
+           {workers.wait_s, "workers.wait_s"},
+           {inner.lr, "inner.lr"},
+           {inner.min_lr_ratio, "inner.min_lr_ratio"},
+           {inner.weight_decay, "inner.weight_decay"},
+           {inner.grad_clip, "inner.grad_clip"},
+           {inner.betas[0], "inner.betas[0]"},
+           {inner.betas[1], "inner.betas[1]"},
+           {inner.eps, "inner.eps"},
+           {outer.lr, "outer.lr"},
+           {outer.momentum, "outer.momentum"},
+           {allreduce.peer_timeout_s, "allreduce.peer_timeout_s"}})
+    require_finite(v, field);
+  require(!name.empty(), "name", "a non-empty string", "''");
+  require_text(name, kMaxJobNameBytes, "name");
+  require_text(data.dir, kMaxPathBytes, "data.dir");
+  require_text(checkpoint.dir, kMaxPathBytes, "checkpoint.dir");
   require(threads >= 0, "threads", ">= 0", threads);
+  require(threads <= kMaxThreads, "threads", "<= " + show(kMaxThreads), threads);
+  require(model.layers <= kMaxLayers, "model.layers", "<= " + show(kMaxLayers), model.layers);
+  require(model.d_model <= kMaxWidth, "model.d_model", "<= " + show(kMaxWidth), model.d_model);
+  require(model.heads <= kMaxHeads, "model.heads", "<= " + show(kMaxHeads), model.heads);
+  require(model.context <= kMaxContext, "model.context", "<= " + show(kMaxContext), model.context);
+  require(model.mlp_ratio <= kMaxMlpRatio, "model.mlp_ratio", "<= " + show(kMaxMlpRatio),
+          model.mlp_ratio);
   require(model.layers >= 1, "model.layers", ">= 1", model.layers);
   require(model.d_model >= 1, "model.d_model", ">= 1", model.d_model);
   require(model.heads >= 1, "model.heads", ">= 1", model.heads);
@@ -246,16 +348,18 @@ void JobConfig::validate() const {
   require(data.bpe_vocab >= 320 && data.bpe_vocab <= 65536, "data.bpe_vocab", "in [320, 65536]",
           data.bpe_vocab);
   require(!data.dir.empty(), "data.dir", "a folder", "''");
-  require(data.shards >= 1, "data.shards", ">= 1", data.shards);
+  require_in(data.shards, 1, kMaxShards, "data.shards");
   require(data.val_fraction > 0 && data.val_fraction < 0.5, "data.val_fraction", "in (0, 0.5)",
           data.val_fraction);
-  require(workers.count >= 1, "workers.count", ">= 1", workers.count);
+  require_in(workers.count, 1, kMaxWorkers, "workers.count");
   require(workers.min >= 1 && workers.min <= workers.count, "workers.min", "in [1, workers.count]",
           workers.min);
   require(workers.max == 0 || workers.max >= workers.count, "workers.max", "0 or >= workers.count",
           workers.max);
-  require(workers.max_restarts >= 0, "workers.max_restarts", ">= 0", workers.max_restarts);
-  require(workers.wait_s > 0, "workers.wait_s", "> 0", workers.wait_s);
+  require(workers.max <= kMaxWorkers, "workers.max", "<= " + show(kMaxWorkers), workers.max);
+  require_in(workers.max_restarts, 0, kMaxRestarts, "workers.max_restarts");
+  require(workers.wait_s > 0 && workers.wait_s <= kMaxWaitS, "workers.wait_s",
+          "in (0, " + show(kMaxWaitS) + "]", workers.wait_s);
   require(workers.gpus >= 1, "workers.gpus", ">= 1", workers.gpus);
   require(workers.gpus <= 64, "workers.gpus", "<= 64", workers.gpus);
   require(workers.local_ranks >= 0 && workers.local_ranks <= 64, "workers.local_ranks",
@@ -264,10 +368,10 @@ void JobConfig::validate() const {
     throw ConfigError("workers.local_ranks: " + show(workers.local_ranks) +
                       " with device: cuda, where a worker's ranks are its GPUs (workers.gpus: " +
                       show(workers.gpus) + "); leave it out or make it equal");
-  require(inner.steps >= 1, "inner.steps", ">= 1", inner.steps);
-  require(inner.batch_size >= 1, "inner.batch_size", ">= 1", inner.batch_size);
+  require_in(inner.steps, 1, kMaxSteps, "inner.steps");
+  require_in(inner.batch_size, 1, kMaxBatchSize, "inner.batch_size");
   require(inner.lr > 0, "inner.lr", "> 0", inner.lr);
-  require(inner.warmup >= 0, "inner.warmup", ">= 0", inner.warmup);
+  require_in(inner.warmup, 0, kMaxSteps, "inner.warmup");
   require(inner.min_lr_ratio >= 0 && inner.min_lr_ratio <= 1, "inner.min_lr_ratio", "in [0, 1]",
           inner.min_lr_ratio);
   require(inner.weight_decay >= 0, "inner.weight_decay", ">= 0", inner.weight_decay);
@@ -288,12 +392,30 @@ void JobConfig::validate() const {
   require(inner.eps > 0, "inner.eps", "> 0", inner.eps);
   require(outer.lr > 0, "outer.lr", "> 0", outer.lr);
   require(outer.momentum >= 0 && outer.momentum < 1, "outer.momentum", "in [0, 1)", outer.momentum);
-  require(rounds >= 0, "rounds", ">= 0", rounds);
-  require(token_budget >= 0, "token_budget", ">= 0", token_budget);
+  require_in(rounds, 0, kMaxRounds, "rounds");
+  require_in(token_budget, std::int64_t{0}, kMaxTokenBudget, "token_budget");
   require(rounds > 0 || token_budget > 0, "rounds", "> 0 (or set token_budget)", rounds);
-  require(checkpoint.every >= 0, "checkpoint.every", ">= 0", checkpoint.every);
-  require(eval.every >= 1, "eval.every", ">= 1", eval.every);
-  require(eval.batches >= 1, "eval.batches", ">= 1", eval.batches);
+  require_in(checkpoint.every, 0, kMaxRounds, "checkpoint.every");
+  require_in(eval.every, 1, kMaxRounds, "eval.every");
+  require_in(eval.batches, 1, kMaxEvalBatches, "eval.batches");
+  // Bounds on sizes together, once each is sane: what one worker must hold.
+  const double params = parameter_estimate();
+  require(params <= kMaxParameters, "model",
+          "at most " + show(kMaxParameters) +
+              " parameters (layers x width^2 x (4 + 2 x mlp_ratio) + vocab x width)",
+          params);
+  // One micro-batch's activations: per layer, context x width values and heads x context^2
+  // attention weights per sequence.
+  const double activations =
+      static_cast<double>(inner.batch_size / inner.grad_accum) * model.layers * model.context *
+      (static_cast<double>(model.d_model) + static_cast<double>(model.heads) * model.context);
+  require(activations <= kMaxActivationValues, "model.context",
+          "small enough that batch_size / grad_accum x layers x context x (width + heads x "
+          "context) <= " +
+              show(kMaxActivationValues) + " (one micro-batch's activations)",
+          model.context);
+  require(static_cast<double>(total_rounds()) <= kMaxRounds, "token_budget",
+          "at most " + show(kMaxRounds) + " rounds' worth of tokens", token_budget);
   if (sync.mode == SyncMode::eager)
     throw ConfigError("sync.mode: eager is not built yet (planned: docs/design.md, Overlap); use "
                       "blocking or streaming");
@@ -359,8 +481,16 @@ int JobConfig::vocab_size() const {
 
 int JobConfig::total_rounds() const {
   if (rounds > 0) return rounds;
-  const std::int64_t per_round = tokens_per_inner_step() * inner.steps;
-  return static_cast<int>(std::max<std::int64_t>(1, (token_budget + per_round - 1) / per_round));
+  const std::int64_t per_round = std::max<std::int64_t>(1, tokens_per_inner_step() * inner.steps);
+  const std::int64_t n = std::max<std::int64_t>(1, (token_budget + per_round - 1) / per_round);
+  return static_cast<int>(std::min<std::int64_t>(n, std::numeric_limits<int>::max()));
+}
+
+double JobConfig::parameter_estimate() const {
+  const double w = model.d_model;
+  return static_cast<double>(model.layers) * w * w * (4.0 + 2.0 * model.mlp_ratio) +
+         static_cast<double>(vocab_size()) * w * (model.tied_embeddings ? 1 : 2) +
+         static_cast<double>(model.context) * w;
 }
 
 std::string JobConfig::to_yaml() const {

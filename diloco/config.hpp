@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -32,6 +33,30 @@ class ConfigError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// Bounds on every size in a job file, generous for real use and small enough that no value
+// makes a worker allocate without limit or overflow an int (docs/design.md, the job file).
+inline constexpr std::size_t kMaxJobFileBytes = std::size_t(1) << 20;
+inline constexpr int kMaxJobFileNesting = 32;  // [ ] and { } inside each other
+inline constexpr std::size_t kMaxJobNameBytes = 256;
+inline constexpr std::size_t kMaxPathBytes = 4096;
+inline constexpr int kMaxThreads = 1024;
+inline constexpr int kMaxLayers = 1024;
+inline constexpr int kMaxWidth = 65536;
+inline constexpr int kMaxHeads = 1024;
+inline constexpr int kMaxContext = 1 << 20;
+inline constexpr int kMaxMlpRatio = 64;
+inline constexpr double kMaxParameters = 2e10;        // 20 B: 320 GB with AdamW state
+inline constexpr double kMaxActivationValues = 1e12;  // micro-batch x context x width x layers
+inline constexpr int kMaxShards = 1 << 20;
+inline constexpr int kMaxWorkers = 4096;
+inline constexpr int kMaxRestarts = 1000;
+inline constexpr double kMaxWaitS = 7 * 24 * 3600.0;
+inline constexpr int kMaxSteps = 1 << 24;  // inner.steps, inner.warmup
+inline constexpr int kMaxBatchSize = 1 << 16;
+inline constexpr int kMaxRounds = 1 << 24;  // rounds, checkpoint.every, eval.every
+inline constexpr std::int64_t kMaxTokenBudget = std::int64_t(1) << 50;
+inline constexpr int kMaxEvalBatches = 1 << 16;
 
 struct ModelConfig {
   int layers = 4;
@@ -157,6 +182,8 @@ struct JobConfig {
   int vocab_size() const;
   // Rounds to run: `rounds`, or the token budget divided by the tokens of one round.
   int total_rounds() const;
+  // About how many parameters the model has (the bound in validate()).
+  double parameter_estimate() const;
   // Whether workers ask the runtime for GPUs (device cuda, or auto when
   // `cluster_has_gpus`: some live node offers `gpu` resources).
   bool wants_gpus(bool cluster_has_gpus) const {

@@ -60,6 +60,7 @@ class Op {
         rules_(LivenessRules::from(options.peer_timeout)) {}
 
   uint64_t round_id() const { return g_.round_id; }
+  bool is_member(const std::string& name) const { return rank_of(name) >= 0; }
   void run();
   // After run() succeeded: our last data may still be on its way to peers that wait for it
   // (in ZeroMQ's queue, or in the kernel unacknowledged). On a saturated link TCP can hold
@@ -259,21 +260,25 @@ void Op::handle_abort(const Message& m) {
     // The sender disagrees with us: it is the odd one, whatever it blames.
     int s = rank_of(m.sender);
     throw OpFailure{AbortKind::mismatch, m.sender,
-                    "member " + (s >= 0 ? who(s) : m.sender) + " has a vector of " +
+                    "member " + (s >= 0 ? who(s) : escape_remote(m.sender)) + " has a vector of " +
                         std::to_string(m.header.total_n) + " floats in codec " +
                         std::string(to_string(m.header.codec)) + ", expected " +
                         std::to_string(n_) + " in " + std::string(to_string(codec_)) +
                         ", in round " + std::to_string(g_.round_id),
                     false};
   }
-  throw OpFailure{
-      abort->kind, abort->culprit,
-      "round " + std::to_string(g_.round_id) + " aborted by " + m.sender + ": " + abort->message,
-      false};
+  throw OpFailure{abort->kind, abort->culprit,
+                  "round " + std::to_string(g_.round_id) + " aborted by " + m.sender + ": " +
+                      escape_remote(abort->message, 1000),
+                  false};
 }
 
 void Op::handle(Message& m) {
   const Header& h = m.header;
+  if (std::string bad = check_message(h, m.sender.size(), m.payload.size); !bad.empty()) {
+    ws_.drop(m, "malformed: " + bad);
+    return;
+  }
   const bool current = h.round_id == g_.round_id && h.group_fp == fp_;
   if (!current) {
     const int s = rank_of(m.sender);
@@ -292,23 +297,30 @@ void Op::handle(Message& m) {
     // means that none of this one is still coming from it. Its control messages prove nothing
     // of the kind: they overtake data still on its way (and do not count as hearing from it,
     // or two members each in another round could keep each other waiting for ever).
-    if (member && on_data_connection(h.type) && expecting(s)) {
+    // Only from a connection known to be that member's: anyone can write its name into a
+    // header, and a stranger's claim must not abort the round in the member's name (it is
+    // kept like other early data; if the member did move on, its silence in this round tells).
+    // Without connection ids (inproc) the name is all there is.
+    const bool its_connection =
+        m.link == 0 || (member && ws_.links.count(ep(s)) && ws_.links[ep(s)].count(m.link));
+    if (member && on_data_connection(h.type) && expecting(s) && its_connection) {
       throw OpFailure{AbortKind::error, m.sender,
                       "member " + who(s) + " sent data for round " + std::to_string(h.round_id) +
                           " while round " + std::to_string(g_.round_id) +
                           " expects more data from it",
                       false};
     }
-    if (h.type != MsgType::keepalive) ws_.stash_message(std::move(m));
+    if (h.type != MsgType::keepalive)
+      ws_.stash_message(std::move(m), g_.round_id, s < 0, Clock::now());
     return;
   }
   const int s = static_cast<int>(h.sender_rank);
   if (h.sender_rank >= static_cast<uint32_t>(k_) || s == me_ || g_.members[s].name != m.sender) {
-    throw OpFailure{AbortKind::error, m.sender,
-                    "a message of round " + std::to_string(g_.round_id) + " from '" + m.sender +
-                        "' claims rank " + std::to_string(h.sender_rank) +
-                        ", which is not its rank in this group",
-                    false};
+    // The name and the rank disagree, so neither can be believed: blaming the member it names
+    // would let anyone who can reach this socket abort a round in another's name.
+    ws_.drop(m, "it claims rank " + std::to_string(h.sender_rank) +
+                    ", which is not the rank of that name in round " + std::to_string(g_.round_id));
+    return;
   }
   note_heard(peers_[s], Clock::now());
   if (m.link != 0) ws_.links[ep(s)].insert(m.link);
@@ -506,12 +518,9 @@ void Op::run() {
   }
 
   // Messages of this operation that arrived during an earlier one.
-  std::deque<Message> early;
-  early.swap(ws_.stash);
-  ws_.stash_bytes = 0;
-  for (Message& m : early) {
-    if (m.header.round_id < g_.round_id) continue;
-    handle(m);
+  for (Workspace::Early& e : ws_.take_stash(Clock::now())) {
+    if (e.m.header.round_id < g_.round_id) continue;
+    handle(e.m);
   }
 
   while (!done()) {
@@ -580,8 +589,10 @@ void Op::linger_until_delivered() {
     Message m;
     while (t_.try_receive(m)) {
       const Header& h = m.header;
-      if (h.round_id > g_.round_id && h.type != MsgType::keepalive) {
-        ws_.stash_message(std::move(m));
+      if (!check_message(h, m.sender.size(), m.payload.size).empty()) {
+        ws_.drop(m, "malformed");
+      } else if (h.round_id > g_.round_id && h.type != MsgType::keepalive) {
+        ws_.stash_message(std::move(m), g_.round_id, rank_of(m.sender) < 0, Clock::now());
       } else if (h.round_id == g_.round_id && h.sender_rank < static_cast<uint32_t>(k_) &&
                  g_.members[h.sender_rank].name == m.sender) {
         const int s = static_cast<int>(h.sender_rank);
@@ -627,7 +638,9 @@ void abandon(Transport& t, Workspace& ws, Op& op) {
   }
   Message m;
   while (t.try_receive(m)) {
-    if (m.header.round_id > op.round_id()) ws.stash_message(std::move(m));
+    if (m.header.round_id > op.round_id() && m.header.type != MsgType::keepalive &&
+        check_message(m.header, m.sender.size(), m.payload.size).empty())
+      ws.stash_message(std::move(m), op.round_id(), !op.is_member(m.sender), Clock::now());
     m = Message{};
   }
 }
@@ -679,15 +692,65 @@ bool InputRefs::wait_released(std::chrono::milliseconds limit) {
   return cv_.wait_for(lock, limit, [this] { return count_ == 0; });
 }
 
-void Workspace::stash_message(Message&& m) {
-  constexpr size_t kMaxStashBytes = size_t{1} << 30;
-  constexpr size_t kMaxStashMessages = 1 << 16;
-  stash_bytes += m.payload.size;
-  stash.push_back(std::move(m));
+void Workspace::stash_message(Message&& m, uint64_t round_id, bool stranger,
+                              Clock::time_point now) {
+  if (m.header.round_id - round_id > kMaxRoundsAhead) {
+    drop(m, "round " + std::to_string(m.header.round_id) + " is implausibly far ahead of round " +
+                std::to_string(round_id));
+    return;
+  }
+  const size_t size = m.payload.size;
+  if (stranger &&
+      (stranger_bytes + size > kMaxStrangerStashBytes || strangers >= kMaxStrangerStashMessages)) {
+    drop(m, "a sender outside the group of round " + std::to_string(round_id) + " already has " +
+                std::to_string(stranger_bytes) + " bytes in " + std::to_string(strangers) +
+                " messages waiting (limits " + std::to_string(kMaxStrangerStashBytes) + " bytes, " +
+                std::to_string(kMaxStrangerStashMessages) + " messages)");
+    return;
+  }
+  stash_bytes += size;
+  if (stranger) {
+    stranger_bytes += size;
+    ++strangers;
+  }
+  stash.push_back(Early{std::move(m), now, stranger});
   while (!stash.empty() && (stash_bytes > kMaxStashBytes || stash.size() > kMaxStashMessages)) {
-    stash_bytes -= stash.front().payload.size;
+    Early& e = stash.front();
+    drop(e.m, "the early messages exceed " + std::to_string(kMaxStashBytes) + " bytes or " +
+                  std::to_string(kMaxStashMessages) + " messages; the oldest goes");
+    stash_bytes -= e.m.payload.size;
+    if (e.stranger) {
+      stranger_bytes -= e.m.payload.size;
+      --strangers;
+    }
     stash.pop_front();
   }
+}
+
+std::deque<Workspace::Early> Workspace::take_stash(Clock::time_point now) {
+  std::deque<Early> out;
+  out.swap(stash);
+  stash_bytes = stranger_bytes = strangers = 0;
+  std::erase_if(out, [&](const Early& e) {
+    if (now - e.at <= stash_ttl) return false;
+    drop(e.m, "it waited " + seconds_str(now - e.at) + " for its round, more than " +
+                  seconds_str(stash_ttl));
+    return true;
+  });
+  return out;
+}
+
+void Workspace::drop(const Message& m, const std::string& why) {
+  ++dropped;
+  uint64_t held = 0;
+  const auto now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+          .count();
+  if (!drop_log.allow(now_ms, &held)) return;
+  spdlog::warn("collective: dropped a message from '{}' (round {}, {} payload bytes): {}{}",
+               escape_remote(m.sender), m.header.round_id, m.payload.size, why,
+               held ? " (" + std::to_string(held) + " more dropped since the last such line)"
+                    : std::string());
 }
 
 std::shared_ptr<Bytes> Workspace::send_buffer(size_t size) {
@@ -714,6 +777,9 @@ void butterfly_allreduce(Transport& t, Workspace& ws, const Options& options, co
                          const float* in, float* out, size_t n) {
   ws.stats = Stats{};
   check_group(t, group);
+  // Early messages wait for their operation at most this long: far longer than members of
+  // one job start apart (a straggler's previous operation is bounded by a few timeouts).
+  ws.stash_ttl = std::max<Clock::duration>(std::chrono::minutes(10), 100 * options.peer_timeout);
   // Peers that left the group: let what is queued for them drain, then close.
   std::vector<std::string> peers;
   for (int p = 0; p < static_cast<int>(group.members.size()); ++p)

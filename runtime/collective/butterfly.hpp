@@ -28,6 +28,7 @@
 #include "runtime/collective/liveness.hpp"
 #include "runtime/collective/transport.hpp"
 #include "runtime/collective/types.hpp"
+#include "runtime/core/remote_input.hpp"
 
 namespace loco::collective::detail {
 
@@ -52,14 +53,41 @@ struct Bytes {
   size_t size;
 };
 
+// Bounds on the early messages a member keeps (Workspace::stash).
+inline constexpr size_t kMaxStashBytes = size_t(1) << 30;
+inline constexpr size_t kMaxStashMessages = size_t(1) << 16;
+inline constexpr size_t kMaxStrangerStashBytes = size_t(64) << 20;
+inline constexpr size_t kMaxStrangerStashMessages = 1024;
+// Round ids are the aggregator's microsecond clock (or small counters in tests): 2^40 us is
+// 12.7 days, far more than any gap between two operations of one job.
+inline constexpr uint64_t kMaxRoundsAhead = uint64_t(1) << 40;
+
 // What a member keeps from one operation to the next.
 struct Workspace {
   Stats stats;
   Hooks hooks;
-  // Messages of later operations that arrived early, bounded in bytes and count.
-  std::deque<Message> stash;
+  // Messages of later operations that arrived early. Bounded in bytes and count; a sender
+  // that is not a member of the current operation's group shares a much smaller budget (it may
+  // be joining the next one, or be no member at all); a round more than kMaxRoundsAhead ahead
+  // is not kept; and what waits longer than `stash_ttl` is dropped when an operation starts.
+  struct Early {
+    Message m;
+    Clock::time_point at;
+    bool stranger = false;
+  };
+  std::deque<Early> stash;
   size_t stash_bytes = 0;
-  void stash_message(Message&& m);
+  size_t stranger_bytes = 0;
+  size_t strangers = 0;
+  Clock::duration stash_ttl = std::chrono::minutes(10);
+  void stash_message(Message&& m, uint64_t round_id, bool stranger, Clock::time_point now);
+  // The early messages, taken out of the stash (those past stash_ttl dropped).
+  std::deque<Early> take_stash(Clock::time_point now);
+  // Messages dropped without blaming anyone (malformed, claiming another member's rank, too
+  // far ahead, over the stash's bounds), counted and logged at most once per 10 s.
+  uint64_t dropped = 0;
+  RateLimit drop_log;
+  void drop(const Message& m, const std::string& why);
   // Encoded outgoing data, each buffer reused once no message holds it any more (the last
   // chunks of one operation may still be on their way when the next one starts).
   std::vector<std::shared_ptr<Bytes>> send_buffers;

@@ -1,5 +1,6 @@
 #include "runtime/collective/codec.hpp"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -109,7 +110,11 @@ float half_to_float_scalar(uint16_t h) {
 }
 
 bool has_f16c() {
-  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  // CPUID leaf 1, ECX bit 29: clang 14's __builtin_cpu_supports does not know "f16c".
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+  }();
   return yes;
 }
 

@@ -14,6 +14,40 @@ std::optional<Header> parse_header(std::span<const uint8_t> bytes) {
   return h;
 }
 
+std::string check_message(const Header& h, size_t sender_bytes, size_t payload_bytes) {
+  if (sender_bytes == 0 || sender_bytes > kMaxSenderBytes)
+    return "a sender name of " + std::to_string(sender_bytes) + " bytes (1 to " +
+           std::to_string(kMaxSenderBytes) + " allowed)";
+  if (static_cast<uint8_t>(h.codec) > static_cast<uint8_t>(Codec::int8))
+    return "unknown codec " + std::to_string(static_cast<unsigned>(h.codec));
+  switch (h.type) {
+    case MsgType::reduce_scatter:
+    case MsgType::all_gather:
+      if (h.count == 0 || h.count > kMaxChunkFloats)
+        return "a chunk of " + std::to_string(h.count) + " floats (1 to " +
+               std::to_string(kMaxChunkFloats) + " allowed)";
+      if (h.offset > h.total_n || h.count > h.total_n - h.offset)
+        return "a chunk of " + std::to_string(h.count) + " floats at " + std::to_string(h.offset) +
+               " past the end of a vector of " + std::to_string(h.total_n);
+      if (payload_bytes != encoded_bytes(h.codec, h.count))
+        return "a chunk of " + std::to_string(h.count) + " floats in " +
+               std::to_string(payload_bytes) + " bytes, expected " +
+               std::to_string(encoded_bytes(h.codec, h.count));
+      return "";
+    case MsgType::abort:
+      if (payload_bytes == 0 || payload_bytes > kMaxAbortBytes)
+        return "an abort notice of " + std::to_string(payload_bytes) + " bytes (1 to " +
+               std::to_string(kMaxAbortBytes) + " allowed)";
+      return "";
+    case MsgType::keepalive:
+    case MsgType::hello:
+      if (payload_bytes != 0)
+        return "a payload of " + std::to_string(payload_bytes) + " bytes in a keepalive or hello";
+      return "";
+  }
+  return "unknown message type " + std::to_string(static_cast<unsigned>(h.type));
+}
+
 uint64_t fingerprint(const Group& g) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](std::string_view s) {

@@ -56,6 +56,17 @@ struct Header {
 // The header in `bytes`, or nullopt when they are not a header of this magic and version.
 std::optional<Header> parse_header(std::span<const uint8_t> bytes);
 
+// Bounds on what a received message may hold, whatever its operation.
+inline constexpr size_t kMaxSenderBytes = 256;              // a member's name
+inline constexpr size_t kMaxAbortBytes = size_t(64) << 10;  // an abort notice
+inline constexpr uint64_t kMaxChunkFloats = uint64_t(1) << 30;
+// What can be checked of a received message without its operation: a known type and codec,
+// a short sender name, a chunk of at most kMaxChunkFloats whose payload has exactly the bytes
+// its header promises, an abort of at most kMaxAbortBytes, nothing in a keepalive or hello.
+// "" when all hold, else the first that does not (for a log line; such a message is dropped:
+// nothing in it can be trusted, not even the name of the member it claims to come from).
+std::string check_message(const Header& h, size_t sender_bytes, size_t payload_bytes);
+
 // Identifies a group: members (names and endpoints, in order) and part weights. Members of
 // different groups that happen to share a round id never mix their data.
 uint64_t fingerprint(const Group& g);

@@ -151,6 +151,12 @@ struct ClusterStatus {
   MSGPACK_DEFINE(head_address, redis_url, nodes, actors, recent_events)
 };
 
+// What the head accepts in a submission and in a job's events, checked before anything is
+// stored: a record that large would hold the head's store round trips and every reader.
+inline constexpr size_t kMaxJobNameBytes = 256;              // a job's name, an actor class's name
+inline constexpr size_t kMaxJobSpecBytes = size_t(1) << 20;  // the job file's text
+inline constexpr size_t kMaxJobEventBytes = size_t(64) << 10;  // one event's data
+
 // A job: a unit of work a user submits. The head starts its entry actor (for a
 // DiLoCo job, the OuterAggregator) and keeps the job's record and its event log
 // in the store. Every actor of a job is named "<job id>.<role>", so that

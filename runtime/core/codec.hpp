@@ -91,6 +91,22 @@ Payload pack_payload(const T& value) {
   return p;
 }
 
+// msgpack from the network is decoded in two passes: a walk that builds nothing checks the
+// input against these limits (and every declared array, map, str, bin or ext length against
+// the bytes that are actually there), then msgpack-c builds the objects under an unpack_limit
+// sized from the input. So a 42-byte message that declares 2^32 elements, or a deep nest of
+// arrays, is refused before anything is allocated.
+struct UnpackLimits {
+  size_t max_depth = 32;  // nested arrays and maps
+  // What the objects msgpack builds may take (16-byte objects, 32-byte map entries, copies of
+  // strings), beyond the input itself: caps the 24x growth of a message of many tiny objects.
+  size_t max_decoded_bytes = size_t(64) << 20;
+};
+// The decoded object; throws ProtocolError naming `what` and the limit that was exceeded, or
+// saying that the bytes are not msgpack.
+msgpack::object_handle unpack_bounded(const char* data, size_t size, std::string_view what,
+                                      const UnpackLimits& limits = {});
+
 // Decodes a body into T; blobs in the result share `p.blobs`' memory (a
 // received frame: no copy). Throws ProtocolError naming `what_prefix + what`
 // when the body does not hold a T (the two parts are joined only then: this
@@ -100,7 +116,7 @@ T unpack_payload(const Payload& p, std::string_view what_prefix, std::string_vie
   const std::vector<Blob>* saved = blob_source();
   blob_source() = &p.blobs;
   try {
-    msgpack::object_handle oh = msgpack::unpack(p.body.data(), p.body.size());
+    msgpack::object_handle oh = unpack_bounded(p.body.data(), p.body.size(), "message body");
     T value = oh.get().as<T>();
     blob_source() = saved;
     return value;

@@ -24,6 +24,8 @@ struct Core::Mailbox {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Inbound> queue;
+  size_t queued_bytes = 0;  // of the calls in `queue` that came from the network
+  RateLimit full_warnings;
   bool stopping = false;
   std::thread thread;
 };
@@ -253,7 +255,8 @@ void Core::on_reply(const std::string& peer, std::vector<zmq::message_t>&& frame
   try {
     d = decode(std::move(frames), opts_.max_message_bytes + (size_t(1) << 20));
   } catch (const ProtocolError& e) {
-    spdlog::warn("dropped a malformed reply from {}: {}", peer, e.what());
+    warn_bad_input("dropped a malformed reply from " + escape_remote(peer) + ": " +
+                   escape_remote(e.what(), 400));
     return;
   }
   std::shared_ptr<CallState> st;
@@ -340,6 +343,18 @@ void Core::send_error(zmq::message_t&& rid, uint64_t corr, const std::string& ty
   transport_->reply(std::move(rid), encode(env));
 }
 
+void Core::warn_bad_input(const std::string& line) {
+  uint64_t held = 0;
+  {
+    std::lock_guard<std::mutex> lock(bad_input_mu_);
+    if (!bad_input_.allow(now_ms(), &held)) return;
+  }
+  if (held > 0)
+    spdlog::warn("{} ({} more warnings about bad input in the last 10 s not logged)", line, held);
+  else
+    spdlog::warn("{}", line);
+}
+
 void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames) {
   if (frames.empty()) {
     spdlog::warn("dropped an empty message");
@@ -350,7 +365,8 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
     d = decode(std::move(frames), opts_.max_message_bytes);
   } catch (const ProtocolError& e) {
     uint64_t corr = salvage_corr(frames[0]);
-    spdlog::warn("rejected a message (corr {}): {}", corr, e.what());
+    warn_bad_input("rejected a message (corr " + std::to_string(corr) +
+                   "): " + escape_remote(e.what(), 400));
     send_error(std::move(rid), corr, "ProtocolError", e.what());
     return;
   }
@@ -366,7 +382,8 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
     case Kind::Tell:
       break;
     default:
-      spdlog::warn("dropped an unexpected {} message from {}", int(d.env.kind), d.env.sender);
+      warn_bad_input("dropped an unexpected " + std::to_string(int(d.env.kind)) + " message from " +
+                     escape_remote(d.env.sender));
       return;
   }
   std::shared_ptr<Mailbox> box;
@@ -376,19 +393,46 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
     if (it != actors_.end()) box = it->second;
   }
   if (!box) {
-    std::string msg = "no actor '" + d.env.target + "' on " + opts_.self_name +
+    std::string msg = "no actor '" + escape_remote(d.env.target) + "' on " + opts_.self_name +
                       (address_.empty() ? "" : " (" + address_ + ")");
     if (d.env.k() == Kind::Request)
       send_error(std::move(rid), d.env.corr, "ActorNotFoundError", msg);
     else
-      spdlog::warn("dropped a one-way call {}: {}", d.env.method, msg);
+      warn_bad_input("dropped a one-way call " + escape_remote(d.env.method) + ": " + msg);
     return;
   }
-  bool was_empty;
+  size_t bytes = d.payload.body.size();
+  for (const Blob& b : d.payload.blobs) bytes += b.size();
+  bool was_empty, full;
+  size_t queued, queued_bytes;
   {
     std::lock_guard<std::mutex> lock(box->mu);
     was_empty = box->queue.empty();
-    box->queue.push_back(Inbound{std::move(rid), std::move(d.env), std::move(d.payload)});
+    queued = box->queue.size();
+    queued_bytes = box->queued_bytes;
+    full = !was_empty &&
+           (queued >= opts_.max_mailbox_messages || queued_bytes + bytes > opts_.max_mailbox_bytes);
+    if (!full) {
+      box->queued_bytes += bytes;
+      box->queue.push_back(Inbound{std::move(rid), std::move(d.env), std::move(d.payload)});
+    }
+  }
+  if (full) {
+    const std::string why = "the mailbox of actor " + box->id + " holds " + std::to_string(queued) +
+                            " calls of " + std::to_string(queued_bytes) + " bytes (limits " +
+                            std::to_string(opts_.max_mailbox_messages) + " calls, " +
+                            std::to_string(opts_.max_mailbox_bytes) + " bytes)";
+    if (d.env.k() == Kind::Request) {
+      send_error(std::move(rid), d.env.corr, "RemoteError",
+                 "call " + escape_remote(d.env.method) + " refused: " + why + "; try again later");
+    } else {
+      uint64_t held = 0;
+      std::lock_guard<std::mutex> lock(box->mu);
+      if (box->full_warnings.allow(now_ms(), &held))
+        spdlog::warn("dropped a one-way call {}: {}{}", escape_remote(d.env.method), why,
+                     held ? " (" + std::to_string(held) + " more not logged)" : std::string());
+    }
+    return;
   }
   if (was_empty) box->cv.notify_one();
 }
@@ -487,6 +531,7 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
       box->cv.wait(lock, [&] { return box->stopping || !box->queue.empty(); });
       if (box->stopping) break;
       batch.swap(box->queue);
+      box->queued_bytes = 0;
     }
     for (Inbound& in : batch) {
       bool wants_reply = in.env.k() == Kind::Request;

@@ -33,6 +33,10 @@ struct CoreOptions {
   int64_t detect_ms = 2000;    // a peer silent this long while we wait on it is dead
   int64_t heartbeat_ms = 400;  // ping a peer we wait on after this much silence
   size_t max_message_bytes = size_t(1) << 30;
+  // Calls from the network waiting in one actor's mailbox; past either bound a request is
+  // refused with an error and a one-way call is dropped (a message always fits an empty box).
+  size_t max_mailbox_messages = size_t(1) << 16;
+  size_t max_mailbox_bytes = size_t(2) << 30;
   int64_t resolve_timeout_ms = 15000;  // how long a handle waits for a restarting actor
 };
 
@@ -84,6 +88,9 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   void send_error(zmq::message_t&& rid, uint64_t corr, const std::string& type,
                   const std::string& message);
   void run_mailbox(std::shared_ptr<Mailbox> box);
+  // A warning about malformed or unexpected input from the network, at most one line per
+  // 10 s (the count of those held back goes with the next).
+  void warn_bad_input(const std::string& line);
   void refuse_queued(Mailbox& box);
   void finish(const std::shared_ptr<CallState>& st, const std::string& error_type,
               const std::string& error_message, Payload&& result);
@@ -93,6 +100,8 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   std::string address_;
   std::shared_ptr<ActorRef> head_ref_;
 
+  std::mutex bad_input_mu_;
+  RateLimit bad_input_;
   std::mutex calls_mu_;
   uint64_t next_corr_ = 1;
   std::unordered_map<uint64_t, std::shared_ptr<CallState>> pending_;

@@ -23,7 +23,14 @@ std::string pack_str(const T& v) {
 
 template <class T>
 T unpack_str(const std::string& s) {
-  return msgpack::unpack(s.data(), s.size()).get().as<T>();
+  return detail::unpack_bounded(s.data(), s.size(), "a record in the store").get().as<T>();
+}
+
+// Refuses a field over its bound before it reaches the store.
+void check_size(const char* field, size_t bytes, size_t limit) {
+  if (bytes > limit)
+    throw ClusterError(std::string(field) + ": " + std::to_string(bytes) +
+                       " bytes, more than the limit of " + std::to_string(limit) + " bytes");
 }
 
 class HeadService {
@@ -43,6 +50,11 @@ class HeadService {
   }
 
   ActorInfo spawn_impl(SpawnRequest req) {
+    check_size("spawn: class name", req.class_name.size(), kMaxJobNameBytes);
+    check_size("spawn: actor name", req.name.size(), kMaxJobNameBytes);
+    // Kept in the actor's record in the store, and sent again on every restart.
+    constexpr size_t kMaxCtorArgsBytes = size_t(16) << 20;
+    check_size("spawn: constructor arguments", req.ctor_args.size(), kMaxCtorArgsBytes);
     guard_store();
     if (req.class_name.empty()) throw ClusterError("spawn: empty actor class name");
     if (!req.name.empty()) {
@@ -149,6 +161,9 @@ class HeadService {
   JobInfo submit_job_impl(JobSubmission sub) {
     guard_store();
     if (sub.entry_class.empty()) throw ClusterError("submit: the job names no entry actor class");
+    check_size("submit: name", sub.name.size(), kMaxJobNameBytes);
+    check_size("submit: entry_class", sub.entry_class.size(), kMaxJobNameBytes);
+    check_size("submit: spec (the job file)", sub.spec.size(), kMaxJobSpecBytes);
     JobInfo job;
     job.id = random_id("job").substr(0, 16);
     job.name = sub.name.empty() ? job.id : sub.name;
@@ -177,6 +192,9 @@ class HeadService {
 
   // Called by a job's actors: appends to the job's event log.
   void job_event(std::string job_id, std::string kind, std::string data) {
+    check_size("job_event: job id", job_id.size(), kMaxJobNameBytes);
+    check_size("job_event: kind", kind.size(), kMaxJobNameBytes);
+    check_size("job_event: data", data.size(), kMaxJobEventBytes);
     with_store([&] {
       if (!store_->hget(keys::kJobs, job_id)) throw ClusterError("no job " + job_id);
       job_log(job_id, kind, data);

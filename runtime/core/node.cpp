@@ -212,7 +212,9 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
         // that the head has not declared us dead in the meantime.
         auto cur = store->hget(keys::kNodes, node_id);
         if (cur) {
-          NodeRecord r = msgpack::unpack(cur->data(), cur->size()).get().as<NodeRecord>();
+          NodeRecord r = detail::unpack_bounded(cur->data(), cur->size(), "a node record")
+                             .get()
+                             .as<NodeRecord>();
           if (r.state == NodeState::dead) {
             // Cut off for longer than the detection time: the cluster has moved on
             // (our actors were restarted elsewhere or declared dead). Drop them and

@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "runtime/core/remote_input.hpp"
+
 namespace loco {
 
 using Millis = std::chrono::milliseconds;

@@ -31,7 +31,14 @@ std::vector<zmq::message_t> encode(const Envelope& env, Payload&& payload) {
 
 std::vector<zmq::message_t> encode(const Envelope& env) {
   msgpack::sbuffer buf;
-  msgpack::pack(buf, env);
+  if (env.error_message.size() > kMaxErrorMessageBytes) {
+    Envelope cut = env;
+    cut.error_message.resize(kMaxErrorMessageBytes);
+    cut.error_message += "...(cut)";
+    msgpack::pack(buf, cut);
+  } else {
+    msgpack::pack(buf, env);
+  }
   std::vector<zmq::message_t> frames;
   frames.emplace_back(buf.data(), buf.size());
   return frames;
@@ -44,10 +51,15 @@ Decoded decode(std::vector<zmq::message_t>&& frames, size_t max_bytes) {
   if (total > max_bytes)
     throw ProtocolError("message of " + std::to_string(total) + " bytes exceeds the limit of " +
                         std::to_string(max_bytes) + " bytes");
+  if (frames[0].size() > kMaxEnvelopeBytes)
+    throw ProtocolError("envelope of " + std::to_string(frames[0].size()) +
+                        " bytes exceeds the limit of " + std::to_string(kMaxEnvelopeBytes) +
+                        " bytes");
   Decoded d;
   try {
     msgpack::object_handle oh =
-        msgpack::unpack(static_cast<const char*>(frames[0].data()), frames[0].size());
+        unpack_bounded(static_cast<const char*>(frames[0].data()), frames[0].size(),
+                       "malformed envelope", UnpackLimits{1, kMaxEnvelopeBytes * 2});
     const msgpack::object& o = oh.get();
     // Read the version first so that another version's envelope of another
     // shape is reported as a version mismatch, not as garbage.
@@ -75,9 +87,10 @@ Decoded decode(std::vector<zmq::message_t>&& frames, size_t max_bytes) {
 }
 
 uint64_t salvage_corr(const zmq::message_t& frame) {
+  if (frame.size() > kMaxEnvelopeBytes) return 0;
   try {
-    msgpack::object_handle oh =
-        msgpack::unpack(static_cast<const char*>(frame.data()), frame.size());
+    msgpack::object_handle oh = unpack_bounded(static_cast<const char*>(frame.data()), frame.size(),
+                                               "envelope", UnpackLimits{1, kMaxEnvelopeBytes * 2});
     const msgpack::object& o = oh.get();
     if (o.type == msgpack::type::ARRAY && o.via.array.size >= 3 &&
         o.via.array.ptr[2].type == msgpack::type::POSITIVE_INTEGER)

@@ -21,6 +21,10 @@
 namespace loco::detail {
 
 constexpr uint32_t kProtocolVersion = 1;
+// An envelope is eight short fields; its frame is refused past this size before it is decoded.
+// Error messages that travel in it are cut to fit (kMaxErrorMessageBytes).
+constexpr size_t kMaxEnvelopeBytes = size_t(64) << 10;
+constexpr size_t kMaxErrorMessageBytes = size_t(16) << 10;
 
 enum class Kind : uint8_t { Request = 1, Tell = 2, Reply = 3, Error = 4, Ping = 5, Pong = 6 };
 
@@ -50,7 +54,8 @@ std::vector<zmq::message_t> encode(const Envelope& env, Payload&& payload);
 std::vector<zmq::message_t> encode(const Envelope& env);
 
 // Splits received frames. Throws ProtocolError for a missing or malformed
-// envelope, another protocol version, or too many bytes.
+// envelope, another protocol version, or too many bytes (the whole message over
+// `max_bytes`, the envelope over kMaxEnvelopeBytes: both checked before decoding).
 struct Decoded {
   Envelope env;
   Payload payload;

@@ -321,3 +321,117 @@ TEST(Liveness, KeepalivesAreDueEveryQuarterTimeout) {
 
 }  // namespace
 }  // namespace loco::collective::detail
+
+namespace loco::collective::detail {
+namespace {
+
+// Bad input on the collective's socket: dropped and counted, never blamed on a member.
+struct Forger {
+  explicit Forger(MemoryGroup& g) : t(g.hub, "mem://x") {}
+  // Sends `header` with `payload_bytes` of zeros to member `to`, as `sender`.
+  void send(MemoryGroup& g, int to, Header header, const std::string& sender,
+            size_t payload_bytes) {
+    auto bytes = std::make_shared<std::vector<uint8_t>>(payload_bytes);
+    Buffer b{bytes->data(), bytes->size(), bytes};
+    ASSERT_TRUE(t.try_send(g.transports[to]->endpoint(), Channel::data, header, sender, b));
+  }
+  MemoryTransport t;
+};
+
+Header chunk_header(uint64_t round, uint64_t fp, uint32_t rank, uint64_t count) {
+  Header h;
+  h.type = MsgType::reduce_scatter;
+  h.round_id = round;
+  h.group_fp = fp;
+  h.sender_rank = rank;
+  h.total_n = count;
+  h.count = count;
+  return h;
+}
+
+TEST(Hostile, AForgedRankIsDroppedWithoutFailingTheRoundOrBlamingTheMemberItNames) {
+  MemoryGroup g(2, Options{});
+  Forger x(g);
+  const uint64_t fp = fingerprint(g.group(iota(2), 0, 7));
+  // Claims to be w1 with w0's rank, for the very round and group that is about to run.
+  x.send(g, 0, chunk_header(7, fp, 0, 4), "w1", 16);
+  // And a chunk whose payload is not the size its header promises.
+  x.send(g, 0, chunk_header(7, fp, 1, 4), "w1", 15);
+  std::vector<std::vector<float>> in{make_data(2, 0, 1000), make_data(2, 1, 1000)}, out;
+  expect_ok(g.run(iota(2), 7, in, out));
+  EXPECT_EQ(g.workspaces[0]->dropped, 2u);
+}
+
+// Data of a later round from a member says it moved on, so the round fails naming it; but only
+// when it comes on that member's connection. A stranger writing the member's name into a
+// hello of the next round no longer aborts the round in its name.
+TEST(Hostile, ALaterRoundInAMembersNameFromAnotherConnectionDoesNotAbortTheRound) {
+  MemoryGroup g(2, Options{});
+  Forger x(g);
+  Header hello;
+  hello.type = MsgType::hello;
+  hello.round_id = 8;
+  hello.group_fp = fingerprint(g.group(iota(2), 0, 8));
+  hello.sender_rank = 1;
+  x.send(g, 0, hello, "w1", 0);
+  std::vector<std::vector<float>> in{make_data(2, 0, 1000), make_data(2, 1, 1000)}, out;
+  expect_ok(g.run(iota(2), 7, in, out));
+  EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0);
+}
+
+TEST(Hostile, EarlyDataFromOutsideTheGroupIsBoundedAndFarFutureRoundsAreNotKept) {
+  MemoryGroup g(2, Options{});
+  Forger x(g);
+  // 50 MB chunks for a later round from a sender in no group: the first fits the strangers'
+  // budget (64 MiB), the next two do not.
+  const uint64_t n = (50u << 20) / 4;
+  for (int i = 0; i < 3; ++i) x.send(g, 0, chunk_header(9, 1, 0, n), "x", n * 4);
+  // A round 2^41 ahead is not kept at all.
+  x.send(g, 0, chunk_header(7 + (uint64_t(1) << 41), 1, 0, 4), "x", 16);
+  std::vector<std::vector<float>> in{make_data(2, 0, 1000), make_data(2, 1, 1000)}, out;
+  expect_ok(g.run(iota(2), 7, in, out));
+  Workspace& w = *g.workspaces[0];
+  EXPECT_EQ(w.dropped, 3u);
+  EXPECT_EQ(w.stash.size(), 1u);
+  EXPECT_LE(w.stash_bytes, kMaxStrangerStashBytes);
+  // Members' early data is not held to the strangers' budget.
+  EXPECT_EQ(w.strangers, 1u);
+}
+
+TEST(Hostile, EarlyMessagesExpire) {
+  Workspace w;
+  const auto t0 = Clock::now();
+  Message m;
+  m.header = chunk_header(9, 1, 0, 4);
+  m.sender = "w1";
+  for (int i = 0; i < 2; ++i) w.stash_message(Message(m), 7, false, t0);
+  EXPECT_EQ(w.take_stash(t0 + w.stash_ttl).size(), 2u);
+  for (int i = 0; i < 2; ++i) w.stash_message(Message(m), 7, false, t0);
+  EXPECT_TRUE(w.take_stash(t0 + w.stash_ttl + 1ms).empty());
+  EXPECT_EQ(w.dropped, 2u);
+  EXPECT_EQ(w.stash_bytes, 0u);
+}
+
+TEST(Hostile, CheckMessageNamesWhatIsWrong) {
+  Header h = chunk_header(1, 1, 0, 4);
+  EXPECT_EQ(check_message(h, 2, 16), "");
+  EXPECT_NE(check_message(h, 0, 16).find("sender name of 0 bytes"), std::string::npos);
+  EXPECT_NE(check_message(h, 300, 16).find("sender name of 300 bytes"), std::string::npos);
+  EXPECT_NE(check_message(h, 2, 17).find("in 17 bytes, expected 16"), std::string::npos);
+  h.offset = 1;
+  EXPECT_NE(check_message(h, 2, 16).find("past the end"), std::string::npos);
+  h = chunk_header(1, 1, 0, uint64_t(1) << 40);
+  EXPECT_NE(check_message(h, 2, 0).find("floats (1 to"), std::string::npos);
+  h.type = MsgType::keepalive;
+  EXPECT_EQ(check_message(h, 2, 0), "");
+  EXPECT_NE(check_message(h, 2, 1).find("keepalive"), std::string::npos);
+  h.type = static_cast<MsgType>(99);
+  EXPECT_NE(check_message(h, 2, 0).find("unknown message type 99"), std::string::npos);
+  h.type = MsgType::abort;
+  EXPECT_NE(check_message(h, 2, kMaxAbortBytes + 1).find("abort notice"), std::string::npos);
+  h.codec = static_cast<Codec>(9);
+  EXPECT_NE(check_message(h, 2, 1).find("unknown codec 9"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loco::collective::detail

@@ -194,7 +194,7 @@ TEST(Config, DeviceChoiceFollowsTheAssignedGpusAndTorch) {
   EXPECT_NE(error(DeviceKind::cuda, {0}, false, 0).find("CUDA is not available"),
             std::string::npos);
   EXPECT_NE(error(DeviceKind::auto_, {2}, true, 2).find("sees 2 CUDA device(s)"),
-              std::string::npos);
+            std::string::npos);
 }
 
 TEST(Config, PrecisionAndActivationCheckpointing) {
@@ -469,4 +469,84 @@ TEST(Config, ExampleJobFilesAreValid) {
     ++n;
   }
   EXPECT_GE(n, 2);
+}
+
+// Every size in a job file has a bound, named in the error, so that no value makes a worker
+// allocate without limit ("bad_alloc", "negative dimension") or overflow an int.
+TEST(Config, EverySizeIsBoundedNamingTheField) {
+  EXPECT_EQ(error_of(replace(kJob, "name: t", "threads: 100000000\nname: t")),
+            "threads: must be <= 1024, got 100000000");
+  EXPECT_EQ(error_of(replace(kJob, "layers: 2", "layers: 1000000")),
+            "model.layers: must be <= 1024, got 1000000");
+  EXPECT_EQ(error_of(replace(kJob, "width: 32", "width: 1048576")),
+            "model.d_model: must be <= 65536, got 1048576");
+  EXPECT_EQ(error_of(replace(kJob, "context: 16", "context: 1073741824")),
+            "model.context: must be <= 1048576, got 1073741824");
+  EXPECT_EQ(error_of(replace(kJob, "heads: 2", "heads: 2048")),
+            "model.heads: must be <= 1024, got 2048");
+  EXPECT_EQ(error_of(replace(kJob, "shards: 8", "shards: 100000000")),
+            "data.shards: must be in [1, 1048576], got 100000000");
+  EXPECT_EQ(error_of(replace(kJob, "count: 2", "count: 1000000")),
+            "workers.count: must be in [1, 4096], got 1000000");
+  EXPECT_EQ(error_of(replace(kJob, "batch_size: 4", "batch_size: 10000000")),
+            "inner.batch_size: must be in [1, 65536], got 10000000");
+  EXPECT_EQ(error_of(replace(kJob, "steps: 5", "steps: 1000000000")),
+            "inner.steps: must be in [1, 16777216], got 1000000000");
+  EXPECT_EQ(error_of(replace(kJob, "batches: 2", "batches: 10000000")),
+            "eval.batches: must be in [1, 65536], got 10000000");
+  EXPECT_EQ(error_of(replace(kJob, "rounds: 3", "rounds: 1000000000")),
+            "rounds: must be in [0, 16777216], got 1000000000");
+  // A value that does not fit the field's integer is a read error naming it.
+  EXPECT_NE(
+      error_of(replace(kJob, "layers: 2", "layers: 99999999999")).find("model.layers: cannot read"),
+      std::string::npos);
+  // Each size within its bound, together too much for a worker: named as well.
+  EXPECT_NE(error_of(replace(replace(kJob, "layers: 2", "layers: 1024"), "width: 32, heads: 2",
+                             "width: 65536, heads: 2"))
+                .find("model: must be at most 2e+10 parameters"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace(kJob, "context: 16", "context: 1048576"))
+                .find("model.context: must be small enough"),
+            std::string::npos);
+}
+
+TEST(Config, NonFiniteNumbersAreRefusedNamingTheField) {
+  EXPECT_EQ(error_of(replace(kJob, "lr: 0.001", "lr: .inf")),
+            "inner.lr: must be a finite number, got inf");
+  EXPECT_EQ(error_of(replace(kJob, "lr: 0.001", "lr: .nan")),
+            "inner.lr: must be a finite number, got nan");
+  EXPECT_EQ(error_of(replace(kJob, "lr: 0.7", "lr: .inf")),
+            "outer.lr: must be a finite number, got inf");
+  EXPECT_EQ(error_of(replace(kJob, "weight_decay: 0.1", "weight_decay: .inf")),
+            "inner.weight_decay: must be a finite number, got inf");
+  EXPECT_EQ(error_of(replace(kJob, "grad_clip: 1.0", "grad_clip: .inf")),
+            "inner.grad_clip: must be a finite number, got inf");
+  EXPECT_EQ(error_of(replace(kJob, "workers: {count: 2}", "workers: {count: 2, wait_s: .inf}")),
+            "workers.wait_s: must be a finite number, got inf");
+}
+
+TEST(Config, NamesPathsAndTheFileItselfAreBounded) {
+  EXPECT_NE(error_of(replace(kJob, "name: t", "name: " + std::string(10 << 20, 'a')))
+                .find("bytes, more than the limit of 1048576 bytes"),
+            std::string::npos);
+  EXPECT_EQ(error_of(replace(kJob, "name: t", "name: " + std::string(300, 'a'))),
+            "name: must be at most 256 bytes, got 300 bytes");
+  EXPECT_EQ(error_of(replace(kJob, "name: t", "name: \"a\\x01b\"")),
+            "name: must not contain control characters, got 'a\\x01b'");
+  EXPECT_EQ(error_of(replace(kJob, "dir: ck", "dir: " + std::string(5000, 'd'))),
+            "checkpoint.dir: must be at most 4096 bytes, got 5000 bytes");
+  // yaml-cpp recurses on flow nesting: refused before it parses.
+  EXPECT_EQ(error_of(std::string(100000, '[')), "job file: more than 32 nested [ or { brackets");
+  // Found by fuzz_job_file: a key that is not a name (YAML's "? {..}") escaped from_yaml as a
+  // YAML::TypedBadConversion instead of a ConfigError.
+  EXPECT_EQ(error_of("? {heads: 4}\n: 1\n"), "job: a key must be a name, got '{heads: 4}'");
+  EXPECT_NE(error_of(replace(kJob, "eval:", "model2:\n  ? [a]\n  : 1\neval:"))
+                .find("unknown field"),
+            std::string::npos);
+  EXPECT_EQ(error_of("model:\n  ? heads: 4\n"),
+            "model: a key must be a name, got 'heads: 4'");
+  // An unreadable value shows cut and escaped in the error.
+  const auto e = error_of(replace(kJob, "steps: 5", "steps: \"" + std::string(5000, 'x') + "\""));
+  EXPECT_NE(e.find("inner.steps: cannot read"), std::string::npos) << e;
+  EXPECT_LT(e.size(), 200u) << e;
 }

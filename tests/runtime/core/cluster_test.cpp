@@ -373,6 +373,27 @@ TEST(Cluster, BadInputGetsAnErrorReplyAndTheNodeKeepsServing) {
   EXPECT_EQ(r.error_type, "ProtocolError");
   EXPECT_TRUE(contains(r.error_message, "exceeds the limit")) << r.error_message;
   still_serving();
+
+  // The probe's inputs. 42 bytes that declare an array of 2^32 - 1 elements (128 GB of
+  // msgpack objects): refused by the declared length against the bytes there.
+  std::string huge = "\xdd\xff\xff\xff\xff";
+  huge.resize(42, '\xc0');
+  raw.send_bytes(huge);
+  r = raw.reply();
+  EXPECT_EQ(r.error_type, "ProtocolError");
+  EXPECT_TRUE(contains(r.error_message, "an array of 4294967295 elements in 42 bytes"))
+      << r.error_message;
+  still_serving();
+  // An envelope of 900 KB of nils (the probe sent 200 MB): refused by its size, undecoded.
+  std::string nils = "\xdd";
+  for (int shift : {24, 16, 8, 0}) nils.push_back(static_cast<char>((900000 >> shift) & 0xff));
+  nils.append(900000, '\xc0');
+  raw.send_bytes(nils);
+  r = raw.reply();
+  EXPECT_EQ(r.error_type, "ProtocolError");
+  EXPECT_TRUE(contains(r.error_message, "envelope of 900005 bytes exceeds the limit of 65536"))
+      << r.error_message;
+  still_serving();
 }
 
 TEST(Cluster, RedisUnreachableAtStartExitsNonZeroWithAClearMessage) {

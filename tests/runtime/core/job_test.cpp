@@ -72,6 +72,28 @@ TEST(Jobs, FailureAndCancelAreReported) {
   }
 }
 
+// The probe: a 10 MB job name left the head busy with the store and unable to answer hello
+// for minutes. Now the head refuses it before it touches the store, naming the field.
+TEST(Jobs, OversizedNameOrSpecIsRefusedNamingTheFieldAndTheHeadKeepsAnswering) {
+  LocalCluster c(ClusterOptions{.nodes = 1});
+  Client client(c.head_address());
+  auto refused = [&](JobSpec s, const std::string& text) {
+    try {
+      client.submit(s);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  JobSpec big_name = fake("rounds 1");
+  big_name.name = std::string(10 << 20, 'n');
+  refused(big_name, "submit: name: 10485760 bytes, more than the limit of 256 bytes");
+  refused(fake(std::string(2 << 20, 'r')),
+          "submit: spec (the job file): 2097152 bytes, more than the limit of 1048576 bytes");
+  EXPECT_TRUE(client.jobs().empty());
+  EXPECT_EQ(client.submit(fake("rounds 1")).wait(Millis(20000)).state, JobState::succeeded);
+}
+
 TEST(Jobs, EntryActorIsRestartedWhenItsNodeDies) {
   LocalCluster c(ClusterOptions{.nodes = 2});
   Client client(c.head_address());
