@@ -199,7 +199,10 @@ void OuterAggregator::State::find_checkpoint() {
       if (e.kind != kCheckpointRecord) continue;
       CheckpointRecord rec;
       try {
-        rec = msgpack::unpack(e.data.data(), e.data.size()).get().as<CheckpointRecord>();
+        // Anyone who can reach the head can append to a job's log: bounded like network input.
+        rec = detail::unpack_bounded(e.data.data(), e.data.size(), "a checkpoint record")
+                  .get()
+                  .as<CheckpointRecord>();
       } catch (const std::exception& err) {
         log("ignoring a malformed checkpoint record: " + std::string(err.what()));
         continue;

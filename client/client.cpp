@@ -69,7 +69,10 @@ JobEvents JobHandle::poll(std::string& cursor, int max) {
 std::optional<JobHandle::Update> JobHandle::decode(const JobEvent& e) {
   Update u;
   if (e.kind == "report") {
-    JobProgress p = msgpack::unpack(e.data.data(), e.data.size()).get().as<JobProgress>();
+    // Anyone who can reach the head can append to a job's log: bounded like network input.
+    JobProgress p = detail::unpack_bounded(e.data.data(), e.data.size(), "a job's progress report")
+                        .get()
+                        .as<JobProgress>();
     u.report = RoundReport::from(p);
   } else if (e.kind == "log") {
     u.line = e.data;
