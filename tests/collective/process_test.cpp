@@ -446,6 +446,11 @@ TEST(CollectiveProcesses, RetriesAfterFailuresSucceedUnderLoadOnTheSameCommunica
 struct BadCase {
   std::string mode;
   std::string text;
+  // When not empty: being named as lost with this text is right too. Data for a later round
+  // is believed only on a connection that the member's own messages came on (its name on a
+  // stranger's connection must not fail the round); whether the member's hello got there
+  // first is a race, and when it did not, the member is silent in this round and lost.
+  std::string lost_text;
 };
 
 class CollectiveBadMember : public ::testing::TestWithParam<BadCase> {};
@@ -459,7 +464,18 @@ TEST_P(CollectiveBadMember, NamedByEveryOtherMember) {
   start(run, s, threads);
   std::string line = run.child->read_result(std::chrono::seconds(30));
   for (auto& t : threads) t.join();
-  for (int r = 0; r < s.k - 1; ++r) expect_named(run.errors[r], "w3", GetParam().text, false);
+  for (int r = 0; r < s.k - 1; ++r) {
+    const bool lost = !GetParam().lost_text.empty() && run.errors[r] && [&] {
+      try {
+        std::rethrow_exception(run.errors[r]);
+      } catch (const PeerLostError&) {
+        return true;
+      } catch (...) {
+        return false;
+      }
+    }();
+    expect_named(run.errors[r], "w3", lost ? GetParam().lost_text : GetParam().text, lost);
+  }
   EXPECT_EQ(line.rfind("error ", 0), 0u) << line;
   std::cerr << "child: " << line << "\n";
 }
@@ -467,7 +483,7 @@ TEST_P(CollectiveBadMember, NamedByEveryOtherMember) {
 INSTANTIATE_TEST_SUITE_P(All, CollectiveBadMember,
                          ::testing::Values(BadCase{"nan", "NaN"},
                                            BadCase{"longer", "100005 floats"},
-                                           BadCase{"round+1", "round 8"}),
+                                           BadCase{"round+1", "round 8", "no data for"}),
                          [](const ::testing::TestParamInfo<BadCase>& info) {
                            std::string m = info.param.mode;
                            return m == "round+1" ? std::string("wrong_round") : m;
