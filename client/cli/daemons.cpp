@@ -16,6 +16,7 @@
 #include "client/cli/common.hpp"
 #include "client/process.hpp"
 #include "runtime/core/server.hpp"
+#include "runtime/security/keys.hpp"
 
 namespace fs = std::filesystem;
 
@@ -59,6 +60,7 @@ int start_blocking(const StartArgs& a) {
     cfg.redis_url = a.redis;
     cfg.detect_ms = a.detect_ms;
     cfg.max_message_bytes = a.max_message_bytes;
+    cfg.security = security::resolve("", false);
     return run_head(cfg, stop_requested(), ready);
   }
   NodeConfig cfg;
@@ -82,6 +84,7 @@ int start_blocking(const StartArgs& a) {
     cfg.plugins.push_back(default_plugin_dir());
   }
   cfg.max_message_bytes = a.max_message_bytes;
+  cfg.security = security::resolve("", false);
   return run_node(cfg, stop_requested(), ready);
 }
 
@@ -187,6 +190,8 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
                      std::cerr << "loco start --head: --redis redis://HOST:PORT is required\n";
                      return 2;
                    }
+                   // No key and no --insecure: refuse here, before a daemon starts.
+                   (void)security::resolve("", false);
                    if (sa->block) return start_blocking(*sa);
                    // What follows "start": the daemon gets the same options.
                    std::vector<std::string> raw(args.begin() + 1, args.end());

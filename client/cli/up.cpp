@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "client/client.hpp"
 #include "client/process.hpp"
 #include "runtime/core/runtime.hpp"
+#include "runtime/security/keys.hpp"
 
 namespace fs = std::filesystem;
 
@@ -31,8 +33,27 @@ struct UpArgs {
   std::vector<std::string> command;
 };
 
+// The cluster's key: the one at --key / $LOCO_KEY / ~/.loco/cluster.key, made there if there is
+// none (so that later commands find it), unless --insecure. The processes started below
+// inherit $LOCO_KEY.
+void ensure_cluster_key() {
+  const char* insecure = std::getenv("LOCO_INSECURE");
+  if (insecure && std::string(insecure) == "1") {
+    std::cout << "warning: --insecure: the cluster speaks plain TCP, without keys" << std::endl;
+    return;
+  }
+  const std::string path = fs::absolute(security::default_key_path()).string();
+  if (!fs::exists(path)) {
+    security::write_key_file(path, security::generate_key_pair());
+    std::cout << "made a cluster key at " << path << std::endl;
+  }
+  ::setenv("LOCO_KEY", path.c_str(), 1);
+  (void)security::resolve("", false);  // a malformed file: stop here, naming it
+}
+
 int up(const UpArgs& a) {
   install_signal_handlers();
+  ensure_cluster_key();
   std::string dir = state_dir() + "/up-" + std::to_string(::getpid());
   fs::create_directories(dir);
   std::string bin = executable_dir() + "/loco";

@@ -547,6 +547,7 @@ int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
   co.detect_ms = cfg.detect_ms;
   co.heartbeat_ms = std::max<int64_t>(20, cfg.detect_ms / 5);
   co.max_message_bytes = cfg.max_message_bytes;
+  co.security = cfg.security;
   std::shared_ptr<detail::Core> core;
   try {
     core = std::make_shared<detail::Core>(co);
@@ -557,7 +558,10 @@ int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
   detail::current_core() = core;
   core->host("@head", detail::class_entry<HeadService>(),
              std::make_shared<HeadService>(cfg, store, core->address()));
-  spdlog::info("head serving at {} with Redis at {}", core->address(), cfg.redis_url);
+  spdlog::info("head serving at {} ({}) with Redis at {}", core->address(),
+               cfg.security.curve ? "CURVE, cluster key " + security::short_key(cfg.security.cluster.public_key)
+                                  : std::string("plain TCP: --insecure"),
+               cfg.redis_url);
   if (on_ready) on_ready(core->address());
   while (!stop.load()) {
     core->post("@head", "tick", detail::pack_payload(std::tuple<>()));

@@ -120,6 +120,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   co.head_address = cfg.head_address;
   co.self_name = "node " + node_id;
   co.max_message_bytes = cfg.max_message_bytes;
+  co.security = cfg.security;
   std::shared_ptr<detail::Core> core;
   try {
     core = std::make_shared<detail::Core>(co);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/core/cluster_types.hpp"
+#include "runtime/security/keys.hpp"
 
 namespace loco {
 
@@ -16,6 +17,7 @@ struct HeadConfig {
   int64_t detect_ms = 2000;
   int64_t tick_ms = 100;
   size_t max_message_bytes = size_t(1) << 30;
+  security::Settings security;  // `loco start` resolves --key / --insecure into this
 };
 
 struct NodeConfig {
@@ -26,6 +28,7 @@ struct NodeConfig {
   std::vector<std::string> plugins;  // shared libraries (or folders of them) with actor classes
   size_t max_message_bytes = size_t(1) << 30;
   int64_t connect_timeout_ms = 30000;
+  security::Settings security;  // as the head's; actors' collective sockets use it too
 };
 
 // Both run until `stop` becomes true (a signal handler sets it), then leave the

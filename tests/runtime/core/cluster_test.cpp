@@ -14,6 +14,7 @@
 #include "runtime/core/server.hpp"
 #include "runtime/core/wire.hpp"
 #include "runtime/membership/store.hpp"
+#include "runtime/security/curve.hpp"
 #include "tests/runtime/core/test_actors.hpp"
 #include "tests/support/eventually.hpp"
 
@@ -267,6 +268,7 @@ class RawPeer {
  public:
   explicit RawPeer(const std::string& address) : sock_(ctx_, zmq::socket_type::dealer) {
     sock_.set(zmq::sockopt::linger, 0);
+    security::make_client(sock_, security::resolve("", false));  // the cluster's key
     sock_.set(zmq::sockopt::rcvtimeo, 5000);
     sock_.connect("tcp://" + address);
   }
@@ -452,9 +454,16 @@ TEST(Cli, UpStartsAWholeClusterAndCtrlCStopsAllOfIt) {
   Subprocess::Options o;
   o.log_path = dir + "/up.log";
   o.env["LOCO_STATE_DIR"] = dir;
+  // No key there yet: `loco up` makes one, and the cluster uses it.
+  const std::string key = dir + "/keys/cluster.key";
+  o.env["LOCO_KEY"] = key;
+  ::setenv("LOCO_KEY", key.c_str(), 1);
+  ::unsetenv("LOCO_INSECURE");
   Subprocess up({loco_binary(), "up", "--workers", "2"}, o);
   ASSERT_TRUE(wait_for_text(o.log_path, "press Ctrl-C", Millis(30000))) << read_file(o.log_path);
   std::string log = read_file(o.log_path);
+  EXPECT_TRUE(contains(log, "made a cluster key at " + key)) << log;
+  EXPECT_NO_THROW(security::read_key_file(key));
   auto at = log.find("head ") + 5;
   std::string head = log.substr(at, log.find(',', at) - at);
   auto r = log.find("redis ", at) + 6;
@@ -479,6 +488,9 @@ TEST(Cli, StartDaemonsThenStopStopsThem) {
   char tmpl[] = "/tmp/loco-daemons-XXXXXX";
   std::string dir = ::mkdtemp(tmpl);
   setenv("LOCO_STATE_DIR", dir.c_str(), 1);
+  security::write_key_file(dir + "/cluster.key", security::generate_key_pair());
+  setenv("LOCO_KEY", (dir + "/cluster.key").c_str(), 1);
+  unsetenv("LOCO_INSECURE");
   int port = free_tcp_port();
   std::string head = "127.0.0.1:" + std::to_string(port);
   std::string start_head = loco_binary() + " start --head --host 127.0.0.1 --port " +
