@@ -5,6 +5,8 @@
 #   worker  a node joining $LOCO_HEAD with $LOCO_RESOURCES (default cpu=2)
 #   any other command runs as given (e.g. `loco status --address head:7070`)
 # Processes advertise this container's IP, which the other containers reach.
+# The cluster key ($LOCO_KEY, a shared volume): the head makes it at its first start, workers
+# wait for it; LOCO_INSECURE=1 runs without one (plain TCP).
 set -e
 advertise() {
   [ -n "${LOCO_ADVERTISE:-}" ] && { echo "$LOCO_ADVERTISE"; return; }
@@ -19,14 +21,20 @@ case "$role" in
     exec redis-server --bind 0.0.0.0 --protected-mode no --dir /data --appendonly yes "$@" ;;
   head)
     shift
+    if [ "${LOCO_INSECURE:-}" != 1 ] && [ -n "${LOCO_KEY:-}" ] && [ ! -f "$LOCO_KEY" ]; then
+      loco keygen --out "$LOCO_KEY"
+    fi
     exec loco start --head --block --host 0.0.0.0 --port "${LOCO_PORT:-7070}" \
       --advertise "$(advertise)" --redis "${LOCO_REDIS:-redis://redis:6379}" "$@" ;;
   worker)
     shift
     head="${LOCO_HEAD:-head:7070}"
-    # Wait (bounded) for the head to answer, then become the node.
+    # Wait (bounded) for the head to answer and for its key, then become the node.
     for i in $(seq 1 "${LOCO_JOIN_WAIT_S:-60}"); do
-      (exec 3<>"/dev/tcp/${head%:*}/${head##*:}") 2>/dev/null && break
+      if (exec 3<>"/dev/tcp/${head%:*}/${head##*:}") 2>/dev/null &&
+         { [ "${LOCO_INSECURE:-}" = 1 ] || [ -z "${LOCO_KEY:-}" ] || [ -f "$LOCO_KEY" ]; }; then
+        break
+      fi
       sleep 1
     done
     exec loco start --block --address "$head" --advertise "$(advertise)" \
