@@ -113,11 +113,10 @@ Transport::Dealer::~Dealer() {
 zmq::socket_t& Transport::dealer_for(const std::string& peer) {
   auto it = dealers_.find(peer);
   if (it != dealers_.end()) return it->second->socket;
-  auto d = std::make_unique<Dealer>(
-      Dealer{zmq::socket_t(ctx_, zmq::socket_type::dealer), {}, false, 0});
+  auto d = std::make_unique<Dealer>(ctx_);
   zmq::socket_t& s = d->socket;
   security::make_client(s, opts_.security);
-  if (opts_.security.curve) {
+  {  // with or without CURVE: a plain caller learns that the peer wants CURVE
     const std::string ep = "inproc://loco-transport-monitor-" +
                            std::to_string(reinterpret_cast<uintptr_t>(this)) + "-" +
                            std::to_string(++monitor_serial_);

@@ -78,8 +78,9 @@ class Transport {
   void run();
   void flush_outgoing();
   struct Dealer {
+    explicit Dealer(zmq::context_t& ctx) : socket(ctx, zmq::socket_type::dealer) {}
     zmq::socket_t socket;
-    std::optional<zmq::socket_t> monitor;  // handshake failures, with CURVE
+    std::optional<zmq::socket_t> monitor;  // handshake failures
     bool answered = false;                 // a message came from the peer
     int failures = 0;                      // handshakes that failed without detail
     ~Dealer();

@@ -169,7 +169,7 @@ std::string describe_handshake_failure(uint16_t event, int32_t value) {
              "): this process does not hold the cluster's key";
     case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
       return "failed the handshake (ZMTP protocol error " + std::to_string(value) +
-             "): one side uses CURVE and the other not (--insecure on one side only?)";
+             "): CURVE on one side only (--insecure on one side?)";
     case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
       return "broke off every handshake: it holds another cluster key than ours";
     default:

@@ -542,7 +542,7 @@ TEST(Curve, APeerWithoutTheClusterKeyIsRefusedBeforeAnyOfItsBytesIsDecoded) {
   ZmqProbe stranger(ep, cluster.cluster.public_key, other.public_key, other.secret_key);
   stranger.send(bytes);
   EXPECT_EQ(stranger.wait_handshake(Millis(5000)), ZmqProbe::Outcome::refused_auth);
-  EXPECT_TRUE(eventually([&] { return core->handshakes_refused() >= 1; }, Millis(5000)));
+  EXPECT_TRUE(testing::eventually([&] { return core->handshakes_refused() >= 1; }, Millis(5000)));
   EXPECT_EQ(core->inbound_messages(), 0u);
   EXPECT_EQ(core->handshakes_admitted(), 0u);
 
