@@ -149,7 +149,7 @@ void Transport::drain_monitor(const std::string& peer, Dealer& d) {
     int32_t value;
     std::memcpy(&id, event.data(), sizeof id);
     std::memcpy(&value, static_cast<const uint8_t*>(event.data()) + sizeof id, sizeof value);
-    std::string why = security::describe_handshake_failure(id, value);
+    std::string why = security::describe_handshake_failure(id, value, opts_.security.curve);
     if (why.empty()) continue;
     // A failure without detail may be a peer that died mid-handshake: definitive only when it
     // repeats and the peer never answered.

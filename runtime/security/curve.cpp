@@ -162,7 +162,7 @@ std::shared_ptr<ZapHandler> zap_handler_for(zmq::context_t& ctx, const Settings&
   return h;
 }
 
-std::string describe_handshake_failure(uint16_t event, int32_t value) {
+std::string describe_handshake_failure(uint16_t event, int32_t value, bool curve) {
   switch (event) {
     case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
       return "refused our key (ZAP status " + std::to_string(value) +
@@ -171,7 +171,10 @@ std::string describe_handshake_failure(uint16_t event, int32_t value) {
       return "failed the handshake (ZMTP protocol error " + std::to_string(value) +
              "): CURVE on one side only (--insecure on one side?)";
     case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-      return "broke off every handshake: it holds another cluster key than ours";
+      // The peer closed the connection mid-handshake; which side sees the mechanism mismatch
+      // first is a race, so a plain client may see this instead of a protocol error.
+      return curve ? "broke off every handshake: it holds another cluster key than ours, or none"
+                   : "broke off every handshake: CURVE on one side only (--insecure on one side?)";
     default:
       return {};
   }

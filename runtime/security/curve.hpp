@@ -43,7 +43,8 @@ class ZapHandler {
 // nullptr when `s.curve` is false.
 std::shared_ptr<ZapHandler> zap_handler_for(zmq::context_t& ctx, const Settings& s);
 
-// Words for a ZMQ_EVENT_HANDSHAKE_FAILED_* monitor event ("" for another event).
-std::string describe_handshake_failure(uint16_t event, int32_t value);
+// Words for a ZMQ_EVENT_HANDSHAKE_FAILED_* monitor event of a client socket ("" for another
+// event); `curve`: whether the client uses CURVE.
+std::string describe_handshake_failure(uint16_t event, int32_t value, bool curve);
 
 }  // namespace loco::security

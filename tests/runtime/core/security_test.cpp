@@ -58,7 +58,7 @@ TEST(Security, AClientWithoutTheClusterKeyIsRefusedAndSubmitsNothing) {
   EXPECT_EQ(rc, 1) << out;
   EXPECT_TRUE(contains(out, "CURVE on one side only")) << out;
   // No key file: the command says how to make one, before touching the network.
-  out = run("LOCO_KEY=" + c.log_dir() + "/none.key " + loco + "status" + at, &rc);
+  out = run("env LOCO_KEY=" + c.log_dir() + "/none.key " + loco + "status" + at, &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_TRUE(contains(out, "loco keygen")) << out;
   EXPECT_TRUE(c.runtime().list_jobs().empty()) << "a job was submitted without the key";
@@ -104,7 +104,7 @@ TEST(Security, ANodeWithoutTheClusterKeyCannotJoin) {
 TEST(Security, StartWithoutAKeyRefusesAndKeygenMakesOne) {
   char tmpl[] = "/tmp/loco-keygen-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
-  const std::string key = dir + "/cluster.key", loco = "LOCO_KEY=" + key + " " + loco_binary();
+  const std::string key = dir + "/cluster.key", loco = "env LOCO_KEY=" + key + " " + loco_binary();
   int rc = -1;
   std::string out = run(loco + " start --head --block --host 127.0.0.1 --port " +
                             std::to_string(free_tcp_port()) + " --redis redis://127.0.0.1:1",
