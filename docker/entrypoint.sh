@@ -18,14 +18,31 @@ role="${1:-worker}"
 case "$role" in
   redis)
     shift
-    exec redis-server --bind 0.0.0.0 --protected-mode no --dir /data --appendonly yes "$@" ;;
+    # With $LOCO_REDIS_PASSWORD_FILE (a shared volume): a password made at the first start,
+    # given to redis-server in a config file (not its command line, which ps shows).
+    conf=()
+    if [ -n "${LOCO_REDIS_PASSWORD_FILE:-}" ]; then
+      if [ ! -s "$LOCO_REDIS_PASSWORD_FILE" ]; then
+        (umask 077; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$LOCO_REDIS_PASSWORD_FILE")
+      fi
+      (umask 077; echo "requirepass $(cat "$LOCO_REDIS_PASSWORD_FILE")" > /tmp/redis-auth.conf)
+      conf=(/tmp/redis-auth.conf)
+    fi
+    # Bound to the compose network only: docker-compose.yml publishes no port of it.
+    exec redis-server "${conf[@]}" --bind 0.0.0.0 --protected-mode no --dir /data --appendonly yes "$@" ;;
   head)
     shift
     if [ "${LOCO_INSECURE:-}" != 1 ] && [ -n "${LOCO_KEY:-}" ] && [ ! -f "$LOCO_KEY" ]; then
       loco keygen --out "$LOCO_KEY"
     fi
+    # The Redis URL goes to loco through $LOCO_REDIS, with the password if there is one.
+    LOCO_REDIS="${LOCO_REDIS:-redis://redis:6379}"
+    if [ -n "${LOCO_REDIS_PASSWORD_FILE:-}" ] && [[ "$LOCO_REDIS" != *@* ]]; then
+      LOCO_REDIS="redis://:$(cat "$LOCO_REDIS_PASSWORD_FILE")@${LOCO_REDIS#redis://}"
+    fi
+    export LOCO_REDIS
     exec loco start --head --block --host 0.0.0.0 --port "${LOCO_PORT:-7070}" \
-      --advertise "$(advertise)" --redis "${LOCO_REDIS:-redis://redis:6379}" "$@" ;;
+      --advertise "$(advertise)" "$@" ;;
   worker)
     shift
     head="${LOCO_HEAD:-head:7070}"

@@ -173,7 +173,11 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
   start->add_option("--port", sa->port, "port to serve at (head default 7070, node: any free)");
   start->add_option("--host", sa->host, "interface to bind (default 0.0.0.0)");
   start->add_option("--advertise", sa->advertise, "host name or IP others reach this process at");
-  start->add_option("--redis", sa->redis, "Redis for the head: redis://HOST:PORT");
+  start
+      ->add_option("--redis", sa->redis,
+                   "Redis for the head: redis://HOST:PORT, redis://:PASSWORD@HOST:PORT (or "
+                   "$LOCO_REDIS, which keeps the password out of ps)")
+      ->envname("LOCO_REDIS");
   start->add_option("--address", sa->address, "head to join, HOST:PORT");
   start->add_option("--resources", sa->resources, "node resources, e.g. cpu=2,gpu=0,ssd=1");
   start->add_option("--plugin", sa->plugins, "shared library (or folder) of actor classes");
