@@ -463,6 +463,8 @@ TEST(Cli, UpStartsAWholeClusterAndCtrlCStopsAllOfIt) {
   ASSERT_TRUE(wait_for_text(o.log_path, "press Ctrl-C", Millis(30000))) << read_file(o.log_path);
   std::string log = read_file(o.log_path);
   EXPECT_TRUE(contains(log, "made a cluster key at " + key)) << log;
+  // Its Redis wants a password, which the output does not show.
+  EXPECT_TRUE(contains(log, "redis redis://:***@127.0.0.1:")) << log;
   EXPECT_NO_THROW(security::read_key_file(key));
   auto at = log.find("head ") + 5;
   std::string head = log.substr(at, log.find(',', at) - at);
@@ -471,6 +473,14 @@ TEST(Cli, UpStartsAWholeClusterAndCtrlCStopsAllOfIt) {
   {
     Runtime rt = Runtime::connect(head);
     EXPECT_EQ(rt.status().nodes.size(), 2u);
+  }
+  // Without the password its Redis refuses us, saying why.
+  const std::string no_password = "redis://" + redis_url.substr(redis_url.find('@') + 1);
+  try {
+    membership::make_redis_store(no_password, Millis(2000))->ping();
+    ADD_FAILURE() << "Redis of loco up answered without a password";
+  } catch (const membership::StoreError& e) {
+    EXPECT_TRUE(contains(e.what(), "requires a password")) << e.what();
   }
   up.signal(SIGINT);
   auto rc = up.wait(Millis(20000));
