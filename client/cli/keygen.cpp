@@ -16,7 +16,8 @@ void add_keygen_command(CLI::App& app, Commands& out) {
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand(
       "keygen", "make a cluster key (CURVE): every head, node and client of a cluster needs it");
-  cmd->add_option("--out", a->out, "where to write it (default $LOCO_KEY, else ~/.loco/cluster.key)");
+  cmd->add_option("--out", a->out,
+                  "where to write it (default $LOCO_KEY, else ~/.loco/cluster.key)");
   cmd->add_flag("--force", a->force, "replace an existing key file");
   out.push_back({cmd, [a] {
                    const std::string path = a->out.empty() ? security::default_key_path() : a->out;

@@ -7,9 +7,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
-#include <fstream>
 #include <optional>
 #include <random>
 #include <thread>
@@ -89,10 +89,10 @@ int up(const UpArgs& a) {
     }
     Subprocess::Options o;
     o.log_path = dir + "/redis.log";
-    redis.emplace(std::vector<std::string>{"redis-server", conf, "--port", std::to_string(port),
-                                           "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                                           "no", "--dir", dir},
-                  o);
+    redis.emplace(
+        std::vector<std::string>{"redis-server", conf, "--port", std::to_string(port), "--bind",
+                                 "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir},
+        o);
     redis_url = "redis://:" + password + "@127.0.0.1:" + std::to_string(port);
   }
   // The head gets the URL through its environment: argv would show the password in ps.

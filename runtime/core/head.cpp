@@ -255,7 +255,8 @@ class HeadService {
     try {
       auto nodes = all_nodes();
       if (store_was_down_) {
-        spdlog::info("head: Redis at {} is reachable again", membership::redact_url(cfg_.redis_url));
+        spdlog::info("head: Redis at {} is reachable again",
+                     membership::redact_url(cfg_.redis_url));
         detector_.grace(now);
         store_was_down_ = false;
       }
@@ -559,8 +560,9 @@ int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
   core->host("@head", detail::class_entry<HeadService>(),
              std::make_shared<HeadService>(cfg, store, core->address()));
   spdlog::info("head serving at {} ({}) with Redis at {}", core->address(),
-               cfg.security.curve ? "CURVE, cluster key " + security::short_key(cfg.security.cluster.public_key)
-                                  : std::string("plain TCP: --insecure"),
+               cfg.security.curve
+                   ? "CURVE, cluster key " + security::short_key(cfg.security.cluster.public_key)
+                   : std::string("plain TCP: --insecure"),
                membership::redact_url(cfg.redis_url));
   if (on_ready) on_ready(core->address());
   while (!stop.load()) {

@@ -144,8 +144,8 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   try {
     store->ping();
   } catch (const membership::StoreError& e) {
-    spdlog::error("node: cannot reach Redis at {} (as told by the head at {}): {}", membership::redact_url(info.redis_url),
-                  cfg.head_address, e.what());
+    spdlog::error("node: cannot reach Redis at {} (as told by the head at {}): {}",
+                  membership::redact_url(info.redis_url), cfg.head_address, e.what());
     core->shutdown();
     return 1;
   }
@@ -183,7 +183,8 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
     join();
     serve();
   } catch (const membership::StoreError& e) {
-    spdlog::error("node: cannot register in Redis at {}: {}", membership::redact_url(info.redis_url), e.what());
+    spdlog::error("node: cannot register in Redis at {}: {}",
+                  membership::redact_url(info.redis_url), e.what());
     core->shutdown();
     return 1;
   }
@@ -232,7 +233,9 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
         }
       }
       heartbeat();
-      if (store_down) spdlog::info("node {}: Redis at {} is back", node_id, membership::redact_url(info.redis_url));
+      if (store_down)
+        spdlog::info("node {}: Redis at {} is back", node_id,
+                     membership::redact_url(info.redis_url));
       store_down = false;
       backoff.reset();
       next_beat = now_ms() + period.count();

@@ -153,8 +153,8 @@ void Transport::drain_monitor(const std::string& peer, Dealer& d) {
     if (why.empty()) continue;
     // A failure without detail may be a peer that died mid-handshake: definitive only when it
     // repeats and the peer never answered.
-    const bool definitive = id != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL ||
-                            (!d.answered && ++d.failures >= 3);
+    const bool definitive =
+        id != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || (!d.answered && ++d.failures >= 3);
     if (definitive && opts_.on_handshake_failed) opts_.on_handshake_failed(peer, why);
   }
 }

@@ -62,7 +62,8 @@ RedisUrl parse_url(const std::string& url) {
     const std::string_view userinfo = authority.substr(0, at);
     authority = authority.substr(at + 1);
     const auto colon = userinfo.find(':');
-    if (colon == std::string_view::npos) throw bad("no ':' before the password (redis://:PASSWORD@HOST)");
+    if (colon == std::string_view::npos)
+      throw bad("no ':' before the password (redis://:PASSWORD@HOST)");
     parsed.user = std::string(userinfo.substr(0, colon));
     parsed.password = std::string(userinfo.substr(colon + 1));
     if (parsed.password.empty()) throw bad("empty password");
@@ -284,13 +285,15 @@ class RedisStore final : public Store {
     Reply r(static_cast<redisReply*>(
         redisCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), argvlen.data())));
     if (!r) throw lost_connection_locked(std::string(args.front()));
-    if (r->type == REDIS_REPLY_ERROR) throw_error_reply(std::string(args.front()), reply_string(r.get()));
+    if (r->type == REDIS_REPLY_ERROR)
+      throw_error_reply(std::string(args.front()), reply_string(r.get()));
     return r;
   }
 
   // An error reply to `command`: transient ones are StoreUnavailable; a server that wants a
   // password we did not give says so.
-  [[noreturn]] void throw_error_reply(const std::string& command, const std::string& message) const {
+  [[noreturn]] void throw_error_reply(const std::string& command,
+                                      const std::string& message) const {
     const std::string what = url_ + ": " + command + " failed: " + message;
     if (message.starts_with("NOAUTH"))
       throw StoreError(url_ + ": Redis requires a password (" + message +

@@ -104,10 +104,10 @@ struct ZapHandler::Impl {
       reply.emplace_back(std::string(ok ? "200" : "400"));
       reply.emplace_back(std::string(ok ? "OK" : "key not on the cluster's allow-list"));
       reply.emplace_back(ok ? key : std::string());  // user id
-      reply.emplace_back();                           // metadata
+      reply.emplace_back();                          // metadata
       for (size_t i = 0; i < reply.size(); ++i)
-        (void)rep.send(reply[i], i + 1 < reply.size() ? zmq::send_flags::sndmore
-                                                      : zmq::send_flags::none);
+        (void)rep.send(reply[i],
+                       i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
   }
 };

@@ -30,8 +30,8 @@ std::string trim(const std::string& s) {
 }
 
 [[noreturn]] void bad(const std::string& path, const std::string& what) {
-  throw KeyError("key file " + path + ": " + what +
-                 " (make a new one with `loco keygen --out " + path + " --force`)");
+  throw KeyError("key file " + path + ": " + what + " (make a new one with `loco keygen --out " +
+                 path + " --force`)");
 }
 
 }  // namespace
@@ -74,8 +74,8 @@ Settings read_key_file(const std::string& path) {
       bad(path, "line " + std::to_string(n) + ": unknown name `" + name +
                     "` (expected public-key, secret-key or allow)");
     if (!valid_z85_key(value))
-      bad(path, "line " + std::to_string(n) + ": " + name +
-                    " is not a Z85 CURVE key (40 characters)");
+      bad(path,
+          "line " + std::to_string(n) + ": " + name + " is not a Z85 CURVE key (40 characters)");
     if (name == "public-key") s.cluster.public_key = value;
     if (name == "secret-key") s.cluster.secret_key = value;
     if (name == "allow") s.allowed.push_back(value);
@@ -93,7 +93,8 @@ void write_key_file(const std::string& path, const KeyPair& key, bool overwrite)
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!overwrite && fs::exists(path, ec))
-    throw KeyError("key file " + path + " exists; not overwriting it (--force replaces it, and "
+    throw KeyError("key file " + path +
+                   " exists; not overwriting it (--force replaces it, and "
                    "every member of the cluster then needs the new file)");
   fs::path p(path);
   if (p.has_parent_path()) {

@@ -1,19 +1,18 @@
 // The ZeroMQ transport on loopback: what it says about data still on its way to a peer.
+#include "runtime/collective/zmq_transport.hpp"
+
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
-
 #include <zmq.hpp>
 
-#include "runtime/collective/zmq_transport.hpp"
 #include "runtime/security/keys.hpp"
 #include "tests/support/zmq_probe.hpp"
 
@@ -65,8 +64,8 @@ TEST(ZmqTransport, DataForAPeerThatDoesNotTakeItStaysUndelivered) {
   a.keep_only(peers, std::chrono::milliseconds(0));
   EXPECT_FALSE(a.undelivered(deaf.endpoint));  // nothing sent yet
   std::shared_ptr<std::vector<uint8_t>> bytes;
-  ASSERT_TRUE(a.try_send(deaf.endpoint, Channel::data, data_header(1 << 18), "a",
-                         payload(1 << 20, bytes)));
+  ASSERT_TRUE(
+      a.try_send(deaf.endpoint, Channel::data, data_header(1 << 18), "a", payload(1 << 20, bytes)));
   // The peer never answers ZeroMQ's greeting: the message waits in ZeroMQ's queue.
   const auto until = Clock::now() + std::chrono::milliseconds(300);
   while (Clock::now() < until) {
@@ -95,7 +94,8 @@ TEST(ZmqTransport, DataIsDeliveredOnceThePeersKernelHasAllOfIt) {
   }
   ASSERT_TRUE(got);
   EXPECT_EQ(m.payload.size, n);
-  while (a.undelivered(b.endpoint()) && Clock::now() < deadline) a.wait({}, std::chrono::milliseconds(5));
+  while (a.undelivered(b.endpoint()) && Clock::now() < deadline)
+    a.wait({}, std::chrono::milliseconds(5));
   EXPECT_FALSE(a.undelivered(b.endpoint()));
   EXPECT_EQ(bytes.use_count(), 1);  // and the transport let go of the payload
 }

@@ -38,9 +38,9 @@ class ZmqProbe {
   // Queues `frames`; they leave only if the handshake succeeds.
   void send(const std::vector<std::string>& frames) {
     for (size_t i = 0; i < frames.size(); ++i)
-      (void)sock_.send(zmq::buffer(frames[i]), i + 1 < frames.size()
-                                                   ? zmq::send_flags::sndmore | zmq::send_flags::dontwait
-                                                   : zmq::send_flags::dontwait);
+      (void)sock_.send(zmq::buffer(frames[i]),
+                       i + 1 < frames.size() ? zmq::send_flags::sndmore | zmq::send_flags::dontwait
+                                             : zmq::send_flags::dontwait);
   }
 
   // The first handshake outcome within `timeout` (none if there was none).

@@ -500,10 +500,11 @@ TEST(Keys, BadOrMissingKeyFilesAreClearErrors) {
   EXPECT_NE(message_of([&] { security::read_key_file(dir + "/none.key"); }).find("loco keygen"),
             std::string::npos);
   const auto a = security::generate_key_pair(), b = security::generate_key_pair();
-  std::ofstream(dir + "/mixed.key") << "public-key = " << a.public_key << "\nsecret-key = "
-                                    << b.secret_key << "\n";
-  EXPECT_NE(message_of([&] { security::read_key_file(dir + "/mixed.key"); })
-                .find("public-key does not belong to secret-key"),
+  std::ofstream(dir + "/mixed.key")
+      << "public-key = " << a.public_key << "\nsecret-key = " << b.secret_key << "\n";
+  EXPECT_NE(message_of([&] {
+              security::read_key_file(dir + "/mixed.key");
+            }).find("public-key does not belong to secret-key"),
             std::string::npos);
   std::ofstream(dir + "/short.key") << "# comment\npublic-key = abc\n";
   const std::string m = message_of([&] { security::read_key_file(dir + "/short.key"); });
@@ -574,8 +575,8 @@ TEST(Curve, KeysOnTheAllowListAreAdmitted) {
   node.self_name = "node test";
   node.security = settings;
   auto core = std::make_shared<detail::Core>(node);
-  ZmqProbe allowed("tcp://" + core->address(), settings.cluster.public_key,
-                   client_key.public_key, client_key.secret_key);
+  ZmqProbe allowed("tcp://" + core->address(), settings.cluster.public_key, client_key.public_key,
+                   client_key.secret_key);
   EXPECT_EQ(allowed.wait_handshake(Millis(5000)), ZmqProbe::Outcome::succeeded);
   core->shutdown();
 }
