@@ -203,8 +203,9 @@ InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
   for (int r = 0; r < g; ++r) {
     Rank& k = s_->ranks[size_t(r)];
     k.device = devices[size_t(r)];
-    k.comm = std::make_unique<collective::Communicator>("tcp://" + node_host() + ":0",
-                                                        State::collective_options(s_->cfg));
+    auto options = State::collective_options(s_->cfg);
+    options.security = Runtime::current().security();  // the node's cluster key
+    k.comm = std::make_unique<collective::Communicator>("tcp://" + node_host() + ":0", options);
   }
   if (g > 1) {
     // The ranks join their group together: joining blocks until all have.

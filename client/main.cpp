@@ -16,7 +16,9 @@ int main(int argc, char** argv) {
 
   CLI::App app{"loco: DiLoCo training on a small actor runtime"};
   app.require_subcommand(1);
+  add_security_options(app);
   Commands commands;
+  add_keygen_command(app, commands);
   add_daemon_commands(app, commands, std::vector<std::string>(argv + 1, argv + argc));
   add_status_command(app, commands);
   add_up_command(app, commands);

@@ -23,6 +23,8 @@ using Commands = std::vector<Command>;
 // after the program name ("start --head ..."), which `start` passes on to the
 // daemon it leaves running.
 void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::string>& args);
+// keygen: a new cluster key file (CURVE key pair).
+void add_keygen_command(CLI::App& app, Commands& out);
 // status: nodes, resources and actors.
 void add_status_command(CLI::App& app, Commands& out);
 // up: a whole local cluster, optionally running a job file or a command on it.

@@ -4,7 +4,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 namespace loco::cli {
@@ -27,6 +29,20 @@ void setup_logging() {
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   if (const char* lvl = std::getenv("LOCO_LOG_LEVEL"))
     spdlog::set_level(spdlog::level::from_str(lvl));
+}
+
+void add_security_options(CLI::App& app) {
+  app.add_option_function<std::string>(
+         "--key",
+         [](const std::string& path) {
+           ::setenv("LOCO_KEY", std::filesystem::absolute(path).c_str(), 1);
+         },
+         "cluster key file (default $LOCO_KEY, else ~/.loco/cluster.key; `loco keygen` makes one)")
+      ->type_name("FILE");
+  app.add_flag_callback(
+      "--insecure", [] { ::setenv("LOCO_INSECURE", "1", 1); },
+      "plain TCP without CURVE: anyone who reaches the ports can join and call (tests only)");
+  app.fallthrough();
 }
 
 namespace {

@@ -16,6 +16,7 @@
 #include "client/cli/common.hpp"
 #include "client/process.hpp"
 #include "runtime/core/server.hpp"
+#include "runtime/security/keys.hpp"
 
 namespace fs = std::filesystem;
 
@@ -60,6 +61,7 @@ int start_blocking(const StartArgs& a) {
     cfg.redis_url = a.redis;
     cfg.detect_ms = a.detect_ms;
     cfg.max_message_bytes = a.max_message_bytes;
+    cfg.security = security::resolve("", false);
     return run_head(cfg, stop_requested(), ready);
   }
   NodeConfig cfg;
@@ -85,6 +87,7 @@ int start_blocking(const StartArgs& a) {
   cfg.max_message_bytes = a.max_message_bytes;
   cfg.data_root = a.data_root;
   cfg.checkpoint_root = a.checkpoint_root;
+  cfg.security = security::resolve("", false);
   return run_node(cfg, stop_requested(), ready);
 }
 
@@ -173,7 +176,11 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
   start->add_option("--port", sa->port, "port to serve at (head default 7070, node: any free)");
   start->add_option("--host", sa->host, "interface to bind (default 0.0.0.0)");
   start->add_option("--advertise", sa->advertise, "host name or IP others reach this process at");
-  start->add_option("--redis", sa->redis, "Redis for the head: redis://HOST:PORT");
+  start
+      ->add_option("--redis", sa->redis,
+                   "Redis for the head: redis://HOST:PORT, redis://:PASSWORD@HOST:PORT (or "
+                   "$LOCO_REDIS, which keeps the password out of ps)")
+      ->envname("LOCO_REDIS");
   start->add_option("--address", sa->address, "head to join, HOST:PORT");
   start->add_option("--resources", sa->resources, "node resources, e.g. cpu=2,gpu=0,ssd=1");
   start->add_option("--plugin", sa->plugins, "shared library (or folder) of actor classes");
@@ -195,6 +202,8 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
                      std::cerr << "loco start --head: --redis redis://HOST:PORT is required\n";
                      return 2;
                    }
+                   // No key and no --insecure: refuse here, before a daemon starts.
+                   (void)security::resolve("", false);
                    if (sa->block) return start_blocking(*sa);
                    // What follows "start": the daemon gets the same options.
                    std::vector<std::string> raw(args.begin() + 1, args.end());

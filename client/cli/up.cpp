@@ -1,13 +1,17 @@
 // loco up: a whole local cluster (Redis, a head, N nodes), optionally running
 // a job file or a command on it and stopping it afterwards.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "client/cli/commands.hpp"
@@ -16,6 +20,8 @@
 #include "client/client.hpp"
 #include "client/process.hpp"
 #include "runtime/core/runtime.hpp"
+#include "runtime/membership/store.hpp"
+#include "runtime/security/keys.hpp"
 
 namespace fs = std::filesystem;
 
@@ -32,8 +38,36 @@ struct UpArgs {
   std::vector<std::string> command;
 };
 
+// The cluster's key: the one at --key / $LOCO_KEY / ~/.loco/cluster.key, made there if there is
+// none (so that later commands find it), unless --insecure. The processes started below
+// inherit $LOCO_KEY.
+void ensure_cluster_key() {
+  const char* insecure = std::getenv("LOCO_INSECURE");
+  if (insecure && std::string(insecure) == "1") {
+    std::cout << "warning: --insecure: the cluster speaks plain TCP, without keys" << std::endl;
+    return;
+  }
+  const std::string path = fs::absolute(security::default_key_path()).string();
+  if (!fs::exists(path)) {
+    security::write_key_file(path, security::generate_key_pair());
+    std::cout << "made a cluster key at " << path << std::endl;
+  }
+  ::setenv("LOCO_KEY", path.c_str(), 1);
+  (void)security::resolve("", false);  // a malformed file: stop here, naming it
+}
+
+// A password for the Redis that `loco up` starts: 128 random bits, hex.
+std::string random_password() {
+  std::random_device rd;  // /dev/urandom on Linux
+  std::string out;
+  const char* hex = "0123456789abcdef";
+  for (int i = 0; i < 32; ++i) out += hex[rd() % 16];
+  return out;
+}
+
 int up(const UpArgs& a) {
   install_signal_handlers();
+  ensure_cluster_key();
   std::string dir = state_dir() + "/up-" + std::to_string(::getpid());
   fs::create_directories(dir);
   std::string bin = executable_dir() + "/loco";
@@ -45,15 +79,25 @@ int up(const UpArgs& a) {
   };
   std::string redis_url = a.redis;
   if (redis_url.empty()) {
+    // On loopback only, with a password; the password is in a file only we can read, never
+    // on a command line (ps shows those).
     int port = free_tcp_port();
+    const std::string password = random_password(), conf = dir + "/redis.conf";
+    {
+      mode_t old = ::umask(077);
+      std::ofstream(conf) << "requirepass " << password << "\n";
+      ::umask(old);
+    }
     Subprocess::Options o;
     o.log_path = dir + "/redis.log";
     redis.emplace(
-        std::vector<std::string>{"redis-server", "--port", std::to_string(port), "--bind",
+        std::vector<std::string>{"redis-server", conf, "--port", std::to_string(port), "--bind",
                                  "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir},
         o);
-    redis_url = "redis://127.0.0.1:" + std::to_string(port);
+    redis_url = "redis://:" + password + "@127.0.0.1:" + std::to_string(port);
   }
+  // The head gets the URL through its environment: argv would show the password in ps.
+  ::setenv("LOCO_REDIS", redis_url.c_str(), 1);
   int head_port = a.port ? a.port : free_tcp_port();
   std::string head_addr = "127.0.0.1:" + std::to_string(head_port);
   std::string detect = "--detect-ms=" + std::to_string(a.detect_ms);
@@ -66,7 +110,7 @@ int up(const UpArgs& a) {
   bool head_up = false;
   for (int attempt = 0; attempt < 50 && !head_up && !stop_requested(); ++attempt) {
     start({bin, "start", "--head", "--block", "--host=127.0.0.1",
-           "--port=" + std::to_string(head_port), "--redis=" + redis_url, detect},
+           "--port=" + std::to_string(head_port), detect},
           "head.log");
     // The head exits at once when Redis does not answer yet: retry briefly.
     if (procs.back().wait(std::chrono::milliseconds(300))) {
@@ -108,7 +152,7 @@ int up(const UpArgs& a) {
     return 1;
   }
   std::cout << "cluster up: head " << head_addr << ", " << a.workers << " nodes, redis "
-            << redis_url << " (logs in " << dir << ")" << std::endl;
+            << membership::redact_url(redis_url) << " (logs in " << dir << ")" << std::endl;
   int rc = 0;
   auto is_job_file = [](const std::string& f) {
     return f.size() > 5 && (f.ends_with(".yaml") || f.ends_with(".yml"));

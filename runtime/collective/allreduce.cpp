@@ -54,7 +54,8 @@ Communicator::Communicator(const std::string& bind_endpoint, Options options,
   tune_malloc_once();
   impl_->options = options;
   if (!context) context = std::make_shared<zmq::context_t>(std::max(1, options.io_threads));
-  impl_->transport = std::make_unique<detail::ZmqTransport>(bind_endpoint, std::move(context));
+  impl_->transport = std::make_unique<detail::ZmqTransport>(bind_endpoint, std::move(context),
+                                                            options.security);
 }
 
 Communicator::~Communicator() {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/collective/compression.hpp"
+#include "runtime/security/keys.hpp"
 
 namespace loco::collective {
 
@@ -51,6 +52,11 @@ struct Options {
   // ZeroMQ I/O threads of a communicator that owns its context: on loopback the kernel copies
   // run on them, and two let sends and receives proceed in parallel.
   int io_threads = 2;
+  // CURVE on the data socket and on the connections to peers, admitting only the cluster's
+  // keys (runtime/security/keys.hpp). Plain TCP by default here, for in-process tests and
+  // benches that compare both; a job's workers use their node's settings
+  // (loco::Runtime::security()).
+  security::Settings security;
 };
 
 // Any failure of an operation. member() names the member at fault, when one is known.

@@ -13,6 +13,8 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "runtime/security/curve.hpp"
+
 namespace loco::collective::detail {
 namespace {
 
@@ -67,10 +69,11 @@ struct Monitored {
 };
 
 Monitored open_dealer(zmq::context_t& ctx, const std::string& endpoint, int sndhwm, bool thin,
-                      const std::string& monitor_endpoint) {
+                      const std::string& monitor_endpoint, const security::Settings& security) {
   Monitored d;
   d.thin = thin;
   d.socket = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+  security::make_client(*d.socket, security);
   d.socket->set(zmq::sockopt::linger, 0);
   // No limit on ZeroMQ's handshake: on a saturated link of 1 Mbit/s the few bytes of a new
   // connection's handshake can wait behind data for more than its default 30 s, and ZeroMQ
@@ -149,9 +152,12 @@ struct ZmqTransport::Peer {
 };
 
 ZmqTransport::ZmqTransport(const std::string& bind_endpoint,
-                           std::shared_ptr<zmq::context_t> context)
+                           std::shared_ptr<zmq::context_t> context, security::Settings security)
     : ctx_(std::move(context)),
+      security_(std::move(security)),
+      zap_(security::zap_handler_for(*ctx_, security_)),
       router_(std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::router)) {
+  security::make_server(*router_, security_);
   router_->set(zmq::sockopt::linger, 0);
   router_->set(zmq::sockopt::handshake_ivl, 0);  // as for the DEALERs (open_dealer)
   router_->set(zmq::sockopt::rcvhwm, 4096);
@@ -189,8 +195,8 @@ ZmqTransport::Peer& ZmqTransport::peer(const std::string& endpoint) {
   // A short data queue in ZeroMQ (the kernel's socket buffer holds more): what waits, waits
   // in the schedule's outbox, where all-gather results overtake reduce-scatter chunks.
   auto p = std::make_unique<Peer>(
-      Peer{.data = open_dealer(*ctx_, endpoint, 4, false, monitor_ep()),
-           .control = open_dealer(*ctx_, endpoint, 64, true, monitor_ep())});
+      Peer{.data = open_dealer(*ctx_, endpoint, 4, false, monitor_ep(), security_),
+           .control = open_dealer(*ctx_, endpoint, 64, true, monitor_ep(), security_)});
   return *peers_.emplace(endpoint, std::move(p)).first->second;
 }
 

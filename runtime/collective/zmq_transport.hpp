@@ -17,12 +17,19 @@ class context_t;
 class socket_t;
 }  // namespace zmq
 
+namespace loco::security {
+class ZapHandler;
+}  // namespace loco::security
+
 namespace loco::collective::detail {
 
 class ZmqTransport final : public Transport {
  public:
-  // Binds (CollectiveError if it cannot). "tcp://HOST:0" picks a free port.
-  ZmqTransport(const std::string& bind_endpoint, std::shared_ptr<zmq::context_t> context);
+  // Binds (CollectiveError if it cannot). "tcp://HOST:0" picks a free port. With
+  // `security.curve`, the ROUTER admits only CURVE peers holding a key on the allow-list (a
+  // ZAP handler in `context`), and the DEALERs present the cluster's key.
+  ZmqTransport(const std::string& bind_endpoint, std::shared_ptr<zmq::context_t> context,
+               security::Settings security = {});
   ~ZmqTransport() override;
 
   const std::string& endpoint() const override { return endpoint_; }
@@ -46,6 +53,8 @@ class ZmqTransport final : public Transport {
   Peer& peer(const std::string& endpoint);
 
   std::shared_ptr<zmq::context_t> ctx_;
+  security::Settings security_;
+  std::shared_ptr<security::ZapHandler> zap_;  // outlives the sockets below
   std::unique_ptr<zmq::socket_t> router_;
   std::string endpoint_;
   std::map<std::string, std::unique_ptr<Peer>> peers_;  // by endpoint

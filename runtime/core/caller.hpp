@@ -14,6 +14,7 @@
 
 #include "runtime/core/codec.hpp"
 #include "runtime/core/util.hpp"
+#include "runtime/security/keys.hpp"
 
 namespace loco::detail {
 
@@ -68,6 +69,8 @@ class Caller {
 
   // "HOST:PORT" other processes reach this one at ("" for a driver).
   virtual std::string address() const = 0;
+  // What this process's sockets use (the cluster key, or plain TCP).
+  virtual const security::Settings& security() const = 0;
 
   template <class R, class... A>
   R head_call(const std::string& method, Millis timeout, const A&... args) {

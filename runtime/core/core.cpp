@@ -66,6 +66,10 @@ Core::Core(CoreOptions opts) : opts_(std::move(opts)) {
   // ZeroMQ's own per-frame limit sits above ours so that an oversized message
   // reaches decode() and gets an error reply instead of a silent disconnect.
   topts.max_frame_bytes = opts_.max_message_bytes + (size_t(64) << 20);
+  topts.security = opts_.security;
+  topts.on_handshake_failed = [this](const std::string& peer, const std::string& why) {
+    on_handshake_failed(peer, why);
+  };
   transport_ = std::make_unique<Transport>(
       topts,
       [this](zmq::message_t&& rid, std::vector<zmq::message_t>&& f) {
@@ -355,7 +359,34 @@ void Core::warn_bad_input(const std::string& line) {
     spdlog::warn("{}", line);
 }
 
+void Core::on_handshake_failed(const std::string& peer, const std::string& why) {
+  std::vector<std::shared_ptr<CallState>> refused;
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second->peer == peer) {
+        refused.push_back(it->second);
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto ps = peers_.find(peer);
+    if (ps != peers_.end()) ps->second.pending = 0;
+  }
+  if (refused.empty()) spdlog::warn("cannot talk to {}: {}", peer, why);
+  for (auto& st : refused) {
+    finish(st, "ClusterError",
+           "cannot call " + st->what() + ": " + peer + " " + why +
+               ". Give every member the same key file (--key FILE or $LOCO_KEY; `loco keygen` "
+               "makes one)",
+           {});
+  }
+  transport_->drop_peer(peer);
+}
+
 void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames) {
+  inbound_messages_.fetch_add(1, std::memory_order_relaxed);
   if (frames.empty()) {
     spdlog::warn("dropped an empty message");
     return;

@@ -6,6 +6,7 @@
 // Private to runtime/ (and white-box tests): handles and loco::Runtime see it
 // only as a detail::Caller (caller.hpp), so that a change here, or in the
 // ZeroMQ plumbing below it, rebuilds no user code.
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -38,6 +39,7 @@ struct CoreOptions {
   size_t max_mailbox_messages = size_t(1) << 16;
   size_t max_mailbox_bytes = size_t(2) << 30;
   int64_t resolve_timeout_ms = 15000;  // how long a handle waits for a restarting actor
+  security::Settings security;          // CURVE, or plain TCP when security.curve is false
 };
 
 class Core final : public Caller, public std::enable_shared_from_this<Core> {
@@ -55,6 +57,12 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   void await(CallState& st, Millis timeout) override;
   Payload call_head(const std::string& method, Payload&& args, Millis timeout) override;
   std::string address() const override;
+  const security::Settings& security() const override { return opts_.security; }
+
+  // Messages that reached the decoder, and handshakes the ZAP handler admitted and refused.
+  uint64_t inbound_messages() const { return inbound_messages_.load(); }
+  uint64_t handshakes_admitted() const { return transport_->handshakes_admitted(); }
+  uint64_t handshakes_refused() const { return transport_->handshakes_refused(); }
 
   // Hosting (nodes and the head).
   // Its methods see `context` as this_actor().
@@ -83,6 +91,8 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   };
 
   void on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames);
+  // Fails the calls pending on `peer` with ClusterError: retrying will not make it accept us.
+  void on_handshake_failed(const std::string& peer, const std::string& why);
   void on_reply(const std::string& peer, std::vector<zmq::message_t>&& frames);
   void on_tick(int64_t now);
   void send_error(zmq::message_t&& rid, uint64_t corr, const std::string& type,
@@ -111,6 +121,7 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   mutable std::mutex actors_mu_;
   std::map<std::string, std::shared_ptr<Mailbox>> actors_;
 
+  std::atomic<uint64_t> inbound_messages_{0};
   std::unique_ptr<Transport> transport_;
 };
 

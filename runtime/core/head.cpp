@@ -138,7 +138,7 @@ class HeadService {
     guard_store();
     ClusterStatus st;
     st.head_address = address_;
-    st.redis_url = cfg_.redis_url;
+    st.redis_url = membership::redact_url(cfg_.redis_url);
     for (auto& [id, a] : all_actors()) st.actors.push_back(a.info);
     std::vector<NodeRecord> nodes;
     for (auto& [id, n] : all_nodes()) nodes.push_back(n);
@@ -273,7 +273,8 @@ class HeadService {
     try {
       auto nodes = all_nodes();
       if (store_was_down_) {
-        spdlog::info("head: Redis at {} is reachable again", cfg_.redis_url);
+        spdlog::info("head: Redis at {} is reachable again",
+                     membership::redact_url(cfg_.redis_url));
         detector_.grace(now);
         store_was_down_ = false;
       }
@@ -565,6 +566,7 @@ int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
   co.detect_ms = cfg.detect_ms;
   co.heartbeat_ms = std::max<int64_t>(20, cfg.detect_ms / 5);
   co.max_message_bytes = cfg.max_message_bytes;
+  co.security = cfg.security;
   std::shared_ptr<detail::Core> core;
   try {
     core = std::make_shared<detail::Core>(co);
@@ -575,7 +577,11 @@ int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
   detail::current_core() = core;
   core->host("@head", detail::class_entry<HeadService>(),
              std::make_shared<HeadService>(cfg, store, core->address()));
-  spdlog::info("head serving at {} with Redis at {}", core->address(), cfg.redis_url);
+  spdlog::info("head serving at {} ({}) with Redis at {}", core->address(),
+               cfg.security.curve
+                   ? "CURVE, cluster key " + security::short_key(cfg.security.cluster.public_key)
+                   : std::string("plain TCP: --insecure"),
+               membership::redact_url(cfg.redis_url));
   if (on_ready) on_ready(core->address());
   while (!stop.load()) {
     core->post("@head", "tick", detail::pack_payload(std::tuple<>()));

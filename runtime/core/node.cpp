@@ -126,6 +126,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   co.head_address = cfg.head_address;
   co.self_name = "node " + node_id;
   co.max_message_bytes = cfg.max_message_bytes;
+  co.security = cfg.security;
   std::shared_ptr<detail::Core> core;
   try {
     core = std::make_shared<detail::Core>(co);
@@ -149,8 +150,8 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   try {
     store->ping();
   } catch (const membership::StoreError& e) {
-    spdlog::error("node: cannot reach Redis at {} (as told by the head at {}): {}", info.redis_url,
-                  cfg.head_address, e.what());
+    spdlog::error("node: cannot reach Redis at {} (as told by the head at {}): {}",
+                  membership::redact_url(info.redis_url), cfg.head_address, e.what());
     core->shutdown();
     return 1;
   }
@@ -188,7 +189,8 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
     join();
     serve();
   } catch (const membership::StoreError& e) {
-    spdlog::error("node: cannot register in Redis at {}: {}", info.redis_url, e.what());
+    spdlog::error("node: cannot register in Redis at {}: {}",
+                  membership::redact_url(info.redis_url), e.what());
     core->shutdown();
     return 1;
   }
@@ -239,7 +241,9 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
         }
       }
       heartbeat();
-      if (store_down) spdlog::info("node {}: Redis at {} is back", node_id, info.redis_url);
+      if (store_down)
+        spdlog::info("node {}: Redis at {} is back", node_id,
+                     membership::redact_url(info.redis_url));
       store_down = false;
       backoff.reset();
       next_beat = now_ms() + period.count();

@@ -10,6 +10,11 @@ Runtime Runtime::connect(const std::string& head_address, ConnectOptions opts) {
   co.self_name = "driver " + random_id("d");
   co.detect_ms = opts.detect_ms;
   co.heartbeat_ms = std::max<int64_t>(50, opts.detect_ms / 5);
+  try {
+    co.security = opts.security ? *opts.security : security::resolve("", false);
+  } catch (const security::KeyError& e) {
+    throw ClusterError(e.what());
+  }
   auto core = std::make_shared<detail::Core>(co);
   std::shared_ptr<void> owner(nullptr, [core](void*) { core->shutdown(); });
   // Fail early, with the address, when nothing answers there.

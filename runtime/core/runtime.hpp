@@ -7,15 +7,20 @@
 //   kv.call(&KvStore::put, "k", "v").get();
 //   auto same = rt.get_actor<KvStore>("kv");
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "runtime/core/actor.hpp"
+#include "runtime/security/keys.hpp"
 
 namespace loco {
 
 struct ConnectOptions {
   Millis timeout{10000};  // how long to wait for the head to answer
   int64_t detect_ms = 2000;
+  // The cluster key, or plain TCP. Unset: $LOCO_INSECURE=1 gives plain TCP, else the key file
+  // $LOCO_KEY or ~/.loco/cluster.key (security::resolve); ClusterError if there is none.
+  std::optional<security::Settings> security;
 };
 
 class Runtime {
@@ -79,6 +84,8 @@ class Runtime {
   void job_finished(const std::string& job_id, JobState state, const std::string& message);
 
   std::shared_ptr<detail::Caller> core() const { return core_; }
+  // What this process's sockets use; an actor's own sockets (a job's collective) use it too.
+  const security::Settings& security() const { return core_->security(); }
 
  private:
   explicit Runtime(std::shared_ptr<detail::Caller> core, std::shared_ptr<void> owner = nullptr)

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/core/cluster_types.hpp"
+#include "runtime/security/keys.hpp"
 
 namespace loco {
 
@@ -16,6 +17,7 @@ struct HeadConfig {
   int64_t detect_ms = 2000;
   int64_t tick_ms = 100;
   size_t max_message_bytes = size_t(1) << 30;
+  security::Settings security;  // `loco start` resolves --key / --insecure into this
 };
 
 struct NodeConfig {
@@ -29,6 +31,7 @@ struct NodeConfig {
   // What the jobs of its actors may read and write (loco start --data-root,
   // --checkpoint-root); empty: the working directory.
   std::string data_root, checkpoint_root;
+  security::Settings security;  // as the head's; actors' collective sockets use it too
 };
 
 // Both run until `stop` becomes true (a signal handler sets it), then leave the

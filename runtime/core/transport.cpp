@@ -4,6 +4,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "runtime/core/errors.hpp"
 #include "runtime/core/util.hpp"
 
@@ -46,8 +48,10 @@ Transport::Transport(Options opts, InboundFn inbound, ReplyFn reply, TickFn tick
       ctx_(1) {
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw std::runtime_error("eventfd failed");
+  zap_ = security::zap_handler_for(ctx_, opts_.security);
   if (!opts_.bind.empty()) {
     router_.emplace(ctx_, zmq::socket_type::router);
+    security::make_server(*router_, opts_.security);
     router_->set(zmq::sockopt::router_mandatory, 1);
     router_->set(zmq::sockopt::linger, 0);
     router_->set(zmq::sockopt::sndhwm, kHighWaterMark);
@@ -72,6 +76,7 @@ void Transport::stop() {
   if (thread_.joinable()) thread_.join();
   dealers_.clear();
   router_.reset();
+  zap_.reset();
   ::close(wake_fd_);
 }
 
@@ -100,10 +105,30 @@ void Transport::drop_peer(const std::string& peer) {
   enqueue(Outgoing{Outgoing::Op::Drop, peer, zmq::message_t(), {}});
 }
 
+Transport::Dealer::~Dealer() {
+  // ZeroMQ stops reporting before the reader closes (see runtime/collective/zmq_transport.cpp).
+  if (monitor) (void)zmq_socket_monitor(socket.handle(), nullptr, 0);
+}
+
 zmq::socket_t& Transport::dealer_for(const std::string& peer) {
   auto it = dealers_.find(peer);
-  if (it != dealers_.end()) return it->second;
-  zmq::socket_t s(ctx_, zmq::socket_type::dealer);
+  if (it != dealers_.end()) return it->second->socket;
+  auto d = std::make_unique<Dealer>(ctx_);
+  zmq::socket_t& s = d->socket;
+  security::make_client(s, opts_.security);
+  {  // with or without CURVE: a plain caller learns that the peer wants CURVE
+    const std::string ep = "inproc://loco-transport-monitor-" +
+                           std::to_string(reinterpret_cast<uintptr_t>(this)) + "-" +
+                           std::to_string(++monitor_serial_);
+    const int events = ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+    if (zmq_socket_monitor(s.handle(), ep.c_str(), events) == 0) {
+      d->monitor.emplace(ctx_, zmq::socket_type::pair);
+      d->monitor->set(zmq::sockopt::linger, 0);
+      d->monitor->set(zmq::sockopt::rcvhwm, 0);  // unbounded: ZeroMQ's send to it blocks
+      d->monitor->connect(ep);
+    }
+  }
   s.set(zmq::sockopt::linger, 0);
   s.set(zmq::sockopt::sndhwm, kHighWaterMark);
   s.set(zmq::sockopt::rcvhwm, kHighWaterMark);
@@ -112,7 +137,26 @@ zmq::socket_t& Transport::dealer_for(const std::string& peer) {
   s.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opts_.max_frame_bytes));
   s.connect("tcp://" + peer);
   dealers_changed_ = true;
-  return dealers_.emplace(peer, std::move(s)).first->second;
+  return dealers_.emplace(peer, std::move(d)).first->second->socket;
+}
+
+void Transport::drain_monitor(const std::string& peer, Dealer& d) {
+  zmq::message_t event, addr;
+  while (d.monitor->recv(event, zmq::recv_flags::dontwait)) {
+    if (event.more()) (void)d.monitor->recv(addr, zmq::recv_flags::none);
+    if (event.size() < 6) continue;
+    uint16_t id;
+    int32_t value;
+    std::memcpy(&id, event.data(), sizeof id);
+    std::memcpy(&value, static_cast<const uint8_t*>(event.data()) + sizeof id, sizeof value);
+    std::string why = security::describe_handshake_failure(id, value, opts_.security.curve);
+    if (why.empty()) continue;
+    // A failure without detail may be a peer that died mid-handshake: definitive only when it
+    // repeats and the peer never answered.
+    const bool definitive =
+        id != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || (!d.answered && ++d.failures >= 3);
+    if (definitive && opts_.on_handshake_failed) opts_.on_handshake_failed(peer, why);
+  }
 }
 
 void Transport::flush_outgoing() {
@@ -163,9 +207,13 @@ void Transport::run() {
         items.push_back({router_->handle(), 0, ZMQ_POLLIN, 0});
         item_peers.emplace_back();
       }
-      for (auto& [peer, s] : dealers_) {
-        items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
+      for (auto& [peer, d] : dealers_) {
+        items.push_back({d->socket.handle(), 0, ZMQ_POLLIN, 0});
         item_peers.push_back(peer);
+        if (d->monitor) {
+          items.push_back({d->monitor->handle(), 0, ZMQ_POLLIN, 0});
+          item_peers.push_back(peer);
+        }
       }
       dealers_changed_ = false;
     }
@@ -200,7 +248,13 @@ void Transport::run() {
       if (!(items[i].revents & ZMQ_POLLIN)) continue;
       auto it = dealers_.find(item_peers[i]);
       if (it == dealers_.end()) continue;
-      for (int n = 0; n < 4096 && recv_frames(it->second, frames); ++n) {
+      Dealer& d = *it->second;
+      if (d.monitor && items[i].socket == d.monitor->handle()) {
+        drain_monitor(item_peers[i], d);
+        continue;
+      }
+      for (int n = 0; n < 4096 && recv_frames(d.socket, frames); ++n) {
+        d.answered = true;
         reply_(item_peers[i], std::move(frames));
         frames.clear();
       }

@@ -18,6 +18,8 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "runtime/security/curve.hpp"
+
 namespace loco::detail {
 
 class Transport {
@@ -33,6 +35,14 @@ class Transport {
     std::string bind;  // "tcp://HOST:PORT" (port 0: any free one); empty: no ROUTER
     size_t max_frame_bytes = size_t(4) << 30;
     int tick_ms = 50;
+    // CURVE on the ROUTER and every DEALER, with a ZAP handler in this transport's context;
+    // plain TCP when `security.curve` is false.
+    security::Settings security;
+    // Called on the I/O thread when the handshakes of a DEALER with `peer` fail for a reason
+    // that retrying will not cure: the peer refused our key, CURVE on one side only, or three
+    // failures in a row before `peer` ever answered (it holds another cluster key). `why` says
+    // which.
+    std::function<void(const std::string& peer, const std::string& why)> on_handshake_failed;
   };
 
   Transport(Options opts, InboundFn inbound, ReplyFn reply, TickFn tick);
@@ -52,6 +62,10 @@ class Transport {
 
   void stop();
 
+  // Handshakes the ZAP handler admitted and refused (0 without CURVE).
+  uint64_t handshakes_admitted() const { return zap_ ? zap_->admitted() : 0; }
+  uint64_t handshakes_refused() const { return zap_ ? zap_->refused() : 0; }
+
  private:
   struct Outgoing {
     enum class Op { Peer, Reply, Drop } op;
@@ -63,15 +77,26 @@ class Transport {
   void enqueue(Outgoing&& out);
   void run();
   void flush_outgoing();
+  struct Dealer {
+    explicit Dealer(zmq::context_t& ctx) : socket(ctx, zmq::socket_type::dealer) {}
+    zmq::socket_t socket;
+    std::optional<zmq::socket_t> monitor;  // handshake failures
+    bool answered = false;                 // a message came from the peer
+    int failures = 0;                      // handshakes that failed without detail
+    ~Dealer();
+  };
   zmq::socket_t& dealer_for(const std::string& peer);
+  void drain_monitor(const std::string& peer, Dealer& d);
 
   Options opts_;
   InboundFn inbound_;
   ReplyFn reply_;
   TickFn tick_;
   zmq::context_t ctx_;
+  std::shared_ptr<security::ZapHandler> zap_;  // outlives the sockets below
   std::optional<zmq::socket_t> router_;
-  std::map<std::string, zmq::socket_t> dealers_;
+  std::map<std::string, std::unique_ptr<Dealer>> dealers_;
+  uint64_t monitor_serial_ = 0;
   bool dealers_changed_ = true;
   std::string bound_address_;
   int wake_fd_ = -1;

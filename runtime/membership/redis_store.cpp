@@ -28,6 +28,8 @@ struct RedisUrl {
   std::string host;
   int port = 6379;
   int db = 0;
+  std::string user;      // ACL user ("" = default)
+  std::string password;  // "" = no AUTH
 };
 
 template <typename Int>
@@ -37,11 +39,12 @@ bool parse_int(std::string_view text, Int& out) {
   return ec == std::errc() && end == text.data() + text.size();
 }
 
-// redis://HOST[:PORT][/DB]; HOST may be an IPv6 address in brackets.
+// redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]; HOST may be an IPv6 address in brackets.
 RedisUrl parse_url(const std::string& url) {
   auto bad = [&](const std::string& why) {
-    return StoreError("bad Redis URL '" + url + "': " + why +
-                      " (expected redis://HOST:PORT or redis://HOST:PORT/DB)");
+    return StoreError("bad Redis URL '" + redact_url(url) + "': " + why +
+                      " (expected redis://HOST:PORT, redis://:PASSWORD@HOST:PORT or "
+                      "redis://HOST:PORT/DB)");
   };
   constexpr std::string_view scheme = "redis://";
   std::string_view rest(url);
@@ -55,7 +58,16 @@ RedisUrl parse_url(const std::string& url) {
     const std::string_view db = rest.substr(slash + 1);
     if (!parse_int(db, parsed.db) || parsed.db < 0) throw bad("database '" + std::string(db) + "'");
   }
-  if (authority.find('@') != std::string_view::npos) throw bad("credentials are not supported");
+  if (const auto at = authority.rfind('@'); at != std::string_view::npos) {
+    const std::string_view userinfo = authority.substr(0, at);
+    authority = authority.substr(at + 1);
+    const auto colon = userinfo.find(':');
+    if (colon == std::string_view::npos)
+      throw bad("no ':' before the password (redis://:PASSWORD@HOST)");
+    parsed.user = std::string(userinfo.substr(0, colon));
+    parsed.password = std::string(userinfo.substr(colon + 1));
+    if (parsed.password.empty()) throw bad("empty password");
+  }
 
   std::string_view host = authority;
   std::string_view port;
@@ -149,8 +161,9 @@ void check_ttl(const std::optional<std::chrono::milliseconds>& ttl) {
 
 class RedisStore final : public Store {
  public:
-  RedisStore(std::string url, std::chrono::milliseconds timeout)
-      : url_(std::move(url)), parsed_(parse_url(url_)), timeout_(timeout) {
+  // Messages and describe() name the URL with its password replaced (redact_url).
+  RedisStore(const std::string& url, std::chrono::milliseconds timeout)
+      : url_(redact_url(url)), parsed_(parse_url(url)), timeout_(timeout) {
     if (timeout_.count() <= 0) throw StoreError(url_ + ": the timeout must be positive");
   }
 
@@ -272,13 +285,21 @@ class RedisStore final : public Store {
     Reply r(static_cast<redisReply*>(
         redisCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), argvlen.data())));
     if (!r) throw lost_connection_locked(std::string(args.front()));
-    if (r->type == REDIS_REPLY_ERROR) {
-      const std::string message = reply_string(r.get());
-      const std::string what = url_ + ": " + std::string(args.front()) + " failed: " + message;
-      if (is_transient_error(message)) throw StoreUnavailable(what);
-      throw StoreError(what);
-    }
+    if (r->type == REDIS_REPLY_ERROR)
+      throw_error_reply(std::string(args.front()), reply_string(r.get()));
     return r;
+  }
+
+  // An error reply to `command`: transient ones are StoreUnavailable; a server that wants a
+  // password we did not give says so.
+  [[noreturn]] void throw_error_reply(const std::string& command,
+                                      const std::string& message) const {
+    const std::string what = url_ + ": " + command + " failed: " + message;
+    if (message.starts_with("NOAUTH"))
+      throw StoreError(url_ + ": Redis requires a password (" + message +
+                       "); give it in the URL: redis://:PASSWORD@HOST:PORT");
+    if (is_transient_error(message)) throw StoreUnavailable(what);
+    throw StoreError(what);
   }
 
   void connect_locked() {
@@ -302,6 +323,26 @@ class RedisStore final : public Store {
       in_outage_ = false;
       spdlog::info("membership store {}: connected again", url_);
     }
+    if (!parsed_.password.empty()) {
+      std::vector<const char*> argv = {"AUTH"};
+      std::vector<size_t> argvlen = {4};
+      if (!parsed_.user.empty()) {
+        argv.push_back(parsed_.user.c_str());
+        argvlen.push_back(parsed_.user.size());
+      }
+      argv.push_back(parsed_.password.c_str());
+      argvlen.push_back(parsed_.password.size());
+      Reply r(static_cast<redisReply*>(
+          redisCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), argvlen.data())));
+      if (!r) throw lost_connection_locked("AUTH");
+      if (r->type == REDIS_REPLY_ERROR) {
+        const std::string message = reply_string(r.get());
+        drop_locked();
+        if (is_transient_error(message)) throw StoreUnavailable(url_ + ": AUTH failed: " + message);
+        throw StoreError(url_ + ": Redis refused the password of the URL (AUTH: " + message +
+                         "); give the one its requirepass has");
+      }
+    }
     if (parsed_.db != 0) {
       const std::string db = std::to_string(parsed_.db);
       const char* argv[] = {"SELECT", db.c_str()};
@@ -311,9 +352,7 @@ class RedisStore final : public Store {
       if (r->type == REDIS_REPLY_ERROR) {
         const std::string message = reply_string(r.get());
         drop_locked();
-        const std::string what = url_ + ": SELECT " + db + " failed: " + message;
-        if (is_transient_error(message)) throw StoreUnavailable(what);
-        throw StoreError(what);
+        throw_error_reply("SELECT " + db, message);
       }
     }
   }
@@ -390,6 +429,18 @@ class RedisStore final : public Store {
 };
 
 }  // namespace
+
+std::string redact_url(const std::string& url) {
+  constexpr std::string_view scheme = "redis://";
+  if (!url.starts_with(scheme)) return url;
+  const auto end = url.find('/', scheme.size());
+  const auto at = url.rfind('@', end == std::string::npos ? url.size() : end);
+  if (at == std::string::npos || at < scheme.size()) return url;
+  const std::string userinfo = url.substr(scheme.size(), at - scheme.size());
+  const auto colon = userinfo.find(':');
+  const std::string user = colon == std::string::npos ? userinfo : userinfo.substr(0, colon);
+  return std::string(scheme) + user + ":***" + url.substr(at);
+}
 
 std::unique_ptr<Store> make_redis_store(const std::string& url, std::chrono::milliseconds timeout) {
   return std::make_unique<RedisStore>(url, timeout);

@@ -85,11 +85,17 @@ class Store {
   virtual std::string describe() const = 0;
 };
 
-// "redis://HOST:PORT" or "redis://HOST:PORT/DB". Connects lazily: construction
+// "redis://HOST:PORT", "redis://HOST:PORT/DB", with a password "redis://:PASSWORD@HOST:PORT"
+// (or "redis://USER:PASSWORD@..." for a Redis ACL user): it sends AUTH on every connection; a
+// wrong password, or none to a server that wants one, is a StoreError saying so. Messages
+// and describe() never show the password (redact_url). Connects lazily: construction
 // never throws for an unreachable server, the first operation does.
 // `timeout` bounds connecting and every command.
 std::unique_ptr<Store> make_redis_store(
     const std::string& url, std::chrono::milliseconds timeout = std::chrono::milliseconds(1000));
+
+// `url` with its password replaced by "***", for logs and messages.
+std::string redact_url(const std::string& url);
 
 // Milliseconds since some fixed origin.
 using ClockFn = std::function<int64_t()>;

@@ -1,19 +1,20 @@
 // The ZeroMQ transport on loopback: what it says about data still on its way to a peer.
+#include "runtime/collective/zmq_transport.hpp"
+
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
-
 #include <zmq.hpp>
 
-#include "runtime/collective/zmq_transport.hpp"
+#include "runtime/security/keys.hpp"
+#include "tests/support/zmq_probe.hpp"
 
 namespace loco::collective::detail {
 namespace {
@@ -63,8 +64,8 @@ TEST(ZmqTransport, DataForAPeerThatDoesNotTakeItStaysUndelivered) {
   a.keep_only(peers, std::chrono::milliseconds(0));
   EXPECT_FALSE(a.undelivered(deaf.endpoint));  // nothing sent yet
   std::shared_ptr<std::vector<uint8_t>> bytes;
-  ASSERT_TRUE(a.try_send(deaf.endpoint, Channel::data, data_header(1 << 18), "a",
-                         payload(1 << 20, bytes)));
+  ASSERT_TRUE(
+      a.try_send(deaf.endpoint, Channel::data, data_header(1 << 18), "a", payload(1 << 20, bytes)));
   // The peer never answers ZeroMQ's greeting: the message waits in ZeroMQ's queue.
   const auto until = Clock::now() + std::chrono::milliseconds(300);
   while (Clock::now() < until) {
@@ -93,9 +94,59 @@ TEST(ZmqTransport, DataIsDeliveredOnceThePeersKernelHasAllOfIt) {
   }
   ASSERT_TRUE(got);
   EXPECT_EQ(m.payload.size, n);
-  while (a.undelivered(b.endpoint()) && Clock::now() < deadline) a.wait({}, std::chrono::milliseconds(5));
+  while (a.undelivered(b.endpoint()) && Clock::now() < deadline)
+    a.wait({}, std::chrono::milliseconds(5));
   EXPECT_FALSE(a.undelivered(b.endpoint()));
   EXPECT_EQ(bytes.use_count(), 1);  // and the transport let go of the payload
+}
+
+// Receives one message within `limit` (bounded); false if none came.
+bool receive_within(ZmqTransport& t, Message& m, std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    if (t.try_receive(m)) return true;
+    t.wait({}, std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+TEST(ZmqTransport, WithCurveOnlyPeersHoldingTheClusterKeyGetThrough) {
+  using loco::testing::ZmqProbe;
+  const auto cluster = security::Settings::with_key(security::generate_key_pair());
+  ZmqTransport a("tcp://127.0.0.1:0", std::make_shared<zmq::context_t>(1), cluster);
+  Message m;
+  // Plain TCP: the handshake fails (CURVE on one side only); nothing reaches a.
+  ZmqProbe plain(a.endpoint());
+  plain.send({"header", "plain", "payload"});
+  EXPECT_EQ(plain.wait_handshake(std::chrono::seconds(5)), ZmqProbe::Outcome::failed);
+  // Knows a's public key but holds another key pair: a's ZAP handler refuses it.
+  const auto other = security::generate_key_pair();
+  ZmqProbe stranger(a.endpoint(), cluster.cluster.public_key, other.public_key, other.secret_key);
+  stranger.send({"header", "stranger", "payload"});
+  EXPECT_EQ(stranger.wait_handshake(std::chrono::seconds(5)), ZmqProbe::Outcome::refused_auth);
+  // A transport of another cluster cannot get in either.
+  ZmqTransport c("tcp://127.0.0.1:0", std::make_shared<zmq::context_t>(1),
+                 security::Settings::with_key(other));
+  std::shared_ptr<std::vector<uint8_t>> c_bytes;
+  ASSERT_TRUE(c.try_send(a.endpoint(), Channel::control, data_header(1), "c", payload(4, c_bytes)));
+  // A member of the cluster does, on the same socket, in the same time.
+  ZmqTransport b("tcp://127.0.0.1:0", std::make_shared<zmq::context_t>(1), cluster);
+  std::shared_ptr<std::vector<uint8_t>> bytes;
+  ASSERT_TRUE(b.try_send(a.endpoint(), Channel::data, data_header(4), "b", payload(16, bytes)));
+  ASSERT_TRUE(receive_within(a, m, std::chrono::seconds(10)));
+  EXPECT_EQ(m.sender, "b");
+  EXPECT_EQ(m.payload.size, 16u);
+  // And nothing else ever came: the refused peers' bytes were never delivered.
+  EXPECT_FALSE(receive_within(a, m, std::chrono::milliseconds(500)));
+}
+
+TEST(ZmqTransport, WithoutCurveAPlainPeerGetsThrough) {
+  // The control case of the test above: the same probe is let in by a plain transport.
+  ZmqTransport a("tcp://127.0.0.1:0", std::make_shared<zmq::context_t>(1));
+  loco::testing::ZmqProbe plain(a.endpoint());
+  plain.send({std::string(sizeof(Header), '\0'), "plain", "payload"});
+  EXPECT_EQ(plain.wait_handshake(std::chrono::seconds(5)),
+            loco::testing::ZmqProbe::Outcome::succeeded);
 }
 
 }  // namespace

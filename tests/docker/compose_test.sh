@@ -59,6 +59,7 @@ for p in $(docker ps -a --filter label=com.docker.compose.project \
 done
 
 ok=0
+KEYFILE=""
 cleanup() {
   if [ "$ok" != 1 ]; then
     echo "---- docker-compose logs (last 40 lines each) ----"
@@ -69,6 +70,7 @@ cleanup() {
   # The containers write as root: clean up through one of them.
   docker run --rm --network none -v "$CKPT:/c" --entrypoint /bin/rm loco:latest -rf /c/job-* >/dev/null 2>&1 || true
   rm -rf "$CKPT" 2>/dev/null || true
+  [ -z "$KEYFILE" ] || rm -f "$KEYFILE"
 }
 trap cleanup EXIT
 
@@ -76,6 +78,19 @@ trap cleanup EXIT
 say "up: redis, head, $WORKERS workers (head at 127.0.0.1:$PORT)"
 compose 180 up -d --no-build --scale worker=$WORKERS
 compose 30 ps
+# The cluster's key, made by the head in its volume: the host's client needs it.
+KEYFILE="$WORK/cluster-$$.key"
+export LOCO_KEY="$KEYFILE"
+for _ in $(seq 1 30); do
+  compose 10 exec -T head cat /keys/cluster.key > "$LOCO_KEY" 2>/dev/null && [ -s "$LOCO_KEY" ] && break
+  sleep 1
+done
+[ -s "$LOCO_KEY" ] || { say "FAIL: the head made no cluster key"; exit 1; }
+chmod 600 "$LOCO_KEY"
+# Without it the head refuses us.
+if timeout 30 "$LOCO_BIN/loco" status --insecure --address "127.0.0.1:$PORT" >/dev/null 2>&1; then
+  say "FAIL: a client without the key was served"; exit 1
+fi
 alive=0
 for _ in $(seq 1 60); do
   alive="$(timeout 10 "$LOCO_BIN/loco" status --address "127.0.0.1:$PORT" 2>/dev/null | awk '$3 == "alive"' | wc -l || true)"

@@ -62,7 +62,8 @@ std::string make_temp_dir() {
   return pattern;
 }
 
-// One PING over a fresh connection; true on PONG.
+// One PING over a fresh connection; true on PONG, or on NOAUTH (a server started with
+// --requirepass: up, and wanting the password).
 bool answers_ping(int port, std::string& why) {
   const timeval tv{0, 200 * 1000};
   redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
@@ -80,7 +81,8 @@ bool answers_ping(int port, std::string& why) {
       why = c->errstr;
     } else {
       const std::string reply(r->str ? r->str : "", r->str ? r->len : 0);
-      ok = r->type == REDIS_REPLY_STATUS && reply == "PONG";
+      ok = (r->type == REDIS_REPLY_STATUS && reply == "PONG") ||
+           (r->type == REDIS_REPLY_ERROR && reply.starts_with("NOAUTH"));
       if (!ok) why = "PING answered '" + reply + "'";  // e.g. LOADING while reading the AOF
       freeReplyObject(r);
     }

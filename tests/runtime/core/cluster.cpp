@@ -7,6 +7,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "runtime/security/keys.hpp"
 #include "tests/support/eventually.hpp"
 
 namespace fs = std::filesystem;
@@ -18,6 +19,14 @@ std::string loco_binary() { return LOCO_BIN_DIR "/loco"; }
 LocalCluster::LocalCluster(ClusterOptions opts) : opts_(std::move(opts)) {
   char tmpl[] = "/tmp/loco-cluster-XXXXXX";
   dir_ = ::mkdtemp(tmpl);
+  if (opts_.insecure) {
+    ::setenv("LOCO_INSECURE", "1", 1);
+  } else {
+    ::unsetenv("LOCO_INSECURE");
+    key_path_ = dir_ + "/cluster.key";
+    security::write_key_file(key_path_, security::generate_key_pair());
+    ::setenv("LOCO_KEY", key_path_.c_str(), 1);
+  }
   RedisServer::Options ro;
   if (opts_.redis_appendonly) {
     ro.appendonly = true;

@@ -27,6 +27,8 @@ struct ClusterOptions {
   // Plugins the nodes load ($LOCO_PLUGIN_PATH); default: the test actors only,
   // so that runtime tests do not load LibTorch in every node.
   std::string plugins = LOCO_PLUGIN_DIR_STR "/libloco_test_actors.so";
+  // Plain TCP (--insecure) instead of a cluster key made for this cluster.
+  bool insecure = false;
 };
 
 class LocalCluster {
@@ -51,6 +53,9 @@ class LocalCluster {
   // Waits until the head reports `n` nodes alive (bounded); false on timeout.
   bool wait_alive_nodes(int n, Millis timeout = Millis(15000));
   std::string log_dir() const { return dir_; }
+  // The cluster's key file ("" when insecure). The constructor points $LOCO_KEY at it, so
+  // that this process's Runtime::connect and the `loco` commands a test runs hold it.
+  std::string key_path() const { return key_path_; }
 
  private:
   std::string start_process(std::vector<std::string> argv, const std::string& name,
@@ -58,6 +63,7 @@ class LocalCluster {
 
   ClusterOptions opts_;
   std::string dir_;
+  std::string key_path_;
   std::unique_ptr<RedisServer> redis_;
   int head_port_ = 0;
   std::string head_address_;

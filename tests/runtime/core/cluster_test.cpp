@@ -14,6 +14,7 @@
 #include "runtime/core/server.hpp"
 #include "runtime/core/wire.hpp"
 #include "runtime/membership/store.hpp"
+#include "runtime/security/curve.hpp"
 #include "tests/runtime/core/test_actors.hpp"
 #include "tests/support/eventually.hpp"
 
@@ -267,6 +268,7 @@ class RawPeer {
  public:
   explicit RawPeer(const std::string& address) : sock_(ctx_, zmq::socket_type::dealer) {
     sock_.set(zmq::sockopt::linger, 0);
+    security::make_client(sock_, security::resolve("", false));  // the cluster's key
     sock_.set(zmq::sockopt::rcvtimeo, 5000);
     sock_.connect("tcp://" + address);
   }
@@ -473,9 +475,18 @@ TEST(Cli, UpStartsAWholeClusterAndCtrlCStopsAllOfIt) {
   Subprocess::Options o;
   o.log_path = dir + "/up.log";
   o.env["LOCO_STATE_DIR"] = dir;
+  // No key there yet: `loco up` makes one, and the cluster uses it.
+  const std::string key = dir + "/keys/cluster.key";
+  o.env["LOCO_KEY"] = key;
+  ::setenv("LOCO_KEY", key.c_str(), 1);
+  ::unsetenv("LOCO_INSECURE");
   Subprocess up({loco_binary(), "up", "--workers", "2"}, o);
   ASSERT_TRUE(wait_for_text(o.log_path, "press Ctrl-C", Millis(30000))) << read_file(o.log_path);
   std::string log = read_file(o.log_path);
+  EXPECT_TRUE(contains(log, "made a cluster key at " + key)) << log;
+  // Its Redis wants a password, which the output does not show.
+  EXPECT_TRUE(contains(log, "redis redis://:***@127.0.0.1:")) << log;
+  EXPECT_NO_THROW(security::read_key_file(key));
   auto at = log.find("head ") + 5;
   std::string head = log.substr(at, log.find(',', at) - at);
   auto r = log.find("redis ", at) + 6;
@@ -483,6 +494,14 @@ TEST(Cli, UpStartsAWholeClusterAndCtrlCStopsAllOfIt) {
   {
     Runtime rt = Runtime::connect(head);
     EXPECT_EQ(rt.status().nodes.size(), 2u);
+  }
+  // Without the password its Redis refuses us, saying why.
+  const std::string no_password = "redis://" + redis_url.substr(redis_url.find('@') + 1);
+  try {
+    membership::make_redis_store(no_password, Millis(2000))->ping();
+    ADD_FAILURE() << "Redis of loco up answered without a password";
+  } catch (const membership::StoreError& e) {
+    EXPECT_TRUE(contains(e.what(), "requires a password")) << e.what();
   }
   up.signal(SIGINT);
   auto rc = up.wait(Millis(20000));
@@ -500,6 +519,9 @@ TEST(Cli, StartDaemonsThenStopStopsThem) {
   char tmpl[] = "/tmp/loco-daemons-XXXXXX";
   std::string dir = ::mkdtemp(tmpl);
   setenv("LOCO_STATE_DIR", dir.c_str(), 1);
+  security::write_key_file(dir + "/cluster.key", security::generate_key_pair());
+  setenv("LOCO_KEY", (dir + "/cluster.key").c_str(), 1);
+  unsetenv("LOCO_INSECURE");
   int port = free_tcp_port();
   std::string head = "127.0.0.1:" + std::to_string(port);
   std::string start_head = loco_binary() + " start --head --host 127.0.0.1 --port " +

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "runtime/core/core.hpp"
@@ -11,7 +12,10 @@
 #include "runtime/core/paths.hpp"
 #include "runtime/core/runtime.hpp"
 #include "runtime/core/wire.hpp"
+#include "runtime/security/keys.hpp"
 #include "tests/runtime/core/test_actors.hpp"
+#include "tests/support/eventually.hpp"
+#include "tests/support/zmq_probe.hpp"
 
 namespace loco {
 namespace {
@@ -493,6 +497,169 @@ TEST(PathRoots, PathsResolveUnderTheRootOrAreRefusedNamingTheField) {
   EXPECT_EQ(error(std::string("a\0b", 3)), "checkpoint.dir: a path with a NUL byte");
   EXPECT_NE(error("/" + std::string(5000, 'x')).find("x..."), std::string::npos);  // truncated
   fs::remove_all(base);
+}
+
+// ---- CURVE -----------------------------------------------------------------------------
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/loco-keys-XXXXXX";
+  return ::mkdtemp(tmpl);
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Keys, AKeyFileRoundTripsAndIsPrivate) {
+  const std::string dir = temp_dir(), path = dir + "/sub/cluster.key";
+  const auto key = security::generate_key_pair();
+  security::write_key_file(path, key);
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const auto s = security::read_key_file(path);
+  EXPECT_TRUE(s.curve);
+  EXPECT_EQ(s.cluster.public_key, key.public_key);
+  EXPECT_EQ(s.cluster.secret_key, key.secret_key);
+  // Never overwritten by accident.
+  EXPECT_THROW(security::write_key_file(path, security::generate_key_pair()), security::KeyError);
+  EXPECT_EQ(security::read_key_file(path).cluster.public_key, key.public_key);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Keys, BadOrMissingKeyFilesAreClearErrors) {
+  const std::string dir = temp_dir();
+  EXPECT_NE(message_of([&] { security::read_key_file(dir + "/none.key"); }).find("loco keygen"),
+            std::string::npos);
+  const auto a = security::generate_key_pair(), b = security::generate_key_pair();
+  std::ofstream(dir + "/mixed.key")
+      << "public-key = " << a.public_key << "\nsecret-key = " << b.secret_key << "\n";
+  EXPECT_NE(message_of([&] {
+              security::read_key_file(dir + "/mixed.key");
+            }).find("public-key does not belong to secret-key"),
+            std::string::npos);
+  std::ofstream(dir + "/short.key") << "# comment\npublic-key = abc\n";
+  const std::string m = message_of([&] { security::read_key_file(dir + "/short.key"); });
+  EXPECT_NE(m.find(dir + "/short.key"), std::string::npos) << m;
+  EXPECT_NE(m.find("line 2"), std::string::npos) << m;
+  std::ofstream(dir + "/half.key") << "public-key = " << a.public_key << "\n";
+  EXPECT_NE(message_of([&] { security::read_key_file(dir + "/half.key"); }).find("no secret-key"),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// A node Core with CURVE; probes that lack the key are refused before any of their bytes is
+// decoded (the Core's count of decoded messages stays 0), and a caller with the key gets in.
+TEST(Curve, APeerWithoutTheClusterKeyIsRefusedBeforeAnyOfItsBytesIsDecoded) {
+  using testing::ZmqProbe;
+  const auto cluster = security::Settings::with_key(security::generate_key_pair());
+  detail::CoreOptions node;
+  node.bind = "tcp://127.0.0.1:0";
+  node.self_name = "node test";
+  node.security = cluster;
+  auto core = std::make_shared<detail::Core>(node);
+  core->host("a-counter", detail::class_entry<testing::Counter>(),
+             std::make_shared<testing::Counter>(0));
+  const std::string ep = "tcp://" + core->address();
+  Envelope ping;
+  ping.kind = static_cast<uint8_t>(Kind::Ping);
+  ping.sender = "intruder";
+  auto ping_frames = detail::encode(ping);
+  std::vector<std::string> bytes;
+  for (auto& f : ping_frames) bytes.push_back(f.to_string());
+
+  ZmqProbe plain(ep);
+  plain.send(bytes);
+  EXPECT_EQ(plain.wait_handshake(Millis(5000)), ZmqProbe::Outcome::failed);
+  const auto other = security::generate_key_pair();
+  ZmqProbe stranger(ep, cluster.cluster.public_key, other.public_key, other.secret_key);
+  stranger.send(bytes);
+  EXPECT_EQ(stranger.wait_handshake(Millis(5000)), ZmqProbe::Outcome::refused_auth);
+  EXPECT_TRUE(testing::eventually([&] { return core->handshakes_refused() >= 1; }, Millis(5000)));
+  EXPECT_EQ(core->inbound_messages(), 0u);
+  EXPECT_EQ(core->handshakes_admitted(), 0u);
+
+  // A per-client key on the allow-list is admitted; the cluster's key is.
+  detail::CoreOptions caller;
+  caller.head_address = core->address();
+  caller.self_name = "caller";
+  caller.security = cluster;
+  auto client = std::make_shared<detail::Core>(caller);
+  auto ref = std::make_shared<detail::ActorRef>();
+  ref->id = "a-counter";
+  ref->class_name = "test.Counter";
+  ref->address = core->address();
+  ActorHandle<testing::Counter> counter(client, ref);
+  EXPECT_EQ(counter.call(&testing::Counter::add, 5).get(Millis(10000)), 5);
+  EXPECT_GE(core->inbound_messages(), 1u);
+  EXPECT_GE(core->handshakes_admitted(), 1u);
+  client->shutdown();
+  core->shutdown();
+}
+
+TEST(Curve, KeysOnTheAllowListAreAdmitted) {
+  using testing::ZmqProbe;
+  auto settings = security::Settings::with_key(security::generate_key_pair());
+  const auto client_key = security::generate_key_pair();
+  settings.allowed.push_back(client_key.public_key);
+  detail::CoreOptions node;
+  node.bind = "tcp://127.0.0.1:0";
+  node.self_name = "node test";
+  node.security = settings;
+  auto core = std::make_shared<detail::Core>(node);
+  ZmqProbe allowed("tcp://" + core->address(), settings.cluster.public_key, client_key.public_key,
+                   client_key.secret_key);
+  EXPECT_EQ(allowed.wait_handshake(Millis(5000)), ZmqProbe::Outcome::succeeded);
+  core->shutdown();
+}
+
+// A caller whose key the peer refuses gets a ClusterError saying so, at once rather than after
+// the failure detector's time, and the calls do not hang.
+TEST(Curve, ACallerWithAnotherKeyOrNoneGetsAClearClusterError) {
+  const auto cluster = security::Settings::with_key(security::generate_key_pair());
+  detail::CoreOptions node;
+  node.bind = "tcp://127.0.0.1:0";
+  node.self_name = "node test";
+  node.security = cluster;
+  auto core = std::make_shared<detail::Core>(node);
+  core->host("a-counter", detail::class_entry<testing::Counter>(),
+             std::make_shared<testing::Counter>(0));
+  struct Case {
+    security::Settings settings;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {security::Settings::insecure(), "CURVE on one side only"},
+      {security::Settings::with_key(security::generate_key_pair()), "another cluster key"}};
+  for (const Case& c : cases) {
+    detail::CoreOptions caller;
+    caller.head_address = core->address();
+    caller.self_name = "caller";
+    caller.security = c.settings;
+    caller.detect_ms = 20000;  // the refusal, not the failure detector, must end the call
+    auto client = std::make_shared<detail::Core>(caller);
+    auto ref = std::make_shared<detail::ActorRef>();
+    ref->id = "a-counter";
+    ref->class_name = "test.Counter";
+    ref->address = core->address();
+    ActorHandle<testing::Counter> counter(client, ref);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      (void)counter.call(&testing::Counter::add, 1).get(Millis(15000));
+      ADD_FAILURE() << "the call went through";
+    } catch (const ClusterError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("loco keygen"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+    client->shutdown();
+  }
+  EXPECT_EQ(core->inbound_messages(), 0u);
+  core->shutdown();
 }
 
 }  // namespace

@@ -418,20 +418,53 @@ TEST(RedisStoreTest, BadUrlsAreStoreErrorsNamingTheUrl) {
        {"", "127.0.0.1:6379", "http://127.0.0.1:6379", "redis://", "redis://:6379",
         "redis://host:", "redis://host:port", "redis://host:0", "redis://host:70000",
         "redis://host:6379/", "redis://host:6379/x", "redis://host:6379/-1", "redis://[::1:6379",
-        "redis://user:pw@host:6379"}) {
+        "redis://:@host:6379", "redis://nocolon@host:6379", "redis://:pw@:6379"}) {
     try {
       make_redis_store(url);
       ADD_FAILURE() << "accepted '" << url << "'";
     } catch (const StoreUnavailable& e) {
       ADD_FAILURE() << "'" << url << "' is unavailable, not malformed: " << e.what();
     } catch (const StoreError& e) {
-      EXPECT_NE(std::string(e.what()).find("'" + url + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'" + redact_url(url) + "'"), std::string::npos)
+          << e.what();
     }
   }
-  for (const std::string url : {"redis://127.0.0.1:6379", "redis://localhost:6379/2",
-                                "redis://localhost", "redis://[::1]:6379"}) {
+  for (const std::string url :
+       {"redis://127.0.0.1:6379", "redis://localhost:6379/2", "redis://localhost",
+        "redis://[::1]:6379", "redis://:pw@host:6379", "redis://user:p@ss@host:6379/1"}) {
     EXPECT_NO_THROW(make_redis_store(url)) << url;
   }
+}
+
+TEST(RedisStoreTest, PasswordsAreSentAndNeverShown) {
+  RedisServer redis(RedisServer::Options{.extra_args = {"--requirepass", "s3cret-pw"}});
+  const std::string at = "@127.0.0.1:" + std::to_string(redis.port());
+  auto good = make_redis_store("redis://:s3cret-pw" + at);
+  good->put("k", "v");
+  EXPECT_EQ(good->get("k"), "v");
+  EXPECT_EQ(good->describe(), "redis://:***" + at);
+  auto good_db = make_redis_store("redis://:s3cret-pw" + at + "/2");
+  EXPECT_EQ(good_db->get("k"), std::nullopt);
+  // A wrong password: a StoreError (not "unavailable": retrying will not help) that says so,
+  // without the password.
+  auto wrong = make_redis_store("redis://:not-it" + at);
+  std::string message = message_of<StoreError>([&] { wrong->ping(); });
+  EXPECT_NE(message.find("refused the password"), std::string::npos) << message;
+  EXPECT_EQ(message.find("not-it"), std::string::npos) << message;
+  EXPECT_THROW(
+      {
+        try {
+          wrong->ping();
+        } catch (const StoreUnavailable&) {
+          ADD_FAILURE() << "a wrong password is not a transient failure";
+        }
+      },
+      StoreError);
+  // None: the server wants one.
+  auto none = make_redis_store("redis://127.0.0.1:" + std::to_string(redis.port()));
+  message = message_of<StoreError>([&] { none->get("k"); });
+  EXPECT_NE(message.find("requires a password"), std::string::npos) << message;
+  EXPECT_NE(message.find("redis://:PASSWORD@HOST:PORT"), std::string::npos) << message;
 }
 
 TEST(RedisStoreTest, UnreachableServerIsUnavailableNamingTheUrl) {

@@ -1,0 +1,50 @@
+#pragma once
+// CURVE on ZeroMQ sockets, and the ZAP handler that decides who may connect. Private to
+// runtime/ (it includes ZeroMQ); see keys.hpp for the contract.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <zmq.hpp>
+
+#include "runtime/security/keys.hpp"
+
+namespace loco::security {
+
+// Before bind(): the socket accepts only CURVE handshakes, proving the cluster's secret key,
+// from peers its context's ZAP handler admits. Nothing when `s.curve` is false.
+void make_server(zmq::socket_t& socket, const Settings& s);
+// Before connect(): the socket handshakes with CURVE, expecting the server to hold the
+// cluster's key and presenting it. Nothing when `s.curve` is false.
+void make_client(zmq::socket_t& socket, const Settings& s);
+
+// The ZAP handler of one ZeroMQ context (ZeroMQ asks "inproc://zeromq.zap.01" in the server
+// socket's context about every handshake): a thread that admits a CURVE client only if its
+// public key is on the allow-list, and counts and logs the others. Without a handler ZeroMQ
+// would admit any client that knows the server's public key.
+class ZapHandler {
+ public:
+  ~ZapHandler();
+  ZapHandler(const ZapHandler&) = delete;
+  ZapHandler& operator=(const ZapHandler&) = delete;
+
+  uint64_t admitted() const;
+  uint64_t refused() const;
+
+ private:
+  friend std::shared_ptr<ZapHandler> zap_handler_for(zmq::context_t&, const Settings&);
+  struct Impl;
+  explicit ZapHandler(std::unique_ptr<Impl> impl);
+  void add(const Settings& s);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The handler of `ctx`, started on first use, its allow-list extended by `s`'s. Keep it for as
+// long as the context has server sockets (sockets of several owners may share it).
+// nullptr when `s.curve` is false.
+std::shared_ptr<ZapHandler> zap_handler_for(zmq::context_t& ctx, const Settings& s);
+
+// Words for a ZMQ_EVENT_HANDSHAKE_FAILED_* monitor event of a client socket ("" for another
+// event); `curve`: whether the client uses CURVE.
+std::string describe_handshake_failure(uint16_t event, int32_t value, bool curve);
+
+}  // namespace loco::security
