@@ -10,6 +10,7 @@
 // runs; rounds_ms is their range), the bus bandwidth
 // 2(K-1)/K x bytes / time (of the fp32 bytes, also for compressed codecs), its ratio to the
 // link bound (with --link-gbit) and Gloo's median time over ours (> 1: we are faster).
+// Impl "ours-curve" is ours with every socket under CURVE (a cluster key made for the run).
 // Impl "ours-auto" is ours with parts sized by measured bandwidth: the members measure their
 // sending rates in the warm-up, share them, and cut the parts with part_weights_for_rates().
 // cpu_ms is the CPU time (user + system, all threads of all K processes) per operation, and
@@ -44,6 +45,7 @@
 
 #include "runtime/collective/allreduce.hpp"
 #include "runtime/collective/local.hpp"
+#include "runtime/security/keys.hpp"
 
 extern char** environ;
 
@@ -111,8 +113,10 @@ int run_worker(const WorkerArgs& a) {
   for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>((i * 7 + a.rank) % 1000) * 1e-3f;
   std::vector<double> times;
   double cpu_start = 0;  // from the first timed iteration on (its barrier included)
-  if (a.impl == "ours" || a.impl == "ours-auto") {
+  if (a.impl == "ours" || a.impl == "ours-auto" || a.impl == "ours-curve") {
     loco::collective::Options opts;
+    // ours-curve: ours over CURVE with a cluster key the launcher made for this run.
+    if (a.impl == "ours-curve") opts.security = loco::security::read_key_file(a.dir + "/cluster.key");
     opts.codec = loco::collective::parse_codec(a.codec).value();
     opts.chunk_bytes = a.chunk_bytes;
     opts.io_threads = a.io_threads;
@@ -211,6 +215,8 @@ ConfigResult run_config(const std::string& self, const WorkerArgs& base, const s
                         const std::vector<std::string>& ips) {
   char tmpl[] = "/tmp/loco-allreduce-bench-XXXXXX";
   std::string dir = mkdtemp(tmpl);
+  if (base.impl == "ours-curve")
+    loco::security::write_key_file(dir + "/cluster.key", loco::security::generate_key_pair());
   std::vector<pid_t> pids;
   for (int r = 0; r < base.size; ++r) {
     std::vector<std::string> args;
