@@ -3,7 +3,9 @@
 // two processes (the bound: loco sends over the same socket types).
 //
 //   build/bin/bench_actor_calls [--n 20000] [--calls 300000] [--window 2000] [--repeats 3]
-//                               [--blob-kb 4096] [--blob-calls 200]
+//                               [--blob-kb 4096] [--blob-calls 200] [--insecure 1]
+// The cluster uses CURVE with a key made for it (as every cluster does) unless --insecure 1:
+// run both to see what CURVE costs a call.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -94,6 +96,7 @@ RawResult raw_zmq(int n, int calls, int window) {
 
 int main(int argc, char** argv) {
   int n = 20000, calls = 300000, window = 2000, repeats = 3, blob_kb = 4096, blob_calls = 200;
+  bool insecure = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int v = std::atoi(argv[i + 1]);
@@ -109,10 +112,13 @@ int main(int argc, char** argv) {
       blob_kb = v;
     else if (k == "--blob-calls")
       blob_calls = v;
+    else if (k == "--insecure")
+      insecure = v != 0;
   }
   using namespace loco;
   testing::ClusterOptions co;
   co.nodes = 0;
+  co.insecure = insecure;
   co.plugins = LOCO_PLUGIN_DIR_STR "/libloco_bench_actors.so";
   testing::LocalCluster cluster(co);
   cluster.add_node({"--resources=pinger=1"});
@@ -147,8 +153,9 @@ int main(int argc, char** argv) {
         loco_tput.back(), loco_tell.back(), loco_blob.back() / 1e9);
   }
   double rm = median(raw_med), lm = median(loco_med);
-  std::printf("\nactor_calls (median of %d runs, %d round trips, %d pipelined calls, window %d)\n",
-              repeats, n, calls, window);
+  std::printf(
+      "\nactor_calls (median of %d runs, %d round trips, %d pipelined calls, window %d; %s)\n",
+      repeats, n, calls, window, insecure ? "plain TCP" : "CURVE");
   std::printf("  raw ZeroMQ DEALER/ROUTER RTT : %8.1f us\n", rm);
   std::printf(
       "  loco actor call RTT          : %8.1f us   ratio %.2fx the raw RTT (target <= 2x)\n", lm,
