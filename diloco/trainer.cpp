@@ -309,27 +309,39 @@ OuterOptimizer::OuterOptimizer(const OuterConfig& cfg, const torch::Tensor& thet
       momentum_(torch::zeros_like(theta_)),
       scratch_(torch::empty_like(theta_)) {}
 
-void OuterOptimizer::step(std::span<const float> delta, std::int64_t begin) {
+namespace {
+
+// The outer step's arithmetic on the slice [begin, begin + delta.size()) of θ and the
+// momentum (scratch: a buffer of θ's size); elementwise, so a slice steps as in the whole.
+void outer_step_slice(const OuterConfig& cfg, torch::Tensor& theta_all,
+                      torch::Tensor& momentum_all, torch::Tensor& scratch_all,
+                      std::span<const float> delta, std::int64_t begin) {
   torch::NoGradGuard no_grad;
   const auto n = static_cast<std::int64_t>(delta.size());
-  TORCH_CHECK(begin >= 0 && begin + n <= theta_.numel(), "OuterOptimizer::step: Δ's slice [", begin,
-              ", ", begin + n, ") does not fit θ's ", theta_.numel(), " elements");
+  TORCH_CHECK(begin >= 0 && begin + n <= theta_all.numel(), "OuterOptimizer::step: Δ's slice [",
+              begin, ", ", begin + n, ") does not fit θ's ", theta_all.numel(), " elements");
   const auto d = flat_view({const_cast<float*>(delta.data()), delta.size()});
-  // Slices of the whole (all of it by default): the arithmetic is elementwise.
-  auto theta = theta_.slice(0, begin, begin + n), momentum = momentum_.slice(0, begin, begin + n),
-       scratch = scratch_.slice(0, begin, begin + n);
-  const double mu = cfg_.momentum;
+  auto theta = theta_all.slice(0, begin, begin + n),
+       momentum = momentum_all.slice(0, begin, begin + n),
+       scratch = scratch_all.slice(0, begin, begin + n);
+  const double mu = cfg.momentum;
   if (mu > 0) {
     momentum.mul_(mu).add_(d);
-    if (cfg_.nesterov) {
+    if (cfg.nesterov) {
       torch::add_out(scratch, d, momentum, mu);
-      theta.sub_(scratch, cfg_.lr);
+      theta.sub_(scratch, cfg.lr);
     } else {
-      theta.sub_(momentum, cfg_.lr);
+      theta.sub_(momentum, cfg.lr);
     }
   } else {
-    theta.sub_(d, cfg_.lr);
+    theta.sub_(d, cfg.lr);
   }
+}
+
+}  // namespace
+
+void OuterOptimizer::step(std::span<const float> delta, std::int64_t begin) {
+  outer_step_slice(cfg_, theta_, momentum_, scratch_, delta, begin);
   ++round_;
 }
 
@@ -338,8 +350,8 @@ void OuterOptimizer::step_ranges(std::span<const float> packed, const std::vecto
   for (const Range& r : ranges) {
     TORCH_CHECK(at + static_cast<std::size_t>(r.size()) <= packed.size(),
                 "OuterOptimizer::step_ranges: ", packed.size(), " values for ranges of more");
-    step(packed.subspan(at, static_cast<std::size_t>(r.size())), r.begin);
-    --round_;  // step() counts a round; a fragment is not one
+    outer_step_slice(cfg_, theta_, momentum_, scratch_,
+                     packed.subspan(at, static_cast<std::size_t>(r.size())), r.begin);
     at += static_cast<std::size_t>(r.size());
   }
   TORCH_CHECK(at == packed.size(), "OuterOptimizer::step_ranges: ", packed.size(),
