@@ -506,6 +506,20 @@ std::string temp_dir() {
   return ::mkdtemp(tmpl);
 }
 
+// A node's Core on loopback with `security`, hosting a Counter at "a-counter" when asked.
+std::shared_ptr<detail::Core> secured_node(const security::Settings& security,
+                                           bool with_counter = true) {
+  detail::CoreOptions node;
+  node.bind = "tcp://127.0.0.1:0";
+  node.self_name = "node test";
+  node.security = security;
+  auto core = std::make_shared<detail::Core>(node);
+  if (with_counter)
+    core->host("a-counter", detail::class_entry<testing::Counter>(),
+               std::make_shared<testing::Counter>(0));
+  return core;
+}
+
 std::string message_of(const std::function<void()>& f) {
   try {
     f();
@@ -557,13 +571,7 @@ TEST(Keys, BadOrMissingKeyFilesAreClearErrors) {
 TEST(Curve, APeerWithoutTheClusterKeyIsRefusedBeforeAnyOfItsBytesIsDecoded) {
   using testing::ZmqProbe;
   const auto cluster = security::Settings::with_key(security::generate_key_pair());
-  detail::CoreOptions node;
-  node.bind = "tcp://127.0.0.1:0";
-  node.self_name = "node test";
-  node.security = cluster;
-  auto core = std::make_shared<detail::Core>(node);
-  core->host("a-counter", detail::class_entry<testing::Counter>(),
-             std::make_shared<testing::Counter>(0));
+  auto core = secured_node(cluster);
   const std::string ep = "tcp://" + core->address();
   Envelope ping;
   ping.kind = static_cast<uint8_t>(Kind::Ping);
@@ -606,11 +614,7 @@ TEST(Curve, KeysOnTheAllowListAreAdmitted) {
   auto settings = security::Settings::with_key(security::generate_key_pair());
   const auto client_key = security::generate_key_pair();
   settings.allowed.push_back(client_key.public_key);
-  detail::CoreOptions node;
-  node.bind = "tcp://127.0.0.1:0";
-  node.self_name = "node test";
-  node.security = settings;
-  auto core = std::make_shared<detail::Core>(node);
+  auto core = secured_node(settings, false);
   ZmqProbe allowed("tcp://" + core->address(), settings.cluster.public_key, client_key.public_key,
                    client_key.secret_key);
   EXPECT_EQ(allowed.wait_handshake(Millis(5000)), ZmqProbe::Outcome::succeeded);
@@ -621,13 +625,7 @@ TEST(Curve, KeysOnTheAllowListAreAdmitted) {
 // the failure detector's time, and the calls do not hang.
 TEST(Curve, ACallerWithAnotherKeyOrNoneGetsAClearClusterError) {
   const auto cluster = security::Settings::with_key(security::generate_key_pair());
-  detail::CoreOptions node;
-  node.bind = "tcp://127.0.0.1:0";
-  node.self_name = "node test";
-  node.security = cluster;
-  auto core = std::make_shared<detail::Core>(node);
-  core->host("a-counter", detail::class_entry<testing::Counter>(),
-             std::make_shared<testing::Counter>(0));
+  auto core = secured_node(cluster);
   struct Case {
     security::Settings settings;
     std::string says;
