@@ -106,7 +106,7 @@ struct InnerWorker::State {
   dl::TokenStore store;
   std::vector<Rank> ranks;  // rank 0 answers for the worker: θ's hash, evaluation, checkpoints
   std::vector<float> delta, averaged;  // whole; rank r writes and averages its slice
-  int64_t delta_round = -1;    // the round whose Δ `delta` holds
+  int64_t delta_round = -1;            // the round whose Δ `delta` holds
   int64_t stepped_round = -1;  // the round whose outer step θ holds (undone if it is re-run)
   bool fault_fired = false;
   InnerResult last_inner;
@@ -164,8 +164,8 @@ namespace {
 
 // The devices of a worker's G ranks: the GPUs the head gave its actor, one each and all
 // different (NCCL puts one rank on a GPU), or the CPU G times.
-std::vector<torch::Device> rank_devices(const dl::DeviceChoice& choice, const std::vector<int>& gpus,
-                                        int g) {
+std::vector<torch::Device> rank_devices(const dl::DeviceChoice& choice,
+                                        const std::vector<int>& gpus, int g) {
   if (!choice.cuda) return std::vector<torch::Device>(size_t(g), torch::Device(torch::kCPU));
   if (int(gpus.size()) < g)
     throw dl::ConfigError("workers.gpus: " + std::to_string(g) + " ranks, but the runtime gave " +
@@ -195,8 +195,8 @@ InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
   // CUDA is not even probed for device: cpu.
   const bool cuda = s_->cfg.device != dl::DeviceKind::cpu && torch::cuda::is_available();
   const std::vector<int>& gpus = this_actor().gpus;
-  s_->device = dl::choose_device(s_->cfg.device, gpus, cuda,
-                                 cuda ? int(torch::cuda::device_count()) : 0);
+  s_->device =
+      dl::choose_device(s_->cfg.device, gpus, cuda, cuda ? int(torch::cuda::device_count()) : 0);
   const int g = s_->cfg.ranks_per_worker(s_->device.cuda);
   const auto devices = rank_devices(s_->device, gpus, g);
   s_->ranks.resize(size_t(g));
@@ -258,7 +258,8 @@ InitResult InnerWorker::init(WorkerInit init) {
     if (inner_ar) {
       k.trainer->load(*inner_ar, "worker.");  // AdamW moments, step, data position
       // The aggregator's dealing holds, should the members differ from the checkpoint's.
-      if (k.trainer->sampler().shards() != init.shards) k.trainer->sampler().set_shards(init.shards);
+      if (k.trainer->sampler().shards() != init.shards)
+        k.trainer->sampler().set_shards(init.shards);
     }
     // Behind the job when the slot's inner state is older than the outer state it gets.
     k.trainer->set_step(init.round * s_->cfg.inner.steps);
@@ -326,8 +327,7 @@ InitResult InnerWorker::init(WorkerInit init) {
   out.parameters = int64_t(n);
   out.theta_hash = outer.theta_hash();
   out.device = s_->device.reason;
-  if (s_->ranks.size() > 1)
-    out.device += ", " + std::to_string(s_->ranks.size()) + " local ranks";
+  if (s_->ranks.size() > 1) out.device += ", " + std::to_string(s_->ranks.size()) + " local ranks";
   return out;
 }
 
@@ -342,7 +342,8 @@ InnerResult InnerWorker::inner(int64_t round) {
   }
   const int64_t t0 = loco::now_ms();
   if (s_->fault.hits(s_->index, round, "inner")) {
-    s_->for_ranks([&](Rank& k) { k.trainer->run_inner_steps(std::max(1, s_->cfg.inner.steps / 2)); });
+    s_->for_ranks(
+        [&](Rank& k) { k.trainer->run_inner_steps(std::max(1, s_->cfg.inner.steps / 2)); });
     FaultPlan::die();
   }
   // The ranks step together (their gradients averaged every step), then each writes its
@@ -395,8 +396,8 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
     const size_t r = size_t(&k - s_->ranks.data());
     collective::Group group;
     for (size_t i = 0; i < req.names.size(); ++i)
-      group.members.push_back(
-          {g == 1 ? req.names[i] : req.names[i] + "/rank" + std::to_string(r), req.endpoints[i][r]});
+      group.members.push_back({g == 1 ? req.names[i] : req.names[i] + "/rank" + std::to_string(r),
+                               req.endpoints[i][r]});
     group.rank = req.rank;
     group.round_id = req.op_id;
     const dl::Slice sl = s_->slice_of(k);
@@ -467,7 +468,8 @@ int64_t InnerWorker::join_state_size(int64_t round) { return int64_t(join_state(
 
 Blob InnerWorker::join_state_part(int64_t round, int64_t offset, int64_t length) {
   const auto& state = join_state(round);
-  if (offset < 0 || length < 0 || size_t(offset + length) > state->size())
+  if (offset < 0 || length < 0 || size_t(offset) > state->size() ||
+      size_t(length) > state->size() - size_t(offset))
     throw std::invalid_argument("join_state_part: [" + std::to_string(offset) + ", " +
                                 std::to_string(offset + length) + ") is outside the " +
                                 std::to_string(state->size()) + " bytes of the join state");
@@ -511,21 +513,22 @@ std::string InnerWorker::save_inner_state(std::string path) {
   return path;
 }
 
-LOCO_REGISTER(InnerWorker, loco::ActorClass<InnerWorker>("diloco.InnerWorker")
-                               .constructor<std::string, std::string, int>()
-                               .method("endpoints", &InnerWorker::endpoints)
-                               .method("init", &InnerWorker::init)
-                               .method("inner", &InnerWorker::inner)
-                               .method("reduce", &InnerWorker::reduce)
-                               .method("evaluate", &InnerWorker::evaluate)
-                               .method("evaluate_windows", &InnerWorker::evaluate_windows)
-                               .method("validation_windows", &InnerWorker::validation_windows)
-                               .method("join_state_size", &InnerWorker::join_state_size)
-                               .method("join_state_part", &InnerWorker::join_state_part)
-                               .method("save_checkpoint", &InnerWorker::save_checkpoint)
-                               .method("save_inner_state", &InnerWorker::save_inner_state)
-                               .method("theta_hash", &InnerWorker::theta_hash)
-                               .method("set_shards", &InnerWorker::set_shards)
-                               .method("shards", &InnerWorker::shards));
+LOCO_REGISTER(InnerWorker,
+              loco::ActorClass<InnerWorker>("diloco.InnerWorker")
+                  .constructor<std::string, std::string, int>()
+                  .internal_method("endpoints", &InnerWorker::endpoints)
+                  .internal_method("init", &InnerWorker::init)
+                  .internal_method("inner", &InnerWorker::inner)
+                  .internal_method("reduce", &InnerWorker::reduce)
+                  .internal_method("evaluate", &InnerWorker::evaluate)
+                  .internal_method("evaluate_windows", &InnerWorker::evaluate_windows)
+                  .internal_method("validation_windows", &InnerWorker::validation_windows)
+                  .internal_method("join_state_size", &InnerWorker::join_state_size)
+                  .internal_method("join_state_part", &InnerWorker::join_state_part)
+                  .internal_method("save_checkpoint", &InnerWorker::save_checkpoint)
+                  .internal_method("save_inner_state", &InnerWorker::save_inner_state)
+                  .internal_method("theta_hash", &InnerWorker::theta_hash)
+                  .internal_method("set_shards", &InnerWorker::set_shards)
+                  .internal_method("shards", &InnerWorker::shards));
 
 }  // namespace loco::actors

@@ -69,11 +69,18 @@ JobEvents JobHandle::poll(std::string& cursor, int max) {
 std::optional<JobHandle::Update> JobHandle::decode(const JobEvent& e) {
   Update u;
   if (e.kind == "report") {
-    // Anyone who can reach the head can append to a job's log: bounded like network input.
-    JobProgress p = detail::unpack_bounded(e.data.data(), e.data.size(), "a job's progress report")
-                        .get()
-                        .as<JobProgress>();
-    u.report = RoundReport::from(p);
+    // Written by the job's own actors only (the head checks), but decoded like network input:
+    // bounded, and a report that does not decode is a line that says so, not the watcher's end.
+    try {
+      JobProgress p =
+          detail::unpack_bounded(e.data.data(), e.data.size(), "a job's progress report")
+              .get()
+              .as<JobProgress>();
+      u.report = RoundReport::from(p);
+    } catch (const std::exception& ex) {
+      u.line = "skipped a malformed progress report (event " + escape_remote(e.id, 40) +
+               "): " + escape_remote(ex.what(), 200);
+    }
   } else if (e.kind == "log") {
     u.line = e.data;
   } else {

@@ -155,7 +155,7 @@ ZmqTransport::ZmqTransport(const std::string& bind_endpoint,
                            std::shared_ptr<zmq::context_t> context, security::Settings security)
     : ctx_(std::move(context)),
       security_(std::move(security)),
-      zap_(security::zap_handler_for(*ctx_, security_)),
+      zap_(security::zap_handler_for(*ctx_, security_, security::Admit::members)),
       router_(std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::router)) {
   security::make_server(*router_, security_);
   router_->set(zmq::sockopt::linger, 0);

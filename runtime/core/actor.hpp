@@ -5,12 +5,15 @@
 //   LOCO_REGISTER(Counter, loco::ActorClass<Counter>("Counter")
 //                              .constructor<int>()
 //                              .method("add", &Counter::add)
-//                              .method("get", &Counter::get));
+//                              .method("get", &Counter::get)
+//                              .internal_method("reset", &Counter::reset));
 //
 //   auto counter = runtime->spawn<Counter>(loco::ActorOptions().with_name("c"), 10);
 //   int v = counter.call(&Counter::add, 3).get(loco::Millis(1000));   // 13
 //   counter.tell(&Counter::add, 1);                                    // one-way
 //
+// An internal method answers only members of the cluster (its head, nodes and actors, which
+// hold the cluster key); a client that holds a client key gets PermissionError.
 // A method of another class, or arguments that do not convert to the method's
 // parameter types, fail to compile. Arguments and results are any
 // msgpack-serializable type; loco::Blob travels as its own frame, uncopied.
@@ -168,14 +171,24 @@ class ActorClass {
   ActorClass& method(const std::string& name, R (T::*m)(A...) const) {
     return add(name, m);
   }
+  // A method that only the cluster's own members may call (see above).
+  template <class R, class... A>
+  ActorClass& internal_method(const std::string& name, R (T::*m)(A...)) {
+    return add(name, m, true);
+  }
+  template <class R, class... A>
+  ActorClass& internal_method(const std::string& name, R (T::*m)(A...) const) {
+    return add(name, m, true);
+  }
 
  private:
   template <class M>
-  ActorClass& add(const std::string& name, M m) {
+  ActorClass& add(const std::string& name, M m, bool internal = false) {
     if (entry_->find(name)) return *this;  // a plugin loaded twice registers twice
     detail::MethodEntry e;
     e.name = name;
     e.pointer = m;
+    e.internal = internal;
     e.invoke = make_invoker(name, m);
     entry_->methods.push_back(std::move(e));
     return *this;

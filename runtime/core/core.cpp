@@ -33,7 +33,13 @@ struct Core::Mailbox {
 namespace {
 thread_local std::shared_ptr<Core>* tl_core = nullptr;
 thread_local const ActorContext* tl_actor = nullptr;
+thread_local const CallerInfo* tl_caller = nullptr;
 }  // namespace
+
+const CallerInfo& current_caller() {
+  static const CallerInfo self{security::Role::member, ""};
+  return tl_caller ? *tl_caller : self;
+}
 
 ActorContextScope::ActorContextScope(const ActorContext* context) : previous_(tl_actor) {
   tl_actor = context;
@@ -72,8 +78,8 @@ Core::Core(CoreOptions opts) : opts_(std::move(opts)) {
   };
   transport_ = std::make_unique<Transport>(
       topts,
-      [this](zmq::message_t&& rid, std::vector<zmq::message_t>&& f) {
-        on_inbound(std::move(rid), std::move(f));
+      [this](zmq::message_t&& rid, std::vector<zmq::message_t>&& f, security::Role role) {
+        on_inbound(std::move(rid), std::move(f), role);
       },
       [this](const std::string& peer, std::vector<zmq::message_t>&& f) {
         on_reply(peer, std::move(f));
@@ -172,7 +178,7 @@ std::shared_ptr<CallState> Core::call(const std::shared_ptr<ActorRef>& ref,
   st->peer = addr;
   Envelope env;
   env.kind = static_cast<uint8_t>(oneway ? Kind::Tell : Kind::Request);
-  env.sender = opts_.self_name;
+  env.sender = tl_actor && !tl_actor->actor_id.empty() ? tl_actor->actor_id : opts_.self_name;
   env.target = ref->id;
   env.method = method;
   if (!oneway) {
@@ -385,7 +391,8 @@ void Core::on_handshake_failed(const std::string& peer, const std::string& why) 
   transport_->drop_peer(peer);
 }
 
-void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames) {
+void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames,
+                      security::Role role) {
   inbound_messages_.fetch_add(1, std::memory_order_relaxed);
   if (frames.empty()) {
     spdlog::warn("dropped an empty message");
@@ -432,6 +439,21 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
       warn_bad_input("dropped a one-way call " + escape_remote(d.env.method) + ": " + msg);
     return;
   }
+  // Rights by role, before the call takes room in the mailbox. An unknown method goes through
+  // to get its MethodNotFoundError, which names the methods there are.
+  if (role != security::Role::member) {
+    const MethodEntry* m = box->cls->find(d.env.method);
+    if (m && m->internal) {
+      const std::string msg = box->cls->name + "." + m->name +
+                              " is internal: only the cluster's head, nodes and actors (holders "
+                              "of the cluster key) may call it, not a client";
+      if (d.env.k() == Kind::Request)
+        send_error(std::move(rid), d.env.corr, "PermissionError", msg);
+      else
+        warn_bad_input("dropped a one-way call from a client: " + msg);
+      return;
+    }
+  }
   size_t bytes = d.payload.body.size();
   for (const Blob& b : d.payload.blobs) bytes += b.size();
   bool was_empty, full;
@@ -445,7 +467,7 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
            (queued >= opts_.max_mailbox_messages || queued_bytes + bytes > opts_.max_mailbox_bytes);
     if (!full) {
       box->queued_bytes += bytes;
-      box->queue.push_back(Inbound{std::move(rid), std::move(d.env), std::move(d.payload)});
+      box->queue.push_back(Inbound{std::move(rid), std::move(d.env), std::move(d.payload), role});
     }
   }
   if (full) {
@@ -578,6 +600,8 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
       }
       std::string err_type, err_msg;
       Payload result;
+      const CallerInfo caller{in.role, in.env.sender};
+      tl_caller = &caller;
       try {
         result = m->invoke(box->instance.get(), in.payload);
       } catch (const Error& e) {
@@ -587,6 +611,7 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
         err_type = "RemoteError";
         err_msg = box->cls->name + "." + in.env.method + " raised: " + e.what();
       }
+      tl_caller = nullptr;
       if (!wants_reply) {
         if (!err_type.empty()) spdlog::warn("one-way call failed: {}", err_msg);
         continue;

@@ -39,7 +39,7 @@ struct CoreOptions {
   size_t max_mailbox_messages = size_t(1) << 16;
   size_t max_mailbox_bytes = size_t(2) << 30;
   int64_t resolve_timeout_ms = 15000;  // how long a handle waits for a restarting actor
-  security::Settings security;          // CURVE, or plain TCP when security.curve is false
+  security::Settings security;         // CURVE, or plain TCP when security.curve is false
 };
 
 class Core final : public Caller, public std::enable_shared_from_this<Core> {
@@ -82,6 +82,7 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
     zmq::message_t routing_id;
     Envelope env;
     Payload payload;
+    security::Role role = security::Role::member;  // posted calls come from this process
   };
   struct Mailbox;
   struct PeerState {
@@ -90,7 +91,8 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
     int64_t last_ping = 0;
   };
 
-  void on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames);
+  // Decodes, checks the caller's rights (a client may not call an internal method) and queues.
+  void on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames, security::Role role);
   // Fails the calls pending on `peer` with ClusterError: retrying will not make it accept us.
   void on_handshake_failed(const std::string& peer, const std::string& why);
   void on_reply(const std::string& peer, std::vector<zmq::message_t>&& frames);
@@ -124,6 +126,17 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   std::atomic<uint64_t> inbound_messages_{0};
   std::unique_ptr<Transport> transport_;
 };
+
+// Who made the call that the current actor method is answering: the role of its connection's
+// key, and the sender its envelope names (the calling actor's id, or "node ..", "driver", ..).
+// The sender is what the caller says: believed of members, who hold the cluster key. Outside
+// a method (a posted call, a plain thread): a member with no sender.
+struct CallerInfo {
+  security::Role role;
+  std::string sender;
+  bool member() const { return role == security::Role::member; }
+};
+const CallerInfo& current_caller();
 
 // The Core of the process that runs the current actor method, or of the
 // process's driver runtime. Set by nodes and by Runtime::connect.

@@ -11,6 +11,7 @@ void throw_error(const std::string& type, const std::string& message) {
   if (type == "SchedulingError") throw SchedulingError(message);
   if (type == "ClusterError") throw ClusterError(message);
   if (type == "RemoteError") throw RemoteError(message);
+  if (type == "PermissionError") throw PermissionError(message);
   throw RemoteError(type + ": " + message);
 }
 

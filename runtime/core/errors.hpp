@@ -39,6 +39,9 @@ LOCO_DEFINE_ERROR(ProtocolError)
 LOCO_DEFINE_ERROR(SchedulingError)
 // The head or the membership store cannot be reached, or refused a request.
 LOCO_DEFINE_ERROR(ClusterError)
+// The caller's key does not let it do this: a client calling an internal method, or acting
+// for a job it is not part of.
+LOCO_DEFINE_ERROR(PermissionError)
 
 #undef LOCO_DEFINE_ERROR
 

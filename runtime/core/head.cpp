@@ -41,12 +41,30 @@ class HeadService {
         address_(std::move(address)),
         detector_(cfg_.detect_ms) {}
 
+  // Nodes learn where Redis is (with its password); a client learns only the timings.
   ClusterInfo hello() const {
-    return ClusterInfo{cfg_.redis_url, cfg_.detect_ms, std::max<int64_t>(20, cfg_.detect_ms / 5)};
+    return ClusterInfo{detail::current_caller().member() ? cfg_.redis_url : std::string(),
+                       cfg_.detect_ms, std::max<int64_t>(20, cfg_.detect_ms / 5)};
   }
 
   ActorInfo spawn(SpawnRequest req) {
-    return with_store([&] { return spawn_impl(std::move(req)); });
+    // The runtime's own classes are hosted by the head and the nodes, never spawned.
+    if (req.class_name.rfind("loco.", 0) == 0)
+      throw PermissionError("spawn: " + escape_remote(req.class_name, 64) +
+                            " is one of the runtime's own classes; it cannot be spawned");
+    return with_store([&] {
+      // Actors named "<job id>.<...>" are the job's, and write its log: a client may not
+      // place one of its own among them.
+      if (!detail::current_caller().member()) {
+        if (auto dot = req.name.find('.'); dot != std::string::npos) {
+          if (store_->hget(keys::kJobs, req.name.substr(0, dot)))
+            throw PermissionError("spawn: the name " + escape_remote(req.name, 64) +
+                                  " is under job " + req.name.substr(0, dot) +
+                                  ", whose actors only the job itself starts");
+        }
+      }
+      return spawn_impl(std::move(req));
+    });
   }
 
   ActorInfo spawn_impl(SpawnRequest req) {
@@ -197,6 +215,7 @@ class HeadService {
     check_size("job_event: data", data.size(), kMaxJobEventBytes);
     with_store([&] {
       if (!store_->hget(keys::kJobs, job_id)) throw ClusterError("no job " + job_id);
+      check_author(job_id, "job_event");
       job_log(job_id, kind, data);
       return 0;
     });
@@ -204,8 +223,11 @@ class HeadService {
 
   // Called by the entry actor when the job ends.
   void job_finished(std::string job_id, JobState state, std::string message) {
+    check_size("job_finished: job id", job_id.size(), kMaxJobNameBytes);
+    check_size("job_finished: message", message.size(), kMaxJobEventBytes);
     with_store([&] {
       JobInfo job = job_record(job_id);
+      check_author(job_id, "job_finished");
       if (!job.finished()) finish(job, state, message);
       return 0;
     });
@@ -331,6 +353,18 @@ class HeadService {
 
  private:
   void save_job(const JobInfo& job) { store_->hput(keys::kJobs, job.id, pack_str(job)); }
+  // A job's log and state are written only by its own actors (named "<job id>.<...>"): the
+  // call must come from one. The sender is the caller's word, believed because only members
+  // reach an internal method.
+  void check_author(const std::string& job_id, const char* what) {
+    const std::string& sender = detail::current_caller().sender;
+    auto rec = sender.empty() ? std::nullopt : actor(sender);
+    if (!rec || rec->info.name.rfind(job_id + ".", 0) != 0)
+      throw PermissionError(std::string(what) + ": job " + job_id +
+                            " is written only by its own actors, and the call came from " +
+                            (sender.empty() ? std::string("no actor") : escape_remote(sender, 64)) +
+                            ", which is not one of them");
+  }
   JobInfo job_record(const std::string& id) {
     auto v = store_->hget(keys::kJobs, id);
     if (!v) throw ClusterError("no job " + id);
@@ -533,10 +567,10 @@ LOCO_REGISTER(HeadService, loco::ActorClass<HeadService>("loco.Head")
                                .method("lookup", &HeadService::lookup)
                                .method("kill", &HeadService::kill)
                                .method("status", &HeadService::status)
-                               .method("tick", &HeadService::tick)
+                               .internal_method("tick", &HeadService::tick)
                                .method("submit_job", &HeadService::submit_job)
-                               .method("job_event", &HeadService::job_event)
-                               .method("job_finished", &HeadService::job_finished)
+                               .internal_method("job_event", &HeadService::job_event)
+                               .internal_method("job_finished", &HeadService::job_finished)
                                .method("job_events", &HeadService::job_events)
                                .method("list_jobs", &HeadService::list_jobs)
                                .method("job_info", &HeadService::job_info)

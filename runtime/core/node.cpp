@@ -52,6 +52,9 @@ class NodeService {
   }
 
   bool kill_actor(std::string actor_id) {
+    if (actor_id.rfind('@', 0) == 0)
+      throw PermissionError("kill_actor: " + escape_remote(actor_id, 64) +
+                            " is the node's own service; stop the node instead");
     bool found = detail::current_core()->unhost(actor_id);
     if (found) spdlog::info("node {}: killed actor {}", node_id_, actor_id);
     return found;
@@ -65,9 +68,9 @@ class NodeService {
 };
 
 LOCO_REGISTER(NodeService, loco::ActorClass<NodeService>("loco.Node")
-                               .method("create_actor", &NodeService::create_actor)
-                               .method("kill_actor", &NodeService::kill_actor)
-                               .method("actors", &NodeService::actors));
+                               .internal_method("create_actor", &NodeService::create_actor)
+                               .internal_method("kill_actor", &NodeService::kill_actor)
+                               .internal_method("actors", &NodeService::actors));
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&

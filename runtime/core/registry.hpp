@@ -20,6 +20,8 @@ struct MethodEntry {
   std::any pointer;  // the member function pointer, to map a typed call to its name
   // Decodes the arguments from `args`, calls the method on `self`, encodes the result.
   std::function<Payload(void* self, Payload& args)> invoke;
+  // Callable only by members of the cluster (its head, nodes and actors), not by clients.
+  bool internal = false;
 };
 
 struct ClassEntry {

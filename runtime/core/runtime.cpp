@@ -1,5 +1,7 @@
 #include "runtime/core/runtime.hpp"
 
+#include <optional>
+
 #include "runtime/core/core.hpp"
 
 namespace loco {
@@ -26,8 +28,17 @@ Runtime Runtime::connect(const std::string& head_address, ConnectOptions opts) {
 Runtime Runtime::current() {
   auto core = detail::current_core();
   if (!core) throw std::logic_error("loco::Runtime::current(): no runtime in this process");
-  return Runtime(core);
+  Runtime rt(core);
+  if (!this_actor().actor_id.empty()) rt.actor_ = std::make_shared<ActorContext>(this_actor());
+  return rt;
 }
+
+struct Runtime::Acting {
+  explicit Acting(const std::shared_ptr<const ActorContext>& actor) {
+    if (actor) scope.emplace(actor.get());
+  }
+  std::optional<detail::ActorContextScope> scope;
+};
 
 std::string Runtime::body_bytes(const detail::Payload& p) {
   if (!p.blobs.empty())
@@ -88,22 +99,26 @@ JobInfo Runtime::scale_job(const std::string& job_id, int workers) {
 }
 
 void Runtime::job_log(const std::string& job_id, const std::string& line) {
+  Acting as(actor_);
   core_->head_call<void>("job_event", Millis(10000), job_id, std::string("log"), line);
 }
 
 void Runtime::job_record(const std::string& job_id, const std::string& kind,
                          const std::string& data) {
+  Acting as(actor_);
   core_->head_call<void>("job_event", Millis(10000), job_id, kind, data);
 }
 
 void Runtime::job_progress(const std::string& job_id, const JobProgress& progress) {
   msgpack::sbuffer b;
   msgpack::pack(b, progress);
+  Acting as(actor_);
   core_->head_call<void>("job_event", Millis(10000), job_id, std::string("report"),
                          std::string(b.data(), b.size()));
 }
 
 void Runtime::job_finished(const std::string& job_id, JobState state, const std::string& message) {
+  Acting as(actor_);
   core_->head_call<void>("job_finished", Millis(10000), job_id, state, message);
 }
 

@@ -28,7 +28,9 @@ class Runtime {
   // A driver: a process that only calls actors. Throws ClusterError when the
   // head does not answer within the timeout.
   static Runtime connect(const std::string& head_address, ConnectOptions opts = {});
-  // Inside an actor method: the runtime of the node that hosts it.
+  // Inside an actor method (or its constructor): the runtime of the node that hosts it. Its
+  // calls name that actor as their sender from any thread, so that the head knows which job
+  // they come from (a job's log is written only by the job's own actors).
   static Runtime current();
 
   template <class T, class... Args>
@@ -94,8 +96,12 @@ class Runtime {
   ActorInfo spawn_raw(const SpawnRequest& req);
   static std::shared_ptr<detail::ActorRef> ref_from(const ActorInfo& info);
 
+  // Makes the calls of this thread name actor_ as their sender until the scope ends.
+  struct Acting;
+
   std::shared_ptr<detail::Caller> core_;
-  std::shared_ptr<void> owner_;  // shuts a driver's core down with its last copy
+  std::shared_ptr<void> owner_;                // shuts a driver's core down with its last copy
+  std::shared_ptr<const ActorContext> actor_;  // the actor whose runtime this is, if any
 };
 
 // Inside an actor's constructor or methods: its id and the GPU indices of its

@@ -239,7 +239,10 @@ void Transport::run() {
           if (!router_->recv(rid, zmq::recv_flags::dontwait)) break;
           if (!rid.more()) continue;
           recv_frames(*router_, frames);
-          inbound_(std::move(rid), std::move(frames));
+          const security::Role role = frames.empty()
+                                          ? security::Role::client
+                                          : security::role_of(frames[0], opts_.security.curve);
+          inbound_(std::move(rid), std::move(frames), role);
           frames.clear();
         }
       }

@@ -1,11 +1,14 @@
 #include "runtime/security/curve.hpp"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -15,6 +18,9 @@ namespace {
 
 constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
 constexpr const char* kDomain = "loco";
+// ZAP user ids: ZeroMQ attaches them to every frame of the connection (role_of reads them).
+constexpr const char* kMemberId = "member";
+constexpr const char* kClientId = "client";
 
 std::string z85(const zmq::message_t& raw) {
   if (raw.size() != 32) return {};
@@ -27,6 +33,10 @@ std::string z85(const zmq::message_t& raw) {
 
 void make_server(zmq::socket_t& socket, const Settings& s) {
   if (!s.curve) return;
+  if (s.is_client() || s.cluster.secret_key.empty())
+    throw KeyError("a client key cannot serve" +
+                   (s.key_file.empty() ? std::string() : " (" + s.key_file + ")") +
+                   ": the head, nodes and their actors need the cluster key (loco keygen)");
   socket.set(zmq::sockopt::zap_domain, kDomain);
   socket.set(zmq::sockopt::curve_server, true);
   socket.set(zmq::sockopt::curve_secretkey, s.cluster.secret_key);
@@ -35,25 +45,40 @@ void make_server(zmq::socket_t& socket, const Settings& s) {
 void make_client(zmq::socket_t& socket, const Settings& s) {
   if (!s.curve) return;
   socket.set(zmq::sockopt::curve_serverkey, s.cluster.public_key);
-  socket.set(zmq::sockopt::curve_publickey, s.cluster.public_key);
-  socket.set(zmq::sockopt::curve_secretkey, s.cluster.secret_key);
+  socket.set(zmq::sockopt::curve_publickey, s.own().public_key);
+  socket.set(zmq::sockopt::curve_secretkey, s.own().secret_key);
+}
+
+Role role_of(const zmq::message_t& frame, bool curve) {
+  if (!curve) return Role::member;
+  const char* id = zmq_msg_gets(frame.handle(), "User-Id");
+  return id && std::strcmp(id, kMemberId) == 0 ? Role::member : Role::client;
 }
 
 struct ZapHandler::Impl {
   zmq::context_t& ctx;
   zmq::socket_t rep;
   zmq::socket_t stop_rx, stop_tx;
+  Admit admit_roles;
   std::mutex mu;
-  std::set<std::string> allowed;
+  std::set<std::string> members, clients;
+  // Key files whose `client` lines are re-read when they change: path -> (mtime, size, the
+  // clients it listed).
+  struct Watched {
+    int64_t mtime_ns = 0, size = -1;
+    std::vector<std::string> clients;
+  };
+  std::map<std::string, Watched> files;
   std::set<std::string> logged;  // refused keys already logged (at most 64)
   std::atomic<uint64_t> admitted{0}, refused{0};
   std::thread thread;
 
-  explicit Impl(zmq::context_t& c)
+  Impl(zmq::context_t& c, Admit a)
       : ctx(c),
         rep(c, zmq::socket_type::rep),
         stop_rx(c, zmq::socket_type::pair),
-        stop_tx(c, zmq::socket_type::pair) {
+        stop_tx(c, zmq::socket_type::pair),
+        admit_roles(a) {
     rep.set(zmq::sockopt::linger, 0);
     stop_rx.set(zmq::sockopt::linger, 0);
     stop_tx.set(zmq::sockopt::linger, 0);
@@ -64,9 +89,38 @@ struct ZapHandler::Impl {
     stop_tx.connect(stop_ep);
   }
 
-  bool admit(const std::string& mechanism, const std::string& key) {
+  // Re-reads the `client` lines of a watched key file that changed. Called for every key that
+  // is not a member's: a stat per such handshake, far cheaper than the handshake's own crypto. A file
+  // that no longer parses keeps the clients it had, with a warning.
+  void refresh() {
+    for (auto& [path, w] : files) {
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0) continue;
+      const int64_t mtime = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+      if (mtime == w.mtime_ns && st.st_size == w.size) continue;
+      w.mtime_ns = mtime;
+      w.size = st.st_size;
+      try {
+        Settings fresh = read_key_file(path);
+        for (const auto& k : w.clients) clients.erase(k);
+        w.clients = fresh.clients;
+        clients.insert(w.clients.begin(), w.clients.end());
+        spdlog::info("key file {} lists {} client key(s)", path, w.clients.size());
+      } catch (const KeyError& e) {
+        spdlog::warn("kept the clients admitted so far: {}", e.what());
+      }
+    }
+  }
+
+  // The role of `key`, or nothing when it may not connect.
+  std::optional<Role> role(const std::string& mechanism, const std::string& key) {
+    if (mechanism != "CURVE") return std::nullopt;
     std::lock_guard<std::mutex> lock(mu);
-    return mechanism == "CURVE" && allowed.count(key) > 0;
+    if (members.count(key)) return Role::member;
+    if (admit_roles == Admit::members) return std::nullopt;
+    refresh();  // a line added or deleted since counts for this handshake
+    if (clients.count(key)) return Role::client;
+    return std::nullopt;
   }
 
   void serve() {
@@ -87,7 +141,8 @@ struct ZapHandler::Impl {
       const bool well_formed = req.size() >= 6 && req[0].to_string() == "1.0";
       const std::string mechanism = req.size() >= 6 ? req[5].to_string() : "";
       const std::string key = req.size() >= 7 ? z85(req[6]) : "";
-      const bool ok = well_formed && admit(mechanism, key);
+      const std::optional<Role> role = well_formed ? this->role(mechanism, key) : std::nullopt;
+      const bool ok = role.has_value();
       if (ok) {
         admitted.fetch_add(1);
       } else {
@@ -95,16 +150,21 @@ struct ZapHandler::Impl {
         const std::string address = req.size() >= 4 ? req[3].to_string() : "?";
         std::lock_guard<std::mutex> lock(mu);
         if (logged.size() < 64 && logged.insert(key).second)
-          spdlog::warn("refused a connection from {}: {} key {} is not on the cluster's allow-list",
-                       address, mechanism, key.empty() ? "(none)" : short_key(key));
+          spdlog::warn("refused a connection from {}: {} key {} is not {}", address, mechanism,
+                       key.empty() ? "(none)" : short_key(key),
+                       admit_roles == Admit::members
+                           ? "the cluster's (this socket takes members only)"
+                           : "the cluster's or one of its clients'");
       }
       std::vector<zmq::message_t> reply;
       reply.emplace_back(std::string("1.0"));
       reply.emplace_back(req.size() >= 2 ? req[1].to_string() : std::string());
       reply.emplace_back(std::string(ok ? "200" : "400"));
       reply.emplace_back(std::string(ok ? "OK" : "key not on the cluster's allow-list"));
-      reply.emplace_back(ok ? key : std::string());  // user id
-      reply.emplace_back();                          // metadata
+      reply.emplace_back(std::string(!ok                     ? ""
+                                     : *role == Role::member ? kMemberId
+                                                             : kClientId));  // user id
+      reply.emplace_back();                                                  // metadata
       for (size_t i = 0; i < reply.size(); ++i)
         (void)rep.send(reply[i],
                        i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
@@ -126,7 +186,17 @@ uint64_t ZapHandler::refused() const { return impl_->refused.load(); }
 
 void ZapHandler::add(const Settings& s) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  for (const auto& k : s.allow_list()) impl_->allowed.insert(k);
+  if (!s.is_client()) impl_->members.insert(s.cluster.public_key);
+  impl_->clients.insert(s.clients.begin(), s.clients.end());
+  if (!s.key_file.empty() && !s.is_client()) {
+    Impl::Watched& w = impl_->files[s.key_file];
+    w.clients = s.clients;
+    struct stat st {};
+    if (::stat(s.key_file.c_str(), &st) == 0) {
+      w.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+      w.size = st.st_size;
+    }
+  }
 }
 
 namespace {
@@ -137,7 +207,7 @@ std::condition_variable registry_cv;
 std::map<void*, std::weak_ptr<ZapHandler>> registry;
 }  // namespace
 
-std::shared_ptr<ZapHandler> zap_handler_for(zmq::context_t& ctx, const Settings& s) {
+std::shared_ptr<ZapHandler> zap_handler_for(zmq::context_t& ctx, const Settings& s, Admit admit) {
   if (!s.curve) return nullptr;
   void* key = ctx.handle();
   std::unique_lock<std::mutex> lock(registry_mu);
@@ -150,7 +220,7 @@ std::shared_ptr<ZapHandler> zap_handler_for(zmq::context_t& ctx, const Settings&
     }
     registry_cv.wait(lock);  // its deleter erases it
   }
-  std::shared_ptr<ZapHandler> h(new ZapHandler(std::make_unique<ZapHandler::Impl>(ctx)),
+  std::shared_ptr<ZapHandler> h(new ZapHandler(std::make_unique<ZapHandler::Impl>(ctx, admit)),
                                 [key](ZapHandler* p) {
                                   delete p;  // closes the ZAP endpoint
                                   std::lock_guard<std::mutex> l(registry_mu);

@@ -11,16 +11,25 @@
 namespace loco::security {
 
 // Before bind(): the socket accepts only CURVE handshakes, proving the cluster's secret key,
-// from peers its context's ZAP handler admits. Nothing when `s.curve` is false.
+// from peers its context's ZAP handler admits. Nothing when `s.curve` is false. Throws
+// KeyError for a client's settings: only the cluster key can serve.
 void make_server(zmq::socket_t& socket, const Settings& s);
 // Before connect(): the socket handshakes with CURVE, expecting the server to hold the
-// cluster's key and presenting it. Nothing when `s.curve` is false.
+// cluster's key and presenting s.own(). Nothing when `s.curve` is false.
 void make_client(zmq::socket_t& socket, const Settings& s);
+
+// The role ZeroMQ attached to a received frame (the ZAP handler's user id for its
+// connection): Role::member without CURVE, Role::client for a frame that carries none.
+Role role_of(const zmq::message_t& frame, bool curve);
+
+// Which connections a server socket takes.
+enum class Admit { members_and_clients, members };
 
 // The ZAP handler of one ZeroMQ context (ZeroMQ asks "inproc://zeromq.zap.01" in the server
 // socket's context about every handshake): a thread that admits a CURVE client only if its
-// public key is on the allow-list, and counts and logs the others. Without a handler ZeroMQ
-// would admit any client that knows the server's public key.
+// public key is the cluster's (role member) or, when the context admits them, one of the
+// clients' (role client), tags the connection with that role, and counts and logs the others.
+// Without a handler ZeroMQ would admit any client that knows the server's public key.
 class ZapHandler {
  public:
   ~ZapHandler();
@@ -31,17 +40,18 @@ class ZapHandler {
   uint64_t refused() const;
 
  private:
-  friend std::shared_ptr<ZapHandler> zap_handler_for(zmq::context_t&, const Settings&);
+  friend std::shared_ptr<ZapHandler> zap_handler_for(zmq::context_t&, const Settings&, Admit);
   struct Impl;
   explicit ZapHandler(std::unique_ptr<Impl> impl);
   void add(const Settings& s);
   std::unique_ptr<Impl> impl_;
 };
 
-// The handler of `ctx`, started on first use, its allow-list extended by `s`'s. Keep it for as
-// long as the context has server sockets (sockets of several owners may share it).
-// nullptr when `s.curve` is false.
-std::shared_ptr<ZapHandler> zap_handler_for(zmq::context_t& ctx, const Settings& s);
+// The handler of `ctx`, started on first use, its keys extended by `s`'s. Keep it for as long
+// as the context has server sockets (sockets of several owners may share it; the first one
+// decides `admit`). nullptr when `s.curve` is false.
+std::shared_ptr<ZapHandler> zap_handler_for(zmq::context_t& ctx, const Settings& s,
+                                            Admit admit = Admit::members_and_clients);
 
 // Words for a ZMQ_EVENT_HANDSHAKE_FAILED_* monitor event of a client socket ("" for another
 // event); `curve`: whether the client uses CURVE.

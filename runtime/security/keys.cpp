@@ -4,6 +4,7 @@
 #include <zmq.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -36,14 +37,6 @@ std::string trim(const std::string& s) {
 
 }  // namespace
 
-std::vector<std::string> Settings::allow_list() const {
-  std::vector<std::string> out;
-  if (!cluster.public_key.empty()) out.push_back(cluster.public_key);
-  for (const auto& k : allowed)
-    if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
-  return out;
-}
-
 KeyPair generate_key_pair() {
   char pub[kZ85KeyLength + 1], sec[kZ85KeyLength + 1];
   if (zmq_curve_keypair(pub, sec) != 0)
@@ -59,8 +52,9 @@ Settings read_key_file(const std::string& path) {
                    ". Make one with `loco keygen` (or give one with --key FILE or $LOCO_KEY; "
                    "--insecure runs without encryption)");
   }
-  Settings s;
-  s.curve = true;
+  KeyPair pair;
+  std::string cluster_key;
+  std::vector<std::string> clients;
   std::string line;
   int n = 0;
   while (std::getline(f, line)) {
@@ -70,26 +64,47 @@ Settings read_key_file(const std::string& path) {
     auto eq = line.find('=');
     if (eq == std::string::npos) bad(path, "line " + std::to_string(n) + " is not `name = value`");
     std::string name = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
-    if (name != "public-key" && name != "secret-key" && name != "allow")
+    // A note may follow the value after white space and '#' (Z85 has '#' but no space).
+    if (auto space = value.find_first_of(" \t"); space != std::string::npos) {
+      const std::string rest = trim(value.substr(space));
+      if (!rest.empty() && rest[0] != '#')
+        bad(path, "line " + std::to_string(n) + ": more than one value after `" + name + " =`");
+      value.resize(space);
+    }
+    if (name == "allow") name = "client";
+    if (name != "public-key" && name != "secret-key" && name != "client" && name != "cluster-key")
       bad(path, "line " + std::to_string(n) + ": unknown name `" + name +
-                    "` (expected public-key, secret-key or allow)");
+                    "` (expected public-key, secret-key, client or cluster-key)");
     if (!valid_z85_key(value))
       bad(path,
           "line " + std::to_string(n) + ": " + name + " is not a Z85 CURVE key (40 characters)");
-    if (name == "public-key") s.cluster.public_key = value;
-    if (name == "secret-key") s.cluster.secret_key = value;
-    if (name == "allow") s.allowed.push_back(value);
+    if (name == "public-key") pair.public_key = value;
+    if (name == "secret-key") pair.secret_key = value;
+    if (name == "client") clients.push_back(value);
+    if (name == "cluster-key") cluster_key = value;
   }
-  if (s.cluster.public_key.empty()) bad(path, "no public-key line");
-  if (s.cluster.secret_key.empty()) bad(path, "no secret-key line");
+  if (pair.public_key.empty()) bad(path, "no public-key line");
+  if (pair.secret_key.empty()) bad(path, "no secret-key line");
   char derived[kZ85KeyLength + 1];
-  if (zmq_curve_public(derived, s.cluster.secret_key.c_str()) != 0 ||
-      s.cluster.public_key != derived)
+  if (zmq_curve_public(derived, pair.secret_key.c_str()) != 0 || pair.public_key != derived)
     bad(path, "public-key does not belong to secret-key");
+  Settings s;
+  if (!cluster_key.empty() && cluster_key != pair.public_key) {
+    if (!clients.empty()) bad(path, "a client key file (it has a cluster-key line) lists clients");
+    s = Settings::for_client(pair, cluster_key);
+  } else {
+    s = Settings::with_key(pair);
+    s.clients = std::move(clients);
+  }
+  s.key_file = path;
   return s;
 }
 
-void write_key_file(const std::string& path, const KeyPair& key, bool overwrite) {
+namespace {
+
+// Writes `text` to `path` through a temporary file created with mode 0600 before anything is
+// written: a secret is never world-readable, and a reader never sees half a file.
+void write_private(const std::string& path, const std::string& text, bool overwrite) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!overwrite && fs::exists(path, ec))
@@ -101,12 +116,6 @@ void write_key_file(const std::string& path, const KeyPair& key, bool overwrite)
     fs::create_directories(p.parent_path(), ec);
     if (ec) throw KeyError("cannot make " + p.parent_path().string() + ": " + ec.message());
   }
-  std::ostringstream text;
-  text << "# loco cluster key (CURVE). Whoever holds this file can join the cluster and call its\n"
-       << "# actors: keep it private (mode 0600) and copy it only to the cluster's members.\n"
-       << "public-key = " << key.public_key << "\n"
-       << "secret-key = " << key.secret_key << "\n";
-  // Created with mode 0600 before anything is written: the secret is never world-readable.
   const std::string tmp = path + ".tmp";
   fs::remove(tmp, ec);
   {
@@ -114,12 +123,58 @@ void write_key_file(const std::string& path, const KeyPair& key, bool overwrite)
     std::ofstream f(tmp, std::ios::trunc);
     ::umask(old);
     if (!f) throw KeyError("cannot write " + tmp + ": " + std::strerror(errno));
-    f << text.str();
+    f << text;
     if (!f.flush()) throw KeyError("cannot write " + tmp + ": " + std::strerror(errno));
   }
   ::chmod(tmp.c_str(), 0600);
   fs::rename(tmp, path, ec);
   if (ec) throw KeyError("cannot write " + path + ": " + ec.message());
+}
+
+}  // namespace
+
+void write_key_file(const std::string& path, const KeyPair& key, bool overwrite) {
+  std::ostringstream text;
+  text << "# loco cluster key (CURVE). Whoever holds this file is a member of the cluster: it can\n"
+       << "# join as a node and call every actor. Keep it private (mode 0600) and copy it only to\n"
+       << "# the cluster's head and nodes; give users client keys (loco keygen --client).\n"
+       << "public-key = " << key.public_key << "\n"
+       << "secret-key = " << key.secret_key << "\n";
+  write_private(path, text.str(), overwrite);
+}
+
+void write_client_key_file(const std::string& path, const KeyPair& own,
+                           const std::string& cluster_public_key, bool overwrite) {
+  std::ostringstream text;
+  text << "# loco client key (CURVE). It lets its holder submit, watch and cancel jobs and spawn\n"
+       << "# and call actors of the cluster below, but not call their internal methods or join.\n"
+       << "public-key = " << own.public_key << "\n"
+       << "secret-key = " << own.secret_key << "\n"
+       << "cluster-key = " << cluster_public_key << "\n";
+  write_private(path, text.str(), overwrite);
+}
+
+void add_client_to_key_file(const std::string& path, const std::string& public_key,
+                            const std::string& label) {
+  const Settings s = read_key_file(path);
+  if (s.is_client())
+    throw KeyError("key file " + path +
+                   " is a client key, not the cluster's: give the cluster key (--key FILE)");
+  if (!valid_z85_key(public_key)) throw KeyError("not a Z85 CURVE public key: " + public_key);
+  if (std::find(s.clients.begin(), s.clients.end(), public_key) != s.clients.end()) return;
+  std::string safe;
+  for (char c : label.substr(0, 64))
+    safe += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ||
+             c == '@' || c == '/')
+                ? c
+                : '_';
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string body = text.str();
+  if (!body.empty() && body.back() != '\n') body += '\n';
+  body += "client = " + public_key + (safe.empty() ? "" : "  # " + safe) + "\n";
+  write_private(path, body, true);
 }
 
 std::string default_key_path() {

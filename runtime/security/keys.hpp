@@ -2,11 +2,14 @@
 // The cluster's CURVE key and the key file that holds it. No ZeroMQ type here: users and the
 // command line see only this header.
 //
-// Every member of a cluster (head, nodes, clients, the collective's data sockets) holds the
-// same key pair: servers prove they hold its secret half, clients too, and each process's ZAP
-// handler admits only public keys on the allow-list (the cluster's own, plus any `allow` lines
-// of the key file). A process without the file cannot complete a handshake, so none of its
-// bytes reach a decoder. See docs/security.md.
+// Every member of a cluster (head, nodes, the actors' collective sockets) holds the same key
+// pair, the cluster key: servers prove they hold its secret half, and so do members when they
+// call. A client (`loco status`, `loco submit`, a driver) holds either the cluster key, and is
+// then a member, or a client key of its own, whose public half the cluster key file lists on a
+// `client` line. Each process's ZAP handler admits only those keys and tags each connection
+// with its role (Role): a client may call what clients call, never an internal method, and
+// never a collective socket. A process without a key cannot complete a handshake, so none of
+// its bytes reach a decoder. See docs/security.md.
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -24,26 +27,54 @@ struct KeyPair {
   std::string secret_key;  // Z85, 40 characters
 };
 
+// What a connection's key lets it do. A member holds the cluster key; a client a key listed on
+// a `client` line. Without CURVE (--insecure) every connection is a member.
+enum class Role { member, client };
+
 // What a process's sockets use.
 struct Settings {
-  bool curve = false;                // false: plain TCP (only behind --insecure)
-  KeyPair cluster;                   // the cluster's key pair, held by every member
-  std::vector<std::string> allowed;  // further public keys the ZAP handler admits (Z85)
+  bool curve = false;  // false: plain TCP (only behind --insecure)
+  // The cluster's key pair, held by every member. A client's settings hold only its public
+  // half, which the servers prove they hold.
+  KeyPair cluster;
+  // A client's own key pair (empty for a member): what it presents when it calls.
+  KeyPair client;
+  // Public keys (Z85) admitted with the client role: the key file's `client` lines.
+  std::vector<std::string> clients;
+  // The key file these came from ("" when made in memory). Servers re-read its `client` lines
+  // when it changes, so a client added by `loco keygen --client` gets in without a restart.
+  std::string key_file;
 
   static Settings insecure() { return {}; }
-  static Settings with_key(KeyPair key) { return Settings{true, std::move(key), {}}; }
-  // Every public key the ZAP handler admits: the cluster's and `allowed`.
-  std::vector<std::string> allow_list() const;
+  static Settings with_key(KeyPair key) { return Settings{true, std::move(key), {}, {}, {}}; }
+  // A client's settings: its own pair, and the public key of the cluster it calls.
+  static Settings for_client(KeyPair own, std::string cluster_public_key) {
+    return Settings{true, KeyPair{std::move(cluster_public_key), {}}, std::move(own), {}, {}};
+  }
+  bool is_client() const { return curve && !client.public_key.empty(); }
+  // The key pair this process presents when it calls: its client key, else the cluster's.
+  const KeyPair& own() const { return is_client() ? client : cluster; }
 };
 
 KeyPair generate_key_pair();
 
-// The key file: "public-key = Z85", "secret-key = Z85", optional "allow = Z85" lines, '#'
-// comments. Throws KeyError naming the file and the line at fault.
+// The key file, '#' comments allowed:
+//   cluster key: "public-key = Z85", "secret-key = Z85", optional "client = Z85" lines (the
+//                public keys of client key files; "allow" is read as "client");
+//   client key:  "public-key" and "secret-key" of the client's own pair, and
+//                "cluster-key = Z85", the public key of the cluster it calls.
+// Throws KeyError naming the file and the line at fault.
 Settings read_key_file(const std::string& path);
-// Writes a new key file readable by its owner only (0600), making its folder if needed.
-// Refuses (KeyError) to overwrite an existing file unless `overwrite`.
+// Writes a new cluster key file readable by its owner only (0600), making its folder if
+// needed. Refuses (KeyError) to overwrite an existing file unless `overwrite`.
 void write_key_file(const std::string& path, const KeyPair& key, bool overwrite = false);
+// Writes a client key file (`own`, and the cluster's public key), as write_key_file does.
+void write_client_key_file(const std::string& path, const KeyPair& own,
+                           const std::string& cluster_public_key, bool overwrite = false);
+// Appends "client = PUBLIC  # label" to the cluster key file at `path` (a client key file
+// there is refused). The cluster's servers pick it up when they next see the file change.
+void add_client_to_key_file(const std::string& path, const std::string& public_key,
+                            const std::string& label);
 
 // Where the key is looked for when no --key is given: $LOCO_KEY, else ~/.loco/cluster.key.
 std::string default_key_path();

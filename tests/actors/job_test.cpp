@@ -12,6 +12,7 @@
 #include <map>
 
 #include "actors/messages.hpp"
+#include "runtime/security/keys.hpp"
 #include "tests/actors/job_util.hpp"
 
 namespace loco::testing {
@@ -255,6 +256,23 @@ TEST_F(DilocoJob, PathsOutsideTheNodesRootsAreRefusedNamingTheField) {
   EXPECT_EQ(w.call(&WorkerStub::save_checkpoint, root + "/ckpt/probe.pt").get(Millis(30000)),
             root + "/ckpt/probe.pt");
   EXPECT_TRUE(fs::exists(root + "/ckpt/probe.pt"));
+  // A user's client key may not call a worker's methods at all, even inside the roots.
+  const auto user = security::generate_key_pair();
+  security::add_client_to_key_file(c.key_path(), user.public_key, "user");
+  ConnectOptions as_user;
+  as_user.security = security::Settings::for_client(
+      user, security::read_key_file(c.key_path()).cluster.public_key);
+  Runtime user_rt = Runtime::connect(c.head_address(), as_user);
+  auto uw = user_rt.get_actor<WorkerStub>(handle.id() + ".worker-0");
+  try {
+    uw.call(&WorkerStub::save_checkpoint, root + "/ckpt/user.pt").get(Millis(30000));
+    ADD_FAILURE() << "a client called save_checkpoint";
+  } catch (const PermissionError& e) {
+    EXPECT_NE(std::string(e.what()).find("diloco.InnerWorker.save_checkpoint is internal"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(root + "/ckpt/user.pt"));
   handle.cancel();
 }
 

@@ -140,6 +140,24 @@ TEST(ZmqTransport, WithCurveOnlyPeersHoldingTheClusterKeyGetThrough) {
   EXPECT_FALSE(receive_within(a, m, std::chrono::milliseconds(500)));
 }
 
+// A client key (listed on the cluster key file's `client` lines) gets into the head and the
+// nodes, but the collective's sockets take members only: a client cannot feed a round.
+TEST(ZmqTransport, AClientKeyIsRefusedByTheCollectivesSockets) {
+  using loco::testing::ZmqProbe;
+  auto cluster = security::Settings::with_key(security::generate_key_pair());
+  const auto client = security::generate_key_pair();
+  cluster.clients.push_back(client.public_key);
+  ZmqTransport a("tcp://127.0.0.1:0", std::make_shared<zmq::context_t>(1), cluster);
+  ZmqProbe as_client(a.endpoint(), cluster.cluster.public_key, client.public_key,
+                     client.secret_key);
+  as_client.send({"header", "client", "payload"});
+  EXPECT_EQ(as_client.wait_handshake(std::chrono::seconds(5)), ZmqProbe::Outcome::refused_auth);
+  // The control: the cluster's own key gets in on the same socket.
+  ZmqProbe as_member(a.endpoint(), cluster.cluster.public_key, cluster.cluster.public_key,
+                     cluster.cluster.secret_key);
+  EXPECT_EQ(as_member.wait_handshake(std::chrono::seconds(5)), ZmqProbe::Outcome::succeeded);
+}
+
 TEST(ZmqTransport, WithoutCurveAPlainPeerGetsThrough) {
   // The control case of the test above: the same probe is let in by a plain transport.
   ZmqTransport a("tcp://127.0.0.1:0", std::make_shared<zmq::context_t>(1));

@@ -42,6 +42,24 @@ TEST(Jobs, SubmitWatchWaitAndList) {
   EXPECT_EQ(jobs[0].name, "fake");
 }
 
+// A report that does not decode (once, a forged one made `loco submit` exit with bad_cast) is
+// a line that says so; the watcher goes on to the job's real reports and its end.
+TEST(Jobs, AMalformedReportIsSkippedWithALineNotTheWatchersEnd) {
+  LocalCluster c(ClusterOptions{.nodes = 1});
+  Client client(c.head_address());
+  JobHandle job = client.submit(fake("rounds 3 bad-report"));
+  auto watch = job.watch();
+  std::vector<int> rounds;
+  std::string skipped;
+  while (auto u = watch.next_update()) {
+    if (u->report) rounds.push_back(u->report->round);
+    if (u->line.find("skipped a malformed progress report") != std::string::npos) skipped = u->line;
+  }
+  EXPECT_FALSE(skipped.empty());
+  EXPECT_EQ(rounds, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(job.wait(Millis(10000)).state, JobState::succeeded);
+}
+
 TEST(Jobs, FailureAndCancelAreReported) {
   LocalCluster c(ClusterOptions{.nodes = 1});
   Client client(c.head_address());

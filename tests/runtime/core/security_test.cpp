@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "runtime/core/core.hpp"
 #include "runtime/security/keys.hpp"
 #include "tests/runtime/core/cluster.hpp"
+#include "tests/runtime/core/test_actors.hpp"
 #include "tests/support/eventually.hpp"
 #include "tests/support/zmq_probe.hpp"
 
@@ -99,6 +101,130 @@ TEST(Security, ANodeWithoutTheClusterKeyCannotJoin) {
     EXPECT_TRUE(contains(log, says)) << log;
   }
   EXPECT_EQ(c.runtime().status().nodes.size(), 1u);
+}
+
+// The error a raw call to the head or to an actor ends with ("(no error)" when it succeeds).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const PermissionError& e) {
+    return std::string("PermissionError: ") + e.what();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Rights by role, with real processes: a user's client key (`loco keygen --client`, admitted
+// by the running cluster without a restart) submits and watches jobs and calls actors' public
+// methods, but cannot call internal ones (a node's @node, a worker's save_checkpoint, the
+// head's job_event), cannot join as a node, and does not learn Redis' password. A member that
+// is not one of a job's actors cannot write the job's log either.
+TEST(Security, AClientKeyDoesWhatClientsDoAndNothingElse) {
+  LocalCluster c(ClusterOptions{.nodes = 1});
+  const std::string loco = loco_binary() + " ", at = " --address " + c.head_address();
+  const std::string alice = c.log_dir() + "/alice.key";
+  int rc = -1;
+  std::string out = run(
+      loco + "keygen --client --out " + alice + " --key " + c.key_path() + " --name alice", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const auto alice_settings = security::read_key_file(alice);
+  ASSERT_TRUE(alice_settings.is_client());
+  EXPECT_TRUE(contains(read_file(c.key_path()), "client = " + alice_settings.client.public_key));
+
+  // The command line with the client key: status, and a whole job submitted and followed.
+  const std::string job = c.log_dir() + "/ok.yaml";
+  std::ofstream(job) << "rounds: 2";
+  out = run(loco + "status" + at + " --key " + alice, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  out = run(loco + "submit " + job + " --entry test.FakeJob" + at + " --key " + alice, &rc);
+  EXPECT_EQ(rc, 0) << out;
+
+  ConnectOptions as_alice;
+  as_alice.security = alice_settings;
+  Runtime client = Runtime::connect(c.head_address(), as_alice);
+  Runtime& member = c.runtime();
+  // Redis' address and password go to members only.
+  auto hello = [](Runtime& rt) {
+    return rt.core()->head_call<ClusterInfo>("hello", Millis(10000));
+  };
+  EXPECT_EQ(hello(client).redis_url, "");
+  EXPECT_FALSE(hello(member).redis_url.empty());
+
+  // Public methods: yes. Internal ones: PermissionError, and the actor's state is untouched.
+  auto counter = client.spawn<Counter>(ActorOptions().with_name("alices-counter"), 7);
+  EXPECT_EQ(counter.call(&Counter::add, 1).get(Millis(10000)), 8);
+  std::string e = error_of([&] { (void)counter.call(&Counter::reset).get(Millis(10000)); });
+  EXPECT_TRUE(contains(e, "PermissionError: test.Counter.reset is internal")) << e;
+  EXPECT_EQ(counter.call(&Counter::get).get(Millis(10000)), 8);
+  // The node's own service: the client cannot kill the counter through it.
+  auto node_ref = std::make_shared<detail::ActorRef>();
+  node_ref->id = "@node";
+  node_ref->fixed = true;
+  node_ref->address = counter.address();
+  e = error_of([&] {
+    auto st = client.core()->call(node_ref, "kill_actor",
+                                  detail::pack_payload(std::make_tuple(counter.id())), false);
+    client.core()->await(*st, Millis(10000));
+  });
+  EXPECT_TRUE(contains(e, "PermissionError: loco.Node.kill_actor is internal")) << e;
+  EXPECT_EQ(counter.call(&Counter::get).get(Millis(10000)), 8);
+  // Nor create an actor on the node behind the head's back.
+  CreateActorRequest create{"a-behind-the-heads-back", "test.Counter", "", {}};
+  e = error_of([&] {
+    auto st = client.core()->call(node_ref, "create_actor",
+                                  detail::pack_payload(std::make_tuple(create)), false);
+    client.core()->await(*st, Millis(10000));
+  });
+  EXPECT_TRUE(contains(e, "PermissionError: loco.Node.create_actor is internal")) << e;
+  // Even a member cannot kill the node's own service (every later spawn there would fail).
+  e = error_of([&] {
+    auto st = member.core()->call(
+        node_ref, "kill_actor", detail::pack_payload(std::make_tuple(std::string("@node"))), false);
+    member.core()->await(*st, Millis(10000));
+  });
+  EXPECT_TRUE(contains(e, "is the node's own service")) << e;
+  auto second = client.spawn<Counter>(ActorOptions().with_name("after"), 1);
+  EXPECT_EQ(second.call(&Counter::add, 1).get(Millis(10000)), 2);
+
+  // A job's log: not from a client, and not from a member that is not one of its actors.
+  const JobInfo running = client.submit_job(JobSubmission{"long", "test.FakeJob", "rounds 100000"});
+  e = error_of([&] { client.job_log(running.id, "FORGED BY A CLIENT"); });
+  EXPECT_TRUE(contains(e, "PermissionError: loco.Head.job_event is internal")) << e;
+  e = error_of([&] { member.job_log(running.id, "FORGED BY A MEMBER"); });
+  EXPECT_TRUE(contains(e, "is written only by its own actors")) << e;
+  e = error_of([&] { member.job_finished(running.id, JobState::failed, "FORGED END"); });
+  EXPECT_TRUE(contains(e, "is written only by its own actors")) << e;
+  // Nor may a client slip an actor of its own in among the job's, or spawn the runtime's own.
+  e = error_of([&] { client.spawn<Counter>(ActorOptions().with_name(running.id + ".w9"), 0); });
+  EXPECT_TRUE(contains(e, "PermissionError")) << e;
+  EXPECT_TRUE(contains(e, "whose actors only the job itself starts")) << e;
+  SpawnRequest node_class;
+  node_class.class_name = "loco.Node";
+  e = error_of(
+      [&] { (void)client.core()->head_call<ActorInfo>("spawn", Millis(10000), node_class); });
+  EXPECT_TRUE(contains(e, "runtime's own classes")) << e;
+  // The job's own actor did write its log (its reports), and nothing forged is in it.
+  ASSERT_TRUE(eventually([&] { return !client.job_events(running.id, "", 10).events.empty(); },
+                         Millis(10000)));
+  const JobInfo cancelled = client.cancel_job(running.id);
+  EXPECT_EQ(cancelled.state, JobState::cancelled);
+  for (const JobEvent& ev : client.job_events(running.id, "", 100000).events)
+    EXPECT_FALSE(contains(ev.data, "FORGED")) << ev.data;
+
+  // A node with a client key does not start: only the cluster key serves.
+  Subprocess::Options o;
+  o.log_path = c.log_dir() + "/client-node.log";
+  o.env["LOCO_PLUGIN_PATH"] = LOCO_PLUGIN_DIR_STR "/libloco_test_actors.so";
+  Subprocess node({loco_binary(), "start", "--block", "--host=127.0.0.1",
+                   "--address=" + c.head_address(), "--resources=cpu=1", "--key=" + alice},
+                  o);
+  auto node_rc = node.wait(Millis(20000));
+  ASSERT_TRUE(node_rc) << "a node with a client key neither joined nor gave up";
+  EXPECT_EQ(*node_rc, 1);
+  EXPECT_TRUE(contains(read_file(o.log_path), "a client key cannot serve"))
+      << read_file(o.log_path);
+  EXPECT_EQ(member.status().nodes.size(), 1u);
 }
 
 TEST(Security, StartWithoutAKeyRefusesAndKeygenMakesOne) {

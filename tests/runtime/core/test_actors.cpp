@@ -49,7 +49,8 @@ LOCO_REGISTER(Counter, loco::ActorClass<Counter>("test.Counter")
                            .method("sum", &Counter::sum)
                            .method("fail", &Counter::fail)
                            .method("whoami", &Counter::whoami)
-                           .method("gpus", &Counter::gpus));
+                           .method("gpus", &Counter::gpus)
+                           .internal_method("reset", &Counter::reset));
 
 }  // namespace loco::testing
 
@@ -67,9 +68,12 @@ FakeJob::FakeJob(std::string job_id, std::string spec) : job_id_(std::move(job_i
   if (word != "rounds")
     throw std::invalid_argument("FakeJob spec: expected 'rounds N', got " + spec);
   fail_ = spec.find("fail") != std::string::npos;
+  bad_report_ = spec.find("bad-report") != std::string::npos;
   Runtime rt = Runtime::current();
   thread_ = std::thread([this, rt]() mutable {
     try {
+      // A report that does not decode as one (its watchers must skip it, not stop).
+      if (bad_report_) rt.job_record(job_id_, "report", std::string("\xc1 not msgpack", 14));
       for (int r = 1; r <= rounds_ && !stop_; ++r) {
         JobProgress p;
         p.step = r;

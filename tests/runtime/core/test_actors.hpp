@@ -4,6 +4,7 @@
 #include <atomic>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/actor.hpp"
@@ -17,6 +18,9 @@ class Counter {
   explicit Counter(int start) : value_(start), gpus_at_construction_(this_actor().gpus) {}
   int add(int n);
   int get() const { return value_; }
+  // Registered as an internal method: only members of the cluster may call it. Returns the
+  // value it held.
+  int reset() { return std::exchange(value_, 0); }
   // Appends to a log, to check that messages are handled in order.
   void record(int n) { log_.push_back(n); }
   std::vector<int> log() const { return log_; }
@@ -55,6 +59,7 @@ class FakeJob {
   std::string job_id_;
   int rounds_ = 0;
   bool fail_ = false;
+  bool bad_report_ = false;  // spec has "bad-report": a report that does not decode comes first
   std::atomic<int> done_{0};
   std::atomic<bool> stop_{false};
   std::thread thread_;

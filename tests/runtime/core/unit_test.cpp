@@ -1,6 +1,5 @@
 // Unit tests of the runtime: codec, placement, failure detection, mailboxes.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -487,11 +486,13 @@ TEST(PathRoots, PathsResolveUnderTheRootOrAreRefusedNamingTheField) {
     }
     return std::string("accepted");
   };
-  EXPECT_EQ(error("../elsewhere"), "checkpoint.dir: '../elsewhere' is outside this node's "
-                                   "checkpoint root '" + root + "' (loco start --checkpoint-root)");
+  EXPECT_EQ(error("../elsewhere"),
+            "checkpoint.dir: '../elsewhere' is outside this node's "
+            "checkpoint root '" +
+                root + "' (loco start --checkpoint-root)");
   EXPECT_NE(error("/etc").find("'/etc' is outside"), std::string::npos);
   EXPECT_NE(error("sub/../../elsewhere/x").find("is outside"), std::string::npos);
-  EXPECT_NE(error("out/x.pt").find("is outside"), std::string::npos);  // a link leads out
+  EXPECT_NE(error("out/x.pt").find("is outside"), std::string::npos);           // a link leads out
   EXPECT_NE(error(root + "-sibling/x").find("is outside"), std::string::npos);  // not a prefix
   EXPECT_EQ(error(""), "checkpoint.dir: an empty path");
   EXPECT_EQ(error(std::string("a\0b", 3)), "checkpoint.dir: a path with a NUL byte");
@@ -613,12 +614,112 @@ TEST(Curve, KeysOnTheAllowListAreAdmitted) {
   using testing::ZmqProbe;
   auto settings = security::Settings::with_key(security::generate_key_pair());
   const auto client_key = security::generate_key_pair();
-  settings.allowed.push_back(client_key.public_key);
+  settings.clients.push_back(client_key.public_key);
   auto core = secured_node(settings, false);
   ZmqProbe allowed("tcp://" + core->address(), settings.cluster.public_key, client_key.public_key,
                    client_key.secret_key);
   EXPECT_EQ(allowed.wait_handshake(Millis(5000)), ZmqProbe::Outcome::succeeded);
   core->shutdown();
+}
+
+// A driver with its own settings (a member's or a client's), calling the counter on `node`.
+std::pair<std::shared_ptr<detail::Core>, ActorHandle<testing::Counter>> counter_caller(
+    const std::shared_ptr<detail::Core>& node, const security::Settings& settings) {
+  detail::CoreOptions o;
+  o.head_address = node->address();
+  o.self_name = "caller";
+  o.security = settings;
+  auto core = std::make_shared<detail::Core>(o);
+  auto ref = std::make_shared<detail::ActorRef>();
+  ref->id = "a-counter";
+  ref->class_name = "test.Counter";
+  ref->address = node->address();
+  return {core, ActorHandle<testing::Counter>(core, ref)};
+}
+
+TEST(Roles, AClientMayCallPublicMethodsButNotInternalOnes) {
+  auto cluster = security::Settings::with_key(security::generate_key_pair());
+  const auto client_key = security::generate_key_pair();
+  cluster.clients.push_back(client_key.public_key);
+  auto node = secured_node(cluster);
+  auto [client_core, as_client] =
+      counter_caller(node, security::Settings::for_client(client_key, cluster.cluster.public_key));
+  EXPECT_EQ(as_client.call(&testing::Counter::add, 5).get(Millis(10000)), 5);
+  const std::string refused =
+      message_of([&] { (void)as_client.call(&testing::Counter::reset).get(Millis(10000)); });
+  EXPECT_NE(refused.find("test.Counter.reset is internal"), std::string::npos) << refused;
+  EXPECT_THROW((void)as_client.call(&testing::Counter::reset).get(Millis(10000)), PermissionError);
+  // A one-way call is dropped too: the counter still holds 5 when the client asks next.
+  as_client.tell(&testing::Counter::reset);
+  EXPECT_EQ(as_client.call(&testing::Counter::get).get(Millis(10000)), 5);
+  // A member (the cluster key) may.
+  auto [member_core, as_member] = counter_caller(node, cluster);
+  EXPECT_EQ(as_member.call(&testing::Counter::reset).get(Millis(10000)), 5);
+  EXPECT_EQ(as_member.call(&testing::Counter::get).get(Millis(10000)), 0);
+  client_core->shutdown();
+  member_core->shutdown();
+  node->shutdown();
+}
+
+TEST(Roles, AClientKeyCannotServe) {
+  const auto cluster = security::generate_key_pair();
+  const auto client =
+      security::Settings::for_client(security::generate_key_pair(), cluster.public_key);
+  const std::string error = message_of([&] { secured_node(client, false); });
+  EXPECT_NE(error.find("a client key cannot serve"), std::string::npos) << error;
+}
+
+TEST(Keys, AClientKeyFileRoundTripsAndTheClusterFileAdmitsIt) {
+  char tmpl[] = "/tmp/loco-keys-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const auto cluster = security::generate_key_pair(), client = security::generate_key_pair();
+  security::write_key_file(dir + "/cluster.key", cluster);
+  security::write_client_key_file(dir + "/alice.key", client, cluster.public_key);
+  const auto c = security::read_key_file(dir + "/alice.key");
+  EXPECT_TRUE(c.is_client());
+  EXPECT_EQ(c.cluster.public_key, cluster.public_key);
+  EXPECT_TRUE(c.cluster.secret_key.empty());
+  EXPECT_EQ(c.own().public_key, client.public_key);
+  EXPECT_TRUE(security::read_key_file(dir + "/cluster.key").clients.empty());
+  security::add_client_to_key_file(dir + "/cluster.key", client.public_key,
+                                   "alice\nsecret-key = x");
+  security::add_client_to_key_file(dir + "/cluster.key", client.public_key, "again");  // once
+  const auto m = security::read_key_file(dir + "/cluster.key");
+  EXPECT_FALSE(m.is_client());
+  EXPECT_EQ(m.clients, std::vector<std::string>{client.public_key});
+  EXPECT_EQ(std::filesystem::status(dir + "/cluster.key").permissions() &
+                std::filesystem::perms::group_read,
+            std::filesystem::perms::none);
+  // A client file cannot admit clients, nor be the file they are added to.
+  const std::string err = message_of(
+      [&] { security::add_client_to_key_file(dir + "/alice.key", client.public_key, ""); });
+  EXPECT_NE(err.find("is a client key"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
+// `loco keygen --client` adds a line to the cluster key file; the servers' ZAP handlers read it
+// again when the file changes, so the new client gets in without a restart, and is refused
+// again once its line is deleted.
+TEST(Roles, AClientAddedToTheKeyFileGetsInWithoutARestartAndALineDeletedKeepsItOut) {
+  using testing::ZmqProbe;
+  char tmpl[] = "/tmp/loco-keys-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  security::write_key_file(dir + "/cluster.key", security::generate_key_pair());
+  const auto settings = security::read_key_file(dir + "/cluster.key");
+  auto node = secured_node(settings, false);
+  const std::string ep = "tcp://" + node->address();
+  const auto client = security::generate_key_pair();
+  ZmqProbe before(ep, settings.cluster.public_key, client.public_key, client.secret_key);
+  EXPECT_EQ(before.wait_handshake(Millis(5000)), ZmqProbe::Outcome::refused_auth);
+  security::add_client_to_key_file(dir + "/cluster.key", client.public_key, "late");
+  ZmqProbe after(ep, settings.cluster.public_key, client.public_key, client.secret_key);
+  EXPECT_EQ(after.wait_handshake(Millis(5000)), ZmqProbe::Outcome::succeeded);
+  // Deleting the line refuses the key's next connection.
+  security::write_key_file(dir + "/cluster.key", settings.cluster, true);
+  ZmqProbe deleted(ep, settings.cluster.public_key, client.public_key, client.secret_key);
+  EXPECT_EQ(deleted.wait_handshake(Millis(5000)), ZmqProbe::Outcome::refused_auth);
+  node->shutdown();
+  std::filesystem::remove_all(dir);
 }
 
 // A caller whose key the peer refuses gets a ClusterError saying so, at once rather than after
