@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <optional>
 #include <sstream>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -40,7 +41,8 @@ double seconds_since(int64_t t0) { return static_cast<double>(loco::now_ms() - t
 // Fault injection for the fault-tolerance tests and scripts/chaos, off unless
 // LOCO_FAULT is set: "worker=I,round=R,at=inner|reduce" makes the process that
 // hosts worker I SIGKILL itself in round R (counted from 1), halfway through its
-// inner steps or right after its first all-reduce message. The moment goes to
+// inner steps or right after its first all-reduce message ("stream": halfway through a
+// streaming round, with fragments in flight). The moment goes to
 // the file $LOCO_FAULT_LOG (unix ms), so that a test can time the detection.
 struct FaultPlan {
   int worker = -1;
@@ -67,8 +69,12 @@ struct FaultPlan {
     }
     return p;
   }
+  // With $LOCO_FAULT_LOG set the fault fires once in the whole test: not again in the worker
+  // that replaces the victim, should the job redo that round.
   bool hits(int index, int64_t round0, const char* where) const {
-    return worker == index && round == round0 + 1 && at == where;
+    if (worker != index || round != round0 + 1 || at != where) return false;
+    const char* log = std::getenv("LOCO_FAULT_LOG");
+    return !(log && std::filesystem::exists(log));
   }
   [[noreturn]] static void die() {
     if (const char* log = std::getenv("LOCO_FAULT_LOG")) {
@@ -99,6 +105,16 @@ struct Rank {
   std::unique_ptr<collective::Communicator> comm;  // for the worker's life: failures leave it ready
 };
 
+// sync.mode streaming: a fragment whose average is on its way (see InnerWorker::stream).
+struct InFlight {
+  int fragment = 0;
+  int64_t lands = 0;              // the inner step count after which it lands
+  std::vector<float> delta;       // its Δ, range after range: the all-reduce's input
+  std::vector<float> mean;        // the average, once `done` is ready
+  std::shared_future<void> done;  // its all-reduce; get() rethrows a failure
+  uint64_t bytes_sent = 0;
+};
+
 struct InnerWorker::State {
   std::string job_id;
   int index = 0;
@@ -118,6 +134,25 @@ struct InnerWorker::State {
   dl::DeviceChoice device;  // from the job's `device` and the GPUs the head gave this actor
 
   PathRoots roots;  // its node's data and checkpoint roots: where it may read and write
+
+  // sync.mode streaming: fragment f's ranges of the flat vector, the fragments in flight
+  // (their all-reduces run on threads of their own, one after another: one communicator runs
+  // one operation at a time), and the newest of those operations.
+  std::vector<std::vector<dl::Range>> fragments;
+  std::deque<std::unique_ptr<InFlight>> in_flight;
+  std::shared_future<void> last_op;
+
+  ~State() { drain(); }  // the operations' threads use a rank's communicator
+  // Waits for every operation in flight (each ends, by success or by the peer timeout) and
+  // forgets them: before the state they work on is replaced or destroyed.
+  void drain() {
+    for (auto& f : in_flight)
+      if (f->done.valid()) f->done.wait();
+    in_flight.clear();
+    if (last_op.valid()) last_op.wait();
+    last_op = {};
+  }
+  bool streaming() const { return cfg.sync.mode == dl::SyncMode::streaming; }
 
   State(std::string job, const std::string& spec, int idx)
       : job_id(std::move(job)),
@@ -189,6 +224,78 @@ std::vector<torch::Device> rank_devices(const dl::DeviceChoice& choice,
 
 }  // namespace
 
+namespace {
+
+// A group as the aggregator sends it (names, one endpoint list per member, this member's rank),
+// checked before use: lists of one length, a rank inside them, and as many endpoints per
+// member as this worker has local ranks.
+void check_group(const char* what, int index, const std::vector<std::string>& names,
+                 const std::vector<std::vector<std::string>>& endpoints, int rank, size_t g) {
+  const std::string who = "InnerWorker " + std::to_string(index) + ": " + what;
+  if (names.size() != endpoints.size() || rank < 0 || size_t(rank) >= names.size())
+    throw std::invalid_argument(who + " with " + std::to_string(names.size()) + " names, " +
+                                std::to_string(endpoints.size()) + " endpoint lists and rank " +
+                                std::to_string(rank));
+  for (size_t i = 0; i < endpoints.size(); ++i)
+    if (endpoints[i].size() != g)
+      throw std::invalid_argument(who + " where " + escape_remote(names[i], 64) + " has " +
+                                  std::to_string(endpoints[i].size()) +
+                                  " endpoints, not one for each of this worker's " +
+                                  std::to_string(g) + " local ranks");
+}
+
+// Streaming checkpoints and join states carry the fragments in flight, with their averages,
+// under the simulator's keys ("in_flight.I.fragment", ".lands", ".0"): a worker that resumes
+// or joins lands them at the same steps as the others.
+void write_in_flight(torch::serialize::OutputArchive& ar,
+                     const std::deque<std::unique_ptr<InFlight>>& in_flight) {
+  ar.write("in_flight", c10::IValue(int64_t(in_flight.size())));
+  for (size_t i = 0; i < in_flight.size(); ++i) {
+    InFlight& f = *in_flight[i];
+    try {
+      f.done.get();
+    } catch (const std::exception& e) {
+      throw std::runtime_error("the all-reduce of fragment " + std::to_string(f.fragment) +
+                               " failed, so the outer state cannot be saved: " + e.what());
+    }
+    const std::string key = "in_flight." + std::to_string(i) + ".";
+    ar.write(key + "fragment", c10::IValue(int64_t(f.fragment)));
+    ar.write(key + "lands", c10::IValue(f.lands));
+    ar.write(key + "0", torch::from_blob(f.mean.data(), {int64_t(f.mean.size())}).clone());
+  }
+}
+
+std::deque<std::unique_ptr<InFlight>> read_in_flight(torch::serialize::InputArchive& ar,
+                                                     int fragments) {
+  std::deque<std::unique_ptr<InFlight>> out;
+  c10::IValue v;
+  if (!ar.try_read("in_flight", v)) return out;
+  std::promise<void> ready;
+  ready.set_value();
+  const std::shared_future<void> done = ready.get_future().share();
+  for (int64_t i = 0; i < v.toInt(); ++i) {
+    const std::string key = "in_flight." + std::to_string(i) + ".";
+    auto f = std::make_unique<InFlight>();
+    c10::IValue x;
+    ar.read(key + "fragment", x);
+    f->fragment = int(x.toInt());
+    if (f->fragment < 0 || f->fragment >= fragments)
+      throw std::runtime_error("a fragment in flight is numbered " + std::to_string(f->fragment) +
+                               ", but the job has " + std::to_string(fragments) + " fragments");
+    ar.read(key + "lands", x);
+    f->lands = x.toInt();
+    torch::Tensor t;
+    ar.read(key + "0", t);
+    t = t.to(torch::kFloat32).contiguous();
+    f->mean.assign(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+    f->done = done;
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+}  // namespace
+
 InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
   s_ = std::make_unique<State>(std::move(job_id), spec, index);
   if (s_->cfg.threads > 0) at::set_num_threads(s_->cfg.threads);
@@ -231,6 +338,7 @@ std::vector<std::string> InnerWorker::endpoints() const {
 
 InitResult InnerWorker::init(WorkerInit init) {
   InitResult out;
+  s_->drain();  // fragments of a round that is being redone or rewound
   s_->index = init.index;
   // A job resumed from a checkpoint continues each worker from its own inner
   // state (exactly); a worker that joins a live job takes a new data stream and
@@ -304,11 +412,13 @@ InitResult InnerWorker::init(WorkerInit init) {
       k.outer->load(ar, "outer.");
       k.trainer->load_moments(ar, "moments.");
     }
+    if (s_->streaming()) s_->in_flight = read_in_flight(ar, s_->cfg.sync.fragments);
     out.state_bytes = bytes.size();
   } else if (!init.checkpoint.empty()) {
     torch::serialize::InputArchive ar;
     ar.load_from(init.checkpoint, torch::kCPU);
     for (Rank& k : s_->ranks) k.outer->load(ar, "outer.");
+    if (s_->streaming()) s_->in_flight = read_in_flight(ar, s_->cfg.sync.fragments);
     out.state_bytes = uint64_t(std::filesystem::file_size(init.checkpoint));
   }
   const dl::OuterOptimizer& outer = *s_->lead().outer;
@@ -318,7 +428,12 @@ InitResult InnerWorker::init(WorkerInit init) {
         (init.source.empty() ? init.checkpoint : init.source) + " is of round " +
         std::to_string(outer.round()) + ", not " + std::to_string(init.round));
   out.copy_seconds = seconds_since(t0);
-  for (Rank& k : s_->ranks) k.trainer->load_parameters(k.outer->theta());
+  // Streaming: a worker resumed from its own inner state keeps its local parameters, which
+  // differ from θ in the fragments not synchronized since (as the simulator's checkpoints do).
+  if (!(s_->streaming() && inner_ar))
+    for (Rank& k : s_->ranks) k.trainer->load_parameters(k.outer->theta());
+  if (s_->streaming())
+    s_->fragments = dl::parameter_fragments(s_->lead().trainer->model(), s_->cfg.sync.fragments);
   const auto n = size_t(s_->lead().trainer->parameter_count());
   s_->delta.assign(n, 0.0f);
   s_->averaged.assign(n, 0.0f);
@@ -366,21 +481,11 @@ InnerResult InnerWorker::inner(int64_t round) {
   return r;
 }
 
+
 ReduceResult InnerWorker::reduce(ReduceRequest req) {
   const int64_t t0 = loco::now_ms();
   const size_t g = s_->ranks.size();
-  if (req.names.size() != req.endpoints.size() || req.rank < 0 ||
-      size_t(req.rank) >= req.names.size())
-    throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce with " +
-                                std::to_string(req.names.size()) + " names, " +
-                                std::to_string(req.endpoints.size()) + " endpoint lists and rank " +
-                                std::to_string(req.rank));
-  for (size_t i = 0; i < req.endpoints.size(); ++i)
-    if (req.endpoints[i].size() != g)
-      throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce where " +
-                                  req.names[i] + " has " + std::to_string(req.endpoints[i].size()) +
-                                  " endpoints, not one for each of this worker's " +
-                                  std::to_string(g) + " local ranks");
+  check_group("reduce", s_->index, req.names, req.endpoints, req.rank, g);
   if (s_->delta_round != req.round)
     throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce of round " +
                                 std::to_string(req.round) + " but its Δ is of round " +
@@ -429,7 +534,110 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
   return r;
 }
 
-double InnerWorker::evaluate() { return s_->lead().trainer->evaluate(s_->val_windows); }
+// Streaming DiLoCo on a cluster, the simulator's run_streaming_round for one worker: from
+// event to event (a fragment's synchronization after inner step start + (f+1)·H/P, or a
+// landing τ steps after one), inner steps in between. A synchronization writes the fragment's
+// Δ and starts its all-reduce on a thread; a landing waits for that average (the only time
+// the inner steps wait on the network), applies the outer step to the fragment's ranges and
+// mixes them into the local parameters.
+StreamResult InnerWorker::stream(StreamRequest req) {
+  const int64_t t0 = loco::now_ms();
+  if (!s_->lead().trainer) throw std::logic_error("InnerWorker: stream() before init()");
+  if (!s_->streaming())
+    throw std::logic_error("InnerWorker: stream() in a job whose sync.mode is not streaming");
+  if (s_->ranks.size() != 1)
+    throw dl::ConfigError("sync.mode: streaming runs one local rank per worker for now");
+  check_group("stream", s_->index, req.names, req.endpoints, req.rank, 1);
+  Rank& k = s_->lead();
+  if (k.outer->round() != req.round)
+    throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": stream of round " +
+                                std::to_string(req.round + 1) +
+                                ", but its outer state is of round " +
+                                std::to_string(k.outer->round()));
+  collective::Group group;
+  for (size_t i = 0; i < req.names.size(); ++i)
+    group.members.push_back({req.names[i], req.endpoints[i][0]});
+  group.rank = req.rank;
+
+  const dl::SyncConfig& sync = s_->cfg.sync;
+  const int h = s_->cfg.inner.steps;
+  const int64_t stride = h / sync.fragments;
+  const int64_t start = req.round * h, end = start + h;
+  StreamResult out;
+  double loss = 0;
+  for (int64_t now = start; now < end;) {
+    int64_t next = end;
+    for (int f = 0; f < sync.fragments; ++f)
+      if (start + (f + 1) * stride > now) next = std::min(next, start + (f + 1) * stride);
+    for (const auto& f : s_->in_flight) next = std::min(next, f->lands);
+    const int n = int(next - now);
+    const int64_t t_inner = loco::now_ms();
+    const dl::InnerStats st = k.trainer->run_inner_steps(n);
+    out.inner.seconds += seconds_since(t_inner);
+    out.inner.steps += st.steps;
+    loss += st.mean_loss * n;
+    now = next;
+    if (s_->fault.hits(s_->index, req.round, "stream") && now >= start + h / 2) FaultPlan::die();
+    // Synchronizations first: with no overlap a fragment lands at the step it synchronizes.
+    for (int f = 0; f < sync.fragments; ++f) {
+      if (start + (f + 1) * stride != now) continue;
+      const auto& ranges = s_->fragments[size_t(f)];
+      auto fl = std::make_unique<InFlight>();
+      fl->fragment = f;
+      fl->lands = now + sync.overlap_steps;
+      int64_t size = 0;
+      for (const dl::Range& r : ranges) size += r.size();
+      fl->delta.resize(size_t(size));
+      fl->mean.resize(size_t(size));
+      size_t at = 0;
+      for (const dl::Range& r : ranges) {
+        k.trainer->pseudo_gradient(k.outer->theta(), {fl->delta.data() + at, size_t(r.size())},
+                                   r.begin);
+        at += size_t(r.size());
+      }
+      group.round_id = req.op_id + uint64_t(f);
+      InFlight* raw = fl.get();
+      collective::Communicator* comm = k.comm.get();
+      std::shared_future<void> before = s_->last_op;
+      s_->last_op = std::async(std::launch::async, [raw, comm, group, before] {
+                      if (before.valid()) before.get();  // a failure before: this one fails too
+                      comm->allreduce(group, raw->delta, raw->mean);
+                      raw->bytes_sent = comm->last_stats().bytes_sent;
+                    }).share();
+      fl->done = s_->last_op;
+      s_->in_flight.push_back(std::move(fl));
+    }
+    const bool last = req.last && now == end;
+    for (auto it = s_->in_flight.begin(); it != s_->in_flight.end();) {
+      InFlight& f = **it;
+      if (f.lands != now && !last) {
+        ++it;
+        continue;
+      }
+      const int64_t t_wait = loco::now_ms();
+      f.done.get();  // the fragment's all-reduce failed: so does the round
+      out.wait_seconds += seconds_since(t_wait);
+      out.bytes_sent += f.bytes_sent;
+      const auto& ranges = s_->fragments[size_t(f.fragment)];
+      k.outer->step_ranges(f.mean, ranges);
+      k.trainer->merge_parameters(k.outer->theta(), ranges, sync.mix);
+      it = s_->in_flight.erase(it);
+    }
+  }
+  k.outer->end_round();
+  out.inner.round = req.round;
+  out.inner.mean_loss = loss / h;
+  out.theta_hash = k.outer->theta_hash();
+  out.seconds = seconds_since(t0);
+  return out;
+}
+
+double InnerWorker::evaluate() {
+  // Streaming: the outer θ, which no worker's parameters equal while fragments are apart.
+  if (s_->streaming())
+    return s_->lead().trainer->evaluate_parameters(s_->lead().outer->theta(), s_->val_windows);
+  return s_->lead().trainer->evaluate(s_->val_windows);
+}
 
 double InnerWorker::evaluate_windows(int64_t begin, int64_t end) {
   const int64_t n = s_->val_windows.size(0);
@@ -437,7 +645,10 @@ double InnerWorker::evaluate_windows(int64_t begin, int64_t end) {
     throw std::invalid_argument("evaluate_windows: [" + std::to_string(begin) + ", " +
                                 std::to_string(end) + ") is not inside the " + std::to_string(n) +
                                 " validation windows");
-  return s_->lead().trainer->evaluate(s_->val_windows.slice(0, begin, end));
+  const torch::Tensor windows = s_->val_windows.slice(0, begin, end);
+  if (s_->streaming())
+    return s_->lead().trainer->evaluate_parameters(s_->lead().outer->theta(), windows);
+  return s_->lead().trainer->evaluate(windows);
 }
 
 int64_t InnerWorker::validation_windows() const { return s_->val_windows.size(0); }
@@ -456,6 +667,7 @@ const std::shared_ptr<const std::string>& InnerWorker::join_state(int64_t round)
     torch::serialize::OutputArchive ar;
     s_->lead().outer->save(ar, "outer.");
     s_->lead().trainer->save_moments(ar, "moments.");
+    if (s_->streaming()) write_in_flight(ar, s_->in_flight);
     std::ostringstream out;
     ar.save_to(out);
     s_->shared_state = std::make_shared<const std::string>(std::move(out).str());
@@ -495,6 +707,7 @@ std::string InnerWorker::save_checkpoint(std::string path) {
   ar.write("worker_index", c10::IValue(int64_t(s_->index)));
   s_->lead().outer->save(ar, "outer.");
   s_->lead().trainer->save(ar, "worker.0.");
+  if (s_->streaming()) write_in_flight(ar, s_->in_flight);
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
   ar.save_to(path + ".tmp");
@@ -520,6 +733,7 @@ LOCO_REGISTER(InnerWorker,
                   .internal_method("init", &InnerWorker::init)
                   .internal_method("inner", &InnerWorker::inner)
                   .internal_method("reduce", &InnerWorker::reduce)
+                  .internal_method("stream", &InnerWorker::stream)
                   .internal_method("evaluate", &InnerWorker::evaluate)
                   .internal_method("evaluate_windows", &InnerWorker::evaluate_windows)
                   .internal_method("validation_windows", &InnerWorker::validation_windows)

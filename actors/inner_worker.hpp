@@ -27,6 +27,10 @@ class InnerWorker {
   InnerResult inner(int64_t round);
   // Averages Δ with the group, applies the outer step, loads θ; returns θ's hash.
   ReduceResult reduce(ReduceRequest req);
+  // sync.mode streaming: a whole round, H inner steps with the fragments synchronized and
+  // landed on the way (as the simulator does, bit for bit); fragments still on their way at
+  // the round's end land in the next call.
+  StreamResult stream(StreamRequest req);
   // Validation loss of the current θ: over every validation window, or over
   // windows [begin, end) so that the members of a round share the work.
   double evaluate();

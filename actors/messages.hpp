@@ -49,7 +49,7 @@ struct InnerResult {
 // Aggregator -> each member of a round's group.
 struct ReduceRequest {
   int64_t round = 0;
-  std::vector<std::string> names;      // members, in rank order
+  std::vector<std::string> names;  // members, in rank order
   // Their collective endpoints, one per local rank (InnerWorker::endpoints): every
   // member has as many, the job's ranks per worker.
   std::vector<std::vector<std::string>> endpoints;
@@ -66,6 +66,29 @@ struct ReduceResult {
   uint64_t bytes_sent = 0;
   double seconds = 0;
   MSGPACK_DEFINE(theta_hash, bytes_sent, seconds)
+};
+
+// Aggregator -> each member, once per round in sync.mode streaming. The worker runs its H
+// inner steps and synchronizes its fragments with this group as it goes, each fragment's
+// all-reduce on a thread of its own while the inner steps go on: no call to the aggregator on
+// the critical path. Fragment f of the round uses operation id op_id + f.
+struct StreamRequest {
+  int64_t round = 0;
+  std::vector<std::string> names;                   // members, in rank order
+  std::vector<std::vector<std::string>> endpoints;  // their collective endpoints
+  int rank = 0;
+  uint64_t op_id = 0;
+  bool last = false;  // the job's last round: every fragment lands before it returns
+  MSGPACK_DEFINE(round, names, endpoints, rank, op_id, last)
+};
+
+struct StreamResult {
+  InnerResult inner;        // its seconds: in inner steps only
+  uint64_t theta_hash = 0;  // of θ_global once the round's landings are applied
+  uint64_t bytes_sent = 0;  // by the fragments' all-reduces that ended in this round
+  double wait_seconds = 0;  // inner steps held up waiting for a fragment's average to land
+  double seconds = 0;       // the whole call
+  MSGPACK_DEFINE(inner, theta_hash, bytes_sent, wait_seconds, seconds)
 };
 
 // A checkpoint the job wrote (event kind kCheckpointRecord in its event log): what a restarted

@@ -180,6 +180,12 @@ struct OuterAggregator::State {
   void deal_shards();
   void release(int i, const std::string& why);
   void reconcile(int64_t r);
+  // sync.mode streaming: round r as one stream() call per member. False when a member failed
+  // or was lost: the others have landed fragments it never saw, so the round cannot be
+  // re-formed as a blocking one is; the job rewinds to its last checkpoint.
+  // `last`: the job's last round; the attempt goes into `records`.
+  bool stream_round(int64_t r, bool last, const std::vector<int>& members, JobRecords& records,
+                    double& loss, double& inner_secs, uint64_t& theta_hash);
   std::optional<double> evaluate(int64_t windows);
   template <class T>
   std::optional<T> ask_any(const std::string& what,
@@ -627,101 +633,122 @@ void OuterAggregator::State::run() {
       continue;
     }
     std::vector<int> members = active();
-    // 1-2. Every member runs its H inner steps.
-    std::vector<Future<InnerResult>> inner;
-    for (int m : members) inner.push_back(worker(m).call(&InnerWorker::inner, r));
-    std::vector<Failure> errors;
-    auto results = gather(inner, errors, Millis(3600 * 1000));
-    std::vector<int> ready;
+    std::vector<int> ready, group;
     double loss = 0, inner_secs = 0;
-    for (size_t i = 0; i < members.size(); ++i) {
-      if (results[i]) {
-        ready.push_back(members[i]);
-        loss += results[i]->mean_loss;
-        inner_secs += results[i]->seconds;
-      } else {
-        release(members[i], "failed in round " + std::to_string(r + 1) + ": " + errors[i].message);
-      }
-    }
-    if (after_inner(int(ready.size()), cfg.workers.min) == AfterInner::redo) {
-      log("round " + std::to_string(r + 1) + ": " + std::to_string(ready.size()) +
-          " workers finished their inner steps, below workers.min = " +
-          std::to_string(cfg.workers.min) + "; the round is redone");
-      continue;
-    }
-    loss /= double(ready.size());
-    // 3-5. The group averages Δ and steps; every member reports θ's hash.
-    std::vector<int> group = ready;
     std::optional<uint64_t> agreed;
     double failed_secs = 0;  // in this pass's failed all-reduce attempts
-    for (uint64_t attempt = 0; !agreed; ++attempt) {
-      ReduceRequest req;
-      req.round = r;
-      const auto us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count());
-      last_op_id = req.op_id = std::max(last_op_id + 1, us);
-      for (int m : group) {
-        req.names.push_back(slots[size_t(m)].name);
-        req.endpoints.push_back(slots[size_t(m)].endpoints);
+    if (cfg.sync.mode == dl::SyncMode::streaming) {
+      uint64_t hash = 0;
+      if (!stream_round(r, r + 1 == rounds, members, records, loss, inner_secs, hash)) {
+        log("round " + std::to_string(r + 1) + " failed in streaming mode; the job goes back to " +
+            (resume_from.empty() ? std::string("its start")
+                                 : "its checkpoint of round " + std::to_string(resume_round)));
+        r = resume_round;
+        round = r;
+        records.go_back(r);
+        for (Slot& s : slots) s.active = false;
+        reconcile(r);
+        continue;
       }
-      const double t_attempt = now_s();
-      std::vector<Future<ReduceResult>> red;
-      for (size_t i = 0; i < group.size(); ++i) {
-        req.rank = int(i);
-        red.push_back(worker(group[i]).call(&InnerWorker::reduce, req));
+      ready = group = members;
+      agreed = hash;
+    } else {
+      // 1-2. Every member runs its H inner steps.
+      std::vector<Future<InnerResult>> inner;
+      for (int m : members) inner.push_back(worker(m).call(&InnerWorker::inner, r));
+      std::vector<Failure> errors;
+      auto results = gather(inner, errors, Millis(3600 * 1000));
+      ready.clear();
+      loss = 0;
+      inner_secs = 0;
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (results[i]) {
+          ready.push_back(members[i]);
+          loss += results[i]->mean_loss;
+          inner_secs += results[i]->seconds;
+        } else {
+          release(members[i],
+                  "failed in round " + std::to_string(r + 1) + ": " + errors[i].message);
+        }
       }
-      auto rr = gather(red, errors, Millis(600 * 1000));
-      AttemptRecord rec;
-      rec.round = r + 1;
-      rec.members = group;
-      rec.seconds = now_s() - t_attempt;
-      for (size_t i = 0; i < group.size(); ++i) {
-        // A member whose reduce failed does not say what it sent before it did.
-        rec.bytes.push_back(rr[i] ? std::optional(rr[i]->bytes_sent) : std::nullopt);
-        if (!rr[i]) rec.errors.push_back({group[i], errors[i].gone, errors[i].message});
+      if (after_inner(int(ready.size()), cfg.workers.min) == AfterInner::redo) {
+        log("round " + std::to_string(r + 1) + ": " + std::to_string(ready.size()) +
+            " workers finished their inner steps, below workers.min = " +
+            std::to_string(cfg.workers.min) + "; the round is redone");
+        continue;
       }
-      records.attempt(rec);
-      if (!rec.errors.empty()) failed_secs += rec.seconds;
-      std::vector<MemberOutcome> outcomes;
-      for (size_t i = 0; i < group.size(); ++i) {
-        outcomes.push_back(rr[i] ? MemberOutcome{true, rr[i]->theta_hash, false}
-                                 : MemberOutcome{false, 0, errors[i].gone});
-        if (!rr[i] && !errors[i].gone)
-          log("worker " + std::to_string(group[i]) + " failed the all-reduce of round " +
-              std::to_string(r + 1) + ": " + errors[i].message);
+      loss /= double(ready.size());
+      // 3-5. The group averages Δ and steps; every member reports θ's hash.
+      group = ready;
+      for (uint64_t attempt = 0; !agreed; ++attempt) {
+        ReduceRequest req;
+        req.round = r;
+        const auto us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());
+        last_op_id = req.op_id = std::max(last_op_id + 1, us);
+        for (int m : group) {
+          req.names.push_back(slots[size_t(m)].name);
+          req.endpoints.push_back(slots[size_t(m)].endpoints);
+        }
+        const double t_attempt = now_s();
+        std::vector<Future<ReduceResult>> red;
+        for (size_t i = 0; i < group.size(); ++i) {
+          req.rank = int(i);
+          red.push_back(worker(group[i]).call(&InnerWorker::reduce, req));
+        }
+        auto rr = gather(red, errors, Millis(600 * 1000));
+        AttemptRecord rec;
+        rec.round = r + 1;
+        rec.members = group;
+        rec.seconds = now_s() - t_attempt;
+        for (size_t i = 0; i < group.size(); ++i) {
+          // A member whose reduce failed does not say what it sent before it did.
+          rec.bytes.push_back(rr[i] ? std::optional(rr[i]->bytes_sent) : std::nullopt);
+          if (!rr[i]) rec.errors.push_back({group[i], errors[i].gone, errors[i].message});
+        }
+        records.attempt(rec);
+        if (!rec.errors.empty()) failed_secs += rec.seconds;
+        std::vector<MemberOutcome> outcomes;
+        for (size_t i = 0; i < group.size(); ++i) {
+          outcomes.push_back(rr[i] ? MemberOutcome{true, rr[i]->theta_hash, false}
+                                   : MemberOutcome{false, 0, errors[i].gone});
+          if (!rr[i] && !errors[i].gone)
+            log("worker " + std::to_string(group[i]) + " failed the all-reduce of round " +
+                std::to_string(r + 1) + ": " + errors[i].message);
+        }
+        const AttemptDecision d = after_attempt(group, outcomes, attempt);
+        for (size_t i = 0; i < group.size(); ++i) {
+          if (!rr[i] && errors[i].gone)
+            release(group[i], "lost in the all-reduce of round " + std::to_string(r + 1) + ": " +
+                                  errors[i].message);
+        }
+        if (d.kind == AttemptDecision::Kind::diverged) {
+          const size_t i =
+              size_t(std::find(group.begin(), group.end(), d.diverged_member) - group.begin());
+          throw std::runtime_error(
+              "round " + std::to_string(r + 1) + ": worker " + std::to_string(d.diverged_member) +
+              " holds a different θ (hash " + std::to_string(rr[i]->theta_hash) + " vs " +
+              std::to_string(rr[0]->theta_hash) + ")");
+        }
+        if (d.kind == AttemptDecision::Kind::agreed) {
+          agreed = d.theta_hash;
+          break;
+        }
+        if (d.kind == AttemptDecision::Kind::give_up) break;
+        if (d.next_group.size() < group.size())
+          log("round " + std::to_string(r + 1) + " re-formed with " +
+              std::to_string(d.next_group.size()) + " workers: " + join_ints(d.next_group));
+        group = d.next_group;
       }
-      const AttemptDecision d = after_attempt(group, outcomes, attempt);
-      for (size_t i = 0; i < group.size(); ++i) {
-        if (!rr[i] && errors[i].gone)
-          release(group[i], "lost in the all-reduce of round " + std::to_string(r + 1) + ": " +
-                                errors[i].message);
+      if (!agreed) {
+        // The group could not agree: its members' θ may differ now. Drop them all;
+        // reconcile brings them back with the outer state of a checkpoint.
+        log("round " + std::to_string(r + 1) +
+            ": the all-reduce failed 4 times; last: " + errors[0].message);
+        for (int m : group) slots[size_t(m)].active = false;
+        continue;
       }
-      if (d.kind == AttemptDecision::Kind::diverged) {
-        const size_t i = size_t(std::find(group.begin(), group.end(), d.diverged_member) -
-                                group.begin());
-        throw std::runtime_error("round " + std::to_string(r + 1) + ": worker " +
-                                 std::to_string(d.diverged_member) + " holds a different θ (hash " +
-                                 std::to_string(rr[i]->theta_hash) + " vs " +
-                                 std::to_string(rr[0]->theta_hash) + ")");
-      }
-      if (d.kind == AttemptDecision::Kind::agreed) {
-        agreed = d.theta_hash;
-        break;
-      }
-      if (d.kind == AttemptDecision::Kind::give_up) break;
-      if (d.next_group.size() < group.size())
-        log("round " + std::to_string(r + 1) + " re-formed with " +
-            std::to_string(d.next_group.size()) + " workers: " + join_ints(d.next_group));
-      group = d.next_group;
-    }
-    if (!agreed) {
-      // The group could not agree: its members' θ may differ now. Drop them all;
-      // reconcile brings them back with the outer state of a checkpoint.
-      log("round " + std::to_string(r + 1) +
-          ": the all-reduce failed 4 times; last: " + errors[0].message);
-      for (int m : group) slots[size_t(m)].active = false;
-      continue;
     }
     if (group.size() < members.size()) deal_shards();  // the lost ones were released above
     members = group;
@@ -853,12 +880,71 @@ int run_in(const std::string& dir, const std::vector<std::string>& argv,
 
 }  // namespace
 
+bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vector<int>& members,
+                                          JobRecords& records, double& loss, double& inner_secs,
+                                          uint64_t& theta_hash) {
+  StreamRequest req;
+  req.round = r;
+  req.last = last;
+  // One operation id per fragment, all above the last one used (see ReduceRequest::op_id).
+  const auto us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count());
+  req.op_id = std::max(last_op_id + 1, us);
+  last_op_id = req.op_id + uint64_t(cfg.sync.fragments) - 1;
+  for (int m : members) {
+    req.names.push_back(slots[size_t(m)].name);
+    req.endpoints.push_back(slots[size_t(m)].endpoints);
+  }
+  const double t0 = now_s();
+  std::vector<Future<StreamResult>> calls;
+  for (size_t i = 0; i < members.size(); ++i) {
+    req.rank = int(i);
+    calls.push_back(worker(members[i]).call(&InnerWorker::stream, req));
+  }
+  std::vector<Failure> errors;
+  auto res = gather(calls, errors, Millis(3600 * 1000));
+  AttemptRecord rec;
+  rec.round = r + 1;
+  rec.members = members;
+  rec.seconds = now_s() - t0;
+  for (size_t i = 0; i < members.size(); ++i) {
+    rec.bytes.push_back(res[i] ? std::optional(res[i]->bytes_sent) : std::nullopt);
+    if (!res[i]) rec.errors.push_back({members[i], errors[i].gone, errors[i].message});
+  }
+  records.attempt(rec);
+  if (!rec.errors.empty()) {
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (res[i]) continue;
+      if (errors[i].gone)
+        release(members[i], "lost in round " + std::to_string(r + 1) + ": " + errors[i].message);
+      else
+        log("worker " + std::to_string(members[i]) + " failed round " + std::to_string(r + 1) +
+            ": " + errors[i].message);
+    }
+    return false;
+  }
+  loss = 0;
+  inner_secs = 0;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (res[i]->theta_hash != res[0]->theta_hash)
+      throw std::runtime_error("round " + std::to_string(r + 1) + ": worker " +
+                               std::to_string(members[i]) + " holds a different θ (hash " +
+                               std::to_string(res[i]->theta_hash) + " vs " +
+                               std::to_string(res[0]->theta_hash) + ")");
+    loss += res[i]->inner.mean_loss;
+    inner_secs += res[i]->inner.seconds;
+  }
+  loss /= double(members.size());
+  theta_hash = res[0]->theta_hash;
+  return true;
+}
+
 // A PNG of the training and validation loss, drawn by gnuplot. Nothing from the job file
 // reaches a shell or gnuplot's own language (which can run commands): gnuplot runs without a
 // shell in the job's folder, and its script names only fixed files there.
 void OuterAggregator::State::plot(const std::string& jsonl, const std::string& png) {
-  const std::string dat = "loss.dat", script = "loss.gp",
-                    image = fs::path(png).filename().string();
+  const std::string dat = "loss.dat", script = "loss.gp", image = fs::path(png).filename().string();
   {
     std::ifstream in(jsonl);
     std::ofstream out(folder + "/" + dat);
@@ -871,11 +957,11 @@ void OuterAggregator::State::plot(const std::string& jsonl, const std::string& p
   }
   // The head makes job ids ("job-" and hex digits); kept to such characters all the same.
   std::string title = job_id;
-  std::erase_if(title, [](char c) { return !std::isalnum(static_cast<unsigned char>(c)) && c != '-'; });
+  std::erase_if(title,
+                [](char c) { return !std::isalnum(static_cast<unsigned char>(c)) && c != '-'; });
   std::ofstream(folder + "/" + script)
-      << "set terminal pngcairo size 900,540\nset output '" << image
-      << "'\nset title 'DiLoCo job " << title
-      << "'\nset xlabel 'tokens per worker'\nset ylabel 'loss'\nset grid\n"
+      << "set terminal pngcairo size 900,540\nset output '" << image << "'\nset title 'DiLoCo job "
+      << title << "'\nset xlabel 'tokens per worker'\nset ylabel 'loss'\nset grid\n"
       << "set datafile missing 'NaN'\n"
       << "plot '" << dat << "' using 1:2 every ::1 with lines title 'train', '" << dat
       << "' using 1:3 with linespoints title 'validation'\n";
@@ -888,10 +974,11 @@ void OuterAggregator::State::plot(const std::string& jsonl, const std::string& p
 OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
     : s_(std::make_shared<State>(std::move(job_id), spec)) {
   s_->cfg.validate();
-  if (s_->cfg.sync.mode != dl::SyncMode::blocking)
+  if (s_->cfg.sync.mode == dl::SyncMode::streaming &&
+      (s_->cfg.ranks_per_worker(false) > 1 || s_->cfg.workers.gpus > 1))
     throw dl::ConfigError(
-        "sync.mode: streaming runs in the simulator only for now (loco train --simulate K); "
-        "a job on a cluster synchronizes blocking");
+        "sync.mode: streaming runs one local rank per worker on a cluster for now "
+        "(workers.local_ranks and workers.gpus must be 1)");
   // A corpus outside the node's data root, or missing, fails the submission, not round 1.
   dl::DataConfig data = s_->cfg.data;
   data.dir = resolve_data_path(s_->roots, data.dir, "data.dir");

@@ -119,6 +119,45 @@ TEST_P(DilocoParity, TwoLocalRanksPerWorkerHoldTheSimulatorsThetaBitForBit) {
   EXPECT_EQ(got, expected);
 }
 
+// Streaming DiLoCo on a cluster: 2 fragments, each landing one inner step after it synchronized
+// (so the round's last fragment lands in the next round, and is in flight at the checkpoint of
+// round 2), mixed half and half. Each worker synchronizes its fragments itself, on threads, while
+// its inner steps go on; θ equals the simulator's round for round, bit for bit.
+TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
+  TestJob j = job(2, 2, 3);
+  j.compression = GetParam();
+  j.checkpoint_every = 2;
+  j.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  const std::string file = dir_ + "/job.yaml";
+  std::ofstream(file) << j.yaml();
+
+  const std::string sim_out = dir_ + "/sim";
+  Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out", sim_out},
+                 Subprocess::Options{.log_path = dir_ + "/sim.log"});
+  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  const auto expected = theta_hashes(sim_out + "/metrics.jsonl");
+  ASSERT_EQ(expected.size(), 4u);  // rounds 0..3
+  // The control: blocking DiLoCo on the same job holds another θ from round 1 on.
+  TestJob b = j;
+  b.sync = "";
+  std::ofstream(dir_ + "/blocking.yaml") << b.yaml();
+  Subprocess blocking({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", dir_ + "/blocking.yaml",
+                       "--out", dir_ + "/sim-blocking"},
+                      Subprocess::Options{.log_path = dir_ + "/sim-blocking.log"});
+  ASSERT_EQ(blocking.wait(Millis(300000)).value_or(-1), 0);
+  EXPECT_NE(theta_hashes(dir_ + "/sim-blocking/metrics.jsonl").at(1), expected.at(1));
+
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  JobHandle handle = client.submit(JobSpec::from_yaml_file(file));
+  JobInfo end = handle.wait(Millis(300000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log_text(handle);
+  const std::string folder = dir_ + "/ckpt/" + handle.id();
+  EXPECT_EQ(theta_hashes(folder + "/metrics.jsonl"), expected);
+  EXPECT_TRUE(fs::exists(folder + "/ckpt-round-2.pt"));
+  EXPECT_TRUE(fs::exists(folder + "/final.pt"));
+}
+
 TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
   LocalCluster c(one_worker_per_node(4));
   Client client(c.head_address());

@@ -29,6 +29,7 @@ struct TestJob {
   std::string device;  // "": the job file does not say (cpu)
   bool share_gpu = false;
   int local_ranks = 0;  // 0: the job file does not say (one rank per worker on the CPU)
+  std::string sync;     // the `sync:` mapping, e.g. "{mode: streaming, fragments: 2}"; "": none
 
   std::string yaml() const {
     return "name: test\nseed: " + std::to_string(seed) + "\nthreads: 1\n" +
@@ -54,7 +55,8 @@ struct TestJob {
            std::to_string(checkpoint_every) + ", dir: " + ckpt +
            "}\n"
            "eval: {every: " +
-           std::to_string(steps) + ", batches: " + std::to_string(eval_batches) + "}\n";
+           std::to_string(steps) + ", batches: " + std::to_string(eval_batches) + "}\n" +
+           (sync.empty() ? "" : "sync: " + sync + "\n");
   }
 };
 
