@@ -108,7 +108,9 @@ struct Rank {
 // sync.mode streaming: a fragment whose average is on its way (see InnerWorker::stream).
 struct InFlight {
   int fragment = 0;
+  int64_t synced = 0;             // the inner step count after which it synchronized
   int64_t lands = 0;              // the inner step count after which it lands
+  torch::Tensor provisional;      // eager: the θ this worker went on from (its own Δ stepped)
   std::vector<float> delta;       // its Δ, range after range: the all-reduce's input
   std::vector<float> mean;        // the average, once `done` is ready
   std::shared_future<void> done;  // its all-reduce; get() rethrows a failure
@@ -152,7 +154,9 @@ struct InnerWorker::State {
     if (last_op.valid()) last_op.wait();
     last_op = {};
   }
-  bool streaming() const { return cfg.sync.mode == dl::SyncMode::streaming; }
+  // streaming or eager: the rounds run through stream(), with synchronizations in flight.
+  bool overlapped() const { return cfg.sync.mode != dl::SyncMode::blocking; }
+  bool eager() const { return cfg.sync.mode == dl::SyncMode::eager; }
 
   State(std::string job, const std::string& spec, int idx)
       : job_id(std::move(job)),
@@ -261,12 +265,14 @@ void write_in_flight(torch::serialize::OutputArchive& ar,
     const std::string key = "in_flight." + std::to_string(i) + ".";
     ar.write(key + "fragment", c10::IValue(int64_t(f.fragment)));
     ar.write(key + "lands", c10::IValue(f.lands));
+    ar.write(key + "synced", c10::IValue(f.synced));
     ar.write(key + "0", torch::from_blob(f.mean.data(), {int64_t(f.mean.size())}).clone());
+    if (f.provisional.defined()) ar.write(key + "provisional.0", f.provisional);
   }
 }
 
 std::deque<std::unique_ptr<InFlight>> read_in_flight(torch::serialize::InputArchive& ar,
-                                                     int fragments) {
+                                                     int fragments, bool eager) {
   std::deque<std::unique_ptr<InFlight>> out;
   c10::IValue v;
   if (!ar.try_read("in_flight", v)) return out;
@@ -284,7 +290,12 @@ std::deque<std::unique_ptr<InFlight>> read_in_flight(torch::serialize::InputArch
                                ", but the job has " + std::to_string(fragments) + " fragments");
     ar.read(key + "lands", x);
     f->lands = x.toInt();
+    f->synced = ar.try_read(key + "synced", x) ? x.toInt() : -1;
     torch::Tensor t;
+    if (eager) {
+      ar.read(key + "provisional.0", t);
+      f->provisional = t.to(torch::kFloat32).contiguous();
+    }
     ar.read(key + "0", t);
     t = t.to(torch::kFloat32).contiguous();
     f->mean.assign(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
@@ -412,13 +423,13 @@ InitResult InnerWorker::init(WorkerInit init) {
       k.outer->load(ar, "outer.");
       k.trainer->load_moments(ar, "moments.");
     }
-    if (s_->streaming()) s_->in_flight = read_in_flight(ar, s_->cfg.sync.fragments);
+    if (s_->overlapped()) s_->in_flight = read_in_flight(ar, s_->cfg.sync.fragments, s_->eager());
     out.state_bytes = bytes.size();
   } else if (!init.checkpoint.empty()) {
     torch::serialize::InputArchive ar;
     ar.load_from(init.checkpoint, torch::kCPU);
     for (Rank& k : s_->ranks) k.outer->load(ar, "outer.");
-    if (s_->streaming()) s_->in_flight = read_in_flight(ar, s_->cfg.sync.fragments);
+    if (s_->overlapped()) s_->in_flight = read_in_flight(ar, s_->cfg.sync.fragments, s_->eager());
     out.state_bytes = uint64_t(std::filesystem::file_size(init.checkpoint));
   }
   const dl::OuterOptimizer& outer = *s_->lead().outer;
@@ -430,9 +441,9 @@ InitResult InnerWorker::init(WorkerInit init) {
   out.copy_seconds = seconds_since(t0);
   // Streaming: a worker resumed from its own inner state keeps its local parameters, which
   // differ from θ in the fragments not synchronized since (as the simulator's checkpoints do).
-  if (!(s_->streaming() && inner_ar))
+  if (!(s_->overlapped() && inner_ar))
     for (Rank& k : s_->ranks) k.trainer->load_parameters(k.outer->theta());
-  if (s_->streaming())
+  if (s_->overlapped())
     s_->fragments = dl::parameter_fragments(s_->lead().trainer->model(), s_->cfg.sync.fragments);
   const auto n = size_t(s_->lead().trainer->parameter_count());
   s_->delta.assign(n, 0.0f);
@@ -480,7 +491,6 @@ InnerResult InnerWorker::inner(int64_t round) {
   s_->last_inner = r;
   return r;
 }
-
 
 ReduceResult InnerWorker::reduce(ReduceRequest req) {
   const int64_t t0 = loco::now_ms();
@@ -543,8 +553,8 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
 StreamResult InnerWorker::stream(StreamRequest req) {
   const int64_t t0 = loco::now_ms();
   if (!s_->lead().trainer) throw std::logic_error("InnerWorker: stream() before init()");
-  if (!s_->streaming())
-    throw std::logic_error("InnerWorker: stream() in a job whose sync.mode is not streaming");
+  if (!s_->overlapped())
+    throw std::logic_error("InnerWorker: stream() in a job whose sync.mode is blocking");
   if (s_->ranks.size() != 1)
     throw dl::ConfigError("sync.mode: streaming runs one local rank per worker for now");
   check_group("stream", s_->index, req.names, req.endpoints, req.rank, 1);
@@ -584,6 +594,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       const auto& ranges = s_->fragments[size_t(f)];
       auto fl = std::make_unique<InFlight>();
       fl->fragment = f;
+      fl->synced = now;
       fl->lands = now + sync.overlap_steps;
       int64_t size = 0;
       for (const dl::Range& r : ranges) size += r.size();
@@ -594,6 +605,11 @@ StreamResult InnerWorker::stream(StreamRequest req) {
         k.trainer->pseudo_gradient(k.outer->theta(), {fl->delta.data() + at, size_t(r.size())},
                                    r.begin);
         at += size_t(r.size());
+      }
+      // Eager: go on from its own Δ stepped, while the average is on its way.
+      if (s_->eager()) {
+        fl->provisional = k.outer->provisional_ranges(fl->delta, ranges);
+        k.trainer->load_parameters(fl->provisional);
       }
       group.round_id = req.op_id + uint64_t(f);
       InFlight* raw = fl.get();
@@ -620,7 +636,12 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       out.bytes_sent += f.bytes_sent;
       const auto& ranges = s_->fragments[size_t(f.fragment)];
       k.outer->step_ranges(f.mean, ranges);
-      k.trainer->merge_parameters(k.outer->theta(), ranges, sync.mix);
+      if (!s_->eager())
+        k.trainer->merge_parameters(k.outer->theta(), ranges, sync.mix);
+      else if (now == f.synced)  // no step taken from the provisional θ: blocking, bit for bit
+        k.trainer->load_parameters(k.outer->theta());
+      else
+        k.trainer->correct_parameters(k.outer->theta(), f.provisional);
       it = s_->in_flight.erase(it);
     }
   }
@@ -634,7 +655,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
 
 double InnerWorker::evaluate() {
   // Streaming: the outer θ, which no worker's parameters equal while fragments are apart.
-  if (s_->streaming())
+  if (s_->overlapped())
     return s_->lead().trainer->evaluate_parameters(s_->lead().outer->theta(), s_->val_windows);
   return s_->lead().trainer->evaluate(s_->val_windows);
 }
@@ -646,7 +667,7 @@ double InnerWorker::evaluate_windows(int64_t begin, int64_t end) {
                                 std::to_string(end) + ") is not inside the " + std::to_string(n) +
                                 " validation windows");
   const torch::Tensor windows = s_->val_windows.slice(0, begin, end);
-  if (s_->streaming())
+  if (s_->overlapped())
     return s_->lead().trainer->evaluate_parameters(s_->lead().outer->theta(), windows);
   return s_->lead().trainer->evaluate(windows);
 }
@@ -667,7 +688,7 @@ const std::shared_ptr<const std::string>& InnerWorker::join_state(int64_t round)
     torch::serialize::OutputArchive ar;
     s_->lead().outer->save(ar, "outer.");
     s_->lead().trainer->save_moments(ar, "moments.");
-    if (s_->streaming()) write_in_flight(ar, s_->in_flight);
+    if (s_->overlapped()) write_in_flight(ar, s_->in_flight);
     std::ostringstream out;
     ar.save_to(out);
     s_->shared_state = std::make_shared<const std::string>(std::move(out).str());
@@ -707,7 +728,7 @@ std::string InnerWorker::save_checkpoint(std::string path) {
   ar.write("worker_index", c10::IValue(int64_t(s_->index)));
   s_->lead().outer->save(ar, "outer.");
   s_->lead().trainer->save(ar, "worker.0.");
-  if (s_->streaming()) write_in_flight(ar, s_->in_flight);
+  if (s_->overlapped()) write_in_flight(ar, s_->in_flight);
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
   ar.save_to(path + ".tmp");

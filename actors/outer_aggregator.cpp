@@ -637,10 +637,11 @@ void OuterAggregator::State::run() {
     double loss = 0, inner_secs = 0;
     std::optional<uint64_t> agreed;
     double failed_secs = 0;  // in this pass's failed all-reduce attempts
-    if (cfg.sync.mode == dl::SyncMode::streaming) {
+    if (cfg.sync.mode != dl::SyncMode::blocking) {
       uint64_t hash = 0;
       if (!stream_round(r, r + 1 == rounds, members, records, loss, inner_secs, hash)) {
-        log("round " + std::to_string(r + 1) + " failed in streaming mode; the job goes back to " +
+        log("round " + std::to_string(r + 1) +
+            " failed with synchronizations in flight; the job goes back to " +
             (resume_from.empty() ? std::string("its start")
                                  : "its checkpoint of round " + std::to_string(resume_round)));
         r = resume_round;
@@ -974,10 +975,10 @@ void OuterAggregator::State::plot(const std::string& jsonl, const std::string& p
 OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
     : s_(std::make_shared<State>(std::move(job_id), spec)) {
   s_->cfg.validate();
-  if (s_->cfg.sync.mode == dl::SyncMode::streaming &&
+  if (s_->cfg.sync.mode != dl::SyncMode::blocking &&
       (s_->cfg.ranks_per_worker(false) > 1 || s_->cfg.workers.gpus > 1))
     throw dl::ConfigError(
-        "sync.mode: streaming runs one local rank per worker on a cluster for now "
+        "sync.mode: streaming and eager run one local rank per worker on a cluster for now "
         "(workers.local_ranks and workers.gpus must be 1)");
   // A corpus outside the node's data root, or missing, fails the submission, not round 1.
   dl::DataConfig data = s_->cfg.data;

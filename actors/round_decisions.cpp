@@ -48,7 +48,7 @@ AttemptDecision after_attempt(const std::vector<int>& group,
   // succeeded, another's failed): each holds its Δ until its next round's inner steps, and
   // one that stepped goes back to the outer state from before its step (InnerWorker::reduce).
   d.kind = attempt >= kMaxReduceRetries || d.next_group.empty() ? AttemptDecision::Kind::give_up
-                                                                  : AttemptDecision::Kind::retry;
+                                                                : AttemptDecision::Kind::retry;
   if (d.kind == AttemptDecision::Kind::give_up) d.next_group.clear();
   return d;
 }

@@ -155,9 +155,9 @@ void check_nesting(const std::string& text) {
 // from_yaml's reading of every field (no validation).
 void read_fields(const YAML::Node& root, JobConfig& c) {
   check_keys(root, "",
-             {"name", "seed", "threads", "device", "precision", "model", "data", "workers",
-              "inner", "outer", "compression", "allreduce", "sync", "rounds", "token_budget",
-              "checkpoint", "eval"});
+             {"name", "seed", "threads", "device", "precision", "model", "data", "workers", "inner",
+              "outer", "compression", "allreduce", "sync", "rounds", "token_budget", "checkpoint",
+              "eval"});
   read(root, "", "name", c.name);
   read(root, "", "seed", c.seed);
   read(root, "", "threads", c.threads);
@@ -245,8 +245,8 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
   check_keys(y, "sync", {"mode", "fragments", "overlap_steps", "mix"});
   read_enum(y, "sync", "mode", c.sync.mode,
             std::array<std::pair<const char*, SyncMode>, 3>{{{"blocking", SyncMode::blocking},
-                                                            {"streaming", SyncMode::streaming},
-                                                            {"eager", SyncMode::eager}}});
+                                                             {"streaming", SyncMode::streaming},
+                                                             {"eager", SyncMode::eager}}});
   read(y, "sync", "fragments", c.sync.fragments);
   read(y, "sync", "overlap_steps", c.sync.overlap_steps);
   read(y, "sync", "mix", c.sync.mix);
@@ -416,9 +416,6 @@ void JobConfig::validate() const {
           model.context);
   require(static_cast<double>(total_rounds()) <= kMaxRounds, "token_budget",
           "at most " + show(kMaxRounds) + " rounds' worth of tokens", token_budget);
-  if (sync.mode == SyncMode::eager)
-    throw ConfigError("sync.mode: eager is not built yet (planned: docs/design.md, Overlap); use "
-                      "blocking or streaming");
   require(sync.fragments >= 1 && sync.fragments <= model.layers, "sync.fragments",
           "in [1, model.layers = " + show(model.layers) + "]", sync.fragments);
   require(inner.steps % sync.fragments == 0, "sync.fragments",
@@ -428,7 +425,12 @@ void JobConfig::validate() const {
   require(sync.mix >= 0 && sync.mix <= 1, "sync.mix", "in [0, 1]", sync.mix);
   if (sync.mode == SyncMode::blocking && (sync.fragments != 1 || sync.overlap_steps != 0))
     throw ConfigError("sync.fragments: " + show(sync.fragments) + " and sync.overlap_steps: " +
-                      show(sync.overlap_steps) + " need sync.mode: streaming");
+                      show(sync.overlap_steps) + " need sync.mode: streaming (or eager)");
+  if (sync.mode == SyncMode::eager && (sync.fragments != 1 || sync.mix != 0))
+    throw ConfigError("sync.fragments: " + show(sync.fragments) +
+                      " and sync.mix: " + show(sync.mix) +
+                      ": eager synchronizes all of θ at once and mixes nothing (1 and 0); "
+                      "fragments and mixing are sync.mode: streaming");
   require(allreduce.chunk_kb >= 1 && allreduce.chunk_kb <= 65536, "allreduce.chunk_kb",
           "in [1, 65536]", allreduce.chunk_kb);
   require(allreduce.peer_timeout_s >= 0.1 && allreduce.peer_timeout_s <= 3600,
@@ -538,8 +540,7 @@ std::string JobConfig::to_yaml() const {
   out << YAML::Key << "allreduce" << YAML::Value << YAML::BeginMap << YAML::Key << "chunk_kb"
       << YAML::Value << allreduce.chunk_kb << YAML::Key << "peer_timeout_s" << YAML::Value
       << allreduce.peer_timeout_s << YAML::EndMap;
-  out << YAML::Key << "sync" << YAML::Value << YAML::BeginMap << YAML::Key << "mode"
-      << YAML::Value
+  out << YAML::Key << "sync" << YAML::Value << YAML::BeginMap << YAML::Key << "mode" << YAML::Value
       << (sync.mode == SyncMode::blocking    ? "blocking"
           : sync.mode == SyncMode::streaming ? "streaming"
                                              : "eager")

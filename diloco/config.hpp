@@ -122,7 +122,11 @@ struct OuterConfig {
 //              fragment p synchronizes after inner step (p + 1)·H/P of every round, its
 //              average arrives `overlap_steps` τ inner steps later, and then its θ steps with
 //              its own momentum and the local fragment becomes mix·local + (1 − mix)·global.
-//   eager:     the all-reduce of round t during round t + 1 (planned; refused for now).
+//   eager:     the all-reduce of round t runs under round t + 1's first `overlap_steps` τ
+//              inner steps: each worker starts round t + 1 from a provisional outer step
+//              with its own Δ in place of the average; when the average lands, θ steps with
+//              it (the outer state stays the same on every worker) and the local parameters
+//              move by what θ moved past the provisional start. τ = 0 is blocking.
 enum class SyncMode { blocking, streaming, eager };
 struct SyncConfig {
   SyncMode mode = SyncMode::blocking;

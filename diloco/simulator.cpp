@@ -81,11 +81,11 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
     }
     trainers_.push_back(std::make_unique<InnerTrainer>(c, store_, all, 0, total_steps, device));
   }
-  if (cfg_.sync.mode == SyncMode::streaming) {
+  if (cfg_.sync.mode != SyncMode::blocking) {
     if (opt_.mode != Mode::diloco || g > 1)
       throw std::invalid_argument(
-          "sync.mode: streaming runs in diloco mode with one rank per worker (the baselines "
-          "and --local-ranks run blocking)");
+          "sync.mode: streaming and eager run in diloco mode with one rank per worker (the "
+          "baselines and --local-ranks run blocking)");
     fragments_ = parameter_fragments(trainers_[0]->model(), cfg_.sync.fragments);
   }
   const int n = cfg_.eval.batches * cfg_.inner.batch_size;
@@ -140,16 +140,20 @@ void Simulator::sync_fragment(int fragment, std::int64_t now) {
   const auto& ranges = fragments_[static_cast<std::size_t>(fragment)];
   std::int64_t size = 0;
   for (const Range& r : ranges) size += r.size();
-  InFlight f{fragment, now + cfg_.sync.overlap_steps, {}};
+  InFlight f{fragment, now, now + cfg_.sync.overlap_steps, {}, {}};
   std::vector<std::span<float>> spans;
   for (std::size_t k = 0; k < trainers_.size(); ++k) {
     auto& buf = f.mean.emplace_back(static_cast<std::size_t>(size));
     std::size_t at = 0;
     for (const Range& r : ranges) {
       trainers_[k]->pseudo_gradient(outers_[k]->theta(),
-                                    {buf.data() + at, static_cast<std::size_t>(r.size())},
-                                    r.begin);
+                                    {buf.data() + at, static_cast<std::size_t>(r.size())}, r.begin);
       at += static_cast<std::size_t>(r.size());
+    }
+    // Eager: the worker goes on from its own Δ stepped, while the average is on its way.
+    if (cfg_.sync.mode == SyncMode::eager) {
+      f.provisional.push_back(outers_[k]->provisional_ranges(buf, ranges));
+      trainers_[k]->load_parameters(f.provisional.back());
     }
   }
   for (auto& buf : f.mean) spans.emplace_back(buf);
@@ -157,11 +161,16 @@ void Simulator::sync_fragment(int fragment, std::int64_t now) {
   in_flight_.push_back(std::move(f));
 }
 
-void Simulator::land(InFlight& f) {
+void Simulator::land(InFlight& f, std::int64_t now) {
   const auto& ranges = fragments_[static_cast<std::size_t>(f.fragment)];
   for (std::size_t k = 0; k < trainers_.size(); ++k) {
     outers_[k]->step_ranges(f.mean[k], ranges);
-    trainers_[k]->merge_parameters(outers_[k]->theta(), ranges, cfg_.sync.mix);
+    if (cfg_.sync.mode != SyncMode::eager)
+      trainers_[k]->merge_parameters(outers_[k]->theta(), ranges, cfg_.sync.mix);
+    else if (now == f.synced)  // no step taken from the provisional θ: blocking, bit for bit
+      trainers_[k]->load_parameters(outers_[k]->theta());
+    else
+      trainers_[k]->correct_parameters(outers_[k]->theta(), f.provisional[k]);
   }
 }
 
@@ -187,7 +196,7 @@ double Simulator::run_streaming_round() {
     const bool last = round_ + 1 >= rounds_ && now == end;
     for (auto it = in_flight_.begin(); it != in_flight_.end();) {
       if (it->lands == now || last) {
-        land(*it);
+        land(*it, now);
         it = in_flight_.erase(it);
       } else {
         ++it;
@@ -208,8 +217,9 @@ std::uint64_t Simulator::theta_hash() const {
 }
 
 double Simulator::evaluate() {
-  // Streaming: the outer θ, which no worker's parameters equal while fragments are apart.
-  if (cfg_.sync.mode == SyncMode::streaming)
+  // Streaming and eager: the outer θ, which no worker's parameters equal while the workers'
+  // own steps are not yet replaced by the average's.
+  if (cfg_.sync.mode != SyncMode::blocking)
     return trainers_[0]->evaluate_parameters(outers_[0]->theta(), val_windows_);
   return trainers_[0]->evaluate(val_windows_);
 }
@@ -227,7 +237,7 @@ RoundMetrics Simulator::run_round() {
   const int k = opt_.workers;
   const std::int64_t n = parameter_count();
   double loss = 0;
-  if (opt_.mode == Mode::diloco && cfg_.sync.mode == SyncMode::streaming) {
+  if (opt_.mode == Mode::diloco && cfg_.sync.mode != SyncMode::blocking) {
     loss = run_streaming_round();
     const auto h0 = outers_[0]->theta_hash();
     for (std::size_t i = 1; i < outers_.size(); ++i)
@@ -316,9 +326,12 @@ void Simulator::save_checkpoint(const std::string& path) const {
     const std::string key = "in_flight." + std::to_string(i) + ".";
     ar.write(key + "fragment", c10::IValue(static_cast<std::int64_t>(in_flight_[i].fragment)));
     ar.write(key + "lands", c10::IValue(in_flight_[i].lands));
+    ar.write(key + "synced", c10::IValue(in_flight_[i].synced));
     for (std::size_t k = 0; k < in_flight_[i].mean.size(); ++k)
       ar.write(key + std::to_string(k),
                flat_view(const_cast<std::vector<float>&>(in_flight_[i].mean[k])).clone());
+    for (std::size_t k = 0; k < in_flight_[i].provisional.size(); ++k)
+      ar.write(key + "provisional." + std::to_string(k), in_flight_[i].provisional[k]);
   }
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
@@ -362,11 +375,16 @@ void Simulator::load_checkpoint(const std::string& path) {
       f.fragment = static_cast<int>(x.toInt());
       ar.read(key + "lands", x);
       f.lands = x.toInt();
+      f.synced = ar.try_read(key + "synced", x) ? x.toInt() : -1;
       for (std::size_t k = 0; k < trainers_.size(); ++k) {
         torch::Tensor t;
         ar.read(key + std::to_string(k), t);
         t = t.contiguous();
         f.mean.emplace_back(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+        if (cfg_.sync.mode == SyncMode::eager) {
+          ar.read(key + "provisional." + std::to_string(k), t);
+          f.provisional.push_back(t);
+        }
       }
       in_flight_.push_back(std::move(f));
     }

@@ -92,10 +92,14 @@ class Simulator {
   // sync.mode streaming (config.hpp, SyncConfig): fragments_[f] are fragment f's ranges of
   // the flat vector; a fragment whose average is on its way lands `overlap_steps` inner
   // steps after it synchronized, possibly in the next round.
+  // sync.mode eager runs the same machinery with one fragment that synchronizes at the round's
+  // end, each worker starting the next round from its provisional θ (its own Δ stepped).
   struct InFlight {
     int fragment = 0;
+    std::int64_t synced = 0;               // the inner step count it synchronized after
     std::int64_t lands = 0;                // the worker's inner step count it lands after
     std::vector<std::vector<float>> mean;  // per worker: the averaged Δ, range after range
+    std::vector<torch::Tensor> provisional;  // eager, per worker: the θ it started from
   };
   std::vector<std::vector<Range>> fragments_;
   std::vector<InFlight> in_flight_;
@@ -103,7 +107,7 @@ class Simulator {
   // fragment still in flight before it ends.
   double run_streaming_round();
   void sync_fragment(int fragment, std::int64_t now);
-  void land(InFlight& f);
+  void land(InFlight& f, std::int64_t now);
   double start_seconds_ = 0;
 };
 

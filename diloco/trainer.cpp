@@ -198,6 +198,12 @@ void InnerTrainer::merge_parameters(const torch::Tensor& theta, const std::vecto
   }
 }
 
+void InnerTrainer::correct_parameters(const torch::Tensor& theta,
+                                      const torch::Tensor& provisional) {
+  torch::NoGradGuard no_grad;
+  params_.add_((theta - provisional).to(device_));
+}
+
 double InnerTrainer::evaluate_parameters(const torch::Tensor& theta, const torch::Tensor& windows) {
   torch::NoGradGuard no_grad;
   const torch::Tensor local = params_.clone();
@@ -313,9 +319,9 @@ namespace {
 
 // The outer step's arithmetic on the slice [begin, begin + delta.size()) of θ and the
 // momentum (scratch: a buffer of θ's size); elementwise, so a slice steps as in the whole.
-void outer_step_slice(const OuterConfig& cfg, torch::Tensor& theta_all,
-                      torch::Tensor& momentum_all, torch::Tensor& scratch_all,
-                      std::span<const float> delta, std::int64_t begin) {
+void outer_step_slice(const OuterConfig& cfg, torch::Tensor& theta_all, torch::Tensor& momentum_all,
+                      torch::Tensor& scratch_all, std::span<const float> delta,
+                      std::int64_t begin) {
   torch::NoGradGuard no_grad;
   const auto n = static_cast<std::int64_t>(delta.size());
   TORCH_CHECK(begin >= 0 && begin + n <= theta_all.numel(), "OuterOptimizer::step: Δ's slice [",
@@ -356,6 +362,22 @@ void OuterOptimizer::step_ranges(std::span<const float> packed, const std::vecto
   }
   TORCH_CHECK(at == packed.size(), "OuterOptimizer::step_ranges: ", packed.size(),
               " values for ranges of ", at);
+}
+
+torch::Tensor OuterOptimizer::provisional_ranges(std::span<const float> packed,
+                                                 const std::vector<Range>& ranges) const {
+  torch::Tensor theta = theta_.clone(), momentum = momentum_.clone(),
+                scratch = torch::empty_like(theta_);
+  std::size_t at = 0;
+  for (const Range& r : ranges) {
+    TORCH_CHECK(at + static_cast<std::size_t>(r.size()) <= packed.size(),
+                "OuterOptimizer::provisional_ranges: ", packed.size(),
+                " values for ranges of more");
+    outer_step_slice(cfg_, theta, momentum, scratch,
+                     packed.subspan(at, static_cast<std::size_t>(r.size())), r.begin);
+    at += static_cast<std::size_t>(r.size());
+  }
+  return theta;
 }
 
 void OuterOptimizer::keep_before_step() {

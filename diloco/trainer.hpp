@@ -112,6 +112,9 @@ class InnerTrainer {
   // Streaming DiLoCo's merge of a fragment that synchronized: on `ranges` of the flat vector,
   // θ_local ← mix · θ_local + (1 − mix) · theta (host, whole); mix 0 copies theta's bytes.
   void merge_parameters(const torch::Tensor& theta, const std::vector<Range>& ranges, double mix);
+  // sync.mode eager: the local parameters, started from `provisional`, move by what θ moved
+  // since: θ_local += theta − provisional (host tensors of θ's size).
+  void correct_parameters(const torch::Tensor& theta, const torch::Tensor& provisional);
   // The validation loss (as evaluate) of the parameters `theta` (host, whole) instead of
   // θ_local, which is put back after.
   double evaluate_parameters(const torch::Tensor& theta, const torch::Tensor& windows);
@@ -199,6 +202,11 @@ class OuterOptimizer {
   // does not advance: end_round() does, once per H inner steps.
   void step_ranges(std::span<const float> packed, const std::vector<Range>& ranges);
   void end_round() { ++round_; }
+  // sync.mode eager: θ as it would be after step_ranges(packed, ranges), the state untouched
+  // (the same arithmetic, on copies): a worker's provisional start with its own Δ in place of
+  // the average that is still on its way. A new tensor.
+  torch::Tensor provisional_ranges(std::span<const float> packed,
+                                   const std::vector<Range>& ranges) const;
 
   // A step taken can be taken back, bit for bit: keep_before_step() copies θ, the momentum
   // and the round (into buffers it reuses), undo_step() puts them back. A worker that stepped

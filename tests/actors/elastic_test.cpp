@@ -284,7 +284,7 @@ TEST_F(Elastic, StreamingWorkerKilledMidRoundTheJobRewindsToItsCheckpointExactly
   const std::string log = log_text(handle);
   ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
   EXPECT_TRUE(fs::exists(fault_log)) << "the fault was not injected";
-  EXPECT_TRUE(contains(log, "round 3 failed in streaming mode; the job goes back to its "
+  EXPECT_TRUE(contains(log, "round 3 failed with synchronizations in flight; the job goes back to its "
                             "checkpoint of round 2"))
       << log;
   const std::string folder = dir_ + "/ckpt/" + handle.id();

@@ -158,6 +158,33 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   EXPECT_TRUE(fs::exists(folder + "/final.pt"));
 }
 
+// The eager outer step on a cluster: each round's average lands 2 inner steps into the next
+// round, the workers going on meanwhile from their own Δ stepped. θ equals the simulator's
+// round for round, bit for bit; a checkpoint is taken with an average in flight.
+TEST_P(DilocoParity, EagerOuterStepHoldsTheSimulatorsThetaBitForBit) {
+  TestJob j = job(2, 2, 3);
+  j.compression = GetParam();
+  j.checkpoint_every = 2;
+  j.sync = "{mode: eager, overlap_steps: 2}";
+  const std::string file = dir_ + "/job.yaml";
+  std::ofstream(file) << j.yaml();
+  const std::string sim_out = dir_ + "/sim";
+  Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out", sim_out},
+                 Subprocess::Options{.log_path = dir_ + "/sim.log"});
+  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  const auto expected = theta_hashes(sim_out + "/metrics.jsonl");
+  ASSERT_EQ(expected.size(), 4u);
+
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  JobHandle handle = client.submit(JobSpec::from_yaml_file(file));
+  JobInfo end = handle.wait(Millis(300000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log_text(handle);
+  const std::string folder = dir_ + "/ckpt/" + handle.id();
+  EXPECT_EQ(theta_hashes(folder + "/metrics.jsonl"), expected);
+  EXPECT_TRUE(fs::exists(folder + "/ckpt-round-2.pt"));
+}
+
 TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
   LocalCluster c(one_worker_per_node(4));
   Client client(c.head_address());

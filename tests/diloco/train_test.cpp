@@ -560,6 +560,66 @@ TEST_F(DilocoTest, StreamingCheckpointWithAFragmentInFlightResumesBitIdentically
   EXPECT_EQ(n.toInt(), 1);
 }
 
+// ---- sync.mode: eager (the all-reduce under the next round's first τ steps) ---------------
+
+JobConfig eager(JobConfig c, int overlap) {
+  c.sync.mode = SyncMode::eager;
+  c.sync.overlap_steps = overlap;
+  c.validate();
+  return c;
+}
+
+// No overlap: the average lands before the next round's first step, and the provisional
+// start is replaced by θ without a step taken from it: blocking DiLoCo, bit for bit.
+TEST_F(DilocoTest, EagerWithNoOverlapIsBlockingBitForBit) {
+  const JobConfig c = small_job();
+  const auto blocking = run_rounds(c, 2);
+  const auto e = run_rounds(eager(c, 0), 2);
+  ASSERT_EQ(e.size(), blocking.size());
+  for (std::size_t r = 0; r < blocking.size(); ++r)
+    EXPECT_EQ(e[r].first, blocking[r].first) << "round " << r + 1;
+}
+
+// With overlap each worker starts the next round from its own Δ stepped and is corrected when
+// the average lands: every worker holds the same outer θ after every round (the simulator
+// checks), θ differs from blocking's, and the model learns about as well.
+TEST_F(DilocoTest, EagerOverlapKeepsTheOuterStateAndLearns) {
+  JobConfig c = small_job();
+  c.rounds = 6;
+  const auto blocking = run_rounds(c, 2);
+  const auto e = run_rounds(eager(c, 2), 2);
+  ASSERT_EQ(e.size(), blocking.size());
+  EXPECT_NE(e.back().first, blocking.back().first);
+  EXPECT_LT(e.back().second, 0.75 * e.front().second);
+  std::printf("eager tau=2: last train loss %.4f, blocking %.4f\n", e.back().second,
+              blocking.back().second);
+}
+
+// A checkpoint taken while the average of the round before is on its way (with each worker's
+// provisional start) resumes bit-identically.
+TEST_F(DilocoTest, EagerCheckpointWithTheAverageInFlightResumesBitIdentically) {
+  const JobConfig c = eager(small_job(), 1);
+  SimulateOptions opt{.workers = 2, .mode = Mode::diloco, .rounds = 4};
+  Simulator straight(c, opt);
+  while (!straight.done()) straight.run_round();
+  const auto path = (std::filesystem::path(c.data.dir) / "ck" / "eager.pt").string();
+  {
+    Simulator first(c, opt);
+    first.run_round();
+    first.run_round();
+    first.save_checkpoint(path);
+  }
+  Simulator resumed(c, opt);
+  resumed.load_checkpoint(path);
+  while (!resumed.done()) resumed.run_round();
+  EXPECT_EQ(resumed.theta_hash(), straight.theta_hash());
+  torch::serialize::InputArchive ar;
+  ar.load_from(path);
+  c10::IValue n;
+  ar.read("in_flight", n);
+  EXPECT_EQ(n.toInt(), 1);
+}
+
 TEST(Config, SyncModesParseValidateAndRoundTrip) {
   JobConfig c = loco::diloco::testing::small_job("/tmp");
   c.sync = {SyncMode::streaming, 2, 1, 0.5};
@@ -579,8 +639,10 @@ TEST(Config, SyncModesParseValidateAndRoundTrip) {
     }
     return std::string("accepted");
   };
-  EXPECT_NE(error({SyncMode::eager, 1, 0, 0}).find("sync.mode: eager is not built yet"),
+  EXPECT_EQ(error({SyncMode::eager, 1, 2, 0}), "accepted");
+  EXPECT_NE(error({SyncMode::eager, 2, 1, 0}).find("eager synchronizes all of θ at once"),
             std::string::npos);
+  EXPECT_NE(error({SyncMode::eager, 1, 1, 0.5}).find("sync.mix: 0.5"), std::string::npos);
   EXPECT_EQ(error({SyncMode::streaming, 3, 0, 0}),
             "sync.fragments: must be in [1, model.layers = 2], got 3");
   c.model.layers = 4;
