@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Compute utilization of a DiLoCo job on slow links, blocking against streaming, in one run:
+# Compute utilization of a DiLoCo job on slow links, blocking against streaming and eager, in one
+# run:
 # 4 worker hosts in network namespaces (tests/netns/cluster.sh), each host's egress limited
 # by a token bucket, and the same job (a 6.4 M-parameter byte-level GPT, tests/netns'
 # gpt-20mbit model, H = 12, fp32) run once per mode on the same cluster. Per mode it prints
@@ -8,14 +9,17 @@
 # utilization and round time (rounds 1.., from metrics.jsonl), and the final validation loss;
 # then each mode's ratios to blocking. Needs root (skips with exit 77 otherwise).
 #
-#   bench/overlap/netns.sh                          # 20 Mbit/s, blocking and streaming
+#   bench/overlap/netns.sh                          # 20 Mbit/s, the three modes
 #   RATE=1gbit ROUNDS=3 bench/overlap/netns.sh
 #   STREAMING="{mode: streaming, fragments: 2, overlap_steps: 3, mix: 0.5}" bench/overlap/netns.sh
+#   MODES="blocking eager" bench/overlap/netns.sh
 set -uo pipefail
 RATE=${RATE:-20mbit}
 ROUNDS=${ROUNDS:-4}
 H=${H:-12}
-STREAMING=${STREAMING:-"{mode: streaming, fragments: 4, overlap_steps: 2, mix: 0.5}"}
+STREAMING=${STREAMING:-"{mode: streaming, fragments: 4, overlap_steps: 3, mix: 0.5}"}
+EAGER=${EAGER:-"{mode: eager, overlap_steps: 8}"}
+MODES=${MODES:-blocking streaming eager}
 WAIT_S=${WAIT_S:-1500}
 source "$(cd "$(dirname "$0")" && pwd)/../../tests/netns/cluster.sh"
 
@@ -66,17 +70,28 @@ run_mode() {  # MODE SYNC
     "${RUTIL[$mode]} %, median round ${RTIME[$mode]} s; final validation loss ${LOSS[$mode]}"
 }
 
-run_mode blocking ""
-run_mode streaming "$STREAMING"
+for m in $MODES; do
+  case "$m" in
+    blocking) run_mode blocking "" ;;
+    streaming) run_mode streaming "$STREAMING" ;;
+    eager) run_mode eager "$EAGER" ;;
+    *) fail "unknown mode $m" ;;
+  esac
+done
 
 echo
 echo "# 4 workers, egress $RATE per host, 6.4 M-parameter GPT, H = $H, $ROUNDS rounds, fp32"
-echo "# streaming: $STREAMING"
+echo "# streaming: $STREAMING; eager: $EAGER"
 printf '%-10s %8s %12s %14s %14s %10s\n' mode wall_s job_util_% round_util_% round_time_s val_loss
-for m in blocking streaming; do
+for m in $MODES; do
   printf '%-10s %8s %12s %14s %14s %10s\n' "$m" "${WALL[$m]}" "${UTIL[$m]}" "${RUTIL[$m]}" "${RTIME[$m]}" "${LOSS[$m]}"
 done
-awk -v wb="${WALL[blocking]}" -v ws="${WALL[streaming]}" -v rb="${RTIME[blocking]}" \
-  -v rs="${RTIME[streaming]}" -v lb="${LOSS[blocking]}" -v ls="${LOSS[streaming]}" 'BEGIN {
-  printf "streaming / blocking: wall %.2fx, round time %.2fx, validation loss %+.2f %%\n",
-    ws / wb, rs / rb, 100 * (ls - lb) / lb }'
+if [ -n "${WALL[blocking]:-}" ]; then
+  for m in $MODES; do
+    [ "$m" = blocking ] && continue
+    awk -v m="$m" -v wb="${WALL[blocking]}" -v ws="${WALL[$m]}" -v rb="${RTIME[blocking]}" \
+      -v rs="${RTIME[$m]}" -v lb="${LOSS[blocking]}" -v ls="${LOSS[$m]}" 'BEGIN {
+      printf "%s / blocking: wall %.2fx, round time %.2fx, validation loss %+.2f %%\n",
+        m, ws / wb, rs / rb, 100 * (ls - lb) / lb }'
+  done
+fi

@@ -3,7 +3,9 @@
 // random from a seed; the aggregator dies too when its node is hit. It must
 // finish, never hang, never see a NaN, keep every round's members
 // on one θ (the aggregator checks the hashes each round and would fail the
-// job), and end within 2 % of the same job's validation loss without faults.
+// job), and end within 2 % of the same job's validation loss without faults. It runs in each
+// sync.mode: blocking (a lost member leaves the round, which re-forms) and streaming (two
+// fragments in flight across rounds: a lost member sends the job back to its checkpoint).
 //
 //   LOCO_CHAOS_SEED    seed of the faults (default 1; scripts/chaos picks one)
 //   LOCO_CHAOS_ROUNDS  rounds of the job (default 48, at least 30)
@@ -35,13 +37,15 @@ struct Fault {
   int64_t recovered_ms = -1;  // the first report after the dip with `target` workers again
 };
 
-using Chaos = DilocoJob;
+class Chaos : public DilocoJob, public ::testing::WithParamInterface<std::string> {};
 
-TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
+TEST_P(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
   const int seed = env_int("LOCO_CHAOS_SEED", 1);
   const int rounds = std::max(30, env_int("LOCO_CHAOS_ROUNDS", 48));
-  std::printf("chaos: seed %d, %d rounds\n", seed, rounds);
+  std::printf("chaos: seed %d, %d rounds, sync %s\n", seed, rounds, GetParam().c_str());
   TestJob spec = job(3, 1, rounds);
+  if (GetParam() == "streaming")
+    spec.sync = "{mode: streaming, fragments: 2, overlap_steps: 2, mix: 0.5}";
   // H = 20 with the paper's outer step: fault-free runs of it from six seeds end
   // within 0.4 % of each other. With H = 10 they spread over 2 % and one of six
   // stalls (docs/elastic.md), so a fault's different data order alone could
@@ -165,6 +169,8 @@ TEST_F(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
   EXPECT_GE(faults.size(), 5u) << "too few faults for a chaos test; another seed?";
   EXPECT_LE(std::abs(got - reference) / reference, 0.02) << log;
 }
+
+INSTANTIATE_TEST_SUITE_P(SyncModes, Chaos, ::testing::Values("blocking", "streaming"));
 
 }  // namespace
 }  // namespace loco::testing
