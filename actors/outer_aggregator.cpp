@@ -111,6 +111,9 @@ struct OuterAggregator::State {
   int target = 0;           // workers wanted: workers.count or `loco scale`
   std::string resume_from;  // checkpoint the job restarts from, if any
   int64_t resume_round = 0;
+  // The job (re)starts from resume_from, and no round has completed since: every slot that
+  // comes back reads the checkpoint and its own inner state, even after others did.
+  bool resuming = false;
   std::deque<std::function<void()>> outbox;  // reports not yet accepted by the head
   bool outbox_stuck = false;
   uint64_t last_op_id = 0;
@@ -179,7 +182,8 @@ struct OuterAggregator::State {
   Resources worker_resources();
   void deal_shards();
   void release(int i, const std::string& why);
-  void reconcile(int64_t r);
+  // False when the job must go back to its last checkpoint first (must_rewind).
+  [[nodiscard]] bool reconcile(int64_t r);
   // sync.mode streaming: round r as one stream() call per member. False when a member failed
   // or was lost: the others have landed fragments it never saw, so the round cannot be
   // re-formed as a blocking one is; the job rewinds to its last checkpoint.
@@ -327,8 +331,12 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     wi.stream = fresh ? uint64_t(i) : (uint64_t(r) << 16) | uint64_t(i);
     wi.total_steps = total_steps;
     wi.round = r;
+    // While the job resumes from a checkpoint (it started from it, or went back to it), every
+    // slot reads it and its own inner state, as the slot was: a slot whose actor comes back
+    // later than the others must not copy their moments instead, or the resume is no longer
+    // exact. Otherwise a joiner copies the current state from a live member.
     if (!fresh) {
-      if (!sources.empty()) {
+      if (!sources.empty() && !(resuming && !resume_from.empty())) {
         wi.source = source_of(k);
       } else {
         wi.checkpoint = resume_from;
@@ -343,7 +351,9 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
   for (size_t k = 0; k < initing.size(); ++k) {
     int i = initing[k];
     const std::string source =
-        source_of(size_t(std::find(live.begin(), live.end(), i) - live.begin()));
+        resuming && !resume_from.empty()
+            ? std::string()
+            : source_of(size_t(std::find(live.begin(), live.end(), i) - live.begin()));
     Slot& s = slots[size_t(i)];
     if (!done[k]) {
       note_waiting(i, errors[k].message);
@@ -427,7 +437,7 @@ void OuterAggregator::State::release(int i, const std::string& why) {
 
 // Between rounds: act on `loco scale`, bring back or add workers up to the
 // target, drop surplus ones; below workers.min, wait for joins up to wait_s.
-void OuterAggregator::State::reconcile(int64_t r) {
+bool OuterAggregator::State::reconcile(int64_t r) {
   read_target();
   // Surplus workers leave, the highest slots first.
   std::vector<int> members = active();
@@ -454,18 +464,18 @@ void OuterAggregator::State::reconcile(int64_t r) {
       if (!s.active) want.push_back(i);
     }
     if (!want.empty()) {
-      if (active().empty() && r > resume_round) {
+      if (must_rewind(int(active().size()), r, resume_round)) {
         // Every worker is gone, and the outer state with them: go back to the
         // last checkpoint (or the start).
         log("round " + std::to_string(r + 1) + ": no worker holds the outer state; going back to " +
             (resume_from.empty() ? std::string("the start") : resume_from));
-        throw std::out_of_range("rewind");
+        return false;
       }
       acquire(want, r);
     }
     deal_shards();  // also after members left outside a reduce (evaluation, checkpoint)
     const int have = int(active().size());
-    if (have >= std::max(1, cfg.workers.min) || stop) return;
+    if (have >= std::max(1, cfg.workers.min) || stop) return true;
     std::string why;
     for (int i = 0; i < target; ++i)
       if (!slots[size_t(i)].active && !slots[size_t(i)].waiting.empty())
@@ -492,18 +502,14 @@ std::optional<double> OuterAggregator::State::evaluate(int64_t windows) {
   for (int attempt = 0; attempt < 4; ++attempt) {
     std::vector<int> group = active();
     if (group.empty()) return std::nullopt;
-    const int64_t bs = cfg.inner.batch_size;
-    const int64_t batches = (windows + bs - 1) / bs;
-    const int64_t per = (batches + int64_t(group.size()) - 1) / int64_t(group.size());
     std::vector<int64_t> counts;
     std::vector<int> who;
     std::vector<Future<double>> parts;
-    for (size_t i = 0; i < group.size(); ++i) {
-      int64_t b = int64_t(i) * per * bs, e = std::min(windows, (int64_t(i) + 1) * per * bs);
-      if (b >= e) continue;
-      counts.push_back(e - b);
-      who.push_back(group[i]);
-      parts.push_back(worker(group[i]).call(&InnerWorker::evaluate_windows, b, e));
+    for (const EvalPart& p : evaluation_split(windows, cfg.inner.batch_size, int(group.size()))) {
+      counts.push_back(p.end - p.begin);
+      who.push_back(group[size_t(p.member)]);
+      parts.push_back(
+          worker(group[size_t(p.member)]).call(&InnerWorker::evaluate_windows, p.begin, p.end));
     }
     std::vector<Failure> errors;
     auto got = gather(parts, errors, Millis(300000));
@@ -597,7 +603,19 @@ void OuterAggregator::State::run() {
 
   int64_t r = resume_round;
   round = r;
-  reconcile(r);
+  // Back to the last checkpoint (or the start): every member re-reads it, and the rounds
+  // after it are redone, their records replaced. At the resume round nobody is asked to
+  // rewind again.
+  auto go_back = [&] {
+    r = resume_round;
+    round = r;
+    resuming = true;
+    records.go_back(r);
+    for (Slot& s : slots) s.active = false;
+    (void)reconcile(r);
+  };
+  resuming = !resume_from.empty();
+  (void)reconcile(r);
   int64_t windows = 0;
   while (!windows) {
     auto w = ask_any<int64_t>("to count the validation windows",
@@ -605,7 +623,7 @@ void OuterAggregator::State::run() {
     if (w)
       windows = *w;
     else
-      reconcile(r);
+      (void)reconcile(r);
   }
   double last_val = 0;
   if (r == 0) {
@@ -622,14 +640,8 @@ void OuterAggregator::State::run() {
 
   while (r < rounds && !stop) {
     const double t_round = now_s();
-    try {
-      reconcile(r);
-    } catch (const std::out_of_range&) {  // rewind (see reconcile)
-      r = resume_round;
-      round = r;
-      records.go_back(r);
-      for (Slot& s : slots) s.active = false;
-      reconcile(r);
+    if (!reconcile(r)) {
+      go_back();
       continue;
     }
     std::vector<int> members = active();
@@ -644,11 +656,7 @@ void OuterAggregator::State::run() {
             " failed with synchronizations in flight; the job goes back to " +
             (resume_from.empty() ? std::string("its start")
                                  : "its checkpoint of round " + std::to_string(resume_round)));
-        r = resume_round;
-        round = r;
-        records.go_back(r);
-        for (Slot& s : slots) s.active = false;
-        reconcile(r);
+        go_back();
         continue;
       }
       ready = group = members;
@@ -755,6 +763,7 @@ void OuterAggregator::State::run() {
     members = group;
     r += 1;
     round = r;
+    resuming = false;
     steps_since_eval += cfg.inner.steps;
     std::optional<double> val;
     if (steps_since_eval >= cfg.eval.every || r == rounds) {
@@ -802,7 +811,7 @@ void OuterAggregator::State::run() {
     if (attempt > 0) {
       if (attempt > 3) throw std::runtime_error("no worker could write the final checkpoint");
       for (Slot& s : slots) s.active = s.active && s.handle;
-      reconcile(r);
+      (void)reconcile(r);  // no rewind after the last round: what is left writes final.pt
     }
     if (steps_since_eval > 0) {
       if (auto v = evaluate(windows)) {
@@ -914,7 +923,12 @@ bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vecto
     if (!res[i]) rec.errors.push_back({members[i], errors[i].gone, errors[i].message});
   }
   records.attempt(rec);
-  if (!rec.errors.empty()) {
+  std::vector<MemberOutcome> outcomes;
+  for (size_t i = 0; i < members.size(); ++i)
+    outcomes.push_back(res[i] ? MemberOutcome{true, res[i]->theta_hash, false}
+                              : MemberOutcome{false, 0, errors[i].gone});
+  const OverlappedDecision d = after_overlapped_round(members, outcomes);
+  if (d.kind == OverlappedDecision::Kind::rewind) {
     for (size_t i = 0; i < members.size(); ++i) {
       if (res[i]) continue;
       if (errors[i].gone)
@@ -925,19 +939,22 @@ bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vecto
     }
     return false;
   }
+  if (d.kind == OverlappedDecision::Kind::diverged) {
+    const size_t i =
+        size_t(std::find(members.begin(), members.end(), d.diverged_member) - members.begin());
+    throw std::runtime_error("round " + std::to_string(r + 1) + ": worker " +
+                             std::to_string(d.diverged_member) + " holds a different θ (hash " +
+                             std::to_string(res[i]->theta_hash) + " vs " +
+                             std::to_string(res[0]->theta_hash) + ")");
+  }
   loss = 0;
   inner_secs = 0;
   for (size_t i = 0; i < members.size(); ++i) {
-    if (res[i]->theta_hash != res[0]->theta_hash)
-      throw std::runtime_error("round " + std::to_string(r + 1) + ": worker " +
-                               std::to_string(members[i]) + " holds a different θ (hash " +
-                               std::to_string(res[i]->theta_hash) + " vs " +
-                               std::to_string(res[0]->theta_hash) + ")");
     loss += res[i]->inner.mean_loss;
     inner_secs += res[i]->inner.seconds;
   }
   loss /= double(members.size());
-  theta_hash = res[0]->theta_hash;
+  theta_hash = d.theta_hash;
   return true;
 }
 

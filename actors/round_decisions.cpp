@@ -1,6 +1,8 @@
 #include "actors/round_decisions.hpp"
 
+#include <algorithm>
 #include <stdexcept>
+#include <string>
 
 namespace loco::actors {
 
@@ -51,6 +53,50 @@ AttemptDecision after_attempt(const std::vector<int>& group,
                                                                 : AttemptDecision::Kind::retry;
   if (d.kind == AttemptDecision::Kind::give_up) d.next_group.clear();
   return d;
+}
+
+OverlappedDecision after_overlapped_round(const std::vector<int>& members,
+                                          const std::vector<MemberOutcome>& outcomes) {
+  if (members.size() != outcomes.size())
+    throw std::invalid_argument("after_overlapped_round: " + std::to_string(outcomes.size()) +
+                                " outcomes for " + std::to_string(members.size()) + " members");
+  OverlappedDecision d;
+  bool all_ok = !members.empty();
+  for (size_t i = 0; i < members.size(); ++i) {
+    all_ok = all_ok && outcomes[i].ok;
+    if (!outcomes[i].ok && outcomes[i].gone) d.lost.push_back(members[i]);
+  }
+  if (!all_ok) return d;  // rewind
+  d.kind = OverlappedDecision::Kind::agreed;
+  d.theta_hash = outcomes[0].theta_hash;
+  for (size_t i = 1; i < members.size(); ++i) {
+    if (outcomes[i].theta_hash != d.theta_hash) {
+      d.kind = OverlappedDecision::Kind::diverged;
+      d.diverged_member = members[i];
+      break;
+    }
+  }
+  return d;
+}
+
+bool must_rewind(int members_holding_state, int64_t round, int64_t resume_round) {
+  return members_holding_state == 0 && round > resume_round;
+}
+
+std::vector<EvalPart> evaluation_split(int64_t windows, int64_t batch_size, int members) {
+  if (windows < 0 || batch_size < 1 || members < 1)
+    throw std::invalid_argument("evaluation_split: " + std::to_string(windows) +
+                                " windows, batch " + std::to_string(batch_size) + ", " +
+                                std::to_string(members) + " members");
+  std::vector<EvalPart> out;
+  const int64_t batches = (windows + batch_size - 1) / batch_size;
+  const int64_t per = (batches + members - 1) / members;
+  for (int i = 0; i < members; ++i) {
+    const int64_t b = int64_t(i) * per * batch_size;
+    const int64_t e = std::min(windows, (int64_t(i) + 1) * per * batch_size);
+    if (b < e) out.push_back({i, b, e});
+  }
+  return out;
 }
 
 }  // namespace loco::actors

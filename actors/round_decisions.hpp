@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace loco::actors {
@@ -44,5 +45,33 @@ struct AttemptDecision {
 // `group[i]` answered `outcomes[i]` in attempt number `attempt` (0-based) of a round.
 AttemptDecision after_attempt(const std::vector<int>& group,
                               const std::vector<MemberOutcome>& outcomes, uint64_t attempt);
+
+// sync.mode streaming or eager: a round is one stream() call per member, with
+// synchronizations in flight. Every member answered with the same θ: the round stands; a
+// different θ: a bug, the job stops; any member failed or gone: the others have landed
+// averages it never saw, so no smaller group can finish the round: the job goes back to its
+// last checkpoint (`lost`: the gone members, to release).
+struct OverlappedDecision {
+  enum class Kind { agreed, diverged, rewind };
+  Kind kind = Kind::rewind;
+  uint64_t theta_hash = 0;   // agreed
+  int diverged_member = -1;  // diverged
+  std::vector<int> lost;     // rewind
+};
+OverlappedDecision after_overlapped_round(const std::vector<int>& members,
+                                          const std::vector<MemberOutcome>& outcomes);
+
+// Before a round (reconcile): the job must go back to its last checkpoint (or its start) when
+// no member holds the outer state any more and it is past the round it would resume from.
+bool must_rewind(int members_holding_state, int64_t round, int64_t resume_round);
+
+// How the validation windows [0, windows) are shared out among `members` members: by whole
+// batches of `batch_size`, each member about 1/members of them, in member order; a member
+// may get none (fewer batches than members). Pairs [begin, end) with member index.
+struct EvalPart {
+  int member = 0;
+  int64_t begin = 0, end = 0;
+};
+std::vector<EvalPart> evaluation_split(int64_t windows, int64_t batch_size, int members);
 
 }  // namespace loco::actors

@@ -7,7 +7,9 @@ per worker: one worker, data-parallel with K x batch (K = 4, 8), DiLoCo
 learning rate for K = 8 (and int8 at the best). Runs `--jobs` simulations at a time with `--threads`
 torch threads each under `nice -n 19`, skips runs whose metrics are complete,
 then plots (plot.py). `--seed N` repeats runs with another data order
-(OUT/seed-N/NAME, from the same pretrained checkpoint).
+(OUT/seed-N/NAME, from the same pretrained checkpoint). `--sync` adds, for each
+int8 sweep run, the same run in other sync modes (streaming fragments, the
+eager outer step).
 
   diloco/study/run_study.py --data data --out runs/study
 """
@@ -26,22 +28,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def runs(ks, hs, int8_h, sweep_k, sweep, int8_lrs, default_lr):
-    """(name, K, H, compression, baseline, outer lr, outer momentum or None), in the order to run them."""
+def runs(ks, hs, int8_h, sweep_k, sweep, int8_lrs, default_lr, syncs=()):
+    """(name, K, H, compression, baseline, outer lr, outer momentum or None, sync or None), in the
+    order to run them."""
     out = []
     for k in sorted(ks, reverse=True):
         for h in hs:
-            out.append((f"diloco-k{k}-h{h}", k, h, "fp32", None, default_lr, None))
+            out.append((f"diloco-k{k}-h{h}", k, h, "fp32", None, default_lr, None, None))
         if k == max(ks):
-            out.append((f"diloco-k{k}-h{int8_h}-int8", k, int8_h, "int8", None, default_lr, None))
-        out.append((f"ddp-k{k}", k, int8_h, "fp32", "ddp", default_lr, None))
-    out.append(("single", 1, int8_h, "fp32", "single", default_lr, None))
+            out.append((f"diloco-k{k}-h{int8_h}-int8", k, int8_h, "int8", None, default_lr, None, None))
+        out.append((f"ddp-k{k}", k, int8_h, "fp32", "ddp", default_lr, None, None))
+    out.append(("single", 1, int8_h, "fp32", "single", default_lr, None, None))
     for h, lr, mom in sweep:
         name = f"diloco-k{sweep_k}-h{h}-olr{lr:g}" + (f"-m{mom:g}" if mom is not None else "")
-        out.append((name, sweep_k, h, "fp32", None, lr, mom))
+        out.append((name, sweep_k, h, "fp32", None, lr, mom, None))
     for lr, mom in int8_lrs:
         name = f"diloco-k{sweep_k}-h{int8_h}-int8-olr{lr:g}" + (f"-m{mom:g}" if mom is not None else "")
-        out.append((name, sweep_k, int8_h, "int8", None, lr, mom))
+        out.append((name, sweep_k, int8_h, "int8", None, lr, mom, None))
+        for mode, frags, tau, mix in syncs:
+            sync = {"mode": mode, "fragments": frags, "overlap_steps": tau, "mix": mix}
+            out.append((f"{name}-{mode}-p{frags}-t{tau}-a{mix:g}", sweep_k, int8_h, "int8", None, lr, mom, sync))
     return out
 
 
@@ -88,6 +94,9 @@ def main():
                     help="outer sweep: H:lr or H:lr:momentum, besides the base's ('' for none)")
     ap.add_argument("--int8-sweep", default="1.0,1.0:0.8", help="lr or lr:momentum of extra int8 runs at --int8-h")
     ap.add_argument("--only", default="", help="comma-separated run names")
+    ap.add_argument("--sync", default="",
+                    help="other sync modes of each int8 sweep run: mode:fragments:overlap_steps:mix, "
+                         "comma-separated (e.g. streaming:2:5:0.5,eager:1:5:0)")
     ap.add_argument("--seed", type=int, default=None,
                     help="the runs' data-order seed (default: the base's); another seed than the base's "
                          "writes its runs to OUT/seed-N/NAME (pretraining is the same for every seed)")
@@ -129,8 +138,10 @@ def main():
              for p in (x.split(":") for x in a.sweep.split(",") if x)]
     int8_sweep = [(float(p[0]), float(p[1]) if len(p) > 1 else None)
                   for p in (x.split(":") for x in a.int8_sweep.split(",") if x)]
-    for name, k, h, comp, baseline, olr, mom in runs(ints(a.ks), ints(a.hs), a.int8_h, a.sweep_k, sweep,
-                                                int8_sweep, base["outer"]["lr"]):
+    syncs = [(p[0], int(p[1]), int(p[2]), float(p[3]))
+             for p in (x.split(":") for x in a.sync.split(",") if x)]
+    for name, k, h, comp, baseline, olr, mom, sync in runs(ints(a.ks), ints(a.hs), a.int8_h, a.sweep_k,
+                                                           sweep, int8_sweep, base["outer"]["lr"], syncs):
         if a.only and name not in a.only.split(","):
             continue
         if steps % h:
@@ -144,6 +155,8 @@ def main():
         job["outer"]["lr"] = olr
         if mom is not None:
             job["outer"]["momentum"] = mom
+        if sync is not None:
+            job["sync"] = sync
         d = os.path.join(runs_out, name)
         path = write_job(job, d)
         if complete(os.path.join(d, "metrics.jsonl"), steps):

@@ -294,7 +294,7 @@ TEST_F(Elastic, StreamingWorkerKilledMidRoundTheJobRewindsToItsCheckpointExactly
     got[std::stoi(actors::json_field(l, "round"))] = actors::json_field(l, "theta_hash");
   for (const std::string& l : jsonl(dir_ + "/sim/metrics.jsonl"))
     want[std::stoi(actors::json_field(l, "round"))] = actors::json_field(l, "theta_hash");
-  EXPECT_EQ(got, want);
+  EXPECT_EQ(got, want) << log;
 }
 
 // An attempt that succeeds for some members and fails for another: the members whose

@@ -356,13 +356,15 @@ TEST_F(DilocoJob, BadJobFileFailsTheSubmissionNamingTheField) {
     EXPECT_NE(std::string(e.what()).find("compression"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("int4"), std::string::npos) << e.what();
   }
-  // Streaming runs in the simulator only, for now: a cluster refuses it, naming the field.
+  // Streaming with several local ranks per worker is not built: refused, naming the field.
   try {
-    client.submit(JobSpec::from_yaml(job_yaml(data_, dir_ + "/ckpt", "fp32") +
-                                     "sync: {mode: streaming, fragments: 2}\n"));
-    FAIL() << "a streaming job was accepted by a cluster";
+    TestJob j = job(1, 1, 1);
+    j.local_ranks = 2;
+    j.sync = "{mode: streaming, fragments: 2}";
+    client.submit(JobSpec::from_yaml(j.yaml()));
+    FAIL() << "a streaming job with 2 local ranks per worker was accepted by a cluster";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sync.mode: streaming runs in the simulator only"),
+    EXPECT_NE(std::string(e.what()).find("sync.mode: streaming and eager run one local rank"),
               std::string::npos)
         << e.what();
   }
