@@ -16,8 +16,10 @@
 #include <future>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "actors/round_decisions.hpp"
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
@@ -48,6 +50,12 @@ struct FaultPlan {
   int worker = -1;
   int64_t round = -1;
   std::string at;
+  // at=stall: worker I sleeps this long at the start of round R's inner steps, its node still
+  // answering heartbeats (a stuck worker, not a dead one).
+  double stall_s = 20;
+  // delay_ms=D: worker I sleeps D ms after each of its inner steps, in every round (a slower
+  // worker); no `at` needed.
+  int delay_ms = 0;
 
   static FaultPlan from_env() {
     FaultPlan p;
@@ -63,6 +71,8 @@ struct FaultPlan {
         if (k == "worker") p.worker = std::stoi(val);
         if (k == "round") p.round = std::stoll(val);
         if (k == "at") p.at = val;
+        if (k == "stall_s") p.stall_s = std::stod(val);
+        if (k == "delay_ms") p.delay_ms = std::stoi(val);
       }
       if (end == std::string::npos) break;
       at = end + 1;
@@ -156,6 +166,45 @@ struct InnerWorker::State {
   }
   // streaming or eager: the rounds run through stream(), with synchronizations in flight.
   bool overlapped() const { return cfg.sync.mode != dl::SyncMode::blocking; }
+
+  // Fault injection (FaultPlan): a stuck worker, a slower one.
+  void stall_if_asked(int64_t round) {
+    if (!fault.hits(index, round, "stall")) return;
+    if (const char* log = std::getenv("LOCO_FAULT_LOG"))
+      std::ofstream(log, std::ios::app) << unix_ms() << "\n";
+    std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(fault.stall_s * 1000)));
+  }
+  bool slow() const { return fault.worker == index && fault.delay_ms > 0; }
+
+  // Inner steps one at a time until `seconds` are spent since `t0` (at least one step, at most
+  // 4·H; with seconds 0, exactly H), then Δ. One rank.
+  InnerResult timed_steps(int64_t round, double seconds, int64_t t0) {
+    Rank& k = lead();
+    const int h = cfg.inner.steps;
+    const int cap = seconds > 0 ? 4 * h : h;
+    int steps = 0;
+    double loss = 0;
+    double stepping = 0;
+    while (steps < cap && (seconds <= 0 || steps == 0 || seconds_since(t0) < seconds)) {
+      const int64_t t = loco::now_ms();
+      loss += k.trainer->run_inner_steps(1).mean_loss;
+      stepping += seconds_since(t);
+      ++steps;
+      if (slow()) std::this_thread::sleep_for(std::chrono::milliseconds(fault.delay_ms));
+    }
+    k.trainer->pseudo_gradient(k.outer->theta(), {delta.data(), delta.size()}, 0);
+    delta_round = round;
+    InnerResult r;
+    r.round = round;
+    r.steps = steps;
+    r.mean_loss = loss / steps;
+    // With an injected per-step delay the delay counts as inner time: it stands for slower
+    // hardware, not for waiting.
+    r.seconds = slow() ? seconds_since(t0) : stepping;
+    r.tokens = int64_t(steps) * cfg.tokens_per_inner_step();
+    last_inner = r;
+    return r;
+  }
   bool eager() const { return cfg.sync.mode == dl::SyncMode::eager; }
 
   State(std::string job, const std::string& spec, int idx)
@@ -467,6 +516,8 @@ InnerResult InnerWorker::inner(int64_t round) {
     return again;
   }
   const int64_t t0 = loco::now_ms();
+  s_->stall_if_asked(round);
+  if (s_->slow()) return s_->timed_steps(round, 0, t0);
   if (s_->fault.hits(s_->index, round, "inner")) {
     s_->for_ranks(
         [&](Rank& k) { k.trainer->run_inner_steps(std::max(1, s_->cfg.inner.steps / 2)); });
@@ -488,8 +539,23 @@ InnerResult InnerWorker::inner(int64_t round) {
   r.steps = st.steps;
   r.mean_loss = st.mean_loss;
   r.seconds = seconds_since(t0);
+  r.tokens = int64_t(st.steps) * s_->cfg.tokens_per_inner_step();
   s_->last_inner = r;
   return r;
+}
+
+InnerResult InnerWorker::inner_timed(int64_t round, double seconds) {
+  if (!s_->lead().trainer) throw std::logic_error("InnerWorker: inner_timed() before init()");
+  if (s_->ranks.size() != 1)
+    throw dl::ConfigError("inner.budget: time runs one local rank per worker for now");
+  if (s_->delta_round == round) {
+    InnerResult again = s_->last_inner;
+    again.seconds = 0;
+    return again;
+  }
+  const int64_t t0 = loco::now_ms();
+  s_->stall_if_asked(round);
+  return s_->timed_steps(round, seconds, t0);
 }
 
 ReduceResult InnerWorker::reduce(ReduceRequest req) {
@@ -502,6 +568,11 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
                                 std::to_string(s_->delta_round));
   if (s_->fault.hits(s_->index, req.round, "reduce"))
     s_->lead().comm->hooks().after_send = [](uint64_t) { FaultPlan::die(); };
+  if (!req.tokens.empty() && req.tokens.size() != req.names.size())
+    throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce with " +
+                                std::to_string(req.tokens.size()) + " token counts for " +
+                                std::to_string(req.names.size()) + " members");
+  const double scale = req.tokens.empty() ? 1.0 : member_scale(req.tokens, req.rank);
   // Rank r averages slice r of Δ with rank r of every other member. Out of place: Δ stays
   // intact if a member is lost, for the re-formed group. Δ is kept after a success too: an
   // attempt can succeed for this member and fail for another, and the retry (the same round,
@@ -516,8 +587,16 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
     group.rank = req.rank;
     group.round_id = req.op_id;
     const dl::Slice sl = s_->slice_of(k);
-    k.comm->allreduce(group, {s_->delta.data() + sl.begin, size_t(sl.size())},
-                      {s_->averaged.data() + sl.begin, size_t(sl.size())});
+    if (scale == 1.0) {
+      k.comm->allreduce(group, {s_->delta.data() + sl.begin, size_t(sl.size())},
+                        {s_->averaged.data() + sl.begin, size_t(sl.size())});
+    } else {
+      // Weighted by tokens: the plain mean of the members' scaled Δ. Scaled into `averaged`
+      // (Δ stays as it was for a retry), reduced in place there.
+      for (int64_t i = sl.begin; i < sl.end; ++i)
+        s_->averaged[size_t(i)] = float(double(s_->delta[size_t(i)]) * scale);
+      k.comm->allreduce(group, std::span<float>(s_->averaged.data() + sl.begin, size_t(sl.size())));
+    }
   });
   if (s_->fault.hits(s_->index, req.round, "after_allreduce") && !s_->fault_fired) {
     s_->fault_fired = true;
@@ -753,6 +832,7 @@ LOCO_REGISTER(InnerWorker,
                   .internal_method("endpoints", &InnerWorker::endpoints)
                   .internal_method("init", &InnerWorker::init)
                   .internal_method("inner", &InnerWorker::inner)
+                  .internal_method("inner_timed", &InnerWorker::inner_timed)
                   .internal_method("reduce", &InnerWorker::reduce)
                   .internal_method("stream", &InnerWorker::stream)
                   .internal_method("evaluate", &InnerWorker::evaluate)

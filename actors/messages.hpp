@@ -43,7 +43,8 @@ struct InnerResult {
   int steps = 0;
   double mean_loss = 0;
   double seconds = 0;  // spent in inner steps
-  MSGPACK_DEFINE(round, steps, mean_loss, seconds)
+  int64_t tokens = 0;  // processed in those steps (per worker, all its ranks)
+  MSGPACK_DEFINE(round, steps, mean_loss, seconds, tokens)
 };
 
 // Aggregator -> each member of a round's group.
@@ -58,7 +59,10 @@ struct ReduceRequest {
   // re-formed groups, redone rounds and restarted aggregators (microseconds since
   // the epoch), so that no member ever mixes in data of another attempt.
   uint64_t op_id = 0;
-  MSGPACK_DEFINE(round, names, endpoints, rank, op_id)
+  // Tokens each member processed this round, in rank order (inner.budget: time): the mean
+  // is weighted by them. Empty, or all equal: the plain mean.
+  std::vector<int64_t> tokens;
+  MSGPACK_DEFINE(round, names, endpoints, rank, op_id, tokens)
 };
 
 struct ReduceResult {

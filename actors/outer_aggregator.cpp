@@ -94,6 +94,10 @@ struct Slot {
   std::vector<int> shards;
   bool active = false;
   std::string waiting;  // why it could not (re)join, logged when it changes
+  // A member that missed a round's deadline (workers.grace_max_s): its inner steps still run;
+  // it sits out until they end, then catches up with the current outer state.
+  std::optional<Future<InnerResult>> late;
+  int64_t late_round = -1;
 };
 
 struct OuterAggregator::State {
@@ -118,6 +122,17 @@ struct OuterAggregator::State {
   bool outbox_stuck = false;
   uint64_t last_op_id = 0;
   std::vector<int> dealt;  // the members the shards were last dealt to
+  // Stragglers: how late recent members reported (seconds after their round's median
+  // report; the grace window's samples), and the last round's seconds per inner step.
+  std::deque<double> lateness;
+  std::vector<double> step_seconds;
+  std::map<int, int64_t> tokens_of;  // this round's tokens per member (inner.budget: time)
+
+  // The inner phase of a round with a deadline: waits until every member reported or the
+  // grace window after the quorum passed (inner_phase_closed); `late[i]`: member i had not.
+  std::vector<std::optional<InnerResult>> gather_inner(std::vector<Future<InnerResult>>& fs,
+                                                       std::vector<Failure>& errors,
+                                                       std::vector<bool>& late, double& window);
 
   PathRoots roots;  // its node's: the job's folder and the checkpoints it resumes from are in them
 
@@ -401,8 +416,10 @@ Resources OuterAggregator::State::worker_resources() {
 void OuterAggregator::State::deal_shards() {
   std::vector<int> members = active();
   std::vector<int> lost;
+  std::vector<int> late;
   for (int m : dealt)
-    if (std::find(members.begin(), members.end(), m) == members.end()) lost.push_back(m);
+    if (std::find(members.begin(), members.end(), m) == members.end())
+      (slots[size_t(m)].late ? late : lost).push_back(m);
   std::vector<Future<void>> sets;
   std::vector<int> who;
   for (size_t k = 0; k < members.size(); ++k) {
@@ -426,6 +443,10 @@ void OuterAggregator::State::deal_shards() {
     log("round " + std::to_string(round + 1) + ": lost worker(s) " + join_ints(lost) +
         "; their shards went to the " + n + " others; going on with " + n + " workers");
   }
+  if (!late.empty())
+    log("round " + std::to_string(round + 1) + ": late worker(s) " + join_ints(late) +
+        "; their shards go to the " + std::to_string(members.size()) +
+        " others until they are back");
   dealt = members;
 }
 
@@ -461,7 +482,16 @@ bool OuterAggregator::State::reconcile(int64_t r) {
     for (int i = 0; i < target; ++i) {
       Slot& s = slots[size_t(i)];
       if (s.name.empty()) s.name = job_id + ".worker-" + std::to_string(i);
-      if (!s.active) want.push_back(i);
+      if (s.active) continue;
+      if (s.late) {
+        // A member that missed a deadline: its actor is busy until its inner steps end.
+        if (!s.late->ready()) continue;
+        log("worker " + std::to_string(i) + " ended its inner steps of round " +
+            std::to_string(s.late_round + 1) + "; their Δ is dropped, and it catches up at round " +
+            std::to_string(r + 1));
+        s.late.reset();
+      }
+      want.push_back(i);
     }
     if (!want.empty()) {
       if (must_rewind(int(active().size()), r, resume_round)) {
@@ -662,23 +692,55 @@ void OuterAggregator::State::run() {
       ready = group = members;
       agreed = hash;
     } else {
-      // 1-2. Every member runs its H inner steps.
+      // 1-2. Every member runs its H inner steps, or (inner.budget: time) steps until the
+      // round's budget of seconds is spent.
+      const double budget =
+          cfg.inner.budget == dl::InnerBudget::time
+              ? inner_budget_seconds(cfg.inner.round_seconds, cfg.inner.steps, step_seconds)
+              : 0;
       std::vector<Future<InnerResult>> inner;
-      for (int m : members) inner.push_back(worker(m).call(&InnerWorker::inner, r));
+      for (int m : members)
+        inner.push_back(budget > 0 ? worker(m).call(&InnerWorker::inner_timed, r, budget)
+                                   : worker(m).call(&InnerWorker::inner, r));
       std::vector<Failure> errors;
-      auto results = gather(inner, errors, Millis(3600 * 1000));
+      std::vector<bool> late;
+      double window = 0;
+      auto results = gather_inner(inner, errors, late, window);
       ready.clear();
       loss = 0;
       inner_secs = 0;
+      step_seconds.clear();
+      std::string steps_line;
       for (size_t i = 0; i < members.size(); ++i) {
         if (results[i]) {
           ready.push_back(members[i]);
           loss += results[i]->mean_loss;
           inner_secs += results[i]->seconds;
+          tokens_of[members[i]] = results[i]->tokens;
+          if (results[i]->steps > 0)
+            step_seconds.push_back(results[i]->seconds / results[i]->steps);
+          steps_line += (steps_line.empty() ? "" : ", ") + std::to_string(members[i]) + ": " +
+                        std::to_string(results[i]->steps);
+        } else if (late[i]) {
+          Slot& s = slots[size_t(members[i])];
+          s.late = inner[i];
+          s.late_round = r;
+          s.active = false;
+          char line[200];
+          std::snprintf(line, sizeof line,
+                        "worker %d missed the deadline of round %lld (%.1f s after the quorum); "
+                        "it sits the round out and catches up when its inner steps end",
+                        members[i], static_cast<long long>(r + 1), window);
+          log(line);
         } else {
           release(members[i],
                   "failed in round " + std::to_string(r + 1) + ": " + errors[i].message);
         }
+      }
+      if (budget > 0) {
+        char line[96];
+        std::snprintf(line, sizeof line, " (budget %.2f s)", budget);
+        log("round " + std::to_string(r + 1) + ": inner steps per worker " + steps_line + line);
       }
       if (after_inner(int(ready.size()), cfg.workers.min) == AfterInner::redo) {
         log("round " + std::to_string(r + 1) + ": " + std::to_string(ready.size()) +
@@ -699,6 +761,7 @@ void OuterAggregator::State::run() {
         for (int m : group) {
           req.names.push_back(slots[size_t(m)].name);
           req.endpoints.push_back(slots[size_t(m)].endpoints);
+          if (cfg.inner.budget == dl::InnerBudget::time) req.tokens.push_back(tokens_of[m]);
         }
         const double t_attempt = now_s();
         std::vector<Future<ReduceResult>> red;
@@ -889,6 +952,67 @@ int run_in(const std::string& dir, const std::vector<std::string>& argv,
 }
 
 }  // namespace
+
+std::vector<std::optional<InnerResult>> OuterAggregator::State::gather_inner(
+    std::vector<Future<InnerResult>>& fs, std::vector<Failure>& errors, std::vector<bool>& late,
+    double& window) {
+  const size_t n = fs.size();
+  late.assign(n, false);
+  window = 0;
+  if (cfg.workers.grace_max_s <= 0) return gather(fs, errors, Millis(3600 * 1000));
+  std::vector<double> arrived(n, -1);
+  const int quorum = std::max(1, cfg.workers.min);
+  const double limit = now_s() + 3600;
+  double quorum_at = 0;
+  int reported = 0;
+  for (;;) {
+    for (size_t i = 0; i < n; ++i) {
+      if (arrived[i] >= 0 || !fs[i].ready()) continue;
+      arrived[i] = now_s();
+      if (++reported == quorum) {
+        quorum_at = arrived[i];
+        window = grace_window(std::vector<double>(lateness.begin(), lateness.end()), kGraceK,
+                              kGraceFloorS, cfg.workers.grace_max_s);
+      }
+    }
+    if (inner_phase_closed(reported, int(n), cfg.workers.min, cfg.workers.grace_max_s, now_s(),
+                           quorum_at, window) ||
+        stop || now_s() > limit)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling remote calls
+  }
+  std::vector<Future<InnerResult>> done;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < n; ++i) {
+    if (arrived[i] < 0 && !stop) {
+      late[i] = true;
+      continue;
+    }
+    done.push_back(fs[i]);
+    which.push_back(i);
+  }
+  std::vector<Failure> errs;
+  auto got = gather(done, errs, Millis(1000));
+  std::vector<std::optional<InnerResult>> out(n);
+  errors.assign(n, Failure{"late: missed the round's deadline", false});
+  for (size_t k = 0; k < which.size(); ++k) {
+    out[which[k]] = std::move(got[k]);
+    errors[which[k]] = errs[k];
+  }
+  // The samples of the next windows: how late each member was against the round's median.
+  std::vector<double> times;
+  for (double t : arrived)
+    if (t >= 0) times.push_back(t);
+  if (times.size() >= 2) {
+    std::vector<double> sorted = times;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t m = sorted.size();
+    const double median = m % 2 ? sorted[m / 2] : (sorted[m / 2 - 1] + sorted[m / 2]) / 2;
+    for (double t : times) lateness.push_back(t - median);
+    while (lateness.size() > 64) lateness.pop_front();
+  }
+  return out;
+}
 
 bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vector<int>& members,
                                           JobRecords& records, double& loss, double& inner_secs,

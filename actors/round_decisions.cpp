@@ -1,6 +1,7 @@
 #include "actors/round_decisions.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -97,6 +98,48 @@ std::vector<EvalPart> evaluation_split(int64_t windows, int64_t batch_size, int 
     if (b < e) out.push_back({i, b, e});
   }
   return out;
+}
+
+namespace {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+}  // namespace
+
+double inner_budget_seconds(double configured, int h, std::vector<double> recent_step_seconds) {
+  if (configured > 0) return configured;
+  if (recent_step_seconds.empty()) return 0;
+  return double(h) * median(std::move(recent_step_seconds));
+}
+
+double grace_window(std::vector<double> recent_lateness, double k, double floor_s, double max_s) {
+  if (recent_lateness.empty()) return max_s;
+  const double m = median(recent_lateness);
+  std::vector<double> dev;
+  for (double x : recent_lateness) dev.push_back(std::abs(x - m));
+  const double mad = median(std::move(dev));
+  return std::clamp(m + k * mad, std::min(floor_s, max_s), max_s);
+}
+
+bool inner_phase_closed(int reported, int members, int min, double grace_max_s, double now,
+                        double quorum_at, double window) {
+  if (reported >= members) return true;
+  if (grace_max_s <= 0 || reported < std::max(1, min)) return false;
+  return now >= quorum_at + window;
+}
+
+double member_scale(const std::vector<int64_t>& tokens, int rank) {
+  if (rank < 0 || size_t(rank) >= tokens.size())
+    throw std::invalid_argument("member_scale: rank " + std::to_string(rank) + " of " +
+                                std::to_string(tokens.size()) + " members");
+  int64_t total = 0;
+  for (int64_t t : tokens) {
+    if (t <= 0) throw std::invalid_argument("member_scale: a member processed no tokens");
+    total += t;
+  }
+  return double(tokens.size()) * double(tokens[size_t(rank)]) / double(total);
 }
 
 }  // namespace loco::actors

@@ -74,4 +74,30 @@ struct EvalPart {
 };
 std::vector<EvalPart> evaluation_split(int64_t windows, int64_t batch_size, int members);
 
+// ---- Stragglers (inner.budget, workers.grace_max_s) ------------------------------------
+
+// The seconds a round's inner phase gets with inner.budget: time: `configured` when > 0, else
+// H × the median of the members' recent seconds per step; 0 (run H steps) when there is no
+// measurement yet.
+double inner_budget_seconds(double configured, int h, std::vector<double> recent_step_seconds);
+
+// The grace window after the quorum: median + k·MAD of the recent lateness samples (seconds a
+// member reported after its round's median report; the spread of normal rounds), at least
+// `floor_s`, at most `max_s`. With no samples yet: `max_s`. A pure function of the arrival
+// times, so that it adapts to what the workers do instead of a timeout tuned by hand.
+inline constexpr double kGraceK = 3.0, kGraceFloorS = 1.0;
+double grace_window(std::vector<double> recent_lateness, double k, double floor_s, double max_s);
+
+// Whether the inner phase of a round is over at `now` (seconds, any origin): every member
+// reported; or `grace_max_s` > 0, at least `min` reported (the `min`-th at `quorum_at`) and
+// `window` has passed since. The others missed the deadline.
+bool inner_phase_closed(int reported, int members, int min, double grace_max_s, double now,
+                        double quorum_at, double window);
+
+// The factor member `rank` scales its Δ by before the all-reduce so that the plain mean over
+// the group is the mean weighted by the tokens each member processed:
+// K · tokens[rank] / Σ tokens. Exactly 1 when every member processed as many tokens (the mean
+// is then today's, bit for bit: the worker skips the scaling).
+double member_scale(const std::vector<int64_t>& tokens, int rank);
+
 }  // namespace loco::actors

@@ -199,7 +199,8 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
 
   const auto w = root["workers"];
   check_keys(w, "workers",
-             {"count", "min", "max", "max_restarts", "wait_s", "gpus", "share_gpu", "local_ranks"});
+             {"count", "min", "max", "max_restarts", "wait_s", "gpus", "share_gpu", "local_ranks",
+              "grace_max_s"});
   read(w, "workers", "count", c.workers.count);
   read(w, "workers", "min", c.workers.min);
   read(w, "workers", "max", c.workers.max);
@@ -208,11 +209,12 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
   read(w, "workers", "gpus", c.workers.gpus);
   read(w, "workers", "share_gpu", c.workers.share_gpu);
   read(w, "workers", "local_ranks", c.workers.local_ranks);
+  read(w, "workers", "grace_max_s", c.workers.grace_max_s);
 
   const auto i = root["inner"];
   check_keys(i, "inner",
              {"steps", "batch_size", "lr", "warmup", "min_lr_ratio", "weight_decay", "grad_clip",
-              "grad_accum", "betas", "eps"});
+              "grad_accum", "betas", "eps", "budget", "round_seconds"});
   read(i, "inner", "steps", c.inner.steps);
   read(i, "inner", "batch_size", c.inner.batch_size);
   read(i, "inner", "lr", c.inner.lr);
@@ -222,6 +224,10 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
   read(i, "inner", "grad_clip", c.inner.grad_clip);
   read(i, "inner", "grad_accum", c.inner.grad_accum);
   read(i, "inner", "eps", c.inner.eps);
+  read_enum(i, "inner", "budget", c.inner.budget,
+            std::array<std::pair<const char*, InnerBudget>, 2>{
+                {{"steps", InnerBudget::steps}, {"time", InnerBudget::time}}});
+  read(i, "inner", "round_seconds", c.inner.round_seconds);
   if (i && i["betas"]) {
     const auto b = i["betas"];
     if (!b.IsSequence() || b.size() != 2)
@@ -309,6 +315,8 @@ void JobConfig::validate() const {
   for (const auto& [v, field] : std::initializer_list<std::pair<double, const char*>>{
            {data.val_fraction, "data.val_fraction"},
            {workers.wait_s, "workers.wait_s"},
+           {workers.grace_max_s, "workers.grace_max_s"},
+           {inner.round_seconds, "inner.round_seconds"},
            {inner.lr, "inner.lr"},
            {inner.min_lr_ratio, "inner.min_lr_ratio"},
            {inner.weight_decay, "inner.weight_decay"},
@@ -376,6 +384,21 @@ void JobConfig::validate() const {
           inner.min_lr_ratio);
   require(inner.weight_decay >= 0, "inner.weight_decay", ">= 0", inner.weight_decay);
   require(inner.grad_clip >= 0, "inner.grad_clip", ">= 0 (0 disables)", inner.grad_clip);
+  require(workers.grace_max_s >= 0 && workers.grace_max_s <= kMaxWaitS, "workers.grace_max_s",
+          "in [0, " + show(kMaxWaitS) + "] (0: wait for every member)", workers.grace_max_s);
+  require(inner.round_seconds >= 0 && inner.round_seconds <= kMaxWaitS, "inner.round_seconds",
+          "in [0, " + show(kMaxWaitS) + "] (0: H x the median seconds per step)",
+          inner.round_seconds);
+  if (inner.budget == InnerBudget::time) {
+    if (sync.mode != SyncMode::blocking)
+      throw ConfigError(
+          "inner.budget: time needs sync.mode: blocking (streaming and eager "
+          "synchronize at fixed steps)");
+    if (std::max(1, workers.local_ranks) > 1 || workers.gpus > 1)
+      throw ConfigError(
+          "inner.budget: time runs one local rank per worker for now "
+          "(workers.local_ranks and workers.gpus must be 1)");
+  }
   require(inner.grad_accum >= 1, "inner.grad_accum", ">= 1", inner.grad_accum);
   require(inner.batch_size % inner.grad_accum == 0, "inner.grad_accum",
           "a divisor of inner.batch_size (" + show(inner.batch_size) + ")", inner.grad_accum);
@@ -520,7 +543,8 @@ std::string JobConfig::to_yaml() const {
       << YAML::Value << workers.max_restarts << YAML::Key << "wait_s" << YAML::Value
       << workers.wait_s << YAML::Key << "gpus" << YAML::Value << workers.gpus << YAML::Key
       << "share_gpu" << YAML::Value << workers.share_gpu << YAML::Key << "local_ranks"
-      << YAML::Value << workers.local_ranks << YAML::EndMap;
+      << YAML::Value << workers.local_ranks << YAML::Key << "grace_max_s" << YAML::Value
+      << workers.grace_max_s << YAML::EndMap;
   out << YAML::Key << "inner" << YAML::Value << YAML::BeginMap << YAML::Key << "steps"
       << YAML::Value << inner.steps << YAML::Key << "batch_size" << YAML::Value << inner.batch_size
       << YAML::Key << "lr" << YAML::Value << inner.lr << YAML::Key << "warmup" << YAML::Value
@@ -529,7 +553,9 @@ std::string JobConfig::to_yaml() const {
       << "grad_clip" << YAML::Value << inner.grad_clip << YAML::Key << "grad_accum" << YAML::Value
       << inner.grad_accum << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq
       << inner.betas[0] << inner.betas[1] << YAML::EndSeq << YAML::Key << "eps" << YAML::Value
-      << inner.eps << YAML::EndMap;
+      << inner.eps << YAML::Key << "budget" << YAML::Value
+      << (inner.budget == InnerBudget::steps ? "steps" : "time") << YAML::Key << "round_seconds"
+      << YAML::Value << inner.round_seconds << YAML::EndMap;
   out << YAML::Key << "outer" << YAML::Value << YAML::BeginMap << YAML::Key << "lr" << YAML::Value
       << outer.lr << YAML::Key << "momentum" << YAML::Value << outer.momentum << YAML::Key
       << "nesterov" << YAML::Value << outer.nesterov << YAML::EndMap;

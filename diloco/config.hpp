@@ -93,7 +93,20 @@ struct WorkersConfig {
   int local_ranks = 0;
   // Lets several workers hold one GPU (tests on a one-GPU host); off: one worker per GPU.
   bool share_gpu = false;
+  // Stragglers: once `min` members have finished their inner steps, how long at most the
+  // round waits for the others (the window adapts below it to how late members have been:
+  // actors/round_decisions.hpp, grace_window). A member that misses it sits the round out
+  // and catches up from the next one. 0: wait for every member, however late.
+  double grace_max_s = 0;
 };
+
+// How long a round's inner phase is.
+//   steps: H inner steps for every member (lockstep).
+//   time:  every member runs inner steps until the round's budget of seconds is spent
+//          (inner.round_seconds, or H × the members' median seconds per step of the last
+//          round), so a slower worker does fewer steps; the pseudo-gradients are averaged
+//          weighted by the tokens each member processed.
+enum class InnerBudget { steps, time };
 
 struct InnerConfig {
   int steps = 50;  // H: inner steps per round
@@ -107,6 +120,8 @@ struct InnerConfig {
   int grad_accum = 1;
   std::array<double, 2> betas = {0.9, 0.95};
   double eps = 1e-8;
+  InnerBudget budget = InnerBudget::steps;
+  double round_seconds = 0;  // with budget: time; 0: H × the median seconds per step
 };
 
 struct OuterConfig {
@@ -194,7 +209,9 @@ struct JobConfig {
     return device == DeviceKind::cuda || (device == DeviceKind::auto_ && cluster_has_gpus);
   }
   // Local ranks of each worker: one per GPU on CUDA, workers.local_ranks (at least 1) on the CPU.
-  int ranks_per_worker(bool cuda) const { return cuda ? workers.gpus : std::max(1, workers.local_ranks); }
+  int ranks_per_worker(bool cuda) const {
+    return cuda ? workers.gpus : std::max(1, workers.local_ranks);
+  }
   std::int64_t tokens_per_inner_step() const {
     return static_cast<std::int64_t>(inner.batch_size) * model.context;
   }

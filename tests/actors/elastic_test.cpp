@@ -284,8 +284,9 @@ TEST_F(Elastic, StreamingWorkerKilledMidRoundTheJobRewindsToItsCheckpointExactly
   const std::string log = log_text(handle);
   ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
   EXPECT_TRUE(fs::exists(fault_log)) << "the fault was not injected";
-  EXPECT_TRUE(contains(log, "round 3 failed with synchronizations in flight; the job goes back to its "
-                            "checkpoint of round 2"))
+  EXPECT_TRUE(contains(log,
+                       "round 3 failed with synchronizations in flight; the job goes back to its "
+                       "checkpoint of round 2"))
       << log;
   const std::string folder = dir_ + "/ckpt/" + handle.id();
   EXPECT_EQ(expect_each_round_once(folder + "/metrics.jsonl"), 5);
@@ -295,6 +296,69 @@ TEST_F(Elastic, StreamingWorkerKilledMidRoundTheJobRewindsToItsCheckpointExactly
   for (const std::string& l : jsonl(dir_ + "/sim/metrics.jsonl"))
     want[std::stoi(actors::json_field(l, "round"))] = actors::json_field(l, "theta_hash");
   EXPECT_EQ(got, want) << log;
+}
+
+// A worker that stops making progress while its node still answers heartbeats (an injected
+// 12 s stall in round 3): with workers.grace_max_s the round closes once the other two have
+// reported and the grace window has passed, the job goes on without it, and when its stall
+// ends its Δ is dropped and it catches up with the current outer state, without leaving the
+// job or a new actor. Without the deadline round 3 would wait the 12 s with three workers.
+TEST_F(Elastic, AStalledWorkerMissesTheDeadlineAndCatchesUpWithoutLeaving) {
+  ScopedEnv fault("LOCO_FAULT", "worker=1,round=3,at=stall,stall_s=12");
+  ScopedEnv flog("LOCO_FAULT_LOG", dir_ + "/fault.log");
+  LocalCluster c(one_worker_per_node(3));
+  Client client(c.head_address());
+  TestJob spec = job(3, 2, kLong);
+  spec.grace_max_s = 5;
+  JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+  std::map<int, int> workers;
+  ASSERT_TRUE(follow(j, [&](const RoundReport& r) {
+    workers[r.round] = r.workers;
+    return r.round > 4 && r.workers == 3;
+  })) << log_text(j);
+  const std::string log = log_text(j);
+  EXPECT_TRUE(fs::exists(dir_ + "/fault.log")) << "the stall was not injected";
+  EXPECT_TRUE(contains(log, "worker 1 missed the deadline of round 3")) << log;
+  EXPECT_EQ(workers[3], 2) << log;
+  int without = 0;
+  for (auto& [round, n] : workers) without += round >= 3 && n == 2;
+  std::printf("rounds that closed without the stalled worker: %d\n", without);
+  EXPECT_GE(without, 2) << "the job did not go on while worker 1 was stalled\n" << log;
+  EXPECT_TRUE(contains(log, "worker 1 ended its inner steps of round 3; their Δ is dropped"))
+      << log;
+  auto back = first_line(j, "worker 1 joined at round");
+  ASSERT_TRUE(back) << log;
+  EXPECT_TRUE(contains(back->second, "copied from")) << back->second;
+  EXPECT_FALSE(contains(log, "worker 1 left")) << log;
+  EXPECT_FALSE(contains(log, "lost worker")) << log;
+}
+
+// inner.budget: time with one worker 150 ms slower per step: after a first round of H steps
+// (to measure), every member steps until the round's budget (H × the median step) is spent, so
+// the slow one does fewer steps instead of holding the others; the average is weighted by the
+// tokens each processed, and every member still holds the same θ (the aggregator checks).
+TEST_F(Elastic, WithATimeBudgetASlowerWorkerDoesFewerStepsAndTheRoundsAgree) {
+  ScopedEnv fault("LOCO_FAULT", "worker=1,delay_ms=150");
+  LocalCluster c(one_worker_per_node(3));
+  Client client(c.head_address());
+  TestJob spec = job(3, 3, 4);
+  spec.budget = "time";
+  JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+  JobInfo end = j.wait(Millis(300000));
+  const std::string log = log_text(j);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  auto line = first_line(j, "round 3: inner steps per worker");
+  ASSERT_TRUE(line) << log;
+  int s0 = -1, s1 = -1, s2 = -1;
+  ASSERT_EQ(std::sscanf(line->second.c_str() + line->second.find("per worker"),
+                        "per worker 0: %d, 1: %d, 2: %d", &s0, &s1, &s2),
+            3)
+      << line->second;
+  std::printf("%s\n", line->second.c_str());
+  EXPECT_LT(s1, s0) << line->second;
+  EXPECT_LT(s1, s2) << line->second;
+  EXPECT_GE(s1, 1) << line->second;
+  EXPECT_FALSE(contains(log, "holds a different")) << log;
 }
 
 // An attempt that succeeds for some members and fails for another: the members whose

@@ -28,8 +28,10 @@ struct TestJob {
   uint64_t seed = 7;
   std::string device;  // "": the job file does not say (cpu)
   bool share_gpu = false;
-  int local_ranks = 0;  // 0: the job file does not say (one rank per worker on the CPU)
-  std::string sync;     // the `sync:` mapping, e.g. "{mode: streaming, fragments: 2}"; "": none
+  int local_ranks = 0;     // 0: the job file does not say (one rank per worker on the CPU)
+  std::string sync;        // the `sync:` mapping, e.g. "{mode: streaming, fragments: 2}"; "": none
+  double grace_max_s = 0;  // workers.grace_max_s; 0: not in the file (wait for every member)
+  std::string budget;      // inner.budget ("steps" or "time"); "": not in the file
 
   std::string yaml() const {
     return "name: test\nseed: " + std::to_string(seed) + "\nthreads: 1\n" +
@@ -43,10 +45,12 @@ struct TestJob {
            ", max_restarts: " + std::to_string(max_restarts) +
            ", wait_s: " + std::to_string(wait_s) + (share_gpu ? ", share_gpu: true" : "") +
            (local_ranks ? ", local_ranks: " + std::to_string(local_ranks) : "") +
+           (grace_max_s > 0 ? ", grace_max_s: " + std::to_string(grace_max_s) : "") +
            "}\n"
            "inner: {steps: " +
-           std::to_string(steps) +
-           ", batch_size: 8, lr: 0.003, warmup: 5}\n"
+           std::to_string(steps) + ", batch_size: 8, lr: 0.003, warmup: 5" +
+           (budget.empty() ? "" : ", budget: " + budget) +
+           "}\n"
            "outer: {lr: 0.7, momentum: 0.9, nesterov: true}\n"
            "compression: " +
            compression + "\nrounds: " + std::to_string(rounds) +

@@ -106,5 +106,47 @@ TEST(RoundDecisions, EvaluationIsSharedByWholeBatchesAndCoversEveryWindowOnce) {
   EXPECT_THROW(evaluation_split(8, 0, 3), std::invalid_argument);
 }
 
+TEST(Stragglers, TheBudgetIsTheJobsOrHTimesTheMedianStep) {
+  EXPECT_EQ(inner_budget_seconds(12.5, 10, {1, 2, 3}), 12.5);
+  EXPECT_EQ(inner_budget_seconds(0, 10, {}), 0);  // nothing measured: H steps
+  EXPECT_DOUBLE_EQ(inner_budget_seconds(0, 10, {0.3, 0.1, 0.9}),
+                   3.0);  // a slow one is not the median
+  EXPECT_DOUBLE_EQ(inner_budget_seconds(0, 4, {0.1, 0.2, 0.3, 0.4}), 1.0);
+}
+
+// Median + k·MAD of how late members were, within [floor, max]: one slow outlier does not
+// widen the window much; a spread-out group gets a wider one.
+TEST(Stragglers, TheGraceWindowAdaptsToTheSpreadOfArrivals) {
+  EXPECT_EQ(grace_window({}, 3, 1, 30), 30);           // nothing seen yet: the most it may wait
+  EXPECT_EQ(grace_window({0, 0, 0, 0}, 3, 1, 30), 1);  // lockstep workers: the floor
+  EXPECT_DOUBLE_EQ(grace_window({0.5, 1.0, 1.5, 2.0, 2.5}, 3, 0.1, 30), 1.5 + 3 * 0.5);
+  EXPECT_DOUBLE_EQ(grace_window({0.1, 0.1, 0.1, 0.1, 40}, 3, 0.05, 30), 0.1);  // outlier
+  EXPECT_EQ(grace_window({5, 10, 20}, 3, 1, 8), 8);  // bounded by the maximum
+}
+
+// An injected clock: the phase closes when all reported, or at quorum + window; never before
+// the quorum, and never without a deadline.
+TEST(Stragglers, TheInnerPhaseClosesAtAllOrAtQuorumPlusWindow) {
+  EXPECT_TRUE(inner_phase_closed(3, 3, 2, 0, 0, 0, 0));      // everybody
+  EXPECT_FALSE(inner_phase_closed(2, 3, 2, 0, 1e9, 0, 0));   // no deadline: wait for all
+  EXPECT_FALSE(inner_phase_closed(1, 3, 2, 30, 1e9, 0, 0));  // below the quorum
+  EXPECT_FALSE(inner_phase_closed(2, 3, 2, 30, 104.9, 100, 5));
+  EXPECT_TRUE(inner_phase_closed(2, 3, 2, 30, 105, 100, 5));
+  EXPECT_TRUE(inner_phase_closed(1, 3, 0, 30, 105, 100, 5));  // min 0 means 1
+}
+
+TEST(Stragglers, TokenWeightsAreExactlyOneWhenEqual) {
+  EXPECT_EQ(member_scale({512, 512, 512}, 1), 1.0);
+  EXPECT_EQ(member_scale({1536, 1536, 1536, 1536, 1536, 1536, 1536}, 6), 1.0);
+  // Weighted: 3 members with 100, 300, 200 tokens: Σ scale_k·Δ_k / 3 = Σ t_k·Δ_k / Σ t.
+  const std::vector<int64_t> t = {100, 300, 200};
+  double sum = 0;
+  for (int r = 0; r < 3; ++r) sum += member_scale(t, r);
+  EXPECT_DOUBLE_EQ(sum, 3.0);
+  EXPECT_DOUBLE_EQ(member_scale(t, 1), 1.5);
+  EXPECT_THROW(member_scale(t, 3), std::invalid_argument);
+  EXPECT_THROW(member_scale({0, 5}, 0), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace loco::actors
