@@ -154,8 +154,18 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
     << ",\"utilization\":" << f.utilization << ",\"workers\":" << f.workers
     << ",\"round_bytes\":" << round_bytes << ",\"round_time\":" << round_time
     << ",\"failed_attempts\":" << failed_ << ",\"redo\":" << redo_
-    << ",\"job_bytes\":" << job_bytes_ << ",\"job_time\":" << std::setprecision(3) << f.job_time
-    << "}";
+    << ",\"job_bytes\":" << job_bytes_ << ",\"job_time\":" << std::setprecision(3) << f.job_time;
+  if (m.round > 0) {
+    s << ",\"members\":[";
+    for (size_t i = 0; i < f.members.size(); ++i)
+      s << (i ? "," : "") << "{\"worker\":" << f.members[i].worker
+        << ",\"steps\":" << f.members[i].steps << ",\"tokens\":" << f.members[i].tokens
+        << ",\"seconds\":" << f.members[i].seconds << "}";
+    s << "],\"late\":[";
+    for (size_t i = 0; i < f.late.size(); ++i) s << (i ? "," : "") << f.late[i];
+    s << "]";
+  }
+  s << "}";
   append(metrics_path_, s.str());
   attempts_ = failed_ = 0;
   ok_bytes_ = 0;

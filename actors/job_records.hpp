@@ -60,11 +60,22 @@ struct AttemptRecord {
 };
 
 // The aggregator's figures of a completed round.
+// One member's part in a round (metrics.jsonl "members"): its inner steps, the tokens they
+// processed and the seconds they took.
+struct MemberFigures {
+  int worker = 0;
+  int steps = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+};
+
 struct RoundFigures {
   double utilization = 0;
   int workers = 0;
   double round_time = 0;
   double job_time = 0;
+  std::vector<MemberFigures> members;  // those that finished their inner steps in time
+  std::vector<int> late;               // members that missed the round's deadline
 };
 
 class JobRecords {

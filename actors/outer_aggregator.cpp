@@ -599,6 +599,9 @@ void OuterAggregator::State::run() {
   }
 
   // round_time: of the pass that completed round r, without its failed all-reduce attempts.
+  // This round's members' figures and who missed its deadline, for the round's report.
+  std::vector<MemberFigures> round_members;
+  std::vector<int> round_late;
   auto report = [&](int64_t r, double loss, std::optional<double> val, double tok_s, double util,
                     int members, double round_time, uint64_t hash) {
     // The simulator's line format (loco-train writes the same), plus the job's figures.
@@ -611,7 +614,8 @@ void OuterAggregator::State::run() {
     m.val_loss = val;
     m.theta_hash = hash;
     const int failed = records.failed_attempts();
-    records.round(m, RoundFigures{util, members, round_time, job_time()});
+    records.round(m,
+                  RoundFigures{util, members, round_time, job_time(), round_members, round_late});
     JobProgress p;
     p.step = r;
     p.total = rounds;
@@ -628,6 +632,7 @@ void OuterAggregator::State::run() {
     p.metrics["redo"] = double(records.redo());
     p.metrics["utilization"] = util;
     p.metrics["workers"] = members;
+    if (!round_late.empty()) p.metrics["late"] = double(round_late.size());
     publish([this, p] { rt.job_progress(job_id, p); });
   };
 
@@ -675,6 +680,8 @@ void OuterAggregator::State::run() {
       continue;
     }
     std::vector<int> members = active();
+    round_members.clear();
+    round_late.clear();
     std::vector<int> ready, group;
     double loss = 0, inner_secs = 0;
     std::optional<uint64_t> agreed;
@@ -717,6 +724,8 @@ void OuterAggregator::State::run() {
           loss += results[i]->mean_loss;
           inner_secs += results[i]->seconds;
           tokens_of[members[i]] = results[i]->tokens;
+          round_members.push_back(
+              {members[i], results[i]->steps, results[i]->tokens, results[i]->seconds});
           if (results[i]->steps > 0)
             step_seconds.push_back(results[i]->seconds / results[i]->steps);
           steps_line += (steps_line.empty() ? "" : ", ") + std::to_string(members[i]) + ": " +
@@ -726,6 +735,7 @@ void OuterAggregator::State::run() {
           s.late = inner[i];
           s.late_round = r;
           s.active = false;
+          round_late.push_back(members[i]);
           char line[200];
           std::snprintf(line, sizeof line,
                         "worker %d missed the deadline of round %lld (%.1f s after the quorum); "

@@ -56,6 +56,7 @@ RoundReport RoundReport::from(const JobProgress& p) {
   r.redo = int(m("redo"));
   r.utilization = m("utilization");
   r.workers = int(m("workers"));
+  r.late = int(m("late"));
   r.note = p.note;
   return r;
 }

@@ -47,6 +47,7 @@ struct RoundReport {
   int redo = 0;             // times the job had gone back to a checkpoint (0: never)
   double utilization = 0;   // time in inner steps / wall time, 0..1
   int workers = 0;
+  int late = 0;  // members that missed the round's deadline (stragglers, sitting it out)
   std::string note;
   static RoundReport from(const JobProgress& p);
 };

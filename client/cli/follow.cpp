@@ -31,6 +31,8 @@ std::string progress_line(const RoundReport& r) {
     extra += "  " + std::to_string(r.failed_attempts) + " failed all-reduce attempt" +
              (r.failed_attempts > 1 ? "s" : "");
   if (r.redo > 0) extra += "  redone (" + std::to_string(r.redo) + ")";
+  if (r.late > 0)
+    extra += "  " + std::to_string(r.late) + " late (straggler" + (r.late > 1 ? "s" : "") + ")";
   char buf[320];
   std::snprintf(
       buf, sizeof buf,

@@ -311,13 +311,24 @@ TEST_F(Elastic, AStalledWorkerMissesTheDeadlineAndCatchesUpWithoutLeaving) {
   TestJob spec = job(3, 2, kLong);
   spec.grace_max_s = 5;
   JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
-  std::map<int, int> workers;
+  std::map<int, int> workers, late;
   ASSERT_TRUE(follow(j, [&](const RoundReport& r) {
     workers[r.round] = r.workers;
+    late[r.round] = r.late;
     return r.round > 4 && r.workers == 3;
   })) << log_text(j);
   const std::string log = log_text(j);
   EXPECT_TRUE(fs::exists(dir_ + "/fault.log")) << "the stall was not injected";
+  // The round's report names the straggler, and metrics.jsonl records it and the members'
+  // steps and tokens.
+  EXPECT_EQ(late[3], 1);
+  bool recorded = false;
+  for (const std::string& l : jsonl(dir_ + "/ckpt/" + j.id() + "/metrics.jsonl")) {
+    if (actors::json_field(l, "round") != "3") continue;
+    recorded = contains(l, "\"late\":[1]") && contains(l, "{\"worker\":0,\"steps\":10,");
+    EXPECT_TRUE(recorded) << l;
+  }
+  EXPECT_TRUE(recorded);
   EXPECT_TRUE(contains(log, "worker 1 missed the deadline of round 3")) << log;
   EXPECT_EQ(workers[3], 2) << log;
   int without = 0;
