@@ -300,7 +300,9 @@ void Op::handle(Message& m) {
     // Only from a connection known to be that member's: anyone can write its name into a
     // header, and a stranger's claim must not abort the round in the member's name (it is
     // kept like other early data; if the member did move on, its silence in this round tells).
-    // Without connection ids (inproc) the name is all there is.
+    // Without connection ids (inproc) the name is all there is. The others are told: one that
+    // has not yet seen that connection would otherwise wait out its window and blame whoever
+    // went silent first, which is then this member, not the one that moved on.
     const bool its_connection =
         m.link == 0 || (member && ws_.links.count(ep(s)) && ws_.links[ep(s)].count(m.link));
     if (member && on_data_connection(h.type) && expecting(s) && its_connection) {
@@ -308,7 +310,7 @@ void Op::handle(Message& m) {
                       "member " + who(s) + " sent data for round " + std::to_string(h.round_id) +
                           " while round " + std::to_string(g_.round_id) +
                           " expects more data from it",
-                      false};
+                      true};
     }
     if (h.type != MsgType::keepalive)
       ws_.stash_message(std::move(m), g_.round_id, s < 0, Clock::now());
