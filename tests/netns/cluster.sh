@@ -34,6 +34,10 @@ BR="${TAG}br"
 NET="10.$((100 + $$ % 100)).$(( ($$ / 100) % 250 )).0"
 BASE="${NET%.0}"
 WORK="$(mktemp -d /tmp/loco-netns-XXXXXX)"
+# A cluster key of this run's own, for the head, the nodes and the commands that talk to
+# them: nothing here may depend on a key the machine's user happens to have.
+export LOCO_KEY="$WORK/cluster.key"
+"$LOCO_BIN/loco" keygen --out "$LOCO_KEY" >/dev/null
 PIDS=()
 HOSTS=0
 cluster_cleanup() {
