@@ -160,7 +160,8 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
     for (size_t i = 0; i < f.members.size(); ++i)
       s << (i ? "," : "") << "{\"worker\":" << f.members[i].worker
         << ",\"steps\":" << f.members[i].steps << ",\"tokens\":" << f.members[i].tokens
-        << ",\"seconds\":" << f.members[i].seconds << "}";
+        << ",\"seconds\":" << f.members[i].seconds
+        << ",\"wait\":" << std::max(0.0, round_time - f.members[i].seconds) << "}";
     s << "],\"late\":[";
     for (size_t i = 0; i < f.late.size(); ++i) s << (i ? "," : "") << f.late[i];
     s << "]";

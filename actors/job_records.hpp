@@ -66,7 +66,8 @@ struct MemberFigures {
   int worker = 0;
   int steps = 0;
   int64_t tokens = 0;
-  double seconds = 0;
+  double seconds = 0;  // in inner steps; the rest of the round ("wait" in metrics.jsonl) it
+                       // waited on the others, the network and the aggregator
 };
 
 struct RoundFigures {

@@ -96,6 +96,17 @@ TEST_F(JobRecordsTest, EachRoundOnceEachAttemptRecordedFailedOnesInTheTotals) {
   EXPECT_EQ(num(l2, "job_bytes"), 300 + 133 + 600);
   EXPECT_EQ(std::stod(json_field(l2, "job_time")), 100.0);
 
+  // Per member: its steps, tokens, seconds in inner steps and the rest of the round waited.
+  RoundFigures f = figures(6);
+  f.members = {{0, 30, 3000, 4.5}, {2, 10, 1000, 6.5}};
+  f.late = {1};
+  const std::string l3 = rec.round(round(3), f);
+  EXPECT_NE(l3.find(R"("members":[{"worker":0,"steps":30,"tokens":3000,"seconds":4.500,)"
+                    R"("wait":1.500},{"worker":2,"steps":10,"tokens":1000,"seconds":6.500,)"
+                    R"("wait":0.000}],"late":[1])"),
+            std::string::npos)
+      << l3;
+
   auto att = lines(rec.attempts_path());
   ASSERT_EQ(att.size(), 3u);
   EXPECT_EQ(json_field(att[1], "outcome"), "\"failed\"");
