@@ -971,6 +971,7 @@ std::vector<std::optional<InnerResult>> OuterAggregator::State::gather_inner(
   window = 0;
   if (cfg.workers.grace_max_s <= 0) return gather(fs, errors, Millis(3600 * 1000));
   std::vector<double> arrived(n, -1);
+  const double phase_start = now_s();
   const int quorum = std::max(1, cfg.workers.min);
   const double limit = now_s() + 3600;
   double quorum_at = 0;
@@ -982,7 +983,7 @@ std::vector<std::optional<InnerResult>> OuterAggregator::State::gather_inner(
       if (++reported == quorum) {
         quorum_at = arrived[i];
         window = grace_window(std::vector<double>(lateness.begin(), lateness.end()), kGraceK,
-                              kGraceFloorS, cfg.workers.grace_max_s);
+                              kGraceFloorS, cfg.workers.grace_max_s, quorum_at - phase_start);
       }
     }
     if (inner_phase_closed(reported, int(n), cfg.workers.min, cfg.workers.grace_max_s, now_s(),

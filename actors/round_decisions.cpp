@@ -114,8 +114,10 @@ double inner_budget_seconds(double configured, int h, std::vector<double> recent
   return double(h) * median(std::move(recent_step_seconds));
 }
 
-double grace_window(std::vector<double> recent_lateness, double k, double floor_s, double max_s) {
-  if (recent_lateness.empty()) return max_s;
+double grace_window(std::vector<double> recent_lateness, double k, double floor_s, double max_s,
+                    double quorum_s, double first_fraction) {
+  if (recent_lateness.empty())
+    return std::clamp(first_fraction * quorum_s, std::min(floor_s, max_s), max_s);
   const double m = median(recent_lateness);
   std::vector<double> dev;
   for (double x : recent_lateness) dev.push_back(std::abs(x - m));

@@ -83,10 +83,14 @@ double inner_budget_seconds(double configured, int h, std::vector<double> recent
 
 // The grace window after the quorum: median + k·MAD of the recent lateness samples (seconds a
 // member reported after its round's median report; the spread of normal rounds), at least
-// `floor_s`, at most `max_s`. With no samples yet: `max_s`. A pure function of the arrival
-// times, so that it adapts to what the workers do instead of a timeout tuned by hand.
-inline constexpr double kGraceK = 3.0, kGraceFloorS = 1.0;
-double grace_window(std::vector<double> recent_lateness, double k, double floor_s, double max_s);
+// `floor_s`, at most `max_s`. With no samples yet (the job's first round): `first_fraction` of
+// the seconds the quorum took (`quorum_s`, from the phase's start to the min-th report), in the
+// same bounds: a member that much slower than the quorum is late, rather than the whole first
+// round waiting up to `max_s` for it. A pure function of the arrival times, so that it adapts
+// to what the workers do instead of a timeout tuned by hand.
+inline constexpr double kGraceK = 3.0, kGraceFloorS = 1.0, kGraceFirstFraction = 0.5;
+double grace_window(std::vector<double> recent_lateness, double k, double floor_s, double max_s,
+                    double quorum_s, double first_fraction = kGraceFirstFraction);
 
 // Whether the inner phase of a round is over at `now` (seconds, any origin): every member
 // reported; or `grace_max_s` > 0, at least `min` reported (the `min`-th at `quorum_at`) and

@@ -117,11 +117,16 @@ TEST(Stragglers, TheBudgetIsTheJobsOrHTimesTheMedianStep) {
 // Median + k·MAD of how late members were, within [floor, max]: one slow outlier does not
 // widen the window much; a spread-out group gets a wider one.
 TEST(Stragglers, TheGraceWindowAdaptsToTheSpreadOfArrivals) {
-  EXPECT_EQ(grace_window({}, 3, 1, 30), 30);           // nothing seen yet: the most it may wait
-  EXPECT_EQ(grace_window({0, 0, 0, 0}, 3, 1, 30), 1);  // lockstep workers: the floor
-  EXPECT_DOUBLE_EQ(grace_window({0.5, 1.0, 1.5, 2.0, 2.5}, 3, 0.1, 30), 1.5 + 3 * 0.5);
-  EXPECT_DOUBLE_EQ(grace_window({0.1, 0.1, 0.1, 0.1, 40}, 3, 0.05, 30), 0.1);  // outlier
-  EXPECT_EQ(grace_window({5, 10, 20}, 3, 1, 8), 8);  // bounded by the maximum
+  // Nothing seen yet (the first round): half the seconds the quorum took, in the bounds.
+  EXPECT_DOUBLE_EQ(grace_window({}, 3, 1, 30, 8.0), 4.0);
+  EXPECT_EQ(grace_window({}, 3, 1, 30, 100.0), 30);  // at most the maximum
+  EXPECT_EQ(grace_window({}, 3, 1, 30, 0.5), 1);     // at least the floor
+  EXPECT_DOUBLE_EQ(grace_window({}, 3, 1, 30, 8.0, 0.25), 2.0);
+  // With samples the quorum's seconds do not matter: the spread of arrivals does.
+  EXPECT_EQ(grace_window({0, 0, 0, 0}, 3, 1, 30, 8.0), 1);  // lockstep workers: the floor
+  EXPECT_DOUBLE_EQ(grace_window({0.5, 1.0, 1.5, 2.0, 2.5}, 3, 0.1, 30, 8.0), 1.5 + 3 * 0.5);
+  EXPECT_DOUBLE_EQ(grace_window({0.1, 0.1, 0.1, 0.1, 40}, 3, 0.05, 30, 8.0), 0.1);  // outlier
+  EXPECT_EQ(grace_window({5, 10, 20}, 3, 1, 8, 8.0), 8);  // bounded by the maximum
 }
 
 // An injected clock: the phase closes when all reported, or at quorum + window; never before
