@@ -10,7 +10,10 @@
 namespace loco::detail {
 
 std::string ActorRef::describe() const {
-  if (fixed) return "the head";
+  // A system actor: the head's service, or a node's (at "@node"), named by its node.
+  if (fixed)
+    return id == "@head" ? "the head"
+                         : "node " + (node_id.empty() ? address : node_id + " (" + address + ")");
   std::string out = class_name.empty() ? "actor" : class_name;
   if (!name.empty()) out += " '" + name + "'";
   return out + " (" + id + ")";
@@ -326,8 +329,9 @@ void Core::on_tick(int64_t now) {
       std::lock_guard<std::mutex> lock(st->ref->mu);
       node = st->ref->node_id.empty() ? st->peer : st->ref->node_id + " (" + st->peer + ")";
     }
-    std::string who =
-        st->ref->fixed ? "the head at " + st->peer : st->ref->describe() + " on node " + node;
+    std::string who = !st->ref->fixed          ? st->ref->describe() + " on node " + node
+                      : st->ref->id == "@head" ? "the head at " + st->peer
+                                               : "node " + node;
     finish(st, "ActorDiedError",
            who + " died or is unreachable: no answer to heartbeats for " + human_ms(silent) +
                " (call " + st->what() + ")",

@@ -162,13 +162,11 @@ class HeadService {
     for (auto& [id, n] : all_nodes()) nodes.push_back(n);
     auto used = node_views(nodes, st.actors);
     for (size_t i = 0; i < nodes.size(); ++i) st.nodes.push_back({nodes[i], used[i].used});
-    for (auto& e : store_->read(keys::kEvents, "0", 1000)) {
+    for (auto& e : store_->read_last(keys::kEvents, 20)) {
       std::string line;
       for (auto& [k, v] : e.fields) line += (line.empty() ? "" : " ") + k + "=" + v;
       st.recent_events.push_back(line);
     }
-    if (st.recent_events.size() > 20)
-      st.recent_events.erase(st.recent_events.begin(), st.recent_events.end() - 20);
     return st;
   }
 

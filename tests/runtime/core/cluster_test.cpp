@@ -263,6 +263,21 @@ TEST(Cluster, HeadRestartKeepsNodesAndActors) {
   EXPECT_TRUE(c.wait_alive_nodes(3, Millis(3000)));
 }
 
+// "Recent events" are the newest ones, however long the stream is (status once showed the
+// last 20 of the oldest 1,000).
+TEST(Cluster, StatusShowsTheNewestEvents) {
+  ClusterOptions o;
+  o.nodes = 1;
+  LocalCluster c(o);
+  auto store = membership::make_redis_store(c.redis().url());
+  for (int i = 0; i < 1100; ++i)
+    store->append(keys::kEvents, {{"type", "test"}, {"i", std::to_string(i)}});
+  auto events = c.runtime().status().recent_events;
+  ASSERT_EQ(events.size(), 20u);
+  EXPECT_EQ(events.front(), "i=1080 type=test");
+  EXPECT_EQ(events.back(), "i=1099 type=test");
+}
+
 // Sends raw frames to a node's ROUTER and reads the reply.
 class RawPeer {
  public:

@@ -465,6 +465,45 @@ TEST_F(InProcess, LargeBlobsRoundTrip) {
   EXPECT_DOUBLE_EQ(s, 0.5 * (4 << 20));
 }
 
+// A call to a node's service that gets no answer names that node, never "the head" (the
+// head's own calls to nodes once read "create_actor on the head died ...").
+TEST(Messages, ANodeThatDoesNotAnswerIsNamedAsTheNodeNotTheHead) {
+  zmq::context_t ctx;
+  zmq::socket_t silent(ctx, zmq::socket_type::router);  // takes calls, never answers
+  silent.set(zmq::sockopt::linger, 0);
+  silent.bind("tcp://127.0.0.1:*");
+  std::string endpoint = silent.get(zmq::sockopt::last_endpoint);
+  std::string address = endpoint.substr(endpoint.find("//") + 2);
+
+  detail::CoreOptions opts;
+  opts.self_name = "head";
+  opts.detect_ms = 300;
+  opts.heartbeat_ms = 60;
+  auto core = std::make_shared<detail::Core>(opts);
+  auto node = std::make_shared<detail::ActorRef>();
+  node->id = "@node";
+  node->class_name = "node";
+  node->fixed = true;
+  node->address = address;
+  node->node_id = "n-silent";
+  EXPECT_EQ(node->describe(), "node n-silent (" + address + ")");
+  EXPECT_EQ(core->head_ref()->describe(), "the head");
+
+  auto st = core->call(node, "create_actor", detail::pack_payload(std::make_tuple(1)), false);
+  try {
+    core->await(*st, Millis(10000));
+    FAIL() << "a silent node answered";
+  } catch (const ActorDiedError& e) {
+    std::string what = e.what();
+    EXPECT_EQ(what.find("the head"), std::string::npos) << what;
+    EXPECT_NE(what.find("node n-silent (" + address + ") died or is unreachable"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("create_actor on node n-silent"), std::string::npos) << what;
+  }
+  core->shutdown();
+}
+
 TEST(PathRoots, PathsResolveUnderTheRootOrAreRefusedNamingTheField) {
   namespace fs = std::filesystem;
   const fs::path base = fs::temp_directory_path() / ("loco-roots-" + std::to_string(::getpid()));
