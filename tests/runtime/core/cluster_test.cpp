@@ -278,6 +278,61 @@ TEST(Cluster, StatusShowsTheNewestEvents) {
   EXPECT_EQ(events.back(), "i=1099 type=test");
 }
 
+std::string maps_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/maps");
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+// A node started on the plugin folder maps no plugin until it is asked to host one of the
+// classes a plugin offers, and then only that plugin (an idle node once mapped LibTorch:
+// 357 MB).
+TEST(Cluster, AnIdleNodeLoadsNoPluginAndAHostLoadsOnlyWhatItsActorsNeed) {
+  ClusterOptions o;
+  o.nodes = 1;
+  o.plugins = LOCO_PLUGIN_DIR_STR;
+  LocalCluster c(o);
+  pid_t pid = c.node(c.node_addresses()[0]).pid();
+  std::string maps = maps_of(pid);
+  ASSERT_TRUE(contains(maps, "libloco_runtime")) << maps;  // the file is readable
+  EXPECT_FALSE(contains(maps, "libloco_test_actors")) << maps;
+  EXPECT_FALSE(contains(maps, "libtorch")) << maps;
+
+  auto counter = c.runtime().spawn<Counter>(ActorOptions(), 5);
+  EXPECT_EQ(counter.call(&Counter::get).get(Millis(5000)), 5);
+  maps = maps_of(pid);
+  EXPECT_TRUE(contains(maps, "libloco_test_actors")) << maps;
+  EXPECT_FALSE(contains(maps, "libtorch")) << maps;
+  EXPECT_FALSE(contains(maps, "libloco_diloco_actors")) << maps;
+
+  // A class no plugin offers: the error lists what the node could host.
+  try {
+    SpawnRequest req;
+    req.class_name = "test.Nobody";
+    (void)c.runtime().core()->call_head("spawn", detail::pack_payload(std::make_tuple(req)),
+                                        Millis(10000));
+    FAIL() << "spawned a class nobody offers";
+  } catch (const ActorNotFoundError& e) {
+    EXPECT_TRUE(contains(e.what(), "test.Counter")) << e.what();
+  }
+
+  // A training actor: the node loads the DiLoCo plugin (and LibTorch) when asked to host
+  // one, even if its constructor then refuses these arguments.
+  if (!std::filesystem::exists(LOCO_PLUGIN_DIR_STR "/libloco_diloco_actors.so"))
+    GTEST_SKIP() << "the DiLoCo plugin is not built; the rest needs it";
+  SpawnRequest req;
+  req.class_name = "diloco.InnerWorker";
+  req.resources = {{"cpu", 0}};
+  try {
+    (void)c.runtime().core()->call_head("spawn", detail::pack_payload(std::make_tuple(req)),
+                                        Millis(60000));
+  } catch (const Error&) {
+    // Constructed without arguments it fails; the plugin is loaded by then.
+  }
+  maps = maps_of(pid);
+  EXPECT_TRUE(contains(maps, "libloco_diloco_actors")) << maps;
+  EXPECT_TRUE(contains(maps, "libtorch")) << maps;
+}
+
 // Sends raw frames to a node's ROUTER and reads the reply.
 class RawPeer {
  public:
