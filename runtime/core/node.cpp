@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "runtime/core/actor.hpp"
@@ -31,6 +32,9 @@ class NodeService {
         plugins_(std::move(plugins)) {}
 
   void create_actor(CreateActorRequest req) {
+    // Asked again (a restarted head re-sends the creations it finds pending): already done.
+    auto hosted = detail::current_core()->hosted();
+    if (std::find(hosted.begin(), hosted.end(), req.actor_id) != hosted.end()) return;
     // Loads the plugin that offers the class, the first time one of its classes is asked for.
     plugins_->provide(req.class_name);
     const detail::ClassEntry* cls = detail::Registry::instance().find(req.class_name);

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -276,6 +278,89 @@ TEST(Cluster, StatusShowsTheNewestEvents) {
   ASSERT_EQ(events.size(), 20u);
   EXPECT_EQ(events.front(), "i=1080 type=test");
   EXPECT_EQ(events.back(), "i=1099 type=test");
+}
+
+// The head never waits on a node: with one node stopped (SIGSTOP: its sockets accept, nothing
+// answers), spawns placed there and the restarts of its actors leave the head answering
+// status and hello at once. (It once waited on each create_actor, up to the detection time.)
+TEST(Cluster, TheHeadKeepsAnsweringWhileANodeIsStoppedAndItsActorsRestart) {
+  ClusterOptions o;
+  o.nodes = 3;
+  o.detect_ms = 1000;
+  o.node_resources = "cpu=64";
+  LocalCluster c(o);
+  Runtime& rt = c.runtime();
+  std::vector<ActorHandle<Counter>> before;
+  for (int i = 0; i < 30; ++i)
+    before.push_back(rt.spawn<Counter>(ActorOptions().with_max_restarts(1), i));
+  const std::string stopped = before[0].address();
+  std::string stopped_id;
+  for (auto& n : rt.status().nodes)
+    if (n.node.address == stopped) stopped_id = n.node.id;
+  int on_stopped = 0;
+  for (auto& a : before) on_stopped += a.address() == stopped;
+  ASSERT_GE(on_stopped, 5);
+
+  // A second client measures how long the head takes to answer, all along.
+  Runtime probe = Runtime::connect(c.head_address(), ConnectOptions{Millis(10000), o.detect_ms});
+  std::atomic<bool> done{false};
+  std::vector<int64_t> waits;
+  std::thread prober([&] {
+    while (!done.load()) {
+      auto t = Clock::now();
+      try {
+        (void)probe.status();
+        (void)probe.core()->call_head("hello", detail::pack_payload(std::tuple<>()), Millis(10000));
+      } catch (const Error& e) {
+        ADD_FAILURE() << "the head did not answer: " << e.what();
+      }
+      waits.push_back(ms_since(t));
+      std::this_thread::sleep_for(Millis(10));
+    }
+  });
+  struct Join {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~Join() {
+      done = true;
+      if (t.joinable()) t.join();
+    }
+  } join{done, prober};
+
+  auto t0 = Clock::now();
+  ASSERT_EQ(::kill(c.node(stopped).pid(), SIGSTOP), 0);
+  // Spawned right away, some land on the stopped node before it is suspected; their spawns
+  // answer once the head has moved them (restarting) or they are alive elsewhere.
+  std::vector<ActorHandle<Counter>> after;
+  for (int i = 0; i < 6; ++i)
+    after.push_back(rt.spawn<Counter>(ActorOptions().with_max_restarts(1), 100 + i));
+
+  // Every actor of the stopped node runs again elsewhere within detection + 5 s.
+  auto all_moved = [&] {
+    for (auto& a : rt.status().actors)
+      if (a.state != ActorState::alive || a.node_id == stopped_id) return false;
+    return true;
+  };
+  EXPECT_TRUE(eventually(all_moved, Millis(o.detect_ms + 5000), Millis(20)));
+  int64_t moved_ms = ms_since(t0);
+  // Fresh handles (the old ones still point at the stopped node: their first call would be an
+  // ActorDiedError) reach every actor, restarted ones constructed again with their arguments.
+  for (size_t i = 0; i < after.size(); ++i)
+    EXPECT_EQ(rt.actor<Counter>(after[i].id()).call(&Counter::get).get(Millis(10000)),
+              100 + int(i));
+  for (size_t i = 0; i < before.size(); ++i)
+    EXPECT_EQ(rt.actor<Counter>(before[i].id()).call(&Counter::get).get(Millis(10000)), int(i));
+  for (auto& a : rt.status().actors) EXPECT_LE(a.restarts, 1) << a.id;
+  done = true;
+  prober.join();
+
+  ASSERT_GE(waits.size(), 10u);
+  std::sort(waits.begin(), waits.end());
+  int64_t p99 = waits[waits.size() * 99 / 100], worst = waits.back();
+  std::cout << on_stopped << " actors on the stopped node; all running elsewhere after " << moved_ms
+            << " ms; head status+hello over " << waits.size() << " probes: median "
+            << waits[waits.size() / 2] << " ms, p99 " << p99 << " ms, max " << worst << " ms\n";
+  EXPECT_LT(worst, 500) << "the head stalled";
 }
 
 std::string maps_of(pid_t pid) {

@@ -381,6 +381,44 @@ TEST(FailureDetector, DeadOnlyAfterTimeoutWithoutHeartbeatChange) {
   EXPECT_EQ(fd.dead(12000).size(), 1u);
 }
 
+// Placement avoids a node silent for half the detection time, before it is declared dead.
+TEST(FailureDetector, ANodeSilentForHalfTheTimeoutIsSuspectedBeforeItIsDead) {
+  FailureDetector fd(2000);
+  fd.observe("a", "1", 0);
+  fd.observe("b", "1", 0);
+  fd.observe("a", "2", 900);
+  EXPECT_TRUE(fd.suspects(999).empty());
+  EXPECT_EQ(fd.suspects(1000), std::set<std::string>{"b"});
+  EXPECT_TRUE(fd.dead(1000).empty());
+  EXPECT_EQ(fd.suspects(1900), (std::set<std::string>{"a", "b"}));
+}
+
+// A tick that places many actors updates its views as node_views() would count them.
+TEST(Placement, OccupyCountsAnActorAsNodeViewsDoes) {
+  std::vector<NodeRecord> nodes(2);
+  nodes[0].id = "n1";
+  nodes[0].resources = {{"cpu", 4}, {"gpu", 2}};
+  nodes[1].id = "n2";
+  nodes[1].resources = {{"cpu", 4}};
+  ActorInfo a;
+  a.id = "a1";
+  a.node_id = "n1";
+  a.state = ActorState::pending;
+  a.resources = {{"cpu", 1}, {"gpu", 1}};
+  a.gpus = {1};
+  auto views = node_views(nodes, {});
+  occupy(views, a);
+  auto expected = node_views(nodes, {a});
+  for (size_t i = 0; i < views.size(); ++i) {
+    EXPECT_EQ(views[i].used, expected[i].used) << views[i].id;
+    EXPECT_EQ(views[i].actors, expected[i].actors) << views[i].id;
+    EXPECT_EQ(views[i].gpus.size(), expected[i].gpus.size()) << views[i].id;
+  }
+  EXPECT_EQ(views[0].used.at("gpu"), 1);
+  // The next exclusive GPU actor gets the other index.
+  EXPECT_EQ(place(views, {{"gpu", 1}}).gpus, std::vector<int>{0});
+}
+
 // Two runtimes in one process: a "node" Core hosting a Counter, and a caller.
 class InProcess : public ::testing::Test {
  protected:
