@@ -186,19 +186,29 @@ class HeadService {
   }
 
   ClusterStatus status() {
-    return with_store([&] { return status_impl(); });
+    return with_store([&] { return status_impl(StatusQuery{}); });
   }
 
-  ClusterStatus status_impl() {
+  ClusterStatus status_query(StatusQuery q) {
+    if (!q.state.empty()) (void)parse_actor_state(q.state);  // an unknown state is an error
+    return with_store([&] { return status_impl(q); });
+  }
+
+  ClusterStatus status_impl(const StatusQuery& q) {
     guard_store();
     ClusterStatus st;
     st.head_address = address_;
     st.redis_url = membership::redact_url(cfg_.redis_url);
-    for (auto& [id, a] : all_actors()) st.actors.push_back(a.info);
-    std::vector<NodeRecord> nodes;
-    for (auto& [id, n] : all_nodes()) nodes.push_back(n);
-    auto used = node_views(nodes, st.actors);
-    for (size_t i = 0; i < nodes.size(); ++i) st.nodes.push_back({nodes[i], used[i].used});
+    std::map<std::string, NodeRecord> nodes = all_nodes();
+    auto used = views_of(nodes, actors_index());
+    size_t i = 0;
+    for (auto& [id, n] : nodes) st.nodes.push_back({n, used[i++].used});
+    for (auto& [id, a] : actors_index()) {
+      if (!q.state.empty() && to_string(a.info.state) != q.state) continue;
+      if (!q.node.empty() && a.info.node_id != q.node) continue;
+      if (st.actors_total++ < q.offset) continue;
+      if (q.limit == 0 || st.actors.size() < q.limit) st.actors.push_back(a.info);
+    }
     for (auto& e : store_->read_last(keys::kEvents, 20)) {
       std::string line;
       for (auto& [k, v] : e.fields) line += (line.empty() ? "" : " ") + k + "=" + v;
@@ -391,6 +401,7 @@ class HeadService {
         spdlog::info("head: Redis at {} is reachable again",
                      membership::redact_url(cfg_.redis_url));
         detector_.grace(now);
+        index_valid_ = false;  // read the actor table again: the store is the truth
         store_was_down_ = false;
       }
       for (auto& [id, n] : nodes) {
@@ -412,13 +423,20 @@ class HeadService {
       }
       // Actors on nodes that are gone: restart (when allowed) or mark dead. Every start is
       // asynchronous; the tick only sends them, placing on views it updates as it goes.
-      auto actors = all_actors();
       std::map<std::string, NodeRecord> live;
       for (auto& [id, n] : nodes)
         if (n.state == NodeState::alive) live.emplace(id, n);
-      auto placement = views_of(live, actors);
-      for (auto& [id, rec] : actors) {
-        if (rec.info.state == ActorState::dead) continue;
+      auto placement = views_of(live, actors_index());
+      // The few actors that need work: not dead, and not simply alive on a live node.
+      std::vector<std::string> todo;
+      for (auto& [id, r] : actors_index())
+        if (r.info.state != ActorState::dead &&
+            (r.info.state != ActorState::alive || !live.count(r.info.node_id)))
+          todo.push_back(id);
+      for (const std::string& id : todo) {
+        auto found = index_.find(id);
+        if (found == index_.end()) continue;
+        ActorRecord rec = found->second;
         if (rec.info.state == ActorState::restarting) {
           try_restart(rec, live, placement);
           continue;
@@ -463,10 +481,12 @@ class HeadService {
           spdlog::warn("head: {} is dead: {}", describe(rec.info), rec.info.reason);
         }
       }
-      check_jobs(actors);
+      check_jobs(actors_index());
+      forget_the_dead(nodes, now);
     } catch (const membership::StoreUnavailable& e) {
       if (!store_was_down_) spdlog::warn("head: Redis unreachable, will retry: {}", e.what());
       store_was_down_ = true;
+      index_valid_ = false;
     } catch (const std::exception& e) {
       spdlog::error("head: tick failed: {}", e.what());
     }
@@ -508,8 +528,12 @@ class HeadService {
   }
   // Kills every live actor named "<job id>.*", without restarts.
   void kill_job_actors(const std::string& job_id, const std::string& why) {
-    for (auto& [id, rec] : all_actors()) {
-      if (rec.info.name.rfind(job_id + ".", 0) != 0 || rec.info.state == ActorState::dead) continue;
+    std::vector<std::string> ids;
+    for (auto& [id, r] : actors_index())
+      if (r.info.name.rfind(job_id + ".", 0) == 0 && r.info.state != ActorState::dead)
+        ids.push_back(id);
+    for (const std::string& id : ids) {
+      ActorRecord rec = index_.at(id);
       Creation creating = take_creation(id);
       if (rec.info.state == ActorState::alive || rec.info.state == ActorState::pending) {
         if (auto node = node_record(rec.info.node_id)) tell_node(*node, "kill_actor", id);
@@ -539,6 +563,7 @@ class HeadService {
       return f();
     } catch (const membership::StoreError& e) {
       store_was_down_ = true;
+      index_valid_ = false;
       throw ClusterError(std::string("the head cannot reach Redis: ") + e.what());
     }
   }
@@ -561,17 +586,75 @@ class HeadService {
     store_->append(keys::kEvents, fields);
   }
 
-  void save(const ActorRecord& rec) { store_->hput(keys::kActors, rec.info.id, pack_str(rec)); }
-
-  std::optional<ActorRecord> actor(const std::string& id) {
-    auto v = store_->hget(keys::kActors, id);
-    if (!v) return std::nullopt;
-    return unpack_str<ActorRecord>(*v);
+  // Writes through: the store first, then the index (a failed write leaves both as they were).
+  void save(const ActorRecord& rec) {
+    store_->hput(keys::kActors, rec.info.id, pack_str(rec));
+    if (!index_valid_) return;
+    index_[rec.info.id] = rec;
+    if (rec.info.state == ActorState::dead)
+      dead_since_.emplace(rec.info.id, now_ms());
+    else
+      dead_since_.erase(rec.info.id);
   }
-  std::map<std::string, ActorRecord> all_actors() {
-    std::map<std::string, ActorRecord> out;
-    for (auto& [id, v] : store_->hgetall(keys::kActors)) out[id] = unpack_str<ActorRecord>(v);
-    return out;
+
+  // The actor table, held in memory so that no request or tick decodes it all: read from the
+  // store when the head starts and again after the store was lost (the store is the truth).
+  const std::map<std::string, ActorRecord>& actors_index() {
+    if (!index_valid_) {
+      std::map<std::string, ActorRecord> fresh;
+      for (auto& [id, v] : store_->hgetall(keys::kActors)) fresh[id] = unpack_str<ActorRecord>(v);
+      index_.swap(fresh);
+      int64_t now = now_ms();
+      std::map<std::string, int64_t> dead;
+      for (auto& [id, r] : index_)
+        if (r.info.state == ActorState::dead) {
+          auto was = dead_since_.find(id);
+          dead[id] = was == dead_since_.end() ? now : was->second;
+        }
+      dead_since_.swap(dead);
+      index_valid_ = true;
+    }
+    return index_;
+  }
+  std::optional<ActorRecord> actor(const std::string& id) {
+    auto& index = actors_index();
+    auto it = index.find(id);
+    if (it == index.end()) return std::nullopt;
+    return it->second;
+  }
+
+  // Dead actors, and nodes dead or gone, are forgotten `retention_ms` after the head saw them so
+  // (by its own clock; a restarted head starts counting again): the tables and every pass over
+  // them stay the size of the live cluster.
+  void forget_the_dead(const std::map<std::string, NodeRecord>& nodes, int64_t now) {
+    const int64_t keep = cfg_.retention_ms;
+    for (auto it = dead_since_.begin(); it != dead_since_.end();) {
+      if (now - it->second < keep) {
+        ++it;
+        continue;
+      }
+      auto rec = index_.find(it->first);
+      if (rec != index_.end()) {
+        const std::string& name = rec->second.info.name;
+        if (!name.empty() && store_->hget(keys::kNames, name) == it->first)
+          store_->hdel(keys::kNames, name);
+        store_->hdel(keys::kActors, it->first);
+        index_.erase(rec);
+      }
+      it = dead_since_.erase(it);
+    }
+    for (auto& [id, n] : nodes) {
+      if (n.state == NodeState::alive) {
+        node_gone_since_.erase(id);
+        continue;
+      }
+      auto [it, fresh] = node_gone_since_.emplace(id, now);
+      if (fresh || now - it->second < keep) continue;
+      store_->hdel(keys::kNodes, id);
+      store_->erase(keys::alive(id));
+      node_gone_since_.erase(it);
+    }
+    std::erase_if(node_gone_since_, [&](auto& kv) { return !nodes.count(kv.first); });
   }
   std::map<std::string, NodeRecord> all_nodes() {
     std::map<std::string, NodeRecord> out;
@@ -589,14 +672,17 @@ class HeadService {
     return nodes;
   }
   std::vector<NodeView> views(const std::map<std::string, NodeRecord>& nodes) {
-    return views_of(nodes, all_actors());
+    return views_of(nodes, actors_index());
   }
   static std::vector<NodeView> views_of(const std::map<std::string, NodeRecord>& nodes,
                                         const std::map<std::string, ActorRecord>& actors) {
     std::vector<NodeRecord> ns;
     for (auto& [id, n] : nodes) ns.push_back(n);
-    std::vector<ActorInfo> infos;
-    for (auto& [id, a] : actors) infos.push_back(a.info);
+    std::vector<ActorInfo> infos;  // only those that occupy one of `nodes`
+    for (auto& [id, a] : actors)
+      if ((a.info.state == ActorState::alive || a.info.state == ActorState::pending) &&
+          nodes.count(a.info.node_id))
+        infos.push_back(a.info);
     return node_views(ns, infos);
   }
 
@@ -733,6 +819,11 @@ class HeadService {
   std::map<std::string, Creation> creating_;
   uint64_t creations_ = 0;
   std::atomic<bool> tick_queued_{false};
+  // The actor table (actors_index()), and since when (head clock) each dead actor and each
+  // node not alive has been so, for forget_the_dead().
+  std::map<std::string, ActorRecord> index_;
+  bool index_valid_ = false;
+  std::map<std::string, int64_t> dead_since_, node_gone_since_;
 };
 
 LOCO_REGISTER(HeadService, loco::ActorClass<HeadService>("loco.Head")
@@ -742,6 +833,7 @@ LOCO_REGISTER(HeadService, loco::ActorClass<HeadService>("loco.Head")
                                .method("lookup", &HeadService::lookup)
                                .method("kill", &HeadService::kill)
                                .method("status", &HeadService::status)
+                               .method("status_query", &HeadService::status_query)
                                .internal_method("tick", &HeadService::tick)
                                .internal_method("created", &HeadService::created)
                                .method("submit_job", &HeadService::submit_job)

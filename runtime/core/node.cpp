@@ -179,6 +179,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   Backoff backoff(Millis(100), Millis(2000));
   bool store_down = false;
   int64_t next_beat = now_ms();
+  int64_t last_beat = now_ms();  // of the last heartbeat the store took
   while (!stop.load()) {
     int64_t now = now_ms();
     if (now < next_beat) {
@@ -186,14 +187,25 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
       continue;
     }
     try {
-      if (store_down || beat % 16 == 0) {
+      // How long the store has taken no heartbeat of ours (an outage, or this process stopped).
+      const int64_t silent = now_ms() - last_beat;
+      if (store_down || beat % 16 == 0 || silent >= info.detect_ms) {
         // After an outage (or every few beats): make sure our record is there, and
         // that the head has not declared us dead in the meantime.
         auto cur = store->hget(keys::kNodes, node_id);
-        if (cur) {
-          NodeRecord r = detail::unpack_bounded(cur->data(), cur->size(), "a node record")
-                             .get()
-                             .as<NodeRecord>();
+        // Silent for the detection time or longer (cut off, stopped), and the record gone: the
+        // head declared this node dead and forgot it after its retention time.
+        const bool forgotten = !cur && silent >= info.detect_ms;
+        if (cur || forgotten) {
+          NodeRecord r;
+          if (cur) {
+            r = detail::unpack_bounded(cur->data(), cur->size(), "a node record")
+                    .get()
+                    .as<NodeRecord>();
+          } else {
+            r.state = NodeState::dead;
+            r.reason = "its record is gone after " + human_ms(silent) + " of silence";
+          }
           if (r.state == NodeState::dead) {
             // Cut off for longer than the detection time: the cluster has moved on
             // (our actors were restarted elsewhere or declared dead). Drop them and
@@ -210,6 +222,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
                 old_id, r.reason, node_id);
             serve();
             join();
+            last_beat = now_ms();
             next_beat = now_ms() + period.count();
             continue;
           }
@@ -218,6 +231,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
         }
       }
       heartbeat();
+      last_beat = now_ms();
       if (store_down)
         spdlog::info("node {}: Redis at {} is back", node_id,
                      membership::redact_url(info.redis_url));

@@ -16,6 +16,9 @@ struct HeadConfig {
   std::string redis_url;  // required
   int64_t detect_ms = 2000;
   int64_t tick_ms = 100;
+  // Dead actors and nodes dead or gone are removed from the store this long after the head
+  // saw them so (`loco start --head --retention-s`).
+  int64_t retention_ms = 600000;
   size_t max_message_bytes = size_t(1) << 30;
   security::Settings security;  // `loco start` resolves --key / --insecure into this
 };

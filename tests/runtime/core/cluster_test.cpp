@@ -484,6 +484,87 @@ TEST(Cluster, AQuarterOfTheNodesKilledAtOnceLoseNoRestartableActor) {
   EXPECT_LT(waits.back(), 1000) << "status stalled";
 }
 
+// Dead actors and departed nodes are forgotten after the retention time (here 1 s): the
+// store's tables and the head's passes over them stay the size of the live cluster.
+TEST(Cluster, DeadActorsAndDepartedNodesAreForgottenAfterTheRetentionTime) {
+  ClusterOptions o;
+  o.nodes = 2;
+  o.extra_head_args = {"--retention-s=1"};
+  LocalCluster c(o);
+  Runtime& rt = c.runtime();
+  auto gone = rt.spawn<Counter>(ActorOptions().with_name("gone"), 1);
+  auto kept = rt.spawn<Counter>(ActorOptions().with_name("kept"), 2);
+  rt.kill(gone.id());
+  EXPECT_EQ(rt.locate(gone.id()).state, ActorState::dead);
+  std::string leaving = c.node_addresses()[0];
+  if (leaving == kept.address()) leaving = c.node_addresses()[1];
+  c.node(leaving).signal(SIGTERM);
+  ASSERT_TRUE(c.node(leaving).wait(Millis(10000)));
+
+  auto store = membership::make_redis_store(c.redis().url());
+  auto forgotten = [&] {
+    ClusterStatus st = rt.status();
+    bool node_listed = false;
+    for (auto& n : st.nodes) node_listed |= n.node.address == leaving;
+    return st.actors.size() == 1 && st.nodes.size() == 1 && !node_listed;
+  };
+  EXPECT_TRUE(eventually(forgotten, Millis(10000), Millis(50)));
+  EXPECT_FALSE(store->hget(keys::kActors, gone.id()));
+  EXPECT_FALSE(store->hget(keys::kNames, "gone"));
+  EXPECT_EQ(store->hgetall(keys::kNodes).size(), 1u);
+  EXPECT_THROW(rt.locate(gone.id()), ActorNotFoundError);
+  // The living are untouched, and the name is free again.
+  EXPECT_EQ(kept.call(&Counter::get).get(Millis(5000)), 2);
+  EXPECT_EQ(
+      rt.spawn<Counter>(ActorOptions().with_name("gone"), 3).call(&Counter::get).get(Millis(5000)),
+      3);
+}
+
+// Status reads a page of the actors it is asked for: by state, by node, from an offset.
+TEST(Cluster, StatusIsFilteredAndPaginated) {
+  ClusterOptions o;
+  o.nodes = 2;
+  o.node_resources = "cpu=64";
+  LocalCluster c(o);
+  Runtime& rt = c.runtime();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 25; ++i) ids.push_back(rt.spawn<Counter>(ActorOptions(), i).id());
+  for (int i = 0; i < 5; ++i) rt.kill(ids[i]);
+
+  std::vector<std::string> paged;
+  for (uint64_t offset = 0;; offset += 8) {
+    ClusterStatus page = rt.status(StatusQuery{"alive", "", offset, 8});
+    EXPECT_EQ(page.actors_total, 20u);
+    EXPECT_EQ(page.nodes.size(), 2u);
+    EXPECT_LE(page.actors.size(), 8u);
+    for (auto& a : page.actors) {
+      EXPECT_EQ(a.state, ActorState::alive);
+      paged.push_back(a.id);
+    }
+    if (page.actors.empty()) break;
+  }
+  std::vector<std::string> alive(ids.begin() + 5, ids.end());
+  std::sort(alive.begin(), alive.end());
+  EXPECT_EQ(paged, alive);  // every one once, sorted by id
+
+  EXPECT_EQ(rt.status(StatusQuery{"dead", "", 0, 0}).actors.size(), 5u);
+  std::string node = rt.status().nodes[0].node.id;
+  size_t on_node = 0;
+  for (auto& a : rt.status().actors) on_node += a.node_id == node && a.state == ActorState::alive;
+  ClusterStatus mine = rt.status(StatusQuery{"alive", node, 0, 0});
+  EXPECT_EQ(mine.actors.size(), on_node);
+  for (auto& a : mine.actors) EXPECT_EQ(a.node_id, node);
+  EXPECT_THROW(rt.status(StatusQuery{"sleeping", "", 0, 0}), Error);
+
+  std::string out = c.log_dir() + "/status-page.txt";
+  std::string cmd =
+      loco_binary() + " status --address " + c.head_address() + " --state dead --limit 2 > " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::stringstream text;
+  text << std::ifstream(out).rdbuf();
+  EXPECT_TRUE(contains(text.str(), "(2 of 5 actors")) << text.str();
+}
+
 std::string maps_of(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/maps");
   return std::string((std::istreambuf_iterator<char>(f)), {});
