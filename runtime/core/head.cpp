@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <functional>
+#include <set>
 #include <thread>
 
 #include "runtime/core/actor.hpp"
@@ -128,7 +129,12 @@ class HeadService {
                             format_resources(rec.info.resources) +
                             (rec.info.share_gpus ? " (gpus shared)" : "") + ": " + where.reason);
     if (!req.name.empty()) store_->hput(keys::kNames, req.name, rec.info.id);
+    const bool views_were_clean = !views_dirty_;
     start_on(rec, nodes.at(*where.node), where.gpus, false, std::move(done));
+    if (views_were_clean) {
+      occupy(views_cache_, rec.info);  // the only change since views() computed them
+      views_dirty_ = false;
+    }
     event({{"type", "spawn"},
            {"actor", rec.info.id},
            {"class", rec.info.class_name},
@@ -590,7 +596,13 @@ class HeadService {
   void save(const ActorRecord& rec) {
     store_->hput(keys::kActors, rec.info.id, pack_str(rec));
     if (!index_valid_) return;
-    index_[rec.info.id] = rec;
+    auto& slot = index_[rec.info.id];
+    // What the actor occupies changed: placement's cached views no longer hold.
+    if (occupies(slot.info) != occupies(rec.info) ||
+        (occupies(rec.info) &&
+         (slot.info.node_id != rec.info.node_id || slot.info.gpus != rec.info.gpus)))
+      views_dirty_ = true;
+    slot = rec;
     if (rec.info.state == ActorState::dead)
       dead_since_.emplace(rec.info.id, now_ms());
     else
@@ -613,6 +625,7 @@ class HeadService {
         }
       dead_since_.swap(dead);
       index_valid_ = true;
+      views_dirty_ = true;
     }
     return index_;
   }
@@ -671,8 +684,22 @@ class HeadService {
     std::erase_if(nodes, [](auto& kv) { return kv.second.state != NodeState::alive; });
     return nodes;
   }
+  static bool occupies(const ActorInfo& a) {
+    return a.state == ActorState::alive || a.state == ActorState::pending;
+  }
+  // Placement's view of `nodes`, computed from the whole index only when what actors occupy
+  // changed other than by the spawns that update it themselves (spawn_impl): a spawn costs
+  // the number of nodes, not of actors.
   std::vector<NodeView> views(const std::map<std::string, NodeRecord>& nodes) {
-    return views_of(nodes, actors_index());
+    std::set<std::string> ids;
+    for (auto& [id, n] : nodes) ids.insert(id);
+    const auto& index = actors_index();
+    if (views_dirty_ || ids != views_nodes_) {
+      views_cache_ = views_of(nodes, index);
+      views_nodes_ = std::move(ids);
+      views_dirty_ = false;
+    }
+    return views_cache_;
   }
   static std::vector<NodeView> views_of(const std::map<std::string, NodeRecord>& nodes,
                                         const std::map<std::string, ActorRecord>& actors) {
@@ -824,6 +851,10 @@ class HeadService {
   std::map<std::string, ActorRecord> index_;
   bool index_valid_ = false;
   std::map<std::string, int64_t> dead_since_, node_gone_since_;
+  // views(): placement's view of the nodes `views_nodes_`, valid unless `views_dirty_`.
+  std::vector<NodeView> views_cache_;
+  std::set<std::string> views_nodes_;
+  bool views_dirty_ = true;
 };
 
 LOCO_REGISTER(HeadService, loco::ActorClass<HeadService>("loco.Head")
