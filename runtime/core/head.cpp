@@ -52,6 +52,8 @@ struct Creation {
 // A node that has not answered create_actor in this long while still heartbeating: the
 // actor is recorded dead (a constructor that loads LibTorch takes seconds, not minutes).
 constexpr int64_t kCreateTimeoutMs = 60000;
+// Actors a tick starts or declares dead at most; the others wait for the next tick.
+constexpr int64_t kMaxStartsPerTick = 64;
 
 class HeadService {
  public:
@@ -439,7 +441,12 @@ class HeadService {
         if (r.info.state != ActorState::dead &&
             (r.info.state != ActorState::alive || !live.count(r.info.node_id)))
           todo.push_back(id);
+      const uint64_t first_creation = creations_;
+      int deaths = 0;
       for (const std::string& id : todo) {
+        // Bounded work per tick: the rest waits for the next one, 100 ms later, so that a mass
+        // failure never holds the head's thread (and every request) for long.
+        if (int64_t(creations_ - first_creation) + deaths >= kMaxStartsPerTick) break;
         auto found = index_.find(id);
         if (found == index_.end()) continue;
         ActorRecord rec = found->second;
@@ -483,6 +490,7 @@ class HeadService {
           rec.info.state = ActorState::dead;
           rec.info.reason = why + (rec.info.max_restarts ? "; no restarts left" : "");
           save(rec);
+          ++deaths;
           event({{"type", "actor_dead"}, {"actor", rec.info.id}, {"reason", rec.info.reason}});
           spdlog::warn("head: {} is dead: {}", describe(rec.info), rec.info.reason);
         }
