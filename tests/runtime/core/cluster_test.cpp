@@ -565,6 +565,43 @@ TEST(Cluster, StatusIsFilteredAndPaginated) {
   EXPECT_TRUE(contains(text.str(), "(2 of 5 actors")) << text.str();
 }
 
+// A restart sent to a node that then turns out dead does not use up the restart: the actor is
+// placed again and runs, counted as restarted once (it was once marked dead "no restarts left").
+TEST(Cluster, AFailedStartOnALostNodeUsesUpNoRestart) {
+  ClusterOptions o;
+  o.nodes = 1;
+  o.detect_ms = 1000;
+  o.node_resources = "cpu=2";
+  LocalCluster c(o);
+  Runtime& rt = c.runtime();
+  auto a = rt.spawn<Counter>(ActorOptions().with_max_restarts(1), 7);
+  const std::string first = a.address();
+  // A bigger node joins: placement prefers it (most free cpu). Stopped, it takes the restart
+  // and never answers.
+  const std::string big = c.add_node({"--resources=cpu=64"});
+  ASSERT_TRUE(c.wait_alive_nodes(2));
+  ASSERT_EQ(::kill(c.node(big).pid(), SIGSTOP), 0);
+  rt.kill(a.id(), /*allow_restart=*/true);
+  auto back = [&] {
+    ActorInfo info = rt.locate(a.id());
+    return info.state == ActorState::alive || info.state == ActorState::dead;
+  };
+  ASSERT_TRUE(eventually(back, Millis(10000), Millis(20)));
+  ActorInfo info = rt.locate(a.id());
+  EXPECT_EQ(info.state, ActorState::alive) << info.reason;
+  EXPECT_EQ(info.address, first);
+  EXPECT_EQ(info.restarts, 1);
+  EXPECT_EQ(rt.actor<Counter>(a.id()).call(&Counter::get).get(Millis(5000)), 7);
+  // It went by the stopped node: the head says so.
+  auto store = membership::make_redis_store(c.redis().url());
+  bool via_stopped = false;
+  for (auto& e : store->read(keys::kEvents, "0", 10000))
+    via_stopped |= e.fields["type"] == "actor_restarting" &&
+                   contains(e.fields["reason"], "could not be created on node") &&
+                   contains(e.fields["reason"], big);
+  EXPECT_TRUE(via_stopped);
+}
+
 std::string maps_of(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/maps");
   return std::string((std::istreambuf_iterator<char>(f)), {});
