@@ -503,6 +503,67 @@ TEST_F(InProcess, LargeBlobsRoundTrip) {
   EXPECT_DOUBLE_EQ(s, 0.5 * (4 << 20));
 }
 
+// An actor whose methods take their answer to send it later (as the head answers a spawn once
+// the node has answered).
+class Deferring {
+ public:
+  ~Deferring() {
+    for (auto& t : threads_) t.join();
+  }
+  int later(int v) {  // answered from another thread, after the method returned
+    auto reply = detail::defer_reply();
+    threads_.emplace_back([reply, v] { reply->ok(detail::pack_payload(v + 1)); });
+    return 0;  // dropped: the answer is the one sent later
+  }
+  int dropped() {  // takes its answer and lets it go
+    (void)detail::defer_reply();
+    return 0;
+  }
+  int thrown() {
+    (void)detail::defer_reply();
+    throw std::runtime_error("boom");
+  }
+
+ private:
+  std::vector<std::thread> threads_;
+};
+LOCO_REGISTER(Deferring, loco::ActorClass<Deferring>("test.Deferring")
+                             .method("later", &Deferring::later)
+                             .method("dropped", &Deferring::dropped)
+                             .method("thrown", &Deferring::thrown));
+
+TEST(DeferredReply, AMethodAnswersLaterFromAnotherThreadAndAnAnswerDroppedIsAnError) {
+  detail::CoreOptions node;
+  node.bind = "tcp://127.0.0.1:0";
+  node.self_name = "node test";
+  auto host = std::make_shared<detail::Core>(node);
+  host->host("a-deferring", detail::class_entry<Deferring>(), std::make_shared<Deferring>());
+  detail::CoreOptions caller_opts;
+  caller_opts.self_name = "caller";
+  auto caller = std::make_shared<detail::Core>(caller_opts);
+  auto ref = std::make_shared<detail::ActorRef>();
+  ref->id = "a-deferring";
+  ref->address = host->address();
+  ActorHandle<Deferring> d(caller, ref);
+  EXPECT_EQ(d.call(&Deferring::later, 41).get(Millis(5000)), 42);
+  try {
+    (void)d.call(&Deferring::dropped).get(Millis(5000));
+    FAIL() << "a dropped answer arrived";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find("test.Deferring.dropped was dropped unanswered"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    (void)d.call(&Deferring::thrown).get(Millis(5000));
+    FAIL() << "a method that threw answered";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find("boom"), std::string::npos) << e.what();
+  }
+  caller->shutdown();
+  host->shutdown();
+}
+
 // A call to a node's service that gets no answer names that node, never "the head" (the
 // head's own calls to nodes once read "create_actor on the head died ...").
 TEST(Messages, ANodeThatDoesNotAnswerIsNamedAsTheNodeNotTheHead) {
