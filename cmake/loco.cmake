@@ -38,11 +38,17 @@ function(loco_link_plugin target plugin)
 endfunction()
 
 # loco_add_plugin(NAME SOURCES... [LIBS ...]): a shared library of actor
-# classes, written to build/plugins where nodes load it from.
+# classes, written to build/plugins where nodes load it from, with its manifest
+# (lib<NAME>.classes: the classes it registers), so that a node loads it only
+# when it is asked to host one of them (runtime/core/plugins.hpp).
 function(loco_add_plugin name)
   cmake_parse_arguments(P "" "" "SOURCES;LIBS" ${ARGN})
   add_library(${name} SHARED ${P_SOURCES})
   loco_target_defaults(${name})
   target_link_libraries(${name} PUBLIC loco_runtime PRIVATE ${P_LIBS})
   set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${LOCO_PLUGIN_DIR})
+  add_dependencies(${name} loco-plugin-classes)
+  add_custom_command(TARGET ${name} POST_BUILD
+    COMMAND loco-plugin-classes $<TARGET_FILE:${name}> ${LOCO_PLUGIN_DIR}/lib${name}.classes
+    COMMENT "Listing the actor classes of ${name}")
 endfunction()

@@ -37,6 +37,7 @@ struct StartArgs {
   std::string resources;
   std::vector<std::string> plugins;
   int64_t detect_ms = 2000;
+  double retention_s = 600;
   size_t max_message_bytes = size_t(1) << 30;
   std::string data_root, checkpoint_root;
   bool block = false;
@@ -60,6 +61,7 @@ int start_blocking(const StartArgs& a) {
     cfg.advertise = advertise;
     cfg.redis_url = a.redis;
     cfg.detect_ms = a.detect_ms;
+    cfg.retention_ms = int64_t(a.retention_s * 1000);
     cfg.max_message_bytes = a.max_message_bytes;
     cfg.security = security::resolve("", false);
     return run_head(cfg, stop_requested(), ready);
@@ -189,6 +191,11 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
           "--detect-ms", sa->detect_ms,
           "failure detection time in ms (default 2000; set on the head, nodes take it from there)")
       ->check(CLI::Range(100, 600000));
+  start
+      ->add_option("--retention-s", sa->retention_s,
+                   "head: forget dead actors and dead or departed nodes this long after they "
+                   "died (default 600)")
+      ->check(CLI::Range(0.1, 1e9));
   start->add_option("--max-message-bytes", sa->max_message_bytes, "largest message accepted");
   start->add_option("--data-root", sa->data_root,
                     "node: the folder jobs' data.dir must be in (default: the working directory)");

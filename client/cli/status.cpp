@@ -38,17 +38,27 @@ void print_status(const ClusterStatus& st) {
                 to_string(a.state).c_str(), gpus.c_str(), a.restarts, a.max_restarts,
                 a.reason.empty() ? "" : ("  " + a.reason).c_str());
   }
+  if (st.actors.size() < st.actors_total)
+    std::printf("(%zu of %llu actors; --offset and --limit page through them)\n", st.actors.size(),
+                static_cast<unsigned long long>(st.actors_total));
 }
 
 }  // namespace
 
 void add_status_command(CLI::App& app, Commands& out) {
   auto address = std::make_shared<std::string>();
+  auto query = std::make_shared<StatusQuery>();
+  query->limit = 1000;
   auto* status = app.add_subcommand("status", "nodes, resources and actors of a cluster");
   status->add_option("--address", *address, "head HOST:PORT");
-  out.push_back({status, [address] {
+  status->add_option("--state", query->state, "only actors in this state")
+      ->check(CLI::IsMember({"pending", "alive", "restarting", "dead"}));
+  status->add_option("--node", query->node, "only actors on this node (its id)");
+  status->add_option("--offset", query->offset, "skip this many actors (sorted by id)");
+  status->add_option("--limit", query->limit, "list at most this many actors (0: all; 1000)");
+  out.push_back({status, [address, query] {
                    auto rt = Runtime::connect(head_address(*address));
-                   print_status(rt.status());
+                   print_status(rt.status(*query));
                    return 0;
                  }});
 }

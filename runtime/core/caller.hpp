@@ -24,12 +24,14 @@ struct ActorRef {
   std::string id;
   std::string name;
   std::string class_name;
-  bool fixed = false;  // a system actor at a known address (the head): never re-resolved
+  // A system actor at a known address ("@head", or a node's "@node"): never re-resolved.
+  bool fixed = false;
   std::mutex mu;
   std::string address;  // "" when unknown or stale
   std::string node_id;
 
-  std::string describe() const;  // "Counter 'c' (a-1f2e)"
+  // "Counter 'c' (a-1f2e)", "the head", "node n-1 (10.0.0.2:7071)".
+  std::string describe() const;
 };
 
 // One call in flight.

@@ -146,9 +146,20 @@ struct ClusterStatus {
   std::string head_address;
   std::string redis_url;
   std::vector<NodeStatus> nodes;
-  std::vector<ActorInfo> actors;
+  std::vector<ActorInfo> actors;           // those the query asked for, by id
   std::vector<std::string> recent_events;  // newest last, human-readable
-  MSGPACK_DEFINE(head_address, redis_url, nodes, actors, recent_events)
+  uint64_t actors_total = 0;               // that match the query, before offset and limit
+  MSGPACK_DEFINE(head_address, redis_url, nodes, actors, recent_events, actors_total)
+};
+
+// Which actors status lists: in `state` and on node `node` ("": any), sorted by id, from
+// `offset`, at most `limit` (0: all). A cluster of thousands of actors is read a page at a time.
+struct StatusQuery {
+  std::string state;
+  std::string node;
+  uint64_t offset = 0;
+  uint64_t limit = 0;
+  MSGPACK_DEFINE(state, node, offset, limit)
 };
 
 // What the head accepts in a submission and in a job's events, checked before anything is

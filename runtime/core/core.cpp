@@ -10,7 +10,10 @@
 namespace loco::detail {
 
 std::string ActorRef::describe() const {
-  if (fixed) return "the head";
+  // A system actor: the head's service, or a node's (at "@node"), named by its node.
+  if (fixed)
+    return id == "@head" ? "the head"
+                         : "node " + (node_id.empty() ? address : node_id + " (" + address + ")");
   std::string out = class_name.empty() ? "actor" : class_name;
   if (!name.empty()) out += " '" + name + "'";
   return out + " (" + id + ")";
@@ -34,7 +37,26 @@ namespace {
 thread_local std::shared_ptr<Core>* tl_core = nullptr;
 thread_local const ActorContext* tl_actor = nullptr;
 thread_local const CallerInfo* tl_caller = nullptr;
+// The request the current method handles, and where run_mailbox finds it once deferred.
+struct Handling {
+  std::weak_ptr<Core> core;
+  zmq::message_t* routing_id;
+  uint64_t corr;
+  bool wants_reply;
+  std::string what;
+  std::shared_ptr<DeferredReply> deferred;
+};
+thread_local Handling* tl_handling = nullptr;
 }  // namespace
+
+std::shared_ptr<DeferredReply> defer_reply() {
+  if (!tl_handling) return nullptr;
+  Handling& h = *tl_handling;
+  if (!h.deferred)
+    h.deferred = std::make_shared<DeferredReply>(h.core, std::move(*h.routing_id), h.corr,
+                                                 h.wants_reply, h.what);
+  return h.deferred;
+}
 
 const CallerInfo& current_caller() {
   static const CallerInfo self{security::Role::member, ""};
@@ -165,6 +187,22 @@ std::shared_ptr<CallState> Core::call(const std::shared_ptr<ActorRef>& ref,
   auto st = std::make_shared<CallState>();
   st->ref = ref;
   st->method = method;
+  return send_call(std::move(st), ref, std::move(args), oneway);
+}
+
+std::shared_ptr<CallState> Core::call_async(const std::shared_ptr<ActorRef>& ref,
+                                            const std::string& method, Payload&& args,
+                                            std::function<void(CallState&)> done) {
+  auto st = std::make_shared<CallState>();
+  st->ref = ref;
+  st->method = method;
+  return send_call(std::move(st), ref, std::move(args), false, std::move(done));
+}
+
+std::shared_ptr<CallState> Core::send_call(std::shared_ptr<CallState> st,
+                                           const std::shared_ptr<ActorRef>& ref, Payload&& args,
+                                           bool oneway, std::function<void(CallState&)> done) {
+  const std::string& method = st->method;
   std::string addr;
   {
     std::lock_guard<std::mutex> lock(ref->mu);
@@ -185,6 +223,7 @@ std::shared_ptr<CallState> Core::call(const std::shared_ptr<ActorRef>& ref,
     std::lock_guard<std::mutex> lock(calls_mu_);
     env.corr = st->corr = next_corr_++;
     pending_.emplace(env.corr, st);
+    if (done) on_done_.emplace(env.corr, std::move(done));
     PeerState& ps = peers_[addr];
     // Silence is measured from the moment we start waiting on a peer.
     if (ps.pending++ == 0) ps.last_heard = ps.last_ping = now_ms();
@@ -257,6 +296,52 @@ void Core::finish(const std::shared_ptr<CallState>& st, const std::string& error
     st->done = true;
   }
   st->cv.notify_all();
+  std::function<void(CallState&)> done;
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    auto it = on_done_.find(st->corr);
+    if (it == on_done_.end()) return;
+    done = std::move(it->second);
+    on_done_.erase(it);
+  }
+  done(*st);
+}
+
+void Core::answer(zmq::message_t&& routing_id, uint64_t corr, const std::string& error_type,
+                  const std::string& error_message, Payload&& result) {
+  if (!error_type.empty()) {
+    send_error(std::move(routing_id), corr, error_type, error_message);
+    return;
+  }
+  Envelope env;
+  env.kind = static_cast<uint8_t>(Kind::Reply);
+  env.corr = corr;
+  transport_->reply(std::move(routing_id), encode(env, std::move(result)));
+}
+
+DeferredReply::DeferredReply(std::weak_ptr<Core> core, zmq::message_t routing_id, uint64_t corr,
+                             bool wants_reply, std::string what)
+    : core_(std::move(core)),
+      routing_id_(std::move(routing_id)),
+      corr_(corr),
+      open_(wants_reply),
+      what_(std::move(what)) {}
+
+DeferredReply::~DeferredReply() { error("RemoteError", what_ + " was dropped unanswered"); }
+
+void DeferredReply::ok(Payload&& result) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!open_) return;
+  open_ = false;
+  if (auto core = core_.lock())
+    core->answer(std::move(routing_id_), corr_, "", "", std::move(result));
+}
+
+void DeferredReply::error(const std::string& type, const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!open_) return;
+  open_ = false;
+  if (auto core = core_.lock()) core->answer(std::move(routing_id_), corr_, type, message, {});
 }
 
 void Core::on_reply(const std::string& peer, std::vector<zmq::message_t>&& frames) {
@@ -326,8 +411,9 @@ void Core::on_tick(int64_t now) {
       std::lock_guard<std::mutex> lock(st->ref->mu);
       node = st->ref->node_id.empty() ? st->peer : st->ref->node_id + " (" + st->peer + ")";
     }
-    std::string who =
-        st->ref->fixed ? "the head at " + st->peer : st->ref->describe() + " on node " + node;
+    std::string who = !st->ref->fixed          ? st->ref->describe() + " on node " + node
+                      : st->ref->id == "@head" ? "the head at " + st->peer
+                                               : "node " + node;
     finish(st, "ActorDiedError",
            who + " died or is unreachable: no answer to heartbeats for " + human_ms(silent) +
                " (call " + st->what() + ")",
@@ -602,6 +688,10 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
       Payload result;
       const CallerInfo caller{in.role, in.env.sender};
       tl_caller = &caller;
+      Handling handling{
+          self,   &in.routing_id, in.env.corr, wants_reply, box->cls->name + "." + in.env.method,
+          nullptr};
+      tl_handling = &handling;
       try {
         result = m->invoke(box->instance.get(), in.payload);
       } catch (const Error& e) {
@@ -611,7 +701,13 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
         err_type = "RemoteError";
         err_msg = box->cls->name + "." + in.env.method + " raised: " + e.what();
       }
+      tl_handling = nullptr;
       tl_caller = nullptr;
+      if (handling.deferred) {
+        // The method took its answer: it is sent by whoever holds it, or now if it threw.
+        if (!err_type.empty()) handling.deferred->error(err_type, err_msg);
+        continue;
+      }
       if (!wants_reply) {
         if (!err_type.empty()) spdlog::warn("one-way call failed: {}", err_msg);
         continue;

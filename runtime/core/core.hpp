@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -56,6 +57,14 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
                                   Payload&& args, bool oneway) override;
   void await(CallState& st, Millis timeout) override;
   Payload call_head(const std::string& method, Payload&& args, Millis timeout) override;
+  // A request whose outcome `done` receives, on the I/O thread (or the one that ends it):
+  // never blocks, so the head can call nodes without waiting on them. `done` must not block.
+  std::shared_ptr<CallState> call_async(const std::shared_ptr<ActorRef>& ref,
+                                        const std::string& method, Payload&& args,
+                                        std::function<void(CallState&)> done);
+  // Sends the answer to a request taken with defer_reply().
+  void answer(zmq::message_t&& routing_id, uint64_t corr, const std::string& error_type,
+              const std::string& error_message, Payload&& result);
   std::string address() const override;
   const security::Settings& security() const override { return opts_.security; }
 
@@ -107,6 +116,9 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   void finish(const std::shared_ptr<CallState>& st, const std::string& error_type,
               const std::string& error_message, Payload&& result);
   void resolve(ActorRef& ref);
+  std::shared_ptr<CallState> send_call(std::shared_ptr<CallState> st,
+                                       const std::shared_ptr<ActorRef>& ref, Payload&& args,
+                                       bool oneway, std::function<void(CallState&)> done = {});
 
   CoreOptions opts_;
   std::string address_;
@@ -119,6 +131,9 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   std::unordered_map<uint64_t, std::shared_ptr<CallState>> pending_;
   std::map<std::string, PeerState> peers_;
   std::map<std::string, int64_t> dead_peers_;  // address -> when we declared it dead
+  // What call_async runs when a call ends, by correlation id (kept here, not in CallState,
+  // so that actor code does not recompile for it).
+  std::unordered_map<uint64_t, std::function<void(CallState&)>> on_done_;
 
   mutable std::mutex actors_mu_;
   std::map<std::string, std::shared_ptr<Mailbox>> actors_;
@@ -137,6 +152,34 @@ struct CallerInfo {
   bool member() const { return role == security::Role::member; }
 };
 const CallerInfo& current_caller();
+
+// The answer to the request that the current actor method handles, taken to be sent later:
+// the method returns at once (its return value is dropped) and whoever holds this answers,
+// from any thread, once. Dropped unanswered, it answers with an error. The head uses it to
+// answer a spawn when the node has created the actor, without waiting for that.
+class DeferredReply {
+ public:
+  DeferredReply(std::weak_ptr<Core> core, zmq::message_t routing_id, uint64_t corr,
+                bool wants_reply, std::string what);
+  ~DeferredReply();
+  DeferredReply(const DeferredReply&) = delete;
+  DeferredReply& operator=(const DeferredReply&) = delete;
+
+  void ok(Payload&& result);
+  void error(const std::string& type, const std::string& message);
+  const std::string& what() const { return what_; }
+
+ private:
+  std::mutex mu_;
+  std::weak_ptr<Core> core_;
+  zmq::message_t routing_id_;
+  uint64_t corr_;
+  bool open_;  // a request not yet answered
+  std::string what_;
+};
+
+// Inside an actor method: takes its answer (nullptr outside one).
+std::shared_ptr<DeferredReply> defer_reply();
 
 // The Core of the process that runs the current actor method, or of the
 // process's driver runtime. Set by nodes and by Runtime::connect.

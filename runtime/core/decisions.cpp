@@ -23,6 +23,20 @@ std::string num(double v) {
 
 }  // namespace
 
+namespace {
+void count(NodeView& v, const ActorInfo& a) {
+  for (auto& [k, amount] : a.resources)
+    if (k != "gpu") v.used[k] += amount;
+  if (!a.gpus.empty()) v.gpus.push_back({a.gpus, a.share_gpus});
+  v.actors++;
+}
+void count_gpus(NodeView& v) {
+  std::set<int> held;
+  for (const GpuHold& h : v.gpus) held.insert(h.indices.begin(), h.indices.end());
+  if (!held.empty()) v.used["gpu"] = double(held.size());
+}
+}  // namespace
+
 std::vector<NodeView> node_views(const std::vector<NodeRecord>& nodes,
                                  const std::vector<ActorInfo>& actors) {
   std::vector<NodeView> out;
@@ -35,18 +49,19 @@ std::vector<NodeView> node_views(const std::vector<NodeRecord>& nodes,
     auto it = at.find(a.node_id);
     if (it == at.end() || (a.state != ActorState::alive && a.state != ActorState::pending))
       continue;
-    NodeView& v = out[it->second];
-    for (auto& [k, amount] : a.resources)
-      if (k != "gpu") v.used[k] += amount;
-    if (!a.gpus.empty()) v.gpus.push_back({a.gpus, a.share_gpus});
-    v.actors++;
+    count(out[it->second], a);
   }
-  for (NodeView& v : out) {
-    std::set<int> held;
-    for (const GpuHold& h : v.gpus) held.insert(h.indices.begin(), h.indices.end());
-    if (!held.empty()) v.used["gpu"] = double(held.size());
-  }
+  for (NodeView& v : out) count_gpus(v);
   return out;
+}
+
+void occupy(std::vector<NodeView>& views, const ActorInfo& actor) {
+  for (NodeView& v : views)
+    if (v.id == actor.node_id) {
+      count(v, actor);
+      count_gpus(v);
+      return;
+    }
 }
 
 std::optional<std::vector<int>> assign_gpus(int total, const std::vector<GpuHold>& held, int count,
@@ -159,6 +174,13 @@ std::vector<FailureDetector::Verdict> FailureDetector::dead(int64_t now) const {
     int64_t silent = now - s.changed_at;
     if (silent >= timeout_ms_) out.push_back({node, "missed heartbeats for " + human_ms(silent)});
   }
+  return out;
+}
+
+std::set<std::string> FailureDetector::suspects(int64_t now) const {
+  std::set<std::string> out;
+  for (auto& [node, s] : seen_)
+    if (now - s.changed_at >= timeout_ms_ / 2) out.insert(node);
   return out;
 }
 

@@ -41,6 +41,10 @@ std::vector<NodeView> node_views(const std::vector<NodeRecord>& nodes,
 std::optional<std::vector<int>> assign_gpus(int total, const std::vector<GpuHold>& held, int count,
                                             bool shared);
 
+// Counts `actor` (placed, pending or alive) on its node in `views`, as node_views() would: a
+// tick that places many actors updates its views instead of recomputing them.
+void occupy(std::vector<NodeView>& views, const ActorInfo& actor);
+
 struct Placement {
   std::optional<std::string> node;  // where to place, or nothing
   std::string reason;               // why nothing fits ("no node has 2 free gpu: ...")
@@ -75,6 +79,8 @@ class FailureDetector {
     std::string reason;  // "missed heartbeats for 2.1 s"
   };
   std::vector<Verdict> dead(int64_t now) const;
+  // Nodes silent for half the timeout or more: not dead yet, but no place for a new actor.
+  std::set<std::string> suspects(int64_t now) const;
 
   int64_t timeout_ms() const { return timeout_ms_; }
 

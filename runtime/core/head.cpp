@@ -3,6 +3,9 @@
 // state of its own that is not in the store, so a restarted head resumes.
 #include <spdlog/spdlog.h>
 
+#include <atomic>
+#include <functional>
+#include <set>
 #include <thread>
 
 #include "runtime/core/actor.hpp"
@@ -33,6 +36,25 @@ void check_size(const char* field, size_t bytes, size_t limit) {
                        " bytes, more than the limit of " + std::to_string(limit) + " bytes");
 }
 
+// Runs on the head's thread once a node has answered create_actor: the actor as recorded
+// then (alive, restarting or dead) and, when it failed, the error's type and message.
+using Started = std::function<void(const ActorInfo& info, const std::string& error_type,
+                                   const std::string& error)>;
+
+struct Creation {
+  uint64_t seq = 0;
+  std::string node_id, address;
+  int64_t sent_ms = 0;
+  bool restart = false;
+  Started done;
+};
+
+// A node that has not answered create_actor in this long while still heartbeating: the
+// actor is recorded dead (a constructor that loads LibTorch takes seconds, not minutes).
+constexpr int64_t kCreateTimeoutMs = 60000;
+// Actors a tick starts or declares dead at most; the others wait for the next tick.
+constexpr int64_t kMaxStartsPerTick = 64;
+
 class HeadService {
  public:
   HeadService(HeadConfig cfg, std::shared_ptr<membership::Store> store, std::string address)
@@ -52,7 +74,9 @@ class HeadService {
     if (req.class_name.rfind("loco.", 0) == 0)
       throw PermissionError("spawn: " + escape_remote(req.class_name, 64) +
                             " is one of the runtime's own classes; it cannot be spawned");
-    return with_store([&] {
+    // Answered once the node has created the actor (or failed to): the head does not wait.
+    auto reply = detail::defer_reply();
+    with_store([&] {
       // Actors named "<job id>.<...>" are the job's, and write its log: a client may not
       // place one of its own among them.
       if (!detail::current_caller().member()) {
@@ -63,11 +87,21 @@ class HeadService {
                                   ", whose actors only the job itself starts");
         }
       }
-      return spawn_impl(std::move(req));
+      return spawn_impl(std::move(req), [reply](const ActorInfo& info, const std::string& type,
+                                                const std::string& error) {
+        if (!reply) return;
+        if (info.state == ActorState::dead)
+          reply->error(type.empty() ? "ClusterError" : type, reply->what() + ": " + error);
+        else
+          reply->ok(detail::pack_payload(info));  // alive, or restarting elsewhere
+      });
     });
+    return {};
   }
 
-  ActorInfo spawn_impl(SpawnRequest req) {
+  // Places the actor and asks its node to create it; `done` runs when the node has answered.
+  // Returns the new actor's id.
+  std::string spawn_impl(SpawnRequest req, Started done) {
     check_size("spawn: class name", req.class_name.size(), kMaxJobNameBytes);
     check_size("spawn: actor name", req.name.size(), kMaxJobNameBytes);
     // Kept in the actor's record in the store, and sent again on every restart.
@@ -91,18 +125,23 @@ class HeadService {
     rec.info.share_gpus = req.share_gpus;
     rec.ctor_args = req.ctor_args;
     auto nodes = live_nodes();
-    Placement where = place(views(nodes), rec.info.resources, {}, rec.info.share_gpus);
+    Placement where = place_on(views(nodes), rec.info);
     if (!where.node)
       throw SchedulingError("cannot place " + describe(rec.info) + " needing " +
                             format_resources(rec.info.resources) +
                             (rec.info.share_gpus ? " (gpus shared)" : "") + ": " + where.reason);
-    start_on(rec, nodes.at(*where.node), where.gpus);  // throws when the node refuses
     if (!req.name.empty()) store_->hput(keys::kNames, req.name, rec.info.id);
+    const bool views_were_clean = !views_dirty_;
+    start_on(rec, nodes.at(*where.node), where.gpus, false, std::move(done));
+    if (views_were_clean) {
+      occupy(views_cache_, rec.info);  // the only change since views() computed them
+      views_dirty_ = false;
+    }
     event({{"type", "spawn"},
            {"actor", rec.info.id},
            {"class", rec.info.class_name},
            {"node", rec.info.node_id}});
-    return rec.info;
+    return rec.info.id;
   }
 
   ActorInfo locate(std::string id) {
@@ -135,48 +174,64 @@ class HeadService {
     guard_store();
     auto rec = actor(id);
     if (!rec) throw ActorNotFoundError("no actor with id " + id);
-    if (rec->info.state == ActorState::alive) {
+    // One that is still being created is killed after its creation (the node handles both in
+    // order); whoever waits on that creation learns the outcome below.
+    Creation creating = take_creation(id);
+    if (rec->info.state == ActorState::alive || rec->info.state == ActorState::pending) {
       if (auto node = node_record(rec->info.node_id)) tell_node(*node, "kill_actor", id);
     }
     if (allow_restart && rec->info.restarts < rec->info.max_restarts) {
       to_restart(*rec, "killed by request");
-      try_restart(*rec);
+      auto nodes = live_nodes();
+      auto placement = views(nodes);
+      try_restart(*rec, nodes, placement);
     } else {
       rec->info.state = ActorState::dead;
       rec->info.reason = "killed by request";
       save(*rec);
     }
+    report(creating, rec->info, "ActorDiedError", "killed by request");
   }
 
   ClusterStatus status() {
-    return with_store([&] { return status_impl(); });
+    return with_store([&] { return status_impl(StatusQuery{}); });
   }
 
-  ClusterStatus status_impl() {
+  ClusterStatus status_query(StatusQuery q) {
+    if (!q.state.empty()) (void)parse_actor_state(q.state);  // an unknown state is an error
+    return with_store([&] { return status_impl(q); });
+  }
+
+  ClusterStatus status_impl(const StatusQuery& q) {
     guard_store();
     ClusterStatus st;
     st.head_address = address_;
     st.redis_url = membership::redact_url(cfg_.redis_url);
-    for (auto& [id, a] : all_actors()) st.actors.push_back(a.info);
-    std::vector<NodeRecord> nodes;
-    for (auto& [id, n] : all_nodes()) nodes.push_back(n);
-    auto used = node_views(nodes, st.actors);
-    for (size_t i = 0; i < nodes.size(); ++i) st.nodes.push_back({nodes[i], used[i].used});
-    for (auto& e : store_->read(keys::kEvents, "0", 1000)) {
+    std::map<std::string, NodeRecord> nodes = all_nodes();
+    auto used = views_of(nodes, actors_index());
+    size_t i = 0;
+    for (auto& [id, n] : nodes) st.nodes.push_back({n, used[i++].used});
+    for (auto& [id, a] : actors_index()) {
+      if (!q.state.empty() && to_string(a.info.state) != q.state) continue;
+      if (!q.node.empty() && a.info.node_id != q.node) continue;
+      if (st.actors_total++ < q.offset) continue;
+      if (q.limit == 0 || st.actors.size() < q.limit) st.actors.push_back(a.info);
+    }
+    for (auto& e : store_->read_last(keys::kEvents, 20)) {
       std::string line;
       for (auto& [k, v] : e.fields) line += (line.empty() ? "" : " ") + k + "=" + v;
       st.recent_events.push_back(line);
     }
-    if (st.recent_events.size() > 20)
-      st.recent_events.erase(st.recent_events.begin(), st.recent_events.end() - 20);
     return st;
   }
 
+  // Answered once the entry actor is created (or failed to be).
   JobInfo submit_job(JobSubmission sub) {
-    return with_store([&] { return submit_job_impl(std::move(sub)); });
+    auto reply = detail::defer_reply();
+    return with_store([&] { return submit_job_impl(std::move(sub), reply); });
   }
 
-  JobInfo submit_job_impl(JobSubmission sub) {
+  JobInfo submit_job_impl(JobSubmission sub, std::shared_ptr<detail::DeferredReply> reply) {
     guard_store();
     if (sub.entry_class.empty()) throw ClusterError("submit: the job names no entry actor class");
     check_size("submit: name", sub.name.size(), kMaxJobNameBytes);
@@ -197,8 +252,21 @@ class HeadService {
     req.name = job.id + ".entry";
     req.resources = sub.resources;
     req.max_restarts = sub.max_restarts;
+    std::string job_id = job.id;
+    auto started = [this, job_id, reply](const ActorInfo& info, const std::string& type,
+                                         const std::string& error) {
+      if (info.state == ActorState::dead) {
+        JobInfo j = job_record(job_id);
+        if (!j.finished()) finish(j, JobState::failed, "could not start the job: " + error);
+        if (reply)
+          reply->error(type.empty() ? "ClusterError" : type,
+                       reply->what() + ": could not start the job: " + error);
+      } else if (reply) {
+        reply->ok(detail::pack_payload(job_record(job_id)));
+      }
+    };
     try {
-      job.entry_actor = spawn_impl(req).id;
+      job.entry_actor = spawn_impl(req, started);
     } catch (const std::exception& e) {
       finish(job, JobState::failed, std::string("could not start the job: ") + e.what());
       throw;
@@ -289,8 +357,51 @@ class HeadService {
     });
   }
 
+  // What a node answered to create_actor, posted by start_on's callback to the head's own
+  // mailbox, so that it never races a request. An answer to a creation that was superseded (the
+  // node was declared dead meanwhile, the actor killed) is dropped.
+  void created(std::string id, uint64_t seq, std::string error_type, std::string error) {
+    auto it = creating_.find(id);
+    if (it == creating_.end() || it->second.seq != seq) return;
+    Creation c = std::move(it->second);
+    creating_.erase(it);
+    try {
+      auto rec = actor(id);
+      if (!rec) return;
+      if (!error_type.empty()) {
+        start_failed(*rec, c, error_type, error);
+        return;
+      }
+      rec->info.state = ActorState::alive;
+      rec->info.reason.clear();
+      save(*rec);
+      if (c.restart) {
+        event({{"type", "actor_restarted"}, {"actor", id}, {"node", rec->info.node_id}});
+        spdlog::info("head: restarted {} on node {} (restart {}/{})", describe(rec->info),
+                     rec->info.node_id, rec->info.restarts, rec->info.max_restarts);
+      }
+      report(c, rec->info, "", "");
+    } catch (const membership::StoreError& e) {
+      // The record stays pending: the next tick asks the node again (create_actor is
+      // idempotent). Whoever waits learns that this attempt could not be recorded.
+      store_was_down_ = true;
+      ActorInfo unknown;
+      unknown.id = id;
+      unknown.state = ActorState::dead;
+      report(c, unknown, "ClusterError", std::string("the head cannot reach Redis: ") + e.what());
+    }
+  }
+
+  // Posts a tick unless one is queued or running: a slow tick absorbs the next ones instead
+  // of letting them pile up behind it.
+  bool claim_tick() { return !tick_queued_.exchange(true); }
+
   // Runs every tick_ms on the head's own mailbox thread, so it never races a request.
   void tick() {
+    struct Release {
+      std::atomic<bool>& flag;
+      ~Release() { flag = false; }
+    } release{tick_queued_};
     int64_t now = now_ms();
     try {
       auto nodes = all_nodes();
@@ -298,6 +409,7 @@ class HeadService {
         spdlog::info("head: Redis at {} is reachable again",
                      membership::redact_url(cfg_.redis_url));
         detector_.grace(now);
+        index_valid_ = false;  // read the actor table again: the store is the truth
         store_was_down_ = false;
       }
       for (auto& [id, n] : nodes) {
@@ -317,15 +429,55 @@ class HeadService {
         event({{"type", "death"}, {"node", n.id}, {"reason", v.reason}});
         spdlog::warn("head: node {} ({}) {}: declared dead", n.id, n.address, v.reason);
       }
-      // Actors on nodes that are gone: restart (when allowed) or mark dead.
-      for (auto& [id, rec] : all_actors()) {
-        if (rec.info.state == ActorState::dead) continue;
+      // Actors on nodes that are gone: restart (when allowed) or mark dead. Every start is
+      // asynchronous; the tick only sends them, placing on views it updates as it goes.
+      std::map<std::string, NodeRecord> live;
+      for (auto& [id, n] : nodes)
+        if (n.state == NodeState::alive) live.emplace(id, n);
+      auto placement = views_of(live, actors_index());
+      // The few actors that need work: not dead, and not simply alive on a live node.
+      std::vector<std::string> todo;
+      for (auto& [id, r] : actors_index())
+        if (r.info.state != ActorState::dead &&
+            (r.info.state != ActorState::alive || !live.count(r.info.node_id)))
+          todo.push_back(id);
+      const uint64_t first_creation = creations_;
+      int deaths = 0;
+      for (const std::string& id : todo) {
+        // Bounded work per tick: the rest waits for the next one, 100 ms later, so that a mass
+        // failure never holds the head's thread (and every request) for long.
+        if (int64_t(creations_ - first_creation) + deaths >= kMaxStartsPerTick) break;
+        auto found = index_.find(id);
+        if (found == index_.end()) continue;
+        ActorRecord rec = found->second;
         if (rec.info.state == ActorState::restarting) {
-          try_restart(rec);
+          try_restart(rec, live, placement);
           continue;
         }
         auto n = nodes.find(rec.info.node_id);
-        if (n != nodes.end() && n->second.state == NodeState::alive) continue;
+        bool node_alive = n != nodes.end() && n->second.state == NodeState::alive;
+        if (rec.info.state == ActorState::pending) {
+          auto c = creating_.find(id);
+          if (c == creating_.end() && node_alive) {
+            // The head restarted while the node was creating it: ask again (idempotent).
+            start_on(rec, n->second, rec.info.gpus, rec.info.restarts > 0, nullptr);
+            continue;
+          }
+          if (c != creating_.end() && node_alive) {
+            if (now - c->second.sent_ms < kCreateTimeoutMs) continue;
+            Creation late = take_creation(id);
+            start_failed(rec, late, "TimeoutError",
+                         "create_actor got no answer within " + human_ms(kCreateTimeoutMs));
+            continue;
+          }
+          if (c != creating_.end()) {
+            Creation lost = take_creation(id);
+            start_failed(rec, lost, "ActorDiedError", "the node died or left");
+            if (rec.info.state == ActorState::restarting) try_restart(rec, live, placement);
+            continue;
+          }
+        }
+        if (node_alive) continue;
         std::string why = n == nodes.end()
                               ? "its node is unknown"
                               : "node " + n->second.id + " (" + n->second.address + ") " +
@@ -333,19 +485,22 @@ class HeadService {
                                     (n->second.reason.empty() ? "" : ": " + n->second.reason);
         if (rec.info.restarts < rec.info.max_restarts) {
           to_restart(rec, why);
-          try_restart(rec);
+          try_restart(rec, live, placement);
         } else {
           rec.info.state = ActorState::dead;
           rec.info.reason = why + (rec.info.max_restarts ? "; no restarts left" : "");
           save(rec);
+          ++deaths;
           event({{"type", "actor_dead"}, {"actor", rec.info.id}, {"reason", rec.info.reason}});
           spdlog::warn("head: {} is dead: {}", describe(rec.info), rec.info.reason);
         }
       }
-      check_jobs(all_actors());
+      check_jobs(actors_index());
+      forget_the_dead(nodes, now);
     } catch (const membership::StoreUnavailable& e) {
       if (!store_was_down_) spdlog::warn("head: Redis unreachable, will retry: {}", e.what());
       store_was_down_ = true;
+      index_valid_ = false;
     } catch (const std::exception& e) {
       spdlog::error("head: tick failed: {}", e.what());
     }
@@ -387,14 +542,20 @@ class HeadService {
   }
   // Kills every live actor named "<job id>.*", without restarts.
   void kill_job_actors(const std::string& job_id, const std::string& why) {
-    for (auto& [id, rec] : all_actors()) {
-      if (rec.info.name.rfind(job_id + ".", 0) != 0 || rec.info.state == ActorState::dead) continue;
-      if (rec.info.state == ActorState::alive) {
+    std::vector<std::string> ids;
+    for (auto& [id, r] : actors_index())
+      if (r.info.name.rfind(job_id + ".", 0) == 0 && r.info.state != ActorState::dead)
+        ids.push_back(id);
+    for (const std::string& id : ids) {
+      ActorRecord rec = index_.at(id);
+      Creation creating = take_creation(id);
+      if (rec.info.state == ActorState::alive || rec.info.state == ActorState::pending) {
         if (auto node = node_record(rec.info.node_id)) tell_node(*node, "kill_actor", id);
       }
       rec.info.state = ActorState::dead;
       rec.info.reason = why;
       save(rec);
+      report(creating, rec.info, "ActorDiedError", why);
     }
   }
   // A running job whose entry actor is dead has failed.
@@ -416,6 +577,7 @@ class HeadService {
       return f();
     } catch (const membership::StoreError& e) {
       store_was_down_ = true;
+      index_valid_ = false;
       throw ClusterError(std::string("the head cannot reach Redis: ") + e.what());
     }
   }
@@ -438,17 +600,82 @@ class HeadService {
     store_->append(keys::kEvents, fields);
   }
 
-  void save(const ActorRecord& rec) { store_->hput(keys::kActors, rec.info.id, pack_str(rec)); }
-
-  std::optional<ActorRecord> actor(const std::string& id) {
-    auto v = store_->hget(keys::kActors, id);
-    if (!v) return std::nullopt;
-    return unpack_str<ActorRecord>(*v);
+  // Writes through: the store first, then the index (a failed write leaves both as they were).
+  void save(const ActorRecord& rec) {
+    store_->hput(keys::kActors, rec.info.id, pack_str(rec));
+    if (!index_valid_) return;
+    auto& slot = index_[rec.info.id];
+    // What the actor occupies changed: placement's cached views no longer hold.
+    if (occupies(slot.info) != occupies(rec.info) ||
+        (occupies(rec.info) &&
+         (slot.info.node_id != rec.info.node_id || slot.info.gpus != rec.info.gpus)))
+      views_dirty_ = true;
+    slot = rec;
+    if (rec.info.state == ActorState::dead)
+      dead_since_.emplace(rec.info.id, now_ms());
+    else
+      dead_since_.erase(rec.info.id);
   }
-  std::map<std::string, ActorRecord> all_actors() {
-    std::map<std::string, ActorRecord> out;
-    for (auto& [id, v] : store_->hgetall(keys::kActors)) out[id] = unpack_str<ActorRecord>(v);
-    return out;
+
+  // The actor table, held in memory so that no request or tick decodes it all: read from the
+  // store when the head starts and again after the store was lost (the store is the truth).
+  const std::map<std::string, ActorRecord>& actors_index() {
+    if (!index_valid_) {
+      std::map<std::string, ActorRecord> fresh;
+      for (auto& [id, v] : store_->hgetall(keys::kActors)) fresh[id] = unpack_str<ActorRecord>(v);
+      index_.swap(fresh);
+      int64_t now = now_ms();
+      std::map<std::string, int64_t> dead;
+      for (auto& [id, r] : index_)
+        if (r.info.state == ActorState::dead) {
+          auto was = dead_since_.find(id);
+          dead[id] = was == dead_since_.end() ? now : was->second;
+        }
+      dead_since_.swap(dead);
+      index_valid_ = true;
+      views_dirty_ = true;
+    }
+    return index_;
+  }
+  std::optional<ActorRecord> actor(const std::string& id) {
+    auto& index = actors_index();
+    auto it = index.find(id);
+    if (it == index.end()) return std::nullopt;
+    return it->second;
+  }
+
+  // Dead actors, and nodes dead or gone, are forgotten `retention_ms` after the head saw them so
+  // (by its own clock; a restarted head starts counting again): the tables and every pass over
+  // them stay the size of the live cluster.
+  void forget_the_dead(const std::map<std::string, NodeRecord>& nodes, int64_t now) {
+    const int64_t keep = cfg_.retention_ms;
+    for (auto it = dead_since_.begin(); it != dead_since_.end();) {
+      if (now - it->second < keep) {
+        ++it;
+        continue;
+      }
+      auto rec = index_.find(it->first);
+      if (rec != index_.end()) {
+        const std::string& name = rec->second.info.name;
+        if (!name.empty() && store_->hget(keys::kNames, name) == it->first)
+          store_->hdel(keys::kNames, name);
+        store_->hdel(keys::kActors, it->first);
+        index_.erase(rec);
+      }
+      it = dead_since_.erase(it);
+    }
+    for (auto& [id, n] : nodes) {
+      if (n.state == NodeState::alive) {
+        node_gone_since_.erase(id);
+        continue;
+      }
+      auto [it, fresh] = node_gone_since_.emplace(id, now);
+      if (fresh || now - it->second < keep) continue;
+      store_->hdel(keys::kNodes, id);
+      store_->erase(keys::alive(id));
+      node_gone_since_.erase(it);
+    }
+    std::erase_if(node_gone_since_, [&](auto& kv) { return !nodes.count(kv.first); });
   }
   std::map<std::string, NodeRecord> all_nodes() {
     std::map<std::string, NodeRecord> out;
@@ -465,12 +692,33 @@ class HeadService {
     std::erase_if(nodes, [](auto& kv) { return kv.second.state != NodeState::alive; });
     return nodes;
   }
+  static bool occupies(const ActorInfo& a) {
+    return a.state == ActorState::alive || a.state == ActorState::pending;
+  }
+  // Placement's view of `nodes`, computed from the whole index only when what actors occupy
+  // changed other than by the spawns that update it themselves (spawn_impl): a spawn costs
+  // the number of nodes, not of actors.
   std::vector<NodeView> views(const std::map<std::string, NodeRecord>& nodes) {
+    std::set<std::string> ids;
+    for (auto& [id, n] : nodes) ids.insert(id);
+    const auto& index = actors_index();
+    if (views_dirty_ || ids != views_nodes_) {
+      views_cache_ = views_of(nodes, index);
+      views_nodes_ = std::move(ids);
+      views_dirty_ = false;
+    }
+    return views_cache_;
+  }
+  static std::vector<NodeView> views_of(const std::map<std::string, NodeRecord>& nodes,
+                                        const std::map<std::string, ActorRecord>& actors) {
     std::vector<NodeRecord> ns;
     for (auto& [id, n] : nodes) ns.push_back(n);
-    std::vector<ActorInfo> actors;
-    for (auto& [id, a] : all_actors()) actors.push_back(a.info);
-    return node_views(ns, actors);
+    std::vector<ActorInfo> infos;  // only those that occupy one of `nodes`
+    for (auto& [id, a] : actors)
+      if ((a.info.state == ActorState::alive || a.info.state == ActorState::pending) &&
+          nodes.count(a.info.node_id))
+        infos.push_back(a.info);
+    return node_views(ns, infos);
   }
 
   // The node's built-in service, at a known address.
@@ -484,15 +732,6 @@ class HeadService {
     return ref;
   }
 
-  template <class R, class... A>
-  R call_node(const NodeRecord& node, const std::string& method, const A&... args) {
-    auto core = detail::current_core();
-    auto st =
-        core->call(node_ref(node), method, detail::pack_payload(std::make_tuple(args...)), false);
-    core->await(*st, Millis(30000));
-    if constexpr (!std::is_void_v<R>) return detail::unpack_payload<R>(st->result, method);
-  }
-
   // One-way: the head never waits on a kill, because the actor being killed may
   // itself be waiting on the head (its destructor, say) and the head has one thread.
   template <class... A>
@@ -501,26 +740,83 @@ class HeadService {
                                  detail::pack_payload(std::make_tuple(args...)), true);
   }
 
-  // Creates the actor on `node` with the node's GPU indices `gpus` and records it
-  // alive there; on failure records it dead and rethrows.
-  void start_on(ActorRecord& rec, const NodeRecord& node, const std::vector<int>& gpus) {
+  // Records the actor pending on `node` with the node's GPU indices `gpus` and asks the node
+  // to create it, without waiting: created() takes the answer on the head's thread, records
+  // the actor alive (or start_failed) and then runs `done`.
+  void start_on(ActorRecord& rec, const NodeRecord& node, const std::vector<int>& gpus,
+                bool restart, Started done) {
     rec.info.state = ActorState::pending;
     rec.info.node_id = node.id;
     rec.info.address = node.address;
     rec.info.gpus = gpus;
     save(rec);
-    try {
-      call_node<void>(node, "create_actor",
-                      CreateActorRequest{rec.info.id, rec.info.class_name, rec.ctor_args, gpus});
-    } catch (const std::exception& e) {
+    const uint64_t seq = ++creations_;
+    const std::string id = rec.info.id;
+    creating_[id] = Creation{seq, node.id, node.address, now_ms(), restart, std::move(done)};
+    auto core = detail::current_core();
+    std::weak_ptr<detail::Core> weak = core;
+    core->call_async(node_ref(node), "create_actor",
+                     detail::pack_payload(std::make_tuple(CreateActorRequest{
+                         rec.info.id, rec.info.class_name, rec.ctor_args, gpus})),
+                     [weak, id, seq](detail::CallState& st) {
+                       if (auto c = weak.lock())
+                         c->post("@head", "created",
+                                 detail::pack_payload(
+                                     std::make_tuple(id, seq, st.error_type, st.error_message)));
+                     });
+  }
+
+  // A start that failed. When its node was lost (declared dead, left, suspected, or it
+  // stopped answering) the actor did not fail: the attempt uses up no restart, and an actor
+  // with restarts is placed again. Otherwise (its constructor threw, its class is unknown
+  // there, no answer in time) it is dead.
+  void start_failed(ActorRecord& rec, Creation& c, const std::string& type,
+                    const std::string& error) {
+    auto node = node_record(c.node_id);
+    bool node_lost = type == "ActorDiedError" || !node || node->state != NodeState::alive ||
+                     detector_.suspects(now_ms()).count(c.node_id);
+    std::string why =
+        "could not be created on node " + c.node_id + " (" + c.address + "): " + error;
+    if (node_lost && c.restart && rec.info.restarts > 0) rec.info.restarts--;
+    if (node_lost && rec.info.restarts < rec.info.max_restarts) {
+      to_restart(rec, why);
+    } else {
       rec.info.state = ActorState::dead;
-      rec.info.reason = std::string("could not be created on node ") + node.id + ": " + e.what();
+      rec.info.reason = why;
       save(rec);
-      throw;
+      event({{"type", "actor_dead"}, {"actor", rec.info.id}, {"reason", why}});
+      spdlog::warn("head: {} is dead: {}", describe(rec.info), why);
     }
-    rec.info.state = ActorState::alive;
-    rec.info.reason.clear();
-    save(rec);
+    report(c, rec.info, type, why);
+  }
+
+  // Tells whoever waits on a creation how it ended, once.
+  void report(Creation& c, const ActorInfo& info, const std::string& type,
+              const std::string& error) {
+    Started done = std::move(c.done);
+    c.done = nullptr;
+    if (!done) return;
+    try {
+      done(info, type, error);
+    } catch (const std::exception& e) {
+      spdlog::warn("head: after the start of {}: {}", describe(info), e.what());
+    }
+  }
+
+  // Places on a node the failure detector does not suspect when one fits, else on any
+  // (after an outage of Redis every node may be silent for a while, and none is dead).
+  Placement place_on(const std::vector<NodeView>& placement, const ActorInfo& a) {
+    Placement where = place(placement, a.resources, detector_.suspects(now_ms()), a.share_gpus);
+    if (!where.node) where = place(placement, a.resources, {}, a.share_gpus);
+    return where;
+  }
+
+  Creation take_creation(const std::string& id) {
+    auto it = creating_.find(id);
+    if (it == creating_.end()) return {};
+    Creation c = std::move(it->second);
+    creating_.erase(it);
+    return c;
   }
 
   void to_restart(ActorRecord& rec, const std::string& why) {
@@ -531,9 +827,11 @@ class HeadService {
     spdlog::warn("head: restarting {}: {}", describe(rec.info), why);
   }
 
-  void try_restart(ActorRecord& rec) {
-    auto nodes = live_nodes();
-    Placement where = place(views(nodes), rec.info.resources, {}, rec.info.share_gpus);
+  // Places a restarting actor on a live node that the failure detector does not suspect and
+  // starts it there (asynchronously), counting it in `placement`.
+  void try_restart(ActorRecord& rec, const std::map<std::string, NodeRecord>& live,
+                   std::vector<NodeView>& placement) {
+    Placement where = place_on(placement, rec.info);
     if (!where.node) {
       if (rec.info.reason.find("waiting:") == std::string::npos) {
         rec.info.reason += "; waiting: " + where.reason;
@@ -541,16 +839,9 @@ class HeadService {
       }
       return;
     }
-    std::string why = rec.info.reason;
     rec.info.restarts++;
-    try {
-      start_on(rec, nodes.at(*where.node), where.gpus);
-      event({{"type", "actor_restarted"}, {"actor", rec.info.id}, {"node", rec.info.node_id}});
-      spdlog::info("head: restarted {} on node {} (restart {}/{})", describe(rec.info),
-                   rec.info.node_id, rec.info.restarts, rec.info.max_restarts);
-    } catch (const std::exception& e) {
-      spdlog::error("head: restarting {} failed: {}", describe(rec.info), e.what());
-    }
+    start_on(rec, live.at(*where.node), where.gpus, true, nullptr);
+    occupy(placement, rec.info);
   }
 
   HeadConfig cfg_;
@@ -558,6 +849,20 @@ class HeadService {
   std::string address_;
   FailureDetector detector_;
   bool store_was_down_ = false;
+  // Creations sent to nodes and not answered yet, by actor id (in memory: a restarted head
+  // asks the nodes again for the actors the store shows pending).
+  std::map<std::string, Creation> creating_;
+  uint64_t creations_ = 0;
+  std::atomic<bool> tick_queued_{false};
+  // The actor table (actors_index()), and since when (head clock) each dead actor and each
+  // node not alive has been so, for forget_the_dead().
+  std::map<std::string, ActorRecord> index_;
+  bool index_valid_ = false;
+  std::map<std::string, int64_t> dead_since_, node_gone_since_;
+  // views(): placement's view of the nodes `views_nodes_`, valid unless `views_dirty_`.
+  std::vector<NodeView> views_cache_;
+  std::set<std::string> views_nodes_;
+  bool views_dirty_ = true;
 };
 
 LOCO_REGISTER(HeadService, loco::ActorClass<HeadService>("loco.Head")
@@ -567,7 +872,9 @@ LOCO_REGISTER(HeadService, loco::ActorClass<HeadService>("loco.Head")
                                .method("lookup", &HeadService::lookup)
                                .method("kill", &HeadService::kill)
                                .method("status", &HeadService::status)
+                               .method("status_query", &HeadService::status_query)
                                .internal_method("tick", &HeadService::tick)
+                               .internal_method("created", &HeadService::created)
                                .method("submit_job", &HeadService::submit_job)
                                .internal_method("job_event", &HeadService::job_event)
                                .internal_method("job_finished", &HeadService::job_finished)
@@ -609,8 +916,8 @@ int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
     return 1;
   }
   detail::current_core() = core;
-  core->host("@head", detail::class_entry<HeadService>(),
-             std::make_shared<HeadService>(cfg, store, core->address()));
+  auto service = std::make_shared<HeadService>(cfg, store, core->address());
+  core->host("@head", detail::class_entry<HeadService>(), service);
   spdlog::info("head serving at {} ({}) with Redis at {}", core->address(),
                cfg.security.curve
                    ? "CURVE, cluster key " + security::short_key(cfg.security.cluster.public_key)
@@ -618,7 +925,7 @@ int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
                membership::redact_url(cfg.redis_url));
   if (on_ready) on_ready(core->address());
   while (!stop.load()) {
-    core->post("@head", "tick", detail::pack_payload(std::tuple<>()));
+    if (service->claim_tick()) core->post("@head", "tick", detail::pack_payload(std::tuple<>()));
     std::this_thread::sleep_for(Millis(cfg.tick_ms));
   }
   core->shutdown();

@@ -1,14 +1,13 @@
 // A node: hosts actors, advertises its resources, heartbeats into the store.
-#include <dirent.h>
-#include <dlfcn.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "runtime/core/actor.hpp"
 #include "runtime/core/core.hpp"
+#include "runtime/core/plugins.hpp"
 #include "runtime/core/server.hpp"
 #include "runtime/membership/store.hpp"
 
@@ -25,15 +24,23 @@ std::string host_name() {
 // create and kill actors here.
 class NodeService {
  public:
-  NodeService(std::string node_id, std::string address, PathRoots roots)
-      : node_id_(std::move(node_id)), address_(std::move(address)), roots_(std::move(roots)) {}
+  NodeService(std::string node_id, std::string address, PathRoots roots,
+              std::shared_ptr<Plugins> plugins)
+      : node_id_(std::move(node_id)),
+        address_(std::move(address)),
+        roots_(std::move(roots)),
+        plugins_(std::move(plugins)) {}
 
   void create_actor(CreateActorRequest req) {
+    // Asked again (a restarted head re-sends the creations it finds pending): already done.
+    auto hosted = detail::current_core()->hosted();
+    if (std::find(hosted.begin(), hosted.end(), req.actor_id) != hosted.end()) return;
+    // Loads the plugin that offers the class, the first time one of its classes is asked for.
+    plugins_->provide(req.class_name);
     const detail::ClassEntry* cls = detail::Registry::instance().find(req.class_name);
     if (!cls || !cls->factory) {
       std::string known;
-      for (auto& n : detail::Registry::instance().class_names())
-        if (n.rfind("loco.", 0) != 0) known += (known.empty() ? "" : ", ") + n;
+      for (auto& n : plugins_->offered()) known += (known.empty() ? "" : ", ") + n;
       throw ActorNotFoundError("actor class '" + req.class_name + "' is not available on node " +
                                node_id_ + " (" + address_ + "); it has: " +
                                (known.empty() ? "none (load a plugin with --plugin)" : known));
@@ -65,6 +72,7 @@ class NodeService {
  private:
   std::string node_id_, address_;
   PathRoots roots_;
+  std::shared_ptr<Plugins> plugins_;
 };
 
 LOCO_REGISTER(NodeService, loco::ActorClass<NodeService>("loco.Node")
@@ -72,47 +80,13 @@ LOCO_REGISTER(NodeService, loco::ActorClass<NodeService>("loco.Node")
                                .internal_method("kill_actor", &NodeService::kill_actor)
                                .internal_method("actors", &NodeService::actors));
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 }  // namespace
-
-std::vector<std::string> load_plugins(const std::vector<std::string>& paths) {
-  std::vector<std::string> files;
-  for (const std::string& p : paths) {
-    struct stat st;
-    if (::stat(p.c_str(), &st) != 0)
-      throw std::runtime_error("plugin path " + p + " does not exist");
-    if (S_ISDIR(st.st_mode)) {
-      DIR* d = ::opendir(p.c_str());
-      if (!d) continue;
-      std::vector<std::string> found;
-      while (dirent* e = ::readdir(d)) {
-        std::string n = e->d_name;
-        if (n.rfind("lib", 0) == 0 && ends_with(n, ".so")) found.push_back(p + "/" + n);
-      }
-      ::closedir(d);
-      std::sort(found.begin(), found.end());
-      files.insert(files.end(), found.begin(), found.end());
-    } else {
-      files.push_back(p);
-    }
-  }
-  for (const std::string& f : files) {
-    if (!::dlopen(f.c_str(), RTLD_NOW | RTLD_GLOBAL))
-      throw std::runtime_error("cannot load plugin " + f + ": " + ::dlerror());
-    spdlog::debug("loaded plugin {}", f);
-  }
-  return files;
-}
 
 int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
              const std::function<void(const std::string&)>& on_ready) {
-  std::vector<std::string> plugins;
+  std::shared_ptr<Plugins> plugins;
   try {
-    plugins = load_plugins(cfg.plugins);
+    plugins = std::make_shared<Plugins>(cfg.plugins);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;
@@ -178,7 +152,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   auto heartbeat = [&] { store->put(keys::alive(node_id), std::to_string(++beat), ttl); };
   auto serve = [&] {
     core->host("@node", detail::class_entry<NodeService>(),
-               std::make_shared<NodeService>(node_id, rec.address, roots));
+               std::make_shared<NodeService>(node_id, rec.address, roots, plugins));
   };
   auto join = [&] {
     store->hput(keys::kNodes, node_id, packed(rec));
@@ -197,14 +171,15 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
     core->shutdown();
     return 1;
   }
-  spdlog::info("node {} serving at {} with {} ({} plugins)", node_id, rec.address,
-               format_resources(rec.resources), plugins.size());
+  spdlog::info("node {} serving at {} with {} ({} plugins known, {} loaded)", node_id, rec.address,
+               format_resources(rec.resources), plugins->known(), plugins->loaded().size());
   if (on_ready) on_ready(rec.address);
 
   const Millis period(std::max<int64_t>(20, info.heartbeat_ms));
   Backoff backoff(Millis(100), Millis(2000));
   bool store_down = false;
   int64_t next_beat = now_ms();
+  int64_t last_beat = now_ms();  // of the last heartbeat the store took
   while (!stop.load()) {
     int64_t now = now_ms();
     if (now < next_beat) {
@@ -212,14 +187,25 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
       continue;
     }
     try {
-      if (store_down || beat % 16 == 0) {
+      // How long the store has taken no heartbeat of ours (an outage, or this process stopped).
+      const int64_t silent = now_ms() - last_beat;
+      if (store_down || beat % 16 == 0 || silent >= info.detect_ms) {
         // After an outage (or every few beats): make sure our record is there, and
         // that the head has not declared us dead in the meantime.
         auto cur = store->hget(keys::kNodes, node_id);
-        if (cur) {
-          NodeRecord r = detail::unpack_bounded(cur->data(), cur->size(), "a node record")
-                             .get()
-                             .as<NodeRecord>();
+        // Silent for the detection time or longer (cut off, stopped), and the record gone: the
+        // head declared this node dead and forgot it after its retention time.
+        const bool forgotten = !cur && silent >= info.detect_ms;
+        if (cur || forgotten) {
+          NodeRecord r;
+          if (cur) {
+            r = detail::unpack_bounded(cur->data(), cur->size(), "a node record")
+                    .get()
+                    .as<NodeRecord>();
+          } else {
+            r.state = NodeState::dead;
+            r.reason = "its record is gone after " + human_ms(silent) + " of silence";
+          }
           if (r.state == NodeState::dead) {
             // Cut off for longer than the detection time: the cluster has moved on
             // (our actors were restarted elsewhere or declared dead). Drop them and
@@ -236,6 +222,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
                 old_id, r.reason, node_id);
             serve();
             join();
+            last_beat = now_ms();
             next_beat = now_ms() + period.count();
             continue;
           }
@@ -244,6 +231,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
         }
       }
       heartbeat();
+      last_beat = now_ms();
       if (store_down)
         spdlog::info("node {}: Redis at {} is back", node_id,
                      membership::redact_url(info.redis_url));

@@ -123,5 +123,8 @@ void Runtime::job_finished(const std::string& job_id, JobState state, const std:
 }
 
 ClusterStatus Runtime::status() { return core_->head_call<ClusterStatus>("status", Millis(10000)); }
+ClusterStatus Runtime::status(const StatusQuery& query) {
+  return core_->head_call<ClusterStatus>("status_query", Millis(10000), query);
+}
 
 }  // namespace loco

@@ -68,6 +68,8 @@ class Runtime {
   // Kills an actor; with allow_restart it is restarted if it has restarts left.
   void kill(const std::string& actor_id, bool allow_restart = false);
   ClusterStatus status();
+  // Only the actors `query` asks for (a state, a node, a page); nodes and events as status().
+  ClusterStatus status(const StatusQuery& query);
 
   // Jobs (see JobSubmission). Clients submit and watch; a job's actors report.
   JobInfo submit_job(const JobSubmission& sub);

@@ -16,6 +16,9 @@ struct HeadConfig {
   std::string redis_url;  // required
   int64_t detect_ms = 2000;
   int64_t tick_ms = 100;
+  // Dead actors and nodes dead or gone are removed from the store this long after the head
+  // saw them so (`loco start --head --retention-s`).
+  int64_t retention_ms = 600000;
   size_t max_message_bytes = size_t(1) << 30;
   security::Settings security;  // `loco start` resolves --key / --insecure into this
 };
@@ -23,9 +26,11 @@ struct HeadConfig {
 struct NodeConfig {
   std::string head_address;  // "HOST:PORT"
   std::string bind = "tcp://0.0.0.0:0";
-  std::string advertise;             // host others reach this node at; "" = the bound host
-  Resources resources;               // default: cpu = number of cores
-  std::vector<std::string> plugins;  // shared libraries (or folders of them) with actor classes
+  std::string advertise;  // host others reach this node at; "" = the bound host
+  Resources resources;    // default: cpu = number of cores
+  // Shared libraries (loaded at start) or folders of them (loaded when an actor needs one:
+  // plugins.hpp).
+  std::vector<std::string> plugins;
   size_t max_message_bytes = size_t(1) << 30;
   int64_t connect_timeout_ms = 30000;
   // What the jobs of its actors may read and write (loco start --data-root,
@@ -42,10 +47,6 @@ int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
              const std::function<void(const std::string&)>& on_ready = {});
 int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
              const std::function<void(const std::string&)>& on_ready = {});
-
-// Loads actor classes from shared libraries: each path is a .so file or a
-// folder whose lib*.so files are all loaded. Throws naming the file on failure.
-std::vector<std::string> load_plugins(const std::vector<std::string>& paths);
 
 // Keys in the membership store.
 namespace keys {

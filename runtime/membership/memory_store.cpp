@@ -167,6 +167,18 @@ class MemoryStore final : public Store {
     return events;
   }
 
+  std::vector<Event> read_last(const std::string& stream, size_t max_count) override {
+    std::lock_guard lock(mutex_);
+    Value* v = live(stream, clock_());
+    if (!v) return {};
+    const Stream& s = as<Stream>(*v, stream);
+    const size_t skip = s.entries.size() > max_count ? s.entries.size() - max_count : 0;
+    std::vector<Event> events;
+    for (auto it = s.entries.begin() + skip; it != s.entries.end(); ++it)
+      events.push_back(Event{it->first.str(), it->second});
+    return events;
+  }
+
   void ping() override {}
 
   std::string describe() const override { return "memory"; }

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -242,18 +243,31 @@ class RedisStore final : public Store {
     if (max_count == 0) return {};
     const std::string start = "(" + after_id;  // exclusive range start, Redis >= 6.2
     const std::string count = std::to_string(max_count);
-    Reply r = command({"XRANGE", stream, start, "+", "COUNT", count});
-    if (r->type != REDIS_REPLY_ARRAY) throw unexpected("XRANGE", r.get());
+    return events_of(command({"XRANGE", stream, start, "+", "COUNT", count}), "XRANGE");
+  }
+
+  std::vector<Event> read_last(const std::string& stream, size_t max_count) override {
+    if (max_count == 0) return {};
+    const std::string count = std::to_string(max_count);
+    auto events = events_of(command({"XREVRANGE", stream, "+", "-", "COUNT", count}), "XREVRANGE");
+    std::reverse(events.begin(), events.end());
+    return events;
+  }
+
+  // The entries of an XRANGE/XREVRANGE reply, in the reply's order.
+  std::vector<Event> events_of(const Reply& r, const char* what) {
+    if (r->type != REDIS_REPLY_ARRAY) throw unexpected(what, r.get());
     std::vector<Event> events;
     events.reserve(r->elements);
     for (size_t i = 0; i < r->elements; ++i) {
       const redisReply* entry = r->element[i];
       if (entry->type != REDIS_REPLY_ARRAY || entry->elements != 2 ||
           entry->element[0]->type != REDIS_REPLY_STRING) {
-        throw unexpected("XRANGE entry", entry);
+        throw unexpected(std::string(what) + " entry", entry);
       }
       events.push_back(
-          Event{reply_string(entry->element[0]), field_map(entry->element[1], "XRANGE fields")});
+          Event{reply_string(entry->element[0]),
+                field_map(entry->element[1], (std::string(what) + " fields").c_str())});
     }
     return events;
   }

@@ -13,7 +13,8 @@
 //   * keys with a TTL disappear once the TTL has passed (by the store's clock);
 //   * stream ids are strings that compare in append order (Redis "ms-seq" ids;
 //     use stream_id_less to compare), read() returns events strictly after
-//     `after_id` ("0" = from the beginning), oldest first;
+//     `after_id` ("0" = from the beginning), oldest first; read_last() the
+//     newest ones, oldest first;
 //   * all methods are safe to call from several threads;
 //   * as in Redis, a key holds one kind of value (plain, hash or stream): using
 //     it as another kind is a StoreError ("WRONGTYPE ..."), put() replaces any
@@ -77,6 +78,8 @@ class Store {
                              size_t max_len = 10000) = 0;
   virtual std::vector<Event> read(const std::string& stream, const std::string& after_id,
                                   size_t max_count = 1000) = 0;
+  // The newest `max_count` events, oldest first (what "recent events" shows).
+  virtual std::vector<Event> read_last(const std::string& stream, size_t max_count) = 0;
 
   // Round trip to the store; throws StoreUnavailable when it cannot be reached.
   virtual void ping() = 0;

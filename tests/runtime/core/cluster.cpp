@@ -73,10 +73,16 @@ std::string LocalCluster::start_process(std::vector<std::string> argv, const std
 }
 
 void LocalCluster::start_head() {
-  start_process({loco_binary(), "start", "--head", "--block", "--host=127.0.0.1",
-                 "--port=" + std::to_string(head_port_), "--redis=" + redis_->url(),
-                 "--detect-ms=" + std::to_string(opts_.detect_ms)},
-                "head", head_);
+  std::vector<std::string> argv = {loco_binary(),
+                                   "start",
+                                   "--head",
+                                   "--block",
+                                   "--host=127.0.0.1",
+                                   "--port=" + std::to_string(head_port_),
+                                   "--redis=" + redis_->url(),
+                                   "--detect-ms=" + std::to_string(opts_.detect_ms)};
+  argv.insert(argv.end(), opts_.extra_head_args.begin(), opts_.extra_head_args.end());
+  start_process(argv, "head", head_);
 }
 
 void LocalCluster::kill_head() { head_->kill(); }

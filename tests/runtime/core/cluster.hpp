@@ -23,6 +23,7 @@ struct ClusterOptions {
   std::string node_resources = "cpu=4";
   bool redis_appendonly = false;
   std::vector<std::string> extra_node_args;
+  std::vector<std::string> extra_head_args;
   std::string path_root = "/tmp";  // every node's --data-root and --checkpoint-root
   // Plugins the nodes load ($LOCO_PLUGIN_PATH); default: the test actors only,
   // so that runtime tests do not load LibTorch in every node.

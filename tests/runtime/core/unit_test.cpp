@@ -381,6 +381,44 @@ TEST(FailureDetector, DeadOnlyAfterTimeoutWithoutHeartbeatChange) {
   EXPECT_EQ(fd.dead(12000).size(), 1u);
 }
 
+// Placement avoids a node silent for half the detection time, before it is declared dead.
+TEST(FailureDetector, ANodeSilentForHalfTheTimeoutIsSuspectedBeforeItIsDead) {
+  FailureDetector fd(2000);
+  fd.observe("a", "1", 0);
+  fd.observe("b", "1", 0);
+  fd.observe("a", "2", 900);
+  EXPECT_TRUE(fd.suspects(999).empty());
+  EXPECT_EQ(fd.suspects(1000), std::set<std::string>{"b"});
+  EXPECT_TRUE(fd.dead(1000).empty());
+  EXPECT_EQ(fd.suspects(1900), (std::set<std::string>{"a", "b"}));
+}
+
+// A tick that places many actors updates its views as node_views() would count them.
+TEST(Placement, OccupyCountsAnActorAsNodeViewsDoes) {
+  std::vector<NodeRecord> nodes(2);
+  nodes[0].id = "n1";
+  nodes[0].resources = {{"cpu", 4}, {"gpu", 2}};
+  nodes[1].id = "n2";
+  nodes[1].resources = {{"cpu", 4}};
+  ActorInfo a;
+  a.id = "a1";
+  a.node_id = "n1";
+  a.state = ActorState::pending;
+  a.resources = {{"cpu", 1}, {"gpu", 1}};
+  a.gpus = {1};
+  auto views = node_views(nodes, {});
+  occupy(views, a);
+  auto expected = node_views(nodes, {a});
+  for (size_t i = 0; i < views.size(); ++i) {
+    EXPECT_EQ(views[i].used, expected[i].used) << views[i].id;
+    EXPECT_EQ(views[i].actors, expected[i].actors) << views[i].id;
+    EXPECT_EQ(views[i].gpus.size(), expected[i].gpus.size()) << views[i].id;
+  }
+  EXPECT_EQ(views[0].used.at("gpu"), 1);
+  // The next exclusive GPU actor gets the other index.
+  EXPECT_EQ(place(views, {{"gpu", 1}}).gpus, std::vector<int>{0});
+}
+
 // Two runtimes in one process: a "node" Core hosting a Counter, and a caller.
 class InProcess : public ::testing::Test {
  protected:
@@ -463,6 +501,106 @@ TEST_F(InProcess, LargeBlobsRoundTrip) {
   double s =
       counter_.call(&testing::Counter::sum, Blob::from_values(std::move(v))).get(Millis(20000));
   EXPECT_DOUBLE_EQ(s, 0.5 * (4 << 20));
+}
+
+// An actor whose methods take their answer to send it later (as the head answers a spawn once
+// the node has answered).
+class Deferring {
+ public:
+  ~Deferring() {
+    for (auto& t : threads_) t.join();
+  }
+  int later(int v) {  // answered from another thread, after the method returned
+    auto reply = detail::defer_reply();
+    threads_.emplace_back([reply, v] { reply->ok(detail::pack_payload(v + 1)); });
+    return 0;  // dropped: the answer is the one sent later
+  }
+  int dropped() {  // takes its answer and lets it go
+    (void)detail::defer_reply();
+    return 0;
+  }
+  int thrown() {
+    (void)detail::defer_reply();
+    throw std::runtime_error("boom");
+  }
+
+ private:
+  std::vector<std::thread> threads_;
+};
+LOCO_REGISTER(Deferring, loco::ActorClass<Deferring>("test.Deferring")
+                             .method("later", &Deferring::later)
+                             .method("dropped", &Deferring::dropped)
+                             .method("thrown", &Deferring::thrown));
+
+TEST(DeferredReply, AMethodAnswersLaterFromAnotherThreadAndAnAnswerDroppedIsAnError) {
+  detail::CoreOptions node;
+  node.bind = "tcp://127.0.0.1:0";
+  node.self_name = "node test";
+  auto host = std::make_shared<detail::Core>(node);
+  host->host("a-deferring", detail::class_entry<Deferring>(), std::make_shared<Deferring>());
+  detail::CoreOptions caller_opts;
+  caller_opts.self_name = "caller";
+  auto caller = std::make_shared<detail::Core>(caller_opts);
+  auto ref = std::make_shared<detail::ActorRef>();
+  ref->id = "a-deferring";
+  ref->address = host->address();
+  ActorHandle<Deferring> d(caller, ref);
+  EXPECT_EQ(d.call(&Deferring::later, 41).get(Millis(5000)), 42);
+  try {
+    (void)d.call(&Deferring::dropped).get(Millis(5000));
+    FAIL() << "a dropped answer arrived";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find("test.Deferring.dropped was dropped unanswered"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    (void)d.call(&Deferring::thrown).get(Millis(5000));
+    FAIL() << "a method that threw answered";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find("boom"), std::string::npos) << e.what();
+  }
+  caller->shutdown();
+  host->shutdown();
+}
+
+// A call to a node's service that gets no answer names that node, never "the head" (the
+// head's own calls to nodes once read "create_actor on the head died ...").
+TEST(Messages, ANodeThatDoesNotAnswerIsNamedAsTheNodeNotTheHead) {
+  zmq::context_t ctx;
+  zmq::socket_t silent(ctx, zmq::socket_type::router);  // takes calls, never answers
+  silent.set(zmq::sockopt::linger, 0);
+  silent.bind("tcp://127.0.0.1:*");
+  std::string endpoint = silent.get(zmq::sockopt::last_endpoint);
+  std::string address = endpoint.substr(endpoint.find("//") + 2);
+
+  detail::CoreOptions opts;
+  opts.self_name = "head";
+  opts.detect_ms = 300;
+  opts.heartbeat_ms = 60;
+  auto core = std::make_shared<detail::Core>(opts);
+  auto node = std::make_shared<detail::ActorRef>();
+  node->id = "@node";
+  node->class_name = "node";
+  node->fixed = true;
+  node->address = address;
+  node->node_id = "n-silent";
+  EXPECT_EQ(node->describe(), "node n-silent (" + address + ")");
+  EXPECT_EQ(core->head_ref()->describe(), "the head");
+
+  auto st = core->call(node, "create_actor", detail::pack_payload(std::make_tuple(1)), false);
+  try {
+    core->await(*st, Millis(10000));
+    FAIL() << "a silent node answered";
+  } catch (const ActorDiedError& e) {
+    std::string what = e.what();
+    EXPECT_EQ(what.find("the head"), std::string::npos) << what;
+    EXPECT_NE(what.find("node n-silent (" + address + ") died or is unreachable"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("create_actor on node n-silent"), std::string::npos) << what;
+  }
+  core->shutdown();
 }
 
 TEST(PathRoots, PathsResolveUnderTheRootOrAreRefusedNamingTheField) {

@@ -269,6 +269,21 @@ TEST_P(StoreTest, StreamReadsInAppendOrderAfterAnExclusiveId) {
   EXPECT_EQ(paged, ids);
 }
 
+TEST_P(StoreTest, ReadLastGivesTheNewestEventsOldestFirst) {
+  EXPECT_TRUE(store().read_last("events", 3).empty());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 1200; ++i)
+    ids.push_back(store().append("events", {{"i", std::to_string(i)}}));
+  auto last = store().read_last("events", 3);
+  ASSERT_EQ(last.size(), 3u);
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_EQ(last[j].id, ids[1197 + j]);
+    EXPECT_EQ(last[j].fields.at("i"), std::to_string(1197 + j));
+  }
+  EXPECT_EQ(store().read_last("events", 5000).size(), 1200u);
+  EXPECT_TRUE(store().read_last("events", 0).empty());
+}
+
 TEST_P(StoreTest, StreamRejectsBadInput) {
   EXPECT_THROW(store().append("s", {}), StoreError);
   store().append("s", {{"f", "v"}});
