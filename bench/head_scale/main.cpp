@@ -1,7 +1,8 @@
 // The head at scale, on loopback, with the test plugin only: N nodes, A small actors with
 // max_restarts 1 spawned in batches (the spawn rate of each batch shows whether the cost of a
-// spawn grows with the cluster), the time of a full status and of a page of 100, then K nodes
-// killed with SIGKILL at once: how long until each is declared dead, until every actor runs
+// spawn grows with the cluster, and the last batch's rate over the first's), the time of a full
+// status and of a page of 100, a head killed and started again (until it answers with every
+// actor alive, and a spawn after it), then K nodes killed with SIGKILL at once: how long until each is declared dead, until every actor runs
 // again, how many were lost, and how long the head took to answer status all along.
 //
 //   bench_head_scale [--nodes 32] [--actors 2000] [--kill 8] [--detect-ms 2000] [--batch 250]
@@ -58,14 +59,17 @@ int main(int argc, char** argv) {
               static_cast<long long>(detect_ms));
 
   std::printf("%-14s %-12s\n", "actors", "spawns/s");
+  std::vector<double> rates;
   for (int done = 0; done < actors;) {
     int n = std::min(batch, actors - done);
     auto t = Clock::now();
     for (int i = 0; i < n; ++i)
       (void)rt.spawn<testing::Counter>(ActorOptions().with_max_restarts(1), done + i);
     done += n;
-    std::printf("%-14d %-12.0f\n", done, n * 1000.0 / std::max(1e-3, ms_since(t)));
+    rates.push_back(n * 1000.0 / std::max(1e-3, ms_since(t)));
+    std::printf("%-14d %-12.0f\n", done, rates.back());
   }
+  std::printf("last batch / first batch: %.2f\n", rates.back() / rates.front());
   std::vector<double> full, page;
   for (int i = 0; i < 20; ++i) {
     auto t = Clock::now();
@@ -77,6 +81,33 @@ int main(int argc, char** argv) {
   }
   std::printf("status, all %d actors: median %.1f ms; a page of 100: median %.1f ms\n", actors,
               bench::median(full), bench::median(page));
+
+  // The head killed and started again: how long until it answers with every actor alive.
+  {
+    c.kill_head();
+    auto t = Clock::now();
+    c.start_head();
+    const double started_ms = ms_since(t);
+    double answered_ms = -1;
+    while (answered_ms < 0 && ms_since(t) < 60000) {
+      try {
+        int alive = 0;
+        for (auto& a : rt.status().actors) alive += a.state == ActorState::alive;
+        if (alive == actors) answered_ms = ms_since(t);
+      } catch (const Error&) {
+      }
+      if (answered_ms < 0) std::this_thread::sleep_for(Millis(10));
+    }
+    auto t_spawn = Clock::now();
+    (void)rt.spawn<testing::Counter>(ActorOptions().with_max_restarts(1), 0)
+        .call(&testing::Counter::get)
+        .get(Millis(10000));
+    ++actors;  // the mass failure below moves it too
+    std::printf(
+        "head restart: up in %.0f ms, status with all %d actors alive after %.0f ms, a spawn "
+        "and call after it %.1f ms\n",
+        started_ms, actors, answered_ms, ms_since(t_spawn));
+  }
 
   ClusterStatus before = rt.status();
   std::set<std::string> victims;
