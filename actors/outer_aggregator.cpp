@@ -602,6 +602,8 @@ void OuterAggregator::State::run() {
   // This round's members' figures and who missed its deadline, for the round's report.
   std::vector<MemberFigures> round_members;
   std::vector<int> round_late;
+  // Seconds of every all-reduce attempt of this aggregator's life (the dashboard's network time).
+  double allreduce_total = 0;
   auto report = [&](int64_t r, double loss, std::optional<double> val, double tok_s, double util,
                     int members, double round_time, uint64_t hash) {
     // The simulator's line format (loco-train writes the same), plus the job's figures.
@@ -614,8 +616,9 @@ void OuterAggregator::State::run() {
     m.val_loss = val;
     m.theta_hash = hash;
     const int failed = records.failed_attempts();
+    const double job_seconds = job_time();
     records.round(m,
-                  RoundFigures{util, members, round_time, job_time(), round_members, round_late});
+                  RoundFigures{util, members, round_time, job_seconds, round_members, round_late});
     JobProgress p;
     p.step = r;
     p.total = rounds;
@@ -633,6 +636,11 @@ void OuterAggregator::State::run() {
     p.metrics["utilization"] = util;
     p.metrics["workers"] = members;
     if (!round_late.empty()) p.metrics["late"] = double(round_late.size());
+    // For the dashboard's axes and /metrics: tokens so far, the round's and the job's seconds.
+    p.metrics["tokens"] = double(m.tokens_total);
+    p.metrics["round_time"] = round_time;
+    p.metrics["job_time"] = job_seconds;
+    p.metrics["allreduce_seconds_total"] = allreduce_total;
     publish([this, p] { rt.job_progress(job_id, p); });
   };
 
@@ -790,6 +798,7 @@ void OuterAggregator::State::run() {
           if (!rr[i]) rec.errors.push_back({group[i], errors[i].gone, errors[i].message});
         }
         records.attempt(rec);
+        allreduce_total += rec.seconds;
         if (!rec.errors.empty()) failed_secs += rec.seconds;
         std::vector<MemberOutcome> outcomes;
         for (size_t i = 0; i < group.size(); ++i) {

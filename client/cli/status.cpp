@@ -5,6 +5,7 @@
 
 #include "client/cli/commands.hpp"
 #include "client/cli/common.hpp"
+#include "client/dashboard/views.hpp"
 #include "runtime/core/runtime.hpp"
 
 namespace loco::cli {
@@ -44,11 +45,16 @@ void print_status(const ClusterStatus& st) {
 
 void add_status_command(CLI::App& app, Commands& out) {
   auto address = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
   auto* status = app.add_subcommand("status", "nodes, resources and actors of a cluster");
   status->add_option("--address", *address, "head HOST:PORT");
-  out.push_back({status, [address] {
+  status->add_flag("--json", *json, "as JSON (the dashboard's /api/cluster)");
+  out.push_back({status, [address, json] {
                    auto rt = Runtime::connect(head_address(*address));
-                   print_status(rt.status());
+                   if (*json)
+                     std::printf("%s\n", dashboard::cluster_json(rt.status()).dump(2).c_str());
+                   else
+                     print_status(rt.status());
                    return 0;
                  }});
 }
