@@ -636,8 +636,14 @@ void OuterAggregator::State::run() {
     p.metrics["utilization"] = util;
     p.metrics["workers"] = members;
     if (!round_late.empty()) p.metrics["late"] = double(round_late.size());
-    // For the dashboard's axes and /metrics: tokens so far, the round's and the job's seconds.
-    p.metrics["tokens"] = double(m.tokens_total);
+    // For the dashboard's axes and /metrics: the tokens the round's members processed, the
+    // round's and the job's seconds.
+    int64_t round_tokens = 0;
+    for (const MemberFigures& f : round_members) round_tokens += f.tokens;
+    // Streaming and eager rounds do not list their members' figures: H steps each.
+    if (round_members.empty() && r > 0)
+      round_tokens = int64_t(members) * cfg.inner.steps * int64_t(cfg.tokens_per_inner_step());
+    p.metrics["round_tokens"] = double(round_tokens);
     p.metrics["round_time"] = round_time;
     p.metrics["job_time"] = job_seconds;
     p.metrics["allreduce_seconds_total"] = allreduce_total;

@@ -91,8 +91,8 @@ void JobHistory::add_report(const JobProgress& p, int64_t at) {
             std::to_string(workers - had) + " joined: " + std::to_string(had) + " -> " +
                 std::to_string(workers)});
     if (workers < had)
-      note({at, p.step, "loss",
-            std::to_string(had - workers) + " lost: " + std::to_string(had) + " -> " +
+      note({at, p.step, "left",
+            std::to_string(had - workers) + " left: " + std::to_string(had) + " -> " +
                 std::to_string(workers)});
     if (metric(p, "redo") > metric(before->progress, "redo"))
       note({at, p.step, "redo", "went back and redid the round"});
@@ -217,7 +217,7 @@ json jobs_json(const std::vector<JobInfo>& jobs,
 json job_json(const JobInfo& j, const JobHistory& h) {
   json out = job_info_json(j, &h);
   json rounds = json::array();
-  double bytes_before = 0;
+  double bytes_before = 0, tokens = 0;
   for (const auto& [r, point] : h.rounds()) {
     const JobProgress& p = point.progress;
     json row = {{"round", r}, {"unix_ms", point.unix_ms}, {"note", p.note}};
@@ -226,7 +226,15 @@ json job_json(const JobInfo& j, const JobHistory& h) {
     const double bytes = metric(p, "bytes_per_worker");
     row["round_bytes"] = number(bytes - bytes_before);
     bytes_before = bytes;
+    // Tokens along θ's history (rounds redone count once): the x axis of the loss curves.
+    if (p.metrics.count("round_tokens")) {
+      tokens += metric(p, "round_tokens");
+      row["tokens"] = tokens;
+    }
     if (!p.metrics.count("val_loss")) row["val_loss"] = nullptr;
+    // Round 0 evaluates θ before training: no inner steps, so no training figures.
+    if (r == 0)
+      for (const char* k : {"loss", "utilization", "round_bytes", "tokens_per_s"}) row[k] = nullptr;
     rounds.push_back(std::move(row));
   }
   out["rounds_done"] = rounds;

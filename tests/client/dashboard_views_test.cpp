@@ -40,7 +40,7 @@ TEST(DashboardViews, HistoryTellsJoinsLossesRetriesAndRedoneRounds) {
   ASSERT_EQ(h.rounds().size(), 3u);
   std::vector<std::string> kinds;
   for (const TimelineEntry& t : h.timeline()) kinds.push_back(t.kind);
-  EXPECT_EQ(kinds, (std::vector<std::string>{"loss", "retry", "join"}));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"left", "retry", "join"}));
   EXPECT_EQ(h.timeline().front().round, 2);
   EXPECT_EQ(h.timeline().front().unix_ms, 2000);
   ASSERT_EQ(h.lines().size(), 1u);
@@ -78,8 +78,9 @@ TEST(DashboardViews, AMalformedReportIsALineNotARound) {
 
 TEST(DashboardViews, JobJsonHasBytesPerRoundAndNullsForMissingOrNonFiniteFigures) {
   JobHistory h;
-  h.add(report(1000, 1, {{"loss", 5}, {"bytes_per_worker", 100}, {"val_loss", 4.5}}));
-  h.add(report(2000, 2, {{"loss", std::nan("")}, {"bytes_per_worker", 250}}));
+  h.add(report(1000, 1,
+               {{"loss", 5}, {"bytes_per_worker", 100}, {"val_loss", 4.5}, {"round_tokens", 30}}));
+  h.add(report(2000, 2, {{"loss", std::nan("")}, {"bytes_per_worker", 250}, {"round_tokens", 20}}));
   JobInfo j;
   j.id = "job-1";
   j.name = "t";
@@ -87,12 +88,27 @@ TEST(DashboardViews, JobJsonHasBytesPerRoundAndNullsForMissingOrNonFiniteFigures
   ASSERT_EQ(out["rounds_done"].size(), 2u);
   EXPECT_EQ(out["rounds_done"][0]["round_bytes"], 100.0);
   EXPECT_EQ(out["rounds_done"][1]["round_bytes"], 150.0);
+  // Tokens add up over the rounds (a report carries its round's).
+  EXPECT_EQ(out["rounds_done"][0]["tokens"], 30.0);
+  EXPECT_EQ(out["rounds_done"][1]["tokens"], 50.0);
   EXPECT_EQ(out["rounds_done"][0]["val_loss"], 4.5);
   EXPECT_TRUE(out["rounds_done"][1]["val_loss"].is_null());
   EXPECT_TRUE(out["rounds_done"][1]["loss"].is_null());
   EXPECT_EQ(out["round"], 2);
   EXPECT_EQ(out["rounds"], 10);
   EXPECT_EQ(nlohmann::json::parse(out.dump()), out);
+}
+
+TEST(DashboardViews, RoundZeroHasOnlyItsValidation) {
+  JobHistory h;
+  h.add(report(1000, 0, {{"loss", 0}, {"val_loss", 5.5}, {"utilization", 0}, {"workers", 3}}));
+  JobInfo j;
+  const nlohmann::json out = job_json(j, h);
+  ASSERT_EQ(out["rounds_done"].size(), 1u);
+  EXPECT_TRUE(out["rounds_done"][0]["loss"].is_null());
+  EXPECT_TRUE(out["rounds_done"][0]["utilization"].is_null());
+  EXPECT_EQ(out["rounds_done"][0]["val_loss"], 5.5);
+  EXPECT_EQ(out["rounds_done"][0]["workers"], 3);
 }
 
 ClusterStatus two_nodes() {
