@@ -126,6 +126,8 @@ struct OuterAggregator::State {
   // report; the grace window's samples), and the last round's seconds per inner step.
   std::deque<double> lateness;
   std::vector<double> step_seconds;
+  // The per-step figures of the round in progress, one list per member that finished.
+  std::vector<std::vector<StepFigures>> round_steps;
   std::map<int, int64_t> tokens_of;  // this round's tokens per member (inner.budget: time)
 
   // The inner phase of a round with a deadline: waits until every member reported or the
@@ -211,6 +213,26 @@ struct OuterAggregator::State {
                            const std::function<Future<T>(ActorHandle<InnerWorker>&)>& call);
   void run();
   void plot(const std::string& jsonl, const std::string& png);
+  // The round's per-step figures into the job's log (a "steps" record: msgpack of
+  // std::vector<JobProgress>, step = the job's inner step), for the dashboard. At most 500
+  // steps a round (evenly spaced), so that the record stays well under the head's 64 KiB.
+  void publish_steps(int64_t r, const std::vector<StepFigures>& steps) {
+    const size_t stride = (steps.size() + 499) / 500;
+    std::vector<JobProgress> out;
+    for (size_t i = 0; i < steps.size(); i += stride) {
+      JobProgress p;
+      p.step = (r - 1) * cfg.inner.steps + int64_t(i) + 1;
+      p.total = total_steps;
+      p.metrics = {{"loss", steps[i].loss}, {"lr", steps[i].lr}, {"grad_norm", steps[i].grad_norm}};
+      if (steps[i].seconds > 0)
+        p.metrics["tokens_per_s"] = double(steps[i].tokens) / steps[i].seconds;
+      out.push_back(std::move(p));
+    }
+    msgpack::sbuffer buf;
+    msgpack::pack(buf, out);
+    std::string data(buf.data(), buf.size());
+    publish([this, data] { rt.job_record(job_id, "steps", data); });
+  }
 };
 
 // The last checkpoint this job recorded, when the aggregator was restarted.
@@ -617,8 +639,10 @@ void OuterAggregator::State::run() {
     m.theta_hash = hash;
     const int failed = records.failed_attempts();
     const double job_seconds = job_time();
-    records.round(m,
-                  RoundFigures{util, members, round_time, job_seconds, round_members, round_late});
+    const std::vector<StepFigures> steps = per_step_means(round_steps);
+    records.round(
+        m, RoundFigures{util, members, round_time, job_seconds, round_members, round_late, steps});
+    if (!steps.empty()) publish_steps(r, steps);
     JobProgress p;
     p.step = r;
     p.total = rounds;
@@ -696,6 +720,7 @@ void OuterAggregator::State::run() {
     std::vector<int> members = active();
     round_members.clear();
     round_late.clear();
+    round_steps.clear();
     std::vector<int> ready, group;
     double loss = 0, inner_secs = 0;
     std::optional<uint64_t> agreed;
@@ -740,6 +765,7 @@ void OuterAggregator::State::run() {
           tokens_of[members[i]] = results[i]->tokens;
           round_members.push_back(
               {members[i], results[i]->steps, results[i]->tokens, results[i]->seconds});
+          round_steps.push_back(results[i]->per_step);
           if (results[i]->steps > 0)
             step_seconds.push_back(results[i]->seconds / results[i]->steps);
           steps_line += (steps_line.empty() ? "" : ", ") + std::to_string(members[i]) + ": " +
@@ -1101,6 +1127,7 @@ bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vecto
   for (size_t i = 0; i < members.size(); ++i) {
     loss += res[i]->inner.mean_loss;
     inner_secs += res[i]->inner.seconds;
+    round_steps.push_back(res[i]->inner.per_step);
   }
   loss /= double(members.size());
   theta_hash = d.theta_hash;

@@ -44,6 +44,8 @@ tr.job { cursor: pointer; } tr.selected td { background: #dde7f5; }
 <figure><figcaption>Utilization (inner-step time / wall time)</figcaption><canvas id="chart-util" data-points="0"></canvas></figure>
 <figure><figcaption>All-reduce bytes per worker, per round</figcaption><canvas id="chart-bytes" data-points="0"></canvas></figure>
 <figure><figcaption>Members per round</figcaption><canvas id="chart-members" data-points="0"></canvas></figure>
+<figure><figcaption>Per step: loss and gradient norm (mean over the round's workers)</figcaption><canvas id="chart-steps" data-points="0"></canvas></figure>
+<figure><figcaption>Per step: learning rate and tokens/s (all workers)</figcaption><canvas id="chart-step-rate" data-points="0"></canvas></figure>
 </div>
 <h3>Timeline</h3>
 <table id="timeline"><thead><tr><th>time</th><th>round</th><th>event</th><th></th></tr></thead><tbody></tbody></table>
@@ -143,18 +145,19 @@ function xOf(r, job) {
   return r.tokens ?? r.inner_step ?? r.round;
 }
 
-function chart(id, datasets, yTitle) {
+function chart(id, datasets, yTitle, xTitleFixed, y1Title) {
   const canvas = document.getElementById(id);
   canvas.setAttribute('data-points', datasets[0].data.length);
   if (typeof Chart === 'undefined') return;  // chart.js not installed: the numbers are in the tables
-  const xTitle = document.getElementById('xaxis').selectedOptions[0].textContent;
+  const xTitle = xTitleFixed || document.getElementById('xaxis').selectedOptions[0].textContent;
   if (!charts[id]) {
     charts[id] = new Chart(canvas, {
       type: 'line',
       data: {datasets},
       options: {animation: false, parsing: false, spanGaps: true,
-        scales: {x: {type: 'linear', title: {display: true, text: xTitle}},
-                 y: {title: {display: true, text: yTitle}}}}});
+        scales: Object.assign({x: {type: 'linear', title: {display: true, text: xTitle}},
+                 y: {title: {display: true, text: yTitle}}},
+                 y1Title ? {y1: {position: 'right', title: {display: true, text: y1Title}, grid: {drawOnChartArea: false}}} : {})}});
   } else {
     charts[id].data.datasets = datasets;
     charts[id].options.scales.x.title.text = xTitle;
@@ -179,6 +182,16 @@ function renderJob(job) {
   chart('chart-util', [{label: 'utilization', data: pts('utilization'), borderColor: '#17702a'}], '0..1');
   chart('chart-bytes', [{label: 'bytes', data: pts('round_bytes'), borderColor: '#7a3bb6'}], 'bytes');
   chart('chart-members', [{label: 'members', data: pts('workers'), borderColor: '#444', stepped: true}], 'workers');
+  const steps = job.steps || [];
+  const sp = key => steps.filter(s => s[key] !== null && s[key] !== undefined).map(s => ({x: s.step, y: s[key]}));
+  chart('chart-steps', [
+    {label: 'loss', data: sp('loss'), borderColor: '#3b6fb6', pointRadius: 0, borderWidth: 1},
+    {label: 'grad norm', data: sp('grad_norm'), borderColor: '#b3261e', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
+    'loss', 'inner step', 'grad norm');
+  chart('chart-step-rate', [
+    {label: 'learning rate', data: sp('lr'), borderColor: '#17702a', pointRadius: 0, borderWidth: 1},
+    {label: 'tokens/s', data: sp('tokens_per_s'), borderColor: '#7a3bb6', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
+    'learning rate', 'inner step', 'tokens/s');
   const t0 = job.submitted_unix_ms;
   fill('timeline', job.timeline.slice(-200).reverse().map(t => row(
     [t.unix_ms ? ((t.unix_ms - t0) / 1000).toFixed(1) + ' s' : '', t.round, t.kind, t.text], {'data-kind': t.kind})));

@@ -81,7 +81,12 @@ void JobHistory::note(TimelineEntry e) {
 void JobHistory::add_report(const JobProgress& p, int64_t at) {
   // The round before this one, as the job's history now stands, to tell what changed.
   auto redone = rounds_.lower_bound(p.step);
-  if (redone != rounds_.end()) rounds_.erase(redone, rounds_.end());
+  if (redone != rounds_.end()) {
+    rounds_.erase(redone, rounds_.end());
+    // The steps of the undone rounds go too: those after the last round kept.
+    const int64_t kept = last() ? int64_t(metric(last()->progress, "inner_step")) : 0;
+    steps_.erase(steps_.upper_bound(kept), steps_.end());
+  }
   const RoundPoint* before = last();
   const int workers = int(metric(p, "workers"));
   if (before) {
@@ -120,6 +125,17 @@ void JobHistory::add(const JobEvent& e) {
     }
   } else if (e.kind == "log") {
     lines_.emplace_back(at, escape_remote(e.data, 2000));
+  } else if (e.kind == "steps") {
+    // A round's per-step figures: msgpack of std::vector<JobProgress> (step = inner step).
+    try {
+      auto steps = detail::unpack_bounded(e.data.data(), e.data.size(), "a job's step figures")
+                       .get()
+                       .as<std::vector<JobProgress>>();
+      for (JobProgress& s : steps) steps_[s.step] = std::move(s.metrics);
+      while (steps_.size() > kMaxSteps) steps_.erase(steps_.begin());
+    } catch (const std::exception& ex) {
+      lines_.emplace_back(at, "skipped malformed step figures: " + escape_remote(ex.what(), 200));
+    }
   } else {
     // A typed record of the job's own: its kind is the event; a [path, round] record (a
     // checkpoint) also says which round.
@@ -238,6 +254,13 @@ json job_json(const JobInfo& j, const JobHistory& h) {
     rounds.push_back(std::move(row));
   }
   out["rounds_done"] = rounds;
+  json steps = json::array();
+  for (const auto& [step, figures] : h.steps()) {
+    json row = {{"step", step}};
+    for (const auto& [k, v] : figures) row[k] = number(v);
+    steps.push_back(std::move(row));
+  }
+  out["steps"] = steps;
   json timeline = json::array();
   for (const TimelineEntry& t : h.timeline())
     timeline.push_back(

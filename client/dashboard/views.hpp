@@ -32,6 +32,7 @@ class JobHistory {
  public:
   static constexpr size_t kMaxLines = 2000;     // log lines kept (the newest)
   static constexpr size_t kMaxTimeline = 5000;  // timeline entries kept (the newest)
+  static constexpr size_t kMaxSteps = 20000;    // per-step figures kept (the newest)
 
   // Folds in one event of the job's log. A report of a round already held (the job went back
   // to a checkpoint and redid it) replaces that round and drops the rounds after it.
@@ -39,6 +40,9 @@ class JobHistory {
   const std::map<int64_t, RoundPoint>& rounds() const { return rounds_; }
   const std::deque<TimelineEntry>& timeline() const { return timeline_; }
   const std::deque<std::pair<int64_t, std::string>>& lines() const { return lines_; }
+  // The workers' per-step figures ("steps" records): the job's inner step -> loss, lr,
+  // grad_norm, tokens_per_s (means over the round's members).
+  const std::map<int64_t, std::map<std::string, double>>& steps() const { return steps_; }
   // The newest report, if any.
   const RoundPoint* last() const { return rounds_.empty() ? nullptr : &rounds_.rbegin()->second; }
   std::string cursor;  // the id of the last event folded in
@@ -47,6 +51,7 @@ class JobHistory {
   void add_report(const JobProgress& p, int64_t at);
   void note(TimelineEntry e);
   std::map<int64_t, RoundPoint> rounds_;
+  std::map<int64_t, std::map<std::string, double>> steps_;
   std::deque<TimelineEntry> timeline_;
   std::deque<std::pair<int64_t, std::string>> lines_;
 };

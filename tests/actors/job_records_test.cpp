@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 namespace loco::actors {
 namespace {
@@ -106,7 +107,8 @@ TEST_F(JobRecordsTest, EachRoundOnceEachAttemptRecordedFailedOnesInTheTotals) {
   EXPECT_NE(att[1].find("\"bytes\":[null,400,null]"), std::string::npos) << att[1];
   EXPECT_NE(att[1].find(R"({"worker":0,"lost":true,"error":"actor died"})"), std::string::npos)
       << att[1];
-  EXPECT_NE(att[1].find(R"("error":"lost member \"w0\"\u000aagain")"), std::string::npos) << att[1];
+  EXPECT_EQ(nlohmann::json::parse(att[1])["errors"][1]["error"], "lost member \"w0\"\nagain")
+      << att[1];
   EXPECT_EQ(json_field(att[2], "outcome"), "\"ok\"");
   EXPECT_NE(att[2].find("\"errors\":[]}"), std::string::npos) << att[2];
 }
@@ -184,6 +186,34 @@ TEST_F(JobRecordsTest, ARestartedAggregatorGoesBackAndCarriesTheTotalsOn) {
     EXPECT_TRUE(lines(rec.metrics_path()).empty());
     EXPECT_EQ(lines(rec.attempts_path()).size(), 5u);  // attempts are never removed
   }
+}
+
+// Every line is JSON a JSON library reads back, error messages with quotes and newlines and a
+// round's per-step figures included.
+TEST_F(JobRecordsTest, LinesAreJsonWithThePerStepFigures) {
+  JobRecords rec(dir_, -1);
+  rec.attempt(failed(1, {0, 1, 2}));
+  rec.attempt(ok(1, {1, 2}, 600));
+  RoundFigures f = figures(5);
+  f.steps = per_step_means(
+      {{{3.0, 0.001, 2.0, 0.5, 100}, {2.0, 0.002, 1.0, 0.5, 100}}, {{5.0, 0.001, 4.0, 1.0, 100}}});
+  const std::string l1 = rec.round(round(1), f);
+  const auto j = nlohmann::json::parse(l1);
+  ASSERT_EQ(j["steps"].size(), 2u);
+  EXPECT_DOUBLE_EQ(j["steps"][0]["loss"].get<double>(), 4.0);            // the mean of 3 and 5
+  EXPECT_DOUBLE_EQ(j["steps"][0]["grad_norm"].get<double>(), 3.0);       // of 2 and 4
+  EXPECT_EQ(j["steps"][0]["tokens"], 200);                               // both members
+  EXPECT_DOUBLE_EQ(j["steps"][0]["tokens_per_s"].get<double>(), 200.0);  // the slower's 1 s
+  EXPECT_DOUBLE_EQ(j["steps"][1]["loss"].get<double>(), 2.0);            // only member 0 did step 2
+  EXPECT_DOUBLE_EQ(j["steps"][1]["lr"].get<double>(), 0.002);
+  EXPECT_EQ(j["round"], 1);
+  EXPECT_TRUE(j["val_loss"].is_null());
+  const auto att = nlohmann::json::parse(lines(rec.attempts_path())[0]);
+  EXPECT_EQ(att["errors"][1]["error"], "lost member \"w0\"\nagain");
+  EXPECT_TRUE(att["bytes"][0].is_null());
+  EXPECT_EQ(json_field(l1, "theta_hash"), "\"0\"");
+  EXPECT_EQ(json_field(l1, "nothing"), "");
+  EXPECT_EQ(json_field("not json", "round"), "");
 }
 
 }  // namespace

@@ -92,7 +92,7 @@ class DashboardTest : public ::testing::Test {
   static void SetUpTestSuite() {
     cluster_ = new LocalCluster(ClusterOptions{.nodes = 2});
     Client client(cluster_->head_address());
-    JobHandle job = client.submit(fake("rounds 5"));
+    JobHandle job = client.submit(fake("rounds 5 with-steps"));
     ASSERT_EQ(job.wait(Millis(20000)).state, JobState::succeeded);
     job_id_ = job.id();
     token_file_ = cluster_->log_dir() + "/dashboard.token";
@@ -177,6 +177,9 @@ TEST_F(DashboardTest, ApiGivesNodesJobsAndRoundsToTokenHoldersOnly) {
     EXPECT_DOUBLE_EQ(job["rounds_done"][r - 1]["loss"].get<double>(), 10.0 / r);
     EXPECT_GT(job["rounds_done"][r - 1]["unix_ms"].get<int64_t>(), 0);
   }
+  ASSERT_EQ(job["steps"].size(), 20u);
+  EXPECT_EQ(job["steps"][19]["step"], 20);
+  EXPECT_EQ(job["steps"][19]["loss"], 2.0);
   ASSERT_EQ(job["timeline"].size(), 1u);
   EXPECT_EQ(job["timeline"][0]["kind"], "fake-record");
   // The job's line, then the head's.
@@ -224,6 +227,10 @@ TEST_F(DashboardTest, ChromiumRendersTheNodesAndOneLossPointPerRound) {
   ASSERT_TRUE(std::regex_search(dom, m, std::regex(R"re(id="chart-loss" data-points="(\d+)")re")))
       << dom;
   EXPECT_EQ(m[1], "5");
+  // The per-step figures: 4 inner steps a round.
+  ASSERT_TRUE(std::regex_search(dom, m, std::regex(R"re(id="chart-steps" data-points="(\d+)")re")))
+      << dom;
+  EXPECT_EQ(m[1], "20");
   EXPECT_TRUE(std::regex_search(
       dom, std::regex(R"re(<pre id="log">fake job done\njob succeeded</pre>)re")));
   // The page got no error back.

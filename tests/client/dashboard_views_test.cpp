@@ -68,6 +68,43 @@ TEST(DashboardViews, ACheckpointRecordIsOnTheTimelineWithItsRound) {
   EXPECT_EQ(h.timeline()[1].text, "");
 }
 
+JobEvent steps_record(int64_t ms, int64_t first, int n) {
+  std::vector<JobProgress> steps;
+  for (int i = 0; i < n; ++i) {
+    JobProgress p;
+    p.step = first + i;
+    p.metrics = {{"loss", 3.0 - 0.1 * i}, {"lr", 0.001}, {"grad_norm", 1.5}};
+    steps.push_back(p);
+  }
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, steps);
+  return {std::to_string(ms) + "-0", "steps", std::string(buf.data(), buf.size())};
+}
+
+TEST(DashboardViews, StepFiguresArePerInnerStepAndGoWithTheRoundsTheyBelongTo) {
+  JobHistory h;
+  h.add(steps_record(900, 1, 4));
+  h.add(report(1000, 1, {{"loss", 2.9}, {"inner_step", 4}}));
+  h.add(steps_record(1900, 5, 4));
+  h.add(report(2000, 2, {{"loss", 2.8}, {"inner_step", 8}}));
+  ASSERT_EQ(h.steps().size(), 8u);
+  EXPECT_TRUE(h.timeline().empty());  // not an event
+  JobInfo j;
+  const nlohmann::json out = job_json(j, h);
+  ASSERT_EQ(out["steps"].size(), 8u);
+  EXPECT_EQ(out["steps"][4]["step"], 5);
+  EXPECT_DOUBLE_EQ(out["steps"][4]["loss"].get<double>(), 3.0);
+  EXPECT_EQ(out["steps"][4]["grad_norm"], 1.5);
+  // Round 2 redone after going back to round 1: its old steps go.
+  h.add(report(3000, 2, {{"loss", 2.7}, {"inner_step", 8}, {"redo", 1}}));
+  EXPECT_EQ(h.steps().size(), 4u);
+  EXPECT_EQ(h.steps().rbegin()->first, 4);
+  // A malformed record is a line, not a crash.
+  h.add({"3100-0", "steps", "\xc1 nope"});
+  EXPECT_EQ(h.steps().size(), 4u);
+  EXPECT_NE(h.lines().back().second.find("malformed step figures"), std::string::npos);
+}
+
 TEST(DashboardViews, AMalformedReportIsALineNotARound) {
   JobHistory h;
   h.add({"5-0", "report", "\xc1 not msgpack"});
