@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -212,7 +210,6 @@ struct OuterAggregator::State {
   std::optional<T> ask_any(const std::string& what,
                            const std::function<Future<T>(ActorHandle<InnerWorker>&)>& call);
   void run();
-  void plot(const std::string& jsonl, const std::string& png);
   // The round's per-step figures into the job's log (a "steps" record: msgpack of
   // std::vector<JobProgress>, step = the job's inner step), for the dashboard. At most 500
   // steps a round (evenly spaced), so that the record stays well under the head's 64 KiB.
@@ -947,7 +944,9 @@ void OuterAggregator::State::run() {
       log_warn(job_id + ": stopping " + s.name + ": " + e.what());
     }
   }
-  plot(records.metrics_path(), folder + "/loss.png");
+  // Plots are drawn outside the job, by whoever wants them (no program runs here).
+  log("plots: loco plot " + job_id + " (while the cluster runs), or loco plot --metrics " +
+      records.metrics_path());
   char msg[192];
   std::snprintf(
       msg, sizeof msg,
@@ -968,41 +967,6 @@ void OuterAggregator::State::run() {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
 }
-
-namespace {
-
-// Runs argv[0] (looked up in PATH, no shell) in folder `dir` with its output discarded.
-// Its exit code, or -1 when it could not start, died of a signal, or ran past `limit` (then
-// it is killed).
-int run_in(const std::string& dir, const std::vector<std::string>& argv,
-           std::chrono::seconds limit) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addchdir_np(&actions, dir.c_str());
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return -1;
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (int status = 0;;) {
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    if (r < 0) return -1;
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling a child, bounded
-  }
-}
-
-}  // namespace
 
 std::vector<std::optional<InnerResult>> OuterAggregator::State::gather_inner(
     std::vector<Future<InnerResult>>& fs, std::vector<Failure>& errors, std::vector<bool>& late,
@@ -1132,37 +1096,6 @@ bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vecto
   loss /= double(members.size());
   theta_hash = d.theta_hash;
   return true;
-}
-
-// A PNG of the training and validation loss, drawn by gnuplot. Nothing from the job file
-// reaches a shell or gnuplot's own language (which can run commands): gnuplot runs without a
-// shell in the job's folder, and its script names only fixed files there.
-void OuterAggregator::State::plot(const std::string& jsonl, const std::string& png) {
-  const std::string dat = "loss.dat", script = "loss.gp", image = fs::path(png).filename().string();
-  {
-    std::ifstream in(jsonl);
-    std::ofstream out(folder + "/" + dat);
-    std::string line;
-    while (std::getline(in, line)) {
-      std::string v = json_field(line, "val_loss");
-      out << json_field(line, "tokens") << " " << json_field(line, "train_loss") << " "
-          << (v == "null" ? "NaN" : v) << "\n";
-    }
-  }
-  // The head makes job ids ("job-" and hex digits); kept to such characters all the same.
-  std::string title = job_id;
-  std::erase_if(title,
-                [](char c) { return !std::isalnum(static_cast<unsigned char>(c)) && c != '-'; });
-  std::ofstream(folder + "/" + script)
-      << "set terminal pngcairo size 900,540\nset output '" << image << "'\nset title 'DiLoCo job "
-      << title << "'\nset xlabel 'tokens per worker'\nset ylabel 'loss'\nset grid\n"
-      << "set datafile missing 'NaN'\n"
-      << "plot '" << dat << "' using 1:2 every ::1 with lines title 'train', '" << dat
-      << "' using 1:3 with linespoints title 'validation'\n";
-  if (run_in(folder, {"gnuplot", script}, std::chrono::seconds(60)) == 0 && fs::exists(png))
-    log("plot: " + png);
-  else
-    log("plot: gnuplot is not installed or failed; metrics are in " + jsonl);
 }
 
 OuterAggregator::OuterAggregator(std::string job_id, std::string spec)

@@ -259,6 +259,25 @@ TEST_F(DashboardTest, ChromiumFollowsARunningJob) {
   EXPECT_EQ(job.wait(Millis(10000)).state, JobState::cancelled);
 }
 
+// `loco plot JOB` draws the job's curves from the cluster (its log), here, not in the job.
+TEST_F(DashboardTest, LocoPlotDrawsTheJobFromTheCluster) {
+  if (!fs::exists("/usr/bin/gnuplot")) GTEST_SKIP() << "gnuplot-nox is not installed";
+  const std::string out = cluster_->log_dir() + "/plots";
+  Subprocess::Options o;
+  o.log_path = cluster_->log_dir() + "/plot.log";
+  Subprocess plot(
+      {loco_binary(), "plot", job_id_, "--address", cluster_->head_address(), "--out", out}, o);
+  const auto rc = plot.wait(120s);
+  ASSERT_TRUE(rc.has_value()) << "loco plot did not finish in 120 s";
+  EXPECT_EQ(*rc, 0) << read_file(o.log_path);
+  EXPECT_GT(fs::file_size(out + "/loss.png"), 1000u);
+  EXPECT_GT(fs::file_size(out + "/steps.png"), 1000u);
+  // One line per round and per step (after a header line).
+  const std::string loss = read_file(out + "/loss.dat"), steps = read_file(out + "/steps.dat");
+  EXPECT_EQ(count(loss, "\n"), 1 + 5) << loss;
+  EXPECT_EQ(count(steps, "\n"), 1 + 20) << steps;
+}
+
 // `loco up` has its head serve the dashboard on loopback with a token, and prints the URL.
 TEST(DashboardUp, LocoUpPrintsTheUrlOfTheDashboardItsHeadServes) {
   char tmpl[] = "/tmp/loco-dash-up-XXXXXX";
