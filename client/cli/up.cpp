@@ -16,6 +16,7 @@
 
 #include "client/cli/commands.hpp"
 #include "client/cli/common.hpp"
+#include "client/cli/dashboard.hpp"
 #include "client/cli/follow.hpp"
 #include "client/client.hpp"
 #include "client/dashboard/server.hpp"
@@ -176,6 +177,21 @@ int up(const UpArgs& a) {
   }
   std::cout << "cluster up: head " << head_addr << ", " << a.workers << " nodes, redis "
             << membership::redact_url(redis_url) << " (logs in " << dir << ")" << std::endl;
+  // For `loco dashboard` to print while this cluster runs (0600: the URL holds the token).
+  struct UrlFile {
+    std::string url;
+    explicit UrlFile(std::string u) : url(std::move(u)) {
+      if (url.empty()) return;
+      const mode_t old = ::umask(077);
+      std::ofstream(dashboard_url_file()) << url << "\n";
+      ::umask(old);
+    }
+    ~UrlFile() {
+      std::ifstream f(dashboard_url_file());
+      std::string now;
+      if (!url.empty() && f >> now && now == url) fs::remove(dashboard_url_file());
+    }
+  } url_file(dashboard_url);
   if (!dashboard_url.empty()) std::cout << "dashboard at " << dashboard_url << std::endl;
   int rc = 0;
   auto is_job_file = [](const std::string& f) {

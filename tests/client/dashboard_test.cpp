@@ -298,6 +298,19 @@ TEST(DashboardUp, LocoUpPrintsTheUrlOfTheDashboardItsHeadServes) {
       },
       60s));
   ASSERT_TRUE(std::regex_search(out, m, printed)) << out;
+  // `loco dashboard` prints it while the cluster runs.
+  {
+    Subprocess::Options po;
+    po.log_path = dir + "/dashboard.out";
+    po.env["LOCO_STATE_DIR"] = dir;
+    Subprocess print({loco_binary(), "dashboard"}, po);
+    const auto rc = print.wait(30s);
+    ASSERT_TRUE(rc.has_value());
+    EXPECT_EQ(*rc, 0);
+    const std::string url = "http://127.0.0.1:" + m[1].str() + "/#token=" + m[2].str();
+    EXPECT_NE(read_file(po.log_path).find(": " + url + "\n"), std::string::npos)
+        << read_file(po.log_path);
+  }
   httplib::Client http("127.0.0.1", std::stoi(m[1]));
   http.set_read_timeout(20, 0);
   EXPECT_EQ(http.Get("/api/cluster")->status, 401);
@@ -312,6 +325,7 @@ TEST(DashboardUp, LocoUpPrintsTheUrlOfTheDashboardItsHeadServes) {
       20s))
       << body;
   EXPECT_EQ(up.stop(20s), 0) << read_file(o.log_path);
+  EXPECT_FALSE(fs::exists(dir + "/dashboard_url")) << "loco up left its URL behind";
   fs::remove_all(dir);
 }
 
