@@ -176,6 +176,15 @@ struct InnerWorker::State {
   }
   bool slow() const { return fault.worker == index && fault.delay_ms > 0; }
 
+  // One inner step of rank `k`, and its figures (per-step records: metrics.jsonl "steps").
+  // n steps of this are the arithmetic of run_inner_steps(n).
+  StepFigures one_step(Rank& k) {
+    const int64_t t = loco::now_ms();
+    const dl::InnerStats st = k.trainer->run_inner_steps(1);
+    return StepFigures{st.mean_loss, st.last_lr, st.grad_norm, seconds_since(t),
+                       int64_t(cfg.tokens_per_inner_step())};
+  }
+
   // Inner steps one at a time until `seconds` are spent since `t0` (at least one step, at most
   // 4·H; with seconds 0, exactly H), then Δ. One rank.
   InnerResult timed_steps(int64_t round, double seconds, int64_t t0) {
@@ -185,10 +194,11 @@ struct InnerWorker::State {
     int steps = 0;
     double loss = 0;
     double stepping = 0;
+    std::vector<StepFigures> per_step;
     while (steps < cap && (seconds <= 0 || steps == 0 || seconds_since(t0) < seconds)) {
-      const int64_t t = loco::now_ms();
-      loss += k.trainer->run_inner_steps(1).mean_loss;
-      stepping += seconds_since(t);
+      per_step.push_back(one_step(k));
+      loss += per_step.back().loss;
+      stepping += per_step.back().seconds;
       ++steps;
       if (slow()) std::this_thread::sleep_for(std::chrono::milliseconds(fault.delay_ms));
     }
@@ -202,6 +212,7 @@ struct InnerWorker::State {
     // hardware, not for waiting.
     r.seconds = slow() ? seconds_since(t0) : stepping;
     r.tokens = int64_t(steps) * cfg.tokens_per_inner_step();
+    r.per_step = std::move(per_step);
     last_inner = r;
     return r;
   }
@@ -525,10 +536,13 @@ InnerResult InnerWorker::inner(int64_t round) {
   }
   // The ranks step together (their gradients averaged every step), then each writes its
   // slice of Δ = θ − θ_local. The loss is averaged over the ranks too: rank 0's is the worker's.
-  dl::InnerStats st;
+  // One step at a time (the same arithmetic as run_inner_steps(H)), for the per-step figures.
+  const int h = s_->cfg.inner.steps;
+  std::vector<StepFigures> per_step;
   s_->for_ranks([&](Rank& k) {
-    dl::InnerStats mine = k.trainer->run_inner_steps(s_->cfg.inner.steps);
-    if (&k == &s_->lead()) st = mine;
+    std::vector<StepFigures> mine;
+    for (int i = 0; i < h; ++i) mine.push_back(s_->one_step(k));
+    if (&k == &s_->lead()) per_step = std::move(mine);
     const dl::Slice sl = s_->slice_of(k);
     k.trainer->pseudo_gradient(k.outer->theta(), {s_->delta.data() + sl.begin, size_t(sl.size())},
                                sl.begin);
@@ -536,10 +550,15 @@ InnerResult InnerWorker::inner(int64_t round) {
   s_->delta_round = round;
   InnerResult r;
   r.round = round;
-  r.steps = st.steps;
-  r.mean_loss = st.mean_loss;
+  r.steps = int(per_step.size());
+  double loss_sum = 0;
+  for (const StepFigures& f : per_step) loss_sum += f.loss;
+  r.mean_loss = h > 0 ? loss_sum / h : 0.0;
   r.seconds = seconds_since(t0);
-  r.tokens = int64_t(st.steps) * s_->cfg.tokens_per_inner_step();
+  r.tokens = int64_t(r.steps) * s_->cfg.tokens_per_inner_step();
+  // Every rank stepped on its share of the worker's batch: the step's tokens are the worker's.
+  for (StepFigures& f : per_step) f.tokens = s_->cfg.tokens_per_inner_step();
+  r.per_step = std::move(per_step);
   s_->last_inner = r;
   return r;
 }
@@ -661,10 +680,14 @@ StreamResult InnerWorker::stream(StreamRequest req) {
     for (const auto& f : s_->in_flight) next = std::min(next, f->lands);
     const int n = int(next - now);
     const int64_t t_inner = loco::now_ms();
-    const dl::InnerStats st = k.trainer->run_inner_steps(n);
+    double chunk = 0;  // summed as run_inner_steps(n) sums, then its mean times n as before
+    for (int i = 0; i < n; ++i) {
+      out.inner.per_step.push_back(s_->one_step(k));
+      chunk += out.inner.per_step.back().loss;
+    }
     out.inner.seconds += seconds_since(t_inner);
-    out.inner.steps += st.steps;
-    loss += st.mean_loss * n;
+    out.inner.steps += n;
+    loss += (n > 0 ? chunk / n : 0.0) * n;
     now = next;
     if (s_->fault.hits(s_->index, req.round, "stream") && now >= start + h / 2) FaultPlan::die();
     // Synchronizations first: with no overlap a fragment lands at the step it synchronizes.

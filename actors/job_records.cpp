@@ -1,51 +1,31 @@
 #include "actors/job_records.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iomanip>
-#include <sstream>
+#include <nlohmann/json.hpp>
 
 namespace loco::actors {
 
 namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
 
 namespace {
 
-int64_t int_field(const std::string& line, const std::string& key, int64_t fallback = 0) {
-  const std::string v = json_field(line, key);
-  try {
-    return v.empty() || v == "null" ? fallback : std::stoll(v);
-  } catch (const std::exception&) {
-    return fallback;
-  }
+// A line read back; an object without fields when it is not JSON (a line cut by a crash).
+json parse(const std::string& line) {
+  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : json::object();
 }
 
-double double_field(const std::string& line, const std::string& key) {
-  const std::string v = json_field(line, key);
-  try {
-    return v.empty() || v == "null" ? 0.0 : std::stod(v);
-  } catch (const std::exception&) {
-    return 0.0;
-  }
+int64_t int_field(const json& j, const char* key, int64_t fallback = 0) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<int64_t>() : fallback;
 }
 
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += char(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += char(c);
-    }
-  }
-  return out + "\"";
+double double_field(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
 }
 
 void append(const std::string& path, const std::string& line) {
@@ -55,11 +35,31 @@ void append(const std::string& path, const std::string& line) {
 }  // namespace
 
 std::string json_field(const std::string& line, const std::string& key) {
-  const std::string tag = "\"" + key + "\":";
-  auto at = line.find(tag);
-  if (at == std::string::npos) return "";
-  at += tag.size();
-  return line.substr(at, line.find_first_of(",}", at) - at);
+  const json j = parse(line);
+  auto it = j.find(key);
+  return it == j.end() ? "" : it->dump();
+}
+
+std::vector<StepFigures> per_step_means(const std::vector<std::vector<StepFigures>>& members) {
+  size_t steps = 0;
+  for (const auto& m : members) steps = std::max(steps, m.size());
+  std::vector<StepFigures> out(steps);
+  for (size_t i = 0; i < steps; ++i) {
+    int n = 0;
+    for (const auto& m : members) {
+      if (i >= m.size()) continue;
+      ++n;
+      out[i].loss += m[i].loss;
+      out[i].lr += m[i].lr;
+      out[i].grad_norm += m[i].grad_norm;
+      out[i].tokens += m[i].tokens;
+      out[i].seconds = std::max(out[i].seconds, m[i].seconds);
+    }
+    out[i].loss /= n;
+    out[i].lr /= n;
+    out[i].grad_norm /= n;
+  }
+  return out;
 }
 
 JobRecords::JobRecords(std::string folder, int64_t from)
@@ -67,11 +67,12 @@ JobRecords::JobRecords(std::string folder, int64_t from)
   // Records already there: the aggregator was restarted, and goes back.
   int64_t last = -1;
   for (const std::string& l : read_json_lines(attempts_path_)) {
-    last = std::max(last, int_field(l, "redo"));
-    job_bytes_ += uint64_t(int_field(l, "bytes_per_worker"));
+    const json j = parse(l);
+    last = std::max(last, int_field(j, "redo"));
+    job_bytes_ += uint64_t(int_field(j, "bytes_per_worker"));
   }
   for (const std::string& l : read_json_lines(metrics_path_))
-    last = std::max(last, int_field(l, "redo"));
+    last = std::max(last, int_field(parse(l), "redo"));
   redo_ = last + 1;
   drop_after(from);
 }
@@ -87,11 +88,12 @@ void JobRecords::drop_after(int64_t round) {
   bytes_ = 0;
   seconds_ = 0;
   for (const std::string& l : read_json_lines(metrics_path_)) {
-    const int64_t r = int_field(l, "round", -1);
+    const json j = parse(l);
+    const int64_t r = int_field(j, "round", -1);
     if (r > round || r < 0) continue;
     kept += l + "\n";
-    bytes_ = uint64_t(int_field(l, "bytes"));
-    seconds_ = double_field(l, "time");
+    bytes_ = uint64_t(int_field(j, "bytes"));
+    seconds_ = double_field(j, "time");
   }
   const std::string tmp = metrics_path_ + ".tmp";
   std::ofstream(tmp, std::ios::trunc) << kept;
@@ -106,38 +108,34 @@ std::string JobRecords::attempt(const AttemptRecord& a) {
   if (!ok) ++failed_;
   uint64_t known = 0;
   bool any = false;
-  std::ostringstream s;
-  s << std::setprecision(6) << "{\"round\":" << a.round << ",\"redo\":" << redo_
-    << ",\"attempt\":" << attempts_ << ",\"workers\":" << a.members.size() << ",\"members\":[";
-  for (size_t i = 0; i < a.members.size(); ++i) s << (i ? "," : "") << a.members[i];
-  s << "],\"outcome\":\"" << (ok ? "ok" : "failed") << "\",\"seconds\":" << a.seconds
-    << ",\"bytes\":[";
-  for (size_t i = 0; i < a.bytes.size(); ++i) {
-    s << (i ? "," : "");
-    if (a.bytes[i]) {
-      s << *a.bytes[i];
-      known += *a.bytes[i];
+  json bytes = json::array();
+  for (const auto& b : a.bytes) {
+    bytes.push_back(b ? json(*b) : json(nullptr));
+    if (b) {
+      known += *b;
       any = true;
-    } else {
-      s << "null";
     }
   }
   const uint64_t per_worker = known / std::max<uint64_t>(1, a.members.size());
-  s << "],\"bytes_per_worker\":";
-  if (any)
-    s << per_worker;
-  else
-    s << "null";
-  s << ",\"errors\":[";
-  for (size_t i = 0; i < a.errors.size(); ++i)
-    s << (i ? "," : "") << "{\"worker\":" << a.errors[i].worker
-      << ",\"lost\":" << (a.errors[i].lost ? "true" : "false")
-      << ",\"error\":" << quoted(a.errors[i].message) << "}";
-  s << "]}";
+  json errors = json::array();
+  for (const auto& e : a.errors)
+    errors.push_back({{"worker", e.worker}, {"lost", e.lost}, {"error", e.message}});
+  const json j = {{"round", a.round},
+                  {"redo", redo_},
+                  {"attempt", attempts_},
+                  {"workers", a.members.size()},
+                  {"members", a.members},
+                  {"outcome", ok ? "ok" : "failed"},
+                  {"seconds", a.seconds},
+                  {"bytes", bytes},
+                  {"bytes_per_worker", any ? json(per_worker) : json(nullptr)},
+                  {"errors", errors}};
   job_bytes_ += per_worker;
   if (ok) ok_bytes_ = per_worker;
-  append(attempts_path_, s.str());
-  return s.str();
+  // Invalid UTF-8 in an error message is replaced, not a throw.
+  const std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  append(attempts_path_, line);
+  return line;
 }
 
 std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
@@ -147,30 +145,41 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
   seconds_ += round_time;
   m.bytes_per_worker = bytes_;
   m.seconds = seconds_;
-  std::string line = m.to_json();
-  line.pop_back();  // the closing brace: the job's fields follow
-  std::ostringstream s;
-  s << std::setprecision(8) << line << std::fixed << std::setprecision(4)
-    << ",\"utilization\":" << f.utilization << ",\"workers\":" << f.workers
-    << ",\"round_bytes\":" << round_bytes << ",\"round_time\":" << round_time
-    << ",\"failed_attempts\":" << failed_ << ",\"redo\":" << redo_
-    << ",\"job_bytes\":" << job_bytes_ << ",\"job_time\":" << std::setprecision(3) << f.job_time;
+  // The simulator's fields (the same as `loco train` writes), then the job's.
+  json j = json::parse(m.to_json());
+  j["utilization"] = f.utilization;
+  j["workers"] = f.workers;
+  j["round_bytes"] = round_bytes;
+  j["round_time"] = round_time;
+  j["failed_attempts"] = failed_;
+  j["redo"] = redo_;
+  j["job_bytes"] = job_bytes_;
+  j["job_time"] = f.job_time;
   if (m.round > 0) {
-    s << ",\"members\":[";
-    for (size_t i = 0; i < f.members.size(); ++i)
-      s << (i ? "," : "") << "{\"worker\":" << f.members[i].worker
-        << ",\"steps\":" << f.members[i].steps << ",\"tokens\":" << f.members[i].tokens
-        << ",\"seconds\":" << f.members[i].seconds
-        << ",\"wait\":" << std::max(0.0, round_time - f.members[i].seconds) << "}";
-    s << "],\"late\":[";
-    for (size_t i = 0; i < f.late.size(); ++i) s << (i ? "," : "") << f.late[i];
-    s << "]";
+    json members = json::array();
+    for (const MemberFigures& x : f.members)
+      members.push_back({{"worker", x.worker},
+                         {"steps", x.steps},
+                         {"tokens", x.tokens},
+                         {"seconds", x.seconds},
+                         {"wait", std::max(0.0, round_time - x.seconds)}});
+    j["members"] = members;
+    j["late"] = f.late;
+    json steps = json::array();
+    for (const StepFigures& s : f.steps)
+      steps.push_back(
+          {{"loss", s.loss},
+           {"lr", s.lr},
+           {"grad_norm", s.grad_norm},
+           {"tokens", s.tokens},
+           {"tokens_per_s", s.seconds > 0 ? json(double(s.tokens) / s.seconds) : json(nullptr)}});
+    j["steps"] = steps;
   }
-  s << "}";
-  append(metrics_path_, s.str());
+  const std::string line = j.dump();
+  append(metrics_path_, line);
   attempts_ = failed_ = 0;
   ok_bytes_ = 0;
-  return s.str();
+  return line;
 }
 
 std::vector<std::string> read_json_lines(const std::string& path) {

@@ -25,6 +25,10 @@
 //                       the job so far: failed ones (as far as known, see
 //                       below) and undone rounds included
 //     "job_time"        seconds since the job was submitted
+//     "members", "late" each member's steps, tokens and seconds; who missed the deadline
+//     "steps"           one object per inner step of the round over its members:
+//                       {"loss","lr","grad_norm" (means), "tokens" (sum), "tokens_per_s"}
+// Every line is written and read with nlohmann-json.
 //
 // attempts.jsonl: one line per all-reduce attempt, successful or failed, in
 //   order, never removed:
@@ -42,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/messages.hpp"
 #include "diloco/metrics.hpp"
 
 namespace loco::actors {
@@ -77,6 +82,9 @@ struct RoundFigures {
   double job_time = 0;
   std::vector<MemberFigures> members;  // those that finished their inner steps in time
   std::vector<int> late;               // members that missed the round's deadline
+  // Step i of the round over its members: loss, grad_norm and lr their mean, tokens and
+  // seconds the sum and the slowest (metrics.jsonl "steps", see per_step_means()).
+  std::vector<StepFigures> steps;
 };
 
 class JobRecords {
@@ -114,8 +122,13 @@ class JobRecords {
   uint64_t ok_bytes_ = 0;          // bytes_per_worker of its successful attempt
 };
 
-// The text of a scalar field in a line written here: `"key":VALUE` gives VALUE
-// ("" when the line has no such field).
+// Step i of a round over the members that did a step i (with inner.budget: time they may do
+// different numbers of steps): loss, lr and grad_norm their mean, tokens their sum, seconds
+// the slowest's.
+std::vector<StepFigures> per_step_means(const std::vector<std::vector<StepFigures>>& members);
+
+// A field of a line written here, parsed as JSON and written back: a number as JSON writes it,
+// a string with its quotes, "null"; "" when the line has no such field or is not JSON.
 std::string json_field(const std::string& line, const std::string& key);
 
 // The non-empty lines of a JSON-lines file (metrics.jsonl, attempts.jsonl); none when it is

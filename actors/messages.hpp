@@ -38,13 +38,24 @@ struct InitResult {
   MSGPACK_DEFINE(parameters, theta_hash, state_bytes, copy_seconds, device)
 };
 
+// One inner step of a worker, as it went: for metrics.jsonl's "steps" and the dashboard.
+struct StepFigures {
+  double loss = 0;       // the step's training loss (mean over the worker's ranks)
+  double lr = 0;         // the learning rate it stepped with
+  double grad_norm = 0;  // of the worker's gradient, before clipping
+  double seconds = 0;    // wall time of the step
+  int64_t tokens = 0;    // processed by the step (all the worker's ranks)
+  MSGPACK_DEFINE(loss, lr, grad_norm, seconds, tokens)
+};
+
 struct InnerResult {
   int64_t round = 0;
   int steps = 0;
   double mean_loss = 0;
-  double seconds = 0;  // spent in inner steps
-  int64_t tokens = 0;  // processed in those steps (per worker, all its ranks)
-  MSGPACK_DEFINE(round, steps, mean_loss, seconds, tokens)
+  double seconds = 0;                 // spent in inner steps
+  int64_t tokens = 0;                 // processed in those steps (per worker, all its ranks)
+  std::vector<StepFigures> per_step;  // one per step, in order (the lead rank's view)
+  MSGPACK_DEFINE(round, steps, mean_loss, seconds, tokens, per_step)
 };
 
 // Aggregator -> each member of a round's group.

@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -126,6 +124,8 @@ struct OuterAggregator::State {
   // report; the grace window's samples), and the last round's seconds per inner step.
   std::deque<double> lateness;
   std::vector<double> step_seconds;
+  // The per-step figures of the round in progress, one list per member that finished.
+  std::vector<std::vector<StepFigures>> round_steps;
   std::map<int, int64_t> tokens_of;  // this round's tokens per member (inner.budget: time)
 
   // The inner phase of a round with a deadline: waits until every member reported or the
@@ -210,7 +210,26 @@ struct OuterAggregator::State {
   std::optional<T> ask_any(const std::string& what,
                            const std::function<Future<T>(ActorHandle<InnerWorker>&)>& call);
   void run();
-  void plot(const std::string& jsonl, const std::string& png);
+  // The round's per-step figures into the job's log (a "steps" record: msgpack of
+  // std::vector<JobProgress>, step = the job's inner step), for the dashboard. At most 500
+  // steps a round (evenly spaced), so that the record stays well under the head's 64 KiB.
+  void publish_steps(int64_t r, const std::vector<StepFigures>& steps) {
+    const size_t stride = (steps.size() + 499) / 500;
+    std::vector<JobProgress> out;
+    for (size_t i = 0; i < steps.size(); i += stride) {
+      JobProgress p;
+      p.step = (r - 1) * cfg.inner.steps + int64_t(i) + 1;
+      p.total = total_steps;
+      p.metrics = {{"loss", steps[i].loss}, {"lr", steps[i].lr}, {"grad_norm", steps[i].grad_norm}};
+      if (steps[i].seconds > 0)
+        p.metrics["tokens_per_s"] = double(steps[i].tokens) / steps[i].seconds;
+      out.push_back(std::move(p));
+    }
+    msgpack::sbuffer buf;
+    msgpack::pack(buf, out);
+    std::string data(buf.data(), buf.size());
+    publish([this, data] { rt.job_record(job_id, "steps", data); });
+  }
 };
 
 // The last checkpoint this job recorded, when the aggregator was restarted.
@@ -602,6 +621,8 @@ void OuterAggregator::State::run() {
   // This round's members' figures and who missed its deadline, for the round's report.
   std::vector<MemberFigures> round_members;
   std::vector<int> round_late;
+  // Seconds of every all-reduce attempt of this aggregator's life (the dashboard's network time).
+  double allreduce_total = 0;
   auto report = [&](int64_t r, double loss, std::optional<double> val, double tok_s, double util,
                     int members, double round_time, uint64_t hash) {
     // The simulator's line format (loco-train writes the same), plus the job's figures.
@@ -614,8 +635,11 @@ void OuterAggregator::State::run() {
     m.val_loss = val;
     m.theta_hash = hash;
     const int failed = records.failed_attempts();
-    records.round(m,
-                  RoundFigures{util, members, round_time, job_time(), round_members, round_late});
+    const double job_seconds = job_time();
+    const std::vector<StepFigures> steps = per_step_means(round_steps);
+    records.round(
+        m, RoundFigures{util, members, round_time, job_seconds, round_members, round_late, steps});
+    if (!steps.empty()) publish_steps(r, steps);
     JobProgress p;
     p.step = r;
     p.total = rounds;
@@ -633,6 +657,17 @@ void OuterAggregator::State::run() {
     p.metrics["utilization"] = util;
     p.metrics["workers"] = members;
     if (!round_late.empty()) p.metrics["late"] = double(round_late.size());
+    // For the dashboard's axes and /metrics: the tokens the round's members processed, the
+    // round's and the job's seconds.
+    int64_t round_tokens = 0;
+    for (const MemberFigures& f : round_members) round_tokens += f.tokens;
+    // Streaming and eager rounds do not list their members' figures: H steps each.
+    if (round_members.empty() && r > 0)
+      round_tokens = int64_t(members) * cfg.inner.steps * int64_t(cfg.tokens_per_inner_step());
+    p.metrics["round_tokens"] = double(round_tokens);
+    p.metrics["round_time"] = round_time;
+    p.metrics["job_time"] = job_seconds;
+    p.metrics["allreduce_seconds_total"] = allreduce_total;
     publish([this, p] { rt.job_progress(job_id, p); });
   };
 
@@ -682,6 +717,7 @@ void OuterAggregator::State::run() {
     std::vector<int> members = active();
     round_members.clear();
     round_late.clear();
+    round_steps.clear();
     std::vector<int> ready, group;
     double loss = 0, inner_secs = 0;
     std::optional<uint64_t> agreed;
@@ -726,6 +762,7 @@ void OuterAggregator::State::run() {
           tokens_of[members[i]] = results[i]->tokens;
           round_members.push_back(
               {members[i], results[i]->steps, results[i]->tokens, results[i]->seconds});
+          round_steps.push_back(results[i]->per_step);
           if (results[i]->steps > 0)
             step_seconds.push_back(results[i]->seconds / results[i]->steps);
           steps_line += (steps_line.empty() ? "" : ", ") + std::to_string(members[i]) + ": " +
@@ -790,6 +827,7 @@ void OuterAggregator::State::run() {
           if (!rr[i]) rec.errors.push_back({group[i], errors[i].gone, errors[i].message});
         }
         records.attempt(rec);
+        allreduce_total += rec.seconds;
         if (!rec.errors.empty()) failed_secs += rec.seconds;
         std::vector<MemberOutcome> outcomes;
         for (size_t i = 0; i < group.size(); ++i) {
@@ -906,7 +944,9 @@ void OuterAggregator::State::run() {
       log_warn(job_id + ": stopping " + s.name + ": " + e.what());
     }
   }
-  plot(records.metrics_path(), folder + "/loss.png");
+  // Plots are drawn outside the job, by whoever wants them (no program runs here).
+  log("plots: loco plot " + job_id + " (while the cluster runs), or loco plot --metrics " +
+      records.metrics_path());
   char msg[192];
   std::snprintf(
       msg, sizeof msg,
@@ -927,41 +967,6 @@ void OuterAggregator::State::run() {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
 }
-
-namespace {
-
-// Runs argv[0] (looked up in PATH, no shell) in folder `dir` with its output discarded.
-// Its exit code, or -1 when it could not start, died of a signal, or ran past `limit` (then
-// it is killed).
-int run_in(const std::string& dir, const std::vector<std::string>& argv,
-           std::chrono::seconds limit) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addchdir_np(&actions, dir.c_str());
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return -1;
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (int status = 0;;) {
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    if (r < 0) return -1;
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling a child, bounded
-  }
-}
-
-}  // namespace
 
 std::vector<std::optional<InnerResult>> OuterAggregator::State::gather_inner(
     std::vector<Future<InnerResult>>& fs, std::vector<Failure>& errors, std::vector<bool>& late,
@@ -1087,41 +1092,11 @@ bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vecto
   for (size_t i = 0; i < members.size(); ++i) {
     loss += res[i]->inner.mean_loss;
     inner_secs += res[i]->inner.seconds;
+    round_steps.push_back(res[i]->inner.per_step);
   }
   loss /= double(members.size());
   theta_hash = d.theta_hash;
   return true;
-}
-
-// A PNG of the training and validation loss, drawn by gnuplot. Nothing from the job file
-// reaches a shell or gnuplot's own language (which can run commands): gnuplot runs without a
-// shell in the job's folder, and its script names only fixed files there.
-void OuterAggregator::State::plot(const std::string& jsonl, const std::string& png) {
-  const std::string dat = "loss.dat", script = "loss.gp", image = fs::path(png).filename().string();
-  {
-    std::ifstream in(jsonl);
-    std::ofstream out(folder + "/" + dat);
-    std::string line;
-    while (std::getline(in, line)) {
-      std::string v = json_field(line, "val_loss");
-      out << json_field(line, "tokens") << " " << json_field(line, "train_loss") << " "
-          << (v == "null" ? "NaN" : v) << "\n";
-    }
-  }
-  // The head makes job ids ("job-" and hex digits); kept to such characters all the same.
-  std::string title = job_id;
-  std::erase_if(title,
-                [](char c) { return !std::isalnum(static_cast<unsigned char>(c)) && c != '-'; });
-  std::ofstream(folder + "/" + script)
-      << "set terminal pngcairo size 900,540\nset output '" << image << "'\nset title 'DiLoCo job "
-      << title << "'\nset xlabel 'tokens per worker'\nset ylabel 'loss'\nset grid\n"
-      << "set datafile missing 'NaN'\n"
-      << "plot '" << dat << "' using 1:2 every ::1 with lines title 'train', '" << dat
-      << "' using 1:3 with linespoints title 'validation'\n";
-  if (run_in(folder, {"gnuplot", script}, std::chrono::seconds(60)) == 0 && fs::exists(png))
-    log("plot: " + png);
-  else
-    log("plot: gnuplot is not installed or failed; metrics are in " + jsonl);
 }
 
 OuterAggregator::OuterAggregator(std::string job_id, std::string spec)

@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
   add_status_command(app, commands);
   add_up_command(app, commands);
   add_job_commands(app, commands);
+  add_dashboard_command(app, commands);
+  add_plot_command(app, commands);
   add_trainer_commands(app);
 
   CLI11_PARSE(app, argc, argv);

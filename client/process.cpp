@@ -39,6 +39,7 @@ Subprocess::Subprocess(std::vector<std::string> argv, Options opts) {
       }
     }
     for (auto& [k, v] : opts.env) ::setenv(k.c_str(), v.c_str(), 1);
+    if (!opts.cwd.empty() && ::chdir(opts.cwd.c_str()) != 0) ::_exit(127);
     ::execvp(args[0], args.data());
     ::_exit(127);
   }

@@ -19,6 +19,7 @@ class Subprocess {
     std::string log_path;                    // stdout+stderr go here; "" = inherit
     bool die_with_parent = true;             // SIGTERM when the parent exits
     bool new_session = false;                // setsid(): survive the terminal
+    std::string cwd;                         // its working directory; "" = ours
   };
 
   Subprocess() = default;

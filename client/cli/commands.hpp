@@ -31,6 +31,10 @@ void add_status_command(CLI::App& app, Commands& out);
 void add_up_command(CLI::App& app, Commands& out);
 // submit, jobs, logs, cancel, scale.
 void add_job_commands(CLI::App& app, Commands& out);
+// dashboard: the web page, JSON API and Prometheus metrics of a cluster.
+void add_dashboard_command(CLI::App& app, Commands& out);
+// plot: a job's loss curves and per-step figures as PNGs, outside the job's actors.
+void add_plot_command(CLI::App& app, Commands& out);
 
 // train, generate: loco-train's commands. main hands them over before parsing
 // (they have options of their own); they are added here for --help.

@@ -1,6 +1,7 @@
 // loco start, loco stop: the head and nodes of this machine.
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -14,6 +15,7 @@
 
 #include "client/cli/commands.hpp"
 #include "client/cli/common.hpp"
+#include "client/cli/dashboard.hpp"
 #include "client/process.hpp"
 #include "runtime/core/server.hpp"
 #include "runtime/security/keys.hpp"
@@ -42,14 +44,39 @@ struct StartArgs {
   std::string data_root, checkpoint_root;
   bool block = false;
   std::string ready_file;  // internal: written once serving
+  // The head's dashboard: -1 none.
+  int dashboard_port = -1;
+  std::string dashboard_host = "127.0.0.1";
+  std::string dashboard_token_file;
 };
 
 int start_blocking(const StartArgs& a) {
   install_signal_handlers();
+  // The head's dashboard listens before the head serves (a port in use fails the start) and
+  // reads the head through a client connection of its own, made at its first request.
+  std::unique_ptr<dashboard::Server> dash;
+  if (a.head && a.dashboard_port >= 0) {
+    const std::string host = a.host == "0.0.0.0" ? "127.0.0.1" : a.host;
+    dash = make_dashboard(host + ":" + std::to_string(a.port < 0 ? 7070 : a.port), a.dashboard_host,
+                          a.dashboard_port, a.dashboard_token_file);
+    try {
+      dash->start();
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      return 1;
+    }
+  }
   auto ready = [&](const std::string& addr) {
     if (a.ready_file.empty()) return;
     std::string tmp = a.ready_file + ".tmp";
-    std::ofstream(tmp) << addr << "\n";
+    {
+      // The second line, the dashboard's URL, holds its token: only we may read the file.
+      const mode_t old = ::umask(077);
+      std::ofstream f(tmp);
+      f << addr << "\n";
+      if (dash) f << dash->url() << "\n";
+      ::umask(old);
+    }
     fs::rename(tmp, a.ready_file);
   };
   std::string advertise = a.advertise;
@@ -123,15 +150,24 @@ int start_daemon(const StartArgs& a, const std::vector<std::string>& raw_args) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  std::string addr;
-  std::ifstream(ready) >> addr;
+  std::string addr, dashboard_url;
+  {
+    std::ifstream f(ready);
+    f >> addr >> dashboard_url;
+  }
   fs::remove(ready);
+  if (!dashboard_url.empty()) {
+    const mode_t old = ::umask(077);
+    std::ofstream(dashboard_url_file()) << dashboard_url << "\n";
+    ::umask(old);
+  }
   std::ofstream(dir + "/pids/" + std::to_string(child.pid()))
       << (a.head ? "head " : "node ") << addr << "\n";
   if (a.head) std::ofstream(dir + "/head_address") << addr << "\n";
   std::cout << (a.head ? "head" : "node") << " serving at " << addr << " (pid " << child.pid()
             << ", log " << log << ")\n";
   if (a.head) std::cout << "join more nodes with: loco start --address " << addr << "\n";
+  if (!dashboard_url.empty()) std::cout << "dashboard at " << dashboard_url << "\n";
   child.release();  // leave it running
   return 0;
 }
@@ -166,6 +202,7 @@ int stop_local(int grace_ms) {
     fs::remove(dir + "/" + std::to_string(pid));
   }
   if (pids.empty()) std::cout << "no loco processes were running\n";
+  fs::remove(dashboard_url_file());
   return 0;
 }
 
@@ -202,6 +239,15 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
   start->add_option("--checkpoint-root", sa->checkpoint_root,
                     "node: the folder jobs' checkpoint.dir must be in (default: the working "
                     "directory)");
+  start
+      ->add_option("--dashboard-port", sa->dashboard_port,
+                   "head: serve the dashboard at this port (0: any free; default: none)")
+      ->check(CLI::Range(-1, 65535));
+  start->add_option("--dashboard-host", sa->dashboard_host,
+                    "head: interface the dashboard listens at (default 127.0.0.1)");
+  start->add_option("--dashboard-token-file", sa->dashboard_token_file,
+                    "head: the dashboard's read-only token, made there if missing (default: a "
+                    "new one, printed in its URL)");
   start->add_flag("--block", sa->block, "stay in the foreground");
   start->add_option("--ready-file", sa->ready_file)->group("");
   out.push_back({start, [sa, args] {

@@ -8,6 +8,7 @@
 #include "client/cli/common.hpp"
 #include "client/cli/follow.hpp"
 #include "client/client.hpp"
+#include "client/dashboard/views.hpp"
 
 namespace loco::cli {
 namespace {
@@ -53,7 +54,7 @@ int print_log(const std::string& address, const std::string& id, bool follow_it)
 
 struct JobArgs {
   std::string address, file, id, entry;
-  bool detach = false, follow = false;
+  bool detach = false, follow = false, json = false;
   int workers = 0;
 };
 
@@ -71,9 +72,13 @@ void add_job_commands(CLI::App& app, Commands& out) {
 
   auto* jobs_cmd = app.add_subcommand("jobs", "list the cluster's jobs");
   jobs_cmd->add_option("--address", a->address, "head HOST:PORT");
+  jobs_cmd->add_flag("--json", a->json, "as JSON (the dashboard's /api/jobs)");
   out.push_back({jobs_cmd, [a] {
                    Client client(head_address(a->address));
-                   print_jobs(client.jobs());
+                   if (a->json)
+                     std::printf("%s\n", dashboard::jobs_json(client.jobs(), {}).dump(2).c_str());
+                   else
+                     print_jobs(client.jobs());
                    return 0;
                  }});
 

@@ -5,6 +5,7 @@
 
 #include "client/cli/commands.hpp"
 #include "client/cli/common.hpp"
+#include "client/dashboard/views.hpp"
 #include "runtime/core/runtime.hpp"
 
 namespace loco::cli {
@@ -49,6 +50,7 @@ void add_status_command(CLI::App& app, Commands& out) {
   auto address = std::make_shared<std::string>();
   auto query = std::make_shared<StatusQuery>();
   query->limit = 1000;
+  auto json = std::make_shared<bool>(false);
   auto* status = app.add_subcommand("status", "nodes, resources and actors of a cluster");
   status->add_option("--address", *address, "head HOST:PORT");
   status->add_option("--state", query->state, "only actors in this state")
@@ -56,9 +58,13 @@ void add_status_command(CLI::App& app, Commands& out) {
   status->add_option("--node", query->node, "only actors on this node (its id)");
   status->add_option("--offset", query->offset, "skip this many actors (sorted by id)");
   status->add_option("--limit", query->limit, "list at most this many actors (0: all; 1000)");
-  out.push_back({status, [address, query] {
+  status->add_flag("--json", *json, "as JSON (the dashboard's /api/cluster)");
+  out.push_back({status, [address, query, json] {
                    auto rt = Runtime::connect(head_address(*address));
-                   print_status(rt.status(*query));
+                   if (*json)
+                     std::printf("%s\n", dashboard::cluster_json(rt.status(*query)).dump(2).c_str());
+                   else
+                     print_status(rt.status(*query));
                    return 0;
                  }});
 }

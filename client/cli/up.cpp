@@ -16,8 +16,10 @@
 
 #include "client/cli/commands.hpp"
 #include "client/cli/common.hpp"
+#include "client/cli/dashboard.hpp"
 #include "client/cli/follow.hpp"
 #include "client/client.hpp"
+#include "client/dashboard/server.hpp"
 #include "client/process.hpp"
 #include "runtime/core/runtime.hpp"
 #include "runtime/membership/store.hpp"
@@ -35,6 +37,7 @@ struct UpArgs {
   std::string resources;
   int64_t detect_ms = 2000;
   std::string data_root, checkpoint_root;
+  int dashboard_port = 0;  // the head's dashboard: 0 any free port, -1 none
   std::vector<std::string> command;
 };
 
@@ -107,11 +110,32 @@ int up(const UpArgs& a) {
     o.log_path = dir + "/" + log;
     procs.emplace_back(std::move(argv), o);
   };
+  // The head serves the dashboard on loopback, with a token in a file only we can read
+  // (none on an --insecure cluster, as for the cluster's own sockets).
+  std::vector<std::string> dashboard_args;
+  std::string dashboard_url;
+  if (a.dashboard_port >= 0) {
+    const int port = a.dashboard_port ? a.dashboard_port : free_tcp_port();
+    dashboard_args = {"--dashboard-port=" + std::to_string(port), "--dashboard-host=127.0.0.1"};
+    dashboard_url = "http://127.0.0.1:" + std::to_string(port) + "/";
+    const char* insecure = std::getenv("LOCO_INSECURE");
+    if (!(insecure && std::string(insecure) == "1")) {
+      const std::string token_file = dir + "/dashboard.token";
+      dashboard_url += "#token=" + dashboard::load_or_make_token(token_file);
+      dashboard_args.push_back("--dashboard-token-file=" + token_file);
+    }
+  }
   bool head_up = false;
   for (int attempt = 0; attempt < 50 && !head_up && !stop_requested(); ++attempt) {
-    start({bin, "start", "--head", "--block", "--host=127.0.0.1",
-           "--port=" + std::to_string(head_port), detect},
-          "head.log");
+    std::vector<std::string> head_argv = {bin,
+                                          "start",
+                                          "--head",
+                                          "--block",
+                                          "--host=127.0.0.1",
+                                          "--port=" + std::to_string(head_port),
+                                          detect};
+    head_argv.insert(head_argv.end(), dashboard_args.begin(), dashboard_args.end());
+    start(head_argv, "head.log");
     // The head exits at once when Redis does not answer yet: retry briefly.
     if (procs.back().wait(std::chrono::milliseconds(300))) {
       procs.pop_back();
@@ -153,6 +177,22 @@ int up(const UpArgs& a) {
   }
   std::cout << "cluster up: head " << head_addr << ", " << a.workers << " nodes, redis "
             << membership::redact_url(redis_url) << " (logs in " << dir << ")" << std::endl;
+  // For `loco dashboard` to print while this cluster runs (0600: the URL holds the token).
+  struct UrlFile {
+    std::string url;
+    explicit UrlFile(std::string u) : url(std::move(u)) {
+      if (url.empty()) return;
+      const mode_t old = ::umask(077);
+      std::ofstream(dashboard_url_file()) << url << "\n";
+      ::umask(old);
+    }
+    ~UrlFile() {
+      std::ifstream f(dashboard_url_file());
+      std::string now;
+      if (!url.empty() && f >> now && now == url) fs::remove(dashboard_url_file());
+    }
+  } url_file(dashboard_url);
+  if (!dashboard_url.empty()) std::cout << "dashboard at " << dashboard_url << std::endl;
   int rc = 0;
   auto is_job_file = [](const std::string& f) {
     return f.size() > 5 && (f.ends_with(".yaml") || f.ends_with(".yml"));
@@ -210,6 +250,9 @@ void add_up_command(CLI::App& app, Commands& out) {
                   "the folder jobs' data.dir must be in (default: the working directory)");
   cmd->add_option("--checkpoint-root", ua->checkpoint_root,
                   "the folder jobs' checkpoint.dir must be in (default: the working directory)");
+  cmd->add_option("--dashboard-port", ua->dashboard_port,
+                  "the head's dashboard port (default 0: any free; -1: no dashboard)")
+      ->check(CLI::Range(-1, 65535));
   cmd->add_option(
          "command", ua->command,
          "a job file to run, or a command to run with LOCO_ADDRESS set; then stop the cluster")

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 namespace loco::actors {
 namespace {
@@ -101,11 +102,16 @@ TEST_F(JobRecordsTest, EachRoundOnceEachAttemptRecordedFailedOnesInTheTotals) {
   f.members = {{0, 30, 3000, 4.5}, {2, 10, 1000, 6.5}};
   f.late = {1};
   const std::string l3 = rec.round(round(3), f);
-  EXPECT_NE(l3.find(R"("members":[{"worker":0,"steps":30,"tokens":3000,"seconds":4.500,)"
-                    R"("wait":1.500},{"worker":2,"steps":10,"tokens":1000,"seconds":6.500,)"
-                    R"("wait":0.000}],"late":[1])"),
-            std::string::npos)
-      << l3;
+  const nlohmann::json j3 = nlohmann::json::parse(l3);
+  ASSERT_EQ(j3["members"].size(), 2u) << l3;
+  EXPECT_EQ(j3["members"][0]["worker"], 0) << l3;
+  EXPECT_EQ(j3["members"][0]["steps"], 30) << l3;
+  EXPECT_EQ(j3["members"][0]["tokens"], 3000) << l3;
+  EXPECT_DOUBLE_EQ(j3["members"][0]["seconds"].get<double>(), 4.5) << l3;
+  EXPECT_DOUBLE_EQ(j3["members"][0]["wait"].get<double>(), 1.5) << l3;
+  EXPECT_EQ(j3["members"][1]["worker"], 2) << l3;
+  EXPECT_DOUBLE_EQ(j3["members"][1]["wait"].get<double>(), 0.0) << l3;  // longer than the round
+  EXPECT_EQ(j3["late"], nlohmann::json::array({1})) << l3;
 
   auto att = lines(rec.attempts_path());
   ASSERT_EQ(att.size(), 3u);
@@ -117,7 +123,8 @@ TEST_F(JobRecordsTest, EachRoundOnceEachAttemptRecordedFailedOnesInTheTotals) {
   EXPECT_NE(att[1].find("\"bytes\":[null,400,null]"), std::string::npos) << att[1];
   EXPECT_NE(att[1].find(R"({"worker":0,"lost":true,"error":"actor died"})"), std::string::npos)
       << att[1];
-  EXPECT_NE(att[1].find(R"("error":"lost member \"w0\"\u000aagain")"), std::string::npos) << att[1];
+  EXPECT_EQ(nlohmann::json::parse(att[1])["errors"][1]["error"], "lost member \"w0\"\nagain")
+      << att[1];
   EXPECT_EQ(json_field(att[2], "outcome"), "\"ok\"");
   EXPECT_NE(att[2].find("\"errors\":[]}"), std::string::npos) << att[2];
 }
@@ -195,6 +202,34 @@ TEST_F(JobRecordsTest, ARestartedAggregatorGoesBackAndCarriesTheTotalsOn) {
     EXPECT_TRUE(lines(rec.metrics_path()).empty());
     EXPECT_EQ(lines(rec.attempts_path()).size(), 5u);  // attempts are never removed
   }
+}
+
+// Every line is JSON a JSON library reads back, error messages with quotes and newlines and a
+// round's per-step figures included.
+TEST_F(JobRecordsTest, LinesAreJsonWithThePerStepFigures) {
+  JobRecords rec(dir_, -1);
+  rec.attempt(failed(1, {0, 1, 2}));
+  rec.attempt(ok(1, {1, 2}, 600));
+  RoundFigures f = figures(5);
+  f.steps = per_step_means(
+      {{{3.0, 0.001, 2.0, 0.5, 100}, {2.0, 0.002, 1.0, 0.5, 100}}, {{5.0, 0.001, 4.0, 1.0, 100}}});
+  const std::string l1 = rec.round(round(1), f);
+  const auto j = nlohmann::json::parse(l1);
+  ASSERT_EQ(j["steps"].size(), 2u);
+  EXPECT_DOUBLE_EQ(j["steps"][0]["loss"].get<double>(), 4.0);            // the mean of 3 and 5
+  EXPECT_DOUBLE_EQ(j["steps"][0]["grad_norm"].get<double>(), 3.0);       // of 2 and 4
+  EXPECT_EQ(j["steps"][0]["tokens"], 200);                               // both members
+  EXPECT_DOUBLE_EQ(j["steps"][0]["tokens_per_s"].get<double>(), 200.0);  // the slower's 1 s
+  EXPECT_DOUBLE_EQ(j["steps"][1]["loss"].get<double>(), 2.0);            // only member 0 did step 2
+  EXPECT_DOUBLE_EQ(j["steps"][1]["lr"].get<double>(), 0.002);
+  EXPECT_EQ(j["round"], 1);
+  EXPECT_TRUE(j["val_loss"].is_null());
+  const auto att = nlohmann::json::parse(lines(rec.attempts_path())[0]);
+  EXPECT_EQ(att["errors"][1]["error"], "lost member \"w0\"\nagain");
+  EXPECT_TRUE(att["bytes"][0].is_null());
+  EXPECT_EQ(json_field(l1, "theta_hash"), "\"0\"");
+  EXPECT_EQ(json_field(l1, "nothing"), "");
+  EXPECT_EQ(json_field("not json", "round"), "");
 }
 
 }  // namespace

@@ -231,9 +231,22 @@ TEST_F(DilocoJob, AQuoteInTheCheckpointFolderRunsNoCommand) {
   EXPECT_FALSE(fs::exists(marker)) << "the job file ran a command";
   const std::string folder = dir_ + "/ck'; touch " + marker + "; echo '/" + job.id();
   EXPECT_TRUE(fs::exists(folder + "/metrics.jsonl")) << folder;
-  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {  // a fixed command of the test
-    EXPECT_TRUE(fs::exists(folder + "/loss.png")) << log_text(job);
+  // The job runs no program for its plots; `loco plot` draws them from that folder's
+  // metrics.jsonl, the folder's name an argument, never a shell's or gnuplot's input.
+  EXPECT_FALSE(fs::exists(folder + "/loss.png"));
+  Subprocess::Options o;
+  o.log_path = dir_ + "/plot.log";
+  Subprocess plot(
+      {loco_binary(), "plot", "--metrics", folder + "/metrics.jsonl", "--out", dir_ + "/plots"}, o);
+  const auto rc = plot.wait(std::chrono::seconds(120));
+  ASSERT_TRUE(rc.has_value()) << "loco plot did not finish in 120 s";
+  if (fs::exists("/usr/bin/gnuplot")) {
+    std::ifstream log(dir_ + "/plot.log");
+    EXPECT_EQ(*rc, 0) << log.rdbuf();
+    EXPECT_TRUE(fs::exists(dir_ + "/plots/loss.png"));
+    EXPECT_TRUE(fs::exists(dir_ + "/plots/steps.png"));
   }
+  EXPECT_FALSE(fs::exists(marker)) << "loco plot ran a command";
 }
 
 // What anyone who reaches a node sees of a job's worker: the name and signature of one of

@@ -69,17 +69,30 @@ FakeJob::FakeJob(std::string job_id, std::string spec) : job_id_(std::move(job_i
     throw std::invalid_argument("FakeJob spec: expected 'rounds N', got " + spec);
   fail_ = spec.find("fail") != std::string::npos;
   bad_report_ = spec.find("bad-report") != std::string::npos;
+  with_steps_ = spec.find("with-steps") != std::string::npos;
   Runtime rt = Runtime::current();
   thread_ = std::thread([this, rt]() mutable {
     try {
       // A report that does not decode as one (its watchers must skip it, not stop).
       if (bad_report_) rt.job_record(job_id_, "report", std::string("\xc1 not msgpack", 14));
       for (int r = 1; r <= rounds_ && !stop_; ++r) {
+        if (with_steps_) {
+          // 4 inner steps a round, as the DiLoCo aggregator records them for the dashboard.
+          std::vector<JobProgress> steps(4);
+          for (int i = 0; i < 4; ++i) {
+            steps[size_t(i)].step = (r - 1) * 4 + i + 1;
+            steps[size_t(i)].metrics = {{"loss", 10.0 / r}, {"lr", 0.001}, {"grad_norm", 1.0}};
+          }
+          msgpack::sbuffer buf;
+          msgpack::pack(buf, steps);
+          rt.job_record(job_id_, "steps", std::string(buf.data(), buf.size()));
+        }
         JobProgress p;
         p.step = r;
         p.total = rounds_;
         p.metrics["loss"] = 10.0 / r;
         p.metrics["workers"] = 2;
+        p.metrics["inner_step"] = 4.0 * r;
         rt.job_progress(job_id_, p);
         done_ = r;
         if (rounds_ > 100) std::this_thread::sleep_for(std::chrono::milliseconds(20));

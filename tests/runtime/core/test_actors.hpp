@@ -60,6 +60,7 @@ class FakeJob {
   int rounds_ = 0;
   bool fail_ = false;
   bool bad_report_ = false;  // spec has "bad-report": a report that does not decode comes first
+  bool with_steps_ = false;  // spec has "with-steps": a "steps" record before each report
   std::atomic<int> done_{0};
   std::atomic<bool> stop_{false};
   std::thread thread_;

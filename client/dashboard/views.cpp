@@ -1,0 +1,365 @@
+#include "client/dashboard/views.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "runtime/core/codec.hpp"
+#include "runtime/core/remote_input.hpp"
+
+namespace loco::dashboard {
+namespace {
+
+using json = nlohmann::json;
+
+double metric(const JobProgress& p, const char* key, double otherwise = 0) {
+  auto it = p.metrics.find(key);
+  return it == p.metrics.end() ? otherwise : it->second;
+}
+
+// A number JSON can hold: NaN and infinities (a diverged loss) become null.
+json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+// Prometheus label values: backslash, double quote and newline escaped.
+std::string label(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string prom_number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+class PromWriter {
+ public:
+  void family(const std::string& name, const char* type, const char* help) {
+    out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  }
+  void sample(const std::string& name, const std::vector<std::pair<std::string, std::string>>& l,
+              double v) {
+    out_ << name;
+    if (!l.empty()) {
+      out_ << "{";
+      for (size_t i = 0; i < l.size(); ++i)
+        out_ << (i ? "," : "") << l[i].first << "=\"" << label(l[i].second) << "\"";
+      out_ << "}";
+    }
+    out_ << " " << prom_number(v) << "\n";
+  }
+  std::string str() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+};
+
+}  // namespace
+
+int64_t event_unix_ms(const std::string& id) {
+  int64_t ms = 0;
+  size_t i = 0;
+  for (; i < id.size() && i < 19 && id[i] >= '0' && id[i] <= '9'; ++i) ms = ms * 10 + (id[i] - '0');
+  return i > 0 && i < id.size() && id[i] == '-' ? ms : 0;
+}
+
+void JobHistory::note(TimelineEntry e) {
+  timeline_.push_back(std::move(e));
+  while (timeline_.size() > kMaxTimeline) timeline_.pop_front();
+}
+
+void JobHistory::add_report(const JobProgress& p, int64_t at) {
+  // The round before this one, as the job's history now stands, to tell what changed.
+  auto redone = rounds_.lower_bound(p.step);
+  if (redone != rounds_.end()) {
+    rounds_.erase(redone, rounds_.end());
+    // The steps of the undone rounds go too: those after the last round kept.
+    const int64_t kept = last() ? int64_t(metric(last()->progress, "inner_step")) : 0;
+    steps_.erase(steps_.upper_bound(kept), steps_.end());
+  }
+  const RoundPoint* before = last();
+  const int workers = int(metric(p, "workers"));
+  if (before) {
+    const int had = int(metric(before->progress, "workers"));
+    if (workers > had)
+      note({at, p.step, "join",
+            std::to_string(workers - had) + " joined: " + std::to_string(had) + " -> " +
+                std::to_string(workers)});
+    if (workers < had)
+      note({at, p.step, "left",
+            std::to_string(had - workers) + " left: " + std::to_string(had) + " -> " +
+                std::to_string(workers)});
+    if (metric(p, "redo") > metric(before->progress, "redo"))
+      note({at, p.step, "redo", "went back and redid the round"});
+  }
+  if (const int failed = int(metric(p, "failed_attempts")); failed > 0)
+    note({at, p.step, "retry", std::to_string(failed) + " all-reduce attempt(s) failed"});
+  if (const int late = int(metric(p, "late")); late > 0)
+    note({at, p.step, "late", std::to_string(late) + " member(s) missed the deadline"});
+  rounds_[p.step] = RoundPoint{p, at};
+}
+
+void JobHistory::add(const JobEvent& e) {
+  cursor = e.id;
+  const int64_t at = event_unix_ms(e.id);
+  if (e.kind == "report") {
+    // Written only by the job's own actors (the head checks), but decoded like network input.
+    try {
+      add_report(detail::unpack_bounded(e.data.data(), e.data.size(), "a job's progress report")
+                     .get()
+                     .as<JobProgress>(),
+                 at);
+    } catch (const std::exception& ex) {
+      lines_.emplace_back(at,
+                          "skipped a malformed progress report: " + escape_remote(ex.what(), 200));
+    }
+  } else if (e.kind == "log") {
+    lines_.emplace_back(at, escape_remote(e.data, 2000));
+  } else if (e.kind == "steps") {
+    // A round's per-step figures: msgpack of std::vector<JobProgress> (step = inner step).
+    try {
+      auto steps = detail::unpack_bounded(e.data.data(), e.data.size(), "a job's step figures")
+                       .get()
+                       .as<std::vector<JobProgress>>();
+      for (JobProgress& s : steps) steps_[s.step] = std::move(s.metrics);
+      while (steps_.size() > kMaxSteps) steps_.erase(steps_.begin());
+    } catch (const std::exception& ex) {
+      lines_.emplace_back(at, "skipped malformed step figures: " + escape_remote(ex.what(), 200));
+    }
+  } else {
+    // A typed record of the job's own: its kind is the event; a [path, round] record (a
+    // checkpoint) also says which round.
+    TimelineEntry t{at, last() ? last()->progress.step : 0, escape_remote(e.kind, 64), ""};
+    try {
+      auto oh = detail::unpack_bounded(e.data.data(), e.data.size(), "a job's record");
+      const msgpack::object& o = oh.get();
+      if (o.type == msgpack::type::ARRAY && o.via.array.size >= 2 &&
+          o.via.array.ptr[0].type == msgpack::type::STR &&
+          o.via.array.ptr[1].type == msgpack::type::POSITIVE_INTEGER) {
+        t.round = int64_t(o.via.array.ptr[1].via.u64);
+        t.text = "round " + std::to_string(t.round) + ": " +
+                 escape_remote(o.via.array.ptr[0].as<std::string>(), 300);
+      }
+    } catch (const std::exception&) {
+      // Not one we can read: the kind alone.
+    }
+    note(std::move(t));
+  }
+  while (lines_.size() > kMaxLines) lines_.pop_front();
+}
+
+json cluster_json(const ClusterStatus& st) {
+  json nodes = json::array();
+  std::map<std::string, int> actors_on;
+  for (const ActorInfo& a : st.actors)
+    if (a.state == ActorState::alive || a.state == ActorState::pending) ++actors_on[a.node_id];
+  for (const NodeStatus& n : st.nodes) {
+    json res = json::object();
+    for (const auto& [k, total] : n.node.resources) {
+      auto u = n.used.find(k);
+      res[k] = {{"total", total}, {"used", u == n.used.end() ? 0.0 : u->second}};
+    }
+    // Load: the largest share of any resource held by actors.
+    double load = 0;
+    for (const auto& [k, total] : n.node.resources)
+      if (total > 0 && n.used.count(k)) load = std::max(load, n.used.at(k) / total);
+    nodes.push_back({{"id", n.node.id},
+                     {"address", n.node.address},
+                     {"hostname", n.node.hostname},
+                     {"pid", n.node.pid},
+                     {"state", to_string(n.node.state)},
+                     {"alive", n.node.state == NodeState::alive},
+                     {"reason", n.node.reason},
+                     {"started_unix_ms", n.node.started_unix_ms},
+                     {"resources", res},
+                     {"load", load},
+                     {"actors", actors_on[n.node.id]}});
+  }
+  json actors = json::array();
+  for (const ActorInfo& a : st.actors)
+    actors.push_back({{"id", a.id},
+                      {"name", a.name},
+                      {"class", a.class_name},
+                      {"node", a.node_id},
+                      {"state", to_string(a.state)},
+                      {"restarts", a.restarts},
+                      {"max_restarts", a.max_restarts},
+                      {"gpus", a.gpus},
+                      {"reason", a.reason}});
+  return {{"head", st.head_address},
+          {"nodes", nodes},
+          {"actors", actors},
+          {"events", st.recent_events}};
+}
+
+json job_info_json(const JobInfo& j, const JobHistory* h) {
+  json out = {{"id", j.id},
+              {"name", j.name},
+              {"state", to_string(j.state)},
+              {"message", j.message},
+              {"entry_actor", j.entry_actor},
+              {"submitted_unix_ms", j.submitted_unix_ms},
+              {"finished_unix_ms", j.finished_unix_ms}};
+  if (h && h->last()) {
+    const JobProgress& p = h->last()->progress;
+    out["round"] = p.step;
+    out["rounds"] = p.total;
+    out["loss"] = number(metric(p, "loss"));
+    out["workers"] = int(metric(p, "workers"));
+  }
+  return out;
+}
+
+json jobs_json(const std::vector<JobInfo>& jobs,
+               const std::map<std::string, JobHistory>& histories) {
+  json out = json::array();
+  for (const JobInfo& j : jobs) {
+    auto h = histories.find(j.id);
+    out.push_back(job_info_json(j, h == histories.end() ? nullptr : &h->second));
+  }
+  return out;
+}
+
+json job_json(const JobInfo& j, const JobHistory& h) {
+  json out = job_info_json(j, &h);
+  json rounds = json::array();
+  double bytes_before = 0, tokens = 0;
+  for (const auto& [r, point] : h.rounds()) {
+    const JobProgress& p = point.progress;
+    json row = {{"round", r}, {"unix_ms", point.unix_ms}, {"note", p.note}};
+    for (const auto& [k, v] : p.metrics) row[k] = number(v);
+    // The reports carry cumulative bytes per worker; the chart wants each round's.
+    const double bytes = metric(p, "bytes_per_worker");
+    row["round_bytes"] = number(bytes - bytes_before);
+    bytes_before = bytes;
+    // Tokens along θ's history (rounds redone count once): the x axis of the loss curves.
+    if (p.metrics.count("round_tokens")) {
+      tokens += metric(p, "round_tokens");
+      row["tokens"] = tokens;
+    }
+    if (!p.metrics.count("val_loss")) row["val_loss"] = nullptr;
+    // Round 0 evaluates θ before training: no inner steps, so no training figures.
+    if (r == 0)
+      for (const char* k : {"loss", "utilization", "round_bytes", "tokens_per_s"}) row[k] = nullptr;
+    rounds.push_back(std::move(row));
+  }
+  out["rounds_done"] = rounds;
+  json steps = json::array();
+  for (const auto& [step, figures] : h.steps()) {
+    json row = {{"step", step}};
+    for (const auto& [k, v] : figures) row[k] = number(v);
+    steps.push_back(std::move(row));
+  }
+  out["steps"] = steps;
+  json timeline = json::array();
+  for (const TimelineEntry& t : h.timeline())
+    timeline.push_back(
+        {{"unix_ms", t.unix_ms}, {"round", t.round}, {"kind", t.kind}, {"text", t.text}});
+  out["timeline"] = timeline;
+  json lines = json::array();
+  for (const auto& [at, line] : h.lines()) lines.push_back({{"unix_ms", at}, {"line", line}});
+  out["log"] = lines;
+  return out;
+}
+
+std::string prometheus_text(const ClusterStatus& st, const std::vector<JobInfo>& jobs,
+                            const std::map<std::string, JobHistory>& histories) {
+  PromWriter w;
+  std::map<std::string, int> node_states = {{"alive", 0}, {"dead", 0}, {"left", 0}};
+  for (const NodeStatus& n : st.nodes) ++node_states[to_string(n.node.state)];
+  w.family("loco_nodes", "gauge", "Nodes the head knows, by state.");
+  for (const auto& [s, k] : node_states) w.sample("loco_nodes", {{"state", s}}, k);
+  w.family("loco_node_heartbeat_misses", "gauge",
+           "Nodes declared dead because their heartbeats stopped for the detection time.");
+  w.sample("loco_node_heartbeat_misses", {}, node_states["dead"]);
+  w.family("loco_node_up", "gauge", "1 while the node is alive.");
+  for (const NodeStatus& n : st.nodes)
+    w.sample("loco_node_up", {{"node", n.node.id}, {"address", n.node.address}},
+             n.node.state == NodeState::alive);
+  w.family("loco_node_resource_total", "gauge", "A node's resources.");
+  for (const NodeStatus& n : st.nodes)
+    for (const auto& [k, v] : n.node.resources)
+      w.sample("loco_node_resource_total", {{"node", n.node.id}, {"resource", k}}, v);
+  w.family("loco_node_resource_used", "gauge", "A node's resources held by actors.");
+  for (const NodeStatus& n : st.nodes)
+    for (const auto& [k, v] : n.node.resources) {
+      auto u = n.used.find(k);
+      (void)v;
+      w.sample("loco_node_resource_used", {{"node", n.node.id}, {"resource", k}},
+               u == n.used.end() ? 0 : u->second);
+    }
+  std::map<std::string, int> actor_states = {
+      {"pending", 0}, {"alive", 0}, {"restarting", 0}, {"dead", 0}};
+  int restarts = 0;
+  for (const ActorInfo& a : st.actors) {
+    ++actor_states[to_string(a.state)];
+    restarts += a.restarts;
+  }
+  w.family("loco_actors", "gauge", "Actors, by state.");
+  for (const auto& [s, k] : actor_states) w.sample("loco_actors", {{"state", s}}, k);
+  w.family("loco_actor_restarts", "gauge", "Restarts of the actors the head knows, summed.");
+  w.sample("loco_actor_restarts", {}, restarts);
+
+  std::map<std::string, int> job_states = {
+      {"running", 0}, {"succeeded", 0}, {"failed", 0}, {"cancelled", 0}};
+  for (const JobInfo& j : jobs) ++job_states[to_string(j.state)];
+  w.family("loco_jobs", "gauge", "Jobs, by state.");
+  for (const auto& [s, k] : job_states) w.sample("loco_jobs", {{"state", s}}, k);
+
+  // Per job, the newest report's figures.
+  struct Figure {
+    const char* name;
+    const char* key;
+    const char* type;
+    const char* help;
+  };
+  static const Figure figures[] = {
+      {"loco_job_round", nullptr, "gauge", "The last round the job completed."},
+      {"loco_job_rounds", nullptr, "gauge", "The rounds the job is to run."},
+      {"loco_job_loss", "loss", "gauge", "Mean training loss of the last round's inner steps."},
+      {"loco_job_val_loss", "val_loss", "gauge", "The last validation loss."},
+      {"loco_job_tokens_per_second", "tokens_per_s", "gauge", "Tokens per second, all workers."},
+      {"loco_job_utilization", "utilization", "gauge", "Inner-step time over wall time, 0..1."},
+      {"loco_job_workers", "workers", "gauge", "Members of the last round."},
+      {"loco_job_allreduce_bytes_per_worker_total", "bytes_per_worker", "counter",
+       "All-reduce bytes sent per worker over the rounds of the job's history."},
+      {"loco_job_allreduce_attempt_bytes_per_worker_total", "job_bytes_per_worker", "counter",
+       "All-reduce bytes sent per worker over every attempt, failed ones included."},
+      {"loco_job_allreduce_seconds_total", "allreduce_seconds_total", "counter",
+       "Seconds the job's rounds spent in their all-reduce."},
+      {"loco_job_failed_attempts", "failed_attempts", "gauge",
+       "Failed all-reduce attempts of the last round."},
+      {"loco_job_redo", "redo", "gauge", "Times the job went back to a checkpoint."},
+  };
+  for (const Figure& f : figures) {
+    bool any = false;
+    for (const JobInfo& j : jobs) {
+      auto h = histories.find(j.id);
+      if (h == histories.end() || !h->second.last()) continue;
+      const JobProgress& p = h->second.last()->progress;
+      double v;
+      if (f.key == nullptr)
+        v = double(std::string(f.name) == "loco_job_round" ? p.step : p.total);
+      else if (p.metrics.count(f.key))
+        v = p.metrics.at(f.key);
+      else
+        continue;
+      if (!any) w.family(f.name, f.type, f.help);
+      any = true;
+      w.sample(f.name, {{"job", j.id}, {"name", j.name}}, v);
+    }
+  }
+  return w.str();
+}
+
+}  // namespace loco::dashboard

@@ -1,0 +1,74 @@
+#pragma once
+// What the dashboard shows, as pure functions of what the cluster reports: the JSON of its API
+// and the Prometheus text of /metrics. No sockets here, so tests build the inputs by hand.
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/core/cluster_types.hpp"
+
+namespace loco::dashboard {
+
+// One round of a job as its entry actor reported it, and when the report was logged.
+struct RoundPoint {
+  JobProgress progress;
+  int64_t unix_ms = 0;  // from the event's id in the job's log (0: not known)
+};
+
+// A job's timeline: what changed, derived from its reports (members joined or lost, all-reduce
+// retries, going back to a checkpoint, stragglers) and its typed records (checkpoints).
+struct TimelineEntry {
+  int64_t unix_ms = 0;
+  int64_t round = 0;
+  std::string kind;  // "join", "loss", "retry", "redo", "late", or a record's kind
+  std::string text;
+};
+
+// Everything the dashboard has read of one job's event log, folded as it arrives.
+class JobHistory {
+ public:
+  static constexpr size_t kMaxLines = 2000;     // log lines kept (the newest)
+  static constexpr size_t kMaxTimeline = 5000;  // timeline entries kept (the newest)
+  static constexpr size_t kMaxSteps = 20000;    // per-step figures kept (the newest)
+
+  // Folds in one event of the job's log. A report of a round already held (the job went back
+  // to a checkpoint and redid it) replaces that round and drops the rounds after it.
+  void add(const JobEvent& e);
+  const std::map<int64_t, RoundPoint>& rounds() const { return rounds_; }
+  const std::deque<TimelineEntry>& timeline() const { return timeline_; }
+  const std::deque<std::pair<int64_t, std::string>>& lines() const { return lines_; }
+  // The workers' per-step figures ("steps" records): the job's inner step -> loss, lr,
+  // grad_norm, tokens_per_s (means over the round's members).
+  const std::map<int64_t, std::map<std::string, double>>& steps() const { return steps_; }
+  // The newest report, if any.
+  const RoundPoint* last() const { return rounds_.empty() ? nullptr : &rounds_.rbegin()->second; }
+  std::string cursor;  // the id of the last event folded in
+
+ private:
+  void add_report(const JobProgress& p, int64_t at);
+  void note(TimelineEntry e);
+  std::map<int64_t, RoundPoint> rounds_;
+  std::map<int64_t, std::map<std::string, double>> steps_;
+  std::deque<TimelineEntry> timeline_;
+  std::deque<std::pair<int64_t, std::string>> lines_;
+};
+
+// Milliseconds since the epoch in a stream id "MS-SEQ" (the store's ids); 0 when it has none.
+int64_t event_unix_ms(const std::string& id);
+
+nlohmann::json cluster_json(const ClusterStatus& st);
+nlohmann::json job_info_json(const JobInfo& j, const JobHistory* h);
+nlohmann::json jobs_json(const std::vector<JobInfo>& jobs,
+                         const std::map<std::string, JobHistory>& histories);
+// One job: its record, every round's figures (bytes per round from the cumulative counts), the
+// timeline and the newest log lines.
+nlohmann::json job_json(const JobInfo& j, const JobHistory& h);
+
+// /metrics in Prometheus' text exposition format (version 0.0.4).
+std::string prometheus_text(const ClusterStatus& st, const std::vector<JobInfo>& jobs,
+                            const std::map<std::string, JobHistory>& histories);
+
+}  // namespace loco::dashboard

@@ -1,0 +1,253 @@
+// The dashboard's pure parts: a job's history folded from its log, the JSON, the Prometheus
+// text, the token and Host checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "client/dashboard/server.hpp"
+#include "client/dashboard/views.hpp"
+
+namespace loco::dashboard {
+namespace {
+
+JobEvent report(int64_t ms, int64_t round, std::map<std::string, double> metrics) {
+  JobProgress p;
+  p.step = round;
+  p.total = 10;
+  p.metrics = std::move(metrics);
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, p);
+  return {std::to_string(ms) + "-0", "report", std::string(buf.data(), buf.size())};
+}
+
+TEST(DashboardViews, EventIdsGiveTheirTime) {
+  EXPECT_EQ(event_unix_ms("1700000000123-7"), 1700000000123);
+  EXPECT_EQ(event_unix_ms("abc"), 0);
+  EXPECT_EQ(event_unix_ms("123"), 0);
+  EXPECT_EQ(event_unix_ms(""), 0);
+}
+
+TEST(DashboardViews, HistoryTellsJoinsLossesRetriesAndRedoneRounds) {
+  JobHistory h;
+  h.add(report(1000, 1, {{"loss", 5}, {"workers", 4}, {"bytes_per_worker", 100}}));
+  h.add(report(2000, 2,
+               {{"loss", 4}, {"workers", 3}, {"bytes_per_worker", 250}, {"failed_attempts", 1}}));
+  h.add({"2500-0", "log", "worker 3 lost"});
+  h.add(report(3000, 3, {{"loss", 3}, {"workers", 4}, {"bytes_per_worker", 450}}));
+  ASSERT_EQ(h.rounds().size(), 3u);
+  std::vector<std::string> kinds;
+  for (const TimelineEntry& t : h.timeline()) kinds.push_back(t.kind);
+  EXPECT_EQ(kinds, (std::vector<std::string>{"left", "retry", "join"}));
+  EXPECT_EQ(h.timeline().front().round, 2);
+  EXPECT_EQ(h.timeline().front().unix_ms, 2000);
+  ASSERT_EQ(h.lines().size(), 1u);
+  EXPECT_EQ(h.lines().front().second, "worker 3 lost");
+  EXPECT_EQ(h.cursor, "3000-0");
+
+  // The job went back to round 1 and redid round 2: round 3 goes, round 2 is the new one.
+  h.add(report(4000, 2, {{"loss", 3.9}, {"workers", 4}, {"bytes_per_worker", 260}, {"redo", 1}}));
+  ASSERT_EQ(h.rounds().size(), 2u);
+  EXPECT_DOUBLE_EQ(h.last()->progress.metrics.at("loss"), 3.9);
+  EXPECT_EQ(h.timeline().back().kind, "redo");
+}
+
+TEST(DashboardViews, ACheckpointRecordIsOnTheTimelineWithItsRound) {
+  JobHistory h;
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, std::make_tuple(std::string("ck/ckpt-round-4.pt"), int64_t(4)));
+  h.add({"10-0", "checkpoint", std::string(buf.data(), buf.size())});
+  h.add({"11-0", "other", "\xc1 not msgpack"});
+  ASSERT_EQ(h.timeline().size(), 2u);
+  EXPECT_EQ(h.timeline()[0].kind, "checkpoint");
+  EXPECT_EQ(h.timeline()[0].round, 4);
+  EXPECT_EQ(h.timeline()[0].text, "round 4: ck/ckpt-round-4.pt");
+  EXPECT_EQ(h.timeline()[1].kind, "other");
+  EXPECT_EQ(h.timeline()[1].text, "");
+}
+
+JobEvent steps_record(int64_t ms, int64_t first, int n) {
+  std::vector<JobProgress> steps;
+  for (int i = 0; i < n; ++i) {
+    JobProgress p;
+    p.step = first + i;
+    p.metrics = {{"loss", 3.0 - 0.1 * i}, {"lr", 0.001}, {"grad_norm", 1.5}};
+    steps.push_back(p);
+  }
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, steps);
+  return {std::to_string(ms) + "-0", "steps", std::string(buf.data(), buf.size())};
+}
+
+TEST(DashboardViews, StepFiguresArePerInnerStepAndGoWithTheRoundsTheyBelongTo) {
+  JobHistory h;
+  h.add(steps_record(900, 1, 4));
+  h.add(report(1000, 1, {{"loss", 2.9}, {"inner_step", 4}}));
+  h.add(steps_record(1900, 5, 4));
+  h.add(report(2000, 2, {{"loss", 2.8}, {"inner_step", 8}}));
+  ASSERT_EQ(h.steps().size(), 8u);
+  EXPECT_TRUE(h.timeline().empty());  // not an event
+  JobInfo j;
+  const nlohmann::json out = job_json(j, h);
+  ASSERT_EQ(out["steps"].size(), 8u);
+  EXPECT_EQ(out["steps"][4]["step"], 5);
+  EXPECT_DOUBLE_EQ(out["steps"][4]["loss"].get<double>(), 3.0);
+  EXPECT_EQ(out["steps"][4]["grad_norm"], 1.5);
+  // Round 2 redone after going back to round 1: its old steps go.
+  h.add(report(3000, 2, {{"loss", 2.7}, {"inner_step", 8}, {"redo", 1}}));
+  EXPECT_EQ(h.steps().size(), 4u);
+  EXPECT_EQ(h.steps().rbegin()->first, 4);
+  // A malformed record is a line, not a crash.
+  h.add({"3100-0", "steps", "\xc1 nope"});
+  EXPECT_EQ(h.steps().size(), 4u);
+  EXPECT_NE(h.lines().back().second.find("malformed step figures"), std::string::npos);
+}
+
+TEST(DashboardViews, AMalformedReportIsALineNotARound) {
+  JobHistory h;
+  h.add({"5-0", "report", "\xc1 not msgpack"});
+  EXPECT_TRUE(h.rounds().empty());
+  ASSERT_EQ(h.lines().size(), 1u);
+  EXPECT_NE(h.lines().front().second.find("malformed"), std::string::npos);
+}
+
+TEST(DashboardViews, JobJsonHasBytesPerRoundAndNullsForMissingOrNonFiniteFigures) {
+  JobHistory h;
+  h.add(report(1000, 1,
+               {{"loss", 5}, {"bytes_per_worker", 100}, {"val_loss", 4.5}, {"round_tokens", 30}}));
+  h.add(report(2000, 2, {{"loss", std::nan("")}, {"bytes_per_worker", 250}, {"round_tokens", 20}}));
+  JobInfo j;
+  j.id = "job-1";
+  j.name = "t";
+  const nlohmann::json out = job_json(j, h);
+  ASSERT_EQ(out["rounds_done"].size(), 2u);
+  EXPECT_EQ(out["rounds_done"][0]["round_bytes"], 100.0);
+  EXPECT_EQ(out["rounds_done"][1]["round_bytes"], 150.0);
+  // Tokens add up over the rounds (a report carries its round's).
+  EXPECT_EQ(out["rounds_done"][0]["tokens"], 30.0);
+  EXPECT_EQ(out["rounds_done"][1]["tokens"], 50.0);
+  EXPECT_EQ(out["rounds_done"][0]["val_loss"], 4.5);
+  EXPECT_TRUE(out["rounds_done"][1]["val_loss"].is_null());
+  EXPECT_TRUE(out["rounds_done"][1]["loss"].is_null());
+  EXPECT_EQ(out["round"], 2);
+  EXPECT_EQ(out["rounds"], 10);
+  EXPECT_EQ(nlohmann::json::parse(out.dump()), out);
+}
+
+TEST(DashboardViews, RoundZeroHasOnlyItsValidation) {
+  JobHistory h;
+  h.add(report(1000, 0, {{"loss", 0}, {"val_loss", 5.5}, {"utilization", 0}, {"workers", 3}}));
+  JobInfo j;
+  const nlohmann::json out = job_json(j, h);
+  ASSERT_EQ(out["rounds_done"].size(), 1u);
+  EXPECT_TRUE(out["rounds_done"][0]["loss"].is_null());
+  EXPECT_TRUE(out["rounds_done"][0]["utilization"].is_null());
+  EXPECT_EQ(out["rounds_done"][0]["val_loss"], 5.5);
+  EXPECT_EQ(out["rounds_done"][0]["workers"], 3);
+}
+
+ClusterStatus two_nodes() {
+  ClusterStatus st;
+  st.head_address = "127.0.0.1:7070";
+  NodeStatus a, b;
+  a.node.id = "n-a";
+  a.node.address = "127.0.0.1:1";
+  a.node.resources = {{"cpu", 4}, {"gpu", 2}};
+  a.used = {{"cpu", 1}};
+  b.node.id = "n-\"b\"";
+  b.node.state = NodeState::dead;
+  b.node.reason = "missed heartbeats";
+  b.node.resources = {{"cpu", 2}};
+  st.nodes = {a, b};
+  ActorInfo x;
+  x.id = "a-1";
+  x.node_id = "n-a";
+  x.state = ActorState::alive;
+  x.restarts = 2;
+  st.actors = {x};
+  return st;
+}
+
+TEST(DashboardViews, ClusterJsonHasResourcesLoadAndLiveness) {
+  const nlohmann::json c = cluster_json(two_nodes());
+  ASSERT_EQ(c["nodes"].size(), 2u);
+  EXPECT_EQ(c["nodes"][0]["resources"]["cpu"]["used"], 1.0);
+  EXPECT_EQ(c["nodes"][0]["resources"]["gpu"]["used"], 0.0);
+  EXPECT_DOUBLE_EQ(c["nodes"][0]["load"].get<double>(), 0.25);
+  EXPECT_EQ(c["nodes"][0]["actors"], 1);
+  EXPECT_EQ(c["nodes"][1]["alive"], false);
+  EXPECT_EQ(c["nodes"][1]["reason"], "missed heartbeats");
+  EXPECT_EQ(c["actors"][0]["state"], "alive");
+}
+
+TEST(DashboardViews, PrometheusTextIsWellFormedAndCarriesTheFigures) {
+  JobInfo j;
+  j.id = "job-1";
+  j.name = "tiny";
+  std::map<std::string, JobHistory> hs;
+  hs["job-1"].add(report(1000, 3, {{"loss", 2.5}, {"bytes_per_worker", 1e6}, {"workers", 4}}));
+  const std::string text = prometheus_text(two_nodes(), {j}, hs);
+  EXPECT_NE(text.find("loco_nodes{state=\"alive\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("loco_nodes{state=\"dead\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("loco_node_heartbeat_misses 1\n"), std::string::npos);
+  EXPECT_NE(text.find("loco_node_up{node=\"n-\\\"b\\\"\",address=\"\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("loco_actor_restarts 2\n"), std::string::npos);
+  EXPECT_NE(text.find("loco_job_round{job=\"job-1\",name=\"tiny\"} 3\n"), std::string::npos);
+  EXPECT_NE(text.find("loco_job_loss{job=\"job-1\",name=\"tiny\"} 2.5\n"), std::string::npos);
+  EXPECT_NE(text.find("loco_job_allreduce_bytes_per_worker_total{job=\"job-1\",name=\"tiny\"} "
+                      "1000000\n"),
+            std::string::npos);
+  // No family the job does not report (no validation yet).
+  EXPECT_EQ(text.find("loco_job_val_loss"), std::string::npos);
+  // Every line: a comment, or NAME{LABELS} VALUE, and every sample's family was declared.
+  const std::regex sample(
+      R"(([a-z_]+)(\{([a-z_]+="([^"\\]|\\.)*",?)*\})? ([-+0-9.eE]+|NaN|[+-]Inf))");
+  std::istringstream in(text);
+  std::set<std::string> declared;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      declared.insert(line.substr(7, line.find(' ', 7) - 7));
+      continue;
+    }
+    if (line.rfind("# HELP ", 0) == 0) continue;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, sample)) << line;
+    EXPECT_TRUE(declared.count(m[1])) << line;
+  }
+}
+
+TEST(DashboardChecks, TokenMustMatchExactly) {
+  EXPECT_TRUE(token_matches("Bearer 0123456789abcdef", "0123456789abcdef"));
+  EXPECT_FALSE(token_matches("Bearer 0123456789abcdee", "0123456789abcdef"));
+  EXPECT_FALSE(token_matches("Bearer 0123456789abcdef0", "0123456789abcdef"));
+  EXPECT_FALSE(token_matches("Bearer 0123456789abcde", "0123456789abcdef"));
+  EXPECT_FALSE(token_matches("0123456789abcdef", "0123456789abcdef"));
+  EXPECT_FALSE(token_matches("Basic 0123456789abcdef", "0123456789abcdef"));
+  EXPECT_FALSE(token_matches("Bearer ", ""));
+  EXPECT_EQ(random_token().size(), 32u);
+  EXPECT_NE(random_token(), random_token());
+}
+
+TEST(DashboardChecks, OnlyLoopbackHostHeadersOnALoopbackDashboard) {
+  EXPECT_TRUE(is_loopback_host_header("127.0.0.1:8265"));
+  EXPECT_TRUE(is_loopback_host_header("127.0.0.1"));
+  EXPECT_TRUE(is_loopback_host_header("localhost:8265"));
+  EXPECT_TRUE(is_loopback_host_header("[::1]:8265"));
+  EXPECT_FALSE(is_loopback_host_header("evil.example:8265"));
+  EXPECT_FALSE(is_loopback_host_header("127.0.0.1.evil.example:8265"));
+  EXPECT_FALSE(is_loopback_host_header(""));
+  EXPECT_TRUE(is_loopback_bind("127.0.0.1"));
+  EXPECT_FALSE(is_loopback_bind("0.0.0.0"));
+  EXPECT_FALSE(is_loopback_bind("127.evil"));
+}
+
+TEST(DashboardChecks, DefaultsListenOnLoopback) {
+  Options o;
+  EXPECT_EQ(o.host, "127.0.0.1");
+  EXPECT_TRUE(is_loopback_bind(o.host));
+}
+
+}  // namespace
+}  // namespace loco::dashboard
