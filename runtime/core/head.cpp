@@ -434,7 +434,9 @@ class HeadService {
       std::map<std::string, NodeRecord> live;
       for (auto& [id, n] : nodes)
         if (n.state == NodeState::alive) live.emplace(id, n);
-      auto placement = views_of(live, actors_index());
+      // The cached views (a copy: the restarts below occupy it as they go), not views_of() over
+      // the whole table, which would cost every tick the number of actors.
+      auto placement = views(live);
       // The few actors that need work: not dead, and not simply alive on a live node.
       std::vector<std::string> todo;
       for (auto& [id, r] : actors_index())
