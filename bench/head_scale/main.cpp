@@ -9,7 +9,6 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +18,7 @@
 
 #include "bench/stats.hpp"
 #include "tests/runtime/core/cluster.hpp"
+#include "tests/runtime/core/head_probe.hpp"
 #include "tests/runtime/core/test_actors.hpp"
 
 namespace {
@@ -121,21 +121,9 @@ int main(int argc, char** argv) {
   for (auto& a : before.actors) moving += victims.count(a.node_id);
 
   Runtime probe = Runtime::connect(c.head_address(), ConnectOptions{Millis(60000), detect_ms});
-  std::atomic<bool> stop{false};
-  std::vector<double> waits;
   int failures = 0;
-  std::thread prober([&] {
-    while (!stop.load()) {
-      auto t = Clock::now();
-      try {
-        (void)probe.status(StatusQuery{"", "", 0, 100});
-      } catch (const Error&) {
-        ++failures;
-      }
-      waits.push_back(ms_since(t));
-      std::this_thread::sleep_for(Millis(20));
-    }
-  });
+  testing::HeadProbe prober([&] { (void)probe.status(StatusQuery{"", "", 0, 100}); }, Millis(20),
+                            [&](const Error&) { ++failures; });
   auto t0 = Clock::now();
   for (auto& a : addresses) c.node(a).signal(SIGKILL);
   double all_dead_ms = -1, all_running_ms = -1;
@@ -154,8 +142,7 @@ int main(int argc, char** argv) {
     }
     std::this_thread::sleep_for(Millis(50));
   }
-  stop = true;
-  prober.join();
+  const std::vector<double> waits = prober.stop();
   int lost = 0;
   for (auto& a : rt.status().actors) lost += a.state == ActorState::dead;
   std::printf(

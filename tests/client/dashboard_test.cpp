@@ -14,6 +14,7 @@
 #include "client/client.hpp"
 #include "client/process.hpp"
 #include "tests/runtime/core/cluster.hpp"
+#include "tests/runtime/core/fake_job.hpp"
 #include "tests/support/eventually.hpp"
 
 namespace fs = std::filesystem;
@@ -21,14 +22,6 @@ using namespace std::chrono_literals;
 
 namespace loco::testing {
 namespace {
-
-JobSpec fake(const std::string& text) {
-  JobSpec s;
-  s.text = text;
-  s.name = "fake";
-  s.entry_class = "test.FakeJob";
-  return s;
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path);
@@ -92,7 +85,7 @@ class DashboardTest : public ::testing::Test {
   static void SetUpTestSuite() {
     cluster_ = new LocalCluster(ClusterOptions{.nodes = 2});
     Client client(cluster_->head_address());
-    JobHandle job = client.submit(fake("rounds 5 with-steps"));
+    JobHandle job = client.submit(fake_job("rounds 5 with-steps"));
     ASSERT_EQ(job.wait(Millis(20000)).state, JobState::succeeded);
     job_id_ = job.id();
     token_file_ = cluster_->log_dir() + "/dashboard.token";
@@ -246,7 +239,7 @@ TEST_F(DashboardTest, ChromiumWithoutTheTokenShowsTheRefusalAndNoData) {
 
 TEST_F(DashboardTest, ChromiumFollowsARunningJob) {
   Client client(cluster_->head_address());
-  JobHandle job = client.submit(fake("rounds 100000"));
+  JobHandle job = client.submit(fake_job("rounds 100000"));
   ASSERT_TRUE(eventually([&] { return job.updates_so_far().size() >= 3; }, 20s));
   const std::string dom =
       render(url("&job=" + job.id()), cluster_->log_dir() + "/browser-live.log");

@@ -1,6 +1,7 @@
 // Multi-process tests: a real redis-server, a head and nodes as processes on
 // loopback, this test as the driver.
 #include "tests/runtime/core/cluster.hpp"
+#include "tests/runtime/core/head_probe.hpp"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -303,29 +304,12 @@ TEST(Cluster, TheHeadKeepsAnsweringWhileANodeIsStoppedAndItsActorsRestart) {
 
   // A second client measures how long the head takes to answer, all along.
   Runtime probe = Runtime::connect(c.head_address(), ConnectOptions{Millis(10000), o.detect_ms});
-  std::atomic<bool> done{false};
-  std::vector<int64_t> waits;
-  std::thread prober([&] {
-    while (!done.load()) {
-      auto t = Clock::now();
-      try {
+  HeadProbe prober(
+      [&] {
         (void)probe.status();
         (void)probe.core()->call_head("hello", detail::pack_payload(std::tuple<>()), Millis(10000));
-      } catch (const Error& e) {
-        ADD_FAILURE() << "the head did not answer: " << e.what();
-      }
-      waits.push_back(ms_since(t));
-      std::this_thread::sleep_for(Millis(10));
-    }
-  });
-  struct Join {
-    std::atomic<bool>& done;
-    std::thread& t;
-    ~Join() {
-      done = true;
-      if (t.joinable()) t.join();
-    }
-  } join{done, prober};
+      },
+      Millis(10), [](const Error& e) { ADD_FAILURE() << "the head did not answer: " << e.what(); });
 
   auto t0 = Clock::now();
   ASSERT_EQ(::kill(c.node(stopped).pid(), SIGSTOP), 0);
@@ -351,12 +335,11 @@ TEST(Cluster, TheHeadKeepsAnsweringWhileANodeIsStoppedAndItsActorsRestart) {
   for (size_t i = 0; i < before.size(); ++i)
     EXPECT_EQ(rt.actor<Counter>(before[i].id()).call(&Counter::get).get(Millis(10000)), int(i));
   for (auto& a : rt.status().actors) EXPECT_LE(a.restarts, 1) << a.id;
-  done = true;
-  prober.join();
+  std::vector<double> waits = prober.stop();
 
   ASSERT_GE(waits.size(), 10u);
   std::sort(waits.begin(), waits.end());
-  int64_t p99 = waits[waits.size() * 99 / 100], worst = waits.back();
+  double p99 = waits[waits.size() * 99 / 100], worst = waits.back();
   std::cout << on_stopped << " actors on the stopped node; all running elsewhere after " << moved_ms
             << " ms; head status+hello over " << waits.size() << " probes: median "
             << waits[waits.size() / 2] << " ms, p99 " << p99 << " ms, max " << worst << " ms\n";
@@ -398,28 +381,8 @@ TEST(Cluster, AQuarterOfTheNodesKilledAtOnceLoseNoRestartableActor) {
   ASSERT_GT(moving, kActors / 8);
 
   Runtime probe = Runtime::connect(c.head_address(), ConnectOptions{Millis(10000), o.detect_ms});
-  std::atomic<bool> done{false};
-  std::vector<int64_t> waits;
-  std::thread prober([&] {
-    while (!done.load()) {
-      auto t = Clock::now();
-      try {
-        (void)probe.status();
-      } catch (const Error& e) {
-        ADD_FAILURE() << "status failed: " << e.what();
-      }
-      waits.push_back(ms_since(t));
-      std::this_thread::sleep_for(Millis(20));
-    }
-  });
-  struct Join {
-    std::atomic<bool>& done;
-    std::thread& t;
-    ~Join() {
-      done = true;
-      if (t.joinable()) t.join();
-    }
-  } join{done, prober};
+  HeadProbe prober([&] { (void)probe.status(); }, Millis(20),
+                   [](const Error& e) { ADD_FAILURE() << "status failed: " << e.what(); });
 
   auto t0 = Clock::now();
   for (int k = 0; k + 1 < kKilled; ++k) c.node(victims[k]).signal(SIGKILL);
@@ -446,8 +409,7 @@ TEST(Cluster, AQuarterOfTheNodesKilledAtOnceLoseNoRestartableActor) {
     return all_running_ms >= 0 && declared.size() == victim_ids.size();
   };
   EXPECT_TRUE(eventually(settled, Millis(o.detect_ms + 15000), Millis(50)));
-  done = true;
-  prober.join();
+  std::vector<double> waits = prober.stop();
 
   ClusterStatus after = rt.status();
   int restarted = 0, dead = 0;
@@ -465,7 +427,7 @@ TEST(Cluster, AQuarterOfTheNodesKilledAtOnceLoseNoRestartableActor) {
     worst_declared = std::max(worst_declared, ms - (n == last_id ? last_kill_ms : 0));
   ASSERT_FALSE(waits.empty());
   std::sort(waits.begin(), waits.end());
-  int64_t p99 = waits[waits.size() * 99 / 100];
+  double p99 = waits[waits.size() * 99 / 100];
   std::cout << kNodes << " nodes, " << kActors << " actors spawned in " << spawn_ms << " ms ("
             << kActors * 1000 / std::max<int64_t>(1, spawn_ms) << "/s); killed " << kKilled
             << " nodes holding " << moving << " actors (the last " << last_kill_ms

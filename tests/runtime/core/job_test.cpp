@@ -7,23 +7,16 @@
 
 #include "client/client.hpp"
 #include "tests/runtime/core/cluster.hpp"
+#include "tests/runtime/core/fake_job.hpp"
 #include "tests/runtime/core/test_actors.hpp"
 
 namespace loco::testing {
 namespace {
 
-JobSpec fake(const std::string& text) {
-  JobSpec s;
-  s.text = text;
-  s.name = "fake";
-  s.entry_class = "test.FakeJob";
-  return s;
-}
-
 TEST(Jobs, SubmitWatchWaitAndList) {
   LocalCluster c(ClusterOptions{.nodes = 2});
   Client client(c.head_address());
-  JobHandle job = client.submit(fake("rounds 5"));
+  JobHandle job = client.submit(fake_job("rounds 5"));
   std::vector<int> rounds;
   double last_loss = 1e9;
   for (const RoundReport& r : job.watch()) {
@@ -47,7 +40,7 @@ TEST(Jobs, SubmitWatchWaitAndList) {
 TEST(Jobs, AMalformedReportIsSkippedWithALineNotTheWatchersEnd) {
   LocalCluster c(ClusterOptions{.nodes = 1});
   Client client(c.head_address());
-  JobHandle job = client.submit(fake("rounds 3 bad-report"));
+  JobHandle job = client.submit(fake_job("rounds 3 bad-report"));
   auto watch = job.watch();
   std::vector<int> rounds;
   std::string skipped;
@@ -63,11 +56,11 @@ TEST(Jobs, AMalformedReportIsSkippedWithALineNotTheWatchersEnd) {
 TEST(Jobs, FailureAndCancelAreReported) {
   LocalCluster c(ClusterOptions{.nodes = 1});
   Client client(c.head_address());
-  JobInfo failed = client.submit(fake("rounds 2 fail")).wait(Millis(10000));
+  JobInfo failed = client.submit(fake_job("rounds 2 fail")).wait(Millis(10000));
   EXPECT_EQ(failed.state, JobState::failed);
   EXPECT_EQ(failed.message, "asked to fail");
 
-  JobHandle long_job = client.submit(fake("rounds 100000"));
+  JobHandle long_job = client.submit(fake_job("rounds 100000"));
   // Cancel once it is under way.
   for (const RoundReport& r : long_job.watch())
     if (r.round >= 3) break;
@@ -83,7 +76,7 @@ TEST(Jobs, FailureAndCancelAreReported) {
 
   // A bad spec fails at submit with the actor's own message.
   try {
-    client.submit(fake("laps 3"));
+    client.submit(fake_job("laps 3"));
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expected 'rounds N'"), std::string::npos) << e.what();
@@ -103,19 +96,19 @@ TEST(Jobs, OversizedNameOrSpecIsRefusedNamingTheFieldAndTheHeadKeepsAnswering) {
       EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
     }
   };
-  JobSpec big_name = fake("rounds 1");
+  JobSpec big_name = fake_job("rounds 1");
   big_name.name = std::string(10 << 20, 'n');
   refused(big_name, "submit: name: 10485760 bytes, more than the limit of 256 bytes");
-  refused(fake(std::string(2 << 20, 'r')),
+  refused(fake_job(std::string(2 << 20, 'r')),
           "submit: spec (the job file): 2097152 bytes, more than the limit of 1048576 bytes");
   EXPECT_TRUE(client.jobs().empty());
-  EXPECT_EQ(client.submit(fake("rounds 1")).wait(Millis(20000)).state, JobState::succeeded);
+  EXPECT_EQ(client.submit(fake_job("rounds 1")).wait(Millis(20000)).state, JobState::succeeded);
 }
 
 TEST(Jobs, EntryActorIsRestartedWhenItsNodeDies) {
   LocalCluster c(ClusterOptions{.nodes = 2});
   Client client(c.head_address());
-  JobHandle job = client.submit(fake("rounds 100000"));  // max_restarts 3 by default
+  JobHandle job = client.submit(fake_job("rounds 100000"));  // max_restarts 3 by default
   for (const RoundReport& r : job.watch())
     if (r.round >= 2) break;
   ActorInfo entry = client.runtime().lookup(job.id() + ".entry");
@@ -137,7 +130,7 @@ TEST(Jobs, EntryActorIsRestartedWhenItsNodeDies) {
 TEST(Jobs, EntryActorDeathWithoutRestartsFailsTheJob) {
   LocalCluster c(ClusterOptions{.nodes = 2});
   Client client(c.head_address());
-  JobSpec spec = fake("rounds 100000");
+  JobSpec spec = fake_job("rounds 100000");
   spec.max_restarts = 0;
   JobHandle job = client.submit(spec);
   for (const RoundReport& r : job.watch())
