@@ -144,6 +144,13 @@ struct OuterAggregator::State {
     resolve_checkpoint_path(roots, cfg.checkpoint.dir, "checkpoint.dir");
     folder = resolve_checkpoint_path(roots, (fs::path(cfg.checkpoint.dir) / job_id).string(),
                                      "checkpoint.dir/" + job_id);
+    // Refused at submission when the file is not there; what it holds is read by run().
+    if (!cfg.checkpoint.resume.empty()) {
+      const std::string p =
+          resolve_checkpoint_path(roots, cfg.checkpoint.resume, "checkpoint.resume");
+      if (!fs::is_regular_file(p))
+        throw std::invalid_argument("checkpoint.resume: there is no checkpoint file " + p);
+    }
     target = cfg.workers.count;
   }
 
@@ -191,6 +198,8 @@ struct OuterAggregator::State {
   ActorHandle<InnerWorker>& worker(int i) { return *slots[size_t(i)].handle; }
 
   void find_checkpoint();
+  void take_resume(int rounds);
+  void prune_checkpoints();
   void read_target();
   void note_waiting(int i, const std::string& why);
   std::vector<int> acquire(const std::vector<int>& want, int64_t r);
@@ -262,6 +271,68 @@ void OuterAggregator::State::find_checkpoint() {
       resume_from = rec.path;
       resume_round = rec.round;
     }
+  }
+}
+
+// checkpoint.resume, for a job that has recorded no checkpoint of its own yet: it starts where
+// that file left off (a checkpoint of any job or of the simulator, on any cluster), with each
+// worker's inner state where the file's job wrote one beside it.
+void OuterAggregator::State::take_resume(int rounds) {
+  const std::string path =
+      resolve_checkpoint_path(roots, cfg.checkpoint.resume, "checkpoint.resume");
+  if (!fs::is_regular_file(path))
+    throw std::invalid_argument("checkpoint.resume: there is no checkpoint file " + path);
+  dl::CheckpointInfo info;
+  try {
+    info = dl::checkpoint_info(path);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument("checkpoint.resume: " + path +
+                                " is not a loco checkpoint: " + e.what());
+  }
+  if (!info.outer_state)
+    throw std::invalid_argument("checkpoint.resume: " + path +
+                                " holds no outer state (a single or ddp baseline's checkpoint?)");
+  if (const std::string d = dl::model_difference(info.config.model, cfg.model); !d.empty())
+    throw std::invalid_argument("checkpoint.resume: the model of " + path +
+                                " differs from the job's in " + d);
+  if (info.config.vocab_size() != cfg.vocab_size())
+    throw std::invalid_argument("checkpoint.resume: the vocabulary of " + path + " has " +
+                                std::to_string(info.config.vocab_size()) + " tokens, the job's " +
+                                std::to_string(cfg.vocab_size()));
+  if (info.round >= rounds)
+    throw std::invalid_argument(
+        "checkpoint.resume: " + path + " is of round " + std::to_string(info.round) +
+        " and the job ends at round " + std::to_string(rounds) +
+        ": give it more rounds (loco submit --set rounds=N)");
+  resume_from = path;
+  resume_round = info.round;
+}
+
+// checkpoint.keep: the newest `keep` round checkpoints of the job's folder stay, with their
+// workers' inner states, and so does the one the job would go back to; older ones go.
+void OuterAggregator::State::prune_checkpoints() {
+  if (cfg.checkpoint.keep <= 0) return;
+  static const std::regex name(R"(ckpt-round-([0-9]{1,9})(\.worker-[0-9]+)?\.pt)");
+  std::map<int64_t, std::vector<fs::path>, std::greater<>> rounds;  // newest first
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
+    std::smatch m;
+    const std::string file = e.path().filename().string();
+    if (std::regex_match(file, m, name)) rounds[std::stoll(m[1].str())].push_back(e.path());
+  }
+  int kept = 0;
+  for (const auto& [r, files] : rounds) {
+    const bool whole =
+        std::any_of(files.begin(), files.end(), [](const fs::path& p) {
+          return p.filename().string().find(".worker-") == std::string::npos;
+        });
+    if (whole && kept < cfg.checkpoint.keep) {
+      ++kept;
+      continue;
+    }
+    if (whole && r == resume_round) continue;
+    for (const fs::path& p : files) fs::remove(p, ec);
+    log("checkpoint.keep: removed the checkpoint of round " + std::to_string(r));
   }
 }
 
@@ -599,6 +670,13 @@ void OuterAggregator::State::run() {
   total_steps = int64_t(rounds) * cfg.inner.steps;
   fs::create_directories(folder);
   find_checkpoint();
+  if (resume_from.empty() && !cfg.checkpoint.resume.empty()) take_resume(rounds);
+  {
+    // The job file beside its checkpoints: `loco submit --resume CKPT` needs no other.
+    const std::string tmp = folder + "/job.yaml.tmp";
+    std::ofstream(tmp) << cfg.to_yaml() << "\n";
+    fs::rename(tmp, folder + "/job.yaml");
+  }
   // The rounds after the checkpoint are redone (without one, round 0 too): their lines go.
   JobRecords records(folder, resume_from.empty() ? -1 : resume_round);
   auto job_time = [&] {
@@ -909,6 +987,7 @@ void OuterAggregator::State::run() {
         resume_from = *path;
         resume_round = r;
         record_checkpoint(*path, r);
+        prune_checkpoints();
       }
     }
     member_seconds += double(members.size()) * (now_s() - t_round);

@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -258,9 +260,11 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
   read(y, "sync", "mix", c.sync.mix);
 
   const auto k = root["checkpoint"];
-  check_keys(k, "checkpoint", {"every", "dir"});
+  check_keys(k, "checkpoint", {"every", "dir", "keep", "resume"});
   read(k, "checkpoint", "every", c.checkpoint.every);
   read(k, "checkpoint", "dir", c.checkpoint.dir);
+  read(k, "checkpoint", "keep", c.checkpoint.keep);
+  read(k, "checkpoint", "resume", c.checkpoint.resume);
 
   const auto a = root["allreduce"];
   check_keys(a, "allreduce", {"chunk_kb", "peer_timeout_s"});
@@ -332,6 +336,7 @@ void JobConfig::validate() const {
   require_text(name, kMaxJobNameBytes, "name");
   require_text(data.dir, kMaxPathBytes, "data.dir");
   require_text(checkpoint.dir, kMaxPathBytes, "checkpoint.dir");
+  require_text(checkpoint.resume, kMaxPathBytes, "checkpoint.resume");
   require(threads >= 0, "threads", ">= 0", threads);
   require(threads <= kMaxThreads, "threads", "<= " + show(kMaxThreads), threads);
   require(model.layers <= kMaxLayers, "model.layers", "<= " + show(kMaxLayers), model.layers);
@@ -419,6 +424,7 @@ void JobConfig::validate() const {
   require_in(token_budget, std::int64_t{0}, kMaxTokenBudget, "token_budget");
   require(rounds > 0 || token_budget > 0, "rounds", "> 0 (or set token_budget)", rounds);
   require_in(checkpoint.every, 0, kMaxRounds, "checkpoint.every");
+  require_in(checkpoint.keep, 0, kMaxRounds, "checkpoint.keep");
   require_in(eval.every, 1, kMaxRounds, "eval.every");
   require_in(eval.batches, 1, kMaxEvalBatches, "eval.batches");
   // Bounds on sizes together, once each is sane: what one worker must hold.
@@ -577,11 +583,90 @@ std::string JobConfig::to_yaml() const {
   out << YAML::Key << "token_budget" << YAML::Value << token_budget;
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "every"
       << YAML::Value << checkpoint.every << YAML::Key << "dir" << YAML::Value << checkpoint.dir
-      << YAML::EndMap;
+      << YAML::Key << "keep" << YAML::Value << checkpoint.keep;
+  if (!checkpoint.resume.empty())
+    out << YAML::Key << "resume" << YAML::Value << checkpoint.resume;
+  out << YAML::EndMap;
   out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap << YAML::Key << "every" << YAML::Value
       << eval.every << YAML::Key << "batches" << YAML::Value << eval.batches << YAML::EndMap;
   out << YAML::EndMap;
   return out.c_str();
+}
+
+std::string with_overrides(const std::string& yaml, const std::vector<std::string>& sets) {
+  if (yaml.size() > kMaxJobFileBytes)
+    throw ConfigError("job file: " + show(yaml.size()) + " bytes, more than the limit of " +
+                      show(kMaxJobFileBytes) + " bytes");
+  check_nesting(yaml);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(std::string("job file: YAML syntax error: ") + e.what());
+  }
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) throw ConfigError("job file: expected a mapping of fields at the top");
+  for (const std::string& set : sets) {
+    const auto eq = set.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError("--set " + quoted(set) + ": expected PATH=VALUE, e.g. inner.lr=3e-4");
+    const std::string path = set.substr(0, eq), text = set.substr(eq + 1);
+    std::vector<std::string> names;
+    for (std::size_t at = 0;;) {
+      const auto dot = path.find('.', at);
+      names.push_back(path.substr(at, dot == std::string::npos ? std::string::npos : dot - at));
+      const std::string& n = names.back();
+      if (n.empty() || n.size() > 64 ||
+          !std::all_of(n.begin(), n.end(), [](unsigned char ch) { return std::isalnum(ch) || ch == '_'; }))
+        throw ConfigError("--set " + quoted(set) + ": " + quoted(path) +
+                          " is not field names joined by dots");
+      if (dot == std::string::npos) break;
+      at = dot + 1;
+    }
+    if (text.size() > kMaxPathBytes)
+      throw ConfigError("--set " + clean(path) + ": the value is longer than " +
+                        show(kMaxPathBytes) + " bytes");
+    check_nesting(text);
+    YAML::Node value;
+    try {
+      value = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError("--set " + clean(path) + ": " + quoted(text) + " is not a YAML value: " +
+                        e.what());
+    }
+    // Mappings are reference-like in yaml-cpp: `node` walks the tree and writes into it.
+    YAML::Node node = root;
+    std::string where;
+    for (std::size_t i = 0; i + 1 < names.size(); ++i) {
+      where = join(where, names[i]);
+      const YAML::Node next = node[names[i]];
+      if (!next || next.IsNull())
+        node[names[i]] = YAML::Node(YAML::NodeType::Map);
+      else if (!next.IsMap())
+        throw ConfigError("--set " + clean(path) + ": " + where +
+                          " is not a mapping of fields, it is " + quoted(YAML::Dump(next)));
+      node.reset(node[names[i]]);
+    }
+    node[names.back()] = value;
+  }
+  YAML::Emitter out;
+  out << root;
+  return out.c_str();
+}
+
+std::string model_difference(const ModelConfig& a, const ModelConfig& b) {
+  // Through the job file's own emitter, so that every field (and any added later) is compared.
+  JobConfig ja, jb;
+  ja.model = a;
+  jb.model = b;
+  const YAML::Node ma = YAML::Load(ja.to_yaml())["model"], mb = YAML::Load(jb.to_yaml())["model"];
+  for (const auto& kv : ma) {
+    const auto key = kv.first.as<std::string>();
+    if (key == "activation_checkpointing") continue;
+    const std::string va = YAML::Dump(kv.second), vb = YAML::Dump(mb[key]);
+    if (va != vb) return "model." + key + " (" + va + " against " + vb + ")";
+  }
+  return "";
 }
 
 }  // namespace loco::diloco

@@ -153,6 +153,15 @@ struct SyncConfig {
 struct CheckpointConfig {
   int every = 0;  // rounds between checkpoints; 0: only at the end
   std::string dir = "checkpoints";
+  // The round checkpoints kept in the job's folder: the newest `keep` (with their workers'
+  // inner states); older ones are deleted as new ones are written. 0: keep them all.
+  // final.pt is always kept.
+  int keep = 0;
+  // Start the job from this checkpoint (a file under the node's checkpoint root, written by
+  // any loco job): its outer state and round, and, where the files are beside it, each
+  // worker's inner state, so the job continues as the one that wrote it would have. Needs
+  // nothing of the cluster or Redis that ran that job. `loco submit --resume CKPT` sets it.
+  std::string resume;
 };
 
 struct EvalConfig {
@@ -216,6 +225,18 @@ struct JobConfig {
     return static_cast<std::int64_t>(inner.batch_size) * model.context;
   }
 };
+
+// The job file `yaml` with `sets` applied: each "a.b.c=VALUE" (as `loco submit --set`) puts
+// VALUE, read as YAML ("3e-4", "true", "[0.9, 0.95]", "text"), at that path, making the
+// mappings on the way. The result is a job file again; from_yaml validates it. Throws
+// ConfigError naming the --set that is not "PATH=VALUE", whose path is not names joined by
+// dots, or that goes through a field that is not a mapping.
+std::string with_overrides(const std::string& yaml, const std::vector<std::string>& sets);
+
+// The first field of the model (as `model.NAME`) in which `a` and `b` differ, or "" when
+// they build the same parameters (activation_checkpointing is not compared: it changes no
+// parameter). For a job that resumes or starts from another job's weights.
+std::string model_difference(const ModelConfig& a, const ModelConfig& b);
 
 // The device a worker trains on, decided from the job's `device`, the GPU indices
 // the runtime gave its actor (this_actor().gpus), and what this process's torch

@@ -415,6 +415,18 @@ JobConfig checkpoint_config(const std::string& path) {
   return read_config(ar);
 }
 
+CheckpointInfo checkpoint_info(const std::string& path) {
+  torch::serialize::InputArchive ar;
+  ar.load_from(path, torch::kCPU);
+  CheckpointInfo info;
+  info.config = read_config(ar);
+  c10::IValue round;
+  if (ar.try_read("round", round) && round.isInt()) info.round = round.toInt();
+  torch::Tensor theta;
+  info.outer_state = ar.try_read("outer.theta", theta);
+  return info;
+}
+
 torch::Tensor checkpoint_theta(const std::string& path) {
   torch::serialize::InputArchive ar;
   ar.load_from(path, torch::kCPU);

@@ -113,6 +113,14 @@ class Simulator {
 
 // Reads a checkpoint's job config (for `loco-train generate`).
 JobConfig checkpoint_config(const std::string& path);
+// What a checkpoint (a job's or the simulator's) says of itself: the job config it was written
+// with, its round, and whether it holds an outer state (θ and momentum) a job can resume from.
+struct CheckpointInfo {
+  JobConfig config;
+  std::int64_t round = 0;
+  bool outer_state = false;
+};
+CheckpointInfo checkpoint_info(const std::string& path);
 // θ (flat fp32) of a checkpoint: the outer θ, or worker 0's parameters.
 torch::Tensor checkpoint_theta(const std::string& path);
 // Loads θ from a checkpoint into a model built from its config.

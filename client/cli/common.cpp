@@ -8,12 +8,46 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <yaml-cpp/yaml.h>
+
+#include "diloco/config.hpp"
 
 namespace loco::cli {
 
 std::string state_dir() {
   if (const char* d = std::getenv("LOCO_STATE_DIR")) return d;
   return "/tmp/loco-" + std::to_string(::getuid());
+}
+
+JobSpec read_job(std::string file, std::vector<std::string> sets, const std::string& resume,
+                 const std::string& entry) {
+  namespace fs = std::filesystem;
+  if (!resume.empty()) {
+    // Made absolute here where the file is here (a cluster on this machine, or a shared
+    // folder); otherwise as given, and the aggregator's node resolves it under its root.
+    std::error_code ec;
+    const fs::path ckpt =
+        fs::exists(resume, ec) ? fs::absolute(resume).lexically_normal() : fs::path(resume);
+    if (file.empty()) {
+      file = (ckpt.parent_path() / "job.yaml").string();
+      if (!fs::exists(file, ec))
+        throw std::invalid_argument("--resume " + resume + ": no job file given and no job.yaml beside the checkpoint (" + file + "); give the job file too");
+    }
+    YAML::Emitter quoted;
+    quoted << YAML::DoubleQuoted << ckpt.string();
+    sets.push_back(std::string("checkpoint.resume=") + quoted.c_str());
+  }
+  if (file.empty()) throw std::invalid_argument("give a job file (or --resume CKPT)");
+  JobSpec spec = JobSpec::from_yaml_file(file);
+  try {
+    if (!sets.empty()) spec = JobSpec::from_yaml(diloco::with_overrides(spec.text, sets));
+    if (entry.empty() || entry == JobSpec().entry_class) diloco::JobConfig::from_yaml(spec.text);
+  } catch (const diloco::ConfigError& e) {
+    throw std::invalid_argument(file + ": " + e.what());
+  }
+  spec.path = file;
+  if (!entry.empty()) spec.entry_class = entry;
+  return spec;
 }
 
 std::string head_address(const std::string& flag) {

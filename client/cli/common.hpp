@@ -2,6 +2,9 @@
 // Pieces shared by the `loco` subcommands.
 #include <atomic>
 #include <string>
+#include <vector>
+
+#include "client/client.hpp"
 
 namespace CLI {
 class App;
@@ -21,6 +24,15 @@ void setup_logging();
 // $LOCO_INSECURE, which security::resolve() reads: in this process (Runtime::connect, the
 // head and node) and in the processes it starts (`loco start`'s daemon, `loco up`'s cluster).
 void add_security_options(CLI::App& app);
+
+// The job that `loco submit` and `loco up` send: `file` with each --set applied (PATH=VALUE,
+// diloco::with_overrides), and with `resume` (a checkpoint) as its checkpoint.resume. Without a
+// file, the job.yaml beside the checkpoint that every job writes into its folder. A job for
+// DiLoCo's aggregator (the default `entry`) is validated here as the aggregator would, so a
+// bad field fails before anything is submitted. Throws std::invalid_argument naming the file
+// and the field.
+JobSpec read_job(std::string file, std::vector<std::string> sets, const std::string& resume,
+                 const std::string& entry);
 
 // SIGINT and SIGTERM set stop_requested() instead of ending the process;
 // SIGPIPE is ignored. For the commands that run until stopped.

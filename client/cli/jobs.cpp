@@ -14,13 +14,14 @@ namespace loco::cli {
 namespace {
 
 int submit(const std::string& address, const std::string& file, bool detach,
-           const std::string& entry) {
+           const std::string& entry, const std::vector<std::string>& sets,
+           const std::string& resume) {
   install_signal_handlers();
-  JobSpec spec = JobSpec::from_yaml_file(file);
-  if (!entry.empty()) spec.entry_class = entry;
+  JobSpec spec = read_job(file, sets, resume, entry);
   Client client(head_address(address));
   JobHandle job = client.submit(spec);
-  std::printf("submitted %s as job %s\n", file.c_str(), job.id().c_str());
+  std::printf("submitted %s%s as job %s\n", spec.path.c_str(),
+              resume.empty() ? "" : (" from " + resume).c_str(), job.id().c_str());
   std::fflush(stdout);
   if (detach) return 0;
   auto end = follow(job, true);
@@ -53,7 +54,8 @@ int print_log(const std::string& address, const std::string& id, bool follow_it)
 }
 
 struct JobArgs {
-  std::string address, file, id, entry;
+  std::string address, file, id, entry, resume;
+  std::vector<std::string> sets;
   bool detach = false, follow = false, json = false;
   int workers = 0;
 };
@@ -63,12 +65,23 @@ struct JobArgs {
 void add_job_commands(CLI::App& app, Commands& out) {
   auto a = std::make_shared<JobArgs>();
   auto* submit_cmd = app.add_subcommand("submit", "submit a job file and follow its progress");
-  submit_cmd->add_option("file", a->file, "job file (YAML)")->required();
+  submit_cmd->add_option("file", a->file,
+                         "job file (YAML); with --resume, the job.yaml beside the checkpoint "
+                         "when not given");
   submit_cmd->add_option("--address", a->address, "head HOST:PORT");
   submit_cmd->add_flag("--detach", a->detach, "return once submitted");
   submit_cmd->add_option("--entry", a->entry,
                          "actor class that runs the job (default diloco.OuterAggregator)");
-  out.push_back({submit_cmd, [a] { return submit(a->address, a->file, a->detach, a->entry); }});
+  submit_cmd->add_option("--set", a->sets,
+                         "PATH=VALUE: set a field of the job file, e.g. --set inner.lr=3e-4 "
+                         "--set workers.count=8 (repeatable; validated as the file is)");
+  submit_cmd->add_option("--resume", a->resume,
+                         "start from this checkpoint (a ckpt-round-N.pt or final.pt of any job, "
+                         "or the simulator's): its outer state, round and the workers' inner "
+                         "states beside it; needs nothing of the cluster that wrote it");
+  out.push_back({submit_cmd, [a] {
+                   return submit(a->address, a->file, a->detach, a->entry, a->sets, a->resume);
+                 }});
 
   auto* jobs_cmd = app.add_subcommand("jobs", "list the cluster's jobs");
   jobs_cmd->add_option("--address", a->address, "head HOST:PORT");

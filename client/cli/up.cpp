@@ -38,6 +38,7 @@ struct UpArgs {
   int64_t detect_ms = 2000;
   std::string data_root, checkpoint_root;
   int dashboard_port = 0;  // the head's dashboard: 0 any free port, -1 none
+  std::vector<std::string> sets;  // --set PATH=VALUE for the job file
   std::vector<std::string> command;
 };
 
@@ -200,7 +201,7 @@ int up(const UpArgs& a) {
   if (a.command.size() == 1 && is_job_file(a.command[0])) {
     // A job file: submit it, follow it to its end, then stop the cluster.
     try {
-      JobSpec spec = JobSpec::from_yaml_file(a.command[0]);
+      JobSpec spec = read_job(a.command[0], a.sets, "", "");
       Client client(head_addr);
       JobHandle job = client.submit(spec);
       std::cout << "submitted " << a.command[0] << " as job " << job.id() << std::endl;
@@ -253,6 +254,8 @@ void add_up_command(CLI::App& app, Commands& out) {
   cmd->add_option("--dashboard-port", ua->dashboard_port,
                   "the head's dashboard port (default 0: any free; -1: no dashboard)")
       ->check(CLI::Range(-1, 65535));
+  cmd->add_option("--set", ua->sets,
+                  "PATH=VALUE: set a field of the job file, e.g. --set rounds=4 (repeatable)");
   cmd->add_option(
          "command", ua->command,
          "a job file to run, or a command to run with LOCO_ADDRESS set; then stop the cluster")

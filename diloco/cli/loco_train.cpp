@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "diloco/simulator.hpp"
 
@@ -18,8 +19,21 @@ using namespace loco::diloco;
 namespace {
 
 int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out,
-          int threads, const std::string& resume, const std::string& init, int local_ranks) {
-  JobConfig cfg = JobConfig::from_yaml_file(job);
+          int threads, const std::string& resume, const std::string& init, int local_ranks,
+          const std::vector<std::string>& sets) {
+  JobConfig cfg;
+  if (sets.empty()) {
+    cfg = JobConfig::from_yaml_file(job);
+  } else {
+    std::ifstream f(job);
+    std::stringstream text;
+    text << f.rdbuf();
+    try {
+      cfg = JobConfig::from_yaml(with_overrides(text.str(), sets));
+    } catch (const ConfigError& e) {
+      throw ConfigError(job + ": " + e.what());
+    }
+  }
   if (threads > 0) cfg.threads = threads;
   if (cfg.threads > 0) at::set_num_threads(cfg.threads);
   at::set_num_interop_threads(1);
@@ -110,6 +124,7 @@ int main(int argc, char** argv) {
   auto* tr =
       app.add_subcommand("train", "train a job; --simulate K runs K workers in this process");
   std::string job, baseline, out, resume, init;
+  std::vector<std::string> sets;
   int k = 0, rounds = 0, threads = 0, local_ranks = 0;
   tr->add_option("job", job, "job file (YAML)")->required()->check(CLI::ExistingFile);
   tr->add_option("--simulate", k, "number of simulated workers K")
@@ -119,6 +134,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"single", "ddp"}));
   tr->add_option("--rounds", rounds, "rounds to run (default: from the job file)");
   tr->add_option("--out", out, "output folder (default runs/NAME)");
+  tr->add_option("--set", sets,
+                 "PATH=VALUE: set a field of the job file, e.g. --set inner.lr=3e-4 (repeatable)");
   tr->add_option("--threads", threads, "torch threads (default: the job's `threads`)");
   tr->add_option("--local-ranks", local_ranks,
                  "G: each worker's inner steps data-parallel over G CPU ranks (threads over "
@@ -149,7 +166,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (tr->parsed())
-      return train(job, k, baseline, rounds, out, threads, resume, init, local_ranks);
+      return train(job, k, baseline, rounds, out, threads, resume, init, local_ranks, sets);
     return generate(checkpoint, prompt, tokens, temperature, top_k, seed);
   } catch (const std::exception& e) {
     std::cerr << "loco-train: " << e.what() << "\n";

@@ -390,6 +390,75 @@ TEST_F(DilocoJob, BadJobFileFailsTheSubmissionNamingTheField) {
   }
 }
 
+// checkpoint.keep and checkpoint.resume (`loco submit --resume`): a job keeps only its newest
+// round checkpoints; on a new cluster with a new Redis, nothing left of the first, a job started
+// from one of them with the `loco` command (no job file: the job.yaml beside the checkpoint)
+// holds the first job's θ, round for round, bit for bit.
+TEST_F(DilocoJob, ResumedFromACheckpointOnANewClusterTheJobContinuesBitForBit) {
+  TestJob j = job(2, 2, 4);
+  j.checkpoint_every = 1;
+  j.checkpoint_keep = 2;
+  std::map<int, std::string> first;
+  std::string folder;
+  {
+    LocalCluster c(one_worker_per_node(2));
+    Client client(c.head_address());
+    JobHandle handle = client.submit(JobSpec::from_yaml(j.yaml()));
+    JobInfo end = handle.wait(Millis(300000));
+    ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log_text(handle);
+    folder = dir_ + "/ckpt/" + handle.id();
+    first = theta_hashes(folder + "/metrics.jsonl");
+    ASSERT_EQ(first.size(), 5u);  // rounds 0..4
+    // Checkpoints of rounds 1, 2 and 3 were written; the newest 2 stay, with their workers'
+    // inner states, and final.pt and the job file.
+    EXPECT_FALSE(fs::exists(folder + "/ckpt-round-1.pt"));
+    EXPECT_FALSE(fs::exists(folder + "/ckpt-round-1.worker-0.pt"));
+    for (const char* f : {"ckpt-round-2.pt", "ckpt-round-2.worker-0.pt", "ckpt-round-2.worker-1.pt",
+                          "ckpt-round-3.pt", "ckpt-round-3.worker-1.pt", "final.pt", "job.yaml"})
+      EXPECT_TRUE(fs::exists(folder + "/" + f)) << f;
+    EXPECT_NE(log_text(handle).find("checkpoint.keep: removed the checkpoint of round 1"),
+              std::string::npos);
+  }
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  auto loco = [&](std::vector<std::string> args, const std::string& log) {
+    args.insert(args.begin(), {LOCO_BIN_DIR "/loco", "submit", "--address", c.head_address()});
+    Subprocess p(args, Subprocess::Options{.log_path = log});
+    return p.wait(Millis(300000)).value_or(-1);
+  };
+  ASSERT_EQ(loco({"--resume", folder + "/ckpt-round-2.pt"}, dir_ + "/resume.log"), 0)
+      << "see " << dir_ << "/resume.log";
+  const std::vector<JobInfo> jobs = client.jobs();
+  ASSERT_EQ(jobs.size(), 1u);
+  const std::string second = dir_ + "/ckpt/" + jobs[0].id + "/metrics.jsonl";
+  const auto resumed = theta_hashes(second);
+  EXPECT_EQ(resumed.count(2), 0u);  // nothing before the checkpoint's round is redone
+  for (int r : {3, 4}) EXPECT_EQ(resumed.at(r), first.at(r)) << "round " << r;
+
+  // From final.pt the job has nothing left to do unless it is given more rounds: refused with
+  // the reason, then run with --set.
+  EXPECT_NE(loco({folder + "/job.yaml", "--resume", folder + "/final.pt"}, dir_ + "/final.log"), 0);
+  std::ifstream refused(dir_ + "/final.log");
+  const std::string why((std::istreambuf_iterator<char>(refused)), {});
+  EXPECT_NE(why.find("is of round 4 and the job ends at round 4"), std::string::npos) << why;
+  ASSERT_EQ(loco({"--resume", folder + "/final.pt", "--set", "rounds=6", "--set",
+                  "inner.lr=0.001"},
+                 dir_ + "/more.log"),
+            0)
+      << "see " << dir_ << "/more.log";
+  std::string more;
+  for (const JobInfo& info : client.jobs())
+    if (info.state == JobState::succeeded && info.id != jobs[0].id) more = info.id;
+  ASSERT_FALSE(more.empty());
+  const auto continued = theta_hashes(dir_ + "/ckpt/" + more + "/metrics.jsonl");
+  EXPECT_EQ(continued.begin()->first, 5);
+  EXPECT_EQ(continued.rbegin()->first, 6);
+  // Its job file says what it ran with.
+  std::ifstream saved(dir_ + "/ckpt/" + more + "/job.yaml");
+  const std::string yaml((std::istreambuf_iterator<char>(saved)), {});
+  EXPECT_NE(yaml.find("lr: 0.001"), std::string::npos) << yaml;
+}
+
 // device: auto where no node offers `gpu`: the workers ask for none and train on
 // the CPU, saying so in the job's log.
 TEST_F(DilocoJob, DeviceAutoOnNodesWithoutGpusTrainsOnTheCpu) {

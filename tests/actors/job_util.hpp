@@ -22,6 +22,7 @@ namespace loco::testing {
 struct TestJob {
   std::string data, ckpt;
   int workers = 4, min = 4, rounds = 3, steps = 10, checkpoint_every = 0;
+  int checkpoint_keep = 0;  // checkpoint.keep; 0: not in the file (keep every checkpoint)
   int max_restarts = 3, eval_batches = 4;
   double wait_s = 60;
   std::string compression = "fp32";
@@ -57,6 +58,7 @@ struct TestJob {
            "\n"
            "checkpoint: {every: " +
            std::to_string(checkpoint_every) + ", dir: " + ckpt +
+           (checkpoint_keep ? ", keep: " + std::to_string(checkpoint_keep) : "") +
            "}\n"
            "eval: {every: " +
            std::to_string(steps) + ", batches: " + std::to_string(eval_batches) + "}\n" +

@@ -217,6 +217,79 @@ TEST(Config, PrecisionAndActivationCheckpointing) {
             std::string::npos);
 }
 
+// `loco submit --set`: each PATH=VALUE lands where a job file would have it, typed as YAML reads
+// it, and the result goes through the same validation as the file.
+TEST(Config, SetOverridesAnyFieldAndIsValidatedAsTheFileIs) {
+  const auto c = JobConfig::from_yaml(with_overrides(
+      kJob, {"inner.lr=3e-4", "workers.count=8", "inner.betas=[0.8, 0.99]", "name=other",
+             "checkpoint.keep=2", "sync.mode=streaming", "sync.fragments=2", "inner.steps=10"}));
+  EXPECT_DOUBLE_EQ(c.inner.lr, 3e-4);
+  EXPECT_EQ(c.workers.count, 8);
+  EXPECT_DOUBLE_EQ(c.inner.betas[0], 0.8);
+  EXPECT_DOUBLE_EQ(c.inner.betas[1], 0.99);
+  EXPECT_EQ(c.name, "other");
+  EXPECT_EQ(c.checkpoint.keep, 2);
+  EXPECT_EQ(c.sync.mode, SyncMode::streaming);  // a mapping the file did not have
+  EXPECT_EQ(c.inner.steps, 10);
+  // The fields not set keep the file's values.
+  EXPECT_EQ(c.inner.batch_size, 4);
+  EXPECT_EQ(c.compression, Codec::int8);
+  EXPECT_EQ(c.checkpoint.dir, "ck");
+  // The last --set of a field wins.
+  EXPECT_EQ(JobConfig::from_yaml(with_overrides(kJob, {"seed=1", "seed=9"})).seed, 9u);
+
+  auto set_error = [](std::vector<std::string> sets) {
+    try {
+      JobConfig::from_yaml(with_overrides(kJob, sets));
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // Validated as the file is: unknown fields, bad values and types are named.
+  EXPECT_EQ(set_error({"inner.lr=-1"}), "inner.lr: must be > 0, got -1");
+  EXPECT_NE(set_error({"inner.lrr=1"}).find("inner.lrr: unknown field"), std::string::npos);
+  EXPECT_NE(set_error({"workers.count=many"}).find("workers.count: cannot read 'many'"),
+            std::string::npos);
+  EXPECT_EQ(set_error({"checkpoint.keep=-1"}), "checkpoint.keep: must be in [0, 16777216], got -1");
+  // And the --set itself.
+  EXPECT_EQ(set_error({"inner.lr"}), "--set 'inner.lr': expected PATH=VALUE, e.g. inner.lr=3e-4");
+  EXPECT_EQ(set_error({"=3"}), "--set '=3': expected PATH=VALUE, e.g. inner.lr=3e-4");
+  EXPECT_EQ(set_error({"inner..lr=3"}),
+            "--set 'inner..lr=3': 'inner..lr' is not field names joined by dots");
+  EXPECT_EQ(set_error({"in ner.lr=3"}),
+            "--set 'in ner.lr=3': 'in ner.lr' is not field names joined by dots");
+  EXPECT_EQ(set_error({"rounds.x=1"}), "--set rounds.x: rounds is not a mapping of fields, it is '3'");
+  EXPECT_NE(set_error({"inner.lr=[1"}).find("--set inner.lr: '[1' is not a YAML value"),
+            std::string::npos);
+}
+
+TEST(Config, CheckpointKeepAndResumeRoundTrip) {
+  const auto plain = JobConfig::from_yaml(kJob);
+  EXPECT_EQ(plain.checkpoint.keep, 0);
+  EXPECT_EQ(plain.checkpoint.resume, "");
+  const auto c = JobConfig::from_yaml(
+      replace(kJob, "checkpoint: {every: 1, dir: ck}",
+              "checkpoint: {every: 1, dir: ck, keep: 3, resume: ck/job-1/ckpt-round-2.pt}"));
+  EXPECT_EQ(c.checkpoint.keep, 3);
+  EXPECT_EQ(c.checkpoint.resume, "ck/job-1/ckpt-round-2.pt");
+  const auto again = JobConfig::from_yaml(c.to_yaml());
+  EXPECT_EQ(again.checkpoint.keep, 3);
+  EXPECT_EQ(again.checkpoint.resume, "ck/job-1/ckpt-round-2.pt");
+  EXPECT_EQ(error_of(replace(kJob, "dir: ck}", "dir: ck, resume: \"a\\x01b\"}")),
+            "checkpoint.resume: must not contain control characters, got 'a\\x01b'");
+}
+
+TEST(Config, ModelDifferenceNamesTheFirstFieldThatChangesTheParameters) {
+  ModelConfig a;
+  ModelConfig b = a;
+  EXPECT_EQ(model_difference(a, b), "");
+  b.activation_checkpointing = !a.activation_checkpointing;  // no parameter changes
+  EXPECT_EQ(model_difference(a, b), "");
+  b.heads = a.heads * 2;
+  EXPECT_EQ(model_difference(a, b), "model.heads (4 against 8)");
+}
+
 TEST(Compression, Int8ErrorIsBoundedByHalfAStepPerChunk) {
   // The collective's int8: min-max per chunk of Options::chunk_bytes / 4 floats, 255 steps.
   const std::size_t chunk = loco::collective::Options{}.chunk_bytes / sizeof(float);
