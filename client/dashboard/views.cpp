@@ -183,6 +183,12 @@ json cluster_json(const ClusterStatus& st) {
                      {"started_unix_ms", n.node.started_unix_ms},
                      {"resources", res},
                      {"load", load},
+                     {"heartbeat",
+                      n.heartbeat_silent_ms < 0
+                          ? json(nullptr)
+                          : json{{"silent_s", double(n.heartbeat_silent_ms) / 1000.0},
+                                 {"late", n.heartbeat_late},
+                                 {"longest_silence_s", double(n.heartbeat_longest_ms) / 1000.0}}},
                      {"actors", actors_on[n.node.id]}});
   }
   json actors = json::array();
@@ -282,6 +288,24 @@ std::string prometheus_text(const ClusterStatus& st, const std::vector<JobInfo>&
   w.family("loco_node_heartbeat_misses", "gauge",
            "Nodes declared dead because their heartbeats stopped for the detection time.");
   w.sample("loco_node_heartbeat_misses", {}, node_states["dead"]);
+  w.family("loco_node_heartbeat_silence_seconds", "gauge",
+           "Since the node's heartbeat last changed, on the head's clock (alive nodes).");
+  for (const NodeStatus& n : st.nodes)
+    if (n.heartbeat_silent_ms >= 0)
+      w.sample("loco_node_heartbeat_silence_seconds", {{"node", n.node.id}},
+               double(n.heartbeat_silent_ms) / 1000.0);
+  w.family("loco_node_heartbeat_late_total", "counter",
+           "Times the node's heartbeat came back after half the detection time or more of "
+           "silence (late, not declared dead).");
+  for (const NodeStatus& n : st.nodes)
+    if (n.heartbeat_silent_ms >= 0)
+      w.sample("loco_node_heartbeat_late_total", {{"node", n.node.id}}, double(n.heartbeat_late));
+  w.family("loco_node_heartbeat_longest_silence_seconds", "gauge",
+           "The longest silence the node's heartbeat came back from.");
+  for (const NodeStatus& n : st.nodes)
+    if (n.heartbeat_silent_ms >= 0)
+      w.sample("loco_node_heartbeat_longest_silence_seconds", {{"node", n.node.id}},
+               double(n.heartbeat_longest_ms) / 1000.0);
   w.family("loco_node_up", "gauge", "1 while the node is alive.");
   for (const NodeStatus& n : st.nodes)
     w.sample("loco_node_up", {{"node", n.node.id}, {"address", n.node.address}},

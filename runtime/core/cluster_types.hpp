@@ -139,7 +139,12 @@ struct ClusterInfo {
 struct NodeStatus {
   NodeRecord node;
   Resources used;
-  MSGPACK_DEFINE(node, used)
+  // Its heartbeats as the head saw them (FailureDetector::Health); -1: not watched (a dead or
+  // departed node, or one the head has not read yet).
+  int64_t heartbeat_silent_ms = -1;
+  int64_t heartbeat_late = 0;  // came back after half the detection time or more of silence
+  int64_t heartbeat_longest_ms = 0;
+  MSGPACK_DEFINE(node, used, heartbeat_silent_ms, heartbeat_late, heartbeat_longest_ms)
 };
 
 struct ClusterStatus {

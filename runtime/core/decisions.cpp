@@ -158,8 +158,21 @@ void FailureDetector::observe(const std::string& node, const std::optional<std::
     seen_[node] = Seen{heartbeat, now};
     return;
   }
-  if (heartbeat && heartbeat != it->second.heartbeat) it->second.changed_at = now;
-  it->second.heartbeat = heartbeat;
+  Seen& s = it->second;
+  if (heartbeat && heartbeat != s.heartbeat) {
+    const int64_t silence = now - s.changed_at;
+    if (silence >= timeout_ms_ / 2) ++s.late;
+    s.longest_ms = std::max(s.longest_ms, silence);
+    s.changed_at = now;
+  }
+  s.heartbeat = heartbeat;
+}
+
+std::optional<FailureDetector::Health> FailureDetector::health(const std::string& node,
+                                                               int64_t now) const {
+  auto it = seen_.find(node);
+  if (it == seen_.end()) return std::nullopt;
+  return Health{now - it->second.changed_at, it->second.late, it->second.longest_ms};
 }
 
 void FailureDetector::forget(const std::string& node) { seen_.erase(node); }

@@ -82,12 +82,23 @@ class FailureDetector {
   // Nodes silent for half the timeout or more: not dead yet, but no place for a new actor.
   std::set<std::string> suspects(int64_t now) const;
 
+  // How a node's heartbeats have come, for people and /metrics.
+  struct Health {
+    int64_t silent_ms = 0;   // since its heartbeat last changed (the head's clock)
+    int64_t late = 0;        // times it came back after a silence of half the timeout or more
+    int64_t longest_ms = 0;  // the longest silence it came back from
+  };
+  // nullopt for a node not watched (dead, left, or not seen yet).
+  std::optional<Health> health(const std::string& node, int64_t now) const;
+
   int64_t timeout_ms() const { return timeout_ms_; }
 
  private:
   struct Seen {
     std::optional<std::string> heartbeat;
     int64_t changed_at = 0;
+    int64_t late = 0;
+    int64_t longest_ms = 0;
   };
   int64_t timeout_ms_;
   std::map<std::string, Seen> seen_;

@@ -210,7 +210,16 @@ class HeadService {
     std::map<std::string, NodeRecord> nodes = all_nodes();
     auto used = views_of(nodes, actors_index());
     size_t i = 0;
-    for (auto& [id, n] : nodes) st.nodes.push_back({n, used[i++].used});
+    const int64_t now = now_ms();
+    for (auto& [id, n] : nodes) {
+      NodeStatus ns{n, used[i++].used};
+      if (auto h = detector_.health(id, now)) {
+        ns.heartbeat_silent_ms = h->silent_ms;
+        ns.heartbeat_late = h->late;
+        ns.heartbeat_longest_ms = h->longest_ms;
+      }
+      st.nodes.push_back(std::move(ns));
+    }
     for (auto& [id, a] : actors_index()) {
       if (!q.state.empty() && to_string(a.info.state) != q.state) continue;
       if (!q.node.empty() && a.info.node_id != q.node) continue;

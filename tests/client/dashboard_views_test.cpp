@@ -156,6 +156,9 @@ ClusterStatus two_nodes() {
   a.node.address = "127.0.0.1:1";
   a.node.resources = {{"cpu", 4}, {"gpu", 2}};
   a.used = {{"cpu", 1}};
+  a.heartbeat_silent_ms = 250;
+  a.heartbeat_late = 3;
+  a.heartbeat_longest_ms = 1500;
   b.node.id = "n-\"b\"";
   b.node.state = NodeState::dead;
   b.node.reason = "missed heartbeats";
@@ -177,6 +180,10 @@ TEST(DashboardViews, ClusterJsonHasResourcesLoadAndLiveness) {
   EXPECT_EQ(c["nodes"][0]["resources"]["gpu"]["used"], 0.0);
   EXPECT_DOUBLE_EQ(c["nodes"][0]["load"].get<double>(), 0.25);
   EXPECT_EQ(c["nodes"][0]["actors"], 1);
+  EXPECT_DOUBLE_EQ(c["nodes"][0]["heartbeat"]["silent_s"].get<double>(), 0.25);
+  EXPECT_EQ(c["nodes"][0]["heartbeat"]["late"], 3);
+  EXPECT_DOUBLE_EQ(c["nodes"][0]["heartbeat"]["longest_silence_s"].get<double>(), 1.5);
+  EXPECT_TRUE(c["nodes"][1]["heartbeat"].is_null());  // a dead node is not watched
   EXPECT_EQ(c["nodes"][1]["alive"], false);
   EXPECT_EQ(c["nodes"][1]["reason"], "missed heartbeats");
   EXPECT_EQ(c["actors"][0]["state"], "alive");
@@ -192,6 +199,13 @@ TEST(DashboardViews, PrometheusTextIsWellFormedAndCarriesTheFigures) {
   EXPECT_NE(text.find("loco_nodes{state=\"alive\"} 1\n"), std::string::npos) << text;
   EXPECT_NE(text.find("loco_nodes{state=\"dead\"} 1\n"), std::string::npos);
   EXPECT_NE(text.find("loco_node_heartbeat_misses 1\n"), std::string::npos);
+  EXPECT_NE(text.find("loco_node_heartbeat_late_total{node=\"n-a\"} 3\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("loco_node_heartbeat_silence_seconds{node=\"n-a\"} 0.25\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("loco_node_heartbeat_longest_silence_seconds{node=\"n-a\"} 1.5\n"),
+            std::string::npos);
+  EXPECT_EQ(text.find("loco_node_heartbeat_late_total{node=\"n-\\\"b\\\"\"}"), std::string::npos);
   EXPECT_NE(text.find("loco_node_up{node=\"n-\\\"b\\\"\",address=\"\"} 0\n"), std::string::npos);
   EXPECT_NE(text.find("loco_actor_restarts 2\n"), std::string::npos);
   EXPECT_NE(text.find("loco_job_round{job=\"job-1\",name=\"tiny\"} 3\n"), std::string::npos);

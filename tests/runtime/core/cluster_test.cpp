@@ -281,6 +281,38 @@ TEST(Cluster, StatusShowsTheNewestEvents) {
   EXPECT_EQ(events.back(), "i=1099 type=test");
 }
 
+// A node stopped for more than half the detection time and then continued is not declared dead:
+// the head counts its heartbeat late and shows how long it was silent (loco status --json, the
+// dashboard's /metrics).
+TEST(Cluster, ANodeSilentForHalfTheDetectionTimeIsCountedLateNotDead) {
+  ClusterOptions o;
+  o.nodes = 2;
+  o.detect_ms = 4000;
+  LocalCluster c(o);
+  Runtime& rt = c.runtime();
+  const NodeStatus first = rt.status().nodes.at(0);
+  auto of = [&](const std::string& id) {
+    for (const NodeStatus& n : rt.status().nodes)
+      if (n.node.id == id) return n;
+    throw std::runtime_error("node " + id + " is gone from status");
+  };
+  ASSERT_TRUE(eventually([&] { return of(first.node.id).heartbeat_silent_ms >= 0; },
+                         Millis(5000), Millis(20)));
+  EXPECT_EQ(of(first.node.id).heartbeat_late, 0);
+  ASSERT_EQ(::kill(c.node(first.node.address).pid(), SIGSTOP), 0);
+  // Silent for 2.2 s of the head's clock: past half the detection time, well short of it.
+  const bool silent = eventually(
+      [&] { return of(first.node.id).heartbeat_silent_ms >= 2200; }, Millis(4000), Millis(20));
+  ASSERT_EQ(::kill(c.node(first.node.address).pid(), SIGCONT), 0);
+  ASSERT_TRUE(silent);
+  ASSERT_TRUE(eventually([&] { return of(first.node.id).heartbeat_late == 1; }, Millis(5000),
+                         Millis(20)));
+  const NodeStatus back = of(first.node.id);
+  EXPECT_EQ(back.node.state, NodeState::alive);
+  EXPECT_GE(back.heartbeat_longest_ms, 2200);
+  EXPECT_LT(back.heartbeat_longest_ms, o.detect_ms);
+}
+
 // The head never waits on a node: with one node stopped (SIGSTOP: its sockets accept, nothing
 // answers), spawns placed there and the restarts of its actors leave the head answering
 // status and hello at once. (It once waited on each create_actor, up to the detection time.)

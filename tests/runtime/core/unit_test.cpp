@@ -393,6 +393,31 @@ TEST(FailureDetector, ANodeSilentForHalfTheTimeoutIsSuspectedBeforeItIsDead) {
   EXPECT_EQ(fd.suspects(1900), (std::set<std::string>{"a", "b"}));
 }
 
+// Heartbeats that come back after half the timeout or more of silence count as late (the
+// node was a suspect, not dead); the silence so far and the longest one are kept.
+TEST(FailureDetector, HealthCountsLateHeartbeatsAndTheLongestSilence) {
+  FailureDetector fd(2000);
+  EXPECT_FALSE(fd.health("a", 0));
+  fd.observe("a", "1", 0);
+  fd.observe("a", "2", 400);   // on time
+  fd.observe("a", "2", 1300);  // silent 900 ms so far: not late yet
+  auto h = fd.health("a", 1300);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->silent_ms, 900);
+  EXPECT_EQ(h->late, 0);
+  EXPECT_EQ(h->longest_ms, 400);
+  fd.observe("a", "3", 1500);  // back after 1100 ms >= 1000: late
+  fd.observe("a", "4", 1700);
+  fd.observe("a", "5", 3200);  // 1500 ms: late again, and the longest
+  h = fd.health("a", 3300);
+  EXPECT_EQ(h->silent_ms, 100);
+  EXPECT_EQ(h->late, 2);
+  EXPECT_EQ(h->longest_ms, 1500);
+  EXPECT_TRUE(fd.dead(3300).empty());
+  fd.forget("a");
+  EXPECT_FALSE(fd.health("a", 3300));
+}
+
 // A tick that places many actors updates its views as node_views() would count them.
 TEST(Placement, OccupyCountsAnActorAsNodeViewsDoes) {
   std::vector<NodeRecord> nodes(2);
