@@ -17,11 +17,13 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "actors/round_decisions.hpp"
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
+#include "diloco/device_info.hpp"
 #include "diloco/data.hpp"
 #include "diloco/local_group.hpp"
 #include "diloco/trainer.hpp"
@@ -144,6 +146,10 @@ struct InnerWorker::State {
   FaultPlan fault = FaultPlan::from_env();
   torch::Tensor val_windows;
   dl::DeviceChoice device;  // from the job's `device` and the GPUs the head gave this actor
+  // For the per-step figures: model FLOPs per token, and the peak FLOP/s of all the worker's
+  // devices (0: not known, no MFU).
+  double flops_per_token = 0;
+  double peak_flops = 0;
 
   PathRoots roots;  // its node's data and checkpoint roots: where it may read and write
 
@@ -181,8 +187,21 @@ struct InnerWorker::State {
   StepFigures one_step(Rank& k) {
     const int64_t t = loco::now_ms();
     const dl::InnerStats st = k.trainer->run_inner_steps(1);
-    return StepFigures{st.mean_loss, st.last_lr, st.grad_norm, seconds_since(t),
-                       int64_t(cfg.tokens_per_inner_step())};
+    StepFigures f{st.mean_loss, st.last_lr, st.grad_norm, seconds_since(t),
+                  int64_t(cfg.tokens_per_inner_step())};
+    if (flops_per_token == 0)
+      flops_per_token = dl::training_flops_per_token(cfg.model, k.trainer->parameter_count());
+    f.flops = flops_per_token * double(f.tokens);
+    if (peak_flops > 0 && f.seconds > 0) f.mfu = f.flops / f.seconds / peak_flops;
+    if (k.device.is_cuda()) {
+      // The most memory allocated on this rank's GPU since the last step's figures.
+      auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+      f.memory_bytes = allocator->getDeviceStats(k.device.index())
+                           .allocated_bytes[size_t(c10::CachingAllocator::StatType::AGGREGATE)]
+                           .peak;
+      allocator->resetPeakStats(k.device.index());
+    }
+    return f;
   }
 
   // Inner steps one at a time until `seconds` are spent since `t0` (at least one step, at most
@@ -377,6 +396,9 @@ InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
       dl::choose_device(s_->cfg.device, gpus, cuda, cuda ? int(torch::cuda::device_count()) : 0);
   const int g = s_->cfg.ranks_per_worker(s_->device.cuda);
   const auto devices = rank_devices(s_->device, gpus, g);
+  s_->peak_flops =
+      g * dl::peak_flops(s_->device.cuda ? dl::cuda_device_name(s_->device.index) : "cpu",
+                         s_->cfg.precision);
   s_->ranks.resize(size_t(g));
   for (int r = 0; r < g; ++r) {
     Rank& k = s_->ranks[size_t(r)];

@@ -54,10 +54,14 @@ std::vector<StepFigures> per_step_means(const std::vector<std::vector<StepFigure
       out[i].grad_norm += m[i].grad_norm;
       out[i].tokens += m[i].tokens;
       out[i].seconds = std::max(out[i].seconds, m[i].seconds);
+      out[i].flops += m[i].flops;
+      out[i].mfu += m[i].mfu;
+      out[i].memory_bytes = std::max(out[i].memory_bytes, m[i].memory_bytes);
     }
     out[i].loss /= n;
     out[i].lr /= n;
     out[i].grad_norm /= n;
+    out[i].mfu /= n;
   }
   return out;
 }
@@ -172,7 +176,12 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
            {"lr", s.lr},
            {"grad_norm", s.grad_norm},
            {"tokens", s.tokens},
-           {"tokens_per_s", s.seconds > 0 ? json(double(s.tokens) / s.seconds) : json(nullptr)}});
+           {"tokens_per_s", s.seconds > 0 ? json(double(s.tokens) / s.seconds) : json(nullptr)},
+           // Model TFLOP/s of all the members, their mean MFU (null where no peak is known) and
+           // the most device memory any of them held (null on CPUs).
+           {"tflops", s.seconds > 0 && s.flops > 0 ? json(s.flops / s.seconds / 1e12) : json(nullptr)},
+           {"mfu", s.mfu > 0 ? json(s.mfu) : json(nullptr)},
+           {"memory_gb", s.memory_bytes > 0 ? json(double(s.memory_bytes) / 1e9) : json(nullptr)}});
     j["steps"] = steps;
   }
   const std::string line = j.dump();

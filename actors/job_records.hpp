@@ -82,8 +82,9 @@ struct RoundFigures {
   double job_time = 0;
   std::vector<MemberFigures> members;  // those that finished their inner steps in time
   std::vector<int> late;               // members that missed the round's deadline
-  // Step i of the round over its members: loss, grad_norm and lr their mean, tokens and
-  // seconds the sum and the slowest (metrics.jsonl "steps", see per_step_means()).
+  // Step i of the round over its members: loss, grad_norm, lr and mfu their mean, tokens and
+  // flops the sum, seconds the slowest, memory the largest (metrics.jsonl "steps", see
+  // per_step_means()).
   std::vector<StepFigures> steps;
 };
 

@@ -45,7 +45,12 @@ struct StepFigures {
   double grad_norm = 0;  // of the worker's gradient, before clipping
   double seconds = 0;    // wall time of the step
   int64_t tokens = 0;    // processed by the step (all the worker's ranks)
-  MSGPACK_DEFINE(loss, lr, grad_norm, seconds, tokens)
+  // Model FLOPs of the step (diloco::training_flops_per_token × tokens), and their share of
+  // the peak of the worker's devices (model FLOPs utilization; 0: the peak is not known).
+  double flops = 0;
+  double mfu = 0;
+  int64_t memory_bytes = 0;  // the most device memory allocated during the step (GPU; 0 on CPU)
+  MSGPACK_DEFINE(loss, lr, grad_norm, seconds, tokens, flops, mfu, memory_bytes)
 };
 
 struct InnerResult {

@@ -230,8 +230,12 @@ struct OuterAggregator::State {
       p.step = (r - 1) * cfg.inner.steps + int64_t(i) + 1;
       p.total = total_steps;
       p.metrics = {{"loss", steps[i].loss}, {"lr", steps[i].lr}, {"grad_norm", steps[i].grad_norm}};
-      if (steps[i].seconds > 0)
+      if (steps[i].seconds > 0) {
         p.metrics["tokens_per_s"] = double(steps[i].tokens) / steps[i].seconds;
+        if (steps[i].flops > 0) p.metrics["tflops"] = steps[i].flops / steps[i].seconds / 1e12;
+      }
+      if (steps[i].mfu > 0) p.metrics["mfu"] = steps[i].mfu;
+      if (steps[i].memory_bytes > 0) p.metrics["memory_gb"] = double(steps[i].memory_bytes) / 1e9;
       out.push_back(std::move(p));
     }
     msgpack::sbuffer buf;

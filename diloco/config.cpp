@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -652,6 +653,31 @@ std::string with_overrides(const std::string& yaml, const std::vector<std::strin
   YAML::Emitter out;
   out << root;
   return out.c_str();
+}
+
+double training_flops_per_token(const ModelConfig& m, std::int64_t parameters) {
+  return 6.0 * double(parameters) + 12.0 * m.layers * double(m.d_model) * m.context;
+}
+
+double peak_flops(const std::string& device, Precision precision) {
+  if (const char* env = std::getenv("LOCO_PEAK_TFLOPS")) {
+    char* end = nullptr;
+    const double t = std::strtod(env, &end);
+    if (end != env && *end == '\0' && std::isfinite(t) && t > 0) return t * 1e12;
+  }
+  struct Peak {
+    const char* name;  // matched in order: the first that `device` contains
+    double bf16, fp32;
+  };
+  static constexpr Peak kPeaks[] = {
+      {"H100 PCIe", 756e12, 51.2e12}, {"H100", 989.4e12, 66.9e12}, {"H200", 989.4e12, 66.9e12},
+      {"H800", 989.4e12, 66.9e12},    {"A100", 312e12, 19.5e12},   {"A800", 312e12, 19.5e12},
+      {"L40S", 362e12, 91.6e12},      {"L4", 121e12, 30.3e12},     {"A10", 125e12, 31.2e12},
+  };
+  for (const Peak& p : kPeaks)
+    if (device.find(p.name) != std::string::npos)
+      return precision == Precision::bf16 ? p.bf16 : p.fp32;
+  return 0;
 }
 
 std::string model_difference(const ModelConfig& a, const ModelConfig& b) {

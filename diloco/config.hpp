@@ -233,6 +233,17 @@ struct JobConfig {
 // dots, or that goes through a field that is not a mapping.
 std::string with_overrides(const std::string& yaml, const std::vector<std::string>& sets);
 
+// Model FLOPs of training on one token, forward and backward: 6 per parameter, plus
+// attention's scores and weighted sums, 12 · layers · width · context (the count of PaLM's
+// appendix B, as nanoGPT's MFU uses). For per-step TFLOP/s and MFU.
+double training_flops_per_token(const ModelConfig& m, std::int64_t parameters);
+
+// The dense peak FLOP/s of a GPU named `device` (as CUDA names it, e.g. "NVIDIA H100 80GB
+// HBM3") at `precision`: bf16 on tensor cores, fp32 without TF32, from the vendor's data
+// sheets; 0 for a device not in the table (the CPU among them). $LOCO_PEAK_TFLOPS, when set,
+// is the peak of any device, in TFLOP/s.
+double peak_flops(const std::string& device, Precision precision);
+
 // The first field of the model (as `model.NAME`) in which `a` and `b` differ, or "" when
 // they build the same parameters (activation_checkpointing is not compared: it changes no
 // parameter). For a job that resumes or starts from another job's weights.

@@ -46,6 +46,7 @@ tr.job { cursor: pointer; } tr.selected td { background: #dde7f5; }
 <figure><figcaption>Members per round</figcaption><canvas id="chart-members" data-points="0"></canvas></figure>
 <figure><figcaption>Per step: loss and gradient norm (mean over the round's workers)</figcaption><canvas id="chart-steps" data-points="0"></canvas></figure>
 <figure><figcaption>Per step: learning rate and tokens/s (all workers)</figcaption><canvas id="chart-step-rate" data-points="0"></canvas></figure>
+<figure><figcaption>Per step: model FLOPs utilization, model TFLOP/s (all workers) and device memory (GPU)</figcaption><canvas id="chart-step-device" data-points="0"></canvas></figure>
 </div>
 <h3>Timeline</h3>
 <table id="timeline"><thead><tr><th>time</th><th>round</th><th>event</th><th></th></tr></thead><tbody></tbody></table>
@@ -192,6 +193,11 @@ function renderJob(job) {
     {label: 'learning rate', data: sp('lr'), borderColor: '#17702a', pointRadius: 0, borderWidth: 1},
     {label: 'tokens/s', data: sp('tokens_per_s'), borderColor: '#7a3bb6', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
     'learning rate', 'inner step', 'tokens/s');
+  chart('chart-step-device', [
+    {label: 'MFU', data: sp('mfu'), borderColor: '#b3261e', pointRadius: 0, borderWidth: 1},
+    {label: 'TFLOP/s', data: sp('tflops'), borderColor: '#3b6fb6', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'},
+    {label: 'memory (GB)', data: sp('memory_gb'), borderColor: '#444', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
+    'MFU', 'inner step', 'TFLOP/s, GB');
   const t0 = job.submitted_unix_ms;
   fill('timeline', job.timeline.slice(-200).reverse().map(t => row(
     [t.unix_ms ? ((t.unix_ms - t0) / 1000).toFixed(1) + ' s' : '', t.round, t.kind, t.text], {'data-kind': t.kind})));

@@ -211,8 +211,9 @@ TEST_F(JobRecordsTest, LinesAreJsonWithThePerStepFigures) {
   rec.attempt(failed(1, {0, 1, 2}));
   rec.attempt(ok(1, {1, 2}, 600));
   RoundFigures f = figures(5);
-  f.steps = per_step_means(
-      {{{3.0, 0.001, 2.0, 0.5, 100}, {2.0, 0.002, 1.0, 0.5, 100}}, {{5.0, 0.001, 4.0, 1.0, 100}}});
+  f.steps = per_step_means({{{3.0, 0.001, 2.0, 0.5, 100, 4e12, 0.2, 0},
+                              {2.0, 0.002, 1.0, 0.5, 100, 4e12, 0, 0}},
+                             {{5.0, 0.001, 4.0, 1.0, 100, 4e12, 0.4, int64_t(3e9)}}});
   const std::string l1 = rec.round(round(1), f);
   const auto j = nlohmann::json::parse(l1);
   ASSERT_EQ(j["steps"].size(), 2u);
@@ -222,6 +223,12 @@ TEST_F(JobRecordsTest, LinesAreJsonWithThePerStepFigures) {
   EXPECT_DOUBLE_EQ(j["steps"][0]["tokens_per_s"].get<double>(), 200.0);  // the slower's 1 s
   EXPECT_DOUBLE_EQ(j["steps"][1]["loss"].get<double>(), 2.0);            // only member 0 did step 2
   EXPECT_DOUBLE_EQ(j["steps"][1]["lr"].get<double>(), 0.002);
+  // Model TFLOP/s of both over the slower's second; their mean MFU; the larger memory.
+  EXPECT_DOUBLE_EQ(j["steps"][0]["tflops"].get<double>(), 8.0);
+  EXPECT_DOUBLE_EQ(j["steps"][0]["mfu"].get<double>(), 0.3);
+  EXPECT_DOUBLE_EQ(j["steps"][0]["memory_gb"].get<double>(), 3.0);
+  EXPECT_TRUE(j["steps"][1]["mfu"].is_null());  // no peak known
+  EXPECT_TRUE(j["steps"][1]["memory_gb"].is_null());  // a CPU
   EXPECT_EQ(j["round"], 1);
   EXPECT_TRUE(j["val_loss"].is_null());
   const auto att = nlohmann::json::parse(lines(rec.attempts_path())[0]);

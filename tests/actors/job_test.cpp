@@ -11,6 +11,8 @@
 #include <fstream>
 #include <map>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/messages.hpp"
 #include "runtime/security/keys.hpp"
 #include "tests/actors/job_util.hpp"
@@ -457,6 +459,39 @@ TEST_F(DilocoJob, ResumedFromACheckpointOnANewClusterTheJobContinuesBitForBit) {
   std::ifstream saved(dir_ + "/ckpt/" + more + "/job.yaml");
   const std::string yaml((std::istreambuf_iterator<char>(saved)), {});
   EXPECT_NE(yaml.find("lr: 0.001"), std::string::npos) << yaml;
+}
+
+// Per-step device figures in metrics.jsonl: model TFLOP/s always; MFU where the devices' peak
+// is known (here given by $LOCO_PEAK_TFLOPS, which the nodes inherit); memory only on GPUs.
+TEST_F(DilocoJob, EachStepRecordsModelFlopsAndMfuAgainstTheDevicesPeak) {
+  constexpr double kPeakTflops = 0.5;
+  ::setenv("LOCO_PEAK_TFLOPS", std::to_string(kPeakTflops).c_str(), 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("LOCO_PEAK_TFLOPS"); }
+  } unset;
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  JobHandle handle = client.submit(JobSpec::from_yaml(job(2, 2, 1).yaml()));
+  JobInfo end = handle.wait(Millis(300000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message;
+  int checked = 0;
+  for (const std::string& line : jsonl(dir_ + "/ckpt/" + handle.id() + "/metrics.jsonl")) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("steps")) continue;
+    for (const auto& s : j["steps"]) {
+      ASSERT_TRUE(s["tflops"].is_number()) << s;
+      ASSERT_TRUE(s["mfu"].is_number()) << s;
+      EXPECT_TRUE(s["memory_gb"].is_null()) << s;  // CPUs
+      const double tflops = s["tflops"], mfu = s["mfu"];
+      EXPECT_GT(mfu, 0);
+      // Over the slower member's time, both members' FLOPs are at most what their own times
+      // give: tflops <= members × peak × mean MFU.
+      EXPECT_LE(tflops, 2 * kPeakTflops * mfu * (1 + 1e-9)) << s;
+      EXPECT_GT(tflops, 0.5 * 2 * kPeakTflops * mfu) << s;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 10);  // one round of 10 steps
 }
 
 // device: auto where no node offers `gpu`: the workers ask for none and train on

@@ -290,6 +290,27 @@ TEST(Config, ModelDifferenceNamesTheFirstFieldThatChangesTheParameters) {
   EXPECT_EQ(model_difference(a, b), "model.heads (4 against 8)");
 }
 
+TEST(Config, TrainingFlopsPerTokenAndThePeaksOfKnownGpus) {
+  ModelConfig m;
+  m.layers = 12;
+  m.d_model = 768;
+  m.context = 1024;
+  // 6 per parameter, and attention's 12 · layers · width · context.
+  EXPECT_DOUBLE_EQ(training_flops_per_token(m, 1000), 6000.0 + 12.0 * 12 * 768 * 1024);
+  ::unsetenv("LOCO_PEAK_TFLOPS");
+  EXPECT_DOUBLE_EQ(peak_flops("NVIDIA H100 80GB HBM3", Precision::bf16), 989.4e12);
+  EXPECT_DOUBLE_EQ(peak_flops("NVIDIA H100 PCIe", Precision::bf16), 756e12);
+  EXPECT_DOUBLE_EQ(peak_flops("NVIDIA H200", Precision::fp32), 66.9e12);
+  EXPECT_DOUBLE_EQ(peak_flops("NVIDIA A100-SXM4-80GB", Precision::bf16), 312e12);
+  EXPECT_EQ(peak_flops("cpu", Precision::fp32), 0.0);
+  EXPECT_EQ(peak_flops("Some Future GPU", Precision::bf16), 0.0);
+  ::setenv("LOCO_PEAK_TFLOPS", "2.5", 1);
+  EXPECT_DOUBLE_EQ(peak_flops("cpu", Precision::fp32), 2.5e12);
+  ::setenv("LOCO_PEAK_TFLOPS", "fast", 1);  // not a number: the table
+  EXPECT_EQ(peak_flops("cpu", Precision::fp32), 0.0);
+  ::unsetenv("LOCO_PEAK_TFLOPS");
+}
+
 TEST(Compression, Int8ErrorIsBoundedByHalfAStepPerChunk) {
   // The collective's int8: min-max per chunk of Options::chunk_bytes / 4 floats, 255 steps.
   const std::size_t chunk = loco::collective::Options{}.chunk_bytes / sizeof(float);
