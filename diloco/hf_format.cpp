@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 
+#include "diloco/data.hpp"
+
 namespace loco::diloco {
 
 namespace fs = std::filesystem;
@@ -332,7 +334,7 @@ void export_hf(const ModelConfig& model, int vocab, const float* theta, std::siz
   }
   // Written beside `out` and renamed, so that `out` is never half-written.
   const fs::path tmp = out.string() + ".tmp-export";
-  fs::remove_all(tmp);
+  remove_tree(tmp.string());  // not fs::remove_all: data.hpp says why
   fs::create_directories(tmp);
   write_safetensors((tmp / "model.safetensors").string(), tensors, dtype);
   {
@@ -341,7 +343,7 @@ void export_hf(const ModelConfig& model, int vocab, const float* theta, std::siz
     if (!f.flush())
       throw std::runtime_error("export: cannot write " + (tmp / "config.json").string());
   }
-  if (fs::exists(out)) fs::remove_all(out);
+  if (fs::exists(out)) remove_tree(out.string());
   fs::rename(tmp, out, ec);
   if (ec)
     throw std::runtime_error("export: cannot rename " + tmp.string() + " to " + out.string() +

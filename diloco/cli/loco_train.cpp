@@ -120,11 +120,25 @@ int export_model(const std::string& checkpoint, const std::string& out, const st
 }
 
 // The model's logits [T, vocab] (fp32, eval, no autocast) for one sequence, as JSON: for
-// comparing with another implementation (tests/diloco/hf_export_test.py).
-int logits(const std::string& checkpoint, const std::vector<std::int64_t>& tokens,
-           const std::string& out) {
+// comparing with another implementation (tests/diloco/hf_export_test.py). The model is a
+// checkpoint's, or the job file `job`'s started from `init` (hf:DIR or a checkpoint).
+int logits(const std::string& checkpoint, const std::string& job, const std::string& init,
+           const std::vector<std::int64_t>& tokens, const std::string& out) {
   JobConfig cfg;
-  Gpt model = load_model_from_checkpoint(checkpoint, &cfg);
+  Gpt model{nullptr};
+  if (!checkpoint.empty()) {
+    model = load_model_from_checkpoint(checkpoint, &cfg);
+  } else {
+    cfg = JobConfig::from_yaml_file(job);
+    model = Gpt(cfg.model, cfg.vocab_size());
+    const torch::Tensor theta = initial_theta(init, cfg);
+    torch::NoGradGuard no_grad;
+    std::int64_t off = 0;
+    for (auto& p : model->parameters()) {
+      p.copy_(theta.slice(0, off, off + p.numel()).view(p.sizes()));
+      off += p.numel();
+    }
+  }
   model->eval();
   for (auto t : tokens)
     if (t < 0 || t >= cfg.vocab_size())
@@ -210,11 +224,15 @@ int main(int argc, char** argv) {
   ex->add_flag("--force", ex_force, "replace --out if it exists and is not empty");
 
   auto* lo = app.add_subcommand("logits", "a checkpoint's logits for given tokens, as JSON");
-  std::string lo_checkpoint, lo_out;
+  std::string lo_checkpoint, lo_out, lo_job, lo_init;
   std::vector<std::int64_t> lo_tokens;
-  lo->add_option("--checkpoint", lo_checkpoint, "checkpoint file")
-      ->required()
-      ->check(CLI::ExistingFile);
+  auto* lo_ck =
+      lo->add_option("--checkpoint", lo_checkpoint, "checkpoint file")->check(CLI::ExistingFile);
+  auto* lo_jb = lo->add_option("--job", lo_job, "job file (with --init): the model's shape")
+                    ->check(CLI::ExistingFile)
+                    ->excludes(lo_ck);
+  lo->add_option("--init", lo_init, "hf:DIR or a checkpoint: the job's starting θ")->needs(lo_jb);
+  lo_jb->needs("--init");
   lo->add_option("--tokens", lo_tokens, "token ids, comma-separated")->required()->delimiter(',');
   lo->add_option("--out", lo_out, "JSON file: {arch, tokens, shape [T, vocab], logits}")
       ->required();
@@ -223,7 +241,11 @@ int main(int argc, char** argv) {
     if (tr->parsed())
       return train(job, k, baseline, rounds, out, threads, resume, init, local_ranks);
     if (ex->parsed()) return export_model(ex_checkpoint, ex_out, ex_dtype, ex_force);
-    if (lo->parsed()) return logits(lo_checkpoint, lo_tokens, lo_out);
+    if (lo->parsed()) {
+      if (lo_checkpoint.empty() && lo_job.empty())
+        throw std::invalid_argument("logits: --checkpoint, or --job with --init");
+      return logits(lo_checkpoint, lo_job, lo_init, lo_tokens, lo_out);
+    }
     return generate(checkpoint, prompt, tokens, temperature, top_k, seed);
   } catch (const std::exception& e) {
     std::cerr << "loco-train: " << e.what() << "\n";

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "diloco/config.hpp"
+#include "diloco/data.hpp"
 #include "diloco/safetensors.hpp"
 
 using namespace loco::diloco;
@@ -47,10 +48,10 @@ class TempDir {
   TempDir()
       : path_(fs::temp_directory_path() /
               ("loco-hf-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++))) {
-    fs::remove_all(path_);
+    remove_tree(path_.string());
     fs::create_directories(path_);
   }
-  ~TempDir() { fs::remove_all(path_); }
+  ~TempDir() { remove_tree(path_.string()); }
   fs::path operator/(const std::string& s) const { return path_ / s; }
 
  private:
