@@ -157,7 +157,7 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
   check_keys(root, "",
              {"name", "seed", "threads", "device", "precision", "model", "data", "workers", "inner",
               "outer", "compression", "allreduce", "sync", "rounds", "token_budget", "checkpoint",
-              "eval"});
+              "eval", "init"});
   read(root, "", "name", c.name);
   read(root, "", "seed", c.seed);
   read(root, "", "threads", c.threads);
@@ -167,6 +167,7 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
           {{"auto", DeviceKind::auto_}, {"cpu", DeviceKind::cpu}, {"cuda", DeviceKind::cuda}}});
   read(root, "", "rounds", c.rounds);
   read(root, "", "token_budget", c.token_budget);
+  read(root, "", "init", c.init);
   read_codec(root, "compression", c.compression);
   read_enum(root, "", "precision", c.precision,
             std::array<std::pair<const char*, Precision>, 2>{
@@ -342,6 +343,9 @@ void JobConfig::validate() const {
   require_text(name, kMaxJobNameBytes, "name");
   require_text(data.dir, kMaxPathBytes, "data.dir");
   require_text(checkpoint.dir, kMaxPathBytes, "checkpoint.dir");
+  require_text(init, kMaxPathBytes, "init");
+  require(init.empty() || (init.rfind("hf:", 0) == 0 && init.size() > 3), "init",
+          "hf:DIR, a Hugging Face folder of the job's model (or unset)", quoted(init));
   require(threads >= 0, "threads", ">= 0", threads);
   require(threads <= kMaxThreads, "threads", "<= " + show(kMaxThreads), threads);
   require(model.layers <= kMaxLayers, "model.layers", "<= " + show(kMaxLayers), model.layers);
@@ -637,6 +641,7 @@ std::string JobConfig::to_yaml() const {
       << YAML::EndMap;
   out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap << YAML::Key << "every" << YAML::Value
       << eval.every << YAML::Key << "batches" << YAML::Value << eval.batches << YAML::EndMap;
+  if (!init.empty()) out << YAML::Key << "init" << YAML::Value << init;
   out << YAML::EndMap;
   return out.c_str();
 }

@@ -208,6 +208,11 @@ struct JobConfig {
   std::int64_t token_budget = 0;  // tokens per worker; used when rounds is 0
   CheckpointConfig checkpoint;
   EvalConfig eval;
+  // Where θ starts: "" (the model's initialisation from `seed`), or "hf:DIR", a Hugging Face
+  // folder (config.json and model.safetensors, diloco/hf_format.hpp) of exactly this job's
+  // model: a pretrained start. On a cluster DIR is under each node's data root and every worker
+  // reads it; a resumed job or a joining worker takes θ from its checkpoint or a live worker.
+  std::string init;
 
   // Parses and validates. Throws ConfigError naming the field on any problem,
   // including unknown keys (a typo must not silently fall back to a default).

@@ -350,7 +350,10 @@ void export_hf(const ModelConfig& model, int vocab, const float* theta, std::siz
                              ": " + ec.message());
 }
 
-std::vector<float> import_hf(const std::string& dir, const ModelConfig& model, int vocab) {
+namespace {
+
+// DIR/config.json, checked against the job's model; returns DIR/model.safetensors.
+std::string checked_folder(const std::string& dir, const ModelConfig& model, int vocab) {
   const fs::path d(dir);
   const std::string cfg_path = (d / "config.json").string();
   json c;
@@ -370,12 +373,22 @@ std::vector<float> import_hf(const std::string& dir, const ModelConfig& model, i
     if (!c.is_object()) throw std::runtime_error(cfg_path + ": not a JSON object");
   }
   check_hf_config(c, model, vocab, cfg_path);
-
   const std::string st_path = (d / "model.safetensors").string();
-  if (!fs::exists(st_path))
+  if (!fs::is_regular_file(st_path))
     throw std::runtime_error("hf:" + dir +
                              ": no model.safetensors in that folder (a sharded "
                              "model.safetensors.index.json is not supported)");
+  return st_path;
+}
+
+}  // namespace
+
+void check_hf_folder(const std::string& dir, const ModelConfig& model, int vocab) {
+  checked_folder(dir, model, vocab);
+}
+
+std::vector<float> import_hf(const std::string& dir, const ModelConfig& model, int vocab) {
+  const std::string st_path = checked_folder(dir, model, vocab);
   auto file = read_safetensors(st_path);
   const bool gpt2 = model.arch == Arch::gpt2;
   if (gpt2) {

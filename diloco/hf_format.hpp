@@ -44,6 +44,10 @@ void export_hf(const ModelConfig& model, int vocab, const float* theta, std::siz
 // parameters); a tied model's file may repeat the embeddings as lm_head.weight (checked equal).
 std::vector<float> import_hf(const std::string& dir, const ModelConfig& model, int vocab);
 
+// import_hf's check of config.json alone, and that model.safetensors is there: what a cluster
+// job's submission checks before any worker reads the weights.
+void check_hf_folder(const std::string& dir, const ModelConfig& model, int vocab);
+
 // "hf:DIR" -> DIR; "" for anything else (a loco checkpoint's path).
 std::string hf_init_dir(const std::string& init);
 

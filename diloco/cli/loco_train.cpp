@@ -22,8 +22,10 @@ using namespace loco::diloco;
 namespace {
 
 int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out,
-          int threads, const std::string& resume, const std::string& init, int local_ranks) {
+          int threads, const std::string& resume, std::string init, int local_ranks) {
   JobConfig cfg = JobConfig::from_yaml_file(job);
+  // The job file's `init`, unless --init says otherwise (a resumed run has its own θ).
+  if (init.empty() && resume.empty()) init = cfg.init;
   if (threads > 0) cfg.threads = threads;
   if (cfg.threads > 0) at::set_num_threads(cfg.threads);
   at::set_num_interop_threads(1);
