@@ -34,24 +34,29 @@ struct BlockRef : torch::CustomClassHolder {
 
 // Activation checkpointing of one block (LibTorch C++ has no torch.utils.checkpoint).
 // Forward: the block under no grad (Function::apply turns grad mode off), saving only
-// its input (and llama's rotary tables, which need no gradient). Backward: the block again with
-// grad on and under the forward's autocast state, then its gradients with respect to the input and
-// the parameters. The parameters are inputs of the function so that the engine accumulates their
-// gradients as usual. There is no dropout in the model, so no RNG state to replay.
+// its input (and llama's rotary tables, which need no gradient: they travel in a struct, not as
+// tensor arguments, so that the engine neither tracks them nor sees gpt2's undefined ones).
+// Backward: the block again with grad on and under the forward's autocast state, then its gradients
+// with respect to the input and the parameters. The parameters are inputs of the function so that
+// the engine accumulates their gradients as usual. There is no dropout in the model, so no RNG
+// state to replay.
+struct RopeTables {
+  torch::Tensor cos, sin;  // undefined for gpt2
+};
+
 struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                at::TensorList /*params: for the engine*/,
-                               const std::shared_ptr<DecoderBlock>& block, const torch::Tensor& cos,
-                               const torch::Tensor& sin) {
+                               const std::shared_ptr<DecoderBlock>& block, const RopeTables& rope) {
     const auto dev = x.device().type();
     ctx->save_for_backward({x});
-    ctx->saved_data["cos"] = cos;
-    ctx->saved_data["sin"] = sin;
+    ctx->saved_data["cos"] = rope.cos;
+    ctx->saved_data["sin"] = rope.sin;
     ctx->saved_data["block"] = c10::IValue::make_capsule(c10::make_intrusive<BlockRef>(block));
     ctx->saved_data["autocast"] = at::autocast::is_autocast_enabled(dev);
     ctx->saved_data["autocast_dtype"] =
         static_cast<std::int64_t>(at::autocast::get_autocast_dtype(dev));
-    return block->run(x, cos, sin);
+    return block->run(x, rope.cos, rope.sin);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
@@ -71,8 +76,7 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
     auto grads = torch::autograd::grad({y}, inputs, {grad_out[0]}, /*retain_graph=*/false,
                                        /*create_graph=*/false, /*allow_unused=*/true);
     grads.emplace_back();  // for the `block` argument
-    grads.emplace_back();  // cos
-    grads.emplace_back();  // sin
+    grads.emplace_back();  // for `rope`
     return grads;
   }
 };
@@ -228,7 +232,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
     auto block = blocks->ptr<DecoderBlock>(i);
     if (checkpoint) {
       const auto params = block->parameters();
-      x = CheckpointedBlock::apply(x, at::TensorList(params), block, cos, sin);
+      x = CheckpointedBlock::apply(x, at::TensorList(params), block, RopeTables{cos, sin});
     } else {
       x = block->run(x, cos, sin);
     }
