@@ -64,11 +64,11 @@ def run(*args, ok=True):
 
 
 def loco_logits(*args):
-    out = tempfile.mktemp(suffix=".json")
-    run("logits", *args, "--tokens", ",".join(map(str, TOKENS)), "--out", out)
-    with open(out) as f:
-        j = json.load(f)
-    os.remove(out)
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "logits.json")
+        run("logits", *args, "--tokens", ",".join(map(str, TOKENS)), "--out", out)
+        with open(out) as f:
+            j = json.load(f)
     return np.array(j["logits"], dtype=np.float32).reshape(j["shape"])
 
 
