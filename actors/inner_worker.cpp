@@ -26,6 +26,7 @@
 #include "diloco/config.hpp"
 #include "diloco/device_info.hpp"
 #include "diloco/data.hpp"
+#include "diloco/hf_format.hpp"
 #include "diloco/local_group.hpp"
 #include "diloco/trainer.hpp"
 #include "runtime/collective/allreduce.hpp"
@@ -552,6 +553,18 @@ InitResult InnerWorker::init(WorkerInit init) {
     for (Rank& k : s_->ranks) k.outer->load(ar, "outer.");
     if (s_->overlapped()) s_->in_flight = read_in_flight(ar, s_->cfg.sync.fragments, s_->eager());
     out.state_bytes = uint64_t(std::filesystem::file_size(init.checkpoint));
+  } else if (!s_->cfg.init.empty()) {
+    // A fresh job of `init: hf:DIR`: every worker reads the same folder (under its node's data
+    // root), so all start from the same θ; the aggregator checks their hashes agree.
+    const std::string dir = resolve_data_path(s_->roots, dl::hf_init_dir(s_->cfg.init), "init");
+    auto values = dl::import_hf(dir, s_->cfg.model, s_->cfg.vocab_size());
+    const auto theta = torch::from_blob(values.data(), {int64_t(values.size())}, torch::kFloat32);
+    if (theta.numel() != s_->lead().trainer->parameter_count())
+      throw std::runtime_error("init: " + dir + " holds " + std::to_string(theta.numel()) +
+                               " parameters, the job's model " +
+                               std::to_string(s_->lead().trainer->parameter_count()));
+    for (Rank& k : s_->ranks) k.outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, theta);
+    out.state_bytes = uint64_t(values.size() * sizeof(float));
   }
   const dl::OuterOptimizer& outer = *s_->lead().outer;
   if (outer.round() != init.round && (!init.source.empty() || !init.checkpoint.empty()))

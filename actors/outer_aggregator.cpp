@@ -24,6 +24,7 @@
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
+#include "diloco/hf_format.hpp"
 #include "diloco/simulator.hpp"
 #include "runtime/core/paths.hpp"
 #include "runtime/core/runtime.hpp"
@@ -1219,6 +1220,10 @@ OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
   dl::DataConfig data = s_->cfg.data;
   data.dir = resolve_data_path(s_->roots, data.dir, "data.dir");
   dl::TokenStore::open(data);
+  // So does an `init: hf:DIR` folder outside the data root, missing, or of another model.
+  if (!s_->cfg.init.empty())
+    dl::check_hf_folder(resolve_data_path(s_->roots, dl::hf_init_dir(s_->cfg.init), "init"),
+                        s_->cfg.model, s_->cfg.vocab_size());
   auto s = s_;
   s_->thread = std::thread([s] {
     try {

@@ -160,7 +160,7 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
   check_keys(root, "",
              {"name", "seed", "threads", "device", "precision", "model", "data", "workers", "inner",
               "outer", "compression", "allreduce", "sync", "rounds", "token_budget", "checkpoint",
-              "eval"});
+              "eval", "init"});
   read(root, "", "name", c.name);
   read(root, "", "seed", c.seed);
   read(root, "", "threads", c.threads);
@@ -170,6 +170,7 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
           {{"auto", DeviceKind::auto_}, {"cpu", DeviceKind::cpu}, {"cuda", DeviceKind::cuda}}});
   read(root, "", "rounds", c.rounds);
   read(root, "", "token_budget", c.token_budget);
+  read(root, "", "init", c.init);
   read_codec(root, "compression", c.compression);
   read_enum(root, "", "precision", c.precision,
             std::array<std::pair<const char*, Precision>, 2>{
@@ -177,8 +178,12 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
 
   const auto m = root["model"];
   check_keys(m, "model",
-             {"layers", "width", "d_model", "heads", "context", "vocab", "tied_embeddings",
-              "mlp_ratio", "activation_checkpointing"});
+             {"arch", "layers", "width", "d_model", "heads", "context", "vocab", "tied_embeddings",
+              "mlp_ratio", "mlp_hidden", "kv_heads", "rope_theta", "norm_eps",
+              "activation_checkpointing"});
+  read_enum(
+      m, "model", "arch", c.model.arch,
+      std::array<std::pair<const char*, Arch>, 2>{{{"gpt2", Arch::gpt2}, {"llama", Arch::llama}}});
   read(m, "model", "layers", c.model.layers);
   read(m, "model", "width", c.model.d_model);
   read(m, "model", "d_model", c.model.d_model);
@@ -187,6 +192,10 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
   read(m, "model", "vocab", c.model.vocab);
   read(m, "model", "tied_embeddings", c.model.tied_embeddings);
   read(m, "model", "mlp_ratio", c.model.mlp_ratio);
+  read(m, "model", "mlp_hidden", c.model.mlp_hidden);
+  read(m, "model", "kv_heads", c.model.kv_heads);
+  read(m, "model", "rope_theta", c.model.rope_theta);
+  read(m, "model", "norm_eps", c.model.norm_eps);
   read(m, "model", "activation_checkpointing", c.model.activation_checkpointing);
 
   const auto d = root["data"];
@@ -331,13 +340,18 @@ void JobConfig::validate() const {
            {inner.eps, "inner.eps"},
            {outer.lr, "outer.lr"},
            {outer.momentum, "outer.momentum"},
-           {allreduce.peer_timeout_s, "allreduce.peer_timeout_s"}})
+           {allreduce.peer_timeout_s, "allreduce.peer_timeout_s"},
+           {model.rope_theta, "model.rope_theta"},
+           {model.norm_eps, "model.norm_eps"}})
     require_finite(v, field);
   require(!name.empty(), "name", "a non-empty string", "''");
   require_text(name, kMaxJobNameBytes, "name");
   require_text(data.dir, kMaxPathBytes, "data.dir");
   require_text(checkpoint.dir, kMaxPathBytes, "checkpoint.dir");
   require_text(checkpoint.resume, kMaxPathBytes, "checkpoint.resume");
+  require_text(init, kMaxPathBytes, "init");
+  require(init.empty() || (init.rfind("hf:", 0) == 0 && init.size() > 3), "init",
+          "hf:DIR, a Hugging Face folder of the job's model (or unset)", quoted(init));
   require(threads >= 0, "threads", ">= 0", threads);
   require(threads <= kMaxThreads, "threads", "<= " + show(kMaxThreads), threads);
   require(model.layers <= kMaxLayers, "model.layers", "<= " + show(kMaxLayers), model.layers);
@@ -355,6 +369,26 @@ void JobConfig::validate() const {
   require(model.vocab >= 0 && model.vocab <= 65536, "model.vocab",
           "in [0, 65536] (0: from the tokenizer)", model.vocab);
   require(model.mlp_ratio >= 1, "model.mlp_ratio", ">= 1", model.mlp_ratio);
+  require_in(model.mlp_hidden, 0, kMaxWidth * kMaxMlpRatio, "model.mlp_hidden");
+  require(model.norm_eps > 0 && model.norm_eps <= 1, "model.norm_eps", "in (0, 1]", model.norm_eps);
+  require_in(model.kv_heads, 0, model.heads, "model.kv_heads");
+  if (model.arch == Arch::gpt2) {
+    // Refused rather than ignored: a job file that asks for them wants another model.
+    require(model.kv_heads == 0 || model.kv_heads == model.heads, "model.kv_heads",
+            "0 or model.heads for arch gpt2 (grouped-query attention is arch: llama's)",
+            model.kv_heads);
+    require(model.rope_theta == ModelConfig{}.rope_theta, "model.rope_theta",
+            "unset for arch gpt2 (learned positions; rotary positions are arch: llama's)",
+            model.rope_theta);
+  } else {
+    require(model.heads % model.kv_head_count() == 0, "model.kv_heads",
+            "a divisor of model.heads (" + show(model.heads) + ")", model.kv_heads);
+    require(model.head_dim() % 2 == 0, "model.heads",
+            "such that d_model / heads is even for rotary positions (d_model " +
+                show(model.d_model) + ")",
+            model.heads);
+    require(model.rope_theta > 1, "model.rope_theta", "> 1", model.rope_theta);
+  }
   if (data.tokenizer == TokenizerKind::byte)
     require(model.vocab == 0 || model.vocab >= 256, "model.vocab", ">= 256 for the byte tokenizer",
             model.vocab);
@@ -431,9 +465,7 @@ void JobConfig::validate() const {
   // Bounds on sizes together, once each is sane: what one worker must hold.
   const double params = parameter_estimate();
   require(params <= kMaxParameters, "model",
-          "at most " + show(kMaxParameters) +
-              " parameters (layers x width^2 x (4 + 2 x mlp_ratio) + vocab x width)",
-          params);
+          "at most " + show(kMaxParameters) + " parameters (ModelConfig::parameter_count)", params);
   // One micro-batch's activations: per layer, context x width values and heads x context^2
   // attention weights per sequence.
   const double activations =
@@ -465,6 +497,32 @@ void JobConfig::validate() const {
           "in [1, 65536]", allreduce.chunk_kb);
   require(allreduce.peer_timeout_s >= 0.1 && allreduce.peer_timeout_s <= 3600,
           "allreduce.peer_timeout_s", "in [0.1, 3600]", allreduce.peer_timeout_s);
+}
+
+const char* to_string(Arch a) { return a == Arch::gpt2 ? "gpt2" : "llama"; }
+
+int ModelConfig::mlp_width() const {
+  if (mlp_hidden > 0) return mlp_hidden;
+  if (arch == Arch::gpt2) return mlp_ratio * d_model;
+  // Llama's: two thirds of 4 × d_model (SwiGLU has three matrices, not two), rounded up to a
+  // multiple of 256.
+  const std::int64_t h = 2 * (4 * static_cast<std::int64_t>(d_model)) / 3;
+  return static_cast<int>((h + 255) / 256 * 256);
+}
+
+std::int64_t ModelConfig::parameter_count(int vocab) const {
+  const std::int64_t d = d_model, v = vocab, m = mlp_width();
+  const std::int64_t embeddings = v * d * (tied_embeddings ? 1 : 2);
+  if (arch == Arch::gpt2) {
+    // ln1, ln2 (weight and bias), qkv and proj with biases, fc and fc_proj with biases.
+    const std::int64_t block =
+        4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * m + m) + (m * d + d);
+    return embeddings + static_cast<std::int64_t>(context) * d + layers * block + 2 * d;
+  }
+  // ln1, ln2 (weight only), q, k, v, o without biases, gate/up and down without biases.
+  const std::int64_t kv = static_cast<std::int64_t>(kv_head_count()) * head_dim();
+  const std::int64_t block = 2 * d + (d * d + 2 * kv * d) + d * d + 3 * d * m;
+  return embeddings + layers * block + d;
 }
 
 const char* to_string(DeviceKind d) {
@@ -519,10 +577,7 @@ int JobConfig::total_rounds() const {
 }
 
 double JobConfig::parameter_estimate() const {
-  const double w = model.d_model;
-  return static_cast<double>(model.layers) * w * w * (4.0 + 2.0 * model.mlp_ratio) +
-         static_cast<double>(vocab_size()) * w * (model.tied_embeddings ? 1 : 2) +
-         static_cast<double>(model.context) * w;
+  return static_cast<double>(model.parameter_count(vocab_size()));
 }
 
 std::string JobConfig::to_yaml() const {
@@ -532,13 +587,19 @@ std::string JobConfig::to_yaml() const {
   out << YAML::Key << "seed" << YAML::Value << seed;
   out << YAML::Key << "threads" << YAML::Value << threads;
   out << YAML::Key << "device" << YAML::Value << to_string(device);
-  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "layers"
-      << YAML::Value << model.layers << YAML::Key << "d_model" << YAML::Value << model.d_model
-      << YAML::Key << "heads" << YAML::Value << model.heads << YAML::Key << "context" << YAML::Value
-      << model.context << YAML::Key << "vocab" << YAML::Value << model.vocab << YAML::Key
-      << "tied_embeddings" << YAML::Value << model.tied_embeddings << YAML::Key << "mlp_ratio"
-      << YAML::Value << model.mlp_ratio << YAML::Key << "activation_checkpointing" << YAML::Value
-      << model.activation_checkpointing << YAML::EndMap;
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "arch" << YAML::Value
+      << to_string(model.arch) << YAML::Key << "layers" << YAML::Value << model.layers << YAML::Key
+      << "d_model" << YAML::Value << model.d_model << YAML::Key << "heads" << YAML::Value
+      << model.heads << YAML::Key << "context" << YAML::Value << model.context << YAML::Key
+      << "vocab" << YAML::Value << model.vocab << YAML::Key << "tied_embeddings" << YAML::Value
+      << model.tied_embeddings << YAML::Key << "mlp_ratio" << YAML::Value << model.mlp_ratio
+      << YAML::Key << "mlp_hidden" << YAML::Value << model.mlp_hidden << YAML::Key << "norm_eps"
+      << YAML::Value << model.norm_eps;
+  if (model.arch == Arch::llama)
+    out << YAML::Key << "kv_heads" << YAML::Value << model.kv_heads << YAML::Key << "rope_theta"
+        << YAML::Value << model.rope_theta;
+  out << YAML::Key << "activation_checkpointing" << YAML::Value << model.activation_checkpointing
+      << YAML::EndMap;
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value
       << data.dir << YAML::Key << "tokenizer" << YAML::Value
       << (data.tokenizer == TokenizerKind::byte ? "byte" : "bpe") << YAML::Key << "bpe_vocab"
@@ -590,6 +651,7 @@ std::string JobConfig::to_yaml() const {
   out << YAML::EndMap;
   out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap << YAML::Key << "every" << YAML::Value
       << eval.every << YAML::Key << "batches" << YAML::Value << eval.batches << YAML::EndMap;
+  if (!init.empty()) out << YAML::Key << "init" << YAML::Value << init;
   out << YAML::EndMap;
   return out.c_str();
 }

@@ -58,16 +58,36 @@ inline constexpr int kMaxRounds = 1 << 24;  // rounds, checkpoint.every, eval.ev
 inline constexpr std::int64_t kMaxTokenBudget = std::int64_t(1) << 50;
 inline constexpr int kMaxEvalBatches = 1 << 16;
 
+// The decoder's block type (docs/design.md, The model).
+//   gpt2:  learned positions, LayerNorm with biases, GELU (tanh) MLP, biases everywhere.
+//   llama: rotary positions (RoPE), RMSNorm, SwiGLU MLP, no biases, optional grouped-query
+//          attention (kv_heads < heads).
+enum class Arch { gpt2, llama };
+const char* to_string(Arch a);
+
 struct ModelConfig {
+  Arch arch = Arch::gpt2;
   int layers = 4;
   int d_model = 128;  // YAML: `width` or `d_model`
   int heads = 4;
   int context = 128;  // tokens per sequence
   int vocab = 0;      // 0: taken from the tokenizer (256 for byte, data.bpe_vocab for bpe)
   bool tied_embeddings = true;
-  int mlp_ratio = 4;
+  int mlp_ratio = 4;  // gpt2: MLP width mlp_ratio × d_model (unless mlp_hidden)
+  // The MLP's hidden width; 0: gpt2 mlp_ratio × d_model, llama Llama's rule, 8/3 × d_model
+  // rounded up to a multiple of 256.
+  int mlp_hidden = 0;
+  int kv_heads = 0;           // llama: key/value heads, a divisor of heads; 0: heads (no GQA)
+  double rope_theta = 10000;  // llama: the RoPE base
+  double norm_eps = 1e-5;     // LayerNorm (gpt2) or RMSNorm (llama) epsilon
   // Recompute each block in the backward pass instead of keeping its activations.
   bool activation_checkpointing = false;
+
+  int head_dim() const { return d_model / heads; }
+  int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  int mlp_width() const;
+  // The exact number of parameters of the model with a vocabulary of `vocab`.
+  std::int64_t parameter_count(int vocab) const;
 };
 
 struct DataConfig {
@@ -197,6 +217,11 @@ struct JobConfig {
   std::int64_t token_budget = 0;  // tokens per worker; used when rounds is 0
   CheckpointConfig checkpoint;
   EvalConfig eval;
+  // Where θ starts: "" (the model's initialisation from `seed`), or "hf:DIR", a Hugging Face
+  // folder (config.json and model.safetensors, diloco/hf_format.hpp) of exactly this job's
+  // model: a pretrained start. On a cluster DIR is under each node's data root and every worker
+  // reads it; a resumed job or a joining worker takes θ from its checkpoint or a live worker.
+  std::string init;
 
   // Parses and validates. Throws ConfigError naming the field on any problem,
   // including unknown keys (a typo must not silently fall back to a default).
@@ -210,7 +235,8 @@ struct JobConfig {
   int vocab_size() const;
   // Rounds to run: `rounds`, or the token budget divided by the tokens of one round.
   int total_rounds() const;
-  // About how many parameters the model has (the bound in validate()).
+  // How many parameters the model has (model.parameter_count(vocab_size()); the bound in
+  // validate()).
   double parameter_estimate() const;
   // Whether workers ask the runtime for GPUs (device cuda, or auto when
   // `cluster_has_gpus`: some live node offers `gpu` resources).

@@ -1,7 +1,13 @@
-// A GPT-style decoder: token + learned position embeddings, pre-norm blocks
-// of causal self-attention and a GELU MLP, a final norm, and a language-model
-// head (optionally tied to the token embedding). No dropout anywhere, so a
-// forward pass is a deterministic function of its inputs and parameters.
+// A decoder-only transformer of one of two block types (ModelConfig::arch):
+//   gpt2:  token + learned position embeddings, pre-norm blocks of causal self-attention
+//          (fused qkv, biases) and a GELU-tanh MLP, LayerNorm.
+//   llama: token embeddings only, pre-norm blocks of causal self-attention with rotary
+//          positions (HF Llama's convention: rotate_half, cos/sin in fp32) and optional
+//          grouped-query attention, and a SwiGLU MLP; RMSNorm; no biases.
+// Then a final norm and a language-model head (optionally tied to the token embedding).
+// Both keep their blocks' parameters under "blocks.N." in the flat order (parameter_fragments,
+// hf_export.hpp). No dropout anywhere, so a forward pass is a deterministic function of its
+// inputs and parameters.
 #pragma once
 
 #include <ATen/autocast_mode.h>
@@ -31,6 +37,26 @@ class AutocastGuard {
   at::ScalarType was_dtype_;
 };
 
+// A block of either arch, as the forward loop and activation checkpointing see it. `cos` and
+// `sin` are the rotary tables [T, head_dim] (fp32) for llama, undefined for gpt2.
+class DecoderBlock : public torch::nn::Module {
+ public:
+  virtual torch::Tensor run(const torch::Tensor& x, const torch::Tensor& cos,
+                            const torch::Tensor& sin) = 0;
+};
+
+// Root-mean-square norm with a learned scale, computed in fp32 (as HF's LlamaRMSNorm).
+class RmsNormImpl : public torch::nn::Module {
+ public:
+  RmsNormImpl(int d_model, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RmsNorm);
+
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   CausalSelfAttentionImpl(int d_model, int heads);
@@ -42,15 +68,45 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(CausalSelfAttention);
 
-class BlockImpl : public torch::nn::Module {
+class BlockImpl : public DecoderBlock {
  public:
-  BlockImpl(int d_model, int heads, int mlp_ratio);
+  explicit BlockImpl(const ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor run(const torch::Tensor& x, const torch::Tensor&, const torch::Tensor&) override {
+    return forward(x);
+  }
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
   torch::nn::Linear fc{nullptr}, fc_proj{nullptr};
 };
 TORCH_MODULE(Block);
+
+// Llama attention: qkv is the fused [q; k; v] projection, heads × head_dim rows of q then
+// kv_heads × head_dim rows each of k and v; no biases. Key/value head j serves query heads
+// j·g … j·g + g − 1 (g = heads / kv_heads), as HF's repeat_kv.
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  LlamaAttentionImpl(int d_model, int heads, int kv_heads);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+
+ private:
+  int heads_, kv_heads_;
+};
+TORCH_MODULE(LlamaAttention);
+
+// Llama block: x + attn(rms1(x)), then h + down(silu(gate) · up) of rms2(h). fc is the fused
+// [gate; up] projection (mlp_width rows each), fc_proj the down projection.
+class LlamaBlockImpl : public DecoderBlock {
+ public:
+  explicit LlamaBlockImpl(const ModelConfig& cfg);
+  torch::Tensor run(const torch::Tensor& x, const torch::Tensor& cos,
+                    const torch::Tensor& sin) override;
+  RmsNorm ln1{nullptr}, ln2{nullptr};
+  LlamaAttention attn{nullptr};
+  torch::nn::Linear fc{nullptr}, fc_proj{nullptr};
+};
+TORCH_MODULE(LlamaBlock);
 
 class GptImpl : public torch::nn::Module {
  public:
@@ -63,16 +119,17 @@ class GptImpl : public torch::nn::Module {
   // Mean next-token cross-entropy of `targets` [B, T].
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
   // Deterministic initialisation from `seed` (its own generator, no global
-  // state): N(0, 0.02) weights and embeddings, residual projections
-  // N(0, 0.02 / sqrt(2 layers)), zero biases, unit norms.
+  // state): N(0, 0.02) weights and embeddings, residual projections (attn.proj, fc_proj)
+  // N(0, 0.02 / sqrt(2 layers)), zero biases, unit norms. The same rule for both archs.
   void init_weights(std::uint64_t seed);
   std::int64_t parameter_count() const;
   const ModelConfig& config() const { return cfg_; }
   int vocab() const { return vocab_; }
 
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // wpe: gpt2 only
   torch::nn::ModuleList blocks{nullptr};
-  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};  // gpt2's final norm
+  RmsNorm rms_f{nullptr};              // llama's, registered as "ln_f" too
   torch::nn::Linear lm_head{nullptr};  // null when embeddings are tied
 
  private:

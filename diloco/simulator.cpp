@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "diloco/hf_format.hpp"
+
 namespace loco::diloco {
 
 namespace {
@@ -297,7 +299,7 @@ RoundMetrics Simulator::run_round() {
 void Simulator::init_parameters(const std::string& checkpoint) {
   if (round_ != 0)
     throw std::logic_error("Simulator::init_parameters: after round " + std::to_string(round_));
-  const torch::Tensor theta = checkpoint_theta(checkpoint);
+  const torch::Tensor theta = initial_theta(checkpoint, cfg_);
   if (theta.numel() != parameter_count())
     throw std::invalid_argument("--init " + checkpoint + ": θ has " +
                                 std::to_string(theta.numel()) + " parameters, this job's model " +
@@ -431,6 +433,15 @@ torch::Tensor checkpoint_theta(const std::string& path) {
   torch::serialize::InputArchive ar;
   ar.load_from(path, torch::kCPU);
   return read_theta(ar, path);
+}
+
+torch::Tensor initial_theta(const std::string& init, const JobConfig& cfg) {
+  const std::string dir = hf_init_dir(init);
+  if (dir.empty()) return checkpoint_theta(init);
+  auto values = import_hf(dir, cfg.model, cfg.vocab_size());
+  return torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())},
+                          torch::kFloat32)
+      .clone();
 }
 
 Gpt load_model_from_checkpoint(const std::string& path, JobConfig* cfg_out) {

@@ -52,7 +52,9 @@ class Simulator {
   double evaluate();
 
   // Starts from the parameters θ held in `checkpoint` (any loco checkpoint:
-  // a simulation's, a distributed job's) instead of cfg.seed's initialisation,
+  // a simulation's, a distributed job's; or "hf:DIR", a Hugging Face folder that
+  // `loco export` wrote or transformers saved: initial_theta) instead of cfg.seed's
+  // initialisation,
   // as the DiLoCo paper's runs start from one pretrained model: every worker's
   // model and θ_global take them; the outer momentum is zero and the inner
   // AdamW state and schedule start fresh (warmup included). Before the first
@@ -96,9 +98,9 @@ class Simulator {
   // end, each worker starting the next round from its provisional θ (its own Δ stepped).
   struct InFlight {
     int fragment = 0;
-    std::int64_t synced = 0;               // the inner step count it synchronized after
-    std::int64_t lands = 0;                // the worker's inner step count it lands after
-    std::vector<std::vector<float>> mean;  // per worker: the averaged Δ, range after range
+    std::int64_t synced = 0;                 // the inner step count it synchronized after
+    std::int64_t lands = 0;                  // the worker's inner step count it lands after
+    std::vector<std::vector<float>> mean;    // per worker: the averaged Δ, range after range
     std::vector<torch::Tensor> provisional;  // eager, per worker: the θ it started from
   };
   std::vector<std::vector<Range>> fragments_;
@@ -123,6 +125,9 @@ struct CheckpointInfo {
 CheckpointInfo checkpoint_info(const std::string& path);
 // θ (flat fp32) of a checkpoint: the outer θ, or worker 0's parameters.
 torch::Tensor checkpoint_theta(const std::string& path);
+// θ to start a job of `cfg` from: "hf:DIR" read with import_hf (hf_format.hpp: config.json
+// must describe cfg.model), anything else a loco checkpoint (checkpoint_theta).
+torch::Tensor initial_theta(const std::string& init, const JobConfig& cfg);
 // Loads θ from a checkpoint into a model built from its config.
 Gpt load_model_from_checkpoint(const std::string& path, JobConfig* cfg_out = nullptr);
 

@@ -36,7 +36,7 @@ void add_dashboard_command(CLI::App& app, Commands& out);
 // plot: a job's loss curves and per-step figures as PNGs, outside the job's actors.
 void add_plot_command(CLI::App& app, Commands& out);
 
-// train, generate: loco-train's commands. main hands them over before parsing
+// train, generate, export: loco-train's commands. main hands them over before parsing
 // (they have options of their own); they are added here for --help.
 void add_trainer_commands(CLI::App& app);
 bool is_trainer_command(int argc, char** argv);

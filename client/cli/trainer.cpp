@@ -1,4 +1,4 @@
-// loco train, loco generate: handed to loco-train, the LibTorch half of loco,
+// loco train, loco generate, loco export: handed to loco-train, the LibTorch half of loco,
 // so that this binary stays free of LibTorch.
 #include <unistd.h>
 
@@ -14,7 +14,9 @@
 namespace loco::cli {
 
 bool is_trainer_command(int argc, char** argv) {
-  return argc > 1 && (std::string(argv[1]) == "train" || std::string(argv[1]) == "generate");
+  if (argc < 2) return false;
+  const std::string cmd = argv[1];
+  return cmd == "train" || cmd == "generate" || cmd == "export";
 }
 
 int forward_to_trainer(int argc, char** argv) {
@@ -35,6 +37,9 @@ int forward_to_trainer(int argc, char** argv) {
 void add_trainer_commands(CLI::App& app) {
   app.add_subcommand("train", "train a job in one process (see loco train --help)");
   app.add_subcommand("generate", "sample text from a checkpoint");
+  app.add_subcommand("export",
+                     "write a checkpoint's model for Hugging Face transformers: "
+                     "loco export CKPT --format hf --out DIR");
 }
 
 }  // namespace loco::cli

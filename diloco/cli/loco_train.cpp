@@ -1,16 +1,20 @@
 // loco-train: the simulator and text generation. `loco train ...` and
 // `loco generate ...` forward here.
 //   loco-train train --simulate K job.yaml [--baseline single|ddp] [--rounds N] [--out DIR]
-//                    [--local-ranks G] [--init CKPT | --resume CKPT]
+//                    [--local-ranks G] [--init CKPT|hf:DIR | --resume CKPT]
 //   loco-train generate --checkpoint PATH --prompt "..." [--tokens N]
+//   loco-train export CKPT --format hf --out DIR [--dtype fp32|bf16] [--force]
+//   loco-train logits --checkpoint PATH --tokens 1,2,3 --out FILE.json
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "diloco/hf_format.hpp"
 #include "diloco/simulator.hpp"
 
 namespace fs = std::filesystem;
@@ -19,7 +23,7 @@ using namespace loco::diloco;
 namespace {
 
 int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out,
-          int threads, const std::string& resume, const std::string& init, int local_ranks,
+          int threads, const std::string& resume, std::string init, int local_ranks,
           const std::vector<std::string>& sets) {
   JobConfig cfg;
   if (sets.empty()) {
@@ -34,6 +38,8 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
       throw ConfigError(job + ": " + e.what());
     }
   }
+  // The job file's `init`, unless --init says otherwise (a resumed run has its own θ).
+  if (init.empty() && resume.empty()) init = cfg.init;
   if (threads > 0) cfg.threads = threads;
   if (cfg.threads > 0) at::set_num_threads(cfg.threads);
   at::set_num_interop_threads(1);
@@ -42,7 +48,7 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
   opt.rounds = rounds;
   opt.mode = baseline.empty() ? Mode::diloco : baseline == "single" ? Mode::single : Mode::ddp;
   // The job file's workers.local_ranks, as a cluster runs it, unless --local-ranks says.
-  opt.local_ranks = local_ranks > 0             ? local_ranks
+  opt.local_ranks = local_ranks > 0            ? local_ranks
                     : opt.mode == Mode::diloco ? cfg.ranks_per_worker(false)
                                                : 1;
   if (out.empty()) out = "runs/" + cfg.name;
@@ -116,6 +122,59 @@ int generate(const std::string& checkpoint, const std::string& prompt, int token
   return 0;
 }
 
+int export_model(const std::string& checkpoint, const std::string& out, const std::string& dtype,
+                 bool force) {
+  const JobConfig cfg = checkpoint_config(checkpoint);
+  const torch::Tensor theta = checkpoint_theta(checkpoint);
+  export_hf(cfg.model, cfg.vocab_size(), theta.data_ptr<float>(),
+            static_cast<std::size_t>(theta.numel()), out,
+            dtype == "bf16" ? StDtype::bf16 : StDtype::f32, force);
+  std::cerr << "loco-train: exported " << checkpoint << " (" << to_string(cfg.model.arch) << ", "
+            << theta.numel() << " parameters, " << dtype << ") -> " << out
+            << "/{config.json,model.safetensors}\n";
+  return 0;
+}
+
+// The model's logits [T, vocab] (fp32, eval, no autocast) for one sequence, as JSON: for
+// comparing with another implementation (tests/diloco/hf_export_test.py). The model is a
+// checkpoint's, or the job file `job`'s started from `init` (hf:DIR or a checkpoint).
+int logits(const std::string& checkpoint, const std::string& job, const std::string& init,
+           const std::vector<std::int64_t>& tokens, const std::string& out) {
+  JobConfig cfg;
+  Gpt model{nullptr};
+  if (!checkpoint.empty()) {
+    model = load_model_from_checkpoint(checkpoint, &cfg);
+  } else {
+    cfg = JobConfig::from_yaml_file(job);
+    model = Gpt(cfg.model, cfg.vocab_size());
+    const torch::Tensor theta = initial_theta(init, cfg);
+    torch::NoGradGuard no_grad;
+    std::int64_t off = 0;
+    for (auto& p : model->parameters()) {
+      p.copy_(theta.slice(0, off, off + p.numel()).view(p.sizes()));
+      off += p.numel();
+    }
+  }
+  model->eval();
+  for (auto t : tokens)
+    if (t < 0 || t >= cfg.vocab_size())
+      throw std::invalid_argument("--tokens: " + std::to_string(t) +
+                                  " is outside the vocabulary [0, " +
+                                  std::to_string(cfg.vocab_size()) + ")");
+  torch::NoGradGuard no_grad;
+  const auto y = model->forward(torch::tensor(tokens, torch::kInt64).unsqueeze(0)).squeeze(0);
+  nlohmann::json j;
+  j["arch"] = to_string(cfg.model.arch);
+  j["tokens"] = tokens;
+  j["shape"] = {y.size(0), y.size(1)};
+  const auto c = y.contiguous();
+  j["logits"] = std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  std::ofstream f(out, std::ios::trunc);
+  f << j.dump() << "\n";
+  if (!f.flush()) throw std::runtime_error("cannot write " + out);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -145,9 +204,14 @@ int main(int argc, char** argv) {
   auto* resume_opt =
       tr->add_option("--resume", resume, "checkpoint to continue from")->check(CLI::ExistingFile);
   tr->add_option("--init", init,
-                 "start from this checkpoint's parameters (e.g. a pretrained model); optimizer "
-                 "state and schedule start fresh")
-      ->check(CLI::ExistingFile)
+                 "start from this checkpoint's parameters, or hf:DIR a Hugging Face folder "
+                 "(config.json, model.safetensors) of the job's model (e.g. a pretrained one); "
+                 "optimizer state and schedule start fresh")
+      ->check([](const std::string& v) -> std::string {
+        const std::string dir = hf_init_dir(v);
+        if (!dir.empty()) return fs::is_directory(dir) ? "" : "no folder " + dir;
+        return fs::is_regular_file(v) ? "" : "no file " + v + " (hf:DIR for a Hugging Face folder)";
+      })
       ->excludes(resume_opt);
 
   auto* ge = app.add_subcommand("generate", "sample text from a checkpoint");
@@ -163,10 +227,44 @@ int main(int argc, char** argv) {
   ge->add_option("--temperature", temperature, "sampling temperature");
   ge->add_option("--top-k", top_k, "sample among the k most likely tokens (0: all)");
   ge->add_option("--seed", seed, "sampling seed");
+
+  auto* ex = app.add_subcommand("export", "write a checkpoint's model in another format");
+  std::string ex_checkpoint, ex_format = "hf", ex_out, ex_dtype = "fp32";
+  bool ex_force = false;
+  ex->add_option("checkpoint", ex_checkpoint, "checkpoint file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  ex->add_option("--format", ex_format,
+                 "hf: Hugging Face transformers (config.json, "
+                 "model.safetensors)")
+      ->check(CLI::IsMember({"hf"}));
+  ex->add_option("--out", ex_out, "folder to write")->required();
+  ex->add_option("--dtype", ex_dtype, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  ex->add_flag("--force", ex_force, "replace --out if it exists and is not empty");
+
+  auto* lo = app.add_subcommand("logits", "a checkpoint's logits for given tokens, as JSON");
+  std::string lo_checkpoint, lo_out, lo_job, lo_init;
+  std::vector<std::int64_t> lo_tokens;
+  auto* lo_ck =
+      lo->add_option("--checkpoint", lo_checkpoint, "checkpoint file")->check(CLI::ExistingFile);
+  auto* lo_jb = lo->add_option("--job", lo_job, "job file (with --init): the model's shape")
+                    ->check(CLI::ExistingFile)
+                    ->excludes(lo_ck);
+  lo->add_option("--init", lo_init, "hf:DIR or a checkpoint: the job's starting θ")->needs(lo_jb);
+  lo_jb->needs("--init");
+  lo->add_option("--tokens", lo_tokens, "token ids, comma-separated")->required()->delimiter(',');
+  lo->add_option("--out", lo_out, "JSON file: {arch, tokens, shape [T, vocab], logits}")
+      ->required();
   CLI11_PARSE(app, argc, argv);
   try {
     if (tr->parsed())
       return train(job, k, baseline, rounds, out, threads, resume, init, local_ranks, sets);
+    if (ex->parsed()) return export_model(ex_checkpoint, ex_out, ex_dtype, ex_force);
+    if (lo->parsed()) {
+      if (lo_checkpoint.empty() && lo_job.empty())
+        throw std::invalid_argument("logits: --checkpoint, or --job with --init");
+      return logits(lo_checkpoint, lo_job, lo_init, lo_tokens, lo_out);
+    }
     return generate(checkpoint, prompt, tokens, temperature, top_k, seed);
   } catch (const std::exception& e) {
     std::cerr << "loco-train: " << e.what() << "\n";

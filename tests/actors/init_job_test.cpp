@@ -1,0 +1,84 @@
+// A cluster job that starts from a Hugging Face folder (`init: hf:DIR` in the job file): every
+// worker reads the folder, the job holds the simulator's θ round for round (the simulator reads
+// the same field), and a folder that is missing or of another model fails the submission,
+// naming what is wrong.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "actors/messages.hpp"
+#include "tests/actors/job_util.hpp"
+
+namespace loco::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::map<int, std::string> theta_hashes(const std::string& path) {
+  std::map<int, std::string> out;
+  for (const std::string& line : jsonl(path))
+    out[std::stoi(actors::json_field(line, "round"))] = actors::json_field(line, "theta_hash");
+  return out;
+}
+
+// Runs `loco ARGS...` (loco-train's commands forwarded), logging to dir/log; its exit code.
+int loco(const std::string& log, std::vector<std::string> args) {
+  args.insert(args.begin(), LOCO_BIN_DIR "/loco");
+  Subprocess p(args, Subprocess::Options{.log_path = log});
+  return p.wait(Millis(300000)).value_or(-1);
+}
+
+TEST_F(DilocoJob, AJobStartsFromAnExportedFolderAsTheSimulatorDoes) {
+  // A "pretrained" model: one round of the test job, exported through `loco export`.
+  TestJob j = job(2, 2, 2);
+  TestJob pre = j;
+  pre.ckpt = dir_ + "/pre-ckpt";
+  const std::string pre_file = dir_ + "/pre.yaml";
+  std::ofstream(pre_file) << pre.yaml();
+  ASSERT_EQ(loco(dir_ + "/pre.log",
+                 {"train", "--simulate", "1", pre_file, "--rounds", "1", "--out", dir_ + "/pre"}),
+            0)
+      << "see " << dir_ << "/pre.log";
+  const std::string hf = dir_ + "/pretrained-hf";
+  ASSERT_EQ(loco(dir_ + "/export.log",
+                 {"export", pre.ckpt + "/latest.pt", "--format", "hf", "--out", hf}),
+            0)
+      << "see " << dir_ << "/export.log";
+  const std::string pretrained = theta_hashes(dir_ + "/pre/metrics.jsonl").at(1);
+
+  const std::string file = dir_ + "/job.yaml";
+  std::ofstream(file) << j.yaml() << "init: hf:" << hf << "\n";
+  ASSERT_EQ(loco(dir_ + "/sim.log", {"train", "--simulate", "2", file, "--out", dir_ + "/sim"}), 0)
+      << "see " << dir_ << "/sim.log";
+  const auto expected = theta_hashes(dir_ + "/sim/metrics.jsonl");
+  ASSERT_EQ(expected.size(), 3u);  // rounds 0..2
+  EXPECT_EQ(expected.at(0), pretrained);
+
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  JobHandle handle = client.submit(JobSpec::from_yaml_file(file));
+  JobInfo end = handle.wait(Millis(300000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message;
+  EXPECT_EQ(theta_hashes(dir_ + "/ckpt/" + handle.id() + "/metrics.jsonl"), expected);
+
+  // A folder that is not there, or holds another model, fails the submission.
+  auto refused = [&](const std::string& yaml) -> std::string {
+    try {
+      client.submit(JobSpec::from_yaml(yaml));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  std::string e = refused(j.yaml() + "init: hf:" + dir_ + "/nowhere\n");
+  EXPECT_NE(e.find("no config.json"), std::string::npos) << e;
+  std::string other = j.yaml();
+  other.replace(other.find("width: 64"), 9, "width: 32");
+  e = refused(other + "init: hf:" + hf + "\n");
+  EXPECT_NE(e.find("n_embd is 64, but the job's model.d_model is 32"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace loco::testing
