@@ -28,7 +28,7 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
   opt.rounds = rounds;
   opt.mode = baseline.empty() ? Mode::diloco : baseline == "single" ? Mode::single : Mode::ddp;
   // The job file's workers.local_ranks, as a cluster runs it, unless --local-ranks says.
-  opt.local_ranks = local_ranks > 0             ? local_ranks
+  opt.local_ranks = local_ranks > 0            ? local_ranks
                     : opt.mode == Mode::diloco ? cfg.ranks_per_worker(false)
                                                : 1;
   if (out.empty()) out = "runs/" + cfg.name;
@@ -77,10 +77,15 @@ int generate(const std::string& checkpoint, const std::string& prompt, int token
   model->eval();
   const auto tok = make_tokenizer(cfg.data);
   auto ids = tok->encode(prompt);
-  if (ids.empty()) ids.push_back(static_cast<std::uint16_t>('\n'));
+  if (ids.empty()) ids.push_back(static_cast<std::uint32_t>('\n'));
+  for (auto id : ids)
+    if (id >= static_cast<std::uint32_t>(cfg.vocab_size()))
+      throw std::runtime_error("generate: the tokenizer gives the prompt id " + std::to_string(id) +
+                               ", outside the model's vocabulary (model.vocab " +
+                               std::to_string(cfg.vocab_size()) + ")");
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   torch::NoGradGuard no_grad;
-  std::vector<std::uint16_t> out;
+  std::vector<std::uint32_t> out;
   for (int i = 0; i < tokens; ++i) {
     const std::size_t start = ids.size() > static_cast<std::size_t>(cfg.model.context)
                                   ? ids.size() - cfg.model.context
@@ -95,8 +100,8 @@ int generate(const std::string& checkpoint, const std::string& prompt, int token
     }
     const auto next =
         torch::multinomial(torch::softmax(logits, 0), 1, false, gen).item<std::int64_t>();
-    ids.push_back(static_cast<std::uint16_t>(next));
-    out.push_back(static_cast<std::uint16_t>(next));
+    ids.push_back(static_cast<std::uint32_t>(next));
+    out.push_back(static_cast<std::uint32_t>(next));
   }
   std::cout << prompt << tok->decode(out) << "\n";
   return 0;
