@@ -411,6 +411,7 @@ TokenStore& TokenStore::operator=(TokenStore&& o) noexcept {
     vocab_ = o.vocab_;
     shards_ = std::move(o.shards_);
     val_ranges_ = std::move(o.val_ranges_);
+    read_since_release_.store(o.read_since_release_.load());
   }
   return *this;
 }
@@ -447,6 +448,16 @@ void TokenStore::read(std::size_t begin, std::size_t n, std::int64_t* out) const
       out[j] = t[j];
       worst = std::max(worst, t[j]);
     }
+  }
+  // What a window can map: its bytes and, at each end, the kernel's fault-around (it maps
+  // up to 64 KiB of cached pages around a faulting one, MADV_RANDOM or not).
+  const std::size_t touched = n * static_cast<std::size_t>(f.width) + 2 * 65536;
+  if (read_since_release_.fetch_add(touched, std::memory_order_relaxed) + touched >=
+      kReleaseBytes) {
+    read_since_release_.store(0, std::memory_order_relaxed);
+    // Read-only file pages: another thread reading them meanwhile faults them back in.
+    for (const auto& g : files_)
+      ::madvise(const_cast<unsigned char*>(g.map), g.map_len, MADV_DONTNEED);
   }
   if (vocab_ != 0 && worst >= vocab_)
     for (std::size_t j = 0; j < n; ++j)

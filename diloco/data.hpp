@@ -16,6 +16,7 @@
 //                               data.dtype).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -43,6 +44,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const DataConfig& data);
 // Limits on token files, which are treated as hostile input.
 inline constexpr std::size_t kMaxTokenFiles = 1 << 16;
 inline constexpr std::uint64_t kMaxTokenFileBytes = std::uint64_t(1) << 42;  // 4 TiB
+inline constexpr std::size_t kReleaseBytes = std::size_t(32) << 20;
 
 // The tokens of the data, memory-mapped read-only (never read whole), in one index space:
 // the training files in name order, then the validation files. Tokens [0, train_end) are
@@ -81,6 +83,9 @@ class TokenStore {
   std::pair<std::size_t, std::size_t> shard(int s) const;
   // Copies tokens [begin, begin + n) to out; the range must lie in one file (a shard's
   // window does). Throws on an id >= vocab, naming the file and the token's byte offset.
+  // Thread-safe. Every kReleaseBytes read, the mappings' pages are dropped from the process
+  // (MADV_DONTNEED: the page cache keeps them), so its resident set stays flat however long
+  // it trains on however much data.
   void read(std::size_t begin, std::size_t n, std::int64_t* out) const;
   std::uint32_t at(std::size_t i) const;
   // [begin, end) of each validation file (or of the validation tail), in order.
@@ -117,6 +122,7 @@ class TokenStore {
   std::uint32_t vocab_ = 0;  // 0: unchecked
   std::vector<std::pair<std::size_t, std::size_t>> shards_;
   std::vector<std::pair<std::size_t, std::size_t>> val_ranges_;
+  mutable std::atomic<std::size_t> read_since_release_{0};
 };
 
 // Writes tokens to path atomically (temporary file, then rename), raw, 2 bytes each.

@@ -3,13 +3,14 @@
 // --file-gb each, plus a validation file; opens them as data.format: tokens with --shards
 // shards, takes the shards of worker 0 of --workers, and reads --batches batches of --batch
 // windows of --context + 1 tokens, as a worker's inner steps do. Prints RssAnon and RssFile
-// (/proc/self/status) after opening and after the batches.
+// (/proc/self/status) after opening and after the batches, and the highest RssFile seen.
 //   build/bin/bench_token_rss --gb 4 --batches 2000
 //   build/bin/bench_token_rss --gb 0.1 --batches 2000
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -90,10 +91,15 @@ int main(int argc, char** argv) {
     ShardSampler sampler(store, round_robin_shards(shards, 0, workers), context, 1, 0);
     std::vector<std::int64_t> out(static_cast<std::size_t>(batch) *
                                   static_cast<std::size_t>(context + 1));
-    for (int i = 0; i < batches; ++i) sampler.next(batch, out);
+    double peak = 0;
+    for (int i = 0; i < batches; ++i) {
+      sampler.next(batch, out);
+      if (i % 100 == 99) peak = std::max(peak, status_mib("RssFile"));
+    }
     char what[64];
     std::snprintf(what, sizeof what, "after %d batches", batches);
     report(what);
+    std::printf("RssFile peak          %8.1f MiB (sampled every 100 batches)\n", peak);
     std::printf("read: %.1f MiB of windows (%d x %d x %d tokens)\n",
                 static_cast<double>(batches) * batch * (context + 1) * 2 / (1024.0 * 1024.0),
                 batches, batch, context + 1);
