@@ -235,17 +235,16 @@ TokenStore TokenStore::open(const DataConfig& d, int vocab) {
     name = "tokens-byte.bin";
   } else if (d.tokenizer == TokenizerKind::bpe) {
     name = "tokens-bpe-" + std::to_string(d.bpe_vocab) + ".bin";
-  } else {
+  }
+  std::unique_ptr<Tokenizer> tok;
+  if (d.tokenizer == TokenizerKind::json) {
     if (!fs::is_regular_file(d.tokenizer_json))
       throw std::runtime_error("data.tokenizer: no file " + d.tokenizer_json);
+    tok = make_tokenizer(d);  // first: it bounds the file's size before the hash reads it
     char hex[17];
     std::snprintf(hex, sizeof hex, "%016llx",
                   static_cast<unsigned long long>(file_hash(d.tokenizer_json)));
     name = std::string("tokens-json-") + hex;
-  }
-  std::unique_ptr<Tokenizer> tok;
-  if (d.tokenizer == TokenizerKind::json) {
-    tok = make_tokenizer(d);
     if (tok->vocab_size() > 65536) {
       width = 4;
       name += "-u32";
