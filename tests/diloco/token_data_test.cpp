@@ -499,6 +499,34 @@ TEST_F(TokenizerJson, PrepareDataWritesLlmcShardsTheStoreReads) {
     EXPECT_EQ(static_cast<std::uint32_t>(val[1 + i]), head[i]) << i;
 }
 
+// A vocabulary over 65,536: prepare-data's writer makes llm.c's llama-3 files (uint32), which
+// the store reads back id for id, and shards of at most --shard-tokens.
+TEST_F(TokenizerJson, PrepareDataWritesUint32FilesForLargeVocabularies) {
+  const fs::path out = *dir_ / "wide";
+  fs::create_directories(out);
+  const fs::path script = *dir_ / "wide.py";
+  write_file(script,
+             "import sys, numpy as np\n"
+             "sys.path.insert(0, sys.argv[1])\n"
+             "import prepare_data\n"
+             "w = prepare_data.ShardWriter(sys.argv[2], 'big', 'train', 3000, True)\n"
+             "w.add(np.arange(70000, 80000))\n"
+             "w.flush()\n");
+  ASSERT_EQ(run("bash -c 'source " + std::string(LOCO_SOURCE_DIR) +
+                "/scripts/env.sh && \"$LOCO_VENV/bin/python\" " + script.string() + " " +
+                LOCO_SOURCE_DIR + "/scripts " + out.string() + "'"),
+            0);
+  DataConfig d;
+  d.dir = out.string();
+  d.format = DataFormat::tokens;
+  d.shards = 4;
+  const auto s = TokenStore::open(d, 80000);
+  ASSERT_EQ(s.file_count(), 4u);  // 3000 + 3000 + 3000 + 1000
+  for (std::size_t f = 0; f < 4; ++f) EXPECT_EQ(s.token_bytes(f), 4);
+  ASSERT_EQ(s.size(), 10000u);
+  for (std::size_t i = 0; i < s.size(); i += 7) ASSERT_EQ(s.at(i), 70000 + i);
+}
+
 TEST_F(TokenizerJson, MergesAsStringsReadTheSameAndUnsupportedFieldsAreRefused) {
   const fs::path tj = *dir_ / "out" / "tokenizer.json";
   auto j = nlohmann::json::parse(read_file(tj));
