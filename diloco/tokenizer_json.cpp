@@ -102,7 +102,15 @@ class Pcre2Split {
     while (at < to) {
       const int rc =
           pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), to, at, 0, md, nullptr);
-      if (rc < 0) break;
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        pcre2_match_data_free(md);
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(rc, msg, sizeof msg);
+        // Never a silently different split: the ids would not be those of `tokenizers`.
+        throw std::runtime_error("tokenizer.json: the split regex failed at byte " +
+                                 std::to_string(at) + ": " + reinterpret_cast<const char*>(msg));
+      }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       if (ov[0] > at) fn(at, static_cast<std::size_t>(ov[0]));
       if (ov[1] == ov[0]) break;  // the pattern matches nothing empty; defensive

@@ -456,6 +456,50 @@ TEST_F(TokenizerJson, EncoderGivesTheIdsOfTokenizersAndRoundTrips) {
   EXPECT_EQ(std::count(got.begin(), got.end(), eot[0]), 3);
 }
 
+// Pieces far longer than words: a megabyte of one letter, long digit and whitespace runs
+// (the split regex must match them whole, not stop at a PCRE2 limit).
+TEST_F(TokenizerJson, LongRunsEncodeAsTokenizersDoes) {
+  const fs::path tj = *dir_ / "out" / "tokenizer.json";
+  const std::string text = std::string(1 << 20, 'a') + " " + std::string(100000, '7') + "\n" +
+                           std::string(50000, ' ') + "x" + std::string(30000, '\n') + "end " +
+                           std::string(20000, '!');
+  write_file(*dir_ / "long.txt", text);
+  const auto want = python_ids(*dir_ / "long.txt", tj);
+  const auto tok = load_tokenizer_json(tj.string());
+  const auto got = tok->encode(text);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_TRUE(got == want);
+  EXPECT_EQ(tok->decode(got), text);
+}
+
+// Few repeats for the word cache: 2 MB of pseudo-random words (and numbers) still encode
+// in seconds, with the ids of `tokenizers`.
+TEST_F(TokenizerJson, DistinctWordsEncodeAsTokenizersDoesInSeconds) {
+  std::string text;
+  std::uint64_t x = 1;
+  while (text.size() < (2u << 20)) {
+    x = splitmix64(x);
+    const int len = 1 + static_cast<int>(x % 12);
+    text += (x >> 8) % 7 == 0 ? ", " : " ";
+    for (int i = 0; i < len; ++i)
+      text += static_cast<char>(((x >> 16) % 3 == 0 ? '0' : 'a') +
+                                static_cast<int>((x >> (20 + 3 * i)) % 10));
+    if ((x >> 60) == 0) text += ".\n";
+  }
+  const fs::path tj = *dir_ / "out" / "tokenizer.json";
+  write_file(*dir_ / "distinct.txt", text);
+  const auto want = python_ids(*dir_ / "distinct.txt", tj);
+  const auto tok = load_tokenizer_json(tj.string());
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto got = tok->encode(text);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_TRUE(got == want);
+  std::cout << "encoded " << text.size() << " bytes of distinct words into " << got.size()
+            << " ids in " << s << " s\n";
+  EXPECT_LT(s, 30.0);
+}
+
 TEST_F(TokenizerJson, TheWholeCorpusEncodesAsTokenizersDoesInSeconds) {
   const fs::path tj = *dir_ / "out" / "tokenizer.json";
   const fs::path corpus = *dir_ / "kjv.txt";
