@@ -64,7 +64,9 @@ int main(int argc, char** argv) {
   app.add_option("--context", context, "tokens per window, less one");
   app.add_option("--shards", shards, "data.shards");
   app.add_option("--workers", workers, "workers the shards are dealt to (this is worker 0)");
+  bool keep = false;
   app.add_option("--dir", dir, "folder for the token files (removed at the end)");
+  app.add_flag("--keep", keep, "keep the token files (for bench_memory --tokens DIR)");
   CLI11_PARSE(app, argc, argv);
 
   std::filesystem::create_directories(dir);
@@ -104,6 +106,6 @@ int main(int argc, char** argv) {
                 static_cast<double>(batches) * batch * (context + 1) * 2 / (1024.0 * 1024.0),
                 batches, batch, context + 1);
   }
-  remove_tree(dir);
+  if (!keep) remove_tree(dir);
   return 0;
 }
