@@ -39,6 +39,13 @@ namespace loco::actors {
 
 namespace dl = loco::diloco;
 
+dl::DataConfig resolve_job_data(const PathRoots& roots, dl::DataConfig d) {
+  d.dir = resolve_data_path(roots, d.dir, "data.dir");
+  if (d.tokenizer == dl::TokenizerKind::json)
+    d.tokenizer_json = resolve_data_path(roots, d.tokenizer_json, "data.tokenizer");
+  return d;
+}
+
 namespace {
 
 // Seconds since `t0`, both on the runtime's one steady clock (runtime/core/util.hpp).
@@ -281,13 +288,12 @@ struct InnerWorker::State {
       : job_id(std::move(job)),
         index(idx),
         cfg(dl::JobConfig::from_yaml(spec)),
-        store(dl::TokenStore::open(data_under_root(cfg.data))),
+        store(dl::TokenStore::open(data_under_root(cfg.data), cfg.vocab_size())),
         roots(this_actor().roots) {}
 
-  // The job's data folder as this node allows it: under its data root.
+  // The job's data folder (and tokenizer.json) as this node allows them: under its data root.
   static dl::DataConfig data_under_root(dl::DataConfig d) {
-    d.dir = resolve_data_path(this_actor().roots, d.dir, "data.dir");
-    return d;
+    return resolve_job_data(this_actor().roots, std::move(d));
   }
   // A path the aggregator (or anyone) asks this worker to write or read a checkpoint at.
   // A file strictly inside the root: its ".tmp" sibling must be inside too.

@@ -7,9 +7,15 @@
 #include <vector>
 
 #include "actors/messages.hpp"
+#include "diloco/config.hpp"
 #include "runtime/core/codec.hpp"
+#include "runtime/core/paths.hpp"
 
 namespace loco::actors {
+
+// A job's data folder and tokenizer.json (data.dir, data.tokenizer) as a node with `roots`
+// allows them: resolved under its data root, PathError naming the field when outside.
+diloco::DataConfig resolve_job_data(const PathRoots& roots, diloco::DataConfig d);
 
 class InnerWorker {
  public:

@@ -1217,9 +1217,7 @@ OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
         "sync.mode: streaming and eager run one local rank per worker on a cluster for now "
         "(workers.local_ranks and workers.gpus must be 1)");
   // A corpus outside the node's data root, or missing, fails the submission, not round 1.
-  dl::DataConfig data = s_->cfg.data;
-  data.dir = resolve_data_path(s_->roots, data.dir, "data.dir");
-  dl::TokenStore::open(data);
+  dl::TokenStore::open(resolve_job_data(s_->roots, s_->cfg.data), s_->cfg.vocab_size());
   // So does an `init: hf:DIR` folder outside the data root, missing, or of another model.
   if (!s_->cfg.init.empty())
     dl::check_hf_folder(resolve_data_path(s_->roots, dl::hf_init_dir(s_->cfg.init), "init"),

@@ -199,12 +199,32 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
   read(m, "model", "activation_checkpointing", c.model.activation_checkpointing);
 
   const auto d = root["data"];
-  check_keys(d, "data", {"dir", "path", "tokenizer", "bpe_vocab", "shards", "val_fraction"});
+  check_keys(
+      d, "data",
+      {"dir", "path", "format", "dtype", "tokenizer", "bpe_vocab", "shards", "val_fraction"});
   read(d, "data", "dir", c.data.dir);
   read(d, "data", "path", c.data.dir);
-  read_enum(d, "data", "tokenizer", c.data.tokenizer,
-            std::array<std::pair<const char*, TokenizerKind>, 2>{
-                {{"byte", TokenizerKind::byte}, {"bpe", TokenizerKind::bpe}}});
+  read_enum(d, "data", "format", c.data.format,
+            std::array<std::pair<const char*, DataFormat>, 2>{
+                {{"text", DataFormat::text}, {"tokens", DataFormat::tokens}}});
+  read_enum(d, "data", "dtype", c.data.dtype,
+            std::array<std::pair<const char*, TokenDtype>, 2>{
+                {{"uint16", TokenDtype::uint16}, {"uint32", TokenDtype::uint32}}});
+  if (d && d["tokenizer"]) {
+    std::string t;
+    read(d, "data", "tokenizer", t);
+    if (t == "byte") {
+      c.data.tokenizer = TokenizerKind::byte;
+    } else if (t == "bpe") {
+      c.data.tokenizer = TokenizerKind::bpe;
+    } else if (t.size() > 5 && t.ends_with(".json")) {
+      c.data.tokenizer = TokenizerKind::json;
+      c.data.tokenizer_json = t;
+    } else {
+      throw ConfigError("data.tokenizer: expected byte|bpe or the path of a tokenizer.json, got " +
+                        quoted(t));
+    }
+  }
   read(d, "data", "bpe_vocab", c.data.bpe_vocab);
   read(d, "data", "shards", c.data.shards);
   read(d, "data", "val_fraction", c.data.val_fraction);
@@ -366,8 +386,23 @@ void JobConfig::validate() const {
   require(model.d_model % model.heads == 0, "model.heads",
           "a divisor of model.d_model (" + show(model.d_model) + ")", model.heads);
   require(model.context >= 2, "model.context", ">= 2", model.context);
-  require(model.vocab >= 0 && model.vocab <= 65536, "model.vocab",
-          "in [0, 65536] (0: from the tokenizer)", model.vocab);
+  require(model.vocab >= 0 && model.vocab <= kMaxVocab, "model.vocab",
+          "in [0, " + show(kMaxVocab) + "] (0: from the tokenizer)", model.vocab);
+  if (data.tokenizer == TokenizerKind::json) {
+    require_text(data.tokenizer_json, kMaxPathBytes, "data.tokenizer");
+    if (model.vocab == 0)
+      throw ConfigError(
+          "model.vocab: required with data.tokenizer: " + quoted(data.tokenizer_json) +
+          " (every node builds the same model; scripts/prepare-data prints the vocabulary size)");
+  }
+  if (data.format == DataFormat::tokens && model.vocab == 0)
+    throw ConfigError(
+        "model.vocab: required with data.format: tokens (the ids in the token files are checked "
+        "against it; scripts/prepare-data prints the vocabulary size)");
+  if (data.format == DataFormat::tokens && data.tokenizer == TokenizerKind::bpe)
+    throw ConfigError(
+        "data.tokenizer: bpe trains on DIR/corpus, which data.format: tokens has not; name the "
+        "tokenizer.json of the token files (or byte)");
   require(model.mlp_ratio >= 1, "model.mlp_ratio", ">= 1", model.mlp_ratio);
   require_in(model.mlp_hidden, 0, kMaxWidth * kMaxMlpRatio, "model.mlp_hidden");
   require(model.norm_eps > 0 && model.norm_eps <= 1, "model.norm_eps", "in (0, 1]", model.norm_eps);
@@ -601,10 +636,16 @@ std::string JobConfig::to_yaml() const {
   out << YAML::Key << "activation_checkpointing" << YAML::Value << model.activation_checkpointing
       << YAML::EndMap;
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value
-      << data.dir << YAML::Key << "tokenizer" << YAML::Value
-      << (data.tokenizer == TokenizerKind::byte ? "byte" : "bpe") << YAML::Key << "bpe_vocab"
-      << YAML::Value << data.bpe_vocab << YAML::Key << "shards" << YAML::Value << data.shards
-      << YAML::Key << "val_fraction" << YAML::Value << data.val_fraction << YAML::EndMap;
+      << data.dir << YAML::Key << "format" << YAML::Value
+      << (data.format == DataFormat::text ? "text" : "tokens") << YAML::Key << "dtype"
+      << YAML::Value << (data.dtype == TokenDtype::uint16 ? "uint16" : "uint32") << YAML::Key
+      << "tokenizer" << YAML::Value
+      << (data.tokenizer == TokenizerKind::byte  ? std::string("byte")
+          : data.tokenizer == TokenizerKind::bpe ? std::string("bpe")
+                                                 : data.tokenizer_json)
+      << YAML::Key << "bpe_vocab" << YAML::Value << data.bpe_vocab << YAML::Key << "shards"
+      << YAML::Value << data.shards << YAML::Key << "val_fraction" << YAML::Value
+      << data.val_fraction << YAML::EndMap;
   out << YAML::Key << "workers" << YAML::Value << YAML::BeginMap << YAML::Key << "count"
       << YAML::Value << workers.count << YAML::Key << "min" << YAML::Value << workers.min
       << YAML::Key << "max" << YAML::Value << workers.max << YAML::Key << "max_restarts"

@@ -15,7 +15,15 @@
 
 namespace loco::diloco {
 
-enum class TokenizerKind { byte, bpe };
+// byte: one token per byte. bpe: a sentencepiece BPE trained on the corpus (data.bpe_vocab).
+// json: a Hugging Face tokenizer.json (byte-level BPE) at data.tokenizer_json.
+enum class TokenizerKind { byte, bpe, json };
+
+// text: DIR/corpus/*.txt, tokenized on first use. tokens: DIR/*.bin, pre-tokenized files
+// (nanoGPT's raw ids, llm.c's headed files; scripts/prepare-data writes them).
+enum class DataFormat { text, tokens };
+// Width of the ids in a token file without an llm.c header.
+enum class TokenDtype { uint16, uint32 };
 
 // Where a worker trains. auto: CUDA when the runtime gave the worker a GPU (its
 // node offers `gpu` resources) and this process has CUDA; otherwise the CPU.
@@ -49,6 +57,9 @@ inline constexpr int kMaxMlpRatio = 64;
 inline constexpr double kMaxParameters = 2e10;        // 20 B: 320 GB with AdamW state
 inline constexpr double kMaxActivationValues = 1e12;  // micro-batch x context x width x layers
 inline constexpr int kMaxShards = 1 << 20;
+// model.vocab: ids are uint32 in token files; an embedding of 2^21 rows is beyond any
+// vocabulary in use (llama-3: 128,256).
+inline constexpr int kMaxVocab = 1 << 21;
 inline constexpr int kMaxWorkers = 4096;
 inline constexpr int kMaxRestarts = 1000;
 inline constexpr double kMaxWaitS = 7 * 24 * 3600.0;
@@ -71,7 +82,10 @@ struct ModelConfig {
   int d_model = 128;  // YAML: `width` or `d_model`
   int heads = 4;
   int context = 128;  // tokens per sequence
-  int vocab = 0;      // 0: taken from the tokenizer (256 for byte, data.bpe_vocab for bpe)
+  // 0: taken from the tokenizer (256 for byte, data.bpe_vocab for bpe). Required with
+  // data.format: tokens and with a tokenizer.json: every node must build the same model,
+  // so the size is written in the job, not read from a file on each node.
+  int vocab = 0;
   bool tied_embeddings = true;
   int mlp_ratio = 4;  // gpt2: MLP width mlp_ratio × d_model (unless mlp_hidden)
   // The MLP's hidden width; 0: gpt2 mlp_ratio × d_model, llama Llama's rule, 8/3 × d_model
@@ -91,8 +105,14 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string dir = "data";  // YAML: `dir` or `path`; holds corpus/*.txt (scripts/fetch-corpus)
+  // YAML: `dir` or `path`. format text: holds corpus/*.txt (scripts/fetch-corpus); format
+  // tokens: the token files *.bin (names containing "val": the validation split).
+  std::string dir = "data";
+  DataFormat format = DataFormat::text;
+  TokenDtype dtype = TokenDtype::uint16;  // token files without a header (nanoGPT's *.bin)
+  // YAML `tokenizer`: byte | bpe | a path ending in .json (then kind json, path below).
   TokenizerKind tokenizer = TokenizerKind::byte;
+  std::string tokenizer_json;
   int bpe_vocab = 2048;        // size of the sentencepiece BPE vocabulary when tokenizer: bpe
   int shards = 64;             // the training split is cut into this many shards
   double val_fraction = 0.01;  // the last fraction of the tokens is the validation split

@@ -26,7 +26,7 @@ torch::Device simulator_device(const JobConfig& cfg) {
 }  // namespace
 
 Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
-    : cfg_(cfg), opt_(opt), store_(TokenStore::open(cfg.data)) {
+    : cfg_(cfg), opt_(opt), store_(TokenStore::open(cfg.data, cfg.vocab_size())) {
   if (opt_.workers < 1)
     throw std::invalid_argument("--simulate: K must be >= 1, got " + std::to_string(opt_.workers));
   rounds_ = opt_.rounds > 0 ? opt_.rounds : cfg_.total_rounds();

@@ -5,7 +5,11 @@
 // peak is reset after construction, so it is the step's own high-water mark, with the
 // buffers above included). One configuration per process:
 //   build/bin/bench_memory --job examples/gpt2-small.yaml --batch 1 --checkpointing 1
-// Tokens are random (the job's vocabulary size), so no corpus or tokenizer is needed.
+// Tokens are random (the job's vocabulary size), so no corpus or tokenizer is needed; with
+// --tokens DIR the trainer reads token files (data.format: tokens) as worker 0 of 4 does, and
+// the resident set is split into RssAnon and RssFile after the steps:
+//   build/bin/bench_token_rss --gb 4 --batches 0 --keep --dir /tmp/d4
+//   build/bin/bench_memory --job examples/tiny-lm.yaml --batch 16 --steps 300 --tokens /tmp/d4
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -43,7 +47,11 @@ int main(int argc, char** argv) {
   std::string job, precision = "fp32";
   int batch = 1, steps = 1, threads = 2;
   bool checkpointing = false;
+  std::string tokens_dir;
   app.add_option("--job", job, "job file (model, inner settings)")->required();
+  app.add_option("--tokens", tokens_dir,
+                 "train on these token files (data.format: tokens, 64 shards, the 16 of worker 0 "
+                 "of 4; bench_token_rss --keep writes some) instead of random tokens");
   app.add_option("--batch", batch, "sequences per inner step (one micro-batch)");
   app.add_option("--steps", steps, "inner steps measured");
   app.add_option("--threads", threads);
@@ -65,17 +73,31 @@ int main(int argc, char** argv) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("loco-bench-memory-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  const std::int64_t n_tokens =
-      std::max<std::int64_t>(1 << 16, 4LL * batch * (cfg.model.context + 1) * steps);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
-  auto r = torch::randint(0, cfg.vocab_size(), {n_tokens}, gen, torch::kInt32);
-  std::vector<std::uint16_t> tokens(r.data_ptr<std::int32_t>(),
-                                    r.data_ptr<std::int32_t>() + n_tokens);
-  write_token_file((dir / "tokens.bin").string(), tokens);
-  const auto store = TokenStore::open_file((dir / "tokens.bin").string(), 0.01, 1);
+  TokenStore store = [&] {
+    if (!tokens_dir.empty()) {
+      DataConfig d;
+      d.dir = tokens_dir;
+      d.format = DataFormat::tokens;
+      d.shards = 64;
+      return TokenStore::open(d, cfg.vocab_size());
+    }
+    const std::int64_t n_tokens =
+        std::max<std::int64_t>(1 << 16, 4LL * batch * (cfg.model.context + 1) * steps);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+    auto r = torch::randint(0, cfg.vocab_size(), {n_tokens}, gen, torch::kInt32);
+    std::vector<std::uint16_t> tokens(r.data_ptr<std::int32_t>(),
+                                      r.data_ptr<std::int32_t>() + n_tokens);
+    write_token_file((dir / "tokens.bin").string(), tokens);
+    return TokenStore::open_file((dir / "tokens.bin").string(), 0.01, 1);
+  }();
+  const std::vector<int> shards =
+      tokens_dir.empty() ? std::vector<int>{0} : round_robin_shards(64, 0, 4);
+  std::size_t data_bytes = 0;
+  for (std::size_t f = 0; f < store.file_count(); ++f)
+    data_bytes += std::filesystem::file_size(store.file_path(f));
 
   const std::int64_t rss_start = proc_status_bytes("VmRSS");
-  InnerTrainer trainer(cfg, store, {0}, 0, 1000);
+  InnerTrainer trainer(cfg, store, shards, 0, 1000);
   const std::int64_t n = trainer.parameter_count();
   const std::int64_t rss_built = proc_status_bytes("VmRSS");
   reset_peak_rss();
@@ -104,6 +126,9 @@ int main(int argc, char** argv) {
   std::printf("  peak RSS during the steps %.1f MiB (%.1f MiB above the built trainer)\n",
               mib(peak), mib(peak - rss_built));
   std::printf("  %.2f s per step, last loss %.3f\n", secs / steps, stats.last_loss);
+  std::printf("  data %.2f GB in %zu file(s); after the steps RssAnon %.1f MiB, RssFile %.1f MiB\n",
+              static_cast<double>(data_bytes) / 1e9, store.file_count(),
+              mib(proc_status_bytes("RssAnon")), mib(proc_status_bytes("RssFile")));
   remove_tree(dir.string());
   return 0;
 }

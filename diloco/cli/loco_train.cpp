@@ -97,10 +97,15 @@ int generate(const std::string& checkpoint, const std::string& prompt, int token
   model->eval();
   const auto tok = make_tokenizer(cfg.data);
   auto ids = tok->encode(prompt);
-  if (ids.empty()) ids.push_back(static_cast<std::uint16_t>('\n'));
+  if (ids.empty()) ids.push_back(static_cast<std::uint32_t>('\n'));
+  for (auto id : ids)
+    if (id >= static_cast<std::uint32_t>(cfg.vocab_size()))
+      throw std::runtime_error("generate: the tokenizer gives the prompt id " + std::to_string(id) +
+                               ", outside the model's vocabulary (model.vocab " +
+                               std::to_string(cfg.vocab_size()) + ")");
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   torch::NoGradGuard no_grad;
-  std::vector<std::uint16_t> out;
+  std::vector<std::uint32_t> out;
   for (int i = 0; i < tokens; ++i) {
     const std::size_t start = ids.size() > static_cast<std::size_t>(cfg.model.context)
                                   ? ids.size() - cfg.model.context
@@ -115,8 +120,8 @@ int generate(const std::string& checkpoint, const std::string& prompt, int token
     }
     const auto next =
         torch::multinomial(torch::softmax(logits, 0), 1, false, gen).item<std::int64_t>();
-    ids.push_back(static_cast<std::uint16_t>(next));
-    out.push_back(static_cast<std::uint16_t>(next));
+    ids.push_back(static_cast<std::uint32_t>(next));
+    out.push_back(static_cast<std::uint32_t>(next));
   }
   std::cout << prompt << tok->decode(out) << "\n";
   return 0;

@@ -300,6 +300,23 @@ TEST_F(DilocoJob, PathsOutsideTheNodesRootsAreRefusedNamingTheField) {
               std::string::npos)
         << e;
   }
+  // The tokenizer.json a job names is held to the data root as data.dir is.
+  {
+    TestJob t = job(1, 1, 1);
+    t.data = root + "/data";
+    t.ckpt = root + "/ckpt";
+    t.tokenizer = outside + "/tokenizer.json";
+    t.vocab = 300;
+    std::string e = "accepted";
+    try {
+      client.submit(JobSpec::from_yaml(t.yaml()));
+    } catch (const Error& err) {
+      e = err.what();
+    }
+    EXPECT_NE(e.find("data.tokenizer: '" + t.tokenizer + "' is outside this node's data root"),
+              std::string::npos)
+        << e;
+  }
 
   // Inside both roots (relative paths are taken from the roots) the job runs; its worker
   // writes a checkpoint where asked inside the root, and refuses outside.

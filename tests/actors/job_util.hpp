@@ -33,14 +33,18 @@ struct TestJob {
   std::string sync;        // the `sync:` mapping, e.g. "{mode: streaming, fragments: 2}"; "": none
   double grace_max_s = 0;  // workers.grace_max_s; 0: not in the file (wait for every member)
   std::string budget;      // inner.budget ("steps" or "time"); "": not in the file
+  std::string tokenizer = "byte";  // data.tokenizer: byte | bpe | a tokenizer.json
+  int vocab = 0;                   // model.vocab; 0: not in the file (from the tokenizer)
 
   std::string yaml() const {
     return "name: test\nseed: " + std::to_string(seed) + "\nthreads: 1\n" +
            (device.empty() ? "" : "device: " + device + "\n") +
-           "model: {layers: 2, width: 64, heads: 2, context: 32}\n"
+           "model: {layers: 2, width: 64, heads: 2, context: 32" +
+           (vocab ? ", vocab: " + std::to_string(vocab) : "") +
+           "}\n"
            "data: {dir: " +
-           data +
-           ", tokenizer: byte, shards: 16, val_fraction: 0.05}\n"
+           data + ", tokenizer: " + tokenizer +
+           ", shards: 16, val_fraction: 0.05}\n"
            "workers: {count: " +
            std::to_string(workers) + ", min: " + std::to_string(min) +
            ", max_restarts: " + std::to_string(max_restarts) +

@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cctype>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -346,6 +349,56 @@ TEST_F(DilocoTest, OneWorkerWithPlainAveragingEqualsPlainTraining) {
   EXPECT_LT(diff, 1e-5);
   EXPECT_GT(moved, 1e-2);
   EXPECT_TRUE(torch::equal(outer.theta(), diloco.flat_parameters()));
+}
+
+// data.format: tokens from scripts/prepare-data (a byte-level BPE trained by `tokenizers`):
+// a simulated run learns, and `loco-train generate` encodes the prompt and decodes the sample
+// with the tokenizer.json the job names.
+TEST_F(DilocoTest, TokenFilesFromPrepareDataTrainAndGenerate) {
+  namespace fs = std::filesystem;
+  const fs::path out = fs::path(*dir_) / "prepared";
+  ASSERT_EQ(std::system((std::string(LOCO_SOURCE_DIR) + "/scripts/prepare-data --input " + *dir_ +
+                         "/corpus/a.txt --out " + out.string() +
+                         " --train-tokenizer --vocab 300 --shard-tokens 20000 --val-fraction 0.05"
+                         " > " +
+                         out.string() + ".log")
+                            .c_str()),
+            0);
+  auto c = loco::diloco::testing::small_job(out.string());
+  c.data.format = DataFormat::tokens;
+  c.data.tokenizer = TokenizerKind::json;
+  c.data.tokenizer_json = (out / "tokenizer.json").string();
+  c.model.vocab = 300;
+  c.rounds = 8;
+  c.validate();
+  const auto store = TokenStore::open(c.data, c.vocab_size());
+  EXPECT_GE(store.file_count(), 3u);  // 2+ training files and the validation file
+  Simulator sim(c, SimulateOptions{.workers = 2, .mode = Mode::diloco, .rounds = 8});
+  std::vector<double> losses;
+  while (!sim.done()) losses.push_back(sim.run_round().train_loss);
+  ASSERT_EQ(losses.size(), 8u);
+  EXPECT_GT(losses.front(), 5.0);  // about ln 300 at the start
+  EXPECT_LT(losses.back(), losses.front() - 1.0) << losses.front() << " -> " << losses.back();
+  std::cout << "train loss " << losses.front() << " -> " << losses.back() << "\n";
+
+  const auto ck = (out / "ck.pt").string();
+  sim.save_checkpoint(ck);
+  const auto sample = (out / "sample.txt").string();
+  const std::string prompt = "and the lord said unto";
+  ASSERT_EQ(std::system((std::string(LOCO_TRAIN_BIN) + " generate --checkpoint " + ck +
+                         " --prompt '" + prompt + "' --tokens 30 --top-k 3 --seed 5 > " + sample)
+                            .c_str()),
+            0);
+  std::ifstream in(sample);
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto got = text.str();
+  ASSERT_EQ(got.substr(0, prompt.size()), prompt);
+  // 30 BPE tokens of the corpus' words decode to more than 30 bytes of its alphabet.
+  std::cout << "sample: " << got;
+  const auto more = got.substr(prompt.size());
+  EXPECT_GT(more.size(), 30u) << got;
+  for (char ch : more) EXPECT_TRUE(std::islower(ch) || ch == ' ' || ch == '.' || ch == '\n') << got;
 }
 
 TEST_F(DilocoTest, CheckpointResumeIsBitIdentical) {
