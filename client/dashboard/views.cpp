@@ -288,24 +288,30 @@ std::string prometheus_text(const ClusterStatus& st, const std::vector<JobInfo>&
   w.family("loco_node_heartbeat_misses", "gauge",
            "Nodes declared dead because their heartbeats stopped for the detection time.");
   w.sample("loco_node_heartbeat_misses", {}, node_states["dead"]);
-  w.family("loco_node_heartbeat_silence_seconds", "gauge",
-           "Since the node's heartbeat last changed, on the head's clock (alive nodes).");
-  for (const NodeStatus& n : st.nodes)
-    if (n.heartbeat_silent_ms >= 0)
-      w.sample("loco_node_heartbeat_silence_seconds", {{"node", n.node.id}},
-               double(n.heartbeat_silent_ms) / 1000.0);
-  w.family("loco_node_heartbeat_late_total", "counter",
-           "Times the node's heartbeat came back after half the detection time or more of "
-           "silence (late, not declared dead).");
-  for (const NodeStatus& n : st.nodes)
-    if (n.heartbeat_silent_ms >= 0)
-      w.sample("loco_node_heartbeat_late_total", {{"node", n.node.id}}, double(n.heartbeat_late));
-  w.family("loco_node_heartbeat_longest_silence_seconds", "gauge",
-           "The longest silence the node's heartbeat came back from.");
-  for (const NodeStatus& n : st.nodes)
-    if (n.heartbeat_silent_ms >= 0)
-      w.sample("loco_node_heartbeat_longest_silence_seconds", {{"node", n.node.id}},
-               double(n.heartbeat_longest_ms) / 1000.0);
+  // Each watched node's heartbeat health (FailureDetector::Health, on the head's clock).
+  struct HeartbeatFamily {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*value)(const NodeStatus&);
+  };
+  static constexpr HeartbeatFamily kHeartbeats[] = {
+      {"loco_node_heartbeat_silence_seconds", "gauge",
+       "Since the node's heartbeat last changed, on the head's clock (alive nodes).",
+       [](const NodeStatus& n) { return double(n.heartbeat_silent_ms) / 1000.0; }},
+      {"loco_node_heartbeat_late_total", "counter",
+       "Times the node's heartbeat came back after half the detection time or more of "
+       "silence (late, not declared dead).",
+       [](const NodeStatus& n) { return double(n.heartbeat_late); }},
+      {"loco_node_heartbeat_longest_silence_seconds", "gauge",
+       "The longest silence the node's heartbeat came back from.",
+       [](const NodeStatus& n) { return double(n.heartbeat_longest_ms) / 1000.0; }},
+  };
+  for (const HeartbeatFamily& f : kHeartbeats) {
+    w.family(f.name, f.type, f.help);
+    for (const NodeStatus& n : st.nodes)
+      if (n.heartbeat_silent_ms >= 0) w.sample(f.name, {{"node", n.node.id}}, f.value(n));
+  }
   w.family("loco_node_up", "gauge", "1 while the node is alive.");
   for (const NodeStatus& n : st.nodes)
     w.sample("loco_node_up", {{"node", n.node.id}, {"address", n.node.address}},

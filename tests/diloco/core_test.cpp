@@ -14,6 +14,7 @@
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
 #include "runtime/collective/allreduce.hpp"
+#include "tests/diloco/config_util.hpp"
 #include "tests/diloco/test_corpus.hpp"
 
 using namespace loco::diloco;
@@ -36,20 +37,8 @@ checkpoint: {every: 1, dir: ck}
 eval: {every: 5, batches: 2}
 )";
 
-std::string error_of(const std::string& yaml) {
-  try {
-    JobConfig::from_yaml(yaml);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-std::string replace(std::string s, const std::string& from, const std::string& to) {
-  const auto at = s.find(from);
-  EXPECT_NE(at, std::string::npos) << from;
-  return s.replace(at, from.size(), to);
-}
+using loco::diloco::testing::error_of;
+using loco::diloco::testing::replace;
 
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
 #include "diloco/safetensors.hpp"
+#include "tests/diloco/config_util.hpp"
 
 using namespace loco::diloco;
 namespace fs = std::filesystem;
@@ -28,20 +29,8 @@ data: {dir: /tmp/x}
 rounds: 1
 )";
 
-std::string error_of(const std::string& yaml) {
-  try {
-    JobConfig::from_yaml(yaml);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-std::string replace(std::string s, const std::string& from, const std::string& to) {
-  const auto at = s.find(from);
-  EXPECT_NE(at, std::string::npos) << from;
-  return s.replace(at, from.size(), to);
-}
+using loco::diloco::testing::error_of;
+using loco::diloco::testing::replace;
 
 class TempDir {
  public:
