@@ -14,7 +14,6 @@
 #include <fstream>
 #include <functional>
 #include <future>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -136,44 +135,6 @@ struct InFlight {
   std::vector<float> mean;        // the average, once `done` is ready
   std::shared_future<void> done;  // its all-reduce; get() rethrows a failure
   uint64_t bytes_sent = 0;
-};
-
-// The group a stream() call's fragments reduce over: the request's members, less those a
-// fragment's all-reduce lost on the way. Every survivor drops the member the failed operation
-// names and runs it again without it (the collective lets a retry without the lost member keep
-// its round id), so the fragment finishes as a smaller group and the worker's inner steps go
-// on; later fragments of the call start without that member. The aggregator accepts the
-// round only when the survivors end with the same group and the same θ (after_overlapped_round).
-struct StreamGroup {
-  std::mutex mu;
-  collective::Group group;  // round_id set per operation
-  std::string self;
-
-  collective::Group current() {
-    std::lock_guard<std::mutex> lock(mu);
-    return group;
-  }
-  std::vector<std::string> names() {
-    std::lock_guard<std::mutex> lock(mu);
-    std::vector<std::string> out;
-    for (const auto& m : group.members) out.push_back(m.name);
-    return out;
-  }
-  // `lost` is gone: drop it, unless it is this worker or already dropped. False when the group
-  // did not change and `tried` already lacked it: nothing new to try.
-  bool drop(const std::string& lost, const collective::Group& tried) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (lost.empty() || lost == self) return false;
-    auto& ms = group.members;
-    auto it = std::find_if(ms.begin(), ms.end(), [&](const auto& m) { return m.name == lost; });
-    if (it != ms.end()) {
-      ms.erase(it);
-      for (size_t i = 0; i < ms.size(); ++i)
-        if (ms[i].name == self) group.rank = int(i);
-      return true;
-    }
-    return ms.size() < tried.members.size();  // dropped by another fragment meanwhile
-  }
 };
 
 struct InnerWorker::State {
@@ -742,11 +703,10 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                                 std::to_string(req.round + 1) +
                                 ", but its outer state is of round " +
                                 std::to_string(k.outer->round()));
-  auto group = std::make_shared<StreamGroup>();
+  collective::Group group;
   for (size_t i = 0; i < req.names.size(); ++i)
-    group->group.members.push_back({req.names[i], req.endpoints[i][0]});
-  group->group.rank = req.rank;
-  group->self = req.names[size_t(req.rank)];
+    group.members.push_back({req.names[i], req.endpoints[i][0]});
+  group.rank = req.rank;
 
   const dl::SyncConfig& sync = s_->cfg.sync;
   const int h = s_->cfg.inner.steps;
@@ -794,30 +754,15 @@ StreamResult InnerWorker::stream(StreamRequest req) {
         fl->provisional = k.outer->provisional_ranges(fl->delta, ranges);
         k.trainer->load_parameters(fl->provisional);
       }
-      const uint64_t round_id = req.op_id + uint64_t(f);
+      group.round_id = req.op_id + uint64_t(f);
       InFlight* raw = fl.get();
       collective::Communicator* comm = k.comm.get();
       std::shared_future<void> before = s_->last_op;
-      s_->last_op =
-          std::async(std::launch::async, [raw, comm, group, round_id, before] {
-            if (before.valid()) before.get();  // a failure before: this one fails too
-            // The group as it is when the operation starts (the ones before it may have
-            // dropped members); a member lost on the way is dropped and the rest go again.
-            for (;;) {
-              collective::Group g = group->current();
-              g.round_id = round_id;
-              try {
-                comm->allreduce(g, raw->delta, raw->mean);
-                raw->bytes_sent += comm->last_stats().bytes_sent;
-                return;
-              } catch (const collective::PeerLostError& e) {
-                raw->bytes_sent += comm->last_stats().bytes_sent;
-                if (!group->drop(e.peer(), g)) throw;
-                log_warn("fragment all-reduce " + std::to_string(round_id) + ": " + e.peer() +
-                         " lost; the others finish it without it");
-              }
-            }
-          }).share();
+      s_->last_op = std::async(std::launch::async, [raw, comm, group, before] {
+                      if (before.valid()) before.get();  // a failure before: this one fails too
+                      comm->allreduce(group, raw->delta, raw->mean);
+                      raw->bytes_sent = comm->last_stats().bytes_sent;
+                    }).share();
       fl->done = s_->last_op;
       s_->in_flight.push_back(std::move(fl));
     }
@@ -847,7 +792,6 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   out.inner.round = req.round;
   out.inner.mean_loss = loss / h;
   out.theta_hash = k.outer->theta_hash();
-  out.group = group->names();
   out.seconds = seconds_since(t0);
   return out;
 }
