@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <bit>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+
+#include "runtime/collective/compression.hpp"
 
 namespace loco::diloco {
 
@@ -18,24 +19,9 @@ namespace {
 
 std::size_t element_size(StDtype d) { return d == StDtype::f32 ? 4 : 2; }
 
-std::uint16_t to_bf16(float f) {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
-float from_bf16(std::uint16_t h) { return std::bit_cast<float>(std::uint32_t(h) << 16); }
-
-float from_f16(std::uint16_t h) {
-  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  if (exp == 0) {  // zero or subnormal: man · 2^-24
-    const float v = std::ldexp(static_cast<float>(man), -24);
-    return sign ? -v : v;
-  }
-  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));  // inf, NaN
-  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
+// The all-reduce codec's conversions (the same rounding as a bf16 or fp16 all-reduce).
+collective::Codec codec_of(StDtype d) {
+  return d == StDtype::bf16 ? collective::Codec::bf16 : collective::Codec::fp16;
 }
 
 // numel of `shape`, or -1 when a dimension is negative or the product overflows.
@@ -95,16 +81,16 @@ void write_safetensors(const std::string& path,
   const std::uint64_t n = text.size();
   out.write(reinterpret_cast<const char*>(&n), 8);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  std::vector<std::uint16_t> half;
+  std::vector<std::uint8_t> half;
   for (const auto& [name, t] : tensors) {
     if (dtype == StDtype::f32) {
       out.write(reinterpret_cast<const char*>(t.values.data()),
                 static_cast<std::streamsize>(t.values.size() * 4));
     } else {
-      half.resize(t.values.size());
-      std::transform(t.values.begin(), t.values.end(), half.begin(), to_bf16);
+      half.resize(t.values.size() * 2);
+      collective::encode_half(codec_of(dtype), t.values.data(), t.values.size(), half.data());
       out.write(reinterpret_cast<const char*>(half.data()),
-                static_cast<std::streamsize>(half.size() * 2));
+                static_cast<std::streamsize>(half.size()));
     }
   }
   out.flush();
@@ -204,7 +190,7 @@ std::map<std::string, StTensor> read_safetensors(const std::string& path) {
     fail(std::to_string(data_size - at) + " bytes of data after the last tensor");
 
   std::map<std::string, StTensor> out;
-  std::vector<std::uint16_t> half;
+  std::vector<std::uint8_t> half;
   for (const Entry* e : order) {
     StTensor t;
     t.shape = e->shape;
@@ -215,10 +201,9 @@ std::map<std::string, StTensor> read_safetensors(const std::string& path) {
     if (e->dtype == StDtype::f32) {
       in.read(reinterpret_cast<char*>(t.values.data()), static_cast<std::streamsize>(count * 4));
     } else {
-      half.resize(count);
+      half.resize(count * 2);
       in.read(reinterpret_cast<char*>(half.data()), static_cast<std::streamsize>(count * 2));
-      std::transform(half.begin(), half.end(), t.values.begin(),
-                     e->dtype == StDtype::bf16 ? from_bf16 : from_f16);
+      collective::decode_half(codec_of(e->dtype), half.data(), count, t.values.data());
     }
     if (!in) fail("cannot read tensor '" + e->name + "'");
     out.emplace(e->name, std::move(t));

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 namespace loco::collective {
 
@@ -416,4 +418,23 @@ void mean_of(Codec codec, std::span<const Addend> addends, size_t n, float* out)
 }
 
 }  // namespace detail
+
+namespace {
+void require_half(Codec codec, const char* what) {
+  if (codec != Codec::fp16 && codec != Codec::bf16)
+    throw std::invalid_argument(std::string(what) + ": " + std::string(to_string(codec)) +
+                                " is not a 2-byte float type");
+}
+}  // namespace
+
+void encode_half(Codec codec, const float* src, size_t count, uint8_t* dst) {
+  require_half(codec, "encode_half");
+  detail::encode(codec, src, count, dst);
+}
+
+void decode_half(Codec codec, const uint8_t* src, size_t count, float* dst) {
+  require_half(codec, "decode_half");
+  detail::decode(codec, src, count, dst);
+}
+
 }  // namespace loco::collective
