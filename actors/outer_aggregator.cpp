@@ -136,6 +136,11 @@ struct OuterAggregator::State {
                                                        std::vector<bool>& late, double& window);
 
   PathRoots roots;  // its node's: the job's folder and the checkpoints it resumes from are in them
+  std::string resume_file;  // checkpoint.resume under the roots ("": none)
+  void require_resume_file() const {
+    if (!fs::is_regular_file(resume_file))
+      throw std::invalid_argument("checkpoint.resume: there is no checkpoint file " + resume_file);
+  }
 
   State(std::string id, const std::string& spec)
       : job_id(std::move(id)),
@@ -147,10 +152,8 @@ struct OuterAggregator::State {
                                      "checkpoint.dir/" + job_id);
     // Refused at submission when the file is not there; what it holds is read by run().
     if (!cfg.checkpoint.resume.empty()) {
-      const std::string p =
-          resolve_checkpoint_path(roots, cfg.checkpoint.resume, "checkpoint.resume");
-      if (!fs::is_regular_file(p))
-        throw std::invalid_argument("checkpoint.resume: there is no checkpoint file " + p);
+      resume_file = resolve_checkpoint_path(roots, cfg.checkpoint.resume, "checkpoint.resume");
+      require_resume_file();
     }
     target = cfg.workers.count;
   }
@@ -283,10 +286,8 @@ void OuterAggregator::State::find_checkpoint() {
 // that file left off (a checkpoint of any job or of the simulator, on any cluster), with each
 // worker's inner state where the file's job wrote one beside it.
 void OuterAggregator::State::take_resume(int rounds) {
-  const std::string path =
-      resolve_checkpoint_path(roots, cfg.checkpoint.resume, "checkpoint.resume");
-  if (!fs::is_regular_file(path))
-    throw std::invalid_argument("checkpoint.resume: there is no checkpoint file " + path);
+  require_resume_file();  // it was there at submission; it may have gone since
+  const std::string& path = resume_file;
   dl::CheckpointInfo info;
   try {
     info = dl::checkpoint_info(path);
