@@ -154,8 +154,8 @@ struct InnerWorker::State {
   FaultPlan fault = FaultPlan::from_env();
   torch::Tensor val_windows;
   dl::DeviceChoice device;  // from the job's `device` and the GPUs the head gave this actor
-  // For the per-step figures: model FLOPs per token, and the peak FLOP/s of all the worker's
-  // devices (0: not known, no MFU).
+  // For the per-step figures, set at construction: model FLOPs per token, and the peak FLOP/s
+  // of all the worker's devices (0: not known, no MFU).
   double flops_per_token = 0;
   double peak_flops = 0;
 
@@ -197,8 +197,6 @@ struct InnerWorker::State {
     const dl::InnerStats st = k.trainer->run_inner_steps(1);
     StepFigures f{st.mean_loss, st.last_lr, st.grad_norm, seconds_since(t),
                   int64_t(cfg.tokens_per_inner_step())};
-    if (flops_per_token == 0)
-      flops_per_token = dl::training_flops_per_token(cfg.model, k.trainer->parameter_count());
     f.flops = flops_per_token * double(f.tokens);
     if (peak_flops > 0 && f.seconds > 0) f.mfu = f.flops / f.seconds / peak_flops;
     if (k.device.is_cuda()) {
@@ -406,6 +404,8 @@ InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
   s_->peak_flops =
       g * dl::peak_flops(s_->device.cuda ? dl::cuda_device_name(s_->device.index) : "cpu",
                          s_->cfg.precision);
+  s_->flops_per_token = dl::training_flops_per_token(
+      s_->cfg.model, s_->cfg.model.parameter_count(s_->cfg.vocab_size()));
   s_->ranks.resize(size_t(g));
   for (int r = 0; r < g; ++r) {
     Rank& k = s_->ranks[size_t(r)];
