@@ -216,8 +216,11 @@ struct OuterAggregator::State {
   // or was lost: the others have landed fragments it never saw, so the round cannot be
   // re-formed as a blocking one is; the job rewinds to its last checkpoint.
   // `last`: the job's last round; the attempt goes into `records`.
+  // `finished`: the members that finished the round (all, or the survivors of a member lost
+  // with fragments in flight, who finished those without it).
   bool stream_round(int64_t r, bool last, const std::vector<int>& members, JobRecords& records,
-                    double& loss, double& inner_secs, uint64_t& theta_hash);
+                    double& loss, double& inner_secs, uint64_t& theta_hash,
+                    std::vector<int>& finished);
   std::optional<double> evaluate(int64_t windows);
   template <class T>
   std::optional<T> ask_any(const std::string& what,
@@ -808,7 +811,8 @@ void OuterAggregator::State::run() {
     double failed_secs = 0;  // in this pass's failed all-reduce attempts
     if (cfg.sync.mode != dl::SyncMode::blocking) {
       uint64_t hash = 0;
-      if (!stream_round(r, r + 1 == rounds, members, records, loss, inner_secs, hash)) {
+      std::vector<int> finished;
+      if (!stream_round(r, r + 1 == rounds, members, records, loss, inner_secs, hash, finished)) {
         log("round " + std::to_string(r + 1) +
             " failed with synchronizations in flight; the job goes back to " +
             (resume_from.empty() ? std::string("its start")
@@ -816,7 +820,7 @@ void OuterAggregator::State::run() {
         go_back();
         continue;
       }
-      ready = group = members;
+      ready = group = members = finished;
       agreed = hash;
     } else {
       // 1-2. Every member runs its H inner steps, or (inner.budget: time) steps until the
@@ -1117,7 +1121,7 @@ std::vector<std::optional<InnerResult>> OuterAggregator::State::gather_inner(
 
 bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vector<int>& members,
                                           JobRecords& records, double& loss, double& inner_secs,
-                                          uint64_t& theta_hash) {
+                                          uint64_t& theta_hash, std::vector<int>& finished) {
   StreamRequest req;
   req.round = r;
   req.last = last;
@@ -1149,9 +1153,21 @@ bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vecto
   }
   records.attempt(rec);
   std::vector<MemberOutcome> outcomes;
-  for (size_t i = 0; i < members.size(); ++i)
-    outcomes.push_back(res[i] ? MemberOutcome{true, res[i]->theta_hash, false}
-                              : MemberOutcome{false, 0, errors[i].gone});
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!res[i]) {
+      outcomes.push_back(MemberOutcome{false, 0, errors[i].gone, {}});
+      continue;
+    }
+    MemberOutcome o{true, res[i]->theta_hash, false, {}};
+    for (const std::string& name : res[i]->group) {
+      int slot = -1;
+      for (int m : members)
+        if (slots[size_t(m)].name == name) slot = m;
+      o.group.push_back(slot);
+    }
+    std::sort(o.group.begin(), o.group.end());
+    outcomes.push_back(std::move(o));
+  }
   const OverlappedDecision d = after_overlapped_round(members, outcomes);
   if (d.kind == OverlappedDecision::Kind::rewind) {
     for (size_t i = 0; i < members.size(); ++i) {
@@ -1172,15 +1188,24 @@ bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vecto
                              std::to_string(res[i]->theta_hash) + " vs " +
                              std::to_string(res[0]->theta_hash) + ")");
   }
+  if (d.kind == OverlappedDecision::Kind::smaller)
+    for (int m : d.lost) {
+      const size_t i = size_t(std::find(members.begin(), members.end(), m) - members.begin());
+      release(m, "lost in round " + std::to_string(r + 1) +
+                     "; the others finished its fragments in flight without it: " +
+                     errors[i].message);
+    }
   loss = 0;
   inner_secs = 0;
   for (size_t i = 0; i < members.size(); ++i) {
+    if (!res[i]) continue;
     loss += res[i]->inner.mean_loss;
     inner_secs += res[i]->inner.seconds;
     round_steps.push_back(res[i]->inner.per_step);
   }
-  loss /= double(members.size());
+  loss /= double(d.finished.size());
   theta_hash = d.theta_hash;
+  finished = d.finished;
   return true;
 }
 

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <atomic>
+#include <future>
 #include <thread>
 #include <zmq.hpp>
 
@@ -516,6 +518,73 @@ TEST(AllreduceErrors, AbsentMemberIsLostWithinTheTimeout) {
   auto in = data;
   rethrow_any(m.run({0, 1, 2}, 60, data));
   expect_mean(in, data, 4 * 1.2e-7);
+}
+
+// Communicator::leave (a worker whose node is stopping): the member's operation fails and its
+// peers are told at once that it is lost, instead of waiting out its silence window (60 s here,
+// so a test that waited would fail on the message, and on ctest's timeout).
+Options patient() {
+  Options o;
+  o.peer_timeout = std::chrono::milliseconds(60000);
+  o.chunk_bytes = 4096;
+  return o;
+}
+
+TEST(CollectiveLeave, AMemberThatLeavesMidOperationIsNamedLostByTheOthersAtOnce) {
+  Members m(4, Transport::tcp, patient());
+  // w3 leaves after its first data message, on the operation's own thread.
+  m.comms[3]->hooks().after_send = [&](uint64_t) { m.comms[3]->leave("its node is stopping"); };
+  std::vector<std::vector<float>> data;
+  for (int r = 0; r < 4; ++r) data.push_back(make_data(5, r, 200000));
+  const auto original = data;
+  auto errors = m.run(iota(4), 70, data);
+  for (int r = 0; r < 4; ++r) {
+    expect_error_naming<PeerLostError>(errors[r], "w3", "left in round 70: its node is stopping");
+    EXPECT_EQ(data[r], original[r]) << "a failed operation must leave the input unchanged";
+  }
+  EXPECT_TRUE(m.comms[3]->has_left());
+  // The others go on without it, keeping the round id, as after any lost member.
+  auto in = std::vector<std::vector<float>>(data.begin(), data.begin() + 3);
+  auto three = in;
+  rethrow_any(m.run({0, 1, 2}, 70, three));
+  expect_mean(in, three, 4 * 1.2e-7);
+  // Every later operation that counts w3 fails at once on every member, naming it.
+  m.comms[3]->hooks().after_send = nullptr;
+  errors = m.run(iota(4), 71, data);
+  for (int r = 0; r < 4; ++r)
+    expect_error_naming<PeerLostError>(errors[r], "w3", "left in round 71");
+  std::vector<float> alone = original[3];
+  EXPECT_THROW(m.comms[3]->allreduce(m.group({3}, 72, 0), std::span<float>(alone)),
+               PeerLostError);
+}
+
+TEST(CollectiveLeave, LeavingFromAnotherThreadEndsAWaitOnAnAbsentMember) {
+  Members m(3, Transport::tcp, patient());
+  std::vector<std::vector<float>> data;
+  for (int r = 0; r < 2; ++r) data.push_back(make_data(6, r, 30000));
+  // w2 is in the group but never calls; w1 leaves from this thread once its operation sends.
+  std::promise<void> sending;
+  std::atomic<bool> once{false};
+  m.comms[1]->hooks().after_send = [&](uint64_t) {
+    if (!once.exchange(true)) sending.set_value();
+  };
+  std::vector<std::exception_ptr> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        m.comms[r]->allreduce(m.group(iota(3), 80, r), std::span<float>(data[r]));
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  ASSERT_EQ(sending.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  m.comms[1]->leave("stopping");
+  for (auto& t : threads) t.join();
+  // w0 learns it from w1's notice, not from w2's silence (60 s away).
+  expect_error_naming<PeerLostError>(errors[0], "w1", "left in round 80: stopping");
+  expect_error_naming<PeerLostError>(errors[1], "w1", "left in round 80: stopping");
 }
 
 TEST(AllreduceErrors, GroupWithoutThisCommunicatorIsRejected) {
