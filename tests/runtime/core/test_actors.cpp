@@ -57,7 +57,6 @@ LOCO_REGISTER(Counter, loco::ActorClass<Counter>("test.Counter")
                            .constructor<int>()
                            .on_stop(&Counter::stop)
                            .method("add", &Counter::add)
-                           .method("wait_for_stop", &Counter::wait_for_stop)
                            .method("get", &Counter::get)
                            .method("record", &Counter::record)
                            .method("log", &Counter::log)
@@ -68,6 +67,7 @@ LOCO_REGISTER(Counter, loco::ActorClass<Counter>("test.Counter")
                            .method("fail", &Counter::fail)
                            .method("whoami", &Counter::whoami)
                            .method("gpus", &Counter::gpus)
+                           .method("wait_for_stop", &Counter::wait_for_stop)
                            .internal_method("reset", &Counter::reset));
 
 }  // namespace loco::testing
