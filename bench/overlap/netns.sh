@@ -9,10 +9,17 @@
 # utilization and round time (rounds 1.., from metrics.jsonl), and the final validation loss;
 # then each mode's ratios to blocking. Needs root (skips with exit 77 otherwise).
 #
-#   bench/overlap/netns.sh                          # 20 Mbit/s, the three modes
+# Then torchft 0.2.0's DiLoCo on the same hosts, links and corpus (bench/overlap/torchft.sh,
+# torchft_worker.py: the same model, optimizers and H in PyTorch, 1 torch thread per worker):
+# blocking (one fragment) and streaming (TORCHFT_FRAGMENTS fragments, each all-reduced
+# TORCHFT_DELAY steps before it is needed: torchft allows at most H / P - 1). For every mode,
+# loco's and torchft's, bench/overlap/summary.py adds the per-worker figures: the median over
+# workers and rounds 1.. of the seconds in H inner steps and of those over the round's time.
+#
+#   bench/overlap/netns.sh                          # 20 Mbit/s, the three modes, torchft's two
 #   RATE=1gbit ROUNDS=3 bench/overlap/netns.sh
 #   STREAMING="{mode: streaming, fragments: 2, overlap_steps: 3, mix: 0.5}" bench/overlap/netns.sh
-#   MODES="blocking eager" bench/overlap/netns.sh
+#   MODES="blocking eager" TORCHFT_MODES="" bench/overlap/netns.sh
 set -uo pipefail
 RATE=${RATE:-20mbit}
 ROUNDS=${ROUNDS:-4}
@@ -21,7 +28,13 @@ STREAMING=${STREAMING:-"{mode: streaming, fragments: 4, overlap_steps: 3, mix: 0
 EAGER=${EAGER:-"{mode: eager, overlap_steps: 8}"}
 MODES=${MODES:-blocking streaming eager}
 WAIT_S=${WAIT_S:-1500}
+TORCHFT_MODES=${TORCHFT_MODES-blocking streaming}
+TORCHFT_FRAGMENTS=${TORCHFT_FRAGMENTS:-4}
+TORCHFT_DELAY=${TORCHFT_DELAY:-2}
+TORCHFT_ALPHA=${TORCHFT_ALPHA:-0.5}
 source "$(cd "$(dirname "$0")" && pwd)/../../tests/netns/cluster.sh"
+source "$(cd "$(dirname "$0")" && pwd)/torchft.sh"
+SUMMARY="$(cd "$(dirname "$0")" && pwd)/summary.py"
 
 cd "$WORK"
 cluster_up 4
@@ -48,7 +61,7 @@ ${2:+sync: $2}
 JOB
 }
 
-declare -A WALL UTIL RUTIL RTIME LOSS
+declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL TWALL TFAIL TSUM
 run_mode() {  # MODE SYNC
   local mode=$1 file="$WORK/$1.yaml"
   job_file "$mode" "$2" >"$file"
@@ -66,8 +79,10 @@ run_mode() {  # MODE SYNC
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2) * 100}')
   RTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | grep -o '"round_time":[0-9.]*' |
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
+  read -r _ STEPS[$mode] WUTIL[$mode] _ _ <<<"$("$TORCHFT_PY" "$SUMMARY" loco "$folder/metrics.jsonl" "$H")"
   say "$mode: wall ${WALL[$mode]} s, job utilization ${UTIL[$mode]} %, rounds: median utilization" \
-    "${RUTIL[$mode]} %, median round ${RTIME[$mode]} s; final validation loss ${LOSS[$mode]}"
+    "${RUTIL[$mode]} %, median round ${RTIME[$mode]} s; final validation loss ${LOSS[$mode]};" \
+    "per worker: ${STEPS[$mode]} s in $H inner steps, ${WUTIL[$mode]} % of the round"
 }
 
 for m in $MODES; do
@@ -79,12 +94,53 @@ for m in $MODES; do
   esac
 done
 
+for m in $TORCHFT_MODES; do
+  if [ -n "${TORCHFT_MISSING:-}" ]; then TFAIL[torchft-$m]=$TORCHFT_MISSING; continue; fi
+  case "$m" in
+    blocking) torchft_run torchft-blocking 1 0 0 || true ;;
+    streaming) torchft_run torchft-streaming "$TORCHFT_FRAGMENTS" "$TORCHFT_DELAY" "$TORCHFT_ALPHA" || true ;;
+    *) fail "unknown torchft mode $m" ;;
+  esac
+  if [ -z "${TFAIL[torchft-$m]:-}" ]; then
+    TSUM[torchft-$m]="$("$TORCHFT_PY" "$SUMMARY" torchft "$WORK/torchft-$m.jsonl" "$H")"
+    say "torchft-$m: wall ${TWALL[torchft-$m]} s; round time, s in $H steps, util %, val loss, rounds:" \
+      "${TSUM[torchft-$m]}"
+  else
+    say "torchft-$m: ${TFAIL[torchft-$m]}"
+  fi
+done
+
 echo
 echo "# 4 workers, egress $RATE per host, 6.4 M-parameter GPT, H = $H, $ROUNDS rounds, fp32"
 echo "# streaming: $STREAMING; eager: $EAGER"
-printf '%-10s %8s %12s %14s %14s %10s\n' mode wall_s job_util_% round_util_% round_time_s val_loss
+echo "# torchft 0.2.0 streaming: $TORCHFT_FRAGMENTS fragments, delay $TORCHFT_DELAY, alpha $TORCHFT_ALPHA"
+echo "# steps_s: a worker's seconds in $H inner steps, worker_util_%: those over the round's time"
+echo "# (medians over workers and rounds 1..); round_util_% and job_util_%: loco's own figures"
+printf '%-18s %8s %12s %14s %14s %10s %9s %15s\n' mode wall_s job_util_% round_util_% round_time_s \
+  val_loss steps_s worker_util_%
 for m in $MODES; do
-  printf '%-10s %8s %12s %14s %14s %10s\n' "$m" "${WALL[$m]}" "${UTIL[$m]}" "${RUTIL[$m]}" "${RTIME[$m]}" "${LOSS[$m]}"
+  printf '%-18s %8s %12s %14s %14s %10s %9s %15s\n' "$m" "${WALL[$m]}" "${UTIL[$m]}" "${RUTIL[$m]}" \
+    "${RTIME[$m]}" "${LOSS[$m]}" "${STEPS[$m]}" "${WUTIL[$m]}"
+done
+for m in $TORCHFT_MODES; do
+  t=torchft-$m
+  if [ -n "${TSUM[$t]:-}" ]; then
+    read -r RTIME[$t] STEPS[$t] WUTIL[$t] LOSS[$t] _ <<<"${TSUM[$t]}"
+    WALL[$t]=${TWALL[$t]}
+    printf '%-18s %8s %12s %14s %14s %10s %9s %15s\n' "$t" "${WALL[$t]}" - - "${RTIME[$t]}" \
+      "${LOSS[$t]}" "${STEPS[$t]}" "${WUTIL[$t]}"
+  else
+    echo "$t: not run: ${TFAIL[$t]:-}"
+  fi
+done
+for m in $MODES; do
+  t=torchft-$m
+  [ -n "${STEPS[$t]:-}" ] && [ -n "${STEPS[$m]:-}" ] || continue
+  awk -v m="$m" -v sl="${STEPS[$m]}" -v st="${STEPS[$t]}" -v rl="${RTIME[$m]}" -v rt="${RTIME[$t]}" \
+    -v ul="${WUTIL[$m]}" -v ut="${WUTIL[$t]}" -v ll="${LOSS[$m]}" -v lt="${LOSS[$t]}" 'BEGIN {
+    printf "loco / torchft, %s: %d inner steps %.2fx (%.2f s / %.2f s), round time %.2fx, " \
+      "worker utilization %.1f %% / %.1f %%, validation loss %+.2f %%\n",
+      m, '"$H"', sl / st, sl, st, rl / rt, ul, ut, 100 * (ll - lt) / lt }'
 done
 if [ -n "${WALL[blocking]:-}" ]; then
   for m in $MODES; do
