@@ -74,10 +74,10 @@ run_mode() {  # MODE SYNC
   case "$STATE" in
     *succeeded*) ;;
     *)  # Cancelled, so that the modes after it run on a quiet cluster; the table says why.
+      LFAIL[$mode]="the job did not succeed after ${WALL[$mode]} s (${STATE:-no end after $WAIT_S s});"
       "$LOCO_BIN/loco" cancel "$JOB" --address "$HEAD" >/dev/null 2>&1 || true
       wait_job_end 60
       tail -20 "$log"
-      LFAIL[$mode]="the job did not succeed after ${WALL[$mode]} s (${STATE:-no end after $WAIT_S s});"
       LFAIL[$mode]+=" $(grep -c 'goes back to its start' "$log" || true) restarts from the start"
       say "$mode: ${LFAIL[$mode]}"
       return 0 ;;
@@ -141,7 +141,7 @@ for m in $TORCHFT_MODES; do
     printf '%-18s %8s %12s %14s %14s %10s %9s %15s\n' "$t" "${WALL[$t]}" - - "${RTIME[$t]}" \
       "${LOSS[$t]}" "${STEPS[$t]}" "${WUTIL[$t]}"
   else
-    echo "$t: not run: ${TFAIL[$t]:-}"
+    echo "$t: failed: ${TFAIL[$t]:-}"
   fi
 done
 for m in $MODES; do
