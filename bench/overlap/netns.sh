@@ -20,6 +20,7 @@
 #   RATE=1gbit ROUNDS=3 bench/overlap/netns.sh
 #   STREAMING="{mode: streaming, fragments: 2, overlap_steps: 3, mix: 0.5}" bench/overlap/netns.sh
 #   MODES="blocking eager" TORCHFT_MODES="" bench/overlap/netns.sh
+#   ALLREDUCE="{peer_timeout_s: 30}" bench/overlap/netns.sh   # the jobs' allreduce settings
 set -uo pipefail
 RATE=${RATE:-20mbit}
 ROUNDS=${ROUNDS:-4}
@@ -58,10 +59,11 @@ rounds: $ROUNDS
 checkpoint: {every: 0, dir: checkpoints}
 eval: {every: 100000, batches: 2}
 ${2:+sync: $2}
+${ALLREDUCE:+allreduce: $ALLREDUCE}
 JOB
 }
 
-declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL TWALL TFAIL TSUM LFAIL
+declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW TWALL TFAIL TSUM LFAIL
 run_mode() {  # MODE SYNC
   local mode=$1 file="$WORK/$1.yaml"
   job_file "$mode" "$2" >"$file"
@@ -89,10 +91,12 @@ run_mode() {  # MODE SYNC
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2) * 100}')
   RTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | grep -o '"round_time":[0-9.]*' |
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
-  read -r _ STEPS[$mode] WUTIL[$mode] _ _ <<<"$("$TORCHFT_PY" "$SUMMARY" loco "$folder/metrics.jsonl" "$H")"
+  read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ \
+    <<<"$("$TORCHFT_PY" "$SUMMARY" loco "$folder/metrics.jsonl" "$H")"
   say "$mode: wall ${WALL[$mode]} s, job utilization ${UTIL[$mode]} %, rounds: median utilization" \
     "${RUTIL[$mode]} %, median round ${RTIME[$mode]} s; final validation loss ${LOSS[$mode]};" \
-    "per worker: ${STEPS[$mode]} s in $H inner steps, ${WUTIL[$mode]} % of the round"
+    "per worker: ${STEPS[$mode]} s in $H inner steps, ${WUTIL[$mode]} % of the round;" \
+    "the slowest worker's $H steps: ${SLOW[$mode]} s"
 }
 
 for m in $MODES; do
@@ -113,7 +117,8 @@ for m in $TORCHFT_MODES; do
   esac
   if [ -z "${TFAIL[torchft-$m]:-}" ]; then
     TSUM[torchft-$m]="$("$TORCHFT_PY" "$SUMMARY" torchft "$WORK/torchft-$m.jsonl" "$H")"
-    say "torchft-$m: wall ${TWALL[torchft-$m]} s; round time, s in $H steps, util %, val loss, rounds:" \
+    say "torchft-$m: wall ${TWALL[torchft-$m]} s; round time, s in $H steps, util %, slowest," \
+      "val loss, rounds:" \
       "${TSUM[torchft-$m]}"
   else
     say "torchft-$m: ${TFAIL[torchft-$m]}"
@@ -125,33 +130,40 @@ echo "# 4 workers, egress $RATE per host, 6.4 M-parameter GPT, H = $H, $ROUNDS r
 echo "# streaming: $STREAMING; eager: $EAGER"
 echo "# torchft 0.2.0 streaming: $TORCHFT_FRAGMENTS fragments, delay $TORCHFT_DELAY, alpha $TORCHFT_ALPHA"
 echo "# steps_s: a worker's seconds in $H inner steps, worker_util_%: those over the round's time"
-echo "# (medians over workers and rounds 1..); round_util_% and job_util_%: loco's own figures"
-printf '%-18s %8s %12s %14s %14s %10s %9s %15s\n' mode wall_s job_util_% round_util_% round_time_s \
-  val_loss steps_s worker_util_%
+echo "# (medians over workers and rounds 1..); slowest_s: per round, the sum of the slowest"
+echo "# worker's steps (median over rounds); round_util_% and job_util_%: loco's own figures"
+row() { printf '%-18s %7s %11s %13s %13s %9s %8s %14s %10s\n' "$@"; }
+row mode wall_s job_util_% round_util_% round_time_s val_loss steps_s worker_util_% slowest_s
 for m in $MODES; do
   if [ -n "${LFAIL[$m]:-}" ]; then echo "$m: ${LFAIL[$m]}"; continue; fi
-  printf '%-18s %8s %12s %14s %14s %10s %9s %15s\n' "$m" "${WALL[$m]}" "${UTIL[$m]}" "${RUTIL[$m]}" \
-    "${RTIME[$m]}" "${LOSS[$m]}" "${STEPS[$m]}" "${WUTIL[$m]}"
+  row "$m" "${WALL[$m]}" "${UTIL[$m]}" "${RUTIL[$m]}" "${RTIME[$m]}" "${LOSS[$m]}" "${STEPS[$m]}" \
+    "${WUTIL[$m]}" "${SLOW[$m]}"
 done
 for m in $TORCHFT_MODES; do
   t=torchft-$m
   if [ -n "${TSUM[$t]:-}" ]; then
-    read -r RTIME[$t] STEPS[$t] WUTIL[$t] LOSS[$t] _ <<<"${TSUM[$t]}"
+    read -r RTIME[$t] STEPS[$t] WUTIL[$t] SLOW[$t] LOSS[$t] _ <<<"${TSUM[$t]}"
     WALL[$t]=${TWALL[$t]}
-    printf '%-18s %8s %12s %14s %14s %10s %9s %15s\n' "$t" "${WALL[$t]}" - - "${RTIME[$t]}" \
-      "${LOSS[$t]}" "${STEPS[$t]}" "${WUTIL[$t]}"
+    row "$t" "${WALL[$t]}" - - "${RTIME[$t]}" "${LOSS[$t]}" "${STEPS[$t]}" "${WUTIL[$t]}" "${SLOW[$t]}"
   else
     echo "$t: failed: ${TFAIL[$t]:-}"
   fi
 done
+# loco against torchft, mode by mode: a worker's H steps where loco reports them per member
+# (blocking), else the slowest worker's; loco's utilization per member, else its round's.
 for m in $MODES; do
   t=torchft-$m
-  [ -n "${STEPS[$t]:-}" ] && [ -n "${STEPS[$m]:-}" ] || continue
-  awk -v m="$m" -v sl="${STEPS[$m]}" -v st="${STEPS[$t]}" -v rl="${RTIME[$m]}" -v rt="${RTIME[$t]}" \
-    -v ul="${WUTIL[$m]}" -v ut="${WUTIL[$t]}" -v ll="${LOSS[$m]}" -v lt="${LOSS[$t]}" 'BEGIN {
-    printf "loco / torchft, %s: %d inner steps %.2fx (%.2f s / %.2f s), round time %.2fx, " \
-      "worker utilization %.1f %% / %.1f %%, validation loss %+.2f %%\n",
-      m, '"$H"', sl / st, sl, st, rl / rt, ul, ut, 100 * (ll - lt) / lt }'
+  [ -n "${RTIME[$t]:-}" ] && [ -n "${RTIME[$m]:-}" ] || continue
+  if [ "${STEPS[$m]:--}" != - ]; then
+    what="a worker's $H inner steps" sl=${STEPS[$m]} st=${STEPS[$t]} ul=${WUTIL[$m]}
+  else
+    what="the slowest worker's $H inner steps" sl=${SLOW[$m]} st=${SLOW[$t]} ul=${RUTIL[$m]}
+  fi
+  awk -v m="$m" -v what="$what" -v sl="$sl" -v st="$st" -v rl="${RTIME[$m]}" -v rt="${RTIME[$t]}" \
+    -v ul="$ul" -v ut="${WUTIL[$t]}" -v ll="${LOSS[$m]}" -v lt="${LOSS[$t]}" 'BEGIN {
+    printf "loco / torchft, %s: %s %.2fx (%.2f s / %.2f s), round time %.2fx (%.2f s / %.2f s), " \
+      "utilization %.1f %% / %.1f %%, validation loss %+.2f %%\n",
+      m, what, sl / st, sl, st, rl / rt, rl, rt, ul, ut, 100 * (ll - lt) / lt }'
 done
 if [ -n "${RTIME[blocking]:-}" ]; then
   for m in $MODES; do

@@ -23,8 +23,10 @@ Each inner step's forward, backward, clip and AdamW are timed up to the optimize
 post-hook, registered before DiLoCo's, so the time torchft spends in its own hook (quorum,
 all-reduce, outer step) is counted as round time and not as inner-step time. One JSONL line
 per round of H steps: {"round", "worker", "steps", "seconds" (in inner steps), "round_time",
-"sync" (in torchft's hooks), "loss" (mean training loss)}; the last line has "val_loss" (worker
-0 evaluates 2 batches of evenly spaced windows of the validation tail, as loco's eval does).
+"sync" (in torchft's hooks), "loss" (mean training loss), "step_seconds" (each inner step's)};
+worker 0's last line has "val_loss" (2 batches of evenly spaced windows of the validation tail,
+as loco's eval: the same windows, and at step 0 the same loss, since θ starts bit for bit as
+loco's).
 """
 import argparse
 import json
@@ -194,6 +196,7 @@ def cmd_worker(a: argparse.Namespace) -> None:
         for r in range(1, a.rounds + 1):
             t_round = time.perf_counter()
             computing = syncing = loss_sum = 0.0
+            step_seconds = []
             for _ in range(a.h):
                 for g in inner.param_groups:
                     g["lr"] = inner_lr(a.lr, a.warmup, step, total)
@@ -205,12 +208,14 @@ def cmd_worker(a: argparse.Namespace) -> None:
                 inner.step()  # DiLoCo's hook: quorum, all-reduce, outer step when due
                 t1 = time.perf_counter()
                 computing += marks["computed"] - t0
+                step_seconds.append(round(marks["computed"] - t0, 4))
                 syncing += t1 - marks["computed"]
                 loss_sum += float(loss.detach())
                 step += 1
             rec = {"round": r, "worker": a.rank, "steps": a.h, "seconds": round(computing, 4),
                    "round_time": round(time.perf_counter() - t_round, 4), "sync": round(syncing, 4),
-                   "loss": loss_sum / a.h, "manager_step": manager.current_step()}
+                   "loss": loss_sum / a.h, "manager_step": manager.current_step(),
+                   "step_seconds": step_seconds}
             if r == a.rounds and a.rank == 0:
                 rec["val_loss"] = evaluate(model, tokens, train_end, a)
             out.write(json.dumps(rec) + "\n")
