@@ -39,6 +39,18 @@ SUMMARY="$(cd "$(dirname "$0")" && pwd)/summary.py"
 
 cd "$WORK"
 cluster_up 4
+NODE_PIDS=("${PIDS[@]:2:4}")  # cluster_up's order: redis, the head, then the 4 nodes
+# CPU seconds (user + system) the processes PIDS... have used so far.
+cpu_seconds() {
+  local ticks=0 p f
+  for p in "$@"; do
+    if f=$(cat "/proc/$p/stat" 2>/dev/null); then
+      f=${f##*) }  # the fields after the command's name; utime and stime are fields 14 and 15
+      ticks=$((ticks + $(awk '{print $12 + $13}' <<<"$f")))
+    fi
+  done
+  awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", t / hz}'
+}
 for h in 1 2 3 4; do
   ip netns exec "${TAG}h$h" tc qdisc add dev "${TAG}p$h" root tbf rate "$RATE" burst 128kbit latency 400ms
 done
@@ -63,14 +75,16 @@ ${ALLREDUCE:+allreduce: $ALLREDUCE}
 JOB
 }
 
-declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW TWALL TFAIL TSUM LFAIL
+declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW TWALL TFAIL TSUM LFAIL NCPU TCPU
 run_mode() {  # MODE SYNC
   local mode=$1 file="$WORK/$1.yaml"
   job_file "$mode" "$2" >"$file"
-  local t0=$SECONDS
+  local t0=$SECONDS c0
+  c0=$(cpu_seconds "${NODE_PIDS[@]}")
   submit "$file"
   wait_job_end "$WAIT_S"
   WALL[$mode]=$((SECONDS - t0))
+  NCPU[$mode]=$(awk -v a="$c0" -v b="$(cpu_seconds "${NODE_PIDS[@]}")" 'BEGIN {printf "%.1f", b - a}')
   local log="$WORK/$mode.log" folder="$WORK/checkpoints/$JOB"
   "$LOCO_BIN/loco" logs "$JOB" --address "$HEAD" >"$log" 2>&1 || true
   case "$STATE" in
@@ -88,9 +102,9 @@ run_mode() {  # MODE SYNC
   LOSS[$mode]=$(grep -o 'validation loss [0-9.]*' "$log" | tail -1 | awk '{print $3}')
   # Rounds 1..: medians of the per-round utilization and round time.
   RUTIL[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | grep -o '"utilization":[0-9.]*' |
-    cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2) * 100}')
+    cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {printf "%.1f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2) * 100}')
   RTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | grep -o '"round_time":[0-9.]*' |
-    cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
+    cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {printf "%.2f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
   read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ \
     <<<"$("$TORCHFT_PY" "$SUMMARY" loco "$folder/metrics.jsonl" "$H")"
   say "$mode: wall ${WALL[$mode]} s, job utilization ${UTIL[$mode]} %, rounds: median utilization" \
@@ -110,13 +124,16 @@ done
 
 for m in $TORCHFT_MODES; do
   if [ -n "${TORCHFT_MISSING:-}" ]; then TFAIL[torchft-$m]=$TORCHFT_MISSING; continue; fi
+  c0=$(cpu_seconds "${NODE_PIDS[@]}")
   case "$m" in
     blocking) torchft_run torchft-blocking 1 0 0 || true ;;
     streaming) torchft_run torchft-streaming "$TORCHFT_FRAGMENTS" "$TORCHFT_DELAY" "$TORCHFT_ALPHA" || true ;;
     *) fail "unknown torchft mode $m" ;;
   esac
+  NCPU[torchft-$m]=$(awk -v a="$c0" -v b="$(cpu_seconds "${NODE_PIDS[@]}")" 'BEGIN {printf "%.1f", b - a}')
   if [ -z "${TFAIL[torchft-$m]:-}" ]; then
     TSUM[torchft-$m]="$("$TORCHFT_PY" "$SUMMARY" torchft "$WORK/torchft-$m.jsonl" "$H")"
+    TCPU[torchft-$m]=$(grep -o '"cpu_s": [0-9.]*' "$WORK/torchft-$m.jsonl" | awk '{s += $2} END {printf "%.1f", s}')
     say "torchft-$m: wall ${TWALL[torchft-$m]} s; round time, s in $H steps, util %, slowest," \
       "val loss, rounds:" \
       "${TSUM[torchft-$m]}"
@@ -148,6 +165,11 @@ for m in $TORCHFT_MODES; do
   else
     echo "$t: failed: ${TFAIL[$t]:-}"
   fi
+done
+echo "# CPU seconds (user + system) during each mode: loco's 4 node processes (idle ones during"
+echo "# torchft's modes), torchft's 4 worker processes (their own count, at exit)"
+for m in $MODES $(for t in $TORCHFT_MODES; do echo "torchft-$t"; done); do
+  echo "$m: wall ${WALL[$m]:--} s, loco nodes ${NCPU[$m]:--} s${TCPU[$m]:+, torchft workers ${TCPU[$m]} s}"
 done
 # loco against torchft, mode by mode: a worker's H steps where loco reports them per member
 # (blocking), else the slowest worker's; loco's utilization per member, else its round's.

@@ -24,14 +24,15 @@ post-hook, registered before DiLoCo's, so the time torchft spends in its own hoo
 all-reduce, outer step) is counted as round time and not as inner-step time. One JSONL line
 per round of H steps: {"round", "worker", "steps", "seconds" (in inner steps), "round_time",
 "sync" (in torchft's hooks), "loss" (mean training loss), "step_seconds" (each inner step's)};
-worker 0's last line has "val_loss" (2 batches of evenly spaced windows of the validation tail,
-as loco's eval: the same windows, and at step 0 the same loss, since θ starts bit for bit as
-loco's).
+each worker's last line has "cpu_s" (the process's CPU seconds so far), worker 0's also
+"val_loss" (2 batches of evenly spaced windows of the validation tail, as loco's eval: the
+same windows, and at step 0 the same loss, since θ starts bit for bit as loco's).
 """
 import argparse
 import json
 import math
 import os
+import resource
 import sys
 import time
 from datetime import timedelta
@@ -216,8 +217,11 @@ def cmd_worker(a: argparse.Namespace) -> None:
                    "round_time": round(time.perf_counter() - t_round, 4), "sync": round(syncing, 4),
                    "loss": loss_sum / a.h, "manager_step": manager.current_step(),
                    "step_seconds": step_seconds}
-            if r == a.rounds and a.rank == 0:
-                rec["val_loss"] = evaluate(model, tokens, train_end, a)
+            if r == a.rounds:
+                if a.rank == 0:
+                    rec["val_loss"] = evaluate(model, tokens, train_end, a)
+                use = resource.getrusage(resource.RUSAGE_SELF)
+                rec["cpu_s"] = round(use.ru_utime + use.ru_stime, 2)  # the whole process's
             out.write(json.dumps(rec) + "\n")
             out.flush()
     manager.shutdown(wait=False)
