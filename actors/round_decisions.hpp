@@ -65,6 +65,40 @@ OverlappedDecision after_overlapped_round(const std::vector<int>& members,
 // no member holds the outer state any more and it is past the round it would resume from.
 bool must_rewind(int members_holding_state, int64_t round, int64_t resume_round);
 
+// Whether θ is evaluated at the end of round `completed` (counted from 1): `eval.every` inner
+// steps have passed since the last evaluation (`steps_since_eval`, this round's included), or
+// it is the job's last round.
+bool evaluation_due(int64_t steps_since_eval, int64_t every, int64_t completed, int64_t rounds);
+
+// Whether a checkpoint is written at the end of round `completed` (counted from 1):
+// `checkpoint.every` > 0 divides it, and it is not the last round (final.pt is written then).
+bool checkpoint_due(int64_t completed, int64_t every, int64_t rounds);
+
+// sync.mode streaming or eager: whether round r + 1's stream() calls go to the members before
+// round r's results are in, so that each member's mailbox holds the next round when the round
+// ends and the aggregator's bookkeeping of round r (hashes, records, reports) runs under round
+// r + 1's inner steps. Not when a worker would have to do something else between the two
+// rounds, or the group may change:
+//   last_round  r is the job's last round: nothing follows;
+//   evaluation  θ is evaluated after round r: evaluate_windows would queue behind r + 1;
+//   checkpoint  a checkpoint of round r's state is due: save_checkpoint would queue behind r + 1;
+//   membership  the members are not the target (a join, a scale, a lost slot coming back) or
+//               below the minimum: reconcile decides round r + 1's group after round r.
+// A failed round r rewinds the job; the calls of round r + 1 sent ahead are then waited for
+// and discarded (their outer state is not of round r + 1, or their group had the lost member).
+enum class Pipeline { ahead, last_round, evaluation, checkpoint, membership };
+struct PipelineInput {
+  int64_t round = 0;   // r, counted from 0
+  int64_t rounds = 0;  // the job's
+  bool evaluation_after = false;
+  bool checkpoint_after = false;
+  int members = 0;  // of round r
+  int target = 0;   // workers wanted now (workers.count or `loco scale`)
+  int min = 0;      // workers.min
+};
+Pipeline pipeline_next(const PipelineInput& in);
+const char* to_string(Pipeline p);
+
 // How the validation windows [0, windows) are shared out among `members` members: by whole
 // batches of `batch_size`, each member about 1/members of them, in member order; a member
 // may get none (fewer batches than members). Pairs [begin, end) with member index.

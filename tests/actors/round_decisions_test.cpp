@@ -83,6 +83,50 @@ TEST(RoundDecisions, RewindOnlyWhenNobodyHoldsTheStatePastTheResumeRound) {
 }
 
 // Every window is evaluated once, by whole batches, about 1/K each.
+TEST(RoundDecisions, EvaluationAfterEveryStepsOrTheLastRound) {
+  EXPECT_FALSE(evaluation_due(12, 24, 1, 10));
+  EXPECT_TRUE(evaluation_due(24, 24, 2, 10));
+  EXPECT_TRUE(evaluation_due(12, 100000, 10, 10));  // the last round
+}
+
+TEST(RoundDecisions, CheckpointsEveryNRoundsButNotAtTheEnd) {
+  EXPECT_FALSE(checkpoint_due(3, 0, 10));  // every: 0, none
+  EXPECT_FALSE(checkpoint_due(3, 2, 10));
+  EXPECT_TRUE(checkpoint_due(4, 2, 10));
+  EXPECT_FALSE(checkpoint_due(10, 2, 10));  // final.pt instead
+}
+
+// Round r + 1 goes out before round r's results only when nothing else must happen between
+// them on a worker, and its group is round r's.
+TEST(RoundDecisions, TheNextRoundIsSentAheadOnlyWhenNothingHappensBetween) {
+  PipelineInput in;
+  in.round = 3;
+  in.rounds = 10;
+  in.members = in.target = in.min = 4;
+  EXPECT_EQ(pipeline_next(in), Pipeline::ahead);
+  PipelineInput last = in;
+  last.round = 9;
+  EXPECT_EQ(pipeline_next(last), Pipeline::last_round);
+  last.round = 8;  // round 9 is the last: it is sent ahead, and says so (StreamRequest::last)
+  EXPECT_EQ(pipeline_next(last), Pipeline::ahead);
+  PipelineInput eval = in;
+  eval.evaluation_after = true;
+  EXPECT_EQ(pipeline_next(eval), Pipeline::evaluation);
+  PipelineInput ckpt = in;
+  ckpt.checkpoint_after = true;
+  EXPECT_EQ(pipeline_next(ckpt), Pipeline::checkpoint);
+  PipelineInput join = in;
+  join.target = 5;  // `loco scale 5`, or slot 4 lost and to be brought back
+  EXPECT_EQ(pipeline_next(join), Pipeline::membership);
+  join.target = 3;  // scaled down
+  EXPECT_EQ(pipeline_next(join), Pipeline::membership);
+  PipelineInput few = in;
+  few.members = few.target = 2;  // below workers.min: reconcile waits for joiners
+  EXPECT_EQ(pipeline_next(few), Pipeline::membership);
+  few.min = 0;  // min 0 means 1
+  EXPECT_EQ(pipeline_next(few), Pipeline::ahead);
+}
+
 TEST(RoundDecisions, EvaluationIsSharedByWholeBatchesAndCoversEveryWindowOnce) {
   for (int64_t windows : {1, 7, 64, 100, 129})
     for (int members : {1, 2, 3, 5, 8}) {
