@@ -856,10 +856,9 @@ void OuterAggregator::State::run() {
       // Whether rounds are sent ahead, and why not, said when it changes.
       if (p != Pipeline::last_round && p != pipeline_said) {
         log("round " + std::to_string(r + 2) +
-            (p == Pipeline::ahead ? ": sent ahead, before round " + std::to_string(r + 1) +
-                                        "'s results"
-                                  : ": sent after round " + std::to_string(r + 1) +
-                                        "'s results: " + to_string(p)));
+            (p == Pipeline::ahead
+                 ? ": sent ahead, before round " + std::to_string(r + 1) + "'s results"
+                 : ": sent after round " + std::to_string(r + 1) + "'s results: " + to_string(p)));
         pipeline_said = p;
       }
       if (!ok) {

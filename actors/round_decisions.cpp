@@ -118,11 +118,16 @@ Pipeline pipeline_next(const PipelineInput& in) {
 
 const char* to_string(Pipeline p) {
   switch (p) {
-    case Pipeline::ahead: return "sent ahead";
-    case Pipeline::last_round: return "the last round";
-    case Pipeline::evaluation: return "θ is evaluated first";
-    case Pipeline::checkpoint: return "a checkpoint is written first";
-    case Pipeline::membership: return "the members may change";
+    case Pipeline::ahead:
+      return "sent ahead";
+    case Pipeline::last_round:
+      return "the last round";
+    case Pipeline::evaluation:
+      return "θ is evaluated first";
+    case Pipeline::checkpoint:
+      return "a checkpoint is written first";
+    case Pipeline::membership:
+      return "the members may change";
   }
   return "?";
 }

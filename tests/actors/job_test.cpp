@@ -162,7 +162,8 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   // Pipelined up to the checkpoint, which is of round 2's state (the hashes above), not later.
   const std::string log = log_text(handle);
   EXPECT_NE(log.find("round 2: sent ahead, before round 1's results"), std::string::npos) << log;
-  EXPECT_NE(log.find("round 3: sent after round 2's results: a checkpoint is written first"), std::string::npos)
+  EXPECT_NE(log.find("round 3: sent after round 2's results: a checkpoint is written first"),
+            std::string::npos)
       << log;
 }
 
