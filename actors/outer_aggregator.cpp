@@ -222,16 +222,16 @@ struct OuterAggregator::State {
   [[nodiscard]] bool reconcile(int64_t r);
   // sync.mode streaming or eager: round r as one stream() call per member. send_stream sends
   // them; finish_stream waits for their results (the round's start on the workers, for the
-  // attempt's seconds, was `started`). False when a member failed or was lost: the others
-  // have landed fragments it never saw, so the round cannot be re-formed as a blocking one is;
-  // the job rewinds to its last checkpoint. `last`: the job's last round; the attempt goes
-  // into `records`, the members' figures into `figures` and round_steps.
+  // attempt's seconds, was `started`) and, when they agree, calls `agreed` before anything
+  // else (the next round goes out there), then records them. False when a member failed or
+  // was lost: the others have landed fragments it never saw, so the round cannot be re-formed
+  // as a blocking one is; the job rewinds to its last checkpoint. `last`: the job's last
+  // round; the attempt goes into `records`, the members' figures into `figures` and
+  // round_steps.
   StreamCalls send_stream(int64_t r, bool last, const std::vector<int>& members);
-  bool finish_stream(StreamCalls& c, double started, JobRecords& records,
-                     std::vector<MemberFigures>& figures, double& loss, double& inner_secs,
-                     uint64_t& theta_hash);
-  // Calls sent ahead of a round that failed: waited for (bounded), their results dropped.
-  void discard_stream(StreamCalls& c);
+  bool finish_stream(StreamCalls& c, double started, const std::function<void()>& agreed,
+                     JobRecords& records, std::vector<MemberFigures>& figures, double& loss,
+                     double& inner_secs, uint64_t& theta_hash);
   std::optional<double> evaluate(int64_t windows);
   template <class T>
   std::optional<T> ask_any(const std::string& what,
@@ -771,9 +771,8 @@ void OuterAggregator::State::run() {
 
   int64_t r = resume_round;
   round = r;
-  // sync.mode streaming or eager: the next round's calls, sent before this round's results were
-  // in (pipeline_next), and when that round began on the workers: as this round's results were
-  // in, each member having gone on to the next call in its mailbox.
+  // sync.mode streaming or eager: the next round's calls, sent as soon as this round's results
+  // were in and agreed (pipeline_next), and when that round began on the workers.
   std::optional<StreamCalls> ahead;
   double ahead_since = 0;
   Pipeline pipeline_said = Pipeline::last_round;
@@ -781,8 +780,6 @@ void OuterAggregator::State::run() {
   // after it are redone, their records replaced. At the resume round nobody is asked to
   // rewind again.
   auto go_back = [&] {
-    if (ahead) discard_stream(*ahead);  // before the members are sent init
-    ahead.reset();
     r = resume_round;
     round = r;
     resuming = true;
@@ -846,21 +843,26 @@ void OuterAggregator::State::run() {
       next.target = target;
       next.min = cfg.workers.min;
       const Pipeline p = pipeline_next(next);
-      if (p == Pipeline::ahead) ahead = send_stream(r + 1, r + 2 == rounds, members);
-      uint64_t hash = 0;
-      const bool ok = finish_stream(calls, t_round, records, round_members, loss, inner_secs, hash);
-      results_in = ahead_since = now_s();
-      log_info(job_id + ": round " + std::to_string(r + 1) + " results in " +
-               std::to_string(results_in - t_round) + " s after it began; round " +
-               std::to_string(r + 2) + ": " + to_string(p));
       // Whether rounds are sent ahead, and why not, said when it changes.
-      if (p != Pipeline::last_round && p != pipeline_said) {
+      auto say = [&](Pipeline now) {
+        if (now == Pipeline::last_round || now == pipeline_said) return;
         log("round " + std::to_string(r + 2) +
-            (p == Pipeline::ahead
-                 ? ": sent ahead, before round " + std::to_string(r + 1) + "'s results"
-                 : ": sent after round " + std::to_string(r + 1) + "'s results: " + to_string(p)));
-        pipeline_said = p;
-      }
+            (now == Pipeline::ahead ? ": sent as soon as round " + std::to_string(r + 1) +
+                                          "'s results agreed, before its records and report"
+                                    : ": not sent ahead: " + std::string(to_string(now))));
+        pipeline_said = now;
+      };
+      if (p != Pipeline::ahead) say(p);
+      uint64_t hash = 0;
+      const bool ok = finish_stream(
+          calls, t_round,
+          [&] {
+            results_in = ahead_since = now_s();
+            if (p != Pipeline::ahead) return;
+            ahead = send_stream(r + 1, r + 2 == rounds, members);
+            say(p);
+          },
+          records, round_members, loss, inner_secs, hash);
       if (!ok) {
         log("round " + std::to_string(r + 1) +
             " failed with synchronizations in flight; the job goes back to " +
@@ -869,6 +871,10 @@ void OuterAggregator::State::run() {
         go_back();
         continue;
       }
+      log_info(job_id + ": round " + std::to_string(r + 1) + " results in " +
+               std::to_string(results_in - t_round) + " s after it began; bookkeeping " +
+               std::to_string(now_s() - results_in) + " s; round " + std::to_string(r + 2) +
+               ": " + to_string(p));
       ready = group = members;
       agreed = hash;
     } else {
@@ -1197,27 +1203,30 @@ StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last,
   return c;
 }
 
-bool OuterAggregator::State::finish_stream(StreamCalls& c, double started, JobRecords& records,
-                                           std::vector<MemberFigures>& figures, double& loss,
-                                           double& inner_secs, uint64_t& theta_hash) {
+bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
+                                           const std::function<void()>& agreed,
+                                           JobRecords& records, std::vector<MemberFigures>& figures,
+                                           double& loss, double& inner_secs, uint64_t& theta_hash) {
   const int64_t r = c.round;
   const std::vector<int>& members = c.members;
   std::vector<Failure> errors;
   auto res = gather(c.calls, errors, Millis(3600 * 1000));
-  AttemptRecord rec;
-  rec.round = r + 1;
-  rec.members = members;
-  rec.seconds = now_s() - std::max(c.sent, started);
-  for (size_t i = 0; i < members.size(); ++i) {
-    rec.bytes.push_back(res[i] ? std::optional(res[i]->bytes_sent) : std::nullopt);
-    if (!res[i]) rec.errors.push_back({members[i], errors[i].gone, errors[i].message});
-  }
-  records.attempt(rec);
+  const double seconds = now_s() - std::max(c.sent, started);
   std::vector<MemberOutcome> outcomes;
   for (size_t i = 0; i < members.size(); ++i)
     outcomes.push_back(res[i] ? MemberOutcome{true, res[i]->theta_hash, false}
                               : MemberOutcome{false, 0, errors[i].gone});
   const OverlappedDecision d = after_overlapped_round(members, outcomes);
+  if (d.kind == OverlappedDecision::Kind::agreed) agreed();
+  AttemptRecord rec;
+  rec.round = r + 1;
+  rec.members = members;
+  rec.seconds = seconds;
+  for (size_t i = 0; i < members.size(); ++i) {
+    rec.bytes.push_back(res[i] ? std::optional(res[i]->bytes_sent) : std::nullopt);
+    if (!res[i]) rec.errors.push_back({members[i], errors[i].gone, errors[i].message});
+  }
+  records.attempt(rec);
   if (d.kind == OverlappedDecision::Kind::rewind) {
     for (size_t i = 0; i < members.size(); ++i) {
       if (res[i]) continue;
@@ -1251,16 +1260,6 @@ bool OuterAggregator::State::finish_stream(StreamCalls& c, double started, JobRe
   loss /= double(members.size());
   theta_hash = d.theta_hash;
   return true;
-}
-
-void OuterAggregator::State::discard_stream(StreamCalls& c) {
-  std::vector<Failure> errors;
-  auto res = gather(c.calls, errors, Millis(3600 * 1000));
-  int failed = 0;
-  for (const auto& x : res) failed += x ? 0 : 1;
-  log("round " + std::to_string(c.round + 1) + ", sent ahead, is dropped (" +
-      std::to_string(failed) + " of " + std::to_string(res.size()) +
-      " members' calls failed, as expected after the round before failed)");
 }
 
 OuterAggregator::OuterAggregator(std::string job_id, std::string spec)

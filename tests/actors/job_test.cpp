@@ -130,7 +130,7 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   j.compression = GetParam();
   j.checkpoint_every = 2;
   j.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
-  j.eval_every = 1000;  // θ evaluated at the end only: round 2 is sent ahead of round 1's results
+  j.eval_every = 1000;  // θ evaluated at the end only: round 2 is sent ahead of round 1's report
   const std::string file = dir_ + "/job.yaml";
   std::ofstream(file) << j.yaml();
 
@@ -161,8 +161,8 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   EXPECT_TRUE(fs::exists(folder + "/final.pt"));
   // Pipelined up to the checkpoint, which is of round 2's state (the hashes above), not later.
   const std::string log = log_text(handle);
-  EXPECT_NE(log.find("round 2: sent ahead, before round 1's results"), std::string::npos) << log;
-  EXPECT_NE(log.find("round 3: sent after round 2's results: a checkpoint is written first"),
+  EXPECT_NE(log.find("round 2: sent as soon as round 1's results agreed"), std::string::npos) << log;
+  EXPECT_NE(log.find("round 3: not sent ahead: a checkpoint is written first"),
             std::string::npos)
       << log;
 }
@@ -175,7 +175,7 @@ TEST_P(DilocoParity, EagerOuterStepHoldsTheSimulatorsThetaBitForBit) {
   j.compression = GetParam();
   j.checkpoint_every = 2;
   j.sync = "{mode: eager, overlap_steps: 2}";
-  j.eval_every = 1000;  // round 2 is sent ahead of round 1's results
+  j.eval_every = 1000;  // round 2 is sent ahead of round 1's report
   const std::string file = dir_ + "/job.yaml";
   std::ofstream(file) << j.yaml();
   const std::string sim_out = dir_ + "/sim";
@@ -194,7 +194,7 @@ TEST_P(DilocoParity, EagerOuterStepHoldsTheSimulatorsThetaBitForBit) {
   EXPECT_EQ(theta_hashes(folder + "/metrics.jsonl"), expected);
   EXPECT_TRUE(fs::exists(folder + "/ckpt-round-2.pt"));
   const std::string log = log_text(handle);
-  EXPECT_NE(log.find("round 2: sent ahead, before round 1's results"), std::string::npos) << log;
+  EXPECT_NE(log.find("round 2: sent as soon as round 1's results agreed"), std::string::npos) << log;
 }
 
 TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
