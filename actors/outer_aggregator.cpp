@@ -873,8 +873,8 @@ void OuterAggregator::State::run() {
       }
       log_info(job_id + ": round " + std::to_string(r + 1) + " results in " +
                std::to_string(results_in - t_round) + " s after it began; bookkeeping " +
-               std::to_string(now_s() - results_in) + " s; round " + std::to_string(r + 2) +
-               ": " + to_string(p));
+               std::to_string(now_s() - results_in) + " s; round " + std::to_string(r + 2) + ": " +
+               to_string(p));
       ready = group = members;
       agreed = hash;
     } else {
@@ -1204,9 +1204,9 @@ StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last,
 }
 
 bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
-                                           const std::function<void()>& agreed,
-                                           JobRecords& records, std::vector<MemberFigures>& figures,
-                                           double& loss, double& inner_secs, uint64_t& theta_hash) {
+                                           const std::function<void()>& agreed, JobRecords& records,
+                                           std::vector<MemberFigures>& figures, double& loss,
+                                           double& inner_secs, uint64_t& theta_hash) {
   const int64_t r = c.round;
   const std::vector<int>& members = c.members;
   std::vector<Failure> errors;
