@@ -1,10 +1,12 @@
 #include "actors/inner_worker.hpp"
 
+#include <c10/core/CachingDeviceAllocator.h>
 #include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -14,17 +16,17 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
-#include <c10/core/CachingDeviceAllocator.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "actors/round_decisions.hpp"
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
-#include "diloco/device_info.hpp"
 #include "diloco/data.hpp"
+#include "diloco/device_info.hpp"
 #include "diloco/hf_format.hpp"
 #include "diloco/local_group.hpp"
 #include "diloco/trainer.hpp"
@@ -54,7 +56,8 @@ double seconds_since(int64_t t0) { return static_cast<double>(loco::now_ms() - t
 // LOCO_FAULT is set: "worker=I,round=R,at=inner|reduce" makes the process that
 // hosts worker I SIGKILL itself in round R (counted from 1), halfway through its
 // inner steps or right after its first all-reduce message ("stream": halfway through a
-// streaming round, with fragments in flight). The moment goes to
+// streaming round, with fragments in flight; with signal=term it sends SIGTERM instead). The
+// moment goes to
 // the file $LOCO_FAULT_LOG (unix ms), so that a test can time the detection.
 struct FaultPlan {
   int worker = -1;
@@ -66,6 +69,9 @@ struct FaultPlan {
   // delay_ms=D: worker I sleeps D ms after each of its inner steps, in every round (a slower
   // worker); no `at` needed.
   int delay_ms = 0;
+  // signal=term: at=stream sends the node SIGTERM instead (it stops, asking the worker to),
+  // and the worker goes on until its node stops it.
+  bool sigterm = false;
 
   static FaultPlan from_env() {
     FaultPlan p;
@@ -83,6 +89,7 @@ struct FaultPlan {
         if (k == "at") p.at = val;
         if (k == "stall_s") p.stall_s = std::stod(val);
         if (k == "delay_ms") p.delay_ms = std::stoi(val);
+        if (k == "signal") p.sigterm = val == "term";
       }
       if (end == std::string::npos) break;
       at = end + 1;
@@ -102,6 +109,13 @@ struct FaultPlan {
     }
     ::kill(::getpid(), SIGKILL);
     std::abort();
+  }
+  void fire() const {
+    if (!sigterm) die();
+    if (const char* log = std::getenv("LOCO_FAULT_LOG")) {
+      std::ofstream(log, std::ios::app) << unix_ms() << "\n";
+    }
+    ::kill(::getpid(), SIGTERM);
   }
 };
 
@@ -137,6 +151,44 @@ struct InFlight {
   uint64_t bytes_sent = 0;
 };
 
+// The group a stream() call's fragments reduce over: the request's members, less those a
+// fragment's all-reduce lost on the way. Every survivor drops the member the failed operation
+// names and runs it again without it (the collective lets a retry without the lost member keep
+// its round id), so the fragment finishes as a smaller group and the worker's inner steps go
+// on; later fragments of the call start without that member. The aggregator accepts the
+// round only when the survivors end with the same group and the same θ (after_overlapped_round).
+struct StreamGroup {
+  std::mutex mu;
+  collective::Group group;  // round_id set per operation
+  std::string self;
+
+  collective::Group current() {
+    std::lock_guard<std::mutex> lock(mu);
+    return group;
+  }
+  std::vector<std::string> names() {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<std::string> out;
+    for (const auto& m : group.members) out.push_back(m.name);
+    return out;
+  }
+  // `lost` is gone: drop it, unless it is this worker or already dropped. False when the group
+  // did not change and `tried` already lacked it: nothing new to try.
+  bool drop(const std::string& lost, const collective::Group& tried) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (lost.empty() || lost == self) return false;
+    auto& ms = group.members;
+    auto it = std::find_if(ms.begin(), ms.end(), [&](const auto& m) { return m.name == lost; });
+    if (it != ms.end()) {
+      ms.erase(it);
+      for (size_t i = 0; i < ms.size(); ++i)
+        if (ms[i].name == self) group.rank = int(i);
+      return true;
+    }
+    return ms.size() < tried.members.size();  // dropped by another fragment meanwhile
+  }
+};
+
 struct InnerWorker::State {
   std::string job_id;
   int index = 0;
@@ -147,6 +199,8 @@ struct InnerWorker::State {
   int64_t delta_round = -1;            // the round whose Δ `delta` holds
   int64_t stepped_round = -1;  // the round whose outer step θ holds (undone if it is re-run)
   bool fault_fired = false;
+  // Its node is stopping (InnerWorker::stop): inner steps end at the next one.
+  std::atomic<bool> stopping{false};
   InnerResult last_inner;
   uint64_t stream = 0;
   std::shared_ptr<const std::string> shared_state;  // see join_state()
@@ -193,6 +247,9 @@ struct InnerWorker::State {
   // One inner step of rank `k`, and its figures (per-step records: metrics.jsonl "steps").
   // n steps of this are the arithmetic of run_inner_steps(n).
   StepFigures one_step(Rank& k) {
+    if (stopping.load())
+      throw std::runtime_error("InnerWorker " + std::to_string(index) +
+                               ": stopped between two inner steps (its node is stopping)");
     const int64_t t = loco::now_ms();
     const dl::InnerStats st = k.trainer->run_inner_steps(1);
     StepFigures f{st.mean_loss, st.last_lr, st.grad_norm, seconds_since(t),
@@ -429,6 +486,12 @@ InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
 }
 
 InnerWorker::~InnerWorker() = default;
+
+void InnerWorker::stop() {
+  s_->stopping.store(true);
+  // The ranks and their communicators exist from construction on, and leave() is thread-safe.
+  for (Rank& k : s_->ranks) k.comm->leave("worker " + std::to_string(s_->index) + " is stopping");
+}
 
 std::vector<std::string> InnerWorker::endpoints() const {
   std::vector<std::string> out;
@@ -703,10 +766,11 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                                 std::to_string(req.round + 1) +
                                 ", but its outer state is of round " +
                                 std::to_string(k.outer->round()));
-  collective::Group group;
+  auto group = std::make_shared<StreamGroup>();
   for (size_t i = 0; i < req.names.size(); ++i)
-    group.members.push_back({req.names[i], req.endpoints[i][0]});
-  group.rank = req.rank;
+    group->group.members.push_back({req.names[i], req.endpoints[i][0]});
+  group->group.rank = req.rank;
+  group->self = req.names[size_t(req.rank)];
 
   const dl::SyncConfig& sync = s_->cfg.sync;
   const int h = s_->cfg.inner.steps;
@@ -730,7 +794,13 @@ StreamResult InnerWorker::stream(StreamRequest req) {
     out.inner.steps += n;
     loss += (n > 0 ? chunk / n : 0.0) * n;
     now = next;
-    if (s_->fault.hits(s_->index, req.round, "stream") && now >= start + h / 2) FaultPlan::die();
+    if (s_->fault.hits(s_->index, req.round, "stream") && now >= start + h / 2) {
+      s_->fault.fire();
+      // SIGTERM: the node's stop reaches this worker within its next poll; a tiny test model
+      // could otherwise finish the round first.
+      for (int i = 0; i < 3000 && !s_->stopping.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     // Synchronizations first: with no overlap a fragment lands at the step it synchronizes.
     for (int f = 0; f < sync.fragments; ++f) {
       if (start + (f + 1) * stride != now) continue;
@@ -754,14 +824,29 @@ StreamResult InnerWorker::stream(StreamRequest req) {
         fl->provisional = k.outer->provisional_ranges(fl->delta, ranges);
         k.trainer->load_parameters(fl->provisional);
       }
-      group.round_id = req.op_id + uint64_t(f);
+      const uint64_t round_id = req.op_id + uint64_t(f);
       InFlight* raw = fl.get();
       collective::Communicator* comm = k.comm.get();
       std::shared_future<void> before = s_->last_op;
-      s_->last_op = std::async(std::launch::async, [raw, comm, group, before] {
+      s_->last_op = std::async(std::launch::async, [raw, comm, group, round_id, before] {
                       if (before.valid()) before.get();  // a failure before: this one fails too
-                      comm->allreduce(group, raw->delta, raw->mean);
-                      raw->bytes_sent = comm->last_stats().bytes_sent;
+                      // The group as it is when the operation starts (the ones before it may have
+                      // dropped members); a member lost on the way is dropped and the rest go
+                      // again.
+                      for (;;) {
+                        collective::Group g = group->current();
+                        g.round_id = round_id;
+                        try {
+                          comm->allreduce(g, raw->delta, raw->mean);
+                          raw->bytes_sent += comm->last_stats().bytes_sent;
+                          return;
+                        } catch (const collective::PeerLostError& e) {
+                          raw->bytes_sent += comm->last_stats().bytes_sent;
+                          if (!group->drop(e.peer(), g)) throw;
+                          log_warn("fragment all-reduce " + std::to_string(round_id) + ": " +
+                                   e.peer() + " lost; the others finish it without it");
+                        }
+                      }
                     }).share();
       fl->done = s_->last_op;
       s_->in_flight.push_back(std::move(fl));
@@ -792,6 +877,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   out.inner.round = req.round;
   out.inner.mean_loss = loss / h;
   out.theta_hash = k.outer->theta_hash();
+  out.group = group->names();
   out.seconds = seconds_since(t0);
   return out;
 }
@@ -893,6 +979,7 @@ std::string InnerWorker::save_inner_state(std::string path) {
 LOCO_REGISTER(InnerWorker,
               loco::ActorClass<InnerWorker>("diloco.InnerWorker")
                   .constructor<std::string, std::string, int>()
+                  .on_stop(&InnerWorker::stop)
                   .internal_method("endpoints", &InnerWorker::endpoints)
                   .internal_method("init", &InnerWorker::init)
                   .internal_method("inner", &InnerWorker::inner)

@@ -21,6 +21,10 @@ class InnerWorker {
  public:
   InnerWorker(std::string job_id, std::string spec, int index);
   ~InnerWorker();
+  // The stop hook (ActorClass::on_stop), from another thread: its collective leaves (the
+  // fragments in flight fail, naming it lost to the others at once) and a round in progress
+  // ends at the next inner step.
+  void stop();
 
   // The endpoints of its collective (bulk data) sockets, one per local rank: rank r
   // averages slice r of Δ with rank r of the other workers.

@@ -108,7 +108,10 @@ struct StreamResult {
   uint64_t bytes_sent = 0;  // by the fragments' all-reduces that ended in this round
   double wait_seconds = 0;  // inner steps held up waiting for a fragment's average to land
   double seconds = 0;       // the whole call
-  MSGPACK_DEFINE(inner, theta_hash, bytes_sent, wait_seconds, seconds)
+  // The members its fragments ended the round with: the request's, less any lost mid-round
+  // (the survivors finished those fragments without them).
+  std::vector<std::string> group;
+  MSGPACK_DEFINE(inner, theta_hash, bytes_sent, wait_seconds, seconds, group)
 };
 
 // A checkpoint the job wrote (event kind kCheckpointRecord in its event log): what a restarted

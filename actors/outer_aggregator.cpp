@@ -225,13 +225,14 @@ struct OuterAggregator::State {
   // attempt's seconds, was `started`) and, when they agree, calls `agreed` before anything
   // else (the next round goes out there), then records them. False when a member failed or
   // was lost: the others have landed fragments it never saw, so the round cannot be re-formed
-  // as a blocking one is; the job rewinds to its last checkpoint. `last`: the job's last
-  // round; the attempt goes into `records`, the members' figures into `figures` and
-  // round_steps.
+  // as a blocking one is; the job rewinds to its last checkpoint (unless the survivors of a
+  // member lost with fragments in flight finished those without it: `finished`, the members
+  // that finished the round). `last`: the job's last round; the attempt goes into `records`,
+  // the members' figures into `figures` and round_steps.
   StreamCalls send_stream(int64_t r, bool last, const std::vector<int>& members);
   bool finish_stream(StreamCalls& c, double started, const std::function<void()>& agreed,
                      JobRecords& records, std::vector<MemberFigures>& figures, double& loss,
-                     double& inner_secs, uint64_t& theta_hash);
+                     double& inner_secs, uint64_t& theta_hash, std::vector<int>& finished);
   std::optional<double> evaluate(int64_t windows);
   template <class T>
   std::optional<T> ask_any(const std::string& what,
@@ -854,6 +855,7 @@ void OuterAggregator::State::run() {
       };
       if (p != Pipeline::ahead) say(p);
       uint64_t hash = 0;
+      std::vector<int> finished;
       const bool ok = finish_stream(
           calls, t_round,
           [&] {
@@ -862,7 +864,7 @@ void OuterAggregator::State::run() {
             ahead = send_stream(r + 1, r + 2 == rounds, members);
             say(p);
           },
-          records, round_members, loss, inner_secs, hash);
+          records, round_members, loss, inner_secs, hash, finished);
       if (!ok) {
         log("round " + std::to_string(r + 1) +
             " failed with synchronizations in flight; the job goes back to " +
@@ -871,11 +873,12 @@ void OuterAggregator::State::run() {
         go_back();
         continue;
       }
-      log_info(job_id + ": round " + std::to_string(r + 1) + " results in " +
-               std::to_string(results_in - t_round) + " s after it began; bookkeeping " +
-               std::to_string(now_s() - results_in) + " s; round " + std::to_string(r + 2) + ": " +
-               to_string(p));
-      ready = group = members;
+      if (results_in > 0)  // all agreed (not the survivors of a lost member)
+        log_info(job_id + ": round " + std::to_string(r + 1) + " results in " +
+                 std::to_string(results_in - t_round) + " s after it began; bookkeeping " +
+                 std::to_string(now_s() - results_in) + " s; round " + std::to_string(r + 2) +
+                 ": " + to_string(p));
+      ready = group = members = finished;
       agreed = hash;
     } else {
       // 1-2. Every member runs its H inner steps, or (inner.budget: time) steps until the
@@ -1206,16 +1209,29 @@ StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last,
 bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
                                            const std::function<void()>& agreed, JobRecords& records,
                                            std::vector<MemberFigures>& figures, double& loss,
-                                           double& inner_secs, uint64_t& theta_hash) {
+                                           double& inner_secs, uint64_t& theta_hash,
+                                           std::vector<int>& finished) {
   const int64_t r = c.round;
   const std::vector<int>& members = c.members;
   std::vector<Failure> errors;
   auto res = gather(c.calls, errors, Millis(3600 * 1000));
   const double seconds = now_s() - std::max(c.sent, started);
   std::vector<MemberOutcome> outcomes;
-  for (size_t i = 0; i < members.size(); ++i)
-    outcomes.push_back(res[i] ? MemberOutcome{true, res[i]->theta_hash, false}
-                              : MemberOutcome{false, 0, errors[i].gone});
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!res[i]) {
+      outcomes.push_back(MemberOutcome{false, 0, errors[i].gone, {}});
+      continue;
+    }
+    MemberOutcome o{true, res[i]->theta_hash, false, {}};
+    for (const std::string& name : res[i]->group) {
+      int slot = -1;
+      for (int m : members)
+        if (slots[size_t(m)].name == name) slot = m;
+      o.group.push_back(slot);
+    }
+    std::sort(o.group.begin(), o.group.end());
+    outcomes.push_back(std::move(o));
+  }
   const OverlappedDecision d = after_overlapped_round(members, outcomes);
   if (d.kind == OverlappedDecision::Kind::agreed) agreed();
   AttemptRecord rec;
@@ -1246,9 +1262,17 @@ bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
                              std::to_string(res[i]->theta_hash) + " vs " +
                              std::to_string(res[0]->theta_hash) + ")");
   }
+  if (d.kind == OverlappedDecision::Kind::smaller)
+    for (int m : d.lost) {
+      const size_t i = size_t(std::find(members.begin(), members.end(), m) - members.begin());
+      release(m,
+              "lost in round " + std::to_string(r + 1) +
+                  "; the others finished its fragments in flight without it: " + errors[i].message);
+    }
   loss = 0;
   inner_secs = 0;
   for (size_t i = 0; i < members.size(); ++i) {
+    if (!res[i]) continue;
     const InnerResult& in = res[i]->inner;
     loss += in.mean_loss;
     inner_secs += in.seconds;
@@ -1257,8 +1281,9 @@ bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
     figures.push_back({members[i], in.steps, tokens, in.seconds});
     round_steps.push_back(in.per_step);
   }
-  loss /= double(members.size());
+  loss /= double(d.finished.size());
   theta_hash = d.theta_hash;
+  finished = d.finished;
   return true;
 }
 

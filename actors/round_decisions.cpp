@@ -62,15 +62,34 @@ OverlappedDecision after_overlapped_round(const std::vector<int>& members,
     throw std::invalid_argument("after_overlapped_round: " + std::to_string(outcomes.size()) +
                                 " outcomes for " + std::to_string(members.size()) + " members");
   OverlappedDecision d;
-  bool all_ok = !members.empty();
+  bool failed_alive = false;  // a member whose round failed but which is still there
+  std::vector<size_t> ok;
   for (size_t i = 0; i < members.size(); ++i) {
-    all_ok = all_ok && outcomes[i].ok;
-    if (!outcomes[i].ok && outcomes[i].gone) d.lost.push_back(members[i]);
+    if (outcomes[i].ok)
+      ok.push_back(i);
+    else if (outcomes[i].gone)
+      d.lost.push_back(members[i]);
+    else
+      failed_alive = true;
   }
-  if (!all_ok) return d;  // rewind
-  d.kind = OverlappedDecision::Kind::agreed;
-  d.theta_hash = outcomes[0].theta_hash;
-  for (size_t i = 1; i < members.size(); ++i) {
+  // It may hold a θ of its own: only the checkpoint is known to every member.
+  if (ok.empty() || failed_alive) return d;
+  std::vector<int> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  auto group_of = [&](size_t i) { return outcomes[i].group.empty() ? sorted : outcomes[i].group; };
+  // The members that returned must have ended with one group, which holds each of them: then
+  // they reduced every fragment over the same members, and only lost members are missing.
+  const std::vector<int> group = group_of(ok[0]);
+  for (size_t i : ok) {
+    if (group_of(i) != group) return d;
+    if (!std::binary_search(group.begin(), group.end(), members[i])) return d;
+  }
+  for (int m : group)
+    if (m < 0) return d;
+  d.kind = d.lost.empty() ? OverlappedDecision::Kind::agreed : OverlappedDecision::Kind::smaller;
+  d.theta_hash = outcomes[ok[0]].theta_hash;
+  for (size_t i : ok) {
+    d.finished.push_back(members[i]);
     if (outcomes[i].theta_hash != d.theta_hash) {
       d.kind = OverlappedDecision::Kind::diverged;
       d.diverged_member = members[i];

@@ -24,6 +24,9 @@ struct MemberOutcome {
   bool ok = false;          // its reduce returned
   uint64_t theta_hash = 0;  // θ after the outer step, when ok
   bool gone = false;        // when not ok: its actor is gone (not merely the operation failed)
+  // sync.mode streaming, when ok: the members (as in `members`, sorted) its fragments ended
+  // the round with; -1 for a name the aggregator does not know. Empty: all of `members`.
+  std::vector<int> group;
 };
 
 inline constexpr uint64_t kMaxReduceRetries = 3;
@@ -52,11 +55,15 @@ AttemptDecision after_attempt(const std::vector<int>& group,
 // averages it never saw, so no smaller group can finish the round: the job goes back to its
 // last checkpoint (`lost`: the gone members, to release).
 struct OverlappedDecision {
-  enum class Kind { agreed, diverged, rewind };
+  // agreed: every member finished with the same θ. smaller: so did the survivors, having
+  // finished the fragments in flight without the members `lost` mid-round. diverged: members
+  // of one group hold different θ (a bug). rewind: the job goes back to its last checkpoint.
+  enum class Kind { agreed, smaller, diverged, rewind };
   Kind kind = Kind::rewind;
-  uint64_t theta_hash = 0;   // agreed
+  uint64_t theta_hash = 0;   // agreed, smaller
   int diverged_member = -1;  // diverged
-  std::vector<int> lost;     // rewind
+  std::vector<int> lost;     // smaller, rewind: members whose actor is gone
+  std::vector<int> finished;  // agreed, smaller: the members that finished the round
 };
 OverlappedDecision after_overlapped_round(const std::vector<int>& members,
                                           const std::vector<MemberOutcome>& outcomes);

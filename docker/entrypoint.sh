@@ -54,8 +54,9 @@ case "$role" in
       fi
       sleep 1
     done
+    # Within compose's stop_grace_period (5 s): the node leaves cleanly before docker's SIGKILL.
     exec loco start --block --address "$head" --advertise "$(advertise)" \
-      --resources "${LOCO_RESOURCES:-cpu=2}" "$@" ;;
+      --resources "${LOCO_RESOURCES:-cpu=2}" --stop-grace "${LOCO_STOP_GRACE_S:-4}" "$@" ;;
   *)
     exec "$@" ;;
 esac

@@ -81,7 +81,10 @@ void add_security_options(CLI::App& app) {
 
 namespace {
 std::atomic<bool> g_stop{false};
-void on_signal(int) { g_stop.store(true); }
+// The first SIGINT or SIGTERM asks for a clean stop; a second one ends the process at once.
+void on_signal(int) {
+  if (g_stop.exchange(true)) ::_exit(130);
+}
 }  // namespace
 
 void install_signal_handlers() {

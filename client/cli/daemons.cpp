@@ -40,6 +40,7 @@ struct StartArgs {
   std::vector<std::string> plugins;
   int64_t detect_ms = 2000;
   double retention_s = 600;
+  double stop_grace_s = 30;
   size_t max_message_bytes = size_t(1) << 30;
   std::string data_root, checkpoint_root;
   bool block = false;
@@ -114,6 +115,7 @@ int start_blocking(const StartArgs& a) {
     cfg.plugins.push_back(default_plugin_dir());
   }
   cfg.max_message_bytes = a.max_message_bytes;
+  cfg.stop_grace_ms = int64_t(a.stop_grace_s * 1000);
   cfg.data_root = a.data_root;
   cfg.checkpoint_root = a.checkpoint_root;
   cfg.security = security::resolve("", false);
@@ -233,6 +235,12 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
                    "head: forget dead actors and dead or departed nodes this long after they "
                    "died (default 600)")
       ->check(CLI::Range(0.1, 1e9));
+  start
+      ->add_option("--stop-grace", sa->stop_grace_s,
+                   "node: on SIGTERM, how long its actors' methods in progress may take to end "
+                   "before the node leaves without them (seconds, default 30; a second signal "
+                   "ends it at once)")
+      ->check(CLI::Range(0.0, 86400.0));
   start->add_option("--max-message-bytes", sa->max_message_bytes, "largest message accepted");
   start->add_option("--data-root", sa->data_root,
                     "node: the folder jobs' data.dir must be in (default: the working directory)");

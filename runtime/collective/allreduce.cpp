@@ -21,6 +21,7 @@ struct detail::CommunicatorImpl {
   std::unique_ptr<float[]> result;  // the in-place variants' output, copied back on success
   size_t result_capacity = 0;
   std::vector<float> input;  // concatenation of several tensors
+  std::once_flag left;
 
   float* result_buffer(size_t n) {
     if (n > result_capacity) {
@@ -70,6 +71,15 @@ const std::string& Communicator::endpoint() const { return impl_->transport->end
 Options& Communicator::options() { return impl_->options; }
 detail::Hooks& Communicator::hooks() { return impl_->ws.hooks; }
 const Stats& Communicator::last_stats() const { return impl_->ws.stats; }
+
+void Communicator::leave(const std::string& reason) {
+  std::call_once(impl_->left, [&] {
+    impl_->ws.leave_reason = reason;
+    impl_->ws.leaving.store(true, std::memory_order_release);
+  });
+}
+
+bool Communicator::has_left() const { return impl_->ws.leaving.load(std::memory_order_acquire); }
 
 void Communicator::allreduce(const Group& group, std::span<float> data) {
   float* out = impl_->result_buffer(data.size());

@@ -19,7 +19,7 @@
 //   operation that arrives early is kept for it, data of an earlier one is dropped. So retrying
 //   a failed operation with the same members needs a new round_id (fold an attempt counter in);
 //   the usual retry, without the lost member, may keep the round id.
-// - One operation at a time per Communicator; it is not thread-safe.
+// - One operation at a time per Communicator; it is not thread-safe (but for leave()).
 //
 // Layers (each its own file): types.hpp (this vocabulary, no sockets), wire.hpp (the message
 // header and abort notices), transport.hpp (what the schedule needs of a network, with
@@ -80,6 +80,15 @@ class Communicator {
 
   // Counters of the last operation (also after a failure, up to the failure).
   const Stats& last_stats() const;
+
+  // This member leaves for good (its process is stopping): the operation in progress, if any,
+  // fails within its poll interval (100 ms), and so does every later one, at once. Each tells
+  // its peers, on the control channel, that this member is lost (`reason` in the notice), so
+  // that they fail with PeerLostError naming it and can go on without it instead of waiting
+  // out its silence window. Thread-safe: the one call that may come from another thread than
+  // the operation's. Only the first call's reason is kept.
+  void leave(const std::string& reason);
+  bool has_left() const;
 
  private:
   std::unique_ptr<detail::CommunicatorImpl> impl_;

@@ -60,6 +60,7 @@ class Op {
         rules_(LivenessRules::from(options.peer_timeout)) {}
 
   uint64_t round_id() const { return g_.round_id; }
+  uint64_t group_fingerprint() const { return fp_; }
   bool is_member(const std::string& name) const { return rank_of(name) >= 0; }
   void run();
   // After run() succeeded: our last data may still be on its way to peers that wait for it
@@ -130,6 +131,15 @@ class Op {
   void reduce_chunk(size_t c);
   [[noreturn]] void fail_nonfinite(size_t c, const float* acc);
   void check_liveness(Clock::time_point now);
+  // This member has left (Communicator::leave): the operation fails, and its peers are told
+  // that this member is lost, so that they go on without it at once.
+  void check_leaving() const {
+    if (!ws_.leaving.load(std::memory_order_acquire)) return;
+    throw OpFailure{AbortKind::peer_lost, g_.members[me_].name,
+                    "member " + who(me_) + " left in round " + std::to_string(g_.round_id) + ": " +
+                        ws_.leave_reason,
+                    true};
+  }
   std::chrono::milliseconds poll_budget(Clock::time_point now);
   bool done() const;
 
@@ -291,6 +301,15 @@ void Op::handle(Message& m) {
         note_heard(peers_[s], Clock::now());
         stale_round_[s] = h.round_id;
       }
+      return;
+    }
+    if (h.round_id == g_.round_id) {
+      // Another attempt at this round with another group: the one before ours (its last
+      // chunks, sent before the sender learnt that a member was lost) or the next one (the
+      // sender dropped the lost member before we did). Neither says anything against the
+      // sender: keep it for the attempt it belongs to; a later round id drops it.
+      if (h.type != MsgType::keepalive)
+        ws_.stash_message(std::move(m), g_.round_id, s < 0, Clock::now());
       return;
     }
     // A later round. Data arrives in order, so a member's data (or hello) of a later round
@@ -519,6 +538,7 @@ void Op::run() {
       ws_.stats.bytes_sent += sizeof(Header) + g_.members[me_].name.size();
   }
 
+  check_leaving();
   // Messages of this operation that arrived during an earlier one.
   for (Workspace::Early& e : ws_.take_stash(Clock::now())) {
     if (e.m.header.round_id < g_.round_id) continue;
@@ -572,6 +592,7 @@ void Op::run() {
         peers_[p].dropped = now;
     }
     check_liveness(now);
+    check_leaving();
     if (progressed) continue;
     writable_.clear();
     for (int p = 0; p < k_; ++p)
@@ -593,7 +614,8 @@ void Op::linger_until_delivered() {
       const Header& h = m.header;
       if (!check_message(h, m.sender.size(), m.payload.size).empty()) {
         ws_.drop(m, "malformed");
-      } else if (h.round_id > g_.round_id && h.type != MsgType::keepalive) {
+      } else if ((h.round_id > g_.round_id || (h.round_id == g_.round_id && h.group_fp != fp_)) &&
+                 h.type != MsgType::keepalive) {
         ws_.stash_message(std::move(m), g_.round_id, rank_of(m.sender) < 0, Clock::now());
       } else if (h.round_id == g_.round_id && h.sender_rank < static_cast<uint32_t>(k_) &&
                  g_.members[h.sender_rank].name == m.sender) {
@@ -640,7 +662,13 @@ void abandon(Transport& t, Workspace& ws, Op& op) {
   }
   Message m;
   while (t.try_receive(m)) {
-    if (m.header.round_id > op.round_id() && m.header.type != MsgType::keepalive &&
+    // Kept: later rounds, and another attempt at this one (a peer that already runs the retry
+    // without a lost member: dropping its first chunks would leave our retry waiting on them
+    // while its keepalives say it is alive).
+    const bool later =
+        m.header.round_id > op.round_id() ||
+        (m.header.round_id == op.round_id() && m.header.group_fp != op.group_fingerprint());
+    if (later && m.header.type != MsgType::keepalive &&
         check_message(m.header, m.sender.size(), m.payload.size).empty())
       ws.stash_message(std::move(m), op.round_id(), !op.is_member(m.sender), Clock::now());
     m = Message{};
@@ -788,6 +816,9 @@ void butterfly_allreduce(Transport& t, Workspace& ws, const Options& options, co
     if (p != group.rank) peers.push_back(group.members[p].endpoint);
   t.keep_only(peers, options.peer_timeout);
   if (group.members.size() == 1) {
+    if (ws.leaving.load(std::memory_order_acquire))
+      throw PeerLostError("member " + group.members[0].name + " left: " + ws.leave_reason,
+                          group.members[0].name);
     std::memcpy(out, in, n * sizeof(float));
     return;
   }

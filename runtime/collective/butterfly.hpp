@@ -15,6 +15,7 @@
 // by liveness.hpp.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -103,6 +104,10 @@ struct Workspace {
   // bytes are evidence of life between whole messages.
   std::map<std::string, std::set<uint64_t>> links;
   bool last_ok = true;  // whether the last operation succeeded
+  // Communicator::leave(): set once, from any thread; every operation from then on fails and
+  // names this member lost to its peers. The reason is written before the flag.
+  std::atomic<bool> leaving{false};
+  std::string leave_reason;
 };
 
 // out <- the mean over `group` of the members' `in` (n floats each; `out` may not overlap

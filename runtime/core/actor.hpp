@@ -171,6 +171,15 @@ class ActorClass {
   ActorClass& method(const std::string& name, R (T::*m)(A...) const) {
     return add(name, m);
   }
+  // Called when the actor is stopped (its node leaving on SIGTERM, kill_actor), on the thread
+  // that stops it and possibly while one of its methods runs on the actor's own thread: it
+  // must be thread-safe and return at once, asking the method in progress to end soon (by
+  // returning or throwing; either way its caller then gets ActorDiedError). Without it the
+  // method runs to its end, which the node waits for up to its stop grace time.
+  ActorClass& on_stop(void (T::*m)()) {
+    entry_->stop = [m](void* self) { (static_cast<T*>(self)->*m)(); };
+    return *this;
+  }
   // A method that only the cluster's own members may call (see above).
   template <class R, class... A>
   ActorClass& internal_method(const std::string& name, R (T::*m)(A...)) {

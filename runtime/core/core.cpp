@@ -629,6 +629,14 @@ bool Core::unhost(const std::string& actor_id) {
     box->stopping = true;
   }
   box->cv.notify_all();
+  // Ask the method in progress, if any, to end soon (ActorClass::on_stop).
+  if (box->cls->stop && box->instance) {
+    try {
+      box->cls->stop(box->instance.get());
+    } catch (const std::exception& e) {
+      spdlog::warn("actor {} ({}): its stop hook raised: {}", actor_id, box->cls->name, e.what());
+    }
+  }
   if (box->thread.get_id() == std::this_thread::get_id())
     box->thread.detach();
   else if (box->thread.joinable())
@@ -703,6 +711,16 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
       }
       tl_handling = nullptr;
       tl_caller = nullptr;
+      if (!err_type.empty()) {
+        // A method that failed because its actor is being stopped: to its caller the actor is
+        // gone, whatever the method raised on the way out.
+        std::lock_guard<std::mutex> lock(box->mu);
+        if (box->stopping) {
+          err_type = "ActorDiedError";
+          err_msg = "actor " + box->id + " (" + box->cls->name + ") was stopped on " +
+                    opts_.self_name + " during " + in.env.method + ": " + err_msg;
+        }
+      }
       if (handling.deferred) {
         // The method took its answer: it is sent by whoever holds it, or now if it threw.
         if (!err_type.empty()) handling.deferred->error(err_type, err_msg);

@@ -3,7 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <set>
 #include <thread>
+#include <vector>
 
 #include "runtime/core/actor.hpp"
 #include "runtime/core/core.hpp"
@@ -245,17 +249,57 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
     }
   }
 
-  // Leave cleanly: the head moves our restartable actors elsewhere.
-  for (const std::string& id : core->hosted()) core->unhost(id);
-  try {
-    rec.state = NodeState::left;
-    rec.reason = "stopped";
-    store->hput(keys::kNodes, node_id, packed(rec));
-    store->erase(keys::alive(node_id));
-    store->append(keys::kEvents, {{"type", "leave"}, {"node", node_id}});
-  } catch (const membership::StoreError& e) {
-    spdlog::warn("node {}: could not record leaving: {}", node_id, e.what());
+  // Leave cleanly: the head moves our restartable actors elsewhere. Their methods in progress
+  // are asked to end (on_stop) and get the grace time; one that does not end by then does not
+  // hold the node, whose peers (a collective waiting on its worker, say) rely on it leaving.
+  auto record_left = [&] {
+    try {
+      rec.state = NodeState::left;
+      rec.reason = "stopped";
+      store->hput(keys::kNodes, node_id, packed(rec));
+      store->erase(keys::alive(node_id));
+      store->append(keys::kEvents, {{"type", "leave"}, {"node", node_id}});
+    } catch (const membership::StoreError& e) {
+      spdlog::warn("node {}: could not record leaving: {}", node_id, e.what());
+    }
+  };
+  {
+    // One thread per actor, so that every actor is asked to stop at once.
+    struct Stopping {
+      std::mutex mu;
+      std::condition_variable cv;
+      std::set<std::string> left;  // the actors not stopped yet
+    };
+    auto st = std::make_shared<Stopping>();
+    const std::vector<std::string> ids = core->hosted();
+    st->left.insert(ids.begin(), ids.end());
+    std::vector<std::thread> stoppers;
+    for (const std::string& id : ids) {
+      stoppers.emplace_back([core, st, id] {
+        core->unhost(id);
+        std::lock_guard<std::mutex> lock(st->mu);
+        st->left.erase(id);
+        st->cv.notify_all();
+      });
+    }
+    std::unique_lock<std::mutex> lock(st->mu);
+    auto all_stopped = [&] { return st->left.empty(); };
+    if (cfg.stop_grace_ms <= 0)
+      st->cv.wait(lock, all_stopped);
+    else if (!st->cv.wait_for(lock, Millis(cfg.stop_grace_ms), all_stopped)) {
+      std::string names;
+      for (const std::string& id : st->left) names += (names.empty() ? "" : ", ") + id;
+      spdlog::error("node {}: {} still in a method {} after the stop began; leaving without them",
+                    node_id, names, human_ms(cfg.stop_grace_ms));
+      lock.unlock();
+      record_left();
+      spdlog::shutdown();
+      std::_Exit(0);  // the stoppers still wait on those methods: not joined
+    }
+    lock.unlock();
+    for (std::thread& t : stoppers) t.join();
   }
+  record_left();
   core->shutdown();
   detail::current_core().reset();
   spdlog::info("node {} stopped", node_id);

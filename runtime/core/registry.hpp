@@ -29,6 +29,8 @@ struct ClassEntry {
   std::type_index type = typeid(void);
   std::function<std::shared_ptr<void>(Payload& args)> factory;
   std::vector<MethodEntry> methods;
+  // Asks an instance to stop (ActorClass::on_stop); empty when the class has no such hook.
+  std::function<void(void* self)> stop;
 
   const MethodEntry* find(const std::string& method) const;
   std::string method_list() const;  // "add, get" for error messages

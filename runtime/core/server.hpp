@@ -33,6 +33,10 @@ struct NodeConfig {
   std::vector<std::string> plugins;
   size_t max_message_bytes = size_t(1) << 30;
   int64_t connect_timeout_ms = 30000;
+  // On stop: its actors are asked to stop (ActorClass::on_stop) and their methods in progress
+  // get this long to end; then the node records that it left and ends the process without
+  // them (std::_Exit). 0 or less: wait as long as they take.
+  int64_t stop_grace_ms = 30000;
   // What the jobs of its actors may read and write (loco start --data-root,
   // --checkpoint-root); empty: the working directory.
   std::string data_root, checkpoint_root;

@@ -168,6 +168,15 @@ TEST_P(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
         "chaos: recovery time median %.2f s, max %.2f s (%zu of %zu faults recovered before the "
         "end)\n",
         recovery[recovery.size() / 2], recovery.back(), recovery.size(), faults.size());
+  // How the rounds that lost a member ended: re-formed or finished by the survivors, or sent
+  // back to the last checkpoint.
+  auto count = [&](const std::string& text) {
+    size_t n = 0;
+    for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+    return n;
+  };
+  std::printf("chaos: %zu members lost with fragments in flight finished without, %zu rewinds\n",
+              count("finished its fragments in flight without it"), count(" goes back to "));
   std::printf("chaos: final validation loss %.5f, without faults %.5f (%+.2f%%)\n", got, reference,
               100 * (got - reference) / reference);
   EXPECT_GE(faults.size(), 5u) << "too few faults for a chaos test; another seed?";

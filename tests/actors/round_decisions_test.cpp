@@ -13,6 +13,9 @@ using Kind = AttemptDecision::Kind;
 MemberOutcome ok(uint64_t hash) { return {true, hash, false}; }
 MemberOutcome failed() { return {false, 0, false}; }
 MemberOutcome gone() { return {false, 0, true}; }
+MemberOutcome ended_with(uint64_t hash, std::vector<int> group) {
+  return {true, hash, false, std::move(group)};
+}
 
 TEST(RoundDecisions, TheRoundIsRedoneBelowTheMinimumOrWithNobody) {
   EXPECT_EQ(after_inner(3, 2), AfterInner::reduce);
@@ -74,6 +77,45 @@ TEST(RoundDecisions, AnOverlappedRoundStandsOrTheJobRewinds) {
   EXPECT_EQ(d.kind, K::rewind);
   EXPECT_EQ(d.lost, std::vector<int>{2});
   EXPECT_EQ(after_overlapped_round({}, {}).kind, K::rewind);
+}
+
+// A member lost while fragments were in flight: the survivors that finished them without it,
+// all with the same group and θ, keep the round; anything less certain goes back.
+TEST(RoundDecisions, SurvivorsThatFinishedTheFragmentsAsOneSmallerGroupKeepTheRound) {
+  using K = OverlappedDecision::Kind;
+  auto d =
+      after_overlapped_round({0, 2, 3}, {ended_with(7, {0, 3}), gone(), ended_with(7, {0, 3})});
+  EXPECT_EQ(d.kind, K::smaller);
+  EXPECT_EQ(d.theta_hash, 7u);
+  EXPECT_EQ(d.lost, std::vector<int>{2});
+  EXPECT_EQ(d.finished, (std::vector<int>{0, 3}));
+  // It died after its last fragment: the survivors' group still holds it, θ is theirs alike.
+  d = after_overlapped_round({0, 2, 3}, {ended_with(7, {0, 2, 3}), gone(), ended_with(7, {})});
+  EXPECT_EQ(d.kind, K::smaller);
+  EXPECT_EQ(d.finished, (std::vector<int>{0, 3}));
+  // Survivors that ended with different groups (one dropped the other): back to the checkpoint,
+  // even when every member answered, and not taken for a bug.
+  EXPECT_EQ(
+      after_overlapped_round({0, 2, 3}, {ended_with(7, {0, 3}), gone(), ended_with(8, {3})}).kind,
+      K::rewind);
+  EXPECT_EQ(after_overlapped_round({0, 2}, {ended_with(7, {0}), ended_with(8, {2})}).kind,
+            K::rewind);
+  // A survivor outside the group, or a name the aggregator does not know.
+  EXPECT_EQ(
+      after_overlapped_round({0, 2, 3}, {ended_with(7, {0}), gone(), ended_with(7, {0})}).kind,
+      K::rewind);
+  EXPECT_EQ(
+      after_overlapped_round({0, 3}, {ended_with(7, {-1, 0, 3}), ended_with(7, {-1, 0, 3})}).kind,
+      K::rewind);
+  // The same group but a different θ is a bug, named.
+  d = after_overlapped_round({0, 2, 3}, {ended_with(7, {0, 3}), gone(), ended_with(9, {0, 3})});
+  EXPECT_EQ(d.kind, K::diverged);
+  EXPECT_EQ(d.diverged_member, 3);
+  // A member that failed but is still there may hold a θ of its own: back.
+  EXPECT_EQ(
+      after_overlapped_round({0, 2, 3}, {ended_with(7, {0, 3}), failed(), ended_with(7, {0, 3})})
+          .kind,
+      K::rewind);
 }
 
 TEST(RoundDecisions, RewindOnlyWhenNobodyHoldsTheStatePastTheResumeRound) {

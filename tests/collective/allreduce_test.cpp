@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <future>
 #include <thread>
 #include <zmq.hpp>
 
@@ -64,6 +66,28 @@ class Members {
     }
     for (auto& t : threads) t.join();
     return errors;
+  }
+
+  // Starts one operation of the group `ranks` on its first `calling` members only, each on a
+  // thread of its own (the others never call); the caller joins them. data[i] and errors[i]
+  // belong to ranks[i].
+  std::vector<std::thread> start_some(const std::vector<int>& ranks, size_t calling, uint64_t round,
+                                      std::vector<std::vector<float>>& data,
+                                      std::vector<std::exception_ptr>& errors) {
+    errors.assign(calling, nullptr);
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < calling; ++i) {
+      // ranks and round by value: the threads outlive this call.
+      threads.emplace_back([this, ranks, round, &data, &errors, i] {
+        try {
+          comms[ranks[i]]->allreduce(group(ranks, round, static_cast<int>(i)),
+                                     std::span<float>(data[i]));
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+    }
+    return threads;
   }
 
   std::vector<std::unique_ptr<Communicator>> comms;
@@ -494,19 +518,9 @@ TEST(AllreduceErrors, AbsentMemberIsLostWithinTheTimeout) {
   std::vector<std::vector<float>> data;
   for (int r = 0; r < 3; ++r) data.push_back(make_data(3, r, 30000));
   // w3 is in the group but never calls.
-  std::vector<std::exception_ptr> errors(3);
-  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors;
   auto start = std::chrono::steady_clock::now();
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        m.comms[r]->allreduce(m.group(iota(4), 60, r), std::span<float>(data[r]));
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  for (auto& t : m.start_some(iota(4), 3, 60, data, errors)) t.join();
   auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_LT(elapsed, std::chrono::milliseconds(800 + 1500));
   for (int r = 0; r < 3; ++r) {
@@ -516,6 +530,65 @@ TEST(AllreduceErrors, AbsentMemberIsLostWithinTheTimeout) {
   auto in = data;
   rethrow_any(m.run({0, 1, 2}, 60, data));
   expect_mean(in, data, 4 * 1.2e-7);
+}
+
+// Communicator::leave (a worker whose node is stopping): the member's operation fails and its
+// peers are told at once that it is lost, instead of waiting out its silence window (60 s here,
+// so a test that waited would fail on the message, and on ctest's timeout).
+Options patient() {
+  Options o;
+  o.peer_timeout = std::chrono::milliseconds(60000);
+  o.chunk_bytes = 4096;
+  return o;
+}
+
+TEST(CollectiveLeave, AMemberThatLeavesMidOperationIsNamedLostByTheOthersAtOnce) {
+  Members m(4, Transport::tcp, patient());
+  // w3 leaves after its first data message, on the operation's own thread.
+  m.comms[3]->hooks().after_send = [&](uint64_t) { m.comms[3]->leave("its node is stopping"); };
+  std::vector<std::vector<float>> data;
+  for (int r = 0; r < 4; ++r) data.push_back(make_data(5, r, 200000));
+  const auto original = data;
+  auto errors = m.run(iota(4), 70, data);
+  for (int r = 0; r < 4; ++r) {
+    expect_error_naming<PeerLostError>(errors[r], "w3", "left in round 70: its node is stopping");
+    EXPECT_EQ(data[r], original[r]) << "a failed operation must leave the input unchanged";
+  }
+  EXPECT_TRUE(m.comms[3]->has_left());
+  // The others go on without it, keeping the round id, as after any lost member.
+  auto in = std::vector<std::vector<float>>(data.begin(), data.begin() + 3);
+  auto three = in;
+  rethrow_any(m.run({0, 1, 2}, 70, three));
+  expect_mean(in, three, 4 * 1.2e-7);
+  // Every later operation that counts w3 fails at once on every member, naming it.
+  m.comms[3]->hooks().after_send = nullptr;
+  errors = m.run(iota(4), 71, data);
+  for (int r = 0; r < 4; ++r)
+    expect_error_naming<PeerLostError>(errors[r], "w3", "left in round 71");
+  std::vector<float> alone = original[3];
+  EXPECT_THROW(m.comms[3]->allreduce(m.group({3}, 72, 0), std::span<float>(alone)), PeerLostError);
+}
+
+TEST(CollectiveLeave, LeavingFromAnotherThreadEndsAWaitOnAnAbsentMember) {
+  Members m(3, Transport::tcp, patient());
+  std::vector<std::vector<float>> data;
+  for (int r = 0; r < 2; ++r) data.push_back(make_data(6, r, 30000));
+  // w2 is in the group but never calls; w1 leaves from this thread once its operation sends.
+  std::promise<void> sending;
+  std::atomic<bool> once{false};
+  m.comms[1]->hooks().after_send = [&](uint64_t) {
+    if (!once.exchange(true)) sending.set_value();
+  };
+  std::vector<std::exception_ptr> errors;
+  std::vector<std::thread> threads = m.start_some(iota(3), 2, 80, data, errors);
+  const bool sent =
+      sending.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  m.comms[1]->leave("stopping");  // ends both operations, whatever happened
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(sent) << "w1 sent nothing in 30 s";
+  // w0 learns it from w1's notice, not from w2's silence (60 s away).
+  expect_error_naming<PeerLostError>(errors[0], "w1", "left in round 80: stopping");
+  expect_error_naming<PeerLostError>(errors[1], "w1", "left in round 80: stopping");
 }
 
 TEST(AllreduceErrors, GroupWithoutThisCommunicatorIsRejected) {

@@ -313,6 +313,64 @@ TEST(Cluster, ANodeSilentForHalfTheDetectionTimeIsCountedLateNotDead) {
   EXPECT_LT(back.heartbeat_longest_ms, o.detect_ms);
 }
 
+std::string text_of(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+// SIGTERM asks a node's actors to stop (ActorClass::on_stop): a method that listens ends at
+// once, its caller gets ActorDiedError saying so, and the node leaves long before its grace
+// time (30 s by default) would run out. Without the hook the method would run its 60 s.
+TEST(Cluster, SigtermedNodeAsksItsActorsToStopAndLeavesWithinItsGrace) {
+  ClusterOptions o;
+  o.nodes = 1;
+  LocalCluster c(o);
+  Runtime& rt = c.runtime();
+  auto a = rt.spawn<Counter>(ActorOptions(), 0);
+  const std::string marker = c.log_dir() + "/running";
+  auto call = a.call(&Counter::wait_for_stop, marker, 60000, true);
+  ASSERT_TRUE(
+      eventually([&] { return std::filesystem::exists(marker); }, Millis(20000), Millis(10)));
+  Subprocess& node = c.node(a.address());
+  ASSERT_EQ(::kill(node.pid(), SIGTERM), 0);
+  try {
+    (void)call.get(Millis(20000));
+    FAIL() << "the call returned";
+  } catch (const ActorDiedError& e) {
+    EXPECT_TRUE(contains(e.what(), "was stopped on")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "asked to stop")) << e.what();
+  }
+  EXPECT_EQ(node.wait(Millis(20000)).value_or(-1), 0) << "the node did not exit in 20 s";
+  const std::string log = text_of(c.log_dir() + "/node-0.log");
+  EXPECT_FALSE(contains(log, "leaving without them")) << log;
+}
+
+// A method that does not listen holds the node only for its grace time (--stop-grace): then
+// the node records that it left and exits, and the caller learns that the actor died.
+TEST(Cluster, ANodeWhoseActorIgnoresTheStopLeavesAfterItsGrace) {
+  ClusterOptions o;
+  o.nodes = 1;
+  o.extra_node_args = {"--stop-grace", "1"};
+  LocalCluster c(o);
+  Runtime& rt = c.runtime();
+  auto a = rt.spawn<Counter>(ActorOptions(), 0);
+  const std::string marker = c.log_dir() + "/running";
+  auto call = a.call(&Counter::wait_for_stop, marker, 120000, false);
+  ASSERT_TRUE(
+      eventually([&] { return std::filesystem::exists(marker); }, Millis(20000), Millis(10)));
+  Subprocess& node = c.node(a.address());
+  const std::string id = rt.status().nodes.at(0).node.id;
+  ASSERT_EQ(::kill(node.pid(), SIGTERM), 0);
+  EXPECT_EQ(node.wait(Millis(20000)).value_or(-1), 0) << "the node did not exit in 20 s";
+  EXPECT_THROW((void)call.get(Millis(20000)), ActorDiedError);
+  const std::string log = text_of(c.log_dir() + "/node-0.log");
+  EXPECT_TRUE(contains(log, "still in a method 1.0 s after the stop began")) << log;
+  bool left = false;
+  for (const NodeStatus& n : rt.status().nodes)
+    if (n.node.id == id) left = n.node.state == NodeState::left;
+  EXPECT_TRUE(left) << "the node did not record that it left";
+}
+
 // The head never waits on a node: with one node stopped (SIGSTOP: its sockets accept, nothing
 // answers), spawns placed there and the restarts of its actors leave the head answering
 // status and hello at once. (It once waited on each create_actor, up to the detection time.)

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <fstream>
 #include <numeric>
 #include <stdexcept>
 #include <thread>
@@ -22,6 +23,21 @@ int Counter::sleep_ms(int ms) {
   return ms;
 }
 
+int Counter::wait_for_stop(std::string marker, int max_ms, bool listen) {
+  std::ofstream(marker) << "running\n";
+  if (!listen) return sleep_ms(max_ms);
+  std::unique_lock<std::mutex> lock(stop_mu_);
+  if (stop_cv_.wait_for(lock, std::chrono::milliseconds(max_ms), [&] { return stopped_; }))
+    throw std::runtime_error("asked to stop");
+  return max_ms;
+}
+
+void Counter::stop() {
+  std::lock_guard<std::mutex> lock(stop_mu_);
+  stopped_ = true;
+  stop_cv_.notify_all();
+}
+
 double Counter::sum(Blob b) {
   auto f = b.as<float>();
   return std::accumulate(f.begin(), f.end(), 0.0);
@@ -39,6 +55,7 @@ std::vector<int> Counter::gpus() const {
 
 LOCO_REGISTER(Counter, loco::ActorClass<Counter>("test.Counter")
                            .constructor<int>()
+                           .on_stop(&Counter::stop)
                            .method("add", &Counter::add)
                            .method("get", &Counter::get)
                            .method("record", &Counter::record)
@@ -50,6 +67,7 @@ LOCO_REGISTER(Counter, loco::ActorClass<Counter>("test.Counter")
                            .method("fail", &Counter::fail)
                            .method("whoami", &Counter::whoami)
                            .method("gpus", &Counter::gpus)
+                           .method("wait_for_stop", &Counter::wait_for_stop)
                            .internal_method("reset", &Counter::reset));
 
 }  // namespace loco::testing

@@ -2,6 +2,8 @@
 // Actor classes for the runtime's tests. Built into a plugin that every test
 // node loads, and linked into the test binaries for their typed handles.
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -34,12 +36,21 @@ class Counter {
   std::string whoami() const;
   // The GPU indices the head gave it: as its constructor saw them, then as a method does.
   std::vector<int> gpus() const;
+  // Creates the file `marker` (so that a test knows the call is running), then waits up to
+  // `max_ms` for its stop hook, raising "asked to stop" when that came first; with `listen`
+  // false it sleeps the whole `max_ms`, stop or not.
+  int wait_for_stop(std::string marker, int max_ms, bool listen);
+  // The stop hook (ActorClass::on_stop).
+  void stop();
 
  private:
   int value_ = 0;
   std::vector<int> log_;
   std::atomic<int> running_{0};
   std::vector<int> gpus_at_construction_;
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stopped_ = false;
 };
 
 }  // namespace loco::testing
