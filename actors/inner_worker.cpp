@@ -1,5 +1,6 @@
 #include "actors/inner_worker.hpp"
 
+#include <c10/core/CachingDeviceAllocator.h>
 #include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -19,14 +20,13 @@
 #include <optional>
 #include <sstream>
 #include <thread>
-#include <c10/core/CachingDeviceAllocator.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "actors/round_decisions.hpp"
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
-#include "diloco/device_info.hpp"
 #include "diloco/data.hpp"
+#include "diloco/device_info.hpp"
 #include "diloco/hf_format.hpp"
 #include "diloco/local_group.hpp"
 #include "diloco/trainer.hpp"
@@ -828,26 +828,26 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       InFlight* raw = fl.get();
       collective::Communicator* comm = k.comm.get();
       std::shared_future<void> before = s_->last_op;
-      s_->last_op =
-          std::async(std::launch::async, [raw, comm, group, round_id, before] {
-            if (before.valid()) before.get();  // a failure before: this one fails too
-            // The group as it is when the operation starts (the ones before it may have
-            // dropped members); a member lost on the way is dropped and the rest go again.
-            for (;;) {
-              collective::Group g = group->current();
-              g.round_id = round_id;
-              try {
-                comm->allreduce(g, raw->delta, raw->mean);
-                raw->bytes_sent += comm->last_stats().bytes_sent;
-                return;
-              } catch (const collective::PeerLostError& e) {
-                raw->bytes_sent += comm->last_stats().bytes_sent;
-                if (!group->drop(e.peer(), g)) throw;
-                log_warn("fragment all-reduce " + std::to_string(round_id) + ": " + e.peer() +
-                         " lost; the others finish it without it");
-              }
-            }
-          }).share();
+      s_->last_op = std::async(std::launch::async, [raw, comm, group, round_id, before] {
+                      if (before.valid()) before.get();  // a failure before: this one fails too
+                      // The group as it is when the operation starts (the ones before it may have
+                      // dropped members); a member lost on the way is dropped and the rest go
+                      // again.
+                      for (;;) {
+                        collective::Group g = group->current();
+                        g.round_id = round_id;
+                        try {
+                          comm->allreduce(g, raw->delta, raw->mean);
+                          raw->bytes_sent += comm->last_stats().bytes_sent;
+                          return;
+                        } catch (const collective::PeerLostError& e) {
+                          raw->bytes_sent += comm->last_stats().bytes_sent;
+                          if (!group->drop(e.peer(), g)) throw;
+                          log_warn("fragment all-reduce " + std::to_string(round_id) + ": " +
+                                   e.peer() + " lost; the others finish it without it");
+                        }
+                      }
+                    }).share();
       fl->done = s_->last_op;
       s_->in_flight.push_back(std::move(fl));
     }

@@ -99,6 +99,14 @@ struct Slot {
   int64_t late_round = -1;
 };
 
+// One round's stream() calls (sync.mode streaming or eager), sent to its members.
+struct StreamCalls {
+  int64_t round = 0;
+  std::vector<int> members;
+  std::vector<Future<StreamResult>> calls;
+  double sent = 0;  // now_s() when they went out
+};
+
 struct OuterAggregator::State {
   std::string job_id;
   dl::JobConfig cfg;
@@ -212,15 +220,19 @@ struct OuterAggregator::State {
   void release(int i, const std::string& why);
   // False when the job must go back to its last checkpoint first (must_rewind).
   [[nodiscard]] bool reconcile(int64_t r);
-  // sync.mode streaming: round r as one stream() call per member. False when a member failed
-  // or was lost: the others have landed fragments it never saw, so the round cannot be
-  // re-formed as a blocking one is; the job rewinds to its last checkpoint.
-  // `last`: the job's last round; the attempt goes into `records`.
-  // `finished`: the members that finished the round (all, or the survivors of a member lost
-  // with fragments in flight, who finished those without it).
-  bool stream_round(int64_t r, bool last, const std::vector<int>& members, JobRecords& records,
-                    double& loss, double& inner_secs, uint64_t& theta_hash,
-                    std::vector<int>& finished);
+  // sync.mode streaming or eager: round r as one stream() call per member. send_stream sends
+  // them; finish_stream waits for their results (the round's start on the workers, for the
+  // attempt's seconds, was `started`) and, when they agree, calls `agreed` before anything
+  // else (the next round goes out there), then records them. False when a member failed or
+  // was lost: the others have landed fragments it never saw, so the round cannot be re-formed
+  // as a blocking one is; the job rewinds to its last checkpoint (unless the survivors of a
+  // member lost with fragments in flight finished those without it: `finished`, the members
+  // that finished the round). `last`: the job's last round; the attempt goes into `records`,
+  // the members' figures into `figures` and round_steps.
+  StreamCalls send_stream(int64_t r, bool last, const std::vector<int>& members);
+  bool finish_stream(StreamCalls& c, double started, const std::function<void()>& agreed,
+                     JobRecords& records, std::vector<MemberFigures>& figures, double& loss,
+                     double& inner_secs, uint64_t& theta_hash, std::vector<int>& finished);
   std::optional<double> evaluate(int64_t windows);
   template <class T>
   std::optional<T> ask_any(const std::string& what,
@@ -748,7 +760,7 @@ void OuterAggregator::State::run() {
     // round's and the job's seconds.
     int64_t round_tokens = 0;
     for (const MemberFigures& f : round_members) round_tokens += f.tokens;
-    // Streaming and eager rounds do not list their members' figures: H steps each.
+    // A round without its members' figures: H steps each.
     if (round_members.empty() && r > 0)
       round_tokens = int64_t(members) * cfg.inner.steps * int64_t(cfg.tokens_per_inner_step());
     p.metrics["round_tokens"] = double(round_tokens);
@@ -760,6 +772,11 @@ void OuterAggregator::State::run() {
 
   int64_t r = resume_round;
   round = r;
+  // sync.mode streaming or eager: the next round's calls, sent as soon as this round's results
+  // were in and agreed (pipeline_next), and when that round began on the workers.
+  std::optional<StreamCalls> ahead;
+  double ahead_since = 0;
+  Pipeline pipeline_said = Pipeline::last_round;
   // Back to the last checkpoint (or the start): every member re-reads it, and the rounds
   // after it are redone, their records replaced. At the resume round nobody is asked to
   // rewind again.
@@ -796,12 +813,16 @@ void OuterAggregator::State::run() {
   int64_t steps_since_eval = 0;
 
   while (r < rounds && !stop) {
-    const double t_round = now_s();
-    if (!reconcile(r)) {
+    // A round sent ahead went out with round r - 1's members, and nothing could change them
+    // since (pipeline_next): no reconcile between the two.
+    const bool sent_ahead = ahead && ahead->round == r;
+    const double t_round = sent_ahead ? ahead_since : now_s();
+    if (!sent_ahead && !reconcile(r)) {
       go_back();
       continue;
     }
-    std::vector<int> members = active();
+    std::vector<int> members = sent_ahead ? ahead->members : active();
+    double results_in = 0;  // streaming: when the round's results were all in
     round_members.clear();
     round_late.clear();
     round_steps.clear();
@@ -810,9 +831,41 @@ void OuterAggregator::State::run() {
     std::optional<uint64_t> agreed;
     double failed_secs = 0;  // in this pass's failed all-reduce attempts
     if (cfg.sync.mode != dl::SyncMode::blocking) {
+      StreamCalls calls = sent_ahead ? std::move(*ahead) : send_stream(r, r + 1 == rounds, members);
+      ahead.reset();
+      read_target();
+      PipelineInput next;
+      next.round = r;
+      next.rounds = rounds;
+      next.evaluation_after =
+          evaluation_due(steps_since_eval + cfg.inner.steps, cfg.eval.every, r + 1, rounds);
+      next.checkpoint_after = checkpoint_due(r + 1, cfg.checkpoint.every, rounds);
+      next.members = int(members.size());
+      next.target = target;
+      next.min = cfg.workers.min;
+      const Pipeline p = pipeline_next(next);
+      // Whether rounds are sent ahead, and why not, said when it changes.
+      auto say = [&](Pipeline now) {
+        if (now == Pipeline::last_round || now == pipeline_said) return;
+        log("round " + std::to_string(r + 2) +
+            (now == Pipeline::ahead ? ": sent as soon as round " + std::to_string(r + 1) +
+                                          "'s results agreed, before its records and report"
+                                    : ": not sent ahead: " + std::string(to_string(now))));
+        pipeline_said = now;
+      };
+      if (p != Pipeline::ahead) say(p);
       uint64_t hash = 0;
       std::vector<int> finished;
-      if (!stream_round(r, r + 1 == rounds, members, records, loss, inner_secs, hash, finished)) {
+      const bool ok = finish_stream(
+          calls, t_round,
+          [&] {
+            results_in = ahead_since = now_s();
+            if (p != Pipeline::ahead) return;
+            ahead = send_stream(r + 1, r + 2 == rounds, members);
+            say(p);
+          },
+          records, round_members, loss, inner_secs, hash, finished);
+      if (!ok) {
         log("round " + std::to_string(r + 1) +
             " failed with synchronizations in flight; the job goes back to " +
             (resume_from.empty() ? std::string("its start")
@@ -820,6 +873,11 @@ void OuterAggregator::State::run() {
         go_back();
         continue;
       }
+      if (results_in > 0)  // all agreed (not the survivors of a lost member)
+        log_info(job_id + ": round " + std::to_string(r + 1) + " results in " +
+                 std::to_string(results_in - t_round) + " s after it began; bookkeeping " +
+                 std::to_string(now_s() - results_in) + " s; round " + std::to_string(r + 2) +
+                 ": " + to_string(p));
       ready = group = members = finished;
       agreed = hash;
     } else {
@@ -965,7 +1023,7 @@ void OuterAggregator::State::run() {
     resuming = false;
     steps_since_eval += cfg.inner.steps;
     std::optional<double> val;
-    if (steps_since_eval >= cfg.eval.every || r == rounds) {
+    if (evaluation_due(steps_since_eval, cfg.eval.every, r, rounds)) {
       val = evaluate(windows);
       if (val) {
         last_val = *val;
@@ -975,13 +1033,16 @@ void OuterAggregator::State::run() {
       }
       members = active();
     }
-    const double wall = now_s() - t_round;
+    // With the next round sent ahead, this one ended as its results were in: what follows here
+    // runs under the next round's inner steps, and counts in its time.
+    const double round_end = ahead ? results_in : now_s();
+    const double wall = round_end - t_round;
     inner_total += inner_secs;
     const double util = inner_secs / (double(ready.size()) * wall);
     const double tok_s =
         double(ready.size()) * double(cfg.inner.steps) * double(cfg.tokens_per_inner_step()) / wall;
     report(r, loss, val, tok_s, util, int(members.size()), wall - failed_secs, *agreed);
-    if (cfg.checkpoint.every > 0 && r % cfg.checkpoint.every == 0 && r < rounds) {
+    if (checkpoint_due(r, cfg.checkpoint.every, rounds)) {
       const std::string file = folder + "/ckpt-round-" + std::to_string(r) + ".pt";
       std::vector<Future<std::string>> inner_files;
       for (int m : members)
@@ -1000,7 +1061,7 @@ void OuterAggregator::State::run() {
         prune_checkpoints();
       }
     }
-    member_seconds += double(members.size()) * (now_s() - t_round);
+    member_seconds += double(members.size()) * ((ahead ? results_in : now_s()) - t_round);
     flush();
   }
   if (stop) return;
@@ -1119,9 +1180,8 @@ std::vector<std::optional<InnerResult>> OuterAggregator::State::gather_inner(
   return out;
 }
 
-bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vector<int>& members,
-                                          JobRecords& records, double& loss, double& inner_secs,
-                                          uint64_t& theta_hash, std::vector<int>& finished) {
+StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last,
+                                                const std::vector<int>& members) {
   StreamRequest req;
   req.round = r;
   req.last = last;
@@ -1135,23 +1195,27 @@ bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vecto
     req.names.push_back(slots[size_t(m)].name);
     req.endpoints.push_back(slots[size_t(m)].endpoints);
   }
-  const double t0 = now_s();
-  std::vector<Future<StreamResult>> calls;
+  StreamCalls c;
+  c.round = r;
+  c.members = members;
+  c.sent = now_s();
   for (size_t i = 0; i < members.size(); ++i) {
     req.rank = int(i);
-    calls.push_back(worker(members[i]).call(&InnerWorker::stream, req));
+    c.calls.push_back(worker(members[i]).call(&InnerWorker::stream, req));
   }
+  return c;
+}
+
+bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
+                                           const std::function<void()>& agreed, JobRecords& records,
+                                           std::vector<MemberFigures>& figures, double& loss,
+                                           double& inner_secs, uint64_t& theta_hash,
+                                           std::vector<int>& finished) {
+  const int64_t r = c.round;
+  const std::vector<int>& members = c.members;
   std::vector<Failure> errors;
-  auto res = gather(calls, errors, Millis(3600 * 1000));
-  AttemptRecord rec;
-  rec.round = r + 1;
-  rec.members = members;
-  rec.seconds = now_s() - t0;
-  for (size_t i = 0; i < members.size(); ++i) {
-    rec.bytes.push_back(res[i] ? std::optional(res[i]->bytes_sent) : std::nullopt);
-    if (!res[i]) rec.errors.push_back({members[i], errors[i].gone, errors[i].message});
-  }
-  records.attempt(rec);
+  auto res = gather(c.calls, errors, Millis(3600 * 1000));
+  const double seconds = now_s() - std::max(c.sent, started);
   std::vector<MemberOutcome> outcomes;
   for (size_t i = 0; i < members.size(); ++i) {
     if (!res[i]) {
@@ -1169,6 +1233,16 @@ bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vecto
     outcomes.push_back(std::move(o));
   }
   const OverlappedDecision d = after_overlapped_round(members, outcomes);
+  if (d.kind == OverlappedDecision::Kind::agreed) agreed();
+  AttemptRecord rec;
+  rec.round = r + 1;
+  rec.members = members;
+  rec.seconds = seconds;
+  for (size_t i = 0; i < members.size(); ++i) {
+    rec.bytes.push_back(res[i] ? std::optional(res[i]->bytes_sent) : std::nullopt);
+    if (!res[i]) rec.errors.push_back({members[i], errors[i].gone, errors[i].message});
+  }
+  records.attempt(rec);
   if (d.kind == OverlappedDecision::Kind::rewind) {
     for (size_t i = 0; i < members.size(); ++i) {
       if (res[i]) continue;
@@ -1191,17 +1265,21 @@ bool OuterAggregator::State::stream_round(int64_t r, bool last, const std::vecto
   if (d.kind == OverlappedDecision::Kind::smaller)
     for (int m : d.lost) {
       const size_t i = size_t(std::find(members.begin(), members.end(), m) - members.begin());
-      release(m, "lost in round " + std::to_string(r + 1) +
-                     "; the others finished its fragments in flight without it: " +
-                     errors[i].message);
+      release(m,
+              "lost in round " + std::to_string(r + 1) +
+                  "; the others finished its fragments in flight without it: " + errors[i].message);
     }
   loss = 0;
   inner_secs = 0;
   for (size_t i = 0; i < members.size(); ++i) {
     if (!res[i]) continue;
-    loss += res[i]->inner.mean_loss;
-    inner_secs += res[i]->inner.seconds;
-    round_steps.push_back(res[i]->inner.per_step);
+    const InnerResult& in = res[i]->inner;
+    loss += in.mean_loss;
+    inner_secs += in.seconds;
+    int64_t tokens = 0;
+    for (const StepFigures& f : in.per_step) tokens += f.tokens;
+    figures.push_back({members[i], in.steps, tokens, in.seconds});
+    round_steps.push_back(in.per_step);
   }
   loss /= double(d.finished.size());
   theta_hash = d.theta_hash;

@@ -76,9 +76,7 @@ OverlappedDecision after_overlapped_round(const std::vector<int>& members,
   if (ok.empty() || failed_alive) return d;
   std::vector<int> sorted = members;
   std::sort(sorted.begin(), sorted.end());
-  auto group_of = [&](size_t i) {
-    return outcomes[i].group.empty() ? sorted : outcomes[i].group;
-  };
+  auto group_of = [&](size_t i) { return outcomes[i].group.empty() ? sorted : outcomes[i].group; };
   // The members that returned must have ended with one group, which holds each of them: then
   // they reduced every fragment over the same members, and only lost members are missing.
   const std::vector<int> group = group_of(ok[0]);
@@ -119,6 +117,38 @@ std::vector<EvalPart> evaluation_split(int64_t windows, int64_t batch_size, int 
     if (b < e) out.push_back({i, b, e});
   }
   return out;
+}
+
+bool evaluation_due(int64_t steps_since_eval, int64_t every, int64_t completed, int64_t rounds) {
+  return steps_since_eval >= every || completed == rounds;
+}
+
+bool checkpoint_due(int64_t completed, int64_t every, int64_t rounds) {
+  return every > 0 && completed % every == 0 && completed < rounds;
+}
+
+Pipeline pipeline_next(const PipelineInput& in) {
+  if (in.round + 1 >= in.rounds) return Pipeline::last_round;
+  if (in.evaluation_after) return Pipeline::evaluation;
+  if (in.checkpoint_after) return Pipeline::checkpoint;
+  if (in.members != in.target || in.members < std::max(1, in.min)) return Pipeline::membership;
+  return Pipeline::ahead;
+}
+
+const char* to_string(Pipeline p) {
+  switch (p) {
+    case Pipeline::ahead:
+      return "sent ahead";
+    case Pipeline::last_round:
+      return "the last round";
+    case Pipeline::evaluation:
+      return "θ is evaluated first";
+    case Pipeline::checkpoint:
+      return "a checkpoint is written first";
+    case Pipeline::membership:
+      return "the members may change";
+  }
+  return "?";
 }
 
 namespace {

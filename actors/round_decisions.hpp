@@ -72,6 +72,43 @@ OverlappedDecision after_overlapped_round(const std::vector<int>& members,
 // no member holds the outer state any more and it is past the round it would resume from.
 bool must_rewind(int members_holding_state, int64_t round, int64_t resume_round);
 
+// Whether θ is evaluated at the end of round `completed` (counted from 1): `eval.every` inner
+// steps have passed since the last evaluation (`steps_since_eval`, this round's included), or
+// it is the job's last round.
+bool evaluation_due(int64_t steps_since_eval, int64_t every, int64_t completed, int64_t rounds);
+
+// Whether a checkpoint is written at the end of round `completed` (counted from 1):
+// `checkpoint.every` > 0 divides it, and it is not the last round (final.pt is written then).
+bool checkpoint_due(int64_t completed, int64_t every, int64_t rounds);
+
+// sync.mode streaming or eager: whether round r + 1's stream() calls go to the members as soon
+// as round r's results are in and agree, before the aggregator records and reports round r, so
+// that its bookkeeping (records, metrics.jsonl, the report and the per-step record to the head)
+// runs under round r + 1's inner steps and the members wait only for the results' and the
+// calls' trips. Not when a worker would have to do something else between the two rounds, or
+// the group may change:
+//   last_round  r is the job's last round: nothing follows;
+//   evaluation  θ is evaluated after round r: evaluate_windows would queue behind r + 1;
+//   checkpoint  a checkpoint of round r's state is due: save_checkpoint would queue behind r + 1;
+//   membership  the members are not the target (a join, a scale, a lost slot coming back) or
+//               below the minimum: reconcile decides round r + 1's group after round r.
+// Not earlier than round r's results either: with the next call already in its mailbox a worker
+// goes on without the round's end as a barrier, the members drift up to τ steps apart, and one
+// that enters a fragment's all-reduce more than the collective's peer timeout before a slower
+// one judges that one lost (a peer not yet in an operation sends nothing for it).
+enum class Pipeline { ahead, last_round, evaluation, checkpoint, membership };
+struct PipelineInput {
+  int64_t round = 0;   // r, counted from 0
+  int64_t rounds = 0;  // the job's
+  bool evaluation_after = false;
+  bool checkpoint_after = false;
+  int members = 0;  // of round r
+  int target = 0;   // workers wanted now (workers.count or `loco scale`)
+  int min = 0;      // workers.min
+};
+Pipeline pipeline_next(const PipelineInput& in);
+const char* to_string(Pipeline p);
+
 // How the validation windows [0, windows) are shared out among `members` members: by whole
 // batches of `batch_size`, each member about 1/members of them, in member order; a member
 // may get none (fewer batches than members). Pairs [begin, end) with member index.

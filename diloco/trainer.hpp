@@ -59,8 +59,8 @@ void adamw_flat_step(torch::Tensor& params, const torch::Tensor& grads, torch::T
                      torch::Tensor& exp_avg_sq, const torch::Tensor& decay_mask,
                      torch::Tensor& denom, const InnerConfig& c, double lr, std::int64_t step);
 
-// 64-bit FNV-1a of a contiguous fp32 tensor's bytes: equal hashes across
-// workers mean bit-identical θ.
+// A 64-bit hash of a contiguous tensor's bytes (4 lanes of 8-byte words, then
+// the tail byte-wise): equal hashes across workers mean bit-identical θ.
 std::uint64_t tensor_hash(const torch::Tensor& t);
 
 struct InnerStats {

@@ -136,8 +136,8 @@ class Op {
   void check_leaving() const {
     if (!ws_.leaving.load(std::memory_order_acquire)) return;
     throw OpFailure{AbortKind::peer_lost, g_.members[me_].name,
-                    "member " + who(me_) + " left in round " + std::to_string(g_.round_id) +
-                        ": " + ws_.leave_reason,
+                    "member " + who(me_) + " left in round " + std::to_string(g_.round_id) + ": " +
+                        ws_.leave_reason,
                     true};
   }
   std::chrono::milliseconds poll_budget(Clock::time_point now);
@@ -665,8 +665,9 @@ void abandon(Transport& t, Workspace& ws, Op& op) {
     // Kept: later rounds, and another attempt at this one (a peer that already runs the retry
     // without a lost member: dropping its first chunks would leave our retry waiting on them
     // while its keepalives say it is alive).
-    const bool later = m.header.round_id > op.round_id() ||
-                       (m.header.round_id == op.round_id() && m.header.group_fp != op.group_fingerprint());
+    const bool later =
+        m.header.round_id > op.round_id() ||
+        (m.header.round_id == op.round_id() && m.header.group_fp != op.group_fingerprint());
     if (later && m.header.type != MsgType::keepalive &&
         check_message(m.header, m.sender.size(), m.payload.size).empty())
       ws.stash_message(std::move(m), op.round_id(), !op.is_member(m.sender), Clock::now());

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "runtime/core/actor.hpp"
 #include "runtime/core/core.hpp"
@@ -272,13 +273,14 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
     auto st = std::make_shared<Stopping>();
     const std::vector<std::string> ids = core->hosted();
     st->left.insert(ids.begin(), ids.end());
+    std::vector<std::thread> stoppers;
     for (const std::string& id : ids) {
-      std::thread([core, st, id] {
+      stoppers.emplace_back([core, st, id] {
         core->unhost(id);
         std::lock_guard<std::mutex> lock(st->mu);
         st->left.erase(id);
         st->cv.notify_all();
-      }).detach();
+      });
     }
     std::unique_lock<std::mutex> lock(st->mu);
     auto all_stopped = [&] { return st->left.empty(); };
@@ -292,8 +294,10 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
       lock.unlock();
       record_left();
       spdlog::shutdown();
-      std::_Exit(0);
+      std::_Exit(0);  // the stoppers still wait on those methods: not joined
     }
+    lock.unlock();
+    for (std::thread& t : stoppers) t.join();
   }
   record_left();
   core->shutdown();

@@ -44,8 +44,12 @@ TEST_P(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
   const int rounds = std::max(30, env_int("LOCO_CHAOS_ROUNDS", 48));
   std::printf("chaos: seed %d, %d rounds, sync %s\n", seed, rounds, GetParam().c_str());
   TestJob spec = job(3, 1, rounds);
-  if (GetParam() == "streaming")
+  if (GetParam() == "streaming") {
     spec.sync = "{mode: streaming, fragments: 2, overlap_steps: 2, mix: 0.5}";
+    // θ evaluated with the checkpoints, every 5 rounds: the rounds between are sent ahead
+    // (pipelined), so that faults, joins and rewinds hit rounds sent ahead too.
+    spec.eval_every = 100;
+  }
   // H = 20 with the paper's outer step: fault-free runs of it from six seeds end
   // within 0.4 % of each other. With H = 10 they spread over 2 % and one of six
   // stalls (docs/elastic.md), so a fault's different data order alone could

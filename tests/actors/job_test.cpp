@@ -130,6 +130,7 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   j.compression = GetParam();
   j.checkpoint_every = 2;
   j.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  j.eval_every = 1000;  // θ evaluated at the end only: round 2 is sent ahead of round 1's report
   const std::string file = dir_ + "/job.yaml";
   std::ofstream(file) << j.yaml();
 
@@ -158,6 +159,12 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   EXPECT_EQ(theta_hashes(folder + "/metrics.jsonl"), expected);
   EXPECT_TRUE(fs::exists(folder + "/ckpt-round-2.pt"));
   EXPECT_TRUE(fs::exists(folder + "/final.pt"));
+  // Pipelined up to the checkpoint, which is of round 2's state (the hashes above), not later.
+  const std::string log = log_text(handle);
+  EXPECT_NE(log.find("round 2: sent as soon as round 1's results agreed"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("round 3: not sent ahead: a checkpoint is written first"), std::string::npos)
+      << log;
 }
 
 // The eager outer step on a cluster: each round's average lands 2 inner steps into the next
@@ -168,6 +175,7 @@ TEST_P(DilocoParity, EagerOuterStepHoldsTheSimulatorsThetaBitForBit) {
   j.compression = GetParam();
   j.checkpoint_every = 2;
   j.sync = "{mode: eager, overlap_steps: 2}";
+  j.eval_every = 1000;  // round 2 is sent ahead of round 1's report
   const std::string file = dir_ + "/job.yaml";
   std::ofstream(file) << j.yaml();
   const std::string sim_out = dir_ + "/sim";
@@ -185,6 +193,9 @@ TEST_P(DilocoParity, EagerOuterStepHoldsTheSimulatorsThetaBitForBit) {
   const std::string folder = dir_ + "/ckpt/" + handle.id();
   EXPECT_EQ(theta_hashes(folder + "/metrics.jsonl"), expected);
   EXPECT_TRUE(fs::exists(folder + "/ckpt-round-2.pt"));
+  const std::string log = log_text(handle);
+  EXPECT_NE(log.find("round 2: sent as soon as round 1's results agreed"), std::string::npos)
+      << log;
 }
 
 TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {

@@ -24,6 +24,7 @@ struct TestJob {
   int workers = 4, min = 4, rounds = 3, steps = 10, checkpoint_every = 0;
   int checkpoint_keep = 0;  // checkpoint.keep; 0: not in the file (keep every checkpoint)
   int max_restarts = 3, eval_batches = 4;
+  int eval_every = 0;  // eval.every; 0: H (θ evaluated after every round)
   double wait_s = 60;
   std::string compression = "fp32";
   uint64_t seed = 7;
@@ -65,7 +66,8 @@ struct TestJob {
            (checkpoint_keep ? ", keep: " + std::to_string(checkpoint_keep) : "") +
            "}\n"
            "eval: {every: " +
-           std::to_string(steps) + ", batches: " + std::to_string(eval_batches) + "}\n" +
+           std::to_string(eval_every ? eval_every : steps) +
+           ", batches: " + std::to_string(eval_batches) + "}\n" +
            (sync.empty() ? "" : "sync: " + sync + "\n");
   }
 };

@@ -83,7 +83,8 @@ TEST(RoundDecisions, AnOverlappedRoundStandsOrTheJobRewinds) {
 // all with the same group and θ, keep the round; anything less certain goes back.
 TEST(RoundDecisions, SurvivorsThatFinishedTheFragmentsAsOneSmallerGroupKeepTheRound) {
   using K = OverlappedDecision::Kind;
-  auto d = after_overlapped_round({0, 2, 3}, {ended_with(7, {0, 3}), gone(), ended_with(7, {0, 3})});
+  auto d =
+      after_overlapped_round({0, 2, 3}, {ended_with(7, {0, 3}), gone(), ended_with(7, {0, 3})});
   EXPECT_EQ(d.kind, K::smaller);
   EXPECT_EQ(d.theta_hash, 7u);
   EXPECT_EQ(d.lost, std::vector<int>{2});
@@ -94,26 +95,27 @@ TEST(RoundDecisions, SurvivorsThatFinishedTheFragmentsAsOneSmallerGroupKeepTheRo
   EXPECT_EQ(d.finished, (std::vector<int>{0, 3}));
   // Survivors that ended with different groups (one dropped the other): back to the checkpoint,
   // even when every member answered, and not taken for a bug.
-  EXPECT_EQ(after_overlapped_round({0, 2, 3}, {ended_with(7, {0, 3}), gone(), ended_with(8, {3})})
-                .kind,
-            K::rewind);
+  EXPECT_EQ(
+      after_overlapped_round({0, 2, 3}, {ended_with(7, {0, 3}), gone(), ended_with(8, {3})}).kind,
+      K::rewind);
   EXPECT_EQ(after_overlapped_round({0, 2}, {ended_with(7, {0}), ended_with(8, {2})}).kind,
             K::rewind);
   // A survivor outside the group, or a name the aggregator does not know.
-  EXPECT_EQ(after_overlapped_round({0, 2, 3}, {ended_with(7, {0}), gone(), ended_with(7, {0})})
-                .kind,
-            K::rewind);
-  EXPECT_EQ(after_overlapped_round({0, 3}, {ended_with(7, {-1, 0, 3}), ended_with(7, {-1, 0, 3})})
-                .kind,
-            K::rewind);
+  EXPECT_EQ(
+      after_overlapped_round({0, 2, 3}, {ended_with(7, {0}), gone(), ended_with(7, {0})}).kind,
+      K::rewind);
+  EXPECT_EQ(
+      after_overlapped_round({0, 3}, {ended_with(7, {-1, 0, 3}), ended_with(7, {-1, 0, 3})}).kind,
+      K::rewind);
   // The same group but a different θ is a bug, named.
   d = after_overlapped_round({0, 2, 3}, {ended_with(7, {0, 3}), gone(), ended_with(9, {0, 3})});
   EXPECT_EQ(d.kind, K::diverged);
   EXPECT_EQ(d.diverged_member, 3);
   // A member that failed but is still there may hold a θ of its own: back.
-  EXPECT_EQ(after_overlapped_round({0, 2, 3}, {ended_with(7, {0, 3}), failed(), ended_with(7, {0, 3})})
-                .kind,
-            K::rewind);
+  EXPECT_EQ(
+      after_overlapped_round({0, 2, 3}, {ended_with(7, {0, 3}), failed(), ended_with(7, {0, 3})})
+          .kind,
+      K::rewind);
 }
 
 TEST(RoundDecisions, RewindOnlyWhenNobodyHoldsTheStatePastTheResumeRound) {
@@ -123,6 +125,50 @@ TEST(RoundDecisions, RewindOnlyWhenNobodyHoldsTheStatePastTheResumeRound) {
 }
 
 // Every window is evaluated once, by whole batches, about 1/K each.
+TEST(RoundDecisions, EvaluationAfterEveryStepsOrTheLastRound) {
+  EXPECT_FALSE(evaluation_due(12, 24, 1, 10));
+  EXPECT_TRUE(evaluation_due(24, 24, 2, 10));
+  EXPECT_TRUE(evaluation_due(12, 100000, 10, 10));  // the last round
+}
+
+TEST(RoundDecisions, CheckpointsEveryNRoundsButNotAtTheEnd) {
+  EXPECT_FALSE(checkpoint_due(3, 0, 10));  // every: 0, none
+  EXPECT_FALSE(checkpoint_due(3, 2, 10));
+  EXPECT_TRUE(checkpoint_due(4, 2, 10));
+  EXPECT_FALSE(checkpoint_due(10, 2, 10));  // final.pt instead
+}
+
+// Round r + 1 goes out before round r's results only when nothing else must happen between
+// them on a worker, and its group is round r's.
+TEST(RoundDecisions, TheNextRoundIsSentAheadOnlyWhenNothingHappensBetween) {
+  PipelineInput in;
+  in.round = 3;
+  in.rounds = 10;
+  in.members = in.target = in.min = 4;
+  EXPECT_EQ(pipeline_next(in), Pipeline::ahead);
+  PipelineInput last = in;
+  last.round = 9;
+  EXPECT_EQ(pipeline_next(last), Pipeline::last_round);
+  last.round = 8;  // round 9 is the last: it is sent ahead, and says so (StreamRequest::last)
+  EXPECT_EQ(pipeline_next(last), Pipeline::ahead);
+  PipelineInput eval = in;
+  eval.evaluation_after = true;
+  EXPECT_EQ(pipeline_next(eval), Pipeline::evaluation);
+  PipelineInput ckpt = in;
+  ckpt.checkpoint_after = true;
+  EXPECT_EQ(pipeline_next(ckpt), Pipeline::checkpoint);
+  PipelineInput join = in;
+  join.target = 5;  // `loco scale 5`, or slot 4 lost and to be brought back
+  EXPECT_EQ(pipeline_next(join), Pipeline::membership);
+  join.target = 3;  // scaled down
+  EXPECT_EQ(pipeline_next(join), Pipeline::membership);
+  PipelineInput few = in;
+  few.members = few.target = 2;  // below workers.min: reconcile waits for joiners
+  EXPECT_EQ(pipeline_next(few), Pipeline::membership);
+  few.min = 0;  // min 0 means 1
+  EXPECT_EQ(pipeline_next(few), Pipeline::ahead);
+}
+
 TEST(RoundDecisions, EvaluationIsSharedByWholeBatchesAndCoversEveryWindowOnce) {
   for (int64_t windows : {1, 7, 64, 100, 129})
     for (int members : {1, 2, 3, 5, 8}) {

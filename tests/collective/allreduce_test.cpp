@@ -4,11 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <exception>
-#include <atomic>
 #include <future>
 #include <thread>
 #include <zmq.hpp>
@@ -66,6 +66,28 @@ class Members {
     }
     for (auto& t : threads) t.join();
     return errors;
+  }
+
+  // Starts one operation of the group `ranks` on its first `calling` members only, each on a
+  // thread of its own (the others never call); the caller joins them. data[i] and errors[i]
+  // belong to ranks[i].
+  std::vector<std::thread> start_some(const std::vector<int>& ranks, size_t calling, uint64_t round,
+                                      std::vector<std::vector<float>>& data,
+                                      std::vector<std::exception_ptr>& errors) {
+    errors.assign(calling, nullptr);
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < calling; ++i) {
+      // ranks and round by value: the threads outlive this call.
+      threads.emplace_back([this, ranks, round, &data, &errors, i] {
+        try {
+          comms[ranks[i]]->allreduce(group(ranks, round, static_cast<int>(i)),
+                                     std::span<float>(data[i]));
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+    }
+    return threads;
   }
 
   std::vector<std::unique_ptr<Communicator>> comms;
@@ -496,19 +518,9 @@ TEST(AllreduceErrors, AbsentMemberIsLostWithinTheTimeout) {
   std::vector<std::vector<float>> data;
   for (int r = 0; r < 3; ++r) data.push_back(make_data(3, r, 30000));
   // w3 is in the group but never calls.
-  std::vector<std::exception_ptr> errors(3);
-  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors;
   auto start = std::chrono::steady_clock::now();
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        m.comms[r]->allreduce(m.group(iota(4), 60, r), std::span<float>(data[r]));
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  for (auto& t : m.start_some(iota(4), 3, 60, data, errors)) t.join();
   auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_LT(elapsed, std::chrono::milliseconds(800 + 1500));
   for (int r = 0; r < 3; ++r) {
@@ -554,8 +566,7 @@ TEST(CollectiveLeave, AMemberThatLeavesMidOperationIsNamedLostByTheOthersAtOnce)
   for (int r = 0; r < 4; ++r)
     expect_error_naming<PeerLostError>(errors[r], "w3", "left in round 71");
   std::vector<float> alone = original[3];
-  EXPECT_THROW(m.comms[3]->allreduce(m.group({3}, 72, 0), std::span<float>(alone)),
-               PeerLostError);
+  EXPECT_THROW(m.comms[3]->allreduce(m.group({3}, 72, 0), std::span<float>(alone)), PeerLostError);
 }
 
 TEST(CollectiveLeave, LeavingFromAnotherThreadEndsAWaitOnAnAbsentMember) {
@@ -568,20 +579,13 @@ TEST(CollectiveLeave, LeavingFromAnotherThreadEndsAWaitOnAnAbsentMember) {
   m.comms[1]->hooks().after_send = [&](uint64_t) {
     if (!once.exchange(true)) sending.set_value();
   };
-  std::vector<std::exception_ptr> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        m.comms[r]->allreduce(m.group(iota(3), 80, r), std::span<float>(data[r]));
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  ASSERT_EQ(sending.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
-  m.comms[1]->leave("stopping");
+  std::vector<std::exception_ptr> errors;
+  std::vector<std::thread> threads = m.start_some(iota(3), 2, 80, data, errors);
+  const bool sent =
+      sending.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  m.comms[1]->leave("stopping");  // ends both operations, whatever happened
   for (auto& t : threads) t.join();
+  ASSERT_TRUE(sent) << "w1 sent nothing in 30 s";
   // w0 learns it from w1's notice, not from w2's silence (60 s away).
   expect_error_naming<PeerLostError>(errors[0], "w1", "left in round 80: stopping");
   expect_error_naming<PeerLostError>(errors[1], "w1", "left in round 80: stopping");

@@ -329,7 +329,8 @@ TEST(Cluster, SigtermedNodeAsksItsActorsToStopAndLeavesWithinItsGrace) {
   auto a = rt.spawn<Counter>(ActorOptions(), 0);
   const std::string marker = c.log_dir() + "/running";
   auto call = a.call(&Counter::wait_for_stop, marker, 60000, true);
-  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(marker); }, Millis(20000), Millis(10)));
+  ASSERT_TRUE(
+      eventually([&] { return std::filesystem::exists(marker); }, Millis(20000), Millis(10)));
   Subprocess& node = c.node(a.address());
   ASSERT_EQ(::kill(node.pid(), SIGTERM), 0);
   try {
@@ -355,7 +356,8 @@ TEST(Cluster, ANodeWhoseActorIgnoresTheStopLeavesAfterItsGrace) {
   auto a = rt.spawn<Counter>(ActorOptions(), 0);
   const std::string marker = c.log_dir() + "/running";
   auto call = a.call(&Counter::wait_for_stop, marker, 120000, false);
-  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(marker); }, Millis(20000), Millis(10)));
+  ASSERT_TRUE(
+      eventually([&] { return std::filesystem::exists(marker); }, Millis(20000), Millis(10)));
   Subprocess& node = c.node(a.address());
   const std::string id = rt.status().nodes.at(0).node.id;
   ASSERT_EQ(::kill(node.pid(), SIGTERM), 0);

@@ -1,8 +1,8 @@
 #include "tests/runtime/core/test_actors.hpp"
-#include <fstream>
 
 #include <unistd.h>
 
+#include <fstream>
 #include <numeric>
 #include <stdexcept>
 #include <thread>
