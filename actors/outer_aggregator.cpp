@@ -1254,17 +1254,20 @@ bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
     }
     return false;
   }
+  // Where member (slot) m is in `members`, res and errors.
+  auto index_of = [&](int m) {
+    return size_t(std::find(members.begin(), members.end(), m) - members.begin());
+  };
   if (d.kind == OverlappedDecision::Kind::diverged) {
-    const size_t i =
-        size_t(std::find(members.begin(), members.end(), d.diverged_member) - members.begin());
+    // Against the first member that finished (d.theta_hash): members[0] may be one lost.
     throw std::runtime_error("round " + std::to_string(r + 1) + ": worker " +
                              std::to_string(d.diverged_member) + " holds a different θ (hash " +
-                             std::to_string(res[i]->theta_hash) + " vs " +
-                             std::to_string(res[0]->theta_hash) + ")");
+                             std::to_string(res[index_of(d.diverged_member)]->theta_hash) +
+                             " vs " + std::to_string(d.theta_hash) + ")");
   }
   if (d.kind == OverlappedDecision::Kind::smaller)
     for (int m : d.lost) {
-      const size_t i = size_t(std::find(members.begin(), members.end(), m) - members.begin());
+      const size_t i = index_of(m);
       release(m,
               "lost in round " + std::to_string(r + 1) +
                   "; the others finished its fragments in flight without it: " + errors[i].message);
