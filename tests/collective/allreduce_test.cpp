@@ -455,12 +455,14 @@ void expect_error_naming(const std::exception_ptr& e, const std::string& name,
   }
 }
 
-Options quick() {
+// Small chunks (many messages per operation) and the silence window `peer_timeout`.
+Options small_chunks(std::chrono::milliseconds peer_timeout) {
   Options o;
-  o.peer_timeout = std::chrono::milliseconds(800);
+  o.peer_timeout = peer_timeout;
   o.chunk_bytes = 4096;
   return o;
 }
+Options quick() { return small_chunks(std::chrono::milliseconds(800)); }
 
 TEST(AllreduceErrors, NaNIsRejectedNamingItsSender) {
   Members m(4, Transport::tcp, quick());
@@ -535,12 +537,7 @@ TEST(AllreduceErrors, AbsentMemberIsLostWithinTheTimeout) {
 // Communicator::leave (a worker whose node is stopping): the member's operation fails and its
 // peers are told at once that it is lost, instead of waiting out its silence window (60 s here,
 // so a test that waited would fail on the message, and on ctest's timeout).
-Options patient() {
-  Options o;
-  o.peer_timeout = std::chrono::milliseconds(60000);
-  o.chunk_bytes = 4096;
-  return o;
-}
+Options patient() { return small_chunks(std::chrono::milliseconds(60000)); }
 
 TEST(CollectiveLeave, AMemberThatLeavesMidOperationIsNamedLostByTheOthersAtOnce) {
   Members m(4, Transport::tcp, patient());
