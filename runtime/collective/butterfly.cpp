@@ -57,7 +57,7 @@ class Op {
         fp_(fingerprint(group)),
         bounds_(part_bounds(n, group.members.size(), group.part_weights)),
         chunk_(std::max<size_t>(1, options.chunk_bytes / sizeof(float))),
-        rules_(LivenessRules::from(options.peer_timeout)) {}
+        rules_(LivenessRules::from(options.peer_timeout, options.entry_timeout)) {}
 
   uint64_t round_id() const { return g_.round_id; }
   uint64_t group_fingerprint() const { return fp_; }

@@ -35,7 +35,11 @@ struct LivenessRules {
   Clock::duration peer_timeout{std::chrono::milliseconds(3000)};
   Clock::duration keepalive_interval{std::chrono::milliseconds(750)};  // peer_timeout / 4
   Clock::duration grace{std::chrono::milliseconds(250)};               // after a closed connection
-  static LivenessRules from(std::chrono::milliseconds peer_timeout);
+  // The window of a peer with its connection open that has sent nothing yet in this operation:
+  // at least this long (Options::entry_timeout).
+  Clock::duration entry_timeout{0};
+  static LivenessRules from(std::chrono::milliseconds peer_timeout,
+                            std::chrono::milliseconds entry_timeout = std::chrono::milliseconds(0));
 };
 
 // What one member knows of one peer during an operation.
