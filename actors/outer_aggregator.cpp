@@ -504,7 +504,7 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     std::snprintf(line, sizeof line,
                   "worker %d joined at round %lld on %s: %.1f MB of state %s in %.2f s; "
                   "joined in %.2f s",
-                  i, static_cast<long long>(r), worker(i).address().c_str(),
+                  i, static_cast<long long>(r + 1), worker(i).address().c_str(),
                   double(done[k]->state_bytes) / 1e6,
                   fresh            ? "from the seed"
                   : source.empty() ? ("from " + resume_from).c_str()
