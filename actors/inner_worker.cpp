@@ -877,7 +877,12 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
 // mixes them into the local parameters.
 StreamResult InnerWorker::stream(StreamRequest req) {
   const int64_t t0 = loco::now_ms();
-  if (!s_->lead().trainer) throw std::logic_error("InnerWorker: stream() before init()");
+  // A round sent ahead (pipeline_next) reaches the actor the head restarted after the member it
+  // was meant for died: this instance holds no outer state, and that member is gone.
+  if (!s_->lead().trainer)
+    throw ActorDiedError("InnerWorker " + std::to_string(s_->index) +
+                         " holds no outer state (restarted, or never initialized): the member "
+                         "that round " + std::to_string(req.round + 1) + " was sent to is gone");
   if (!s_->overlapped())
     throw std::logic_error("InnerWorker: stream() in a job whose sync.mode is blocking");
   if (s_->ranks.size() != 1)

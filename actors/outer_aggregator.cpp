@@ -784,8 +784,9 @@ void OuterAggregator::State::run() {
 
   int64_t r = resume_round;
   round = r;
-  // sync.mode streaming or eager: the next round's calls, sent as soon as this round's results
-  // were in and agreed (pipeline_next), and when that round began on the workers.
+  // sync.mode streaming or eager: the next round's calls, sent right behind this round's (they
+  // wait in the members' mailboxes), and when that round began on the workers (this round's
+  // results all in: an estimate, as each member begins it when it ends this one).
   std::optional<StreamCalls> ahead;
   double ahead_since = 0;
   Pipeline pipeline_said = Pipeline::last_round;
@@ -860,23 +861,23 @@ void OuterAggregator::State::run() {
       auto say = [&](Pipeline now) {
         if (now == Pipeline::last_round || now == pipeline_said) return;
         log("round " + std::to_string(r + 2) +
-            (now == Pipeline::ahead ? ": sent as soon as round " + std::to_string(r + 1) +
-                                          "'s results agreed, before its records and report"
+            (now == Pipeline::ahead ? ": sent right behind round " + std::to_string(r + 1) +
+                                          ", which each member begins when it ends round " +
+                                          std::to_string(r + 1)
                                     : ": not sent ahead: " + std::string(to_string(now))));
         pipeline_said = now;
       };
-      if (p != Pipeline::ahead) say(p);
+      // Sent ahead: round r + 1's calls go out right behind round r's and wait in each member's
+      // mailbox, so that a member begins round r + 1 as soon as it ends round r, with no barrier
+      // between the rounds and no trip to the aggregator (members drift apart by up to a fragment
+      // interval; the collective's entry window lets a member be behind without being lost).
+      say(p);
+      if (p == Pipeline::ahead) ahead = send_stream(r + 1, r + 2 == rounds, members);
       uint64_t hash = 0;
       std::vector<int> finished;
       const bool ok = finish_stream(
-          calls, t_round,
-          [&] {
-            results_in = ahead_since = now_s();
-            if (p != Pipeline::ahead) return;
-            ahead = send_stream(r + 1, r + 2 == rounds, members);
-            say(p);
-          },
-          records, round_members, loss, inner_secs, hash, finished);
+          calls, t_round, [&] { results_in = ahead_since = now_s(); }, records, round_members,
+          loss, inner_secs, hash, finished);
       if (!ok) {
         log("round " + std::to_string(r + 1) +
             " failed with synchronizations in flight; the job goes back to " +

@@ -356,13 +356,15 @@ void survivors_finish_the_fragments(TestJob j, const std::string& dir, const std
                        "worker 1 left: lost in round 3; the others finished its fragments "
                        "in flight without it"))
       << log;
-  // Rounds go out as soon as the round before agreed, but not after round 3, which the
-  // survivors finished without the lost member: round 4's group is reconciled first.
-  EXPECT_TRUE(contains(log, "round 2: sent as soon as round 1's results agreed")) << log;
-  EXPECT_FALSE(contains(log, "round 4: sent as soon as round 3's results agreed")) << log;
+  // Rounds go out right behind the round before (not round 3, after a checkpoint). Round 4 went
+  // out with round 3, before worker 1 was lost: the survivors finish it without it too, from its
+  // first fragment on (its connection is closed), and round 5's group is reconciled.
+  EXPECT_TRUE(contains(log, "round 2: sent right behind round 1")) << log;
+  EXPECT_TRUE(contains(log, "round 4: sent right behind round 3")) << log;
   EXPECT_FALSE(contains(log, "goes back")) << log;
   EXPECT_EQ(workers[2], 3);
   EXPECT_EQ(workers[3], 2);
+  EXPECT_EQ(workers[4], 2);
   const std::string folder = dir + "/ckpt/" + handle.id();
   EXPECT_EQ(expect_each_round_once(folder + "/metrics.jsonl"), 5);
   std::map<int, std::string> got, want;
