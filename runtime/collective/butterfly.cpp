@@ -298,7 +298,7 @@ void Op::handle(Message& m) {
         // Still finishing that one, on its way here: alive. (Its earlier operation is bounded
         // like ours, so this cannot keep us waiting for long.)
         if (m.link != 0) ws_.links[ep(s)].insert(m.link);
-        note_heard(peers_[s], Clock::now());
+        note_alive(peers_[s], Clock::now());  // alive, but not yet in this operation
         stale_round_[s] = h.round_id;
       }
       return;

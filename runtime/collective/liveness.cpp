@@ -33,6 +33,8 @@ void note_heard(PeerState& peer, Clock::time_point now) {
   peer.heard_in_op = true;
 }
 
+void note_alive(PeerState& peer, Clock::time_point now) { peer.heard = std::max(peer.heard, now); }
+
 void note_bytes(PeerState& peer, uint64_t total, Clock::time_point now) {
   if (total > peer.bytes_in && peer.bytes_sampled != Clock::time_point{})
     peer.heard = std::max(peer.heard, peer.bytes_sampled);

@@ -267,6 +267,13 @@ TEST(Liveness, APeerNotYetInTheOperationHasTheEntryWindowUntilItsFirstMessage) {
   p.keepalive_sent = t0 + 59s + 500ms;
   EXPECT_EQ(next_check(p, t0 + 59s + 500ms, rules), t0 + 60s);  // the entry window's end
   EXPECT_EQ(judge(p, t0 + 61s, rules), Verdict::silent);
+  // Its last messages of the operation before (it is finishing that one) prove it alive then,
+  // and leave it the entry window from there.
+  note_alive(p, t0 + 10s);
+  EXPECT_FALSE(p.heard_in_op);
+  EXPECT_EQ(judge(p, t0 + 65s, rules), Verdict::alive);
+  EXPECT_EQ(judge(p, t0 + 71s, rules), Verdict::silent);
+  p.heard = t0;
   note_heard(p, t0 + 20s);  // it began
   EXPECT_EQ(silence_window(rules, p), 3000ms);
   EXPECT_EQ(judge(p, t0 + 23100ms, rules), Verdict::silent);
