@@ -844,7 +844,24 @@ void OuterAggregator::State::run() {
     std::optional<uint64_t> agreed;
     double failed_secs = 0;  // in this pass's failed all-reduce attempts
     if (cfg.sync.mode != dl::SyncMode::blocking) {
-      StreamCalls calls = sent_ahead ? std::move(*ahead) : send_stream(r, r + 1 == rounds, members);
+      std::optional<StreamCalls> sent;
+      if (sent_ahead) {
+        sent = std::move(*ahead);
+      } else {
+        try {
+          sent = send_stream(r, r + 1 == rounds, members);
+        } catch (const std::exception& e) {
+          // A member's actor could not be reached to send it the round (some others may have
+          // it already): back to the checkpoint, which every member re-reads.
+          log("round " + std::to_string(r + 1) + " could not be sent: " + e.what() +
+              "; the job goes back to " +
+              (resume_from.empty() ? std::string("its start")
+                                   : "its checkpoint of round " + std::to_string(resume_round)));
+          go_back();
+          continue;
+        }
+      }
+      StreamCalls calls = std::move(*sent);
       ahead.reset();
       read_target();
       PipelineInput next;
@@ -853,7 +870,11 @@ void OuterAggregator::State::run() {
       next.evaluation_after =
           evaluation_due(steps_since_eval + cfg.inner.steps, cfg.eval.every, r + 1, rounds);
       next.checkpoint_after = checkpoint_due(r + 1, cfg.checkpoint.every, rounds);
-      next.members = int(members.size());
+      // Those still in the job: a member of a round that was sent ahead may have been lost since.
+      std::vector<int> staying;
+      for (int m : members)
+        if (slots[size_t(m)].active) staying.push_back(m);
+      next.members = int(staying.size());
       next.target = target;
       next.min = cfg.workers.min;
       const Pipeline p = pipeline_next(next);
@@ -872,7 +893,16 @@ void OuterAggregator::State::run() {
       // between the rounds and no trip to the aggregator (members drift apart by up to a fragment
       // interval; the collective's entry window lets a member be behind without being lost).
       say(p);
-      if (p == Pipeline::ahead) ahead = send_stream(r + 1, r + 2 == rounds, members);
+      if (p == Pipeline::ahead) {
+        try {
+          ahead = send_stream(r + 1, r + 2 == rounds, staying);
+        } catch (const std::exception& e) {
+          // Some members may hold it already: they begin it after this round, and its proper
+          // sending (a round mismatch for them) sends the job back to its checkpoint.
+          log("round " + std::to_string(r + 2) + " could not be sent ahead: " + e.what());
+          ahead.reset();
+        }
+      }
       uint64_t hash = 0;
       std::vector<int> finished;
       const bool ok = finish_stream(
