@@ -21,6 +21,12 @@
 #   STREAMING="{mode: streaming, fragments: 2, overlap_steps: 3, mix: 0.5}" bench/overlap/netns.sh
 #   MODES="blocking eager" TORCHFT_MODES="" bench/overlap/netns.sh
 #   ALLREDUCE="{peer_timeout_s: 30}" bench/overlap/netns.sh   # the jobs' allreduce settings
+#   TOGETHER=1 MODES=blocking TORCHFT_MODES=blocking bench/overlap/netns.sh
+#
+# TOGETHER=1 runs each torchft mode at the same time as loco's mode of the same name (8
+# workers on the 4 hosts), instead of after all of loco's: on a machine whose other load comes
+# and goes, one after the other compares two different machines; side by side both see the
+# same one.
 set -uo pipefail
 RATE=${RATE:-20mbit}
 ROUNDS=${ROUNDS:-4}
@@ -82,6 +88,10 @@ run_mode() {  # MODE SYNC
   local t0=$SECONDS c0
   c0=$(cpu_seconds "${NODE_PIDS[@]}")
   submit "$file"
+  if [ -n "${TOGETHER:-}" ] && [[ " $TORCHFT_MODES " == *" $mode "* ]]; then
+    torchft_mode "$mode"
+    TOGETHER_DONE+=" $mode"
+  fi
   wait_job_end "$WAIT_S"
   WALL[$mode]=$((SECONDS - t0))
   NCPU[$mode]=$(awk -v a="$c0" -v b="$(cpu_seconds "${NODE_PIDS[@]}")" 'BEGIN {printf "%.1f", b - a}')
@@ -113,17 +123,10 @@ run_mode() {  # MODE SYNC
     "the slowest worker's $H steps: ${SLOW[$mode]} s"
 }
 
-for m in $MODES; do
-  case "$m" in
-    blocking) run_mode blocking "" ;;
-    streaming) run_mode streaming "$STREAMING" ;;
-    eager) run_mode eager "$EAGER" ;;
-    *) fail "unknown mode $m" ;;
-  esac
-done
-
-for m in $TORCHFT_MODES; do
-  if [ -n "${TORCHFT_MISSING:-}" ]; then TFAIL[torchft-$m]=$TORCHFT_MISSING; continue; fi
+TOGETHER_DONE=""
+torchft_mode() {  # MODE: torchft's run of it, then its figures
+  local m=$1 c0
+  if [ -n "${TORCHFT_MISSING:-}" ]; then TFAIL[torchft-$m]=$TORCHFT_MISSING; return 0; fi
   c0=$(cpu_seconds "${NODE_PIDS[@]}")
   case "$m" in
     blocking) torchft_run torchft-blocking 1 0 0 || true ;;
@@ -140,6 +143,19 @@ for m in $TORCHFT_MODES; do
   else
     say "torchft-$m: ${TFAIL[torchft-$m]}"
   fi
+}
+
+for m in $MODES; do
+  case "$m" in
+    blocking) run_mode blocking "" ;;
+    streaming) run_mode streaming "$STREAMING" ;;
+    eager) run_mode eager "$EAGER" ;;
+    *) fail "unknown mode $m" ;;
+  esac
+done
+
+for m in $TORCHFT_MODES; do
+  [[ " $TOGETHER_DONE " == *" $m "* ]] || torchft_mode "$m"
 done
 
 echo
