@@ -81,7 +81,7 @@ ${ALLREDUCE:+allreduce: $ALLREDUCE}
 JOB
 }
 
-declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW TWALL TFAIL TSUM LFAIL NCPU TCPU
+declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW TWALL TFAIL TSUM LFAIL NCPU TCPU CPUS
 run_mode() {  # MODE SYNC
   local mode=$1 file="$WORK/$1.yaml"
   job_file "$mode" "$2" >"$file"
@@ -115,7 +115,7 @@ run_mode() {  # MODE SYNC
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {printf "%.1f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2) * 100}')
   RTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | grep -o '"round_time":[0-9.]*' |
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {printf "%.2f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
-  read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ \
+  read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ CPUS[$mode] \
     <<<"$("$TORCHFT_PY" "$SUMMARY" loco "$folder/metrics.jsonl" "$H")"
   say "$mode: wall ${WALL[$mode]} s, job utilization ${UTIL[$mode]} %, rounds: median utilization" \
     "${RUTIL[$mode]} %, median round ${RTIME[$mode]} s; final validation loss ${LOSS[$mode]};" \
@@ -164,26 +164,30 @@ echo "# streaming: $STREAMING; eager: $EAGER"
 echo "# torchft 0.2.0 streaming: $TORCHFT_FRAGMENTS fragments, delay $TORCHFT_DELAY, alpha $TORCHFT_ALPHA"
 echo "# steps_s: a worker's seconds in $H inner steps, worker_util_%: those over the round's time"
 echo "# (medians over workers and rounds 1..); slowest_s: per round, the sum of the slowest"
-echo "# worker's steps (median over rounds); round_util_% and job_util_%: loco's own figures"
-row() { printf '%-18s %7s %11s %13s %13s %9s %8s %14s %10s\n' "$@"; }
-row mode wall_s job_util_% round_util_% round_time_s val_loss steps_s worker_util_% slowest_s
+echo "# worker's steps (median over rounds); round_util_% and job_util_%: loco's own figures;"
+echo "# cpu_s: a worker's process's CPU seconds in its $H inner steps (median over workers and"
+echo "# rounds): the work in steps_s, the rest waiting (for a core, when the machine is shared)"
+row() { printf '%-18s %7s %11s %13s %13s %9s %8s %14s %10s %6s\n' "$@"; }
+row mode wall_s job_util_% round_util_% round_time_s val_loss steps_s worker_util_% slowest_s cpu_s
 for m in $MODES; do
   if [ -n "${LFAIL[$m]:-}" ]; then echo "$m: ${LFAIL[$m]}"; continue; fi
   row "$m" "${WALL[$m]}" "${UTIL[$m]}" "${RUTIL[$m]}" "${RTIME[$m]}" "${LOSS[$m]}" "${STEPS[$m]}" \
-    "${WUTIL[$m]}" "${SLOW[$m]}"
+    "${WUTIL[$m]}" "${SLOW[$m]}" "${CPUS[$m]:--}"
 done
 for m in $TORCHFT_MODES; do
   t=torchft-$m
   if [ -n "${TSUM[$t]:-}" ]; then
-    read -r RTIME[$t] STEPS[$t] WUTIL[$t] SLOW[$t] LOSS[$t] _ <<<"${TSUM[$t]}"
+    read -r RTIME[$t] STEPS[$t] WUTIL[$t] SLOW[$t] LOSS[$t] _ CPUS[$t] <<<"${TSUM[$t]}"
     WALL[$t]=${TWALL[$t]}
-    row "$t" "${WALL[$t]}" - - "${RTIME[$t]}" "${LOSS[$t]}" "${STEPS[$t]}" "${WUTIL[$t]}" "${SLOW[$t]}"
+    row "$t" "${WALL[$t]}" - - "${RTIME[$t]}" "${LOSS[$t]}" "${STEPS[$t]}" "${WUTIL[$t]}" "${SLOW[$t]}" \
+      "${CPUS[$t]:--}"
   else
     echo "$t: failed: ${TFAIL[$t]:-}"
   fi
 done
 echo "# CPU seconds (user + system) during each mode: loco's 4 node processes (idle ones during"
-echo "# torchft's modes), torchft's 4 worker processes (their own count, at exit)"
+echo "# torchft's modes${TOGETHER:+, but here busy with the loco mode run with them}), torchft's 4 worker"
+echo "# processes (their own count, at exit)"
 for m in $MODES $(for t in $TORCHFT_MODES; do echo "torchft-$t"; done); do
   echo "$m: wall ${WALL[$m]:--} s, loco nodes ${NCPU[$m]:--} s${TCPU[$m]:+, torchft workers ${TCPU[$m]} s}"
 done

@@ -11,8 +11,12 @@ JSONL, over the training rounds (1..; loco's round 0 is the evaluation before tr
                  step (an upper bound of every worker's steps_s; loco's streaming and eager
                  rounds have no per-member figures yet, only this, from "steps")
     val_loss     the final validation loss (loco: its last evaluation; torchft: worker 0's)
+    cpu_s        median over workers and rounds of the CPU seconds a worker's process used in
+                 its H inner steps (loco: the members' "cpu_seconds"; torchft: "step_cpu_seconds"):
+                 next to steps_s, the work in them apart from the waiting for a core on a shared
+                 machine ("-" for records without them)
 
-    summary.py loco|torchft FILE H    prints "round_time steps_s util_% slowest_s val_loss rounds"
+    summary.py loco|torchft FILE H    prints "round_time steps_s util_% slowest_s val_loss rounds cpu_s"
 """
 import json
 import statistics
@@ -23,7 +27,7 @@ from collections import defaultdict
 def main() -> None:
     kind, path, h = sys.argv[1], sys.argv[2], int(sys.argv[3])
     rows = [json.loads(line) for line in open(path) if line.strip()]
-    times, steps, utils, slowest, loss = [], [], [], [], None
+    times, steps, utils, slowest, cpu, loss = [], [], [], [], [], None
     per_round = defaultdict(list)  # torchft: round -> each worker's step_seconds
     for r in rows:
         if r.get("val_loss") is not None:
@@ -36,6 +40,8 @@ def main() -> None:
                 if m["steps"] > 0:
                     steps.append(m["seconds"] * h / m["steps"])
                     utils.append(m["seconds"] / r["round_time"])
+                    if m.get("cpu_seconds"):
+                        cpu.append(m["cpu_seconds"] * h / m["steps"])
             # "steps": per step, the members' tokens and the slowest member's seconds.
             s = [x["tokens"] / x["tokens_per_s"] for x in r.get("steps", []) if x.get("tokens_per_s")]
             if s:
@@ -44,12 +50,14 @@ def main() -> None:
             steps.append(r["seconds"] * h / r["steps"])
             utils.append(r["seconds"] / r["round_time"])
             per_round[r["round"]].append(r["step_seconds"])
+            if r.get("step_cpu_seconds"):
+                cpu.append(sum(r["step_cpu_seconds"]) * h / r["steps"])
     for workers in per_round.values():
         slowest.append(sum(max(w[i] for w in workers) for i in range(len(workers[0]))))
     med = lambda v, scale=1.0, digits=2: f"{scale * statistics.median(v):.{digits}f}" if v else "-"
     rounds = len({r["round"] for r in rows if r["round"] >= 1})
     print(med(times), med(steps), med(utils, 100, 1), med(slowest),
-          f"{loss:.4f}" if loss is not None else "-", rounds)
+          f"{loss:.4f}" if loss is not None else "-", rounds, med(cpu))
 
 
 if __name__ == "__main__":
