@@ -37,24 +37,40 @@ namespace {
 
 using loco::bench::median;
 
-// Runs `n` copies of `cmd` at once; their outputs, in order.
-std::vector<std::string> run_all(const std::string& cmd, int n) {
-  std::vector<FILE*> pipes;
-  for (int i = 0; i < n; ++i) {
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) throw std::runtime_error("cannot run " + cmd);
-    pipes.push_back(p);
+// `n` copies of `cmd` running at once: started by the constructor, their outputs (in order)
+// from outputs().
+class Running {
+ public:
+  Running(std::string cmd, int n) : cmd_(std::move(cmd)) {
+    for (int i = 0; i < n; ++i) {
+      FILE* p = ::popen(cmd_.c_str(), "r");
+      if (!p) throw std::runtime_error("cannot run " + cmd_);
+      pipes_.push_back(p);
+    }
   }
-  std::vector<std::string> outs;
-  for (FILE* p : pipes) {
-    std::string out;
-    char buf[4096];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    if (::pclose(p) != 0) throw std::runtime_error("failed: " + cmd + "\n" + out);
-    outs.push_back(out);
+  ~Running() {
+    for (FILE* p : pipes_) ::pclose(p);
   }
-  return outs;
-}
+  std::vector<std::string> outputs() {
+    std::vector<std::string> outs;
+    for (FILE*& p : pipes_) {
+      std::string out;
+      char buf[4096];
+      while (std::fgets(buf, sizeof buf, p)) out += buf;
+      const int rc = ::pclose(p);
+      p = nullptr;
+      if (rc != 0) throw std::runtime_error("failed: " + cmd_ + "\n" + out);
+      outs.push_back(out);
+    }
+    std::erase(pipes_, nullptr);
+    return outs;
+  }
+
+ private:
+  std::string cmd_;
+  std::vector<FILE*> pipes_;
+};
+std::vector<std::string> run_all(const std::string& cmd, int n) { return Running(cmd, n).outputs(); }
 
 double field_of(const std::string& out, const std::string& name) {
   std::smatch m;
@@ -80,6 +96,9 @@ class WorkerPath {
     loco::testing::ClusterOptions co;
     co.nodes = procs;
     co.node_resources = "cpu=1";
+    // Nodes busy stepping on shared cores answer heartbeats late: the tests' 1 s would declare
+    // them dead (`loco start`'s default is 2 s; this is a benchmark, not a failure test).
+    co.detect_ms = 30000;
     co.plugins = LOCO_PLUGIN_DIR_STR "/libloco_diloco_actors.so";
     co.path_root = dir.string();
     cluster_.emplace(co);
@@ -134,7 +153,7 @@ int main(int argc, char** argv) {
   CLI::App app{"bench/train_step: loco's inner steps vs eager PyTorch, tokens/s"};
   int layers = 4, d_model = 128, heads = 4, context = 128, batch = 16, threads = 2, steps = 30,
       warmup = 5, repeats = 2, procs = 1;
-  bool child = false;
+  bool child = false, together = false;
   std::string path = "trainer";
   const char* venv = std::getenv("LOCO_VENV");
   std::string python =
@@ -156,6 +175,9 @@ int main(int argc, char** argv) {
                  "loco's side: trainer (InnerTrainer in this process, or --procs copies of it) or "
                  "worker (--procs InnerWorker actors on as many local nodes: a job's workers)")
       ->check(CLI::IsMember({"trainer", "worker"}));
+  app.add_flag("--together", together,
+               "run the Python side at the same time as loco's (2 x --procs processes), so that "
+               "other load on the machine hits both alike");
   app.add_flag("--child", child, "internal: one repeat of the C++ side, prints RESULT");
   CLI11_PARSE(app, argc, argv);
 
@@ -244,12 +266,16 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) self_cmd += std::string(" ") + argv[i];
   self_cmd += " --child";
   for (int rep = 0; rep < repeats; ++rep) {
+    // --together: the Python side runs while loco's does (it starts first: Python takes a few
+    // seconds to import torch, about the untimed steps of loco's side).
+    std::optional<Running> py;
+    if (together) py.emplace(py_cmd, procs);
     if (workers) {
       for (const ProcFigures& f : workers->round(rep, warmup)) {
         loco_figs.push_back(f);
         say(rep, "loco", f);
       }
-    } else if (procs == 1) {
+    } else if (procs == 1 && !together) {
       loco_figs.push_back(one_repeat());
       say(rep, "loco", loco_figs.back());
     } else {
@@ -258,7 +284,8 @@ int main(int argc, char** argv) {
         say(rep, "loco", loco_figs.back());
       }
     }
-    for (const std::string& out : run_all(py_cmd, procs)) {
+    if (!py) py.emplace(py_cmd, procs);
+    for (const std::string& out : py->outputs()) {
       py_figs.push_back(figures_of(out));
       say(rep, "python", py_figs.back());
     }
@@ -274,9 +301,9 @@ int main(int argc, char** argv) {
   std::printf(
       "train_step: model %lld params (layers %d, d_model %d, heads %d, context %d, vocab 256), "
       "batch %d, "
-      "%d threads, %d timed steps x %d repeats, %d process(es) at once, loco's path: %s\n",
+      "%d threads, %d timed steps x %d repeats, %d process(es) at once%s, loco's path: %s\n",
       static_cast<long long>(params), layers, d_model, heads, context, batch, threads, steps,
-      repeats, procs, path.c_str());
+      repeats, procs, together ? " a side, both sides together" : "", path.c_str());
   std::printf(
       "  (tokens/s at each process's median step, the median over processes and repeats; cpu: "
       "the median share of a step's wall time its process was on a CPU)\n");
@@ -288,6 +315,15 @@ int main(int argc, char** argv) {
   std::printf("  %-36s %10.0f tokens/s  cpu %.2f\n", py_name.c_str(), py,
               med(py_figs, &ProcFigures::cpu_share));
   std::printf("  %-36s %10.2fx\n", "ratio loco / python", cpp / py);
+  // Tokens per CPU second of each process: the arithmetic's cost whatever the wait for a core.
+  auto per_cpu = [&](const std::vector<ProcFigures>& v) {
+    std::vector<double> x;
+    for (const ProcFigures& p : v) x.push_back(p.tokens_per_s / p.cpu_share);
+    return median(x);
+  };
+  std::printf("  %-36s %10.2fx  (%.0f / %.0f tokens per CPU second)\n",
+              "ratio per CPU second", per_cpu(loco_figs) / per_cpu(py_figs), per_cpu(loco_figs),
+              per_cpu(py_figs));
   std::fflush(stdout);  // before the nodes go
   workers.reset();
   remove_tree(dir.string());
