@@ -73,8 +73,8 @@ struct MemberFigures {
   int worker = 0;
   int steps = 0;
   int64_t tokens = 0;
-  double seconds = 0;  // in inner steps; the rest of the round ("wait" in metrics.jsonl) it
-                       // waited on the others, the network and the aggregator
+  double seconds = 0;      // in inner steps; the rest of the round ("wait" in metrics.jsonl) it
+                           // waited on the others, the network and the aggregator
   double cpu_seconds = 0;  // CPU time its process used in those steps (StepFigures::cpu_seconds)
 };
 // The CPU seconds of a member's steps, summed.

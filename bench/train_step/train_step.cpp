@@ -70,7 +70,9 @@ class Running {
   std::string cmd_;
   std::vector<FILE*> pipes_;
 };
-std::vector<std::string> run_all(const std::string& cmd, int n) { return Running(cmd, n).outputs(); }
+std::vector<std::string> run_all(const std::string& cmd, int n) {
+  return Running(cmd, n).outputs();
+}
 
 double field_of(const std::string& out, const std::string& name) {
   std::smatch m;
@@ -87,12 +89,11 @@ struct ProcFigures {
   double cpu_share = 0;
 };
 
-// --path worker: `procs` nodes of one cpu each and an InnerWorker on each, for as many rounds
-// as `repeats` asks, one at a time (`between` runs after each: the Python side).
+// --path worker: `procs` nodes of one cpu each and an InnerWorker on each, initialized as a
+// job's workers; round() runs one round of inner steps on all of them at once.
 class WorkerPath {
  public:
-  WorkerPath(const JobConfig& cfg, const std::filesystem::path& dir, int procs)
-      : cfg_(cfg), procs_(procs) {
+  WorkerPath(const JobConfig& cfg, const std::filesystem::path& dir, int procs) : cfg_(cfg) {
     loco::testing::ClusterOptions co;
     co.nodes = procs;
     co.node_resources = "cpu=1";
@@ -103,8 +104,8 @@ class WorkerPath {
     co.path_root = dir.string();
     cluster_.emplace(co);
     if (!cluster_->wait_alive_nodes(procs))
-      throw std::runtime_error("bench: " + std::to_string(procs) + " nodes did not start; logs in " +
-                               cluster_->log_dir());
+      throw std::runtime_error("bench: " + std::to_string(procs) +
+                               " nodes did not start; logs in " + cluster_->log_dir());
     loco::Runtime& rt = cluster_->runtime();
     std::vector<loco::Future<loco::actors::InitResult>> inits;
     for (int i = 0; i < procs; ++i) {
@@ -131,17 +132,18 @@ class WorkerPath {
       const loco::actors::InnerResult r = c.get(loco::Millis(3600000));
       std::vector<double> seconds, shares;
       for (size_t i = size_t(warmup); i < r.per_step.size(); ++i) {
-        seconds.push_back(r.per_step[i].seconds);
-        shares.push_back(r.per_step[i].cpu_seconds / r.per_step[i].seconds);
+        seconds.push_back(r.per_step[i].seconds);  // in whole milliseconds: not for tiny models
+        if (r.per_step[i].seconds > 0)
+          shares.push_back(r.per_step[i].cpu_seconds / r.per_step[i].seconds);
       }
-      out.push_back({double(cfg_.tokens_per_inner_step()) / median(seconds), median(shares)});
+      out.push_back({double(cfg_.tokens_per_inner_step()) / median(seconds),
+                     shares.empty() ? 0.0 : median(shares)});
     }
     return out;
   }
 
  private:
   JobConfig cfg_;
-  int procs_;
   std::optional<loco::testing::LocalCluster> cluster_;
   std::vector<loco::ActorHandle<loco::actors::InnerWorker>> workers_;
   std::int64_t params_ = 0;
@@ -170,7 +172,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup-steps", warmup, "untimed steps per repeat");
   app.add_option("--repeats", repeats, "loco and Python runs, alternating");
   app.add_option("--python", python);
-  app.add_option("--procs", procs, "trainers at once (processes sharing the cores, as a job's workers)");
+  app.add_option("--procs", procs,
+                 "trainers at once (processes sharing the cores, as a job's workers)");
   app.add_option("--path", path,
                  "loco's side: trainer (InnerTrainer in this process, or --procs copies of it) or "
                  "worker (--procs InnerWorker actors on as many local nodes: a job's workers)")
@@ -291,7 +294,7 @@ int main(int argc, char** argv) {
     }
   }
   if (procs > 1 && !workers) params = InnerTrainer(cfg, store, {0}, 0, 1).parameter_count();
-  auto med = [](const std::vector<ProcFigures>& v, double ProcFigures::* f) {
+  auto med = [](const std::vector<ProcFigures>& v, double ProcFigures::*f) {
     std::vector<double> x;
     for (const ProcFigures& p : v) x.push_back(p.*f);
     return median(x);
@@ -321,9 +324,8 @@ int main(int argc, char** argv) {
     for (const ProcFigures& p : v) x.push_back(p.tokens_per_s / p.cpu_share);
     return median(x);
   };
-  std::printf("  %-36s %10.2fx  (%.0f / %.0f tokens per CPU second)\n",
-              "ratio per CPU second", per_cpu(loco_figs) / per_cpu(py_figs), per_cpu(loco_figs),
-              per_cpu(py_figs));
+  std::printf("  %-36s %10.2fx  (%.0f / %.0f tokens per CPU second)\n", "ratio per CPU second",
+              per_cpu(loco_figs) / per_cpu(py_figs), per_cpu(loco_figs), per_cpu(py_figs));
   std::fflush(stdout);  // before the nodes go
   workers.reset();
   remove_tree(dir.string());
