@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -152,40 +153,103 @@ struct InFlight {
 };
 
 // The group a stream() call's fragments reduce over: the request's members, less those a
-// fragment's all-reduce lost on the way. Every survivor drops the member the failed operation
-// names and runs it again without it (the collective lets a retry without the lost member keep
-// its round id), so the fragment finishes as a smaller group and the worker's inner steps go
-// on; later fragments of the call start without that member. The aggregator accepts the
-// round only when the survivors end with the same group and the same θ (after_overlapped_round).
+// fragment's all-reduce lost on the way, plus a worker admitted mid-round. Every survivor drops
+// the member the failed operation names and runs it again without it (the collective lets a
+// retry without the lost member keep its round id), so the fragment finishes as a smaller group
+// and the worker's inner steps go on; later fragments of the call start without that member.
+// The aggregator accepts the round only when the survivors end with the same group and the
+// same θ (after_overlapped_round). A member admitted at a fragment boundary takes part in the
+// operations from that fragment's on (`from_op`); its first one counts with weight zero, since
+// it has taken no inner step yet (its Δ is zero): the others' mean is the sum over n − 1.
 struct StreamGroup {
   std::mutex mu;
-  collective::Group group;  // round_id set per operation
+  std::vector<collective::Member> members;  // in rank order
+  std::vector<uint64_t> from_op;            // each one's first operation (0: all of the call's)
   std::string self;
+  std::string zero_member;  // whose Δ counts with weight zero in operation `zero_op`
+  uint64_t zero_op = 0;
 
-  collective::Group current() {
+  // The group of operation `op`: the members that take part in it, this worker's rank.
+  collective::Group at(uint64_t op) {
     std::lock_guard<std::mutex> lock(mu);
-    return group;
+    collective::Group g;
+    g.round_id = op;
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (from_op[i] > op) continue;
+      if (members[i].name == self) g.rank = int(g.members.size());
+      g.members.push_back(members[i]);
+    }
+    return g;
   }
   std::vector<std::string> names() {
     std::lock_guard<std::mutex> lock(mu);
     std::vector<std::string> out;
-    for (const auto& m : group.members) out.push_back(m.name);
+    for (const auto& m : members) out.push_back(m.name);
     return out;
   }
-  // `lost` is gone: drop it, unless it is this worker or already dropped. False when the group
-  // did not change and `tried` already lacked it: nothing new to try.
+  void add(const std::string& name, const std::string& endpoint, uint64_t op) {
+    std::lock_guard<std::mutex> lock(mu);
+    members.push_back({name, endpoint});
+    from_op.push_back(op);
+    zero_member = name;
+    zero_op = op;
+  }
+  // The factor that turns the collective's mean over `g` into the mean over the members whose
+  // Δ counts: n / (n − 1) when operation g.round_id has a member of weight zero, else 1.
+  float weight_correction(const collective::Group& g) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (g.round_id != zero_op || g.members.size() < 2) return 1.0f;
+    for (const auto& m : g.members)
+      if (m.name == zero_member)
+        return float(g.members.size()) / float(g.members.size() - 1);
+    return 1.0f;
+  }
+  // `lost` is gone: drop it, unless it is this worker. False when the group of `tried`'s
+  // operation is not smaller than `tried` (nothing new to try).
   bool drop(const std::string& lost, const collective::Group& tried) {
     std::lock_guard<std::mutex> lock(mu);
     if (lost.empty() || lost == self) return false;
-    auto& ms = group.members;
-    auto it = std::find_if(ms.begin(), ms.end(), [&](const auto& m) { return m.name == lost; });
-    if (it != ms.end()) {
-      ms.erase(it);
-      for (size_t i = 0; i < ms.size(); ++i)
-        if (ms[i].name == self) group.rank = int(i);
-      return true;
-    }
-    return ms.size() < tried.members.size();  // dropped by another fragment meanwhile
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i].name == lost) {
+        members.erase(members.begin() + std::ptrdiff_t(i));
+        from_op.erase(from_op.begin() + std::ptrdiff_t(i));
+        break;
+      }
+    size_t now = 0;
+    for (uint64_t f : from_op) now += f <= tried.round_id ? 1 : 0;
+    return now < tried.members.size();  // dropped here, or by another fragment meanwhile
+  }
+};
+
+// sync.mode streaming: what stream() shares with the concurrent methods through which a worker
+// joins mid-round (offer_state, snapshot_part, landed, landed_mean, progress, admit), all
+// under `mu`. A donor takes a snapshot of its state between two inner steps when asked, then
+// keeps the average of every fragment it lands after it, so that a joiner that copied the
+// snapshot can bring it up to date; an admission says from which fragment boundary the joiner
+// is in the group.
+struct JoinDesk {
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t round = -1;    // the round stream() runs (-1: none)
+  int64_t reached = -1;  // the inner step count its loop reached (events there done or doing)
+  bool wanted = false;   // offer_state asks for a snapshot at the loop's next boundary
+  std::shared_ptr<const std::string> snapshot;
+  int64_t snapshot_round = -1, snapshot_step = -1;
+  struct Landing {
+    int fragment = 0;
+    int64_t lands = 0;
+    std::shared_ptr<const std::vector<float>> mean;
+  };
+  std::vector<Landing> landed;  // since the snapshot, in order
+  size_t landed_floats = 0;
+  std::optional<AdmitRequest> admit;  // phase: prepare (undecided), commit or abort
+
+  void forget() {  // with the lock held
+    snapshot.reset();
+    snapshot_round = snapshot_step = -1;
+    landed.clear();
+    landed_floats = 0;
+    wanted = false;
   }
 };
 
@@ -221,6 +285,8 @@ struct InnerWorker::State {
   std::vector<std::vector<dl::Range>> fragments;
   std::deque<std::unique_ptr<InFlight>> in_flight;
   std::shared_future<void> last_op;
+  JoinDesk desk;
+  int64_t joined_snapshot_step = -1;  // init() copied a donor's snapshot of this step (mid-round)
 
   ~State() { drain(); }  // the operations' threads use a rank's communicator
   // Waits for every operation in flight (each ends, by success or by the peer timeout) and
@@ -234,6 +300,46 @@ struct InnerWorker::State {
   }
   // streaming or eager: the rounds run through stream(), with synchronizations in flight.
   bool overlapped() const { return cfg.sync.mode != dl::SyncMode::blocking; }
+
+  // stream(), between two inner steps at step count `now`: the snapshot offer_state asked
+  // for, if it did: the outer state (every fragment at its last synchronized value; the ones
+  // in flight land later, in the landings kept from here on) and the AdamW moments.
+  void snapshot_if_wanted(int64_t round, int64_t now) {
+    {
+      std::lock_guard<std::mutex> lock(desk.mu);
+      if (!desk.wanted) return;
+    }
+    torch::serialize::OutputArchive ar;
+    lead().outer->save(ar, "outer.");
+    lead().trainer->save_moments(ar, "moments.");
+    std::ostringstream out;
+    ar.save_to(out);
+    auto bytes = std::make_shared<const std::string>(std::move(out).str());
+    std::lock_guard<std::mutex> lock(desk.mu);
+    desk.forget();
+    desk.snapshot = std::move(bytes);
+    desk.snapshot_round = round;
+    desk.snapshot_step = now;
+    desk.cv.notify_all();
+  }
+  // stream(): a landing, kept while a snapshot is offered. More than two rounds' worth of
+  // averages (the joiner is far behind) drops the snapshot, and that join with it.
+  void log_landing(const InFlight& f, int64_t now) {
+    std::lock_guard<std::mutex> lock(desk.mu);
+    if (!desk.snapshot) return;
+    if (desk.landed_floats + f.mean.size() > 2 * delta.size()) {
+      log_warn("worker " + std::to_string(index) + ": the snapshot of step " +
+               std::to_string(desk.snapshot_step) + " is dropped: its joiner fell behind by " +
+               "more than two rounds of landings");
+      desk.forget();
+      desk.cv.notify_all();
+      return;
+    }
+    desk.landed.push_back(
+        {f.fragment, now, std::make_shared<const std::vector<float>>(f.mean)});
+    desk.landed_floats += f.mean.size();
+    desk.cv.notify_all();
+  }
 
   // Fault injection (FaultPlan): a stuck worker, a slower one.
   void stall_if_asked(int64_t round) {
@@ -338,6 +444,10 @@ struct InnerWorker::State {
     o.codec = cfg.compression;
     o.chunk_bytes = size_t(cfg.allreduce.chunk_kb) * 1024;
     o.peer_timeout = std::chrono::milliseconds(std::llround(cfg.allreduce.peer_timeout_s * 1000));
+    // Streaming and eager: members begin a fragment's all-reduce up to a fragment interval apart.
+    if (cfg.sync.mode != dl::SyncMode::blocking)
+      o.entry_timeout =
+          std::chrono::milliseconds(std::llround(cfg.allreduce.entry_timeout_s * 1000));
     return o;
   }
 };
@@ -546,7 +656,17 @@ InitResult InnerWorker::init(WorkerInit init) {
     // rate (128 KB to 16 MB), so at most ~0.4 s of data is ever queued ahead.
     constexpr size_t kInFlight = 4;
     auto src = Runtime::current().get_actor<InnerWorker>(init.source);
-    const int64_t total = src.call(&InnerWorker::join_state_size, init.round).get(Millis(60000));
+    // Mid-round (streaming): the source's snapshot between two of its inner steps, served
+    // beside its stream() call; its landings since come with this worker's stream().
+    std::optional<JoinOffer> offer;
+    if (init.mid_round) offer = src.call(&InnerWorker::offer_state, init.round).get(Millis(150000));
+    auto part_of = [&](int64_t at, int64_t len) {
+      return offer ? src.call(&InnerWorker::snapshot_part, init.round, offer->step, at, len)
+                   : src.call(&InnerWorker::join_state_part, init.round, at, len);
+    };
+    const int64_t total =
+        offer ? offer->bytes
+              : src.call(&InnerWorker::join_state_size, init.round).get(Millis(60000));
     std::string bytes(size_t(total), '\0');
     std::deque<std::pair<int64_t, Future<Blob>>> parts;
     const int64_t started = loco::now_ms();
@@ -556,7 +676,7 @@ InitResult InnerWorker::init(WorkerInit init) {
         const double rate = double(received) / std::max(1e-3, seconds_since(started));
         const int64_t part = std::clamp<int64_t>(int64_t(rate * 0.1), 128 << 10, 16 << 20);
         const int64_t len = std::min(part, total - next);
-        parts.emplace_back(next, src.call(&InnerWorker::join_state_part, init.round, next, len));
+        parts.emplace_back(next, part_of(next, len));
         next += len;
       }
       auto [at, f] = std::move(parts.front());
@@ -577,7 +697,10 @@ InitResult InnerWorker::init(WorkerInit init) {
       k.outer->load(ar, "outer.");
       k.trainer->load_moments(ar, "moments.");
     }
-    if (s_->overlapped()) s_->in_flight = read_in_flight(ar, s_->cfg.sync.fragments, s_->eager());
+    if (s_->overlapped() && !offer)
+      s_->in_flight = read_in_flight(ar, s_->cfg.sync.fragments, s_->eager());
+    s_->joined_snapshot_step = offer ? offer->step : -1;
+    out.snapshot_step = s_->joined_snapshot_step;
     out.state_bytes = bytes.size();
   } else if (!init.checkpoint.empty()) {
     torch::serialize::InputArchive ar;
@@ -756,7 +879,12 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
 // mixes them into the local parameters.
 StreamResult InnerWorker::stream(StreamRequest req) {
   const int64_t t0 = loco::now_ms();
-  if (!s_->lead().trainer) throw std::logic_error("InnerWorker: stream() before init()");
+  // A round sent ahead (pipeline_next) reaches the actor the head restarted after the member it
+  // was meant for died: this instance holds no outer state, and that member is gone.
+  if (!s_->lead().trainer)
+    throw ActorDiedError("InnerWorker " + std::to_string(s_->index) +
+                         " holds no outer state (restarted, or never initialized): the member "
+                         "that round " + std::to_string(req.round + 1) + " was sent to is gone");
   if (!s_->overlapped())
     throw std::logic_error("InnerWorker: stream() in a job whose sync.mode is blocking");
   if (s_->ranks.size() != 1)
@@ -768,42 +896,80 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                                 std::to_string(req.round + 1) +
                                 ", but its outer state is of round " +
                                 std::to_string(k.outer->round()));
-  auto group = std::make_shared<StreamGroup>();
-  for (size_t i = 0; i < req.names.size(); ++i)
-    group->group.members.push_back({req.names[i], req.endpoints[i][0]});
-  group->group.rank = req.rank;
-  group->self = req.names[size_t(req.rank)];
-
   const dl::SyncConfig& sync = s_->cfg.sync;
   const int h = s_->cfg.inner.steps;
   const int64_t stride = h / sync.fragments;
   const int64_t start = req.round * h, end = start + h;
+  const bool joining = req.from_step >= 0;
+  if (joining && (req.from_step <= start || req.from_step >= end ||
+                  (req.from_step - start) % stride != 0 || req.source.empty() ||
+                  s_->joined_snapshot_step < 0))
+    throw std::invalid_argument(
+        "InnerWorker " + std::to_string(s_->index) + ": stream of round " +
+        std::to_string(req.round + 1) + " from step " + std::to_string(req.from_step) +
+        (s_->joined_snapshot_step < 0 ? ", but it copied no snapshot mid-round"
+                                      : ", which is not a fragment boundary inside the round"));
+
+  auto group = std::make_shared<StreamGroup>();
+  for (size_t i = 0; i < req.names.size(); ++i) {
+    group->members.push_back({req.names[i], req.endpoints[i][0]});
+    group->from_op.push_back(0);
+  }
+  group->self = req.names[size_t(req.rank)];
+  if (joining) {
+    group->zero_member = group->self;
+    group->zero_op = req.op_id + uint64_t((req.from_step - start) / stride - 1);
+  }
+  JoinDesk& desk = s_->desk;
+  {
+    std::lock_guard<std::mutex> lock(desk.mu);
+    desk.forget();
+    desk.admit.reset();
+    desk.round = req.round;
+    desk.reached = joining ? req.from_step : start;
+  }
+  // However the call ends, nobody waits on this round's desk any longer.
+  struct Close {
+    JoinDesk& d;
+    ~Close() {
+      std::lock_guard<std::mutex> lock(d.mu);
+      d.round = -1;
+      d.forget();
+      d.admit.reset();
+      d.cv.notify_all();
+    }
+  } close{desk};
+
   StreamResult out;
-  double loss = 0;
-  for (int64_t now = start; now < end;) {
-    int64_t next = end;
-    for (int f = 0; f < sync.fragments; ++f)
-      if (start + (f + 1) * stride > now) next = std::min(next, start + (f + 1) * stride);
-    for (const auto& f : s_->in_flight) next = std::min(next, f->lands);
-    const int n = int(next - now);
-    const int64_t t_inner = loco::now_ms();
-    double chunk = 0;  // summed as run_inner_steps(n) sums, then its mean times n as before
-    for (int i = 0; i < n; ++i) {
-      out.inner.per_step.push_back(s_->one_step(k));
-      chunk += out.inner.per_step.back().loss;
+  if (joining) catch_up(req);
+
+  // The events at inner step count `now`: an admission there, the synchronizations, then the
+  // landings (with no overlap a fragment lands at the step it synchronizes).
+  auto events_at = [&](int64_t now) {
+    {
+      std::unique_lock<std::mutex> lock(desk.mu);
+      desk.reached = now;
+      desk.cv.notify_all();
+      if (desk.admit && desk.admit->step == now) {
+        const int64_t t_wait = loco::now_ms();
+        // Accepted before this boundary: the decision normally came long ago.
+        desk.cv.wait_for(lock, std::chrono::seconds(30),
+                         [&] { return desk.admit->phase != AdmitRequest::prepare; });
+        out.wait_seconds += seconds_since(t_wait);
+        if (desk.admit->phase == AdmitRequest::commit) {
+          group->add(desk.admit->name, desk.admit->endpoint,
+                     req.op_id + uint64_t((now - start) / stride - 1));
+          log_info("worker " + std::to_string(s_->index) + ": " + desk.admit->name +
+                   " takes part from inner step " + std::to_string(now) + " of round " +
+                   std::to_string(req.round + 1) + " on");
+        } else if (desk.admit->phase == AdmitRequest::prepare) {
+          log_warn("worker " + std::to_string(s_->index) + ": no decision on admitting " +
+                   desk.admit->name + " at inner step " + std::to_string(now) +
+                   " within 30 s; going on without it");
+        }
+        desk.admit.reset();
+      }
     }
-    out.inner.seconds += seconds_since(t_inner);
-    out.inner.steps += n;
-    loss += (n > 0 ? chunk / n : 0.0) * n;
-    now = next;
-    if (s_->fault.hits(s_->index, req.round, "stream") && now >= start + h / 2) {
-      s_->fault.fire();
-      // SIGTERM: the node's stop reaches this worker within its next poll; a tiny test model
-      // could otherwise finish the round first.
-      for (int i = 0; i < 3000 && !s_->stopping.load(); ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    // Synchronizations first: with no overlap a fragment lands at the step it synchronizes.
     for (int f = 0; f < sync.fragments; ++f) {
       if (start + (f + 1) * stride != now) continue;
       const auto& ranges = s_->fragments[size_t(f)];
@@ -836,11 +1002,12 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                       // dropped members); a member lost on the way is dropped and the rest go
                       // again.
                       for (;;) {
-                        collective::Group g = group->current();
-                        g.round_id = round_id;
+                        const collective::Group g = group->at(round_id);
                         try {
                           comm->allreduce(g, raw->delta, raw->mean);
                           raw->bytes_sent += comm->last_stats().bytes_sent;
+                          if (const float c = group->weight_correction(g); c != 1.0f)
+                            for (float& x : raw->mean) x *= c;
                           return;
                         } catch (const collective::PeerLostError& e) {
                           raw->bytes_sent += comm->last_stats().bytes_sent;
@@ -866,6 +1033,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       out.bytes_sent += f.bytes_sent;
       const auto& ranges = s_->fragments[size_t(f.fragment)];
       k.outer->step_ranges(f.mean, ranges);
+      s_->log_landing(f, now);
       if (!s_->eager())
         k.trainer->merge_parameters(k.outer->theta(), ranges, sync.mix);
       else if (now == f.synced)  // no step taken from the provisional θ: blocking, bit for bit
@@ -874,14 +1042,198 @@ StreamResult InnerWorker::stream(StreamRequest req) {
         k.trainer->correct_parameters(k.outer->theta(), f.provisional);
       it = s_->in_flight.erase(it);
     }
+  };
+
+  double loss = 0;
+  int64_t now = start;
+  if (joining) {
+    now = req.from_step;
+    events_at(now);
+  }
+  while (now < end) {
+    s_->snapshot_if_wanted(req.round, now);
+    int64_t next = end;
+    for (int f = 0; f < sync.fragments; ++f)
+      if (start + (f + 1) * stride > now) next = std::min(next, start + (f + 1) * stride);
+    for (const auto& f : s_->in_flight) next = std::min(next, f->lands);
+    const int n = int(next - now);
+    const int64_t t_inner = loco::now_ms();
+    double chunk = 0;  // summed as run_inner_steps(n) sums, then its mean times n as before
+    for (int i = 0; i < n; ++i) {
+      out.inner.per_step.push_back(s_->one_step(k));
+      chunk += out.inner.per_step.back().loss;
+      // Fault injection: a slower worker (its delay counts as inner time, as in timed_steps).
+      if (s_->slow()) std::this_thread::sleep_for(std::chrono::milliseconds(s_->fault.delay_ms));
+    }
+    out.inner.seconds += seconds_since(t_inner);
+    out.inner.steps += n;
+    loss += (n > 0 ? chunk / n : 0.0) * n;
+    now = next;
+    if (s_->fault.hits(s_->index, req.round, "stream") && now >= start + h / 2) {
+      s_->fault.fire();
+      // SIGTERM: the node's stop reaches this worker within its next poll; a tiny test model
+      // could otherwise finish the round first.
+      for (int i = 0; i < 3000 && !s_->stopping.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    events_at(now);
   }
   k.outer->end_round();
   out.inner.round = req.round;
-  out.inner.mean_loss = loss / h;
+  // Over the steps it took: a worker that joined mid-round took fewer than H.
+  out.inner.mean_loss = out.inner.steps > 0 ? loss / out.inner.steps : 0.0;
   out.theta_hash = k.outer->theta_hash();
   out.group = group->names();
   out.seconds = seconds_since(t0);
   return out;
+}
+
+// A worker that joined mid-round: its snapshot (of the donor's step joined_snapshot_step)
+// brought up to the fragment boundary it takes part from, with the averages the donor landed
+// since, in the donor's order; then its parameters start from that θ and its schedule at that
+// step. The donor's landings before from_step are all done once it has reached from_step.
+void InnerWorker::catch_up(const StreamRequest& req) {
+  Rank& k = s_->lead();
+  auto src = Runtime::current().get_actor<InnerWorker>(req.source);
+  const int64_t since = s_->joined_snapshot_step;
+  size_t applied = 0;
+  const int64_t deadline = loco::now_ms() + 600 * 1000;
+  for (;;) {
+    const LandedList l =
+        src.call(&InnerWorker::landed, req.round, since, req.from_step).get(Millis(60000));
+    if (l.fragments.size() != l.lands.size() || l.fragments.size() < applied)
+      throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": " + req.source +
+                               " listed its landings inconsistently");
+    for (; applied < l.fragments.size(); ++applied) {
+      const int f = l.fragments[applied];
+      if (f < 0 || f >= s_->cfg.sync.fragments)
+        throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": " + req.source +
+                                 " landed fragment " + std::to_string(f) + " of " +
+                                 std::to_string(s_->cfg.sync.fragments));
+      const Blob mean = src.call(&InnerWorker::landed_mean, req.round, since, int64_t(applied))
+                            .get(Millis(60000));
+      const auto& ranges = s_->fragments[size_t(f)];
+      int64_t size = 0;
+      for (const dl::Range& r : ranges) size += r.size();
+      if (mean.as<float>().size() != size_t(size))
+        throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": the average of " +
+                                 "fragment " + std::to_string(f) + " from " + req.source +
+                                 " holds " + std::to_string(mean.as<float>().size()) +
+                                 " values, not " + std::to_string(size));
+      k.outer->step_ranges(mean.as<float>(), ranges);
+    }
+    if (l.complete) break;
+    if (loco::now_ms() > deadline)
+      throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": " + req.source +
+                               " did not reach inner step " + std::to_string(req.from_step) +
+                               " within 600 s");
+  }
+  k.trainer->load_parameters(k.outer->theta());
+  k.trainer->set_step(req.from_step);
+  s_->joined_snapshot_step = -1;
+  log_info("worker " + std::to_string(s_->index) + " joins round " + std::to_string(req.round + 1) +
+           " at inner step " + std::to_string(req.from_step) + ": snapshot of step " +
+           std::to_string(since) + " and " + std::to_string(applied) + " landing(s) since, from " +
+           req.source);
+}
+
+JoinOffer InnerWorker::offer_state(int64_t round) {
+  if (s_->cfg.sync.mode != dl::SyncMode::streaming)
+    throw std::invalid_argument("offer_state: joining mid-round is for sync.mode streaming");
+  JoinDesk& d = s_->desk;
+  std::unique_lock<std::mutex> lock(d.mu);
+  auto have = [&] { return d.snapshot && d.snapshot_round == round; };
+  if (d.round != round)
+    throw std::invalid_argument("offer_state: worker " + std::to_string(s_->index) +
+                                " is not in round " + std::to_string(round + 1));
+  if (!have()) {
+    d.wanted = true;
+    d.cv.wait_for(lock, std::chrono::seconds(120), [&] { return have() || d.round != round; });
+  }
+  if (!have())
+    throw std::runtime_error("offer_state: worker " + std::to_string(s_->index) +
+                             " took no snapshot in round " + std::to_string(round + 1) +
+                             " (the round ended, or no inner step came within 120 s)");
+  return JoinOffer{round, d.snapshot_step, int64_t(d.snapshot->size())};
+}
+
+Blob InnerWorker::snapshot_part(int64_t round, int64_t step, int64_t offset, int64_t length) {
+  JoinDesk& d = s_->desk;
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (!d.snapshot || d.snapshot_round != round || d.snapshot_step != step)
+    throw std::invalid_argument("snapshot_part: worker " + std::to_string(s_->index) +
+                                " holds no snapshot of step " + std::to_string(step) +
+                                " of round " + std::to_string(round + 1) + " any more");
+  const auto& state = d.snapshot;
+  if (offset < 0 || length < 0 || size_t(offset) > state->size() ||
+      size_t(length) > state->size() - size_t(offset))
+    throw std::invalid_argument("snapshot_part: [" + std::to_string(offset) + ", " +
+                                std::to_string(offset + length) + ") is outside the " +
+                                std::to_string(state->size()) + " bytes of the snapshot");
+  return Blob(state, reinterpret_cast<const uint8_t*>(state->data()) + offset, size_t(length));
+}
+
+LandedList InnerWorker::landed(int64_t round, int64_t since, int64_t upto) {
+  JoinDesk& d = s_->desk;
+  std::unique_lock<std::mutex> lock(d.mu);
+  auto same = [&] { return d.round == round && d.snapshot && d.snapshot_step == since; };
+  // Up to a second for the donor to reach `upto`; what landed so far comes back either way.
+  d.cv.wait_for(lock, std::chrono::seconds(1), [&] { return !same() || d.reached >= upto; });
+  if (!same())
+    throw std::runtime_error("landed: worker " + std::to_string(s_->index) +
+                             " no longer holds the snapshot of step " + std::to_string(since) +
+                             " of round " + std::to_string(round + 1));
+  LandedList out;
+  for (const JoinDesk::Landing& l : d.landed) {
+    if (l.lands >= upto) break;
+    out.fragments.push_back(l.fragment);
+    out.lands.push_back(l.lands);
+  }
+  out.complete = d.reached >= upto;
+  return out;
+}
+
+Blob InnerWorker::landed_mean(int64_t round, int64_t since, int64_t index) {
+  JoinDesk& d = s_->desk;
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.round != round || !d.snapshot || d.snapshot_step != since || index < 0 ||
+      size_t(index) >= d.landed.size())
+    throw std::invalid_argument("landed_mean: worker " + std::to_string(s_->index) +
+                                " holds no landing " + std::to_string(index) + " since step " +
+                                std::to_string(since) + " of round " + std::to_string(round + 1));
+  const auto& mean = d.landed[size_t(index)].mean;
+  return Blob(mean, reinterpret_cast<const uint8_t*>(mean->data()), mean->size() * sizeof(float));
+}
+
+int64_t InnerWorker::progress(int64_t round) {
+  std::lock_guard<std::mutex> lock(s_->desk.mu);
+  return s_->desk.round == round ? s_->desk.reached : -1;
+}
+
+bool InnerWorker::admit(AdmitRequest req) {
+  JoinDesk& d = s_->desk;
+  const int h = s_->cfg.inner.steps;
+  const int64_t stride = h / std::max(1, s_->cfg.sync.fragments);
+  const int64_t start = req.round * h;
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (req.phase == AdmitRequest::prepare) {
+    // Yes only while this worker is before that boundary, which must be a synchronization
+    // inside the round, and with no other admission pending.
+    if (s_->cfg.sync.mode != dl::SyncMode::streaming || d.round != req.round ||
+        d.reached >= req.step || req.step <= start || req.step >= start + h ||
+        (req.step - start) % stride != 0 || d.admit || req.name.empty() || req.endpoint.empty())
+      return false;
+    d.admit = req;
+    return true;
+  }
+  if (req.phase != AdmitRequest::commit && req.phase != AdmitRequest::abort)
+    throw std::invalid_argument("admit: phase " + std::to_string(req.phase) + " is not one");
+  if (!d.admit || d.admit->round != req.round || d.admit->step != req.step ||
+      d.admit->name != req.name || d.admit->phase != AdmitRequest::prepare)
+    return false;
+  d.admit->phase = req.phase;
+  d.cv.notify_all();
+  return true;
 }
 
 double InnerWorker::evaluate() {
@@ -997,6 +1349,12 @@ LOCO_REGISTER(InnerWorker,
                   .internal_method("save_inner_state", &InnerWorker::save_inner_state)
                   .internal_method("theta_hash", &InnerWorker::theta_hash)
                   .internal_method("set_shards", &InnerWorker::set_shards)
-                  .internal_method("shards", &InnerWorker::shards));
+                  .internal_method("shards", &InnerWorker::shards)
+                  .concurrent_method("offer_state", &InnerWorker::offer_state)
+                  .concurrent_method("snapshot_part", &InnerWorker::snapshot_part)
+                  .concurrent_method("landed", &InnerWorker::landed)
+                  .concurrent_method("landed_mean", &InnerWorker::landed_mean)
+                  .concurrent_method("progress", &InnerWorker::progress)
+                  .concurrent_method("admit", &InnerWorker::admit));
 
 }  // namespace loco::actors

@@ -44,6 +44,20 @@ class InnerWorker {
   // landed on the way (as the simulator does, bit for bit); fragments still on their way at
   // the round's end land in the next call.
   StreamResult stream(StreamRequest req);
+  // sync.mode streaming, a worker joining mid-round. These run beside the mailbox
+  // (concurrent methods) while stream() holds it. offer_state: the donor takes a snapshot
+  // at its next inner step of `round` (or has one) and says its step and size; snapshot_part
+  // serves it in parts. landed: the fragments it landed since the snapshot of step `since`
+  // and before `upto`, complete once it has reached `upto` (waits up to a second for that);
+  // landed_mean: one of their averages. progress: the inner step count its round reached.
+  // admit: the two-phase admission of a joiner at a fragment boundary (AdmitRequest);
+  // prepare says yes only while this worker is before that boundary.
+  JoinOffer offer_state(int64_t round);
+  Blob snapshot_part(int64_t round, int64_t step, int64_t offset, int64_t length);
+  LandedList landed(int64_t round, int64_t since, int64_t upto);
+  Blob landed_mean(int64_t round, int64_t since, int64_t index);
+  int64_t progress(int64_t round);
+  bool admit(AdmitRequest req);
   // Validation loss of the current θ: over every validation window, or over
   // windows [begin, end) so that the members of a round share the work.
   double evaluate();
@@ -68,6 +82,7 @@ class InnerWorker {
 
  private:
   const std::shared_ptr<const std::string>& join_state(int64_t round);
+  void catch_up(const StreamRequest& req);
   struct State;
   std::unique_ptr<State> s_;
 };

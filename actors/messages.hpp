@@ -24,7 +24,11 @@ struct WorkerInit {
   // `source` it is not used: a worker that joins a live job copies the source's
   // AdamW moments, which are current, and reads a new data stream.
   std::string inner_state;
-  MSGPACK_DEFINE(index, shards, stream, total_steps, round, source, checkpoint, inner_state)
+  // sync.mode streaming, a join mid-round: copy `source`'s snapshot taken at its next inner
+  // step of round `round` (InnerWorker::offer_state), not its state at the round's start.
+  bool mid_round = false;
+  MSGPACK_DEFINE(index, shards, stream, total_steps, round, source, checkpoint, inner_state,
+                 mid_round)
 };
 
 // What init() did, for the aggregator's log and the time-to-join figure.
@@ -35,7 +39,38 @@ struct InitResult {
       0;  // outer state and moments copied from `source`, or the `checkpoint` read
   double copy_seconds = 0;
   std::string device;  // where it trains, and why: "cuda:1 (device: cuda)", "cpu (device: cpu)"
-  MSGPACK_DEFINE(parameters, theta_hash, state_bytes, copy_seconds, device)
+  int64_t snapshot_step = -1;  // mid_round: the inner step count the copied snapshot is of
+  MSGPACK_DEFINE(parameters, theta_hash, state_bytes, copy_seconds, device, snapshot_step)
+};
+
+// sync.mode streaming, a join mid-round (InnerWorker::offer_state): the donor's snapshot,
+// taken between two of its inner steps of `round`, after `step` inner steps of the job.
+struct JoinOffer {
+  int64_t round = 0;
+  int64_t step = 0;
+  int64_t bytes = 0;  // of the serialized snapshot (snapshot_part)
+  MSGPACK_DEFINE(round, step, bytes)
+};
+
+// The fragments a donor landed after its snapshot, up to a step (InnerWorker::landed): their
+// averages, fetched one by one with landed_mean, let a joiner bring the snapshot up to date.
+struct LandedList {
+  std::vector<int> fragments;  // in the order they landed
+  std::vector<int64_t> lands;  // the inner step count each landed at
+  bool complete = false;       // the donor has reached the step asked for: nothing more comes
+  MSGPACK_DEFINE(fragments, lands, complete)
+};
+
+// Aggregator -> each member of a streaming round: admit `name` into the round's group from
+// the fragment boundary `step` on (a two-phase decision: prepare, then commit or abort).
+struct AdmitRequest {
+  enum Phase : int { prepare = 0, commit = 1, abort = 2 };
+  int phase = prepare;
+  int64_t round = 0;
+  int64_t step = 0;  // the inner step count whose synchronization it takes part in first
+  std::string name;
+  std::string endpoint;
+  MSGPACK_DEFINE(phase, round, step, name, endpoint)
 };
 
 // One inner step of a worker, as it went: for metrics.jsonl's "steps" and the dashboard.
@@ -103,7 +138,13 @@ struct StreamRequest {
   int rank = 0;
   uint64_t op_id = 0;
   bool last = false;  // the job's last round: every fragment lands before it returns
-  MSGPACK_DEFINE(round, names, endpoints, rank, op_id, last)
+  // A worker that joins mid-round (its init copied `source`'s snapshot): it takes part from
+  // inner step `from_step` on, a fragment boundary, after bringing the snapshot up to date with
+  // the fragments `source` landed since (InnerWorker::landed). Its first fragment's Δ is zero
+  // and counts with weight zero. -1: from the round's start, as every member does.
+  int64_t from_step = -1;
+  std::string source;
+  MSGPACK_DEFINE(round, names, endpoints, rank, op_id, last, from_step, source)
 };
 
 struct StreamResult {

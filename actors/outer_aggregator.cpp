@@ -102,6 +102,8 @@ struct Slot {
 // One round's stream() calls (sync.mode streaming or eager), sent to its members.
 struct StreamCalls {
   int64_t round = 0;
+  uint64_t op_id = 0;  // of its first fragment (StreamRequest::op_id)
+  bool last = false;
   std::vector<int> members;
   std::vector<Future<StreamResult>> calls;
   double sent = 0;  // now_s() when they went out
@@ -214,7 +216,11 @@ struct OuterAggregator::State {
   void prune_checkpoints();
   void read_target();
   void note_waiting(int i, const std::string& why);
+  bool spawn_slot(int i);
   std::vector<int> acquire(const std::vector<int>& want, int64_t r);
+  // sync.mode streaming: a slot that can join does so while round c runs, at a fragment
+  // boundary, its stream() call added to c (see the definition).
+  void join_mid_round(StreamCalls& c);
   Resources worker_resources();
   void deal_shards();
   void release(int i, const std::string& why);
@@ -382,6 +388,37 @@ void OuterAggregator::State::note_waiting(int i, const std::string& why) {
   s.waiting = reason;
 }
 
+// Slot i's actor, ready for calls: found (restarted by the head after its node died, or from
+// before this aggregator was itself restarted) or spawned. False, with the reason noted, when
+// it is restarting or cannot be placed now.
+bool OuterAggregator::State::spawn_slot(int i) {
+  Slot& s = slots[size_t(i)];
+  try {
+    std::optional<ActorInfo> info;
+    try {
+      info = rt.lookup(s.name);
+    } catch (const ActorNotFoundError&) {
+    }
+    s.handle.reset();
+    if (info && (info->state == ActorState::restarting || info->state == ActorState::pending)) {
+      note_waiting(i, "its actor is restarting (" + info->reason + ")");
+      return false;
+    }
+    if (info && info->state != ActorState::dead) s.handle = rt.get_actor<InnerWorker>(s.name);
+    if (!s.handle)
+      s.handle = rt.spawn<InnerWorker>(ActorOptions()
+                                           .with_name(s.name)
+                                           .with_resources(worker_resources())
+                                           .with_shared_gpus(cfg.workers.share_gpu)
+                                           .with_max_restarts(cfg.workers.max_restarts),
+                                       job_id, std::string(cfg.to_yaml()), i);
+    return true;
+  } catch (const std::exception& e) {
+    note_waiting(i, e.what());
+    return false;
+  }
+}
+
 // Brings the slots in `want` into the job at round r: spawns their actors (or
 // finds them restarted by the head), then initializes them with the outer
 // state: copied from a live member, read from the checkpoint, or from the seed.
@@ -391,33 +428,8 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
   std::map<int, double> t0;
   for (int i : want) {
     if (stop) return {};
-    Slot& s = slots[size_t(i)];
     t0[i] = now_s();
-    try {
-      // The slot's actor may exist already: restarted by the head after its node
-      // died, or from before this aggregator was itself restarted.
-      std::optional<ActorInfo> info;
-      try {
-        info = rt.lookup(s.name);
-      } catch (const ActorNotFoundError&) {
-      }
-      s.handle.reset();
-      if (info && (info->state == ActorState::restarting || info->state == ActorState::pending)) {
-        note_waiting(i, "its actor is restarting (" + info->reason + ")");
-        continue;
-      }
-      if (info && info->state != ActorState::dead) s.handle = rt.get_actor<InnerWorker>(s.name);
-      if (!s.handle)
-        s.handle = rt.spawn<InnerWorker>(ActorOptions()
-                                             .with_name(s.name)
-                                             .with_resources(worker_resources())
-                                             .with_shared_gpus(cfg.workers.share_gpu)
-                                             .with_max_restarts(cfg.workers.max_restarts),
-                                         job_id, std::string(cfg.to_yaml()), i);
-      live.push_back(i);
-    } catch (const std::exception& e) {
-      note_waiting(i, e.what());
-    }
+    if (spawn_slot(i)) live.push_back(i);
   }
   if (live.empty()) return {};
   // Shards as if they all join (reconcile's deal_shards evens them out if some do not).
@@ -492,7 +504,7 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     std::snprintf(line, sizeof line,
                   "worker %d joined at round %lld on %s: %.1f MB of state %s in %.2f s; "
                   "joined in %.2f s",
-                  i, static_cast<long long>(r), worker(i).address().c_str(),
+                  i, static_cast<long long>(r + 1), worker(i).address().c_str(),
                   double(done[k]->state_bytes) / 1e6,
                   fresh            ? "from the seed"
                   : source.empty() ? ("from " + resume_from).c_str()
@@ -772,8 +784,9 @@ void OuterAggregator::State::run() {
 
   int64_t r = resume_round;
   round = r;
-  // sync.mode streaming or eager: the next round's calls, sent as soon as this round's results
-  // were in and agreed (pipeline_next), and when that round began on the workers.
+  // sync.mode streaming or eager: the next round's calls, sent right behind this round's (they
+  // wait in the members' mailboxes), and when that round began on the workers (this round's
+  // results all in: an estimate, as each member begins it when it ends this one).
   std::optional<StreamCalls> ahead;
   double ahead_since = 0;
   Pipeline pipeline_said = Pipeline::last_round;
@@ -831,7 +844,24 @@ void OuterAggregator::State::run() {
     std::optional<uint64_t> agreed;
     double failed_secs = 0;  // in this pass's failed all-reduce attempts
     if (cfg.sync.mode != dl::SyncMode::blocking) {
-      StreamCalls calls = sent_ahead ? std::move(*ahead) : send_stream(r, r + 1 == rounds, members);
+      std::optional<StreamCalls> sent;
+      if (sent_ahead) {
+        sent = std::move(*ahead);
+      } else {
+        try {
+          sent = send_stream(r, r + 1 == rounds, members);
+        } catch (const std::exception& e) {
+          // A member's actor could not be reached to send it the round (some others may have
+          // it already): back to the checkpoint, which every member re-reads.
+          log("round " + std::to_string(r + 1) + " could not be sent: " + e.what() +
+              "; the job goes back to " +
+              (resume_from.empty() ? std::string("its start")
+                                   : "its checkpoint of round " + std::to_string(resume_round)));
+          go_back();
+          continue;
+        }
+      }
+      StreamCalls calls = std::move(*sent);
       ahead.reset();
       read_target();
       PipelineInput next;
@@ -840,7 +870,11 @@ void OuterAggregator::State::run() {
       next.evaluation_after =
           evaluation_due(steps_since_eval + cfg.inner.steps, cfg.eval.every, r + 1, rounds);
       next.checkpoint_after = checkpoint_due(r + 1, cfg.checkpoint.every, rounds);
-      next.members = int(members.size());
+      // Those still in the job: a member of a round that was sent ahead may have been lost since.
+      std::vector<int> staying;
+      for (int m : members)
+        if (slots[size_t(m)].active) staying.push_back(m);
+      next.members = int(staying.size());
       next.target = target;
       next.min = cfg.workers.min;
       const Pipeline p = pipeline_next(next);
@@ -848,23 +882,32 @@ void OuterAggregator::State::run() {
       auto say = [&](Pipeline now) {
         if (now == Pipeline::last_round || now == pipeline_said) return;
         log("round " + std::to_string(r + 2) +
-            (now == Pipeline::ahead ? ": sent as soon as round " + std::to_string(r + 1) +
-                                          "'s results agreed, before its records and report"
+            (now == Pipeline::ahead ? ": sent right behind round " + std::to_string(r + 1) +
+                                          ", which each member begins when it ends round " +
+                                          std::to_string(r + 1)
                                     : ": not sent ahead: " + std::string(to_string(now))));
         pipeline_said = now;
       };
-      if (p != Pipeline::ahead) say(p);
+      // Sent ahead: round r + 1's calls go out right behind round r's and wait in each member's
+      // mailbox, so that a member begins round r + 1 as soon as it ends round r, with no barrier
+      // between the rounds and no trip to the aggregator (members drift apart by up to a fragment
+      // interval; the collective's entry window lets a member be behind without being lost).
+      say(p);
+      if (p == Pipeline::ahead) {
+        try {
+          ahead = send_stream(r + 1, r + 2 == rounds, staying);
+        } catch (const std::exception& e) {
+          // Some members may hold it already: they begin it after this round, and its proper
+          // sending (a round mismatch for them) sends the job back to its checkpoint.
+          log("round " + std::to_string(r + 2) + " could not be sent ahead: " + e.what());
+          ahead.reset();
+        }
+      }
       uint64_t hash = 0;
       std::vector<int> finished;
       const bool ok = finish_stream(
-          calls, t_round,
-          [&] {
-            results_in = ahead_since = now_s();
-            if (p != Pipeline::ahead) return;
-            ahead = send_stream(r + 1, r + 2 == rounds, members);
-            say(p);
-          },
-          records, round_members, loss, inner_secs, hash, finished);
+          calls, t_round, [&] { results_in = ahead_since = now_s(); }, records, round_members,
+          loss, inner_secs, hash, finished);
       if (!ok) {
         log("round " + std::to_string(r + 1) +
             " failed with synchronizations in flight; the job goes back to " +
@@ -1197,6 +1240,8 @@ StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last,
   }
   StreamCalls c;
   c.round = r;
+  c.op_id = req.op_id;
+  c.last = last;
   c.members = members;
   c.sent = now_s();
   for (size_t i = 0; i < members.size(); ++i) {
@@ -1206,6 +1251,147 @@ StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last,
   return c;
 }
 
+// sync.mode streaming: while round c's calls run, a slot that can join takes part from a
+// fragment boundary of the round (design.md, "Joining mid-round"): its actor spawned, its
+// state copied from a donor's snapshot taken between two of the donor's inner steps, its
+// admission agreed by every member in two phases (each says yes only while it is before the
+// boundary), then its own stream() call goes out and joins c. It gives up, and the slot joins
+// at the next round boundary as before, when a step fails, when the round has no boundary left
+// far enough ahead, or as soon as the round's calls have all ended. One joiner per round.
+void OuterAggregator::State::join_mid_round(StreamCalls& c) {
+  const int h = cfg.inner.steps;
+  const int p = cfg.sync.fragments;
+  if (cfg.sync.mode != dl::SyncMode::streaming || resuming || stop ||
+      !mid_round_join_step(c.round, h, p, cfg.sync.overlap_steps, {c.round * h}))
+    return;
+  const int64_t r = c.round;
+  auto round_over = [&] {
+    for (auto& f : c.calls)
+      if (!f.ready()) return false;
+    return true;
+  };
+  // Waits for `f` while the round goes on; false once the round's calls have all ended.
+  auto while_round = [&](auto& f) {
+    while (!f.ready()) {
+      if (round_over() || stop) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling futures, not a test
+    }
+    return true;
+  };
+  // A free slot, and a node to put its actor on: tried every half second while the round
+  // runs (a node may arrive at any time).
+  int i = -1;
+  double t0 = 0;
+  for (;;) {
+    read_target();
+    i = -1;
+    for (int j = 0; j < target && i < 0; ++j) {
+      if (size_t(j) >= slots.size()) slots.resize(size_t(j) + 1);
+      Slot& s = slots[size_t(j)];
+      if (!s.active && !s.late &&
+          std::find(c.members.begin(), c.members.end(), j) == c.members.end())
+        i = j;
+    }
+    if (i < 0) return;
+    Slot& s = slots[size_t(i)];
+    if (s.name.empty()) s.name = job_id + ".worker-" + std::to_string(i);
+    t0 = now_s();
+    if (spawn_slot(i)) break;
+    for (int k = 0; k < 5; ++k) {
+      if (round_over() || stop) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling, not a test
+    }
+  }
+  Slot& s = slots[size_t(i)];
+  const std::string why_not = "worker " + std::to_string(i) + " does not join round " +
+                              std::to_string(r + 1) + " mid-round: ";
+  try {
+    auto eps = worker(i).call(&InnerWorker::endpoints);
+    if (!while_round(eps)) return;
+    s.endpoints = eps.get(Millis(1000));
+    if (s.endpoints.size() != 1) return;
+    std::vector<int> members = c.members;
+    members.push_back(i);
+    std::sort(members.begin(), members.end());
+    const auto k = size_t(std::find(members.begin(), members.end(), i) - members.begin());
+    s.shards = dl::round_robin_shards(cfg.data.shards, int(k), int(members.size()));
+    const int donor = copy_sources(c.members, {i}).at(0);
+    WorkerInit wi;
+    wi.index = i;
+    wi.shards = s.shards;
+    wi.stream = (uint64_t(r) << 16) | uint64_t(i);
+    wi.total_steps = total_steps;
+    wi.round = r;
+    wi.source = slots[size_t(donor)].name;
+    wi.mid_round = true;
+    auto init = worker(i).call(&InnerWorker::init, wi);
+    if (!while_round(init)) return;
+    const InitResult copied = init.get(Millis(1000));
+
+    // Where: the first boundary past the member furthest on. A member that gets there before
+    // the admission reaches it says no; then again at the next one, while the round has one.
+    std::optional<int64_t> step;
+    for (int attempt = 0; attempt < 4 && !step; ++attempt) {
+      std::vector<Future<int64_t>> asked;
+      for (int m : c.members) asked.push_back(worker(m).call(&InnerWorker::progress, r));
+      std::vector<Failure> errors;
+      std::vector<int64_t> progress;
+      for (auto& got : gather(asked, errors, Millis(10000))) progress.push_back(got ? *got : -1);
+      const auto at = mid_round_join_step(r, h, p, cfg.sync.overlap_steps, progress);
+      if (!at) {
+        log(why_not + "no fragment boundary left before the round's end");
+        return;
+      }
+      AdmitRequest a;
+      a.round = r;
+      a.step = *at;
+      a.name = s.name;
+      a.endpoint = s.endpoints[0];
+      std::vector<Future<bool>> votes;
+      for (int m : c.members) votes.push_back(worker(m).call(&InnerWorker::admit, a));
+      bool all = true;
+      for (auto& v : gather(votes, errors, Millis(10000))) all = all && v && *v;
+      a.phase = all ? AdmitRequest::commit : AdmitRequest::abort;
+      std::vector<Future<bool>> acks;
+      for (int m : c.members) acks.push_back(worker(m).call(&InnerWorker::admit, a));
+      (void)gather(acks, errors, Millis(10000));
+      if (all) step = at;
+    }
+    if (!step) {
+      log(why_not + "the members kept passing the boundaries it was offered");
+      return;
+    }
+    StreamRequest req;
+    req.round = r;
+    req.op_id = c.op_id;
+    req.last = c.last;
+    for (int m : c.members) {
+      req.names.push_back(slots[size_t(m)].name);
+      req.endpoints.push_back(slots[size_t(m)].endpoints);
+    }
+    req.names.push_back(s.name);
+    req.endpoints.push_back(s.endpoints);
+    req.rank = int(c.members.size());
+    req.from_step = *step;
+    req.source = wi.source;
+    c.calls.push_back(worker(i).call(&InnerWorker::stream, req));
+    c.members.push_back(i);
+    s.active = true;
+    s.waiting.clear();
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "worker %d joined round %lld at inner step %lld (a fragment boundary) on %s: "
+                  "%.1f MB snapshot of step %lld copied from %s in %.2f s; joined in %.2f s",
+                  i, static_cast<long long>(r + 1), static_cast<long long>(*step),
+                  worker(i).address().c_str(), double(copied.state_bytes) / 1e6,
+                  static_cast<long long>(copied.snapshot_step), wi.source.c_str(),
+                  copied.copy_seconds, now_s() - t0);
+    log(line);
+  } catch (const std::exception& e) {
+    log(why_not + e.what());
+  }
+}
+
 bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
                                            const std::function<void()>& agreed, JobRecords& records,
                                            std::vector<MemberFigures>& figures, double& loss,
@@ -1213,6 +1399,7 @@ bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
                                            std::vector<int>& finished) {
   const int64_t r = c.round;
   const std::vector<int>& members = c.members;
+  join_mid_round(c);
   std::vector<Failure> errors;
   auto res = gather(c.calls, errors, Millis(3600 * 1000));
   const double seconds = now_s() - std::max(c.sent, started);

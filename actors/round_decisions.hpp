@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -81,21 +82,23 @@ bool evaluation_due(int64_t steps_since_eval, int64_t every, int64_t completed, 
 // `checkpoint.every` > 0 divides it, and it is not the last round (final.pt is written then).
 bool checkpoint_due(int64_t completed, int64_t every, int64_t rounds);
 
-// sync.mode streaming or eager: whether round r + 1's stream() calls go to the members as soon
-// as round r's results are in and agree, before the aggregator records and reports round r, so
-// that its bookkeeping (records, metrics.jsonl, the report and the per-step record to the head)
-// runs under round r + 1's inner steps and the members wait only for the results' and the
-// calls' trips. Not when a worker would have to do something else between the two rounds, or
-// the group may change:
+// sync.mode streaming or eager: whether round r + 1's stream() calls go to the members right
+// behind round r's, so that they wait in each member's mailbox and a member begins round r + 1
+// as soon as it ends round r: no barrier between the rounds, no trip to the aggregator, and the
+// aggregator's bookkeeping of round r (records, metrics.jsonl, the report and the per-step
+// record to the head) runs under round r + 1's inner steps. Members then drift apart by up to a
+// fragment interval, which the collective's entry window (allreduce.entry_timeout_s) allows.
+// Not when a worker would have to do something else between the two rounds, or the group may
+// change:
 //   last_round  r is the job's last round: nothing follows;
 //   evaluation  θ is evaluated after round r: evaluate_windows would queue behind r + 1;
 //   checkpoint  a checkpoint of round r's state is due: save_checkpoint would queue behind r + 1;
 //   membership  the members are not the target (a join, a scale, a lost slot coming back) or
 //               below the minimum: reconcile decides round r + 1's group after round r.
-// Not earlier than round r's results either: with the next call already in its mailbox a worker
-// goes on without the round's end as a barrier, the members drift up to τ steps apart, and one
-// that enters a fragment's all-reduce more than the collective's peer timeout before a slower
-// one judges that one lost (a peer not yet in an operation sends nothing for it).
+// A member lost during round r is in round r + 1's call too; the survivors drop it from its
+// first fragment on, as in round r. A round r that fails sends the job back to its checkpoint
+// after round r + 1's calls have ended (the members still in it wait for the failed one up to
+// the entry window).
 enum class Pipeline { ahead, last_round, evaluation, checkpoint, membership };
 struct PipelineInput {
   int64_t round = 0;   // r, counted from 0
@@ -108,6 +111,18 @@ struct PipelineInput {
 };
 Pipeline pipeline_next(const PipelineInput& in);
 const char* to_string(Pipeline p);
+
+// sync.mode streaming, a worker joining mid-round: the inner step count (a fragment boundary
+// of round `round`: start + (f + 1)·H/P, with start = round·H) from whose synchronization on it
+// takes part, given the step counts the members' loops have reached (InnerWorker::progress; -1:
+// not known). The first boundary past the member furthest on (a member between two boundaries
+// may get there before the admission's two phases reach it: it then says no, and the
+// aggregator asks again for the next one), and before the round's end. None when there is no
+// such boundary, when a member's progress is not known, with one fragment, or when τ ≥ H/P: a
+// fragment synchronized before the boundary would land after it, and the joiner, not in that
+// operation, would miss its average.
+std::optional<int64_t> mid_round_join_step(int64_t round, int h, int fragments, int overlap_steps,
+                                           const std::vector<int64_t>& progress);
 
 // How the validation windows [0, windows) are shared out among `members` members: by whole
 // batches of `batch_size`, each member about 1/members of them, in member order; a member

@@ -297,9 +297,10 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
   read(k, "checkpoint", "resume", c.checkpoint.resume);
 
   const auto a = root["allreduce"];
-  check_keys(a, "allreduce", {"chunk_kb", "peer_timeout_s"});
+  check_keys(a, "allreduce", {"chunk_kb", "peer_timeout_s", "entry_timeout_s"});
   read(a, "allreduce", "chunk_kb", c.allreduce.chunk_kb);
   read(a, "allreduce", "peer_timeout_s", c.allreduce.peer_timeout_s);
+  read(a, "allreduce", "entry_timeout_s", c.allreduce.entry_timeout_s);
 
   const auto e = root["eval"];
   check_keys(e, "eval", {"every", "batches"});
@@ -361,6 +362,7 @@ void JobConfig::validate() const {
            {outer.lr, "outer.lr"},
            {outer.momentum, "outer.momentum"},
            {allreduce.peer_timeout_s, "allreduce.peer_timeout_s"},
+           {allreduce.entry_timeout_s, "allreduce.entry_timeout_s"},
            {model.rope_theta, "model.rope_theta"},
            {model.norm_eps, "model.norm_eps"}})
     require_finite(v, field);
@@ -532,6 +534,8 @@ void JobConfig::validate() const {
           "in [1, 65536]", allreduce.chunk_kb);
   require(allreduce.peer_timeout_s >= 0.1 && allreduce.peer_timeout_s <= 3600,
           "allreduce.peer_timeout_s", "in [0.1, 3600]", allreduce.peer_timeout_s);
+  require(allreduce.entry_timeout_s >= 0 && allreduce.entry_timeout_s <= 3600,
+          "allreduce.entry_timeout_s", "in [0, 3600]", allreduce.entry_timeout_s);
 }
 
 const char* to_string(Arch a) { return a == Arch::gpt2 ? "gpt2" : "llama"; }
@@ -674,7 +678,8 @@ std::string JobConfig::to_yaml() const {
       << std::string(collective::to_string(compression));
   out << YAML::Key << "allreduce" << YAML::Value << YAML::BeginMap << YAML::Key << "chunk_kb"
       << YAML::Value << allreduce.chunk_kb << YAML::Key << "peer_timeout_s" << YAML::Value
-      << allreduce.peer_timeout_s << YAML::EndMap;
+      << allreduce.peer_timeout_s << YAML::Key << "entry_timeout_s" << YAML::Value
+      << allreduce.entry_timeout_s << YAML::EndMap;
   out << YAML::Key << "sync" << YAML::Value << YAML::BeginMap << YAML::Key << "mode" << YAML::Value
       << (sync.mode == SyncMode::blocking    ? "blocking"
           : sync.mode == SyncMode::streaming ? "streaming"

@@ -216,6 +216,10 @@ struct EvalConfig {
 struct AllreduceConfig {
   int chunk_kb = 512;           // chunk of a member's part, in KiB of fp32
   double peer_timeout_s = 3.0;  // a member from which no byte arrives for this long is lost
+  // sync.mode streaming and eager: how long a member whose connection is open may take to begin
+  // a fragment's all-reduce after another did (it may be a fragment interval behind; a member
+  // whose process is gone is still lost at once). Blocking rounds use peer_timeout_s.
+  double entry_timeout_s = 60.0;
 };
 
 struct JobConfig {

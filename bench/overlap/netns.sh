@@ -81,7 +81,7 @@ ${ALLREDUCE:+allreduce: $ALLREDUCE}
 JOB
 }
 
-declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW TWALL TFAIL TSUM LFAIL NCPU TCPU CPUS
+declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW MID TWALL TFAIL TSUM LFAIL NCPU TCPU CPUS
 run_mode() {  # MODE SYNC
   local mode=$1 file="$WORK/$1.yaml"
   job_file "$mode" "$2" >"$file"
@@ -115,12 +115,13 @@ run_mode() {  # MODE SYNC
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {printf "%.1f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2) * 100}')
   RTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | grep -o '"round_time":[0-9.]*' |
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {printf "%.2f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
-  read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ CPUS[$mode] \
+  read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ MID[$mode] CPUS[$mode] \
     <<<"$("$TORCHFT_PY" "$SUMMARY" loco "$folder/metrics.jsonl" "$H")"
   say "$mode: wall ${WALL[$mode]} s, job utilization ${UTIL[$mode]} %, rounds: median utilization" \
     "${RUTIL[$mode]} %, median round ${RTIME[$mode]} s; final validation loss ${LOSS[$mode]};" \
     "per worker: ${STEPS[$mode]} s in $H inner steps, ${WUTIL[$mode]} % of the round;" \
-    "the slowest worker's $H steps: ${SLOW[$mode]} s"
+    "the slowest worker's $H steps: ${SLOW[$mode]} s; rounds 2 to $((ROUNDS - 1)) together:" \
+    "${MID[$mode]} % in inner steps"
 }
 
 TOGETHER_DONE=""
@@ -165,22 +166,24 @@ echo "# torchft 0.2.0 streaming: $TORCHFT_FRAGMENTS fragments, delay $TORCHFT_DE
 echo "# steps_s: a worker's seconds in $H inner steps, worker_util_%: those over the round's time"
 echo "# (medians over workers and rounds 1..); slowest_s: per round, the sum of the slowest"
 echo "# worker's steps (median over rounds); round_util_% and job_util_%: loco's own figures;"
+echo "# mid_util_%: rounds 2 to R-1 (no start, no final landing), inner seconds over round time"
+echo "# added up over workers and rounds"
 echo "# cpu_s: a worker's process's CPU seconds in its $H inner steps (median over workers and"
 echo "# rounds): the work in steps_s, the rest waiting (for a core, when the machine is shared)"
-row() { printf '%-18s %7s %11s %13s %13s %9s %8s %14s %10s %6s\n' "$@"; }
-row mode wall_s job_util_% round_util_% round_time_s val_loss steps_s worker_util_% slowest_s cpu_s
+row() { printf '%-18s %7s %11s %13s %13s %9s %8s %14s %10s %11s %6s\n' "$@"; }
+row mode wall_s job_util_% round_util_% round_time_s val_loss steps_s worker_util_% slowest_s mid_util_% cpu_s
 for m in $MODES; do
   if [ -n "${LFAIL[$m]:-}" ]; then echo "$m: ${LFAIL[$m]}"; continue; fi
   row "$m" "${WALL[$m]}" "${UTIL[$m]}" "${RUTIL[$m]}" "${RTIME[$m]}" "${LOSS[$m]}" "${STEPS[$m]}" \
-    "${WUTIL[$m]}" "${SLOW[$m]}" "${CPUS[$m]:--}"
+    "${WUTIL[$m]}" "${SLOW[$m]}" "${MID[$m]}" "${CPUS[$m]:--}"
 done
 for m in $TORCHFT_MODES; do
   t=torchft-$m
   if [ -n "${TSUM[$t]:-}" ]; then
-    read -r RTIME[$t] STEPS[$t] WUTIL[$t] SLOW[$t] LOSS[$t] _ CPUS[$t] <<<"${TSUM[$t]}"
+    read -r RTIME[$t] STEPS[$t] WUTIL[$t] SLOW[$t] LOSS[$t] _ MID[$t] CPUS[$t] <<<"${TSUM[$t]}"
     WALL[$t]=${TWALL[$t]}
-    row "$t" "${WALL[$t]}" - - "${RTIME[$t]}" "${LOSS[$t]}" "${STEPS[$t]}" "${WUTIL[$t]}" "${SLOW[$t]}" \
-      "${CPUS[$t]:--}"
+    row "$t" "${WALL[$t]}" - - "${RTIME[$t]}" "${LOSS[$t]}" "${STEPS[$t]}" "${WUTIL[$t]}" \
+      "${SLOW[$t]}" "${MID[$t]}" "${CPUS[$t]:--}"
   else
     echo "$t: failed: ${TFAIL[$t]:-}"
   fi

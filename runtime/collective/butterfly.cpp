@@ -57,7 +57,7 @@ class Op {
         fp_(fingerprint(group)),
         bounds_(part_bounds(n, group.members.size(), group.part_weights)),
         chunk_(std::max<size_t>(1, options.chunk_bytes / sizeof(float))),
-        rules_(LivenessRules::from(options.peer_timeout)) {}
+        rules_(LivenessRules::from(options.peer_timeout, options.entry_timeout)) {}
 
   uint64_t round_id() const { return g_.round_id; }
   uint64_t group_fingerprint() const { return fp_; }
@@ -298,7 +298,7 @@ void Op::handle(Message& m) {
         // Still finishing that one, on its way here: alive. (Its earlier operation is bounded
         // like ours, so this cannot keep us waiting for long.)
         if (m.link != 0) ws_.links[ep(s)].insert(m.link);
-        note_heard(peers_[s], Clock::now());
+        note_alive(peers_[s], Clock::now());  // alive, but not yet in this operation
         stale_round_[s] = h.round_id;
       }
       return;

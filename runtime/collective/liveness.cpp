@@ -4,17 +4,20 @@
 
 namespace loco::collective::detail {
 
-LivenessRules LivenessRules::from(std::chrono::milliseconds peer_timeout) {
+LivenessRules LivenessRules::from(std::chrono::milliseconds peer_timeout,
+                                  std::chrono::milliseconds entry_timeout) {
   LivenessRules r;
   r.peer_timeout = peer_timeout;
+  r.entry_timeout = entry_timeout;
   r.keepalive_interval = std::max<Clock::duration>(peer_timeout / 4, std::chrono::milliseconds(1));
   r.grace = std::min<Clock::duration>(peer_timeout, std::chrono::milliseconds(250));
   return r;
 }
 
 Clock::duration silence_window(const LivenessRules& rules, const PeerState& peer) {
-  return std::clamp<Clock::duration>(2 * peer.longest_gap, rules.peer_timeout,
-                                     kMaxWidening * rules.peer_timeout);
+  const Clock::duration w = std::clamp<Clock::duration>(2 * peer.longest_gap, rules.peer_timeout,
+                                                        kMaxWidening * rules.peer_timeout);
+  return peer.heard_in_op ? w : std::max(w, rules.entry_timeout);
 }
 
 Verdict judge(const PeerState& peer, Clock::time_point now, const LivenessRules& rules) {
@@ -29,6 +32,8 @@ void note_heard(PeerState& peer, Clock::time_point now) {
   peer.heard = now;
   peer.heard_in_op = true;
 }
+
+void note_alive(PeerState& peer, Clock::time_point now) { peer.heard = std::max(peer.heard, now); }
 
 void note_bytes(PeerState& peer, uint64_t total, Clock::time_point now) {
   if (total > peer.bytes_in && peer.bytes_sampled != Clock::time_point{})

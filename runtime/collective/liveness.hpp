@@ -35,7 +35,11 @@ struct LivenessRules {
   Clock::duration peer_timeout{std::chrono::milliseconds(3000)};
   Clock::duration keepalive_interval{std::chrono::milliseconds(750)};  // peer_timeout / 4
   Clock::duration grace{std::chrono::milliseconds(250)};               // after a closed connection
-  static LivenessRules from(std::chrono::milliseconds peer_timeout);
+  // The window of a peer with its connection open that has sent nothing yet in this operation:
+  // at least this long (Options::entry_timeout).
+  Clock::duration entry_timeout{0};
+  static LivenessRules from(std::chrono::milliseconds peer_timeout,
+                            std::chrono::milliseconds entry_timeout = std::chrono::milliseconds(0));
 };
 
 // What one member knows of one peer during an operation.
@@ -60,6 +64,9 @@ Verdict judge(const PeerState& peer, Clock::time_point now, const LivenessRules&
 // A message from the peer arrived at `now`. The gap before its first message of an operation
 // is when it started, not how its link behaves, and does not widen its window.
 void note_heard(PeerState& peer, Clock::time_point now);
+// A message of an earlier operation from the peer arrived at `now`: it is alive, still
+// finishing that one, and has not begun this one (its entry window still holds).
+void note_alive(PeerState& peer, Clock::time_point now);
 
 // `total` bytes had arrived on the peer's connections at `now`. More than at the last
 // sample proves it alive at that sample's time; a first sample only sets the baseline.

@@ -45,6 +45,12 @@ struct Options {
   // between that member's messages (a link that stalls TCP for seconds), at most
   // 4 x peer_timeout. See liveness.hpp.
   std::chrono::milliseconds peer_timeout{3000};
+  // A peer whose connection is open but that has sent nothing yet in an operation may take this
+  // long to begin it (0: peer_timeout, as any silence). For members that enter an operation
+  // far apart by design, as Streaming DiLoCo's fragments do (a worker may reach a fragment's
+  // synchronization a fragment interval after another): they are not lost, only behind. A peer
+  // whose process is gone is still lost at once, by its closed connection.
+  std::chrono::milliseconds entry_timeout{0};
   // Parts are streamed in chunks of this many fp32 bytes (before compression).
   size_t chunk_bytes = 512 * 1024;
   // Reject NaN/Inf contributions with a CollectiveError naming the sender.

@@ -189,6 +189,19 @@ class ActorClass {
   ActorClass& internal_method(const std::string& name, R (T::*m)(A...) const) {
     return add(name, m, true);
   }
+  // A method that does not wait for the actor's mailbox: each call runs at once on a thread
+  // of its own, beside the method in progress and other such calls (Ray's threaded
+  // concurrency groups). It must be thread-safe against every other method of T, and should
+  // end soon when the actor is stopped: the actor goes away only once these calls ended.
+  // Only members may call it, as with internal_method: what runs beside a method in progress
+  // is the cluster's own protocol, not a user's.
+  template <class R, class... A>
+  ActorClass& concurrent_method(const std::string& name, R (T::*m)(A...)) {
+    add(name, m, true);
+    for (detail::MethodEntry& e : entry_->methods)
+      if (e.name == name) e.concurrent = true;
+    return *this;
+  }
 
  private:
   template <class M>

@@ -31,6 +31,7 @@ struct Core::Mailbox {
   RateLimit full_warnings;
   bool stopping = false;
   std::thread thread;
+  int beside = 0;  // calls of concurrent methods running now, each on a thread of its own
 };
 
 namespace {
@@ -540,6 +541,11 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
       return;
     }
   }
+  // A concurrent method runs beside the mailbox, on a thread of its own, at once.
+  if (const MethodEntry* m = box->cls->find(d.env.method); m && m->concurrent) {
+    run_beside(box, Inbound{std::move(rid), std::move(d.env), std::move(d.payload), role});
+    return;
+  }
   size_t bytes = d.payload.body.size();
   for (const Blob& b : d.payload.blobs) bytes += b.size();
   bool was_empty, full;
@@ -641,6 +647,9 @@ bool Core::unhost(const std::string& actor_id) {
     box->thread.detach();
   else if (box->thread.joinable())
     box->thread.join();
+  // Calls of concurrent methods end too (the stop hook asked them to) before the actor goes.
+  std::unique_lock<std::mutex> lock(box->mu);
+  box->cv.wait(lock, [&] { return box->beside == 0; });
   return true;
 }
 
@@ -667,6 +676,94 @@ void Core::refuse_queued(Mailbox& box) {
                      " before it handled " + in.env.method);
 }
 
+// One call to an actor of `box`: decodes its arguments, runs the method, sends the answer (or
+// leaves it to whoever took it with defer_reply).
+void Core::handle_call(Mailbox& box, Inbound& in, const std::shared_ptr<Core>& self) {
+  bool wants_reply = in.env.k() == Kind::Request;
+  const MethodEntry* m = box.cls->find(in.env.method);
+  if (!m) {
+    std::string msg = "actor class " + box.cls->name + " has no method '" + in.env.method +
+                      "' (it has: " + box.cls->method_list() + ")";
+    if (wants_reply)
+      send_error(std::move(in.routing_id), in.env.corr, "MethodNotFoundError", msg);
+    else
+      spdlog::warn("dropped a one-way call: {}", msg);
+    return;
+  }
+  std::string err_type, err_msg;
+  Payload result;
+  const CallerInfo caller{in.role, in.env.sender};
+  tl_caller = &caller;
+  Handling handling{
+      self,   &in.routing_id, in.env.corr, wants_reply, box.cls->name + "." + in.env.method,
+      nullptr};
+  tl_handling = &handling;
+  try {
+    result = m->invoke(box.instance.get(), in.payload);
+  } catch (const Error& e) {
+    err_type = e.type();
+    err_msg = box.cls->name + "." + in.env.method + ": " + e.what();
+  } catch (const std::exception& e) {
+    err_type = "RemoteError";
+    err_msg = box.cls->name + "." + in.env.method + " raised: " + e.what();
+  }
+  tl_handling = nullptr;
+  tl_caller = nullptr;
+  if (!err_type.empty()) {
+    // A method that failed because its actor is being stopped: to its caller the actor is
+    // gone, whatever the method raised on the way out.
+    std::lock_guard<std::mutex> lock(box.mu);
+    if (box.stopping) {
+      err_type = "ActorDiedError";
+      err_msg = "actor " + box.id + " (" + box.cls->name + ") was stopped on " +
+                opts_.self_name + " during " + in.env.method + ": " + err_msg;
+    }
+  }
+  if (handling.deferred) {
+    // The method took its answer: it is sent by whoever holds it, or now if it threw.
+    if (!err_type.empty()) handling.deferred->error(err_type, err_msg);
+    return;
+  }
+  if (!wants_reply) {
+    if (!err_type.empty()) spdlog::warn("one-way call failed: {}", err_msg);
+    return;
+  }
+  if (!err_type.empty()) {
+    send_error(std::move(in.routing_id), in.env.corr, err_type, err_msg);
+    return;
+  }
+  Envelope env;
+  env.kind = static_cast<uint8_t>(Kind::Reply);
+  env.corr = in.env.corr;
+  transport_->reply(std::move(in.routing_id), encode(env, std::move(result)));
+}
+
+void Core::run_beside(const std::shared_ptr<Mailbox>& box, Inbound&& in) {
+  bool stopping;
+  {
+    std::lock_guard<std::mutex> lock(box->mu);
+    stopping = box->stopping;
+    if (!stopping) ++box->beside;
+  }
+  if (stopping) {
+    if (in.env.k() == Kind::Request)
+      send_error(std::move(in.routing_id), in.env.corr, "ActorDiedError",
+                 "actor " + box->id + " (" + box->cls->name + ") was stopped on " +
+                     opts_.self_name + " before it handled " + in.env.method);
+    return;
+  }
+  std::thread([self = shared_from_this(), box, in = std::move(in)]() mutable {
+    tl_core = &self;
+    {
+      ActorContextScope actor(&box->context);
+      self->handle_call(*box, in, self);
+    }
+    tl_core = nullptr;
+    std::lock_guard<std::mutex> lock(box->mu);
+    if (--box->beside == 0) box->cv.notify_all();
+  }).detach();
+}
+
 void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
   std::shared_ptr<Core> self = shared_from_this();
   tl_core = &self;
@@ -680,65 +777,7 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
       batch.swap(box->queue);
       box->queued_bytes = 0;
     }
-    for (Inbound& in : batch) {
-      bool wants_reply = in.env.k() == Kind::Request;
-      const MethodEntry* m = box->cls->find(in.env.method);
-      if (!m) {
-        std::string msg = "actor class " + box->cls->name + " has no method '" + in.env.method +
-                          "' (it has: " + box->cls->method_list() + ")";
-        if (wants_reply)
-          send_error(std::move(in.routing_id), in.env.corr, "MethodNotFoundError", msg);
-        else
-          spdlog::warn("dropped a one-way call: {}", msg);
-        continue;
-      }
-      std::string err_type, err_msg;
-      Payload result;
-      const CallerInfo caller{in.role, in.env.sender};
-      tl_caller = &caller;
-      Handling handling{
-          self,   &in.routing_id, in.env.corr, wants_reply, box->cls->name + "." + in.env.method,
-          nullptr};
-      tl_handling = &handling;
-      try {
-        result = m->invoke(box->instance.get(), in.payload);
-      } catch (const Error& e) {
-        err_type = e.type();
-        err_msg = box->cls->name + "." + in.env.method + ": " + e.what();
-      } catch (const std::exception& e) {
-        err_type = "RemoteError";
-        err_msg = box->cls->name + "." + in.env.method + " raised: " + e.what();
-      }
-      tl_handling = nullptr;
-      tl_caller = nullptr;
-      if (!err_type.empty()) {
-        // A method that failed because its actor is being stopped: to its caller the actor is
-        // gone, whatever the method raised on the way out.
-        std::lock_guard<std::mutex> lock(box->mu);
-        if (box->stopping) {
-          err_type = "ActorDiedError";
-          err_msg = "actor " + box->id + " (" + box->cls->name + ") was stopped on " +
-                    opts_.self_name + " during " + in.env.method + ": " + err_msg;
-        }
-      }
-      if (handling.deferred) {
-        // The method took its answer: it is sent by whoever holds it, or now if it threw.
-        if (!err_type.empty()) handling.deferred->error(err_type, err_msg);
-        continue;
-      }
-      if (!wants_reply) {
-        if (!err_type.empty()) spdlog::warn("one-way call failed: {}", err_msg);
-        continue;
-      }
-      if (!err_type.empty()) {
-        send_error(std::move(in.routing_id), in.env.corr, err_type, err_msg);
-        continue;
-      }
-      Envelope env;
-      env.kind = static_cast<uint8_t>(Kind::Reply);
-      env.corr = in.env.corr;
-      transport_->reply(std::move(in.routing_id), encode(env, std::move(result)));
-    }
+    for (Inbound& in : batch) handle_call(*box, in, self);
     batch.clear();
   }
   refuse_queued(*box);

@@ -109,6 +109,9 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   void send_error(zmq::message_t&& rid, uint64_t corr, const std::string& type,
                   const std::string& message);
   void run_mailbox(std::shared_ptr<Mailbox> box);
+  void handle_call(Mailbox& box, Inbound& in, const std::shared_ptr<Core>& self);
+  // A call of a concurrent method (ActorClass::concurrent_method), on a thread of its own.
+  void run_beside(const std::shared_ptr<Mailbox>& box, Inbound&& in);
   // A warning about malformed or unexpected input from the network, at most one line per
   // 10 s (the count of those held back goes with the next).
   void warn_bad_input(const std::string& line);

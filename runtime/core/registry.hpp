@@ -22,6 +22,9 @@ struct MethodEntry {
   std::function<Payload(void* self, Payload& args)> invoke;
   // Callable only by members of the cluster (its head, nodes and actors), not by clients.
   bool internal = false;
+  // Runs beside the actor's mailbox, on a thread of its own, while other methods run
+  // (ActorClass::concurrent_method).
+  bool concurrent = false;
 };
 
 struct ClassEntry {

@@ -175,8 +175,21 @@ TEST_P(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
     for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
     return n;
   };
-  std::printf("chaos: %zu members lost with fragments in flight finished without, %zu rewinds\n",
-              count("finished its fragments in flight without it"), count(" goes back to "));
+  std::printf(
+      "chaos: %zu members lost with fragments in flight finished without, %zu rewinds, %zu "
+      "joins at a fragment boundary mid-round (%zu given up)\n",
+      count("finished its fragments in flight without it"), count(" goes back to "),
+      count(" (a fragment boundary) on "), count(" mid-round: "));
+  // Why: the joins given up and the rounds sent back, a line each.
+  for (size_t at = 0; at < log.size();) {
+    const size_t end = std::min(log.find('\n', at), log.size());
+    const std::string line = log.substr(at, end - at);
+    if (line.find(" mid-round: ") != std::string::npos ||
+        line.find(" goes back to ") != std::string::npos ||
+        line.find(" failed round ") != std::string::npos)
+      std::printf("  %s\n", line.c_str());
+    at = end + 1;
+  }
   std::printf("chaos: final validation loss %.5f, without faults %.5f (%+.2f%%)\n", got, reference,
               100 * (got - reference) / reference);
   EXPECT_GE(faults.size(), 5u) << "too few faults for a chaos test; another seed?";

@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/actors/job_util.hpp"
 #include "tests/support/eventually.hpp"
@@ -176,6 +179,68 @@ TEST_F(Elastic, ANodeStartedDuringTheJobTakesTheMissingWorker) {
   EXPECT_EQ(log.find("worker 2 cannot join yet"), log.rfind("worker 2 cannot join yet")) << log;
 }
 
+// sync.mode streaming: a node that arrives while a round runs takes the missing worker's slot
+// from a fragment boundary of that round, not at the next round's start: its state is a
+// donor's snapshot taken between two of the donor's inner steps, brought up to the boundary
+// with the fragments the donor landed since, and every member admits it there (two phases).
+// The round then ends with three members holding one θ (the aggregator compares their hashes
+// and would fail the job otherwise), the joiner having taken only the steps after the boundary.
+TEST_F(Elastic, StreamingNodeStartedMidRoundTakesPartFromAFragmentBoundaryOfThatRound) {
+  // Rounds of several seconds: worker 0 sleeps 300 ms after each inner step, and the others'
+  // landings wait for its fragments.
+  ScopedEnv slow("LOCO_FAULT", "worker=0,delay_ms=300");
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  TestJob t = job(3, 2, kLong);
+  t.steps = 40;
+  t.layers = 4;  // a fragment has at least one layer
+  t.eval_every = 1000000;
+  t.sync = "{mode: streaming, fragments: 4, overlap_steps: 1, mix: 0.5}";
+  JobHandle j = client.submit(JobSpec::from_yaml(t.yaml()));
+  bool added = false;
+  ASSERT_TRUE(follow(j, [&](const RoundReport& r) {
+    if (r.round >= 1 && !added) {
+      EXPECT_EQ(r.workers, 2);
+      added = true;
+      c.add_node({"--resources", "cpu=1"});  // while round r.round + 1 runs
+    }
+    return added && r.workers == 3;
+  })) << log_text(j);
+  const std::string log = log_text(j);
+  const auto joined = first_line(j, "worker 2 joined round ");
+  ASSERT_TRUE(joined) << log;
+  std::cout << joined->second << "\n";
+  EXPECT_FALSE(contains(log, "worker 2 joined at round")) << log;  // not at a round's start
+  EXPECT_FALSE(contains(log, "goes back")) << log;
+  long long round = 0, step = 0;
+  ASSERT_EQ(std::sscanf(joined->second.c_str() + joined->second.find("worker 2 joined round "),
+                        "worker 2 joined round %lld at inner step %lld", &round, &step),
+            2)
+      << joined->second;
+  const long long start = (round - 1) * t.steps;
+  EXPECT_GT(step, start);
+  EXPECT_LT(step, start + t.steps);
+  EXPECT_EQ((step - start) % (t.steps / 4), 0) << "not a fragment boundary: " << step;
+  // In that round: three members, the joiner with the steps after its boundary only.
+  bool seen = false;
+  const std::string folder = dir_ + "/ckpt/" + j.id();
+  ASSERT_TRUE(eventually(
+      [&] {
+        for (const std::string& l : jsonl(folder + "/metrics.jsonl"))
+          if (actors::json_field(l, "round") == std::to_string(round)) seen = true;
+        return seen;
+      },
+      Millis(30000), Millis(100)));
+  for (const std::string& l : jsonl(folder + "/metrics.jsonl")) {
+    if (actors::json_field(l, "round") != std::to_string(round)) continue;
+    const nlohmann::json m = nlohmann::json::parse(l);
+    ASSERT_EQ(m["members"].size(), 3u) << l;
+    for (const auto& x : m["members"])
+      EXPECT_EQ(x["steps"].get<long long>(), x["worker"] == 2 ? start + t.steps - step : t.steps)
+          << l;
+  }
+}
+
 TEST_F(Elastic, SigtermToAWorkerNodeItLeavesAndItsShardsGoToTheOthers) {
   LocalCluster c(one_worker_per_node(3));
   Client client(c.head_address());
@@ -291,13 +356,15 @@ void survivors_finish_the_fragments(TestJob j, const std::string& dir, const std
                        "worker 1 left: lost in round 3; the others finished its fragments "
                        "in flight without it"))
       << log;
-  // Rounds go out as soon as the round before agreed, but not after round 3, which the
-  // survivors finished without the lost member: round 4's group is reconciled first.
-  EXPECT_TRUE(contains(log, "round 2: sent as soon as round 1's results agreed")) << log;
-  EXPECT_FALSE(contains(log, "round 4: sent as soon as round 3's results agreed")) << log;
+  // Rounds go out right behind the round before (not round 3, after a checkpoint). Round 4 went
+  // out with round 3, before worker 1 was lost: the survivors finish it without it too, from its
+  // first fragment on (its connection is closed), and round 5's group is reconciled.
+  EXPECT_TRUE(contains(log, "round 2: sent right behind round 1")) << log;
+  EXPECT_TRUE(contains(log, "round 4: sent right behind round 3")) << log;
   EXPECT_FALSE(contains(log, "goes back")) << log;
   EXPECT_EQ(workers[2], 3);
   EXPECT_EQ(workers[3], 2);
+  EXPECT_EQ(workers[4], 2);
   const std::string folder = dir + "/ckpt/" + handle.id();
   EXPECT_EQ(expect_each_round_once(folder + "/metrics.jsonl"), 5);
   std::map<int, std::string> got, want;

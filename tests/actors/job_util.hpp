@@ -24,6 +24,7 @@ struct TestJob {
   int workers = 4, min = 4, rounds = 3, steps = 10, checkpoint_every = 0;
   int checkpoint_keep = 0;  // checkpoint.keep; 0: not in the file (keep every checkpoint)
   int max_restarts = 3, eval_batches = 4;
+  int layers = 2;
   int eval_every = 0;  // eval.every; 0: H (θ evaluated after every round)
   double wait_s = 60;
   std::string compression = "fp32";
@@ -40,7 +41,7 @@ struct TestJob {
   std::string yaml() const {
     return "name: test\nseed: " + std::to_string(seed) + "\nthreads: 1\n" +
            (device.empty() ? "" : "device: " + device + "\n") +
-           "model: {layers: 2, width: 64, heads: 2, context: 32" +
+           "model: {layers: " + std::to_string(layers) + ", width: 64, heads: 2, context: 32" +
            (vocab ? ", vocab: " + std::to_string(vocab) : "") +
            "}\n"
            "data: {dir: " +

@@ -252,6 +252,41 @@ TEST(Liveness, OnlyPeersTheOperationWaitsOnAreJudged) {
   EXPECT_EQ(judge(p, t0 + 3100ms, rules), Verdict::silent);
 }
 
+// Streaming: a peer may begin a fragment's operation a fragment interval after this member.
+// Until its first message of the operation it has the entry window; after, the usual one; and
+// its closed connection still counts after the grace, entry window or not.
+TEST(Liveness, APeerNotYetInTheOperationHasTheEntryWindowUntilItsFirstMessage) {
+  auto rules = LivenessRules::from(3000ms, 60s);
+  Clock::time_point t0{};
+  PeerState p;
+  p.heard = t0;
+  p.expecting = true;
+  EXPECT_EQ(judge(p, t0 + 50s, rules), Verdict::alive);
+  p.keepalive_sent = t0 + 50s;
+  EXPECT_EQ(next_check(p, t0 + 50s, rules), t0 + 50s + 750ms);  // the next keepalive, not 3 s
+  p.keepalive_sent = t0 + 59s + 500ms;
+  EXPECT_EQ(next_check(p, t0 + 59s + 500ms, rules), t0 + 60s);  // the entry window's end
+  EXPECT_EQ(judge(p, t0 + 61s, rules), Verdict::silent);
+  // Its last messages of the operation before (it is finishing that one) prove it alive then,
+  // and leave it the entry window from there.
+  note_alive(p, t0 + 10s);
+  EXPECT_FALSE(p.heard_in_op);
+  EXPECT_EQ(judge(p, t0 + 65s, rules), Verdict::alive);
+  EXPECT_EQ(judge(p, t0 + 71s, rules), Verdict::silent);
+  p.heard = t0;
+  note_heard(p, t0 + 20s);  // it began
+  EXPECT_EQ(silence_window(rules, p), 3000ms);
+  EXPECT_EQ(judge(p, t0 + 23100ms, rules), Verdict::silent);
+  PeerState q;
+  q.heard = t0;
+  q.expecting = true;
+  q.dropped = t0 + 1s;
+  EXPECT_EQ(judge(q, t0 + 1300ms, rules), Verdict::closed);
+  // Without an entry window (blocking rounds), silence before the first message counts as any.
+  EXPECT_EQ(judge(PeerState{.expecting = true, .heard = t0}, t0 + 3100ms, LivenessRules::from(3000ms)),
+            Verdict::silent);
+}
+
 TEST(Liveness, AClosedConnectionCountsAfterTheGrace) {
   auto rules = LivenessRules::from(3000ms);
   Clock::time_point t0{};

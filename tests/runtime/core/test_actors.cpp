@@ -38,6 +38,17 @@ void Counter::stop() {
   stop_cv_.notify_all();
 }
 
+bool Counter::wait_for_poke(int max_ms) {
+  std::unique_lock<std::mutex> lock(stop_mu_);
+  return stop_cv_.wait_for(lock, std::chrono::milliseconds(max_ms), [&] { return pokes_ > 0; });
+}
+
+int Counter::poke() {
+  std::lock_guard<std::mutex> lock(stop_mu_);
+  stop_cv_.notify_all();
+  return ++pokes_;
+}
+
 double Counter::sum(Blob b) {
   auto f = b.as<float>();
   return std::accumulate(f.begin(), f.end(), 0.0);
@@ -68,6 +79,8 @@ LOCO_REGISTER(Counter, loco::ActorClass<Counter>("test.Counter")
                            .method("whoami", &Counter::whoami)
                            .method("gpus", &Counter::gpus)
                            .method("wait_for_stop", &Counter::wait_for_stop)
+                           .method("wait_for_poke", &Counter::wait_for_poke)
+                           .concurrent_method("poke", &Counter::poke)
                            .internal_method("reset", &Counter::reset));
 
 }  // namespace loco::testing

@@ -42,6 +42,10 @@ class Counter {
   int wait_for_stop(std::string marker, int max_ms, bool listen);
   // The stop hook (ActorClass::on_stop).
   void stop();
+  // Waits up to `max_ms` for poke(); true when it came. poke is a concurrent method: it runs
+  // beside wait_for_poke, which holds the mailbox.
+  bool wait_for_poke(int max_ms);
+  int poke();
 
  private:
   int value_ = 0;
@@ -51,6 +55,7 @@ class Counter {
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopped_ = false;
+  int pokes_ = 0;
 };
 
 }  // namespace loco::testing

@@ -501,6 +501,16 @@ TEST_F(InProcess, OneMessageAtATimeEvenFromManyThreads) {
   EXPECT_EQ(max_seen.load(), 1);
 }
 
+TEST_F(InProcess, AConcurrentMethodRunsBesideTheMethodThatHoldsTheMailbox) {
+  // wait_for_poke holds the actor's only mailbox thread for up to 60 s; poke, a concurrent
+  // method, must not wait behind it: it ends the wait.
+  auto waiting = counter_.call(&testing::Counter::wait_for_poke, 60000);
+  auto later = counter_.call(&testing::Counter::get);  // an ordinary call queues behind it
+  EXPECT_EQ(counter_.call(&testing::Counter::poke).get(Millis(10000)), 1);
+  EXPECT_TRUE(waiting.get(Millis(10000)));
+  EXPECT_EQ(later.get(Millis(10000)), 0);
+}
+
 TEST_F(InProcess, ErrorsArriveTyped) {
   try {
     (void)counter_.call(&testing::Counter::fail, std::string("boom")).get(Millis(5000));
