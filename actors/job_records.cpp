@@ -57,13 +57,21 @@ std::vector<StepFigures> per_step_means(const std::vector<std::vector<StepFigure
       out[i].flops += m[i].flops;
       out[i].mfu += m[i].mfu;
       out[i].memory_bytes = std::max(out[i].memory_bytes, m[i].memory_bytes);
+      out[i].cpu_seconds += m[i].cpu_seconds;
     }
     out[i].loss /= n;
     out[i].lr /= n;
     out[i].grad_norm /= n;
     out[i].mfu /= n;
+    out[i].cpu_seconds /= n;
   }
   return out;
+}
+
+double cpu_seconds_of(const std::vector<StepFigures>& steps) {
+  double s = 0;
+  for (const StepFigures& f : steps) s += f.cpu_seconds;
+  return s;
 }
 
 JobRecords::JobRecords(std::string folder, int64_t from)
@@ -166,6 +174,7 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
                          {"steps", x.steps},
                          {"tokens", x.tokens},
                          {"seconds", x.seconds},
+                         {"cpu_seconds", x.cpu_seconds},
                          {"wait", std::max(0.0, round_time - x.seconds)}});
     j["members"] = members;
     j["late"] = f.late;
@@ -181,7 +190,10 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
            // the most device memory any of them held (null on CPUs).
            {"tflops", s.seconds > 0 && s.flops > 0 ? json(s.flops / s.seconds / 1e12) : json(nullptr)},
            {"mfu", s.mfu > 0 ? json(s.mfu) : json(nullptr)},
-           {"memory_gb", s.memory_bytes > 0 ? json(double(s.memory_bytes) / 1e9) : json(nullptr)}});
+           {"memory_gb", s.memory_bytes > 0 ? json(double(s.memory_bytes) / 1e9) : json(nullptr)},
+           // The members' mean CPU seconds in the step: next to the slowest's wall seconds,
+           // how much of the step was work (null from workers that do not report it).
+           {"cpu_s", s.cpu_seconds > 0 ? json(s.cpu_seconds) : json(nullptr)}});
     j["steps"] = steps;
   }
   const std::string line = j.dump();

@@ -25,9 +25,11 @@
 //                       the job so far: failed ones (as far as known, see
 //                       below) and undone rounds included
 //     "job_time"        seconds since the job was submitted
-//     "members", "late" each member's steps, tokens and seconds; who missed the deadline
+//     "members", "late" each member's steps, tokens, seconds and "cpu_seconds" (its
+//                       process's CPU time in those steps); who missed the deadline
 //     "steps"           one object per inner step of the round over its members:
-//                       {"loss","lr","grad_norm" (means), "tokens" (sum), "tokens_per_s"}
+//                       {"loss","lr","grad_norm","cpu_s" (means), "tokens" (sum),
+//                       "tokens_per_s"}
 // Every line is written and read with nlohmann-json.
 //
 // attempts.jsonl: one line per all-reduce attempt, successful or failed, in
@@ -71,9 +73,12 @@ struct MemberFigures {
   int worker = 0;
   int steps = 0;
   int64_t tokens = 0;
-  double seconds = 0;  // in inner steps; the rest of the round ("wait" in metrics.jsonl) it
-                       // waited on the others, the network and the aggregator
+  double seconds = 0;      // in inner steps; the rest of the round ("wait" in metrics.jsonl) it
+                           // waited on the others, the network and the aggregator
+  double cpu_seconds = 0;  // CPU time its process used in those steps (StepFigures::cpu_seconds)
 };
+// The CPU seconds of a member's steps, summed.
+double cpu_seconds_of(const std::vector<StepFigures>& steps);
 
 struct RoundFigures {
   double utilization = 0;

@@ -85,7 +85,11 @@ struct StepFigures {
   double flops = 0;
   double mfu = 0;
   int64_t memory_bytes = 0;  // the most device memory allocated during the step (GPU; 0 on CPU)
-  MSGPACK_DEFINE(loss, lr, grad_norm, seconds, tokens, flops, mfu, memory_bytes)
+  // CPU time the worker's process used during the step, all its threads. With one torch thread
+  // and nothing else running in it, `seconds` minus this is the time the step waited: for a
+  // core on a shared machine, or on something else.
+  double cpu_seconds = 0;
+  MSGPACK_DEFINE(loss, lr, grad_norm, seconds, tokens, flops, mfu, memory_bytes, cpu_seconds)
 };
 
 struct InnerResult {

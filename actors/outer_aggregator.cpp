@@ -949,8 +949,8 @@ void OuterAggregator::State::run() {
           loss += results[i]->mean_loss;
           inner_secs += results[i]->seconds;
           tokens_of[members[i]] = results[i]->tokens;
-          round_members.push_back(
-              {members[i], results[i]->steps, results[i]->tokens, results[i]->seconds});
+          round_members.push_back({members[i], results[i]->steps, results[i]->tokens,
+                                   results[i]->seconds, cpu_seconds_of(results[i]->per_step)});
           round_steps.push_back(results[i]->per_step);
           if (results[i]->steps > 0)
             step_seconds.push_back(results[i]->seconds / results[i]->steps);
@@ -1468,7 +1468,7 @@ bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
     inner_secs += in.seconds;
     int64_t tokens = 0;
     for (const StepFigures& f : in.per_step) tokens += f.tokens;
-    figures.push_back({members[i], in.steps, tokens, in.seconds});
+    figures.push_back({members[i], in.steps, tokens, in.seconds, cpu_seconds_of(in.per_step)});
     round_steps.push_back(in.per_step);
   }
   loss /= double(d.finished.size());

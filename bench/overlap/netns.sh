@@ -21,6 +21,12 @@
 #   STREAMING="{mode: streaming, fragments: 2, overlap_steps: 3, mix: 0.5}" bench/overlap/netns.sh
 #   MODES="blocking eager" TORCHFT_MODES="" bench/overlap/netns.sh
 #   ALLREDUCE="{peer_timeout_s: 30}" bench/overlap/netns.sh   # the jobs' allreduce settings
+#   TOGETHER=1 MODES=blocking TORCHFT_MODES=blocking bench/overlap/netns.sh
+#
+# TOGETHER=1 runs each torchft mode at the same time as loco's mode of the same name (8
+# workers on the 4 hosts), instead of after all of loco's: on a machine whose other load comes
+# and goes, one after the other compares two different machines; side by side both see the
+# same one.
 set -uo pipefail
 RATE=${RATE:-20mbit}
 ROUNDS=${ROUNDS:-4}
@@ -75,13 +81,17 @@ ${ALLREDUCE:+allreduce: $ALLREDUCE}
 JOB
 }
 
-declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW MID TWALL TFAIL TSUM LFAIL NCPU TCPU
+declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW MID TWALL TFAIL TSUM LFAIL NCPU TCPU CPUS
 run_mode() {  # MODE SYNC
   local mode=$1 file="$WORK/$1.yaml"
   job_file "$mode" "$2" >"$file"
   local t0=$SECONDS c0
   c0=$(cpu_seconds "${NODE_PIDS[@]}")
   submit "$file"
+  if [ -n "${TOGETHER:-}" ] && [[ " $TORCHFT_MODES " == *" $mode "* ]]; then
+    torchft_mode "$mode"
+    TOGETHER_DONE+=" $mode"
+  fi
   wait_job_end "$WAIT_S"
   WALL[$mode]=$((SECONDS - t0))
   NCPU[$mode]=$(awk -v a="$c0" -v b="$(cpu_seconds "${NODE_PIDS[@]}")" 'BEGIN {printf "%.1f", b - a}')
@@ -105,7 +115,7 @@ run_mode() {  # MODE SYNC
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {printf "%.1f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2) * 100}')
   RTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | grep -o '"round_time":[0-9.]*' |
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {printf "%.2f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
-  read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ MID[$mode] \
+  read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ MID[$mode] CPUS[$mode] \
     <<<"$("$TORCHFT_PY" "$SUMMARY" loco "$folder/metrics.jsonl" "$H")"
   say "$mode: wall ${WALL[$mode]} s, job utilization ${UTIL[$mode]} %, rounds: median utilization" \
     "${RUTIL[$mode]} %, median round ${RTIME[$mode]} s; final validation loss ${LOSS[$mode]};" \
@@ -114,17 +124,10 @@ run_mode() {  # MODE SYNC
     "${MID[$mode]} % in inner steps"
 }
 
-for m in $MODES; do
-  case "$m" in
-    blocking) run_mode blocking "" ;;
-    streaming) run_mode streaming "$STREAMING" ;;
-    eager) run_mode eager "$EAGER" ;;
-    *) fail "unknown mode $m" ;;
-  esac
-done
-
-for m in $TORCHFT_MODES; do
-  if [ -n "${TORCHFT_MISSING:-}" ]; then TFAIL[torchft-$m]=$TORCHFT_MISSING; continue; fi
+TOGETHER_DONE=""
+torchft_mode() {  # MODE: torchft's run of it, then its figures
+  local m=$1 c0
+  if [ -n "${TORCHFT_MISSING:-}" ]; then TFAIL[torchft-$m]=$TORCHFT_MISSING; return 0; fi
   c0=$(cpu_seconds "${NODE_PIDS[@]}")
   case "$m" in
     blocking) torchft_run torchft-blocking 1 0 0 || true ;;
@@ -141,6 +144,19 @@ for m in $TORCHFT_MODES; do
   else
     say "torchft-$m: ${TFAIL[torchft-$m]}"
   fi
+}
+
+for m in $MODES; do
+  case "$m" in
+    blocking) run_mode blocking "" ;;
+    streaming) run_mode streaming "$STREAMING" ;;
+    eager) run_mode eager "$EAGER" ;;
+    *) fail "unknown mode $m" ;;
+  esac
+done
+
+for m in $TORCHFT_MODES; do
+  [[ " $TOGETHER_DONE " == *" $m "* ]] || torchft_mode "$m"
 done
 
 echo
@@ -152,26 +168,29 @@ echo "# (medians over workers and rounds 1..); slowest_s: per round, the sum of 
 echo "# worker's steps (median over rounds); round_util_% and job_util_%: loco's own figures;"
 echo "# mid_util_%: rounds 2 to R-1 (no start, no final landing), inner seconds over round time"
 echo "# added up over workers and rounds"
-row() { printf '%-18s %7s %11s %13s %13s %9s %8s %14s %10s %11s\n' "$@"; }
-row mode wall_s job_util_% round_util_% round_time_s val_loss steps_s worker_util_% slowest_s mid_util_%
+echo "# cpu_s: a worker's process's CPU seconds in its $H inner steps (median over workers and"
+echo "# rounds): the work in steps_s, the rest waiting (for a core, when the machine is shared)"
+row() { printf '%-18s %7s %11s %13s %13s %9s %8s %14s %10s %11s %6s\n' "$@"; }
+row mode wall_s job_util_% round_util_% round_time_s val_loss steps_s worker_util_% slowest_s mid_util_% cpu_s
 for m in $MODES; do
   if [ -n "${LFAIL[$m]:-}" ]; then echo "$m: ${LFAIL[$m]}"; continue; fi
   row "$m" "${WALL[$m]}" "${UTIL[$m]}" "${RUTIL[$m]}" "${RTIME[$m]}" "${LOSS[$m]}" "${STEPS[$m]}" \
-    "${WUTIL[$m]}" "${SLOW[$m]}" "${MID[$m]}"
+    "${WUTIL[$m]}" "${SLOW[$m]}" "${MID[$m]}" "${CPUS[$m]:--}"
 done
 for m in $TORCHFT_MODES; do
   t=torchft-$m
   if [ -n "${TSUM[$t]:-}" ]; then
-    read -r RTIME[$t] STEPS[$t] WUTIL[$t] SLOW[$t] LOSS[$t] _ MID[$t] <<<"${TSUM[$t]}"
+    read -r RTIME[$t] STEPS[$t] WUTIL[$t] SLOW[$t] LOSS[$t] _ MID[$t] CPUS[$t] <<<"${TSUM[$t]}"
     WALL[$t]=${TWALL[$t]}
     row "$t" "${WALL[$t]}" - - "${RTIME[$t]}" "${LOSS[$t]}" "${STEPS[$t]}" "${WUTIL[$t]}" \
-      "${SLOW[$t]}" "${MID[$t]}"
+      "${SLOW[$t]}" "${MID[$t]}" "${CPUS[$t]:--}"
   else
     echo "$t: failed: ${TFAIL[$t]:-}"
   fi
 done
 echo "# CPU seconds (user + system) during each mode: loco's 4 node processes (idle ones during"
-echo "# torchft's modes), torchft's 4 worker processes (their own count, at exit)"
+echo "# torchft's modes${TOGETHER:+, but here busy with the loco mode run with them}), torchft's 4 worker"
+echo "# processes (their own count, at exit)"
 for m in $MODES $(for t in $TORCHFT_MODES; do echo "torchft-$t"; done); do
   echo "$m: wall ${WALL[$m]:--} s, loco nodes ${NCPU[$m]:--} s${TCPU[$m]:+, torchft workers ${TCPU[$m]} s}"
 done

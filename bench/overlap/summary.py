@@ -16,9 +16,13 @@ JSONL, over the training rounds (1..; loco's round 0 is the evaluation before tr
                  time, all added up: when rounds follow each other with no barrier (loco's
                  streaming), a member may begin a round before the previous one's results are
                  all in, and a single round's figure can pass 100 %
+    cpu_s        median over workers and rounds of the CPU seconds a worker's process used in
+                 its H inner steps (loco: the members' "cpu_seconds"; torchft: "step_cpu_seconds"):
+                 next to steps_s, the work in them apart from the waiting for a core on a shared
+                 machine ("-" for records without them)
 
     summary.py loco|torchft FILE H
-        prints "round_time steps_s util_% slowest_s val_loss rounds mid_util_%"
+        prints "round_time steps_s util_% slowest_s val_loss rounds mid_util_% cpu_s"
 """
 import json
 import statistics
@@ -29,7 +33,7 @@ from collections import defaultdict
 def main() -> None:
     kind, path, h = sys.argv[1], sys.argv[2], int(sys.argv[3])
     rows = [json.loads(line) for line in open(path) if line.strip()]
-    times, steps, utils, slowest, loss = [], [], [], [], None
+    times, steps, utils, slowest, cpu, loss = [], [], [], [], [], None
     last = max((r["round"] for r in rows), default=0)
     mid_inner = mid_time = 0.0  # rounds 2..last-1
     per_round = defaultdict(list)  # torchft: round -> each worker's step_seconds
@@ -44,6 +48,8 @@ def main() -> None:
                 if m["steps"] > 0:
                     steps.append(m["seconds"] * h / m["steps"])
                     utils.append(m["seconds"] / r["round_time"])
+                    if m.get("cpu_seconds"):
+                        cpu.append(m["cpu_seconds"] * h / m["steps"])
                 if 2 <= r["round"] < last:
                     mid_inner += m["seconds"]
                     mid_time += r["round_time"]
@@ -58,13 +64,15 @@ def main() -> None:
                 mid_inner += r["seconds"]
                 mid_time += r["round_time"]
             per_round[r["round"]].append(r["step_seconds"])
+            if r.get("step_cpu_seconds"):
+                cpu.append(sum(r["step_cpu_seconds"]) * h / r["steps"])
     for workers in per_round.values():
         slowest.append(sum(max(w[i] for w in workers) for i in range(len(workers[0]))))
     med = lambda v, scale=1.0, digits=2: f"{scale * statistics.median(v):.{digits}f}" if v else "-"
     rounds = len({r["round"] for r in rows if r["round"] >= 1})
     print(med(times), med(steps), med(utils, 100, 1), med(slowest),
           f"{loss:.4f}" if loss is not None else "-", rounds,
-          f"{100 * mid_inner / mid_time:.1f}" if mid_time > 0 else "-")
+          f"{100 * mid_inner / mid_time:.1f}" if mid_time > 0 else "-", med(cpu))
 
 
 if __name__ == "__main__":

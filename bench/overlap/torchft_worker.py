@@ -23,7 +23,8 @@ Each inner step's forward, backward, clip and AdamW are timed up to the optimize
 post-hook, registered before DiLoCo's, so the time torchft spends in its own hook (quorum,
 all-reduce, outer step) is counted as round time and not as inner-step time. One JSONL line
 per round of H steps: {"round", "worker", "steps", "seconds" (in inner steps), "round_time",
-"sync" (in torchft's hooks), "loss" (mean training loss), "step_seconds" (each inner step's)};
+"sync" (in torchft's hooks), "loss" (mean training loss), "step_seconds" (each inner step's),
+"step_cpu_seconds" (the process's CPU time in each, as loco's per-step "cpu_seconds")};
 each worker's last line has "cpu_s" (the process's CPU seconds so far), worker 0's also
 "val_loss" (2 batches of evenly spaced windows of the validation tail, as loco's eval: the
 same windows, and at step 0 the same loss, since θ starts bit for bit as loco's).
@@ -186,7 +187,10 @@ def cmd_worker(a: argparse.Namespace) -> None:
     total = a.rounds * a.h
     marks = {}
     # Registered before DiLoCo's hooks, so it runs first: the end of the step's own work.
-    inner.register_step_post_hook(lambda *_: marks.__setitem__("computed", time.perf_counter()))
+    def computed(*_):
+        marks["computed"], marks["cpu"] = time.perf_counter(), time.process_time()
+
+    inner.register_step_post_hook(computed)
     out = open(a.out, "a")
     step = 0
     with DiLoCo(manager, frags, inner, outer, sync_every=a.h, backup_device=torch.device("cpu"),
@@ -197,11 +201,11 @@ def cmd_worker(a: argparse.Namespace) -> None:
         for r in range(1, a.rounds + 1):
             t_round = time.perf_counter()
             computing = syncing = loss_sum = 0.0
-            step_seconds = []
+            step_seconds, step_cpu = [], []
             for _ in range(a.h):
                 for g in inner.param_groups:
                     g["lr"] = inner_lr(a.lr, a.warmup, step, total)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 loss = model.loss(batch())
                 inner.zero_grad(set_to_none=True)
                 loss.backward()
@@ -210,13 +214,14 @@ def cmd_worker(a: argparse.Namespace) -> None:
                 t1 = time.perf_counter()
                 computing += marks["computed"] - t0
                 step_seconds.append(round(marks["computed"] - t0, 4))
+                step_cpu.append(round(marks["cpu"] - c0, 4))  # the process's CPU in the step
                 syncing += t1 - marks["computed"]
                 loss_sum += float(loss.detach())
                 step += 1
             rec = {"round": r, "worker": a.rank, "steps": a.h, "seconds": round(computing, 4),
                    "round_time": round(time.perf_counter() - t_round, 4), "sync": round(syncing, 4),
                    "loss": loss_sum / a.h, "manager_step": manager.current_step(),
-                   "step_seconds": step_seconds}
+                   "step_seconds": step_seconds, "step_cpu_seconds": step_cpu}
             if r == a.rounds:
                 if a.rank == 0:
                     rec["val_loss"] = evaluate(model, tokens, train_end, a)

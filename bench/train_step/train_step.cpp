@@ -6,6 +6,15 @@
 // `--procs N` runs N trainers at once (N processes of this binary, then N of
 // Python), as N workers of a job share a machine's cores: each process's
 // median, and their median, compared side by side.
+//
+// `--path worker` runs loco's side as a job's workers run it: N node processes (`loco start`,
+// one cpu each, on loopback), an InnerWorker actor on each, built from the job file, init()
+// and inner() as the aggregator calls them, all N stepping at once: the job's data path
+// (TokenStore::open over a data folder), the actor's thread and the node's runtime threads
+// beside the steps. The per-step seconds are the workers' own (metrics.jsonl "steps"), and so
+// is their CPU time: "cpu" is the median share of a step's wall time that its process was on a
+// CPU (both sides), so that a gap from waiting (for a core, on a lock) shows apart from one in
+// the arithmetic.
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -16,8 +25,11 @@
 #include <iostream>
 #include <regex>
 
+#include "actors/inner_worker.hpp"
 #include "bench/stats.hpp"
 #include "diloco/trainer.hpp"
+#include "runtime/core/util.hpp"
+#include "tests/runtime/core/cluster.hpp"
 
 using namespace loco::diloco;
 
@@ -25,39 +37,126 @@ namespace {
 
 using loco::bench::median;
 
-// Runs `n` copies of `cmd` at once; their outputs, in order.
+// `n` copies of `cmd` running at once: started by the constructor, their outputs (in order)
+// from outputs().
+class Running {
+ public:
+  Running(std::string cmd, int n) : cmd_(std::move(cmd)) {
+    for (int i = 0; i < n; ++i) {
+      FILE* p = ::popen(cmd_.c_str(), "r");
+      if (!p) throw std::runtime_error("cannot run " + cmd_);
+      pipes_.push_back(p);
+    }
+  }
+  ~Running() {
+    for (FILE* p : pipes_) ::pclose(p);
+  }
+  std::vector<std::string> outputs() {
+    std::vector<std::string> outs;
+    for (FILE*& p : pipes_) {
+      std::string out;
+      char buf[4096];
+      while (std::fgets(buf, sizeof buf, p)) out += buf;
+      const int rc = ::pclose(p);
+      p = nullptr;
+      if (rc != 0) throw std::runtime_error("failed: " + cmd_ + "\n" + out);
+      outs.push_back(out);
+    }
+    std::erase(pipes_, nullptr);
+    return outs;
+  }
+
+ private:
+  std::string cmd_;
+  std::vector<FILE*> pipes_;
+};
 std::vector<std::string> run_all(const std::string& cmd, int n) {
-  std::vector<FILE*> pipes;
-  for (int i = 0; i < n; ++i) {
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) throw std::runtime_error("cannot run " + cmd);
-    pipes.push_back(p);
-  }
-  std::vector<std::string> outs;
-  for (FILE* p : pipes) {
-    std::string out;
-    char buf[4096];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    if (::pclose(p) != 0) throw std::runtime_error("failed: " + cmd + "\n" + out);
-    outs.push_back(out);
-  }
-  return outs;
+  return Running(cmd, n).outputs();
 }
 
-double result_of(const std::string& out) {
+double field_of(const std::string& out, const std::string& name) {
   std::smatch m;
-  if (!std::regex_search(out, m, std::regex("tokens_per_s=([0-9.]+)")))
-    throw std::runtime_error("no RESULT in:\n" + out);
+  if (!std::regex_search(out, m, std::regex(name + "=([0-9.]+)")))
+    throw std::runtime_error("no " + name + " in:\n" + out);
   return std::stod(m[1]);
 }
+double result_of(const std::string& out) { return field_of(out, "tokens_per_s"); }
+
+// One process's figures over its timed steps: tokens/s at its median step, and the median
+// share of a step's wall time it was on a CPU.
+struct ProcFigures {
+  double tokens_per_s = 0;
+  double cpu_share = 0;
+};
+
+// --path worker: `procs` nodes of one cpu each and an InnerWorker on each, initialized as a
+// job's workers; round() runs one round of inner steps on all of them at once.
+class WorkerPath {
+ public:
+  WorkerPath(const JobConfig& cfg, const std::filesystem::path& dir, int procs) : cfg_(cfg) {
+    loco::testing::ClusterOptions co;
+    co.nodes = procs;
+    co.node_resources = "cpu=1";
+    // Nodes busy stepping on shared cores answer heartbeats late: the tests' 1 s would declare
+    // them dead (`loco start`'s default is 2 s; this is a benchmark, not a failure test).
+    co.detect_ms = 30000;
+    co.plugins = LOCO_PLUGIN_DIR_STR "/libloco_diloco_actors.so";
+    co.path_root = dir.string();
+    cluster_.emplace(co);
+    if (!cluster_->wait_alive_nodes(procs))
+      throw std::runtime_error("bench: " + std::to_string(procs) +
+                               " nodes did not start; logs in " + cluster_->log_dir());
+    loco::Runtime& rt = cluster_->runtime();
+    std::vector<loco::Future<loco::actors::InitResult>> inits;
+    for (int i = 0; i < procs; ++i) {
+      workers_.push_back(rt.spawn<loco::actors::InnerWorker>(
+          loco::ActorOptions().with_name("bench-worker-" + std::to_string(i)), "bench",
+          std::string(cfg.to_yaml()), i));
+      loco::actors::WorkerInit wi;
+      wi.index = i;
+      wi.shards = round_robin_shards(cfg.data.shards, i, procs);
+      wi.stream = uint64_t(i);
+      wi.total_steps = int64_t(cfg.inner.steps) * cfg.rounds;
+      inits.push_back(workers_.back().call(&loco::actors::InnerWorker::init, wi));
+    }
+    for (auto& f : inits) params_ = f.get(loco::Millis(600000)).parameters;
+  }
+  std::int64_t parameters() const { return params_; }
+
+  // Round `round` on every worker at once; each worker's figures over its steps from `warmup`.
+  std::vector<ProcFigures> round(int64_t round, int warmup) {
+    std::vector<loco::Future<loco::actors::InnerResult>> calls;
+    for (auto& w : workers_) calls.push_back(w.call(&loco::actors::InnerWorker::inner, round));
+    std::vector<ProcFigures> out;
+    for (auto& c : calls) {
+      const loco::actors::InnerResult r = c.get(loco::Millis(3600000));
+      std::vector<double> seconds, shares;
+      for (size_t i = size_t(warmup); i < r.per_step.size(); ++i) {
+        seconds.push_back(r.per_step[i].seconds);  // in whole milliseconds: not for tiny models
+        if (r.per_step[i].seconds > 0)
+          shares.push_back(r.per_step[i].cpu_seconds / r.per_step[i].seconds);
+      }
+      out.push_back({double(cfg_.tokens_per_inner_step()) / median(seconds),
+                     shares.empty() ? 0.0 : median(shares)});
+    }
+    return out;
+  }
+
+ private:
+  JobConfig cfg_;
+  std::optional<loco::testing::LocalCluster> cluster_;
+  std::vector<loco::ActorHandle<loco::actors::InnerWorker>> workers_;
+  std::int64_t params_ = 0;
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"bench/train_step: loco InnerTrainer vs eager PyTorch, inner-step tokens/s"};
+  CLI::App app{"bench/train_step: loco's inner steps vs eager PyTorch, tokens/s"};
   int layers = 4, d_model = 128, heads = 4, context = 128, batch = 16, threads = 2, steps = 30,
       warmup = 5, repeats = 2, procs = 1;
-  bool child = false;
+  bool child = false, together = false;
+  std::string path = "trainer";
   const char* venv = std::getenv("LOCO_VENV");
   std::string python =
       std::string(venv ? venv : std::string(std::getenv("HOME")) + "/.cache/loco-venv") +
@@ -71,9 +170,17 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads);
   app.add_option("--steps", steps, "timed steps per repeat");
   app.add_option("--warmup-steps", warmup, "untimed steps per repeat");
-  app.add_option("--repeats", repeats, "C++ and Python runs, alternating");
+  app.add_option("--repeats", repeats, "loco and Python runs, alternating");
   app.add_option("--python", python);
-  app.add_option("--procs", procs, "trainers at once (processes sharing the cores, as a job's workers)");
+  app.add_option("--procs", procs,
+                 "trainers at once (processes sharing the cores, as a job's workers)");
+  app.add_option("--path", path,
+                 "loco's side: trainer (InnerTrainer in this process, or --procs copies of it) or "
+                 "worker (--procs InnerWorker actors on as many local nodes: a job's workers)")
+      ->check(CLI::IsMember({"trainer", "worker"}));
+  app.add_flag("--together", together,
+               "run the Python side at the same time as loco's (2 x --procs processes), so that "
+               "other load on the machine hits both alike");
   app.add_flag("--child", child, "internal: one repeat of the C++ side, prints RESULT");
   CLI11_PARSE(app, argc, argv);
 
@@ -94,7 +201,7 @@ int main(int argc, char** argv) {
   // Random tokens, as the Python side uses.
   const auto dir =
       std::filesystem::temp_directory_path() / ("loco-bench-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  std::filesystem::create_directories(dir / "data");
   std::vector<std::uint16_t> tokens(1 << 20);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
   auto r = torch::randint(0, 256, {static_cast<std::int64_t>(tokens.size())}, gen, torch::kInt64);
@@ -109,67 +216,118 @@ int main(int argc, char** argv) {
                              " --batch " + std::to_string(batch) + " --threads " +
                              std::to_string(threads) + " --steps " + std::to_string(steps) +
                              " --warmup-steps " + std::to_string(warmup);
-  std::vector<double> cpp_times, py_rates, cpp_proc_rates;
+  std::vector<ProcFigures> loco_figs, py_figs;
   std::int64_t params = 0;
   const double tokens_per_step = static_cast<double>(batch) * context;
   auto one_repeat = [&] {
     InnerTrainer t(cfg, store, {0}, 0, steps + warmup);
     params = t.parameter_count();
-    std::vector<double> mine;
+    std::vector<double> seconds, shares;
     for (int s = 0; s < warmup + steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
+      const double cpu0 = loco::process_cpu_seconds();
       t.run_inner_steps(1);
       const double dt =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (s >= warmup) mine.push_back(dt);
+      if (s < warmup) continue;
+      seconds.push_back(dt);
+      shares.push_back((loco::process_cpu_seconds() - cpu0) / dt);
     }
-    return mine;
+    return ProcFigures{tokens_per_step / median(seconds), median(shares)};
+  };
+  auto figures_of = [](const std::string& out) {
+    return ProcFigures{result_of(out), field_of(out, "cpu")};
   };
   if (child) {
-    std::printf("RESULT tokens_per_s=%.1f\n", tokens_per_step / median(one_repeat()));
+    const ProcFigures f = one_repeat();
+    std::printf("RESULT tokens_per_s=%.1f cpu=%.3f\n", f.tokens_per_s, f.cpu_share);
     remove_tree(dir.string());
     return 0;
+  }
+  auto say = [](int rep, const char* who, const ProcFigures& f) {
+    std::fprintf(stderr, "repeat %d: %-6s tokens_per_s=%.1f cpu=%.2f\n", rep, who, f.tokens_per_s,
+                 f.cpu_share);
+  };
+  std::optional<WorkerPath> workers;
+  if (path == "worker") {
+    // A job's data folder: the byte tokenizer's token file, which TokenStore::open takes as
+    // it finds it; H = warmup + timed steps, one round per repeat.
+    std::filesystem::rename(dir / "tokens.bin", dir / "data" / "tokens-byte.bin");
+    JobConfig job = cfg;
+    job.name = "bench-train-step";
+    job.threads = threads;
+    job.data.dir = (dir / "data").string();
+    job.data.shards = 16;
+    job.workers.count = job.workers.min = procs;
+    job.inner.steps = warmup + steps;
+    job.rounds = repeats;
+    job.validate();
+    workers.emplace(job, dir, procs);
+    params = workers->parameters();
   }
   std::string self_cmd = std::filesystem::read_symlink("/proc/self/exe").string();
   for (int i = 1; i < argc; ++i) self_cmd += std::string(" ") + argv[i];
   self_cmd += " --child";
   for (int rep = 0; rep < repeats; ++rep) {
-    if (procs == 1) {
-      std::vector<double> mine = one_repeat();
-      cpp_times.insert(cpp_times.end(), mine.begin(), mine.end());
-      std::cerr << "repeat " << rep << ": loco   tokens_per_s=" << tokens_per_step / median(mine)
-                << "\n";
-      const std::string out = run_all(py_cmd, 1)[0];
-      py_rates.push_back(result_of(out));
-      std::cerr << "repeat " << rep << ": python " << out;
-      continue;
+    // --together: the Python side runs while loco's does (it starts first: Python takes a few
+    // seconds to import torch, about the untimed steps of loco's side).
+    std::optional<Running> py;
+    if (together) py.emplace(py_cmd, procs);
+    if (workers) {
+      for (const ProcFigures& f : workers->round(rep, warmup)) {
+        loco_figs.push_back(f);
+        say(rep, "loco", f);
+      }
+    } else if (procs == 1 && !together) {
+      loco_figs.push_back(one_repeat());
+      say(rep, "loco", loco_figs.back());
+    } else {
+      for (const std::string& out : run_all(self_cmd, procs)) {
+        loco_figs.push_back(figures_of(out));
+        say(rep, "loco", loco_figs.back());
+      }
     }
-    for (const std::string& out : run_all(self_cmd, procs)) {
-      cpp_proc_rates.push_back(result_of(out));
-      std::cerr << "repeat " << rep << ": loco   " << out;
-    }
-    for (const std::string& out : run_all(py_cmd, procs)) {
-      py_rates.push_back(result_of(out));
-      std::cerr << "repeat " << rep << ": python " << out;
+    if (!py) py.emplace(py_cmd, procs);
+    for (const std::string& out : py->outputs()) {
+      py_figs.push_back(figures_of(out));
+      say(rep, "python", py_figs.back());
     }
   }
-  if (procs > 1) {
-    // Model size for the header.
-    params = InnerTrainer(cfg, store, {0}, 0, 1).parameter_count();
-    cpp_times.push_back(tokens_per_step / median(cpp_proc_rates));
-  }
-  const double cpp = tokens_per_step / median(cpp_times);
-  const double py = median(py_rates);
+  if (procs > 1 && !workers) params = InnerTrainer(cfg, store, {0}, 0, 1).parameter_count();
+  auto med = [](const std::vector<ProcFigures>& v, double ProcFigures::*f) {
+    std::vector<double> x;
+    for (const ProcFigures& p : v) x.push_back(p.*f);
+    return median(x);
+  };
+  const double cpp = med(loco_figs, &ProcFigures::tokens_per_s);
+  const double py = med(py_figs, &ProcFigures::tokens_per_s);
   std::printf(
       "train_step: model %lld params (layers %d, d_model %d, heads %d, context %d, vocab 256), "
       "batch %d, "
-      "%d threads, %d timed steps x %d repeats, %d process(es) at once\n",
+      "%d threads, %d timed steps x %d repeats, %d process(es) at once%s, loco's path: %s\n",
       static_cast<long long>(params), layers, d_model, heads, context, batch, threads, steps,
-      repeats, procs);
-  if (procs > 1) std::printf("  (tokens/s per process: the median over processes and repeats)\n");
-  std::printf("  loco (C++ InnerTrainer)  %10.0f tokens/s\n", cpp);
-  std::printf("  eager PyTorch (%s) %10.0f tokens/s\n", TORCH_VERSION, py);
-  std::printf("  ratio loco / python      %10.2fx\n", cpp / py);
+      repeats, procs, together ? " a side, both sides together" : "", path.c_str());
+  std::printf(
+      "  (tokens/s at each process's median step, the median over processes and repeats; cpu: "
+      "the median share of a step's wall time its process was on a CPU)\n");
+  const std::string loco_name =
+      workers ? "loco (InnerWorker, a job's worker)" : "loco (C++ InnerTrainer)";
+  const std::string py_name = std::string("eager PyTorch (") + TORCH_VERSION + ")";
+  std::printf("  %-36s %10.0f tokens/s  cpu %.2f\n", loco_name.c_str(), cpp,
+              med(loco_figs, &ProcFigures::cpu_share));
+  std::printf("  %-36s %10.0f tokens/s  cpu %.2f\n", py_name.c_str(), py,
+              med(py_figs, &ProcFigures::cpu_share));
+  std::printf("  %-36s %10.2fx\n", "ratio loco / python", cpp / py);
+  // Tokens per CPU second of each process: the arithmetic's cost whatever the wait for a core.
+  auto per_cpu = [&](const std::vector<ProcFigures>& v) {
+    std::vector<double> x;
+    for (const ProcFigures& p : v) x.push_back(p.tokens_per_s / p.cpu_share);
+    return median(x);
+  };
+  std::printf("  %-36s %10.2fx  (%.0f / %.0f tokens per CPU second)\n", "ratio per CPU second",
+              per_cpu(loco_figs) / per_cpu(py_figs), per_cpu(loco_figs), per_cpu(py_figs));
+  std::fflush(stdout);  // before the nodes go
+  workers.reset();
   remove_tree(dir.string());
   return 0;
 }

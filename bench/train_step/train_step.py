@@ -2,7 +2,7 @@
 OpenDiLoCo user would write it: nn.Module, torch.optim.AdamW (defaults),
 clip_grad_norm_, warmup + cosine set per step. Called by bench/train_step
 (the C++ binary) with the same model, batch, context, threads and steps.
-Prints one line: RESULT tokens_per_s=<median> params=<n>.
+Prints one line: RESULT tokens_per_s=<median> cpu=<median share of a step on a CPU> params=<n>.
 """
 import argparse
 import math
@@ -91,9 +91,10 @@ def main():
         lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     data = torch.randint(0, a.vocab, (1 << 20,), dtype=torch.int64)
     total = a.steps + a.warmup_steps
-    times = []
+    times, cpu = [], []
     for step in range(total):
         t0 = time.perf_counter()
+        c0 = time.process_time()
         starts = torch.randint(0, data.numel() - a.context - 1, (a.batch,))
         batch = torch.stack([data[s:s + a.context + 1] for s in starts.tolist()])
         lr = a.lr * min(1.0, (step + 1) / 10) * 0.5 * (1 + math.cos(math.pi * step / total))
@@ -106,9 +107,11 @@ def main():
         opt.step()
         loss.item()
         times.append(time.perf_counter() - t0)
+        cpu.append((time.process_time() - c0) / times[-1])  # the share of the step on a CPU
     med = statistics.median(times[a.warmup_steps:])
     n = sum(p.numel() for p in model.parameters())
-    print(f"RESULT tokens_per_s={a.batch * a.context / med:.1f} params={n} loss={loss.item():.4f} torch={torch.__version__}")
+    print(f"RESULT tokens_per_s={a.batch * a.context / med:.1f} cpu={statistics.median(cpu[a.warmup_steps:]):.3f} "
+          f"params={n} loss={loss.item():.4f} torch={torch.__version__}")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,19 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <ctime>
 
 namespace loco {
 
 int64_t now_ms() {
   return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+double process_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
 }
 
 int64_t unix_ms() {

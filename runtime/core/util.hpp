@@ -19,6 +19,10 @@ int64_t now_ms();
 // people read or other hosts compare (a job's submission, a node's start).
 // Never for timeouts or durations: it can jump.
 int64_t unix_ms();
+// CPU seconds this process has used so far, all its threads (user and system). Beside a
+// duration on the steady clock it tells work from waiting: on a shared machine a step that
+// took 2 s of wall time and 0.6 s of CPU waited for a core (or on something) the rest.
+double process_cpu_seconds();
 
 // Exponential backoff with jitter, for every retry loop in loco
 // (heartbeats, reconnecting to Redis or the head, waiting for a restart).

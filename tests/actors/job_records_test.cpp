@@ -211,11 +211,15 @@ TEST_F(JobRecordsTest, LinesAreJsonWithThePerStepFigures) {
   rec.attempt(failed(1, {0, 1, 2}));
   rec.attempt(ok(1, {1, 2}, 600));
   RoundFigures f = figures(5);
-  f.steps = per_step_means({{{3.0, 0.001, 2.0, 0.5, 100, 4e12, 0.2, 0},
+  f.steps = per_step_means({{{3.0, 0.001, 2.0, 0.5, 100, 4e12, 0.2, 0, 0.25},
                               {2.0, 0.002, 1.0, 0.5, 100, 4e12, 0, 0}},
-                             {{5.0, 0.001, 4.0, 1.0, 100, 4e12, 0.4, int64_t(3e9)}}});
+                             {{5.0, 0.001, 4.0, 1.0, 100, 4e12, 0.4, int64_t(3e9), 0.75}}});
+  f.members = {{0, 2, 200, 1.0, cpu_seconds_of({{.cpu_seconds = 0.25}, {}})},
+               {1, 1, 100, 1.0, 0.75}};
   const std::string l1 = rec.round(round(1), f);
   const auto j = nlohmann::json::parse(l1);
+  EXPECT_DOUBLE_EQ(j["members"][0]["cpu_seconds"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(j["members"][1]["cpu_seconds"].get<double>(), 0.75);
   ASSERT_EQ(j["steps"].size(), 2u);
   EXPECT_DOUBLE_EQ(j["steps"][0]["loss"].get<double>(), 4.0);            // the mean of 3 and 5
   EXPECT_DOUBLE_EQ(j["steps"][0]["grad_norm"].get<double>(), 3.0);       // of 2 and 4
@@ -229,6 +233,9 @@ TEST_F(JobRecordsTest, LinesAreJsonWithThePerStepFigures) {
   EXPECT_DOUBLE_EQ(j["steps"][0]["memory_gb"].get<double>(), 3.0);
   EXPECT_TRUE(j["steps"][1]["mfu"].is_null());  // no peak known
   EXPECT_TRUE(j["steps"][1]["memory_gb"].is_null());  // a CPU
+  // The members' mean CPU seconds in the step; none reported for step 2.
+  EXPECT_DOUBLE_EQ(j["steps"][0]["cpu_s"].get<double>(), 0.5);
+  EXPECT_TRUE(j["steps"][1]["cpu_s"].is_null());
   EXPECT_EQ(j["round"], 1);
   EXPECT_TRUE(j["val_loss"].is_null());
   const auto att = nlohmann::json::parse(lines(rec.attempts_path())[0]);

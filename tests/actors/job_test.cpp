@@ -516,8 +516,13 @@ TEST_F(DilocoJob, EachStepRecordsModelFlopsAndMfuAgainstTheDevicesPeak) {
       // give: tflops <= members × peak × mean MFU.
       EXPECT_LE(tflops, 2 * kPeakTflops * mfu * (1 + 1e-9)) << s;
       EXPECT_GT(tflops, 0.5 * 2 * kPeakTflops * mfu) << s;
+      // And the CPU time the workers' processes used in it (their mean): some, whatever the
+      // wait for a core around it.
+      ASSERT_TRUE(s["cpu_s"].is_number()) << s;
+      EXPECT_GT(s["cpu_s"].get<double>(), 0) << s;
       ++checked;
     }
+    for (const auto& m : j["members"]) EXPECT_GT(m["cpu_seconds"].get<double>(), 0) << m;
   }
   EXPECT_EQ(checked, 10);  // one round of 10 steps
 }
