@@ -53,6 +53,18 @@ namespace {
 // Seconds since `t0`, both on the runtime's one steady clock (runtime/core/util.hpp).
 double seconds_since(int64_t t0) { return static_cast<double>(loco::now_ms() - t0) / 1000.0; }
 
+// Bytes [offset, offset + length) of a serialized state, shared without a copy; the range is
+// checked first (it comes from the network).
+Blob bytes_of(const std::shared_ptr<const std::string>& state, int64_t offset, int64_t length,
+              const char* method, const char* what) {
+  if (offset < 0 || length < 0 || size_t(offset) > state->size() ||
+      size_t(length) > state->size() - size_t(offset))
+    throw std::invalid_argument(std::string(method) + ": [" + std::to_string(offset) + ", " +
+                                std::to_string(offset + length) + ") is outside the " +
+                                std::to_string(state->size()) + " bytes of " + what);
+  return Blob(state, reinterpret_cast<const uint8_t*>(state->data()) + offset, size_t(length));
+}
+
 // Fault injection for the fault-tolerance tests and scripts/chaos, off unless
 // LOCO_FAULT is set: "worker=I,round=R,at=inner|reduce" makes the process that
 // hosts worker I SIGKILL itself in round R (counted from 1), halfway through its
@@ -1164,13 +1176,7 @@ Blob InnerWorker::snapshot_part(int64_t round, int64_t step, int64_t offset, int
     throw std::invalid_argument("snapshot_part: worker " + std::to_string(s_->index) +
                                 " holds no snapshot of step " + std::to_string(step) +
                                 " of round " + std::to_string(round + 1) + " any more");
-  const auto& state = d.snapshot;
-  if (offset < 0 || length < 0 || size_t(offset) > state->size() ||
-      size_t(length) > state->size() - size_t(offset))
-    throw std::invalid_argument("snapshot_part: [" + std::to_string(offset) + ", " +
-                                std::to_string(offset + length) + ") is outside the " +
-                                std::to_string(state->size()) + " bytes of the snapshot");
-  return Blob(state, reinterpret_cast<const uint8_t*>(state->data()) + offset, size_t(length));
+  return bytes_of(d.snapshot, offset, length, "snapshot_part", "the snapshot");
 }
 
 LandedList InnerWorker::landed(int64_t round, int64_t since, int64_t upto) {
@@ -1283,13 +1289,7 @@ const std::shared_ptr<const std::string>& InnerWorker::join_state(int64_t round)
 int64_t InnerWorker::join_state_size(int64_t round) { return int64_t(join_state(round)->size()); }
 
 Blob InnerWorker::join_state_part(int64_t round, int64_t offset, int64_t length) {
-  const auto& state = join_state(round);
-  if (offset < 0 || length < 0 || size_t(offset) > state->size() ||
-      size_t(length) > state->size() - size_t(offset))
-    throw std::invalid_argument("join_state_part: [" + std::to_string(offset) + ", " +
-                                std::to_string(offset + length) + ") is outside the " +
-                                std::to_string(state->size()) + " bytes of the join state");
-  return Blob(state, reinterpret_cast<const uint8_t*>(state->data()) + offset, size_t(length));
+  return bytes_of(join_state(round), offset, length, "join_state_part", "the join state");
 }
 
 uint64_t InnerWorker::theta_hash() const { return s_->lead().outer->theta_hash(); }
