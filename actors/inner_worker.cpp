@@ -65,6 +65,13 @@ Blob bytes_of(const std::shared_ptr<const std::string>& state, int64_t offset, i
   return Blob(state, reinterpret_cast<const uint8_t*>(state->data()) + offset, size_t(length));
 }
 
+// How many floats a fragment's ranges hold.
+int64_t floats_in(const std::vector<dl::Range>& ranges) {
+  int64_t n = 0;
+  for (const dl::Range& r : ranges) n += r.size();
+  return n;
+}
+
 // Fault injection for the fault-tolerance tests and scripts/chaos, off unless
 // LOCO_FAULT is set: "worker=I,round=R,at=inner|reduce" makes the process that
 // hosts worker I SIGKILL itself in round R (counted from 1), halfway through its
@@ -313,6 +320,19 @@ struct InnerWorker::State {
   // streaming or eager: the rounds run through stream(), with synchronizations in flight.
   bool overlapped() const { return cfg.sync.mode != dl::SyncMode::blocking; }
 
+  // The fragment whose synchronization is at inner step count `step`, strictly inside round
+  // `round` (a boundary where a worker may join mid-round: the round's end is not one); none
+  // otherwise. Its operation id is the round's StreamRequest::op_id plus it.
+  std::optional<int> fragment_inside(int64_t round, int64_t step) const {
+    const int h = cfg.inner.steps;
+    const int64_t stride = h / std::max(1, cfg.sync.fragments);
+    const int64_t start = round * h;
+    if (step <= start || step >= start + h || (step - start) % stride != 0) return std::nullopt;
+    const int64_t f = (step - start) / stride - 1;
+    if (f >= cfg.sync.fragments) return std::nullopt;
+    return int(f);
+  }
+
   // stream(), between two inner steps at step count `now`: the snapshot offer_state asked
   // for, if it did: the outer state (every fragment at its last synchronized value; the ones
   // in flight land later, in the landings kept from here on) and the AdamW moments.
@@ -336,7 +356,7 @@ struct InnerWorker::State {
   }
   // stream(): a landing, kept while a snapshot is offered. More than two rounds' worth of
   // averages (the joiner is far behind) drops the snapshot, and that join with it.
-  void log_landing(const InFlight& f, int64_t now) {
+  void log_landing(InFlight& f, int64_t now) {  // takes f's mean while a snapshot is offered
     std::lock_guard<std::mutex> lock(desk.mu);
     if (!desk.snapshot) return;
     if (desk.landed_floats + f.mean.size() > 2 * delta.size()) {
@@ -348,8 +368,8 @@ struct InnerWorker::State {
       return;
     }
     desk.landed.push_back(
-        {f.fragment, now, std::make_shared<const std::vector<float>>(f.mean)});
-    desk.landed_floats += f.mean.size();
+        {f.fragment, now, std::make_shared<const std::vector<float>>(std::move(f.mean))});
+    desk.landed_floats += desk.landed.back().mean->size();
     desk.cv.notify_all();
   }
 
@@ -913,9 +933,9 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   const int64_t stride = h / sync.fragments;
   const int64_t start = req.round * h, end = start + h;
   const bool joining = req.from_step >= 0;
-  if (joining && (req.from_step <= start || req.from_step >= end ||
-                  (req.from_step - start) % stride != 0 || req.source.empty() ||
-                  s_->joined_snapshot_step < 0))
+  const std::optional<int> first = joining ? s_->fragment_inside(req.round, req.from_step)
+                                           : std::nullopt;
+  if (joining && (!first || req.source.empty() || s_->joined_snapshot_step < 0))
     throw std::invalid_argument(
         "InnerWorker " + std::to_string(s_->index) + ": stream of round " +
         std::to_string(req.round + 1) + " from step " + std::to_string(req.from_step) +
@@ -930,7 +950,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   group->self = req.names[size_t(req.rank)];
   if (joining) {
     group->zero_member = group->self;
-    group->zero_op = req.op_id + uint64_t((req.from_step - start) / stride - 1);
+    group->zero_op = req.op_id + uint64_t(*first);
   }
   JoinDesk& desk = s_->desk;
   {
@@ -970,7 +990,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
         out.wait_seconds += seconds_since(t_wait);
         if (desk.admit->phase == AdmitRequest::commit) {
           group->add(desk.admit->name, desk.admit->endpoint,
-                     req.op_id + uint64_t((now - start) / stride - 1));
+                     req.op_id + uint64_t(*s_->fragment_inside(req.round, now)));
           log_info("worker " + std::to_string(s_->index) + ": " + desk.admit->name +
                    " takes part from inner step " + std::to_string(now) + " of round " +
                    std::to_string(req.round + 1) + " on");
@@ -989,8 +1009,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       fl->fragment = f;
       fl->synced = now;
       fl->lands = now + sync.overlap_steps;
-      int64_t size = 0;
-      for (const dl::Range& r : ranges) size += r.size();
+      const int64_t size = floats_in(ranges);
       fl->delta.resize(size_t(size));
       fl->mean.resize(size_t(size));
       size_t at = 0;
@@ -1125,8 +1144,7 @@ void InnerWorker::catch_up(const StreamRequest& req) {
       const Blob mean = src.call(&InnerWorker::landed_mean, req.round, since, int64_t(applied))
                             .get(Millis(60000));
       const auto& ranges = s_->fragments[size_t(f)];
-      int64_t size = 0;
-      for (const dl::Range& r : ranges) size += r.size();
+      const int64_t size = floats_in(ranges);
       if (mean.as<float>().size() != size_t(size))
         throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": the average of " +
                                  "fragment " + std::to_string(f) + " from " + req.source +
@@ -1218,16 +1236,13 @@ int64_t InnerWorker::progress(int64_t round) {
 
 bool InnerWorker::admit(AdmitRequest req) {
   JoinDesk& d = s_->desk;
-  const int h = s_->cfg.inner.steps;
-  const int64_t stride = h / std::max(1, s_->cfg.sync.fragments);
-  const int64_t start = req.round * h;
   std::lock_guard<std::mutex> lock(d.mu);
   if (req.phase == AdmitRequest::prepare) {
     // Yes only while this worker is before that boundary, which must be a synchronization
     // inside the round, and with no other admission pending.
     if (s_->cfg.sync.mode != dl::SyncMode::streaming || d.round != req.round ||
-        d.reached >= req.step || req.step <= start || req.step >= start + h ||
-        (req.step - start) % stride != 0 || d.admit || req.name.empty() || req.endpoint.empty())
+        d.reached >= req.step || !s_->fragment_inside(req.round, req.step) || d.admit ||
+        req.name.empty() || req.endpoint.empty())
       return false;
     d.admit = req;
     return true;
