@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -159,6 +160,49 @@ struct Rank {
   std::unique_ptr<collective::Communicator> comm;  // for the worker's life: failures leave it ready
 };
 
+// A checkpoint of a streaming round's end (StreamRequest::checkpoint) waits for the averages
+// of the fragments that were in flight then: stream() hands each one in as it lands in the next
+// round, for the thread that writes the file. A fragment dropped before it lands (its all-reduce
+// failed, the state was replaced) abandons the checkpoint, which then is not written.
+struct LandedCopies {
+  struct Copy {
+    int fragment = 0;
+    int64_t synced = 0, lands = 0;
+    torch::Tensor mean, provisional;  // provisional: eager only
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::optional<Copy>> copies;  // one per fragment in flight at the round's end
+  std::string abandoned;                    // why, once one will never be handed in
+
+  explicit LandedCopies(size_t n) : copies(n) {}
+  void hand_in(size_t i, Copy c) {
+    std::lock_guard<std::mutex> lock(mu);
+    copies[i] = std::move(c);
+    cv.notify_all();
+  }
+  void abandon(std::string why) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (abandoned.empty()) abandoned = std::move(why);
+    cv.notify_all();
+  }
+  // Every copy, once all are handed in; throws when one was abandoned or `limit` passed.
+  std::vector<Copy> wait(std::chrono::seconds limit) {
+    std::unique_lock<std::mutex> lock(mu);
+    const bool ended = cv.wait_for(lock, limit, [&] {
+      return !abandoned.empty() ||
+             std::all_of(copies.begin(), copies.end(), [](auto& c) { return c.has_value(); });
+    });
+    if (!abandoned.empty()) throw std::runtime_error(abandoned);
+    if (!ended)
+      throw std::runtime_error("the fragments in flight at the round's end did not land within " +
+                               std::to_string(limit.count()) + " s");
+    std::vector<Copy> out;
+    for (auto& c : copies) out.push_back(std::move(*c));
+    return out;
+  }
+};
+
 // sync.mode streaming: a fragment whose average is on its way (see InnerWorker::stream).
 struct InFlight {
   int fragment = 0;
@@ -169,7 +213,57 @@ struct InFlight {
   std::vector<float> mean;        // the average, once `done` is ready
   std::shared_future<void> done;  // its all-reduce; get() rethrows a failure
   uint64_t bytes_sent = 0;
+  // A checkpoint waiting for its average: handed in as it lands (land_for_checkpoint).
+  std::shared_ptr<LandedCopies> checkpoint;
+  size_t checkpoint_index = 0;
+
+  InFlight() = default;
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  ~InFlight() {
+    if (checkpoint)
+      checkpoint->abandon("fragment " + std::to_string(fragment) + " of the round's end (" +
+                          "synchronized at inner step " + std::to_string(synced) +
+                          ") was dropped before it landed");
+  }
+  // Its average (and eager's provisional θ) to the checkpoint waiting for it, before the
+  // landing may take the mean away (log_landing).
+  void land_for_checkpoint() {
+    if (!checkpoint) return;
+    checkpoint->hand_in(
+        checkpoint_index,
+        {fragment, synced, lands,
+         torch::from_blob(mean.data(), {int64_t(mean.size())}).clone(), provisional});
+    checkpoint.reset();
+  }
 };
+
+namespace {
+
+// A checkpoint's fragments in flight, under the simulator's keys (see write_in_flight).
+void write_landed(torch::serialize::OutputArchive& ar,
+                  const std::vector<LandedCopies::Copy>& copies) {
+  ar.write("in_flight", c10::IValue(int64_t(copies.size())));
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const LandedCopies::Copy& f = copies[i];
+    const std::string key = "in_flight." + std::to_string(i) + ".";
+    ar.write(key + "fragment", c10::IValue(int64_t(f.fragment)));
+    ar.write(key + "lands", c10::IValue(f.lands));
+    ar.write(key + "synced", c10::IValue(f.synced));
+    ar.write(key + "0", f.mean);
+    if (f.provisional.defined()) ar.write(key + "provisional.0", f.provisional);
+  }
+}
+
+// `ar` to `path` atomically (a file beside it, then renamed over it).
+void save_archive(torch::serialize::OutputArchive& ar, const std::string& path) {
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  ar.save_to(path + ".tmp");
+  std::filesystem::rename(path + ".tmp", path);
+}
+
+}  // namespace
 
 // The group a stream() call's fragments reduce over: the request's members, less those a
 // fragment's all-reduce lost on the way, plus a worker admitted mid-round. Every survivor drops
@@ -307,7 +401,14 @@ struct InnerWorker::State {
   JoinDesk desk;
   int64_t joined_snapshot_step = -1;  // init() copied a donor's snapshot of this step (mid-round)
 
-  ~State() { drain(); }  // the operations' threads use a rank's communicator
+  // Checkpoints stream() was asked for, by the rounds they are of (the outer state's round once
+  // the round ended): their writes, each on a thread of its own (start_checkpoint).
+  std::mutex checkpoints_mu;
+  std::map<int64_t, std::shared_future<std::string>> checkpoint_writes;
+
+  // The operations' threads use a rank's communicator; a checkpoint's writer waits for
+  // fragments in flight, which drain() lands or abandons.
+  ~State() { drain(); }
   // Waits for every operation in flight (each ends, by success or by the peer timeout) and
   // forgets them: before the state they work on is replaced or destroyed.
   void drain() {
@@ -462,6 +563,81 @@ struct InnerWorker::State {
 
   Rank& lead() { return ranks[0]; }
   const Rank& lead() const { return ranks[0]; }
+
+  // What save_checkpoint writes, less the fragments in flight, and what save_inner_state
+  // writes; with `copy` the archives hold copies of the state, to be written on another thread
+  // while the inner steps go on.
+  void checkpoint_archive(torch::serialize::OutputArchive& ar, bool copy) const {
+    ar.write("config", c10::IValue(cfg.to_yaml()));
+    ar.write("round", c10::IValue(lead().outer->round()));
+    ar.write("worker_index", c10::IValue(int64_t(index)));
+    lead().outer->save(ar, "outer.", copy);
+    lead().trainer->save(ar, "worker.0.", copy);
+  }
+  void inner_state_archive(torch::serialize::OutputArchive& ar, bool copy) const {
+    ar.write("stream", c10::IValue(int64_t(stream)));
+    ar.write("round", c10::IValue(lead().outer->round()));
+    lead().trainer->save(ar, "worker.", copy);
+    // Eager: this worker's own provisional θ for each average in flight (the outer checkpoint
+    // holds its writer's), which a worker resumed from the checkpoint corrects with. Never
+    // changed once made, so not copied.
+    if (eager())
+      for (size_t i = 0; i < in_flight.size(); ++i)
+        ar.write("in_flight." + std::to_string(i) + ".provisional.0", in_flight[i]->provisional);
+  }
+
+  // stream(), as its round ends: the checkpoint it was asked for (StreamRequest::checkpoint,
+  // inner_state; paths already resolved). Only a copy of the state is made here, on the
+  // stepping thread; the files are written on a thread of their own, the outer checkpoint once
+  // the fragments now in flight have landed in the next round (each hands its average in as it
+  // lands), so that it holds them as save_checkpoint would.
+  void start_checkpoint(const std::string& checkpoint, const std::string& inner) {
+    const int64_t t0 = loco::now_ms();
+    auto inner_ar = std::make_shared<torch::serialize::OutputArchive>();
+    auto outer_ar = std::make_shared<torch::serialize::OutputArchive>();
+    if (!inner.empty()) inner_state_archive(*inner_ar, /*copy=*/true);
+    std::shared_ptr<LandedCopies> landed;
+    if (!checkpoint.empty()) {
+      checkpoint_archive(*outer_ar, /*copy=*/true);
+      landed = std::make_shared<LandedCopies>(in_flight.size());
+      for (size_t i = 0; i < in_flight.size(); ++i) {
+        InFlight& f = *in_flight[i];
+        if (f.checkpoint) f.checkpoint->abandon("a later checkpoint was asked for first");
+        f.checkpoint = landed;
+        f.checkpoint_index = i;
+      }
+    }
+    const int64_t round = lead().outer->round();
+    const std::string who = "worker " + std::to_string(index) + ": the checkpoint after round " +
+                            std::to_string(round) + ": ";
+    log_info(who + "state copied in " + std::to_string(loco::now_ms() - t0) + " ms, " +
+             std::to_string(in_flight.size()) + " fragment(s) in flight");
+    std::shared_future<std::string> write =
+        std::async(std::launch::async,
+                   [inner_ar, outer_ar, landed, checkpoint, inner, who]() -> std::string {
+                     const int64_t t = loco::now_ms();
+                     if (!inner.empty()) save_archive(*inner_ar, inner);
+                     std::string written = inner;
+                     if (!checkpoint.empty()) {
+                       write_landed(*outer_ar, landed->wait(std::chrono::seconds(600)));
+                       save_archive(*outer_ar, checkpoint);
+                       written += (written.empty() ? "" : " and ") + checkpoint;
+                     }
+                     log_info(who + "wrote " + written + " " +
+                              std::to_string(loco::now_ms() - t) + " ms after the round's end");
+                     return checkpoint.empty() ? std::string()
+                                               : std::filesystem::absolute(checkpoint).string();
+                   })
+            .share();
+    std::lock_guard<std::mutex> lock(checkpoints_mu);
+    // Written ones nobody asked after go; one still being written stays (forgetting it here
+    // would wait for it on this thread).
+    for (auto it = checkpoint_writes.begin(); it != checkpoint_writes.end();)
+      it = it->second.wait_for(std::chrono::seconds(0)) == std::future_status::ready
+               ? checkpoint_writes.erase(it)
+               : std::next(it);
+    checkpoint_writes[round] = std::move(write);
+  }
   // fn(rank) for every rank, each on its own thread (the caller's with one rank).
   void for_ranks(const std::function<void(Rank&)>& fn) {
     dl::on_ranks(ranks.size(), [&](size_t r) { fn(ranks[r]); });
@@ -535,24 +711,40 @@ void check_group(const char* what, int index, const std::vector<std::string>& na
 
 // Streaming checkpoints and join states carry the fragments in flight, with their averages,
 // under the simulator's keys ("in_flight.I.fragment", ".lands", ".0"): a worker that resumes
-// or joins lands them at the same steps as the others.
+// or joins lands them at the same steps as the others. Written once their all-reduces ended.
 void write_in_flight(torch::serialize::OutputArchive& ar,
                      const std::deque<std::unique_ptr<InFlight>>& in_flight) {
-  ar.write("in_flight", c10::IValue(int64_t(in_flight.size())));
-  for (size_t i = 0; i < in_flight.size(); ++i) {
-    InFlight& f = *in_flight[i];
+  std::vector<LandedCopies::Copy> copies;
+  for (const auto& f : in_flight) {
     try {
-      f.done.get();
+      f->done.get();
     } catch (const std::exception& e) {
-      throw std::runtime_error("the all-reduce of fragment " + std::to_string(f.fragment) +
+      throw std::runtime_error("the all-reduce of fragment " + std::to_string(f->fragment) +
                                " failed, so the outer state cannot be saved: " + e.what());
     }
-    const std::string key = "in_flight." + std::to_string(i) + ".";
-    ar.write(key + "fragment", c10::IValue(int64_t(f.fragment)));
-    ar.write(key + "lands", c10::IValue(f.lands));
-    ar.write(key + "synced", c10::IValue(f.synced));
-    ar.write(key + "0", torch::from_blob(f.mean.data(), {int64_t(f.mean.size())}).clone());
-    if (f.provisional.defined()) ar.write(key + "provisional.0", f.provisional);
+    copies.push_back({f->fragment, f->synced, f->lands,
+                      torch::from_blob(f->mean.data(), {int64_t(f->mean.size())}).clone(),
+                      f->provisional});
+  }
+  write_landed(ar, copies);
+}
+
+
+// Eager, resumed from a checkpoint: each average in flight is corrected with this worker's own
+// provisional θ, from its inner state of the same round (InnerWorker::State::inner_state_archive),
+// not with the one of the worker that wrote the outer checkpoint.
+void read_own_provisionals(torch::serialize::InputArchive& inner, const Rank& k,
+                           std::deque<std::unique_ptr<InFlight>>& in_flight) {
+  c10::IValue round;
+  if (!inner.try_read("round", round) || round.toInt() != k.outer->round()) return;
+  for (size_t i = 0; i < in_flight.size(); ++i) {
+    torch::Tensor t;
+    if (!inner.try_read("in_flight." + std::to_string(i) + ".provisional.0", t)) continue;
+    if (t.numel() != k.outer->theta().numel())
+      throw std::runtime_error("the inner state's provisional θ " + std::to_string(i) + " has " +
+                               std::to_string(t.numel()) + " values, θ has " +
+                               std::to_string(k.outer->theta().numel()));
+    in_flight[i]->provisional = t.to(torch::kFloat32).contiguous();
   }
 }
 
@@ -739,6 +931,7 @@ InitResult InnerWorker::init(WorkerInit init) {
     ar.load_from(init.checkpoint, torch::kCPU);
     for (Rank& k : s_->ranks) k.outer->load(ar, "outer.");
     if (s_->overlapped()) s_->in_flight = read_in_flight(ar, s_->cfg.sync.fragments, s_->eager());
+    if (s_->eager() && inner_ar) read_own_provisionals(*inner_ar, s_->lead(), s_->in_flight);
     out.state_bytes = uint64_t(std::filesystem::file_size(init.checkpoint));
   } else if (!s_->cfg.init.empty()) {
     // A fresh job of `init: hf:DIR`: every worker reads the same folder (under its node's data
@@ -919,6 +1112,10 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                          "that round " + std::to_string(req.round + 1) + " was sent to is gone");
   if (!s_->overlapped())
     throw std::logic_error("InnerWorker: stream() in a job whose sync.mode is blocking");
+  const std::string checkpoint_file =
+      req.checkpoint.empty() ? "" : s_->checkpoint_path(req.checkpoint, "stream: checkpoint");
+  const std::string inner_file =
+      req.inner_state.empty() ? "" : s_->checkpoint_path(req.inner_state, "stream: inner_state");
   if (s_->ranks.size() != 1)
     throw dl::ConfigError("sync.mode: streaming runs one local rank per worker for now");
   check_group("stream", s_->index, req.names, req.endpoints, req.rank, 1);
@@ -1062,6 +1259,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       f.done.get();  // the fragment's all-reduce failed: so does the round
       out.wait_seconds += seconds_since(t_wait);
       out.bytes_sent += f.bytes_sent;
+      f.land_for_checkpoint();
       const auto& ranges = s_->fragments[size_t(f.fragment)];
       k.outer->step_ranges(f.mean, ranges);
       s_->log_landing(f, now);
@@ -1115,6 +1313,8 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   out.inner.mean_loss = out.inner.steps > 0 ? loss / out.inner.steps : 0.0;
   out.theta_hash = k.outer->theta_hash();
   out.group = group->names();
+  if (!checkpoint_file.empty() || !inner_file.empty())
+    s_->start_checkpoint(checkpoint_file, inner_file);
   out.seconds = seconds_since(t0);
   return out;
 }
@@ -1321,28 +1521,36 @@ std::vector<int> InnerWorker::shards() const {
 std::string InnerWorker::save_checkpoint(std::string path) {
   path = s_->checkpoint_path(path, "save_checkpoint: path");
   torch::serialize::OutputArchive ar;
-  ar.write("config", c10::IValue(s_->cfg.to_yaml()));
-  ar.write("round", c10::IValue(s_->lead().outer->round()));
-  ar.write("worker_index", c10::IValue(int64_t(s_->index)));
-  s_->lead().outer->save(ar, "outer.");
-  s_->lead().trainer->save(ar, "worker.0.");
+  s_->checkpoint_archive(ar, /*copy=*/false);
   if (s_->overlapped()) write_in_flight(ar, s_->in_flight);
-  std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-  ar.save_to(path + ".tmp");
-  std::filesystem::rename(path + ".tmp", path);
-  return std::filesystem::absolute(p).string();
+  save_archive(ar, path);
+  return std::filesystem::absolute(path).string();
 }
 
 std::string InnerWorker::save_inner_state(std::string path) {
   path = s_->checkpoint_path(path, "save_inner_state: path");
   torch::serialize::OutputArchive ar;
-  ar.write("stream", c10::IValue(int64_t(s_->stream)));
-  ar.write("round", c10::IValue(s_->lead().outer->round()));
-  s_->lead().trainer->save(ar, "worker.");
-  ar.save_to(path + ".tmp");
-  std::filesystem::rename(path + ".tmp", path);
+  s_->inner_state_archive(ar, /*copy=*/false);
+  save_archive(ar, path);
   return path;
+}
+
+std::string InnerWorker::checkpoint_written(int64_t round) {
+  std::shared_future<std::string> write;
+  {
+    std::lock_guard<std::mutex> lock(s_->checkpoints_mu);
+    auto it = s_->checkpoint_writes.find(round);
+    if (it == s_->checkpoint_writes.end())
+      throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) +
+                                  " was asked for no checkpoint after round " +
+                                  std::to_string(round));
+    write = it->second;
+  }
+  if (write.wait_for(std::chrono::seconds(300)) != std::future_status::ready)
+    throw std::runtime_error("InnerWorker " + std::to_string(s_->index) +
+                             ": the checkpoint after round " + std::to_string(round) +
+                             " is not written after 300 s");
+  return write.get();
 }
 
 LOCO_REGISTER(InnerWorker,
@@ -1370,6 +1578,7 @@ LOCO_REGISTER(InnerWorker,
                   .concurrent_method("landed", &InnerWorker::landed)
                   .concurrent_method("landed_mean", &InnerWorker::landed_mean)
                   .concurrent_method("progress", &InnerWorker::progress)
-                  .concurrent_method("admit", &InnerWorker::admit));
+                  .concurrent_method("admit", &InnerWorker::admit)
+                  .concurrent_method("checkpoint_written", &InnerWorker::checkpoint_written));
 
 }  // namespace loco::actors

@@ -58,6 +58,12 @@ class InnerWorker {
   Blob landed_mean(int64_t round, int64_t since, int64_t index);
   int64_t progress(int64_t round);
   bool admit(AdmitRequest req);
+  // The checkpoint a stream() call was asked for (StreamRequest::checkpoint, inner_state), of
+  // the state after `round` rounds: waits (at most 300 s) until its files are written and
+  // returns the outer checkpoint's path ("" when this member wrote its inner state only); fails
+  // with the reason when they could not be (a fragment in flight never landed, a write
+  // failed). Concurrent: it answers while the next round's stream() holds the mailbox.
+  std::string checkpoint_written(int64_t round);
   // Validation loss of the current θ: over every validation window, or over
   // windows [begin, end) so that the members of a round share the work.
   double evaluate();

@@ -105,6 +105,7 @@ struct StreamCalls {
   uint64_t op_id = 0;  // of its first fragment (StreamRequest::op_id)
   bool last = false;
   std::vector<int> members;
+  std::string checkpoint;  // the checkpoint of the round's end asked of its members ("": none)
   std::vector<Future<StreamResult>> calls;
   double sent = 0;  // now_s() when they went out
 };
@@ -235,7 +236,19 @@ struct OuterAggregator::State {
   // member lost with fragments in flight finished those without it: `finished`, the members
   // that finished the round). `last`: the job's last round; the attempt goes into `records`,
   // the members' figures into `figures` and round_steps.
-  StreamCalls send_stream(int64_t r, bool last, const std::vector<int>& members);
+  // `checkpoint`: the members write a checkpoint of the round's end (StreamRequest::checkpoint),
+  // the first member the outer state, each its inner state.
+  StreamCalls send_stream(int64_t r, bool last, bool checkpoint, const std::vector<int>& members);
+  // A checkpoint asked of a streaming round's members: its files are written under the next
+  // round's inner steps, and it is recorded (the job's resume point) once they are, after the
+  // next round's results are in (settle_checkpoint); a job that goes back forgets it.
+  struct PendingCheckpoint {
+    int64_t round = 0;  // rounds done: the checkpoint's name and record
+    std::vector<int> members;
+    std::vector<Future<std::string>> written;  // InnerWorker::checkpoint_written
+  };
+  std::optional<PendingCheckpoint> pending_checkpoint;
+  void settle_checkpoint();
   bool finish_stream(StreamCalls& c, double started, const std::function<void()>& agreed,
                      JobRecords& records, std::vector<MemberFigures>& figures, double& loss,
                      double& inner_secs, uint64_t& theta_hash, std::vector<int>& finished);
@@ -794,6 +807,7 @@ void OuterAggregator::State::run() {
   // after it are redone, their records replaced. At the resume round nobody is asked to
   // rewind again.
   auto go_back = [&] {
+    pending_checkpoint.reset();  // not recorded: it may hold a round that is undone now
     r = resume_round;
     round = r;
     resuming = true;
@@ -843,13 +857,15 @@ void OuterAggregator::State::run() {
     double loss = 0, inner_secs = 0;
     std::optional<uint64_t> agreed;
     double failed_secs = 0;  // in this pass's failed all-reduce attempts
+    std::vector<int> asked_checkpoint;  // streaming: the members asked for a checkpoint
     if (cfg.sync.mode != dl::SyncMode::blocking) {
       std::optional<StreamCalls> sent;
       if (sent_ahead) {
         sent = std::move(*ahead);
       } else {
         try {
-          sent = send_stream(r, r + 1 == rounds, members);
+          sent = send_stream(r, r + 1 == rounds,
+                             checkpoint_due(r + 1, cfg.checkpoint.every, rounds), members);
         } catch (const std::exception& e) {
           // A member's actor could not be reached to send it the round (some others may have
           // it already): back to the checkpoint, which every member re-reads.
@@ -862,6 +878,7 @@ void OuterAggregator::State::run() {
         }
       }
       StreamCalls calls = std::move(*sent);
+      if (!calls.checkpoint.empty()) asked_checkpoint = calls.members;
       ahead.reset();
       read_target();
       PipelineInput next;
@@ -869,7 +886,6 @@ void OuterAggregator::State::run() {
       next.rounds = rounds;
       next.evaluation_after =
           evaluation_due(steps_since_eval + cfg.inner.steps, cfg.eval.every, r + 1, rounds);
-      next.checkpoint_after = checkpoint_due(r + 1, cfg.checkpoint.every, rounds);
       // Those still in the job: a member of a round that was sent ahead may have been lost since.
       std::vector<int> staying;
       for (int m : members)
@@ -895,7 +911,8 @@ void OuterAggregator::State::run() {
       say(p);
       if (p == Pipeline::ahead) {
         try {
-          ahead = send_stream(r + 1, r + 2 == rounds, staying);
+          ahead = send_stream(r + 1, r + 2 == rounds,
+                              checkpoint_due(r + 2, cfg.checkpoint.every, rounds), staying);
         } catch (const std::exception& e) {
           // Some members may hold it already: they begin it after this round, and its proper
           // sending (a round mismatch for them) sends the job back to its checkpoint.
@@ -916,6 +933,8 @@ void OuterAggregator::State::run() {
         go_back();
         continue;
       }
+      // The checkpoint the round before asked for: written under this round's inner steps.
+      settle_checkpoint();
       if (results_in > 0)  // all agreed (not the survivors of a lost member)
         log_info(job_id + ": round " + std::to_string(r + 1) + " results in " +
                  std::to_string(results_in - t_round) + " s after it began; bookkeeping " +
@@ -1085,7 +1104,20 @@ void OuterAggregator::State::run() {
     const double tok_s =
         double(ready.size()) * double(cfg.inner.steps) * double(cfg.tokens_per_inner_step()) / wall;
     report(r, loss, val, tok_s, util, int(members.size()), wall - failed_secs, *agreed);
-    if (checkpoint_due(r, cfg.checkpoint.every, rounds)) {
+    if (checkpoint_due(r, cfg.checkpoint.every, rounds) &&
+        cfg.sync.mode != dl::SyncMode::blocking) {
+      // Asked with the round's calls (send_stream): its members write it under the next round's
+      // inner steps, and it is recorded after that round (settle_checkpoint). Members lost in
+      // the round wrote nothing; those that finished it say when their files are written.
+      PendingCheckpoint pc;
+      pc.round = r;
+      for (int m : asked_checkpoint)
+        if (std::find(members.begin(), members.end(), m) != members.end()) {
+          pc.members.push_back(m);
+          pc.written.push_back(worker(m).call(&InnerWorker::checkpoint_written, r));
+        }
+      pending_checkpoint = std::move(pc);
+    } else if (checkpoint_due(r, cfg.checkpoint.every, rounds)) {
       const std::string file = folder + "/ckpt-round-" + std::to_string(r) + ".pt";
       std::vector<Future<std::string>> inner_files;
       for (int m : members)
@@ -1223,11 +1255,13 @@ std::vector<std::optional<InnerResult>> OuterAggregator::State::gather_inner(
   return out;
 }
 
-StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last,
+StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last, bool checkpoint,
                                                 const std::vector<int>& members) {
   StreamRequest req;
   req.round = r;
   req.last = last;
+  const std::string file =
+      checkpoint ? folder + "/ckpt-round-" + std::to_string(r + 1) + ".pt" : std::string();
   // One operation id per fragment, all above the last one used (see ReduceRequest::op_id).
   const auto us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
                                std::chrono::system_clock::now().time_since_epoch())
@@ -1243,12 +1277,43 @@ StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last,
   c.op_id = req.op_id;
   c.last = last;
   c.members = members;
+  c.checkpoint = file;
   c.sent = now_s();
   for (size_t i = 0; i < members.size(); ++i) {
     req.rank = int(i);
+    req.checkpoint = i == 0 ? file : std::string();
+    req.inner_state = checkpoint ? inner_state_path(file, members[i]) : std::string();
     c.calls.push_back(worker(members[i]).call(&InnerWorker::stream, req));
   }
   return c;
+}
+
+void OuterAggregator::State::settle_checkpoint() {
+  if (!pending_checkpoint) return;
+  PendingCheckpoint pc = std::move(*pending_checkpoint);
+  pending_checkpoint.reset();
+  std::vector<Failure> errors;
+  // Written while the round after it ran: normally ready by now.
+  auto got = gather(pc.written, errors, Millis(330000));
+  std::optional<std::string> path;
+  for (size_t i = 0; i < pc.members.size(); ++i) {
+    if (got[i] && !got[i]->empty()) path = *got[i];
+    if (!got[i])  // a worker without its file starts afresh on resume
+      log("worker " + std::to_string(pc.members[i]) + " did not write its part of the checkpoint "
+          "of round " + std::to_string(pc.round) + ": " + errors[i].message);
+  }
+  if (!path) {
+    log("the checkpoint of round " + std::to_string(pc.round) + " was not written; the job " +
+        "goes on from " +
+        (resume_from.empty() ? std::string("its start")
+                             : "its checkpoint of round " + std::to_string(resume_round)) +
+        " should it go back");
+    return;
+  }
+  resume_from = *path;
+  resume_round = pc.round;
+  record_checkpoint(*path, pc.round);
+  prune_checkpoints();
 }
 
 // sync.mode streaming: while round c's calls run, a slot that can join takes part from a

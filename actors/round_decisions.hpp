@@ -92,19 +92,19 @@ bool checkpoint_due(int64_t completed, int64_t every, int64_t rounds);
 // change:
 //   last_round  r is the job's last round: nothing follows;
 //   evaluation  θ is evaluated after round r: evaluate_windows would queue behind r + 1;
-//   checkpoint  a checkpoint of round r's state is due: save_checkpoint would queue behind r + 1;
 //   membership  the members are not the target (a join, a scale, a lost slot coming back) or
 //               below the minimum: reconcile decides round r + 1's group after round r.
 // A member lost during round r is in round r + 1's call too; the survivors drop it from its
 // first fragment on, as in round r. A round r that fails sends the job back to its checkpoint
 // after round r + 1's calls have ended (the members still in it wait for the failed one up to
-// the entry window).
-enum class Pipeline { ahead, last_round, evaluation, checkpoint, membership };
+// the entry window). A checkpoint of round r's state does not hold round r + 1 back: it is
+// asked with round r's calls, and each member copies its state as round r ends and writes it
+// under round r + 1's inner steps (StreamRequest::checkpoint).
+enum class Pipeline { ahead, last_round, evaluation, membership };
 struct PipelineInput {
   int64_t round = 0;   // r, counted from 0
   int64_t rounds = 0;  // the job's
   bool evaluation_after = false;
-  bool checkpoint_after = false;
   int members = 0;  // of round r
   int target = 0;   // workers wanted now (workers.count or `loco scale`)
   int min = 0;      // workers.min

@@ -257,9 +257,17 @@ void read_into(torch::serialize::InputArchive& ar, const std::string& key, torch
 
 }  // namespace
 
-void InnerTrainer::save(torch::serialize::OutputArchive& ar, const std::string& prefix) const {
-  ar.write(prefix + "params", params_.cpu());
-  save_moments(ar, prefix);
+namespace {
+// A CPU tensor for an archive: `t` itself on the CPU (or a device's copy), or a copy of it.
+torch::Tensor for_archive(const torch::Tensor& t, bool copy) {
+  return t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/copy);
+}
+}  // namespace
+
+void InnerTrainer::save(torch::serialize::OutputArchive& ar, const std::string& prefix,
+                        bool copy) const {
+  ar.write(prefix + "params", for_archive(params_, copy));
+  save_moments(ar, prefix, copy);
   ar.write(prefix + "step", c10::IValue(step_));
   ar.write(prefix + "sampler_position",
            c10::IValue(static_cast<std::int64_t>(sampler_.position())));
@@ -287,10 +295,10 @@ void InnerTrainer::load(torch::serialize::InputArchive& ar, const std::string& p
   sampler_.set_shards(std::move(s));
 }
 
-void InnerTrainer::save_moments(torch::serialize::OutputArchive& ar,
-                                const std::string& prefix) const {
-  ar.write(prefix + "exp_avg", exp_avg_.cpu());
-  ar.write(prefix + "exp_avg_sq", exp_avg_sq_.cpu());
+void InnerTrainer::save_moments(torch::serialize::OutputArchive& ar, const std::string& prefix,
+                                bool copy) const {
+  ar.write(prefix + "exp_avg", for_archive(exp_avg_, copy));
+  ar.write(prefix + "exp_avg_sq", for_archive(exp_avg_sq_, copy));
   ar.write(prefix + "adam_steps", c10::IValue(adam_steps_));
 }
 
@@ -398,9 +406,10 @@ void OuterOptimizer::undo_step() {
   round_ = kept_round_;
 }
 
-void OuterOptimizer::save(torch::serialize::OutputArchive& ar, const std::string& prefix) const {
-  ar.write(prefix + "theta", theta_);
-  ar.write(prefix + "momentum", momentum_);
+void OuterOptimizer::save(torch::serialize::OutputArchive& ar, const std::string& prefix,
+                          bool copy) const {
+  ar.write(prefix + "theta", for_archive(theta_, copy));
+  ar.write(prefix + "momentum", for_archive(momentum_, copy));
   ar.write(prefix + "round", c10::IValue(round_));
 }
 

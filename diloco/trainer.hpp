@@ -152,13 +152,17 @@ class InnerTrainer {
   // Inner state: parameters, AdamW moments, step (which fixes the schedule),
   // sampler position and shards. Keys are prefixed with `prefix`. Saved as CPU
   // tensors and loaded onto this trainer's device: archives move between devices.
-  void save(torch::serialize::OutputArchive& ar, const std::string& prefix) const;
+  // With `copy` the archive holds copies, not this trainer's own CPU tensors, so that it
+  // can be written on another thread while the inner steps go on.
+  void save(torch::serialize::OutputArchive& ar, const std::string& prefix,
+            bool copy = false) const;
   void load(torch::serialize::InputArchive& ar, const std::string& prefix);
   // The AdamW moments and their step count alone (keys prefixed with `prefix`, as
   // in save): what a worker that joins a running job copies from a live one, so
   // that its first inner steps are as large as everyone's and not the sign-like
   // steps of fresh moments. load_moments refuses non-finite moments.
-  void save_moments(torch::serialize::OutputArchive& ar, const std::string& prefix) const;
+  void save_moments(torch::serialize::OutputArchive& ar, const std::string& prefix,
+                    bool copy = false) const;
   void load_moments(torch::serialize::InputArchive& ar, const std::string& prefix);
 
  private:
@@ -223,7 +227,9 @@ class OuterOptimizer {
   std::int64_t round() const { return round_; }
   std::uint64_t theta_hash() const { return tensor_hash(theta_); }
 
-  void save(torch::serialize::OutputArchive& ar, const std::string& prefix) const;
+  // `copy`: as InnerTrainer::save.
+  void save(torch::serialize::OutputArchive& ar, const std::string& prefix,
+            bool copy = false) const;
   void load(torch::serialize::InputArchive& ar, const std::string& prefix);
 
  private:

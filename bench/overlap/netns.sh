@@ -22,6 +22,10 @@
 #   MODES="blocking eager" TORCHFT_MODES="" bench/overlap/netns.sh
 #   ALLREDUCE="{peer_timeout_s: 30}" bench/overlap/netns.sh   # the jobs' allreduce settings
 #   TOGETHER=1 MODES=blocking TORCHFT_MODES=blocking bench/overlap/netns.sh
+#   MODES="streaming streaming-ckpt" TORCHFT_MODES= bench/overlap/netns.sh
+#
+# A mode named MODE-ckpt is MODE with a checkpoint after every CKPT_EVERY rounds (default 1;
+# the others write final.pt only): what checkpoints cost a round, side by side with MODE.
 #
 # TOGETHER=1 runs each torchft mode at the same time as loco's mode of the same name (8
 # workers on the 4 hosts), instead of after all of loco's: on a machine whose other load comes
@@ -35,6 +39,7 @@ STREAMING=${STREAMING:-"{mode: streaming, fragments: 4, overlap_steps: 3, mix: 0
 EAGER=${EAGER:-"{mode: eager, overlap_steps: 8}"}
 MODES=${MODES:-blocking streaming eager}
 WAIT_S=${WAIT_S:-1500}
+CKPT_EVERY=${CKPT_EVERY:-1}
 TORCHFT_MODES=${TORCHFT_MODES-blocking streaming}
 TORCHFT_FRAGMENTS=${TORCHFT_FRAGMENTS:-4}
 TORCHFT_DELAY=${TORCHFT_DELAY:-2}
@@ -62,7 +67,7 @@ for h in 1 2 3 4; do
 done
 cluster_corpus
 
-job_file() {  # MODE SYNC
+job_file() {  # MODE SYNC CHECKPOINT_EVERY
   cat <<JOB
 name: overlap-$1
 seed: 1
@@ -74,7 +79,7 @@ inner: {steps: $H, batch_size: 16, lr: 0.003, warmup: 4, weight_decay: 0.1, grad
 outer: {lr: 0.7, momentum: 0.9, nesterov: true}
 compression: fp32
 rounds: $ROUNDS
-checkpoint: {every: 0, dir: checkpoints}
+checkpoint: {every: ${3:-0}, dir: checkpoints}
 eval: {every: 100000, batches: 2}
 ${2:+sync: $2}
 ${ALLREDUCE:+allreduce: $ALLREDUCE}
@@ -82,9 +87,9 @@ JOB
 }
 
 declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW MID TWALL TFAIL TSUM LFAIL NCPU TCPU CPUS
-run_mode() {  # MODE SYNC
+run_mode() {  # MODE SYNC CHECKPOINT_EVERY
   local mode=$1 file="$WORK/$1.yaml"
-  job_file "$mode" "$2" >"$file"
+  job_file "$mode" "$2" "${3:-0}" >"$file"
   local t0=$SECONDS c0
   c0=$(cpu_seconds "${NODE_PIDS[@]}")
   submit "$file"
@@ -147,10 +152,12 @@ torchft_mode() {  # MODE: torchft's run of it, then its figures
 }
 
 for m in $MODES; do
-  case "$m" in
-    blocking) run_mode blocking "" ;;
-    streaming) run_mode streaming "$STREAMING" ;;
-    eager) run_mode eager "$EAGER" ;;
+  every=0
+  [ "${m%-ckpt}" != "$m" ] && every=$CKPT_EVERY
+  case "${m%-ckpt}" in
+    blocking) run_mode "$m" "" "$every" ;;
+    streaming) run_mode "$m" "$STREAMING" "$every" ;;
+    eager) run_mode "$m" "$EAGER" "$every" ;;
     *) fail "unknown mode $m" ;;
   esac
 done

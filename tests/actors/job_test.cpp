@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -89,6 +90,21 @@ std::map<int, std::string> theta_hashes(const std::string& path) {
   return out;
 }
 
+// `loco submit --resume CHECKPOINT` on the cluster at `address` (its job file is the one beside
+// the checkpoint): the θ hashes of the job it ran, the newest of `client`'s jobs.
+std::map<int, std::string> resumed_hashes(Client& client, const std::string& address,
+                                          const std::string& checkpoint, const std::string& dir) {
+  std::set<std::string> before;
+  for (const JobInfo& j : client.jobs()) before.insert(j.id);
+  Subprocess p({LOCO_BIN_DIR "/loco", "submit", "--address", address, "--resume", checkpoint},
+               Subprocess::Options{.log_path = dir + "/resume.log"});
+  EXPECT_EQ(p.wait(Millis(300000)).value_or(-1), 0) << "see " << dir << "/resume.log";
+  for (const JobInfo& j : client.jobs())
+    if (!before.count(j.id)) return theta_hashes(dir + "/ckpt/" + j.id + "/metrics.jsonl");
+  ADD_FAILURE() << "no job was resumed from " << checkpoint;
+  return {};
+}
+
 // A worker with G local ranks (here 2 CPU ranks over Gloo, as G GPUs over NCCL would be): the
 // ranks step data-parallel, and at a round's end rank r of each worker averages slice r of Δ
 // over its own butterfly. 2 such workers on 2 nodes hold the θ of the simulator's
@@ -159,12 +175,20 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   EXPECT_EQ(theta_hashes(folder + "/metrics.jsonl"), expected);
   EXPECT_TRUE(fs::exists(folder + "/ckpt-round-2.pt"));
   EXPECT_TRUE(fs::exists(folder + "/final.pt"));
-  // Pipelined up to the checkpoint, which is of round 2's state (the hashes above), not later.
+  // Pipelined through the checkpoint: round 3 went out right behind round 2 (nothing held it
+  // back), and the checkpoint of round 2, written under round 3's inner steps once round 2's
+  // last fragment had landed, was recorded.
   const std::string log = log_text(handle);
-  EXPECT_NE(log.find("round 2: sent right behind round 1"), std::string::npos)
-      << log;
-  EXPECT_NE(log.find("round 3: not sent ahead: a checkpoint is written first"), std::string::npos)
-      << log;
+  EXPECT_NE(log.find("round 2: sent right behind round 1"), std::string::npos) << log;
+  EXPECT_EQ(log.find("not sent ahead"), std::string::npos) << log;
+  EXPECT_NE(log.find("ckpt-round-2.pt (round 2)"), std::string::npos) << log;
+  for (const char* f : {"ckpt-round-2.worker-0.pt", "ckpt-round-2.worker-1.pt"})
+    EXPECT_TRUE(fs::exists(folder + "/" + f)) << f;
+  // That checkpoint is of round 2's state with the fragment then in flight: a job resumed from
+  // it holds the simulator's θ of round 3, bit for bit.
+  const auto again = resumed_hashes(client, c.head_address(), folder + "/ckpt-round-2.pt", dir_);
+  EXPECT_EQ(again.count(2), 0u);
+  EXPECT_EQ(again.at(3), expected.at(3));
 }
 
 // The eager outer step on a cluster: each round's average lands 2 inner steps into the next
@@ -194,8 +218,13 @@ TEST_P(DilocoParity, EagerOuterStepHoldsTheSimulatorsThetaBitForBit) {
   EXPECT_EQ(theta_hashes(folder + "/metrics.jsonl"), expected);
   EXPECT_TRUE(fs::exists(folder + "/ckpt-round-2.pt"));
   const std::string log = log_text(handle);
-  EXPECT_NE(log.find("round 2: sent right behind round 1"), std::string::npos)
-      << log;
+  EXPECT_NE(log.find("round 2: sent right behind round 1"), std::string::npos) << log;
+  EXPECT_EQ(log.find("not sent ahead"), std::string::npos) << log;
+  // The checkpoint of round 2, written under round 3's steps with round 2's average in flight
+  // and each worker's provisional θ: resumed from it, the job holds the simulator's θ.
+  const auto again = resumed_hashes(client, c.head_address(), folder + "/ckpt-round-2.pt", dir_);
+  EXPECT_EQ(again.count(2), 0u);
+  EXPECT_EQ(again.at(3), expected.at(3));
 }
 
 TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {

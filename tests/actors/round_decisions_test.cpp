@@ -154,9 +154,6 @@ TEST(RoundDecisions, TheNextRoundIsSentAheadOnlyWhenNothingHappensBetween) {
   PipelineInput eval = in;
   eval.evaluation_after = true;
   EXPECT_EQ(pipeline_next(eval), Pipeline::evaluation);
-  PipelineInput ckpt = in;
-  ckpt.checkpoint_after = true;
-  EXPECT_EQ(pipeline_next(ckpt), Pipeline::checkpoint);
   PipelineInput join = in;
   join.target = 5;  // `loco scale 5`, or slot 4 lost and to be brought back
   EXPECT_EQ(pipeline_next(join), Pipeline::membership);
