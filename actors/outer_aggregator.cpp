@@ -229,8 +229,9 @@ struct OuterAggregator::State {
   [[nodiscard]] bool reconcile(int64_t r);
   // sync.mode streaming or eager: round r as one stream() call per member. send_stream sends
   // them; finish_stream waits for their results (the round's start on the workers, for the
-  // attempt's seconds, was `started`) and, when they agree, calls `agreed` before anything
-  // else (the next round goes out there), then records them. False when a member failed or
+  // attempt's seconds, was `started`) and, when the round stands (its members agree, or the
+  // survivors of a lost member do), calls `stands` before anything else (the round's end, from
+  // which a round sent ahead counts), then records them. False when a member failed or
   // was lost: the others have landed fragments it never saw, so the round cannot be re-formed
   // as a blocking one is; the job rewinds to its last checkpoint (unless the survivors of a
   // member lost with fragments in flight finished those without it: `finished`, the members
@@ -249,7 +250,7 @@ struct OuterAggregator::State {
   };
   std::optional<PendingCheckpoint> pending_checkpoint;
   void settle_checkpoint();
-  bool finish_stream(StreamCalls& c, double started, const std::function<void()>& agreed,
+  bool finish_stream(StreamCalls& c, double started, const std::function<void()>& stands,
                      JobRecords& records, std::vector<MemberFigures>& figures, double& loss,
                      double& inner_secs, uint64_t& theta_hash, std::vector<int>& finished);
   std::optional<double> evaluate(int64_t windows);
@@ -935,7 +936,7 @@ void OuterAggregator::State::run() {
       }
       // The checkpoint the round before asked for: written under this round's inner steps.
       settle_checkpoint();
-      if (results_in > 0)  // all agreed (not the survivors of a lost member)
+      if (results_in > 0)
         log_info(job_id + ": round " + std::to_string(r + 1) + " results in " +
                  std::to_string(results_in - t_round) + " s after it began; bookkeeping " +
                  std::to_string(now_s() - results_in) + " s; round " + std::to_string(r + 2) +
@@ -1458,7 +1459,7 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
 }
 
 bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
-                                           const std::function<void()>& agreed, JobRecords& records,
+                                           const std::function<void()>& stands, JobRecords& records,
                                            std::vector<MemberFigures>& figures, double& loss,
                                            double& inner_secs, uint64_t& theta_hash,
                                            std::vector<int>& finished) {
@@ -1485,7 +1486,10 @@ bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
     outcomes.push_back(std::move(o));
   }
   const OverlappedDecision d = after_overlapped_round(members, outcomes);
-  if (d.kind == OverlappedDecision::Kind::agreed) agreed();
+  // The next round was sent right behind this one: it began on the members as this one ended,
+  // here, whether all of them agreed or the survivors of a lost member did.
+  if (d.kind == OverlappedDecision::Kind::agreed || d.kind == OverlappedDecision::Kind::smaller)
+    stands();
   AttemptRecord rec;
   rec.round = r + 1;
   rec.members = members;
