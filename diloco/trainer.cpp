@@ -258,14 +258,15 @@ void read_into(torch::serialize::InputArchive& ar, const std::string& key, torch
 }  // namespace
 
 namespace {
-// A CPU tensor for an archive: `t` itself on the CPU (or a device's copy), or a copy of it.
-torch::Tensor for_archive(const torch::Tensor& t, bool copy) {
-  return t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/copy);
+// A CPU tensor for an archive: `t` itself on the CPU (or a device's copy), or what `copy`
+// makes of it.
+torch::Tensor for_archive(const torch::Tensor& t, const ArchiveCopy& copy) {
+  return copy ? copy(t) : t.cpu();
 }
 }  // namespace
 
 void InnerTrainer::save(torch::serialize::OutputArchive& ar, const std::string& prefix,
-                        bool copy) const {
+                        const ArchiveCopy& copy) const {
   ar.write(prefix + "params", for_archive(params_, copy));
   save_moments(ar, prefix, copy);
   ar.write(prefix + "step", c10::IValue(step_));
@@ -296,7 +297,7 @@ void InnerTrainer::load(torch::serialize::InputArchive& ar, const std::string& p
 }
 
 void InnerTrainer::save_moments(torch::serialize::OutputArchive& ar, const std::string& prefix,
-                                bool copy) const {
+                                const ArchiveCopy& copy) const {
   ar.write(prefix + "exp_avg", for_archive(exp_avg_, copy));
   ar.write(prefix + "exp_avg_sq", for_archive(exp_avg_sq_, copy));
   ar.write(prefix + "adam_steps", c10::IValue(adam_steps_));
@@ -407,7 +408,7 @@ void OuterOptimizer::undo_step() {
 }
 
 void OuterOptimizer::save(torch::serialize::OutputArchive& ar, const std::string& prefix,
-                          bool copy) const {
+                          const ArchiveCopy& copy) const {
   ar.write(prefix + "theta", for_archive(theta_, copy));
   ar.write(prefix + "momentum", for_archive(momentum_, copy));
   ar.write(prefix + "round", c10::IValue(round_));

@@ -36,6 +36,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -46,6 +47,10 @@
 #include "diloco/model.hpp"
 
 namespace loco::diloco {
+
+// What a save() puts in the archive in place of one of its tensors (a CPU copy of it); none:
+// the tensor itself (a device's tensor is copied to the CPU either way).
+using ArchiveCopy = std::function<torch::Tensor(const torch::Tensor&)>;
 
 // Learning rate of inner step `step` (0-based) out of `total`: linear warmup
 // from lr/warmup to lr over `warmup` steps, then cosine decay to lr * min_lr_ratio.
@@ -152,17 +157,18 @@ class InnerTrainer {
   // Inner state: parameters, AdamW moments, step (which fixes the schedule),
   // sampler position and shards. Keys are prefixed with `prefix`. Saved as CPU
   // tensors and loaded onto this trainer's device: archives move between devices.
-  // With `copy` the archive holds copies, not this trainer's own CPU tensors, so that it
-  // can be written on another thread while the inner steps go on.
+  // With `copy` the archive holds what it makes of each tensor (a copy, into a buffer the
+  // caller keeps), not this trainer's own, so that it can be written on another thread while
+  // the inner steps go on.
   void save(torch::serialize::OutputArchive& ar, const std::string& prefix,
-            bool copy = false) const;
+            const ArchiveCopy& copy = {}) const;
   void load(torch::serialize::InputArchive& ar, const std::string& prefix);
   // The AdamW moments and their step count alone (keys prefixed with `prefix`, as
   // in save): what a worker that joins a running job copies from a live one, so
   // that its first inner steps are as large as everyone's and not the sign-like
   // steps of fresh moments. load_moments refuses non-finite moments.
   void save_moments(torch::serialize::OutputArchive& ar, const std::string& prefix,
-                    bool copy = false) const;
+                    const ArchiveCopy& copy = {}) const;
   void load_moments(torch::serialize::InputArchive& ar, const std::string& prefix);
 
  private:
@@ -229,7 +235,7 @@ class OuterOptimizer {
 
   // `copy`: as InnerTrainer::save.
   void save(torch::serialize::OutputArchive& ar, const std::string& prefix,
-            bool copy = false) const;
+            const ArchiveCopy& copy = {}) const;
   void load(torch::serialize::InputArchive& ar, const std::string& prefix);
 
  private:

@@ -138,13 +138,14 @@ TEST_P(DilocoParity, TwoLocalRanksPerWorkerHoldTheSimulatorsThetaBitForBit) {
 }
 
 // Streaming DiLoCo on a cluster: 2 fragments, each landing one inner step after it synchronized
-// (so the round's last fragment lands in the next round, and is in flight at the checkpoint of
-// round 2), mixed half and half. Each worker synchronizes its fragments itself, on threads, while
+// (so the round's last fragment lands in the next round, and is in flight at the checkpoints of
+// rounds 1 and 2; the second is copied into the buffers the first was written from), mixed half
+// and half. Each worker synchronizes its fragments itself, on threads, while
 // its inner steps go on; θ equals the simulator's round for round, bit for bit.
 TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   TestJob j = job(2, 2, 3);
   j.compression = GetParam();
-  j.checkpoint_every = 2;
+  j.checkpoint_every = 1;
   j.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
   j.eval_every = 1000;  // θ evaluated at the end only: round 2 is sent ahead of round 1's report
   const std::string file = dir_ + "/job.yaml";
@@ -181,6 +182,7 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   const std::string log = log_text(handle);
   EXPECT_NE(log.find("round 2: sent right behind round 1"), std::string::npos) << log;
   EXPECT_EQ(log.find("not sent ahead"), std::string::npos) << log;
+  EXPECT_NE(log.find("ckpt-round-1.pt (round 1)"), std::string::npos) << log;
   EXPECT_NE(log.find("ckpt-round-2.pt (round 2)"), std::string::npos) << log;
   for (const char* f : {"ckpt-round-2.worker-0.pt", "ckpt-round-2.worker-1.pt"})
     EXPECT_TRUE(fs::exists(folder + "/" + f)) << f;
