@@ -23,6 +23,7 @@
 #   ALLREDUCE="{peer_timeout_s: 30}" bench/overlap/netns.sh   # the jobs' allreduce settings
 #   TOGETHER=1 MODES=blocking TORCHFT_MODES=blocking bench/overlap/netns.sh
 #   MODES="streaming streaming-ckpt" TORCHFT_MODES= bench/overlap/netns.sh
+#   EVAL_BATCHES=16 H=24 bench/overlap/netns.sh     # a final loss over 16 × 16 windows
 #
 # A mode named MODE-ckpt is MODE with a checkpoint after every CKPT_EVERY rounds (default 1;
 # the others write final.pt only): what checkpoints cost a round, side by side with MODE.
@@ -40,6 +41,7 @@ EAGER=${EAGER:-"{mode: eager, overlap_steps: 8}"}
 MODES=${MODES:-blocking streaming eager}
 WAIT_S=${WAIT_S:-1500}
 CKPT_EVERY=${CKPT_EVERY:-1}
+EVAL_BATCHES=${EVAL_BATCHES:-2}  # of 16 windows each, at round 0 and the end: the final loss
 TORCHFT_MODES=${TORCHFT_MODES-blocking streaming}
 TORCHFT_FRAGMENTS=${TORCHFT_FRAGMENTS:-4}
 TORCHFT_DELAY=${TORCHFT_DELAY:-2}
@@ -80,7 +82,7 @@ outer: {lr: 0.7, momentum: 0.9, nesterov: true}
 compression: fp32
 rounds: $ROUNDS
 checkpoint: {every: ${3:-0}, dir: checkpoints}
-eval: {every: 100000, batches: 2}
+eval: {every: 100000, batches: $EVAL_BATCHES}
 ${2:+sync: $2}
 ${ALLREDUCE:+allreduce: $ALLREDUCE}
 JOB

@@ -38,6 +38,7 @@ torchft_run() {  # NAME FRAGMENTS DELAY ALPHA
       "$TORCHFT_PY" "$TORCHFT_DIR/torchft_worker.py" worker --rank $((h - 1)) --workers 4 \
       --addr "$BASE.1$h" --lighthouse "http://$BASE.1:$port" --data "$WORK/data/corpus" --out "$out" \
       --rounds "$ROUNDS" --h "$H" --fragments "$frags" --delay "$delay" --alpha "$alpha" \
+      --eval-batches "${EVAL_BATCHES:-2}" \
       --store-port "$base_port" --manager-port $((base_port + 1)) --timeout-s "$WAIT_S" \
       >"$WORK/$name.worker$h.log" 2>&1 &
     workers+=($!)
