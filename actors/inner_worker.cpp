@@ -16,8 +16,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <map>
 #include <future>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -232,8 +232,8 @@ struct InFlight {
     if (!checkpoint) return;
     checkpoint->hand_in(
         checkpoint_index,
-        {fragment, synced, lands,
-         torch::from_blob(mean.data(), {int64_t(mean.size())}).clone(), provisional});
+        {fragment, synced, lands, torch::from_blob(mean.data(), {int64_t(mean.size())}).clone(),
+         provisional});
     checkpoint.reset();
   }
 };
@@ -588,11 +588,6 @@ struct InnerWorker::State {
         ar.write("in_flight." + std::to_string(i) + ".provisional.0", in_flight[i]->provisional);
   }
 
-  // stream(), as its round ends: the checkpoint it was asked for (StreamRequest::checkpoint,
-  // inner_state; paths already resolved). Only a copy of the state is made here, on the
-  // stepping thread; the files are written on a thread of their own, the outer checkpoint once
-  // the fragments now in flight have landed in the next round (each hands its average in as it
-  // lands), so that it holds them as save_checkpoint would.
   // Host buffers that checkpoints copy the state into, kept from one to the next: fresh ones
   // would fault their pages in on every copy, which took 0.1 to 0.6 s of a stepping thread for
   // a 6.4 M-parameter model on the 2-core VM against tens of milliseconds for the copy itself.
@@ -621,6 +616,11 @@ struct InnerWorker::State {
     };
   }
 
+  // stream(), as its round ends: the checkpoint it was asked for (StreamRequest::checkpoint,
+  // inner_state; paths already resolved). Only a copy of the state is made here, on the
+  // stepping thread; the files are written on a thread of their own, the outer checkpoint once
+  // the fragments now in flight have landed in the next round (each hands its average in as it
+  // lands), so that it holds them as save_checkpoint would.
   void start_checkpoint(const std::string& checkpoint, const std::string& inner) {
     const int64_t t0 = loco::now_ms();
     auto inner_ar = std::make_shared<torch::serialize::OutputArchive>();
@@ -661,8 +661,8 @@ struct InnerWorker::State {
                        save_archive(*outer_ar, checkpoint);
                        written += (written.empty() ? "" : " and ") + checkpoint;
                      }
-                     log_info(who + "wrote " + written + " " +
-                              std::to_string(loco::now_ms() - t) + " ms after the round's end");
+                     log_info(who + "wrote " + written + " " + std::to_string(loco::now_ms() - t) +
+                              " ms after the round's end");
                      return checkpoint.empty() ? std::string()
                                                : std::filesystem::absolute(checkpoint).string();
                    })
@@ -766,7 +766,6 @@ void write_in_flight(torch::serialize::OutputArchive& ar,
   }
   write_landed(ar, copies);
 }
-
 
 // Eager, resumed from a checkpoint: each average in flight is corrected with this worker's own
 // provisional θ, from its inner state of the same round (InnerWorker::State::inner_state_archive),

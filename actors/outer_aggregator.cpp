@@ -1300,8 +1300,9 @@ void OuterAggregator::State::settle_checkpoint() {
   for (size_t i = 0; i < pc.members.size(); ++i) {
     if (got[i] && !got[i]->empty()) path = *got[i];
     if (!got[i])  // a worker without its file starts afresh on resume
-      log("worker " + std::to_string(pc.members[i]) + " did not write its part of the checkpoint "
-          "of round " + std::to_string(pc.round) + ": " + errors[i].message);
+      log("worker " + std::to_string(pc.members[i]) +
+          " did not write its part of the checkpoint of round " + std::to_string(pc.round) + ": " +
+          errors[i].message);
   }
   if (!path) {
     log("the checkpoint of round " + std::to_string(pc.round) + " was not written; the job " +

@@ -10,9 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "actors/messages.hpp"
 #include "runtime/security/keys.hpp"
