@@ -226,14 +226,18 @@ struct InFlight {
                           "synchronized at inner step " + std::to_string(synced) +
                           ") was dropped before it landed");
   }
-  // Its average (and eager's provisional θ) to the checkpoint waiting for it, before the
-  // landing may take the mean away (log_landing).
+  // What a checkpoint holds of it once its all-reduce ended: a copy of its average, and eager's
+  // provisional θ (never changed once made).
+  LandedCopies::Copy copy() const {
+    return {fragment, synced, lands, torch::from_blob(const_cast<float*>(mean.data()),
+                                                      {int64_t(mean.size())}).clone(),
+            provisional};
+  }
+  // Its copy to the checkpoint waiting for it, before the landing may take the mean away
+  // (log_landing).
   void land_for_checkpoint() {
     if (!checkpoint) return;
-    checkpoint->hand_in(
-        checkpoint_index,
-        {fragment, synced, lands, torch::from_blob(mean.data(), {int64_t(mean.size())}).clone(),
-         provisional});
+    checkpoint->hand_in(checkpoint_index, copy());
     checkpoint.reset();
   }
 };
@@ -760,9 +764,7 @@ void write_in_flight(torch::serialize::OutputArchive& ar,
       throw std::runtime_error("the all-reduce of fragment " + std::to_string(f->fragment) +
                                " failed, so the outer state cannot be saved: " + e.what());
     }
-    copies.push_back({f->fragment, f->synced, f->lands,
-                      torch::from_blob(f->mean.data(), {int64_t(f->mean.size())}).clone(),
-                      f->provisional});
+    copies.push_back(f->copy());
   }
   write_landed(ar, copies);
 }

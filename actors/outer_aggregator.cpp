@@ -194,14 +194,27 @@ struct OuterAggregator::State {
     log_info(job_id + ": " + line);
     publish([this, line] { rt.job_log(job_id, line); });
   }
-  // A checkpoint of round `r`: a line for people and the record a restarted aggregator reads.
+  // The checkpoint file of the state after `r` rounds, in the job's folder.
+  std::string checkpoint_file(int64_t r) const {
+    return folder + "/ckpt-round-" + std::to_string(r) + ".pt";
+  }
+  // Where the job goes back to, for the log: "its start" or "its checkpoint of round R".
+  std::string resume_point() const {
+    return resume_from.empty() ? std::string("its start")
+                               : "its checkpoint of round " + std::to_string(resume_round);
+  }
+  // A checkpoint of round `r` written: the job's resume point from now on, a line for people
+  // and the record a restarted aggregator reads; older ones beyond checkpoint.keep go.
   void record_checkpoint(const std::string& path, int64_t r) {
+    resume_from = path;
+    resume_round = r;
     log(kCheckpointLine + path + " (round " + std::to_string(r) + ")");
     msgpack::sbuffer b;
     msgpack::pack(b, CheckpointRecord{path, r});
     publish([this, data = std::string(b.data(), b.size())] {
       rt.job_record(job_id, kCheckpointRecord, data);
     });
+    prune_checkpoints();
   }
 
   std::vector<int> active() const {
@@ -871,9 +884,7 @@ void OuterAggregator::State::run() {
           // A member's actor could not be reached to send it the round (some others may have
           // it already): back to the checkpoint, which every member re-reads.
           log("round " + std::to_string(r + 1) + " could not be sent: " + e.what() +
-              "; the job goes back to " +
-              (resume_from.empty() ? std::string("its start")
-                                   : "its checkpoint of round " + std::to_string(resume_round)));
+              "; the job goes back to " + resume_point());
           go_back();
           continue;
         }
@@ -928,9 +939,7 @@ void OuterAggregator::State::run() {
           loss, inner_secs, hash, finished);
       if (!ok) {
         log("round " + std::to_string(r + 1) +
-            " failed with synchronizations in flight; the job goes back to " +
-            (resume_from.empty() ? std::string("its start")
-                                 : "its checkpoint of round " + std::to_string(resume_round)));
+            " failed with synchronizations in flight; the job goes back to " + resume_point());
         go_back();
         continue;
       }
@@ -1119,7 +1128,7 @@ void OuterAggregator::State::run() {
         }
       pending_checkpoint = std::move(pc);
     } else if (checkpoint_due(r, cfg.checkpoint.every, rounds)) {
-      const std::string file = folder + "/ckpt-round-" + std::to_string(r) + ".pt";
+      const std::string file = checkpoint_file(r);
       std::vector<Future<std::string>> inner_files;
       for (int m : members)
         inner_files.push_back(
@@ -1130,12 +1139,7 @@ void OuterAggregator::State::run() {
       std::vector<Failure> errors;
       gather(inner_files, errors,
              Millis(300000));  // a worker without its file starts afresh on resume
-      if (path) {
-        resume_from = *path;
-        resume_round = r;
-        record_checkpoint(*path, r);
-        prune_checkpoints();
-      }
+      if (path) record_checkpoint(*path, r);
     }
     member_seconds += double(members.size()) * ((ahead ? results_in : now_s()) - t_round);
     flush();
@@ -1261,8 +1265,7 @@ StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last, bool check
   StreamRequest req;
   req.round = r;
   req.last = last;
-  const std::string file =
-      checkpoint ? folder + "/ckpt-round-" + std::to_string(r + 1) + ".pt" : std::string();
+  const std::string file = checkpoint ? checkpoint_file(r + 1) : std::string();
   // One operation id per fragment, all above the last one used (see ReduceRequest::op_id).
   const auto us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
                                std::chrono::system_clock::now().time_since_epoch())
@@ -1305,17 +1308,11 @@ void OuterAggregator::State::settle_checkpoint() {
           errors[i].message);
   }
   if (!path) {
-    log("the checkpoint of round " + std::to_string(pc.round) + " was not written; the job " +
-        "goes on from " +
-        (resume_from.empty() ? std::string("its start")
-                             : "its checkpoint of round " + std::to_string(resume_round)) +
-        " should it go back");
+    log("the checkpoint of round " + std::to_string(pc.round) +
+        " was not written; should the job go back, it goes back to " + resume_point());
     return;
   }
-  resume_from = *path;
-  resume_round = pc.round;
   record_checkpoint(*path, pc.round);
-  prune_checkpoints();
 }
 
 // sync.mode streaming: while round c's calls run, a slot that can join takes part from a
