@@ -824,6 +824,7 @@ std::deque<std::unique_ptr<InFlight>> read_in_flight(torch::serialize::InputArch
 }  // namespace
 
 InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
+  require_own_job("diloco.InnerWorker", job_id);
   s_ = std::make_unique<State>(std::move(job_id), spec, index);
   if (s_->cfg.threads > 0) at::set_num_threads(s_->cfg.threads);
   // CUDA is not even probed for device: cpu.

@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/errors.hpp"
+#include "runtime/core/runtime.hpp"
+
 namespace loco::actors {
 
 // Aggregator -> worker, once before its first round (and again when it rejoins).
@@ -175,5 +178,20 @@ struct CheckpointRecord {
   int64_t round = 0;
   MSGPACK_DEFINE(path, round)
 };
+
+// A job's actors exist only inside the job the head created them for: the job id their
+// constructor is given must be the one the head bound to them (this_actor().job), never a
+// spawner's word. Throws PermissionError naming the class otherwise.
+inline void require_own_job(const char* actor_class, const std::string& job_id) {
+  const std::string& bound = loco::this_actor().job;
+  if (bound.empty())
+    throw loco::PermissionError(std::string(actor_class) +
+                                " runs only inside a submitted job (loco submit): the head "
+                                "creates a job's actors; this one was spawned outside any job");
+  if (bound != job_id)
+    throw loco::PermissionError(std::string(actor_class) + " was created for job " + bound +
+                                " but given job " + job_id.substr(0, 64) +
+                                "; an actor acts only for its own job");
+}
 
 }  // namespace loco::actors

@@ -1545,7 +1545,8 @@ bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
 }
 
 OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
-    : s_(std::make_shared<State>(std::move(job_id), spec)) {
+    : s_((require_own_job("diloco.OuterAggregator", job_id),
+          std::make_shared<State>(std::move(job_id), spec))) {
   s_->cfg.validate();
   if (s_->cfg.sync.mode != dl::SyncMode::blocking &&
       (s_->cfg.ranks_per_worker(false) > 1 || s_->cfg.workers.gpus > 1))

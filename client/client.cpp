@@ -169,6 +169,7 @@ JobHandle Client::submit(const JobSpec& spec) {
   sub.spec = spec.text;
   sub.resources = {{"cpu", 0}};
   sub.max_restarts = spec.max_restarts;
+  sub.max_workers = spec.max_workers;
   JobInfo info = rt_.submit_job(sub);
   return JobHandle(rt_, info.id);
 }

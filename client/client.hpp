@@ -25,6 +25,8 @@ struct JobSpec {
   std::string entry_class = "diloco.OuterAggregator";
   // How often the entry actor is restarted when its node dies.
   int max_restarts = 3;
+  // The most workers `loco scale` may ask for (the job file's workers.max; 0: the cluster's cap).
+  int max_workers = 0;
   static JobSpec from_yaml(const std::string& text);
   static JobSpec from_yaml_file(const std::string& path);
 };

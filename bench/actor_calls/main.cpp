@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
   testing::ClusterOptions co;
   co.nodes = 0;
   co.insecure = insecure;
-  co.plugins = LOCO_PLUGIN_DIR_STR "/libloco_bench_actors.so";
+  co.plugins = LOCO_TEST_PLUGIN_DIR_STR "/libloco_bench_actors.so";
   testing::LocalCluster cluster(co);
   cluster.add_node({"--resources=pinger=1"});
   cluster.add_node({"--resources=echo=1"});

@@ -41,7 +41,8 @@ JobSpec read_job(std::string file, std::vector<std::string> sets, const std::str
   JobSpec spec = JobSpec::from_yaml_file(file);
   try {
     if (!sets.empty()) spec = JobSpec::from_yaml(diloco::with_overrides(spec.text, sets));
-    if (entry.empty() || entry == JobSpec().entry_class) diloco::JobConfig::from_yaml(spec.text);
+    if (entry.empty() || entry == JobSpec().entry_class)
+      spec.max_workers = diloco::JobConfig::from_yaml(spec.text).workers.max;
   } catch (const diloco::ConfigError& e) {
     throw std::invalid_argument(file + ": " + e.what());
   }

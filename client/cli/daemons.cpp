@@ -40,6 +40,12 @@ struct StartArgs {
   std::vector<std::string> plugins;
   int64_t detect_ms = 2000;
   double retention_s = 600;
+  double job_retention_s = 3600;
+  int max_jobs_per_key = 16;
+  int max_submissions_per_minute = 30;
+  int max_job_workers = 1024;
+  std::vector<std::string> job_entry_classes;
+  std::string spawnable;
   double stop_grace_s = 30;
   size_t max_message_bytes = size_t(1) << 30;
   std::string data_root, checkpoint_root;
@@ -90,6 +96,11 @@ int start_blocking(const StartArgs& a) {
     cfg.redis_url = a.redis;
     cfg.detect_ms = a.detect_ms;
     cfg.retention_ms = int64_t(a.retention_s * 1000);
+    cfg.job_retention_ms = int64_t(a.job_retention_s * 1000);
+    cfg.max_jobs_per_key = a.max_jobs_per_key;
+    cfg.max_submissions_per_minute = a.max_submissions_per_minute;
+    cfg.max_job_workers = a.max_job_workers;
+    if (!a.job_entry_classes.empty()) cfg.job_entry_classes = a.job_entry_classes;
     cfg.max_message_bytes = a.max_message_bytes;
     cfg.security = security::resolve("", false);
     return run_head(cfg, stop_requested(), ready);
@@ -103,6 +114,11 @@ int start_blocking(const StartArgs& a) {
   } catch (const std::exception& e) {
     spdlog::error("--resources: {}", e.what());
     return 2;
+  }
+  {
+    std::stringstream ss(a.spawnable);
+    for (std::string part; std::getline(ss, part, ',');)
+      if (!part.empty()) cfg.spawnable.push_back(part);
   }
   cfg.plugins = a.plugins;
   // $LOCO_PLUGIN_PATH (colon-separated files or folders) replaces the default
@@ -225,6 +241,29 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
   start->add_option("--address", sa->address, "head to join, HOST:PORT");
   start->add_option("--resources", sa->resources, "node resources, e.g. cpu=2,gpu=0,ssd=1");
   start->add_option("--plugin", sa->plugins, "shared library (or folder) of actor classes");
+  start->add_option("--spawnable", sa->spawnable,
+                    "node: actor classes clients may spawn here, comma-separated; a name or a "
+                    "prefix ending in * (default none: clients only submit jobs)");
+  start
+      ->add_option("--job-retention-s", sa->job_retention_s,
+                   "head: remove a finished job's record and log from Redis this long after it "
+                   "ended (default 3600; its folder keeps them)")
+      ->check(CLI::Range(0.0, 1e9));
+  start
+      ->add_option("--max-jobs-per-key", sa->max_jobs_per_key,
+                   "head: jobs one key may have running at once (default 16)")
+      ->check(CLI::Range(1, 1000000));
+  start
+      ->add_option("--max-submissions-per-minute", sa->max_submissions_per_minute,
+                   "head: submissions one key may make in any minute (default 30)")
+      ->check(CLI::Range(1, 1000000));
+  start
+      ->add_option("--max-job-workers", sa->max_job_workers,
+                   "head: the most workers `loco scale` may ask of a job (default 1024)")
+      ->check(CLI::Range(1, 1000000));
+  start->add_option("--job-entry", sa->job_entry_classes,
+                    "head: an entry class clients may submit jobs of (repeatable; default "
+                    "diloco.OuterAggregator)");
   start
       ->add_option(
           "--detect-ms", sa->detect_ms,

@@ -34,9 +34,10 @@ int submit(const std::string& address, const std::string& file, bool detach,
 }
 
 void print_jobs(const std::vector<JobInfo>& jobs) {
-  std::printf("%-18s %-20s %-10s %s\n", "JOB", "NAME", "STATE", "MESSAGE");
+  std::printf("%-18s %-20s %-12s %-10s %s\n", "JOB", "NAME", "OWNER", "STATE", "MESSAGE");
   for (const JobInfo& j : jobs)
-    std::printf("%-18s %-20s %-10s %s\n", j.id.c_str(), j.name.c_str(), to_string(j.state).c_str(),
+    std::printf("%-18s %-20s %-12s %-10s %s\n", j.id.c_str(), j.name.c_str(),
+                j.owner.empty() ? "(operator)" : j.owner_name.c_str(), to_string(j.state).c_str(),
                 j.message.c_str());
 }
 

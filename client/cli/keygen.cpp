@@ -12,7 +12,7 @@ void add_keygen_command(CLI::App& app, Commands& out) {
   struct Args {
     std::string out;
     bool force = false;
-    bool client = false;
+    bool client = false, admin = false;
     std::string cluster_key;
     std::string label;
   };
@@ -27,13 +27,19 @@ void add_keygen_command(CLI::App& app, Commands& out) {
   cmd->add_flag("--force", a->force, "replace an existing key file");
   cmd->add_flag("--client", a->client,
                 "make a client key and add its public half to the cluster key file (--key)");
+  cmd->add_flag("--admin", a->admin,
+                "like --client, and the key may cancel, scale, read and call every user's jobs "
+                "and actors (still no internal methods)");
   cmd->add_option("--key", a->cluster_key,
                   "with --client: the cluster key file to add it to (default $LOCO_KEY, else "
                   "~/.loco/cluster.key)");
-  cmd->add_option("--name", a->label, "with --client: a note kept beside its line (who holds it)");
+  cmd->add_option("--name", a->label,
+                  "with --client: the user's name, kept beside its line; jobs and refusals show "
+                  "it (default: the --out path)");
   out.push_back(
       {cmd, [a] {
          const security::KeyPair key = security::generate_key_pair();
+         if (a->admin) a->client = true;
          if (!a->client) {
            const std::string path = a->out.empty() ? security::default_key_path() : a->out;
            security::write_key_file(path, key, a->force);
@@ -55,8 +61,8 @@ void add_keygen_command(CLI::App& app, Commands& out) {
                                     " is a client key; --key must name the cluster's");
          security::write_client_key_file(a->out, key, cluster.cluster.public_key, a->force);
          security::add_client_to_key_file(cluster_path, key.public_key,
-                                          a->label.empty() ? a->out : a->label);
-         std::cout << "wrote client key " << a->out << " (public key " << key.public_key
+                                          a->label.empty() ? a->out : a->label, a->admin);
+         std::cout << "wrote " << (a->admin ? "admin" : "client") << " key " << a->out << " (public key " << key.public_key
                    << ") and admitted it in " << cluster_path << "\ncopy " << cluster_path
                    << " to the head and the nodes again (they pick up the new line "
                       "without a restart); give "

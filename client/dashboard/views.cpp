@@ -212,6 +212,7 @@ json job_info_json(const JobInfo& j, const JobHistory* h) {
   json out = {{"id", j.id},
               {"name", j.name},
               {"state", to_string(j.state)},
+              {"owner", j.owner.empty() ? std::string("(operator)") : j.owner_name},
               {"message", j.message},
               {"entry_actor", j.entry_actor},
               {"submitted_unix_ms", j.submitted_unix_ms},

@@ -89,7 +89,10 @@ struct NodeRecord {
   int64_t pid = 0;
   int64_t started_unix_ms = 0;
   std::string reason;  // why it is dead or left
-  MSGPACK_DEFINE(id, address, resources, state, hostname, pid, started_unix_ms, reason)
+  // Classes a client may spawn here (`loco start --spawnable`): names, or prefixes ending in
+  // '*' ("wordcount.*"). Empty: none; a member spawns anything the node offers.
+  std::vector<std::string> spawnable;
+  MSGPACK_DEFINE(id, address, resources, state, hostname, pid, started_unix_ms, reason, spawnable)
 };
 
 struct ActorInfo {
@@ -107,8 +110,15 @@ struct ActorInfo {
   // while it is pending or alive; several actors hold one only with share_gpus.
   std::vector<int> gpus;
   bool share_gpus = false;
+  // Whose it is, bound by the head when it creates the actor, never taken from the request's
+  // arguments: the job it was created for ("" : none), and the key that owns it (the job's
+  // submitter, or the client that spawned it; "" : the operator, a holder of the cluster key)
+  // with that key's name.
+  std::string job;
+  std::string owner;
+  std::string owner_name;
   MSGPACK_DEFINE(id, name, class_name, node_id, address, state, restarts, max_restarts, resources,
-                 reason, gpus, share_gpus)
+                 reason, gpus, share_gpus, job, owner, owner_name)
 };
 
 // What the head stores for an actor: its info and how to construct it again.
@@ -183,7 +193,9 @@ struct JobSubmission {
   std::string spec;         // the job file's text, handed to the entry actor
   Resources resources;      // of the entry actor
   int max_restarts = 0;     // of the entry actor
-  MSGPACK_DEFINE(name, entry_class, spec, resources, max_restarts)
+  // The most workers `loco scale` may ask for (a DiLoCo job: workers.max); 0: the head's cap.
+  int max_workers = 0;
+  MSGPACK_DEFINE(name, entry_class, spec, resources, max_restarts, max_workers)
 };
 
 struct JobInfo {
@@ -198,8 +210,13 @@ struct JobInfo {
   // Workers asked for by `loco scale` (0: as the job file says). The entry actor
   // reads it between rounds; the runtime does not interpret it.
   int scale = 0;
+  // Who submitted it: the key (a client's; "" : the operator) and its name. Cancel, scale and
+  // its log need that key, an admin's, or the cluster key.
+  std::string owner;
+  std::string owner_name;
+  int max_workers = 0;  // the bound on `scale` (JobSubmission::max_workers, capped by the head)
   MSGPACK_DEFINE(id, name, entry_class, state, message, entry_actor, submitted_unix_ms,
-                 finished_unix_ms, scale)
+                 finished_unix_ms, scale, owner, owner_name, max_workers)
 
   bool finished() const {
     return state == JobState::succeeded || state == JobState::failed ||
@@ -239,7 +256,8 @@ struct CreateActorRequest {
   std::string class_name;
   std::string ctor_args;
   std::vector<int> gpus;  // the node's GPU indices the actor may use (ActorInfo::gpus)
-  MSGPACK_DEFINE(actor_id, class_name, ctor_args, gpus)
+  std::string job, owner, owner_name;  // ActorInfo's: whose the actor is
+  MSGPACK_DEFINE(actor_id, class_name, ctor_args, gpus, job, owner, owner_name)
 };
 
 // What an actor learns about its own placement (loco::this_actor()).
@@ -247,6 +265,12 @@ struct ActorContext {
   std::string actor_id;
   std::vector<int> gpus;  // indices of its node's GPUs; empty when it asked for none
   PathRoots roots;        // the folders its node lets it read and write (paths.hpp)
+  // The job the head created it for ("" : none) and its owner (ActorInfo): its calls carry
+  // them, and its node lets only its owner's key call it and only its job's actors call its
+  // internal methods.
+  std::string job;
+  std::string owner;
+  std::string owner_name;
 };
 
 }  // namespace loco

@@ -60,7 +60,7 @@ std::shared_ptr<DeferredReply> defer_reply() {
 }
 
 const CallerInfo& current_caller() {
-  static const CallerInfo self{security::Role::member, ""};
+  static const CallerInfo self{};
   return tl_caller ? *tl_caller : self;
 }
 
@@ -101,8 +101,8 @@ Core::Core(CoreOptions opts) : opts_(std::move(opts)) {
   };
   transport_ = std::make_unique<Transport>(
       topts,
-      [this](zmq::message_t&& rid, std::vector<zmq::message_t>&& f, security::Role role) {
-        on_inbound(std::move(rid), std::move(f), role);
+      [this](zmq::message_t&& rid, std::vector<zmq::message_t>&& f, security::Identity who) {
+        on_inbound(std::move(rid), std::move(f), std::move(who));
       },
       [this](const std::string& peer, std::vector<zmq::message_t>&& f) {
         on_reply(peer, std::move(f));
@@ -218,6 +218,11 @@ std::shared_ptr<CallState> Core::send_call(std::shared_ptr<CallState> st,
   Envelope env;
   env.kind = static_cast<uint8_t>(oneway ? Kind::Tell : Kind::Request);
   env.sender = tl_actor && !tl_actor->actor_id.empty() ? tl_actor->actor_id : opts_.self_name;
+  if (tl_actor && !tl_actor->actor_id.empty()) {
+    env.from_actor = true;
+    env.sender_job = tl_actor->job;
+    env.sender_owner = tl_actor->owner;
+  }
   env.target = ref->id;
   env.method = method;
   if (!oneway) {
@@ -478,8 +483,40 @@ void Core::on_handshake_failed(const std::string& peer, const std::string& why) 
   transport_->drop_peer(peer);
 }
 
+std::string Core::refusal(const Mailbox& box, const Envelope& env, const security::Identity& who,
+                          bool internal) const {
+  const std::string what = box.cls->name + "." + env.method;
+  if (!who.member()) {
+    if (internal)
+      return what +
+             " is internal: only the cluster's head, nodes and actors (holders of the cluster "
+             "key) may call it, not a client";
+    // The runtime's own services check their callers themselves (the head: per job); an actor
+    // the operator started (no owner) serves every user, as a shared service.
+    if (box.id.empty() || box.id[0] == '@' || box.context.owner.empty()) return {};
+    if (!who.may_act_on(box.context.owner))
+      return what + ": actor " + box.id +
+             (box.context.job.empty() ? "" : " of job " + box.context.job) + " belongs to " +
+             box.context.owner_name + "; only its owner or an admin may call it, not " + who.name;
+    return {};
+  }
+  // A member's actor (whose code a user may have asked for) reaches another job's internals
+  // only from inside that job; the operator's own processes (no actor) are not held to it.
+  if (internal && env.from_actor && !box.context.job.empty() && env.sender_job != box.context.job)
+    return what + " is internal to job " + box.context.job + ": actor " +
+           escape_remote(env.sender, 64) + " of " +
+           (env.sender_job.empty() ? std::string("no job")
+                                   : "job " + escape_remote(env.sender_job, 64)) +
+           " may not call it";
+  if (env.from_actor && !box.context.owner.empty() && !env.sender_owner.empty() &&
+      env.sender_owner != box.context.owner)
+    return what + ": actor " + box.id + " belongs to " + box.context.owner_name +
+           "; an actor of another user (" + escape_remote(env.sender, 64) + ") may not call it";
+  return {};
+}
+
 void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames,
-                      security::Role role) {
+                      security::Identity who) {
   inbound_messages_.fetch_add(1, std::memory_order_relaxed);
   if (frames.empty()) {
     spdlog::warn("dropped an empty message");
@@ -526,24 +563,22 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
       warn_bad_input("dropped a one-way call " + escape_remote(d.env.method) + ": " + msg);
     return;
   }
-  // Rights by role, before the call takes room in the mailbox. An unknown method goes through
-  // to get its MethodNotFoundError, which names the methods there are.
-  if (role != security::Role::member) {
+  // Rights, before the call takes room in the mailbox. An unknown method goes through to get
+  // its MethodNotFoundError, which names the methods there are.
+  {
     const MethodEntry* m = box->cls->find(d.env.method);
-    if (m && m->internal) {
-      const std::string msg = box->cls->name + "." + m->name +
-                              " is internal: only the cluster's head, nodes and actors (holders "
-                              "of the cluster key) may call it, not a client";
+    const std::string msg = refusal(*box, d.env, who, m && m->internal);
+    if (!msg.empty()) {
       if (d.env.k() == Kind::Request)
         send_error(std::move(rid), d.env.corr, "PermissionError", msg);
       else
-        warn_bad_input("dropped a one-way call from a client: " + msg);
+        warn_bad_input("dropped a one-way call: " + msg);
       return;
     }
   }
   // A concurrent method runs beside the mailbox, on a thread of its own, at once.
   if (const MethodEntry* m = box->cls->find(d.env.method); m && m->concurrent) {
-    run_beside(box, Inbound{std::move(rid), std::move(d.env), std::move(d.payload), role});
+    run_beside(box, Inbound{std::move(rid), std::move(d.env), std::move(d.payload), who});
     return;
   }
   size_t bytes = d.payload.body.size();
@@ -559,7 +594,7 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
            (queued >= opts_.max_mailbox_messages || queued_bytes + bytes > opts_.max_mailbox_bytes);
     if (!full) {
       box->queued_bytes += bytes;
-      box->queue.push_back(Inbound{std::move(rid), std::move(d.env), std::move(d.payload), role});
+      box->queue.push_back(Inbound{std::move(rid), std::move(d.env), std::move(d.payload), who});
     }
   }
   if (full) {
@@ -692,7 +727,8 @@ void Core::handle_call(Mailbox& box, Inbound& in, const std::shared_ptr<Core>& s
   }
   std::string err_type, err_msg;
   Payload result;
-  const CallerInfo caller{in.role, in.env.sender};
+  const CallerInfo caller{in.who, in.env.sender, in.env.from_actor, in.env.sender_job,
+                          in.env.sender_owner};
   tl_caller = &caller;
   Handling handling{
       self,   &in.routing_id, in.env.corr, wants_reply, box.cls->name + "." + in.env.method,

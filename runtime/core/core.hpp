@@ -91,7 +91,7 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
     zmq::message_t routing_id;
     Envelope env;
     Payload payload;
-    security::Role role = security::Role::member;  // posted calls come from this process
+    security::Identity who;  // posted calls come from this process: a member
   };
   struct Mailbox;
   struct PeerState {
@@ -101,7 +101,13 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   };
 
   // Decodes, checks the caller's rights (a client may not call an internal method) and queues.
-  void on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames, security::Role role);
+  void on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames,
+                  security::Identity who);
+  // Why the caller may not make this call to an actor of `box` ("" when it may): a client's
+  // call to an internal method or to an actor another key owns, an actor's call to an internal
+  // method of another job's actor.
+  std::string refusal(const Mailbox& box, const Envelope& env, const security::Identity& who,
+                      bool internal) const;
   // Fails the calls pending on `peer` with ClusterError: retrying will not make it accept us.
   void on_handshake_failed(const std::string& peer, const std::string& why);
   void on_reply(const std::string& peer, std::vector<zmq::message_t>&& frames);
@@ -145,14 +151,18 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   std::unique_ptr<Transport> transport_;
 };
 
-// Who made the call that the current actor method is answering: the role of its connection's
-// key, and the sender its envelope names (the calling actor's id, or "node ..", "driver", ..).
-// The sender is what the caller says: believed of members, who hold the cluster key. Outside
-// a method (a posted call, a plain thread): a member with no sender.
+// Who made the call that the current actor method is answering: who its connection's key proves
+// it is (role; a client's key, name and admin flag), and the sender its envelope names (the
+// calling actor's id, or "node ..", "driver", ..) with that actor's job and owner. The sender
+// is what the caller says: believed of members, who hold the cluster key. Outside a method (a
+// posted call, a plain thread): a member with no sender.
 struct CallerInfo {
-  security::Role role;
+  security::Identity who;
   std::string sender;
-  bool member() const { return role == security::Role::member; }
+  bool from_actor = false;
+  std::string sender_job;    // the calling actor's job ("" : none, or no actor)
+  std::string sender_owner;  // the calling actor's owner's key ("" : the operator, or no actor)
+  bool member() const { return who.member(); }
 };
 const CallerInfo& current_caller();
 

@@ -233,4 +233,59 @@ std::string format_resources(const Resources& r) {
   return out.empty() ? "none" : out;
 }
 
+std::string check_resources(const Resources& demand, const std::set<std::string>& declared) {
+  for (const auto& [name, amount] : demand) {
+    const std::string what = "resource '" + name.substr(0, 64) + "'";
+    if (!kBuiltinResources.count(name) && !declared.count(name))
+      return what + " is not one that any node declares (cpu, gpu, memory, gpu_memory, or a "
+                    "node's --resources)";
+    if (!std::isfinite(amount)) return what + " is not a finite number";
+    if (amount < 0) return what + " is negative (" + num(amount) + ")";
+    if (amount > 1e15) return what + " is larger than 1e15 (" + num(amount) + ")";
+  }
+  return {};
+}
+
+bool class_matches(const std::vector<std::string>& patterns, const std::string& class_name) {
+  for (const std::string& p : patterns) {
+    if (!p.empty() && p.back() == '*') {
+      if (class_name.compare(0, p.size() - 1, p, 0, p.size() - 1) == 0) return true;
+    } else if (p == class_name) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string check_scale(int workers, int job_max, int cluster_max) {
+  if (workers < 1) return "a job needs at least 1 worker, not " + std::to_string(workers);
+  if (job_max > 0 && workers > job_max)
+    return std::to_string(workers) + " workers is more than the job's workers.max of " +
+           std::to_string(job_max);
+  if (workers > cluster_max)
+    return std::to_string(workers) + " workers is more than this cluster allows a job (" +
+           std::to_string(cluster_max) + ", the head's --max-job-workers)";
+  return {};
+}
+
+std::string SubmissionLimits::admit(const std::string& key, const std::string& name, int running,
+                                    int64_t now_ms) {
+  for (auto it = recent_.begin(); it != recent_.end();) {
+    auto& times = it->second;
+    times.erase(times.begin(), std::lower_bound(times.begin(), times.end(), now_ms - 59999));
+    it = times.empty() ? recent_.erase(it) : std::next(it);
+  }
+  if (running >= max_running_)
+    return name + " has " + std::to_string(running) + " jobs running, the most one key may (" +
+           std::to_string(max_running_) + "); wait for one to end or cancel one";
+  auto& times = recent_[key];
+  if (int(times.size()) >= per_minute_)
+    return name + " submitted " + std::to_string(times.size()) +
+           " jobs in the last minute, the most one key may (" + std::to_string(per_minute_) +
+           "); try again in " + std::to_string((times.front() + 60000 - now_ms + 999) / 1000) +
+           " s";
+  times.push_back(now_ms);
+  return {};
+}
+
 }  // namespace loco

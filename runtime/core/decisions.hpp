@@ -58,6 +58,38 @@ struct Placement {
 Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
                 const std::set<std::string>& exclude = {}, bool share_gpus = false);
 
+// ---- what a request may ask --------------------------------------------------
+
+// Resources every node knows without declaring them.
+inline const std::set<std::string> kBuiltinResources = {"cpu", "gpu", "memory", "gpu_memory"};
+// "" when `demand` is acceptable, else why not, naming the resource: every amount finite, not
+// negative and at most 1e15, every name a builtin one or one that `declared` (the names the
+// nodes declare) holds. A negative or NaN amount would switch placement's accounting off.
+std::string check_resources(const Resources& demand, const std::set<std::string>& declared);
+
+// Whether `class_name` is named by `patterns` (a name, or a prefix ending in '*').
+bool class_matches(const std::vector<std::string>& patterns, const std::string& class_name);
+
+// "" when a job may be scaled to `workers`, else why not: at least 1, at most the job's own
+// bound `job_max` (0: none) and the cluster's `cluster_max`.
+std::string check_scale(int workers, int job_max, int cluster_max);
+
+// Per-key bounds on submissions: at most `max_running` jobs running at once and `per_minute`
+// submissions in any 60 s. Pure but for its memory of recent submissions (times given).
+class SubmissionLimits {
+ public:
+  SubmissionLimits(int max_running, int per_minute)
+      : max_running_(max_running), per_minute_(per_minute) {}
+  // "" and the submission counted, or why `key` (named `name`) may not submit now.
+  std::string admit(const std::string& key, const std::string& name, int running, int64_t now_ms);
+  // Keys with no submission in the last minute are forgotten: memory stays the active keys'.
+  size_t keys() const { return recent_.size(); }
+
+ private:
+  int max_running_, per_minute_;
+  std::map<std::string, std::vector<int64_t>> recent_;  // key -> submission times, oldest first
+};
+
 // ---- failure detection --------------------------------------------------------
 
 // Decides which nodes are dead from what the head reads in the store: each

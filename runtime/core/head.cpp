@@ -77,31 +77,58 @@ class HeadService {
     // Answered once the node has created the actor (or failed to): the head does not wait.
     auto reply = detail::defer_reply();
     with_store([&] {
-      // Actors named "<job id>.<...>" are the job's, and write its log: a client may not
-      // place one of its own among them.
-      if (!detail::current_caller().member()) {
-        if (auto dot = req.name.find('.'); dot != std::string::npos) {
-          if (store_->hget(keys::kJobs, req.name.substr(0, dot)))
-            throw PermissionError("spawn: the name " + escape_remote(req.name, 64) +
-                                  " is under job " + req.name.substr(0, dot) +
-                                  ", whose actors only the job itself starts");
-        }
+      Owner whose = owner_of_caller();
+      // Actors named "<job id>.<...>" are the job's: nobody outside the job places one there.
+      if (auto dot = req.name.find('.'); dot != std::string::npos) {
+        const std::string job = req.name.substr(0, dot);
+        if (job != whose.job && store_->hget(keys::kJobs, job))
+          throw PermissionError("spawn: the name " + escape_remote(req.name, 64) +
+                                " is under job " + job +
+                                ", whose actors only the job itself starts");
       }
-      return spawn_impl(std::move(req), [reply](const ActorInfo& info, const std::string& type,
-                                                const std::string& error) {
-        if (!reply) return;
-        if (info.state == ActorState::dead)
-          reply->error(type.empty() ? "ClusterError" : type, reply->what() + ": " + error);
-        else
-          reply->ok(detail::pack_payload(info));  // alive, or restarting elsewhere
-      });
+      return spawn_impl(std::move(req), whose,
+                        [reply](const ActorInfo& info, const std::string& type,
+                                const std::string& error) {
+                          if (!reply) return;
+                          if (info.state == ActorState::dead)
+                            reply->error(type.empty() ? "ClusterError" : type,
+                                         reply->what() + ": " + error);
+                          else
+                            reply->ok(detail::pack_payload(info));  // alive, or restarting
+                        });
     });
     return {};
   }
 
+  // Whose a new actor is, from who asks (never from the request): a client's own (no job); an
+  // actor's, its job and owner (the head's record of the calling actor); the operator's else.
+  struct Owner {
+    std::string job, key, name;
+    bool client = false;  // a client asks: only classes a node lets clients spawn
+  };
+  Owner owner_of_caller() {
+    const detail::CallerInfo& c = detail::current_caller();
+    if (!c.member()) return Owner{"", c.who.key, c.who.name, true};
+    if (c.from_actor && !c.sender.empty())
+      if (auto rec = actor(c.sender)) return Owner{rec->info.job, rec->info.owner, rec->info.owner_name};
+    return Owner{};
+  }
+
+  // Refuses `what` on job `job` unless the caller may act on it: its owner's key, an admin's, or
+  // a member. Names the job and its owner, never the owner's key.
+  void check_owner(const JobInfo& job, const std::string& what) {
+    const auto& who = detail::current_caller().who;
+    if (who.may_act_on(job.owner)) return;
+    throw PermissionError(what + ": job " + job.id + " belongs to " + owner_label(job.owner_name, job.owner) +
+                          "; only its owner or an admin may " + what + " it, not " + who.name);
+  }
+  static std::string owner_label(const std::string& name, const std::string& key) {
+    return key.empty() ? std::string("the cluster's operator") : name;
+  }
+
   // Places the actor and asks its node to create it; `done` runs when the node has answered.
   // Returns the new actor's id.
-  std::string spawn_impl(SpawnRequest req, Started done) {
+  std::string spawn_impl(SpawnRequest req, const Owner& whose, Started done) {
     check_size("spawn: class name", req.class_name.size(), kMaxJobNameBytes);
     check_size("spawn: actor name", req.name.size(), kMaxJobNameBytes);
     // Kept in the actor's record in the store, and sent again on every restart.
@@ -123,9 +150,30 @@ class HeadService {
     rec.info.max_restarts = req.max_restarts;
     rec.info.resources = req.resources.empty() ? Resources{{"cpu", 1}} : req.resources;
     rec.info.share_gpus = req.share_gpus;
+    rec.info.job = whose.job;
+    rec.info.owner = whose.key;
+    rec.info.owner_name = whose.key.empty() ? std::string() : whose.name;
     rec.ctor_args = req.ctor_args;
+    if (req.max_restarts < 0 || req.max_restarts > 1000)
+      throw ClusterError("spawn: max_restarts " + std::to_string(req.max_restarts) +
+                         " is outside 0..1000");
     auto nodes = live_nodes();
-    Placement where = place_on(views(nodes), rec.info);
+    if (std::string bad = check_resources(rec.info.resources, declared_resources(nodes));
+        !bad.empty())
+      throw ClusterError("spawn: " + bad);
+    std::vector<NodeView> placement = views(nodes);
+    // A client's own actor goes only where a node lets clients spawn its class.
+    if (whose.client) {
+      std::erase_if(placement, [&](const NodeView& v) {
+        return !class_matches(nodes.at(v.id).spawnable, req.class_name);
+      });
+      if (placement.empty())
+        throw PermissionError("spawn: no node lets clients spawn " +
+                              escape_remote(req.class_name, 64) +
+                              " (a node's --spawnable names the classes users may spawn; jobs' "
+                              "actors are started by the head for a submitted job)");
+    }
+    Placement where = place_on(placement, rec.info);
     if (!where.node)
       throw SchedulingError("cannot place " + describe(rec.info) + " needing " +
                             format_resources(rec.info.resources) +
@@ -174,6 +222,11 @@ class HeadService {
     guard_store();
     auto rec = actor(id);
     if (!rec) throw ActorNotFoundError("no actor with id " + id);
+    if (const auto& who = detail::current_caller().who; !who.may_act_on(rec->info.owner))
+      throw PermissionError("kill: " + describe(rec->info) +
+                            (rec->info.job.empty() ? "" : " of job " + rec->info.job) +
+                            " belongs to " + owner_label(rec->info.owner_name, rec->info.owner) +
+                            "; only its owner or an admin may kill it, not " + who.name);
     // One that is still being created is killed after its creation (the node handles both in
     // order); whoever waits on that creation learns the outcome below.
     Creation creating = take_creation(id);
@@ -246,12 +299,35 @@ class HeadService {
     check_size("submit: name", sub.name.size(), kMaxJobNameBytes);
     check_size("submit: entry_class", sub.entry_class.size(), kMaxJobNameBytes);
     check_size("submit: spec (the job file)", sub.spec.size(), kMaxJobSpecBytes);
+    const auto& who = detail::current_caller().who;
+    if (!who.member() && !class_matches(cfg_.job_entry_classes, sub.entry_class))
+      throw PermissionError("submit: a client may run jobs of " +
+                            (cfg_.job_entry_classes.empty()
+                                 ? std::string("no entry class")
+                                 : cfg_.job_entry_classes.front()) +
+                            (cfg_.job_entry_classes.size() > 1 ? " (and the others the head allows)" : "") +
+                            ", not " + escape_remote(sub.entry_class, 64));
+    if (sub.max_workers < 0)
+      throw ClusterError("submit: max_workers " + std::to_string(sub.max_workers) + " is negative");
+    // Bounded per key before anything is stored: a refused submission leaves no record.
+    const std::string key = who.member() ? std::string() : who.key;
+    int running = 0;
+    for (const auto& [id, r] : jobs_index().running)
+      if (r.owner == key) ++running;
+    if (std::string why = limits_.admit(key, who.member() ? "the operator" : who.name, running,
+                                        now_ms());
+        !why.empty())
+      throw ClusterError("submit: " + why);
     JobInfo job;
     job.id = random_id("job").substr(0, 16);
     job.name = sub.name.empty() ? job.id : sub.name;
     job.entry_class = sub.entry_class;
     job.state = JobState::running;
     job.submitted_unix_ms = unix_ms();
+    job.owner = key;
+    job.owner_name = key.empty() ? std::string() : who.name;
+    job.max_workers = std::min(sub.max_workers > 0 ? sub.max_workers : cfg_.max_job_workers,
+                               cfg_.max_job_workers);
     save_job(job);
     SpawnRequest req;
     req.class_name = sub.entry_class;
@@ -275,7 +351,7 @@ class HeadService {
       }
     };
     try {
-      job.entry_actor = spawn_impl(req, started);
+      job.entry_actor = spawn_impl(req, Owner{job.id, job.owner, job.owner_name}, started);
     } catch (const std::exception& e) {
       finish(job, JobState::failed, std::string("could not start the job: ") + e.what());
       throw;
@@ -314,6 +390,7 @@ class HeadService {
     return with_store([&] {
       JobEvents out;
       out.job = job_record(job_id);
+      check_owner(out.job, "read the log of");
       for (auto& e : store_->read(keys::job_events(job_id), after.empty() ? "0" : after,
                                   size_t(std::max(1, max)))) {
         JobEvent je;
@@ -332,9 +409,11 @@ class HeadService {
 
   JobInfo scale_job(std::string job_id, int workers) {
     return with_store([&] {
-      if (workers < 1)
-        throw ClusterError("scale: a job needs at least 1 worker, not " + std::to_string(workers));
       JobInfo job = job_record(job_id);
+      check_owner(job, "scale");
+      if (std::string bad = check_scale(workers, job.max_workers, cfg_.max_job_workers);
+          !bad.empty())
+        throw ClusterError("scale: job " + job_id + ": " + bad);
       if (job.finished())
         throw ClusterError("scale: job " + job_id + " has " + to_string(job.state) +
                            "; nothing to scale");
@@ -359,6 +438,7 @@ class HeadService {
   JobInfo cancel_job(std::string job_id) {
     return with_store([&] {
       JobInfo job = job_record(job_id);
+      check_owner(job, "cancel");
       if (job.finished()) return job;
       kill_job_actors(job.id, "job cancelled");
       finish(job, JobState::cancelled, "cancelled by request");
@@ -419,6 +499,7 @@ class HeadService {
                      membership::redact_url(cfg_.redis_url));
         detector_.grace(now);
         index_valid_ = false;  // read the actor table again: the store is the truth
+        jobs_valid_ = false;
         store_was_down_ = false;
       }
       for (auto& [id, n] : nodes) {
@@ -507,25 +588,76 @@ class HeadService {
         }
       }
       check_jobs(actors_index());
+      expire_jobs();
       forget_the_dead(nodes, now);
     } catch (const membership::StoreUnavailable& e) {
       if (!store_was_down_) spdlog::warn("head: Redis unreachable, will retry: {}", e.what());
       store_was_down_ = true;
       index_valid_ = false;
+      jobs_valid_ = false;
     } catch (const std::exception& e) {
       spdlog::error("head: tick failed: {}", e.what());
     }
   }
 
  private:
-  void save_job(const JobInfo& job) { store_->hput(keys::kJobs, job.id, pack_str(job)); }
-  // A job's log and state are written only by its own actors (named "<job id>.<...>"): the
-  // call must come from one. The sender is the caller's word, believed because only members
+  // Writes through, as save() does: the store, then the job index.
+  void save_job(const JobInfo& job) {
+    store_->hput(keys::kJobs, job.id, pack_str(job));
+    if (!jobs_valid_) return;
+    index_job(jobs_, job);
+  }
+  struct JobsIndex {
+    struct Running {
+      std::string owner, entry_actor;
+    };
+    std::map<std::string, Running> running;  // by job id
+    std::multimap<int64_t, std::string> ended;   // finished_unix_ms -> job id, for expiry
+  };
+  static void index_job(JobsIndex& ix, const JobInfo& job) {
+    if (job.finished()) {
+      if (ix.running.erase(job.id) || job.finished_unix_ms > 0)
+        ix.ended.emplace(job.finished_unix_ms, job.id);
+    } else {
+      ix.running[job.id] = {job.owner, job.entry_actor};
+    }
+  }
+  // Which jobs run and which ended when, held in memory so that no tick or submission reads the
+  // whole job table: read from the store when the head starts and after the store was lost.
+  const JobsIndex& jobs_index() {
+    if (!jobs_valid_) {
+      JobsIndex fresh;
+      for (auto& [id, v] : store_->hgetall(keys::kJobs)) {
+        JobInfo job = unpack_str<JobInfo>(v);
+        index_job(fresh, job);
+      }
+      jobs_ = std::move(fresh);
+      jobs_valid_ = true;
+    }
+    return jobs_;
+  }
+  // Finished jobs leave the store `job_retention_ms` after they ended (their folder keeps their
+  // records): the table and its readers stay the size of recent work. Costs what expires.
+  void expire_jobs() {
+    (void)jobs_index();
+    const int64_t cutoff = unix_ms() - cfg_.job_retention_ms;
+    while (!jobs_.ended.empty() && jobs_.ended.begin()->first <= cutoff) {
+      const std::string id = jobs_.ended.begin()->second;
+      auto v = store_->hget(keys::kJobs, id);
+      if (v && unpack_str<JobInfo>(*v).finished()) {
+        store_->hdel(keys::kJobs, id);
+        store_->erase(keys::job_events(id));
+      }
+      jobs_.ended.erase(jobs_.ended.begin());
+    }
+  }
+  // A job's log and state are written only by its own actors (those the head created for it):
+  // the call must come from one. The sender is the caller's word, believed because only members
   // reach an internal method.
   void check_author(const std::string& job_id, const char* what) {
     const std::string& sender = detail::current_caller().sender;
     auto rec = sender.empty() ? std::nullopt : actor(sender);
-    if (!rec || rec->info.name.rfind(job_id + ".", 0) != 0)
+    if (!rec || rec->info.job != job_id)
       throw PermissionError(std::string(what) + ": job " + job_id +
                             " is written only by its own actors, and the call came from " +
                             (sender.empty() ? std::string("no actor") : escape_remote(sender, 64)) +
@@ -555,7 +687,8 @@ class HeadService {
   void kill_job_actors(const std::string& job_id, const std::string& why) {
     std::vector<std::string> ids;
     for (auto& [id, r] : actors_index())
-      if (r.info.name.rfind(job_id + ".", 0) == 0 && r.info.state != ActorState::dead)
+      if ((r.info.job == job_id || r.info.name.rfind(job_id + ".", 0) == 0) &&
+          r.info.state != ActorState::dead)
         ids.push_back(id);
     for (const std::string& id : ids) {
       ActorRecord rec = index_.at(id);
@@ -569,15 +702,26 @@ class HeadService {
       report(creating, rec.info, "ActorDiedError", why);
     }
   }
-  // A running job whose entry actor is dead has failed.
+  // A running job whose entry actor is dead has failed. Looks at the running jobs only, in
+  // memory; reads a job's record only when its entry actor is dead.
   void check_jobs(const std::map<std::string, ActorRecord>& actors) {
-    for (auto& [id, v] : store_->hgetall(keys::kJobs)) {
-      JobInfo job = unpack_str<JobInfo>(v);
-      if (job.finished() || job.entry_actor.empty()) continue;
-      auto it = actors.find(job.entry_actor);
+    std::vector<std::pair<std::string, const ActorInfo*>> failed;
+    for (const auto& [id, r] : jobs_index().running) {
+      auto it = actors.find(r.entry_actor);
       if (it != actors.end() && it->second.info.state == ActorState::dead)
-        finish(job, JobState::failed,
-               "its " + it->second.info.class_name + " died: " + it->second.info.reason);
+        failed.emplace_back(id, &it->second.info);
+    }
+    for (const auto& [id, entry] : failed) {
+      auto v = store_->hget(keys::kJobs, id);
+      if (!v) {
+        jobs_.running.erase(id);
+        continue;
+      }
+      JobInfo job = unpack_str<JobInfo>(*v);
+      if (!job.finished())
+        finish(job, JobState::failed, "its " + entry->class_name + " died: " + entry->reason);
+      else
+        index_job(jobs_, job);
     }
   }
 
@@ -589,6 +733,7 @@ class HeadService {
     } catch (const membership::StoreError& e) {
       store_was_down_ = true;
       index_valid_ = false;
+      jobs_valid_ = false;
       throw ClusterError(std::string("the head cannot reach Redis: ") + e.what());
     }
   }
@@ -703,6 +848,13 @@ class HeadService {
     std::erase_if(nodes, [](auto& kv) { return kv.second.state != NodeState::alive; });
     return nodes;
   }
+  // The resource names the nodes declare (besides the builtin ones).
+  static std::set<std::string> declared_resources(const std::map<std::string, NodeRecord>& nodes) {
+    std::set<std::string> out;
+    for (const auto& [id, n] : nodes)
+      for (const auto& [name, amount] : n.resources) out.insert(name);
+    return out;
+  }
   static bool occupies(const ActorInfo& a) {
     return a.state == ActorState::alive || a.state == ActorState::pending;
   }
@@ -768,7 +920,8 @@ class HeadService {
     std::weak_ptr<detail::Core> weak = core;
     core->call_async(node_ref(node), "create_actor",
                      detail::pack_payload(std::make_tuple(CreateActorRequest{
-                         rec.info.id, rec.info.class_name, rec.ctor_args, gpus})),
+                         rec.info.id, rec.info.class_name, rec.ctor_args, gpus, rec.info.job,
+                         rec.info.owner, rec.info.owner_name})),
                      [weak, id, seq](detail::CallState& st) {
                        if (auto c = weak.lock())
                          c->post("@head", "created",
@@ -874,6 +1027,10 @@ class HeadService {
   std::vector<NodeView> views_cache_;
   std::set<std::string> views_nodes_;
   bool views_dirty_ = true;
+  // jobs_index(): running jobs and when finished ones ended, valid unless `jobs_valid_` is false.
+  JobsIndex jobs_;
+  bool jobs_valid_ = false;
+  SubmissionLimits limits_{cfg_.max_jobs_per_key, cfg_.max_submissions_per_minute};
 };
 
 LOCO_REGISTER(HeadService, loco::ActorClass<HeadService>("loco.Head")

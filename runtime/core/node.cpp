@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -11,6 +12,7 @@
 
 #include "runtime/core/actor.hpp"
 #include "runtime/core/core.hpp"
+#include "runtime/core/decisions.hpp"
 #include "runtime/core/plugins.hpp"
 #include "runtime/core/server.hpp"
 #include "runtime/membership/store.hpp"
@@ -29,16 +31,23 @@ std::string host_name() {
 class NodeService {
  public:
   NodeService(std::string node_id, std::string address, PathRoots roots,
-              std::shared_ptr<Plugins> plugins)
+              std::shared_ptr<Plugins> plugins, std::vector<std::string> spawnable)
       : node_id_(std::move(node_id)),
         address_(std::move(address)),
         roots_(std::move(roots)),
-        plugins_(std::move(plugins)) {}
+        plugins_(std::move(plugins)),
+        spawnable_(std::move(spawnable)) {}
 
   void create_actor(CreateActorRequest req) {
     // Asked again (a restarted head re-sends the creations it finds pending): already done.
     auto hosted = detail::current_core()->hosted();
     if (std::find(hosted.begin(), hosted.end(), req.actor_id) != hosted.end()) return;
+    // The head places a client's own actor only where --spawnable names its class; checked here
+    // again, before any plugin is loaded for it.
+    if (!req.owner.empty() && req.job.empty() && !class_matches(spawnable_, req.class_name))
+      throw PermissionError("node " + node_id_ + " does not let clients spawn " +
+                            escape_remote(req.class_name, 64) + " (its --spawnable: " +
+                            (spawnable_.empty() ? std::string("none") : join(spawnable_)) + ")");
     // Loads the plugin that offers the class, the first time one of its classes is asked for.
     plugins_->provide(req.class_name);
     const detail::ClassEntry* cls = detail::Registry::instance().find(req.class_name);
@@ -51,7 +60,7 @@ class NodeService {
     }
     detail::Payload args;
     args.body = std::move(req.ctor_args);
-    ActorContext context{req.actor_id, req.gpus, roots_};
+    ActorContext context{req.actor_id, req.gpus, roots_, req.job, req.owner, req.owner_name};
     std::shared_ptr<void> instance;
     {
       detail::ActorContextScope scope(&context);  // the constructor sees its own placement
@@ -77,7 +86,24 @@ class NodeService {
   std::string node_id_, address_;
   PathRoots roots_;
   std::shared_ptr<Plugins> plugins_;
+  std::vector<std::string> spawnable_;
+
+  static std::string join(const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& x : v) out += (out.empty() ? "" : ",") + x;
+    return out;
+  }
 };
+
+// MemTotal of /proc/meminfo in bytes, 0 when it cannot be read.
+double memory_total_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  double kib = 0;
+  while (f >> key >> kib >> unit)
+    if (key == "MemTotal:") return kib * 1024;
+  return 0;
+}
 
 LOCO_REGISTER(NodeService, loco::ActorClass<NodeService>("loco.Node")
                                .internal_method("create_actor", &NodeService::create_actor)
@@ -142,6 +168,10 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   rec.address = core->address();
   rec.resources = cfg.resources;
   if (rec.resources.empty()) rec.resources["cpu"] = std::thread::hardware_concurrency();
+  // What a job's size is held against at submission (a DiLoCo job's memory estimate).
+  if (!rec.resources.count("memory"))
+    if (double m = memory_total_bytes(); m > 0) rec.resources["memory"] = m;
+  rec.spawnable = cfg.spawnable;
   rec.state = NodeState::alive;
   rec.hostname = host_name();
   rec.pid = ::getpid();
@@ -156,7 +186,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   auto heartbeat = [&] { store->put(keys::alive(node_id), std::to_string(++beat), ttl); };
   auto serve = [&] {
     core->host("@node", detail::class_entry<NodeService>(),
-               std::make_shared<NodeService>(node_id, rec.address, roots, plugins));
+               std::make_shared<NodeService>(node_id, rec.address, roots, plugins, cfg.spawnable));
   };
   auto join = [&] {
     store->hput(keys::kNodes, node_id, packed(rec));

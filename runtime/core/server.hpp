@@ -19,7 +19,18 @@ struct HeadConfig {
   // Dead actors and nodes dead or gone are removed from the store this long after the head
   // saw them so (`loco start --head --retention-s`).
   int64_t retention_ms = 600000;
+  // A finished job's record and log are removed from the store this long after it ended
+  // (`--job-retention-s`); its folder keeps them (metrics.jsonl, job.yaml).
+  int64_t job_retention_ms = 3600000;
   size_t max_message_bytes = size_t(1) << 30;
+  // Per key (a client's, or the operator's): jobs running at once, and submissions in any
+  // minute (`--max-jobs-per-key`, `--max-submissions-per-minute`).
+  int max_jobs_per_key = 16;
+  int max_submissions_per_minute = 30;
+  // The most workers `loco scale` may ask of any job (`--max-job-workers`).
+  int max_job_workers = 1024;
+  // Entry classes a client may submit a job with (members: any).
+  std::vector<std::string> job_entry_classes = {"diloco.OuterAggregator"};
   security::Settings security;  // `loco start` resolves --key / --insecure into this
 };
 
@@ -27,7 +38,10 @@ struct NodeConfig {
   std::string head_address;  // "HOST:PORT"
   std::string bind = "tcp://0.0.0.0:0";
   std::string advertise;  // host others reach this node at; "" = the bound host
-  Resources resources;    // default: cpu = number of cores
+  // Default: cpu = number of cores; `memory` (bytes) is MemTotal of /proc/meminfo unless given.
+  Resources resources;
+  // Classes a client may spawn on this node (`--spawnable A,B,prefix.*`); default none.
+  std::vector<std::string> spawnable;
   // Shared libraries (loaded at start) or folders of them (loaded when an actor needs one:
   // plugins.hpp).
   std::vector<std::string> plugins;

@@ -239,10 +239,12 @@ void Transport::run() {
           if (!router_->recv(rid, zmq::recv_flags::dontwait)) break;
           if (!rid.more()) continue;
           recv_frames(*router_, frames);
-          const security::Role role = frames.empty()
-                                          ? security::Role::client
-                                          : security::role_of(frames[0], opts_.security.curve);
-          inbound_(std::move(rid), std::move(frames), role);
+          security::Identity who;
+          if (frames.empty())
+            who.role = security::Role::client;
+          else
+            who = security::identity_of(frames[0], opts_.security.curve);
+          inbound_(std::move(rid), std::move(frames), std::move(who));
           frames.clear();
         }
       }

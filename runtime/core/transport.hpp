@@ -24,10 +24,10 @@ namespace loco::detail {
 
 class Transport {
  public:
-  // A message that arrived on the ROUTER; `routing_id` addresses the reply, `role` is what the
-  // key of its connection lets it do (security::role_of).
+  // A message that arrived on the ROUTER; `routing_id` addresses the reply, `who` is who the
+  // key of its connection proves the sender is (security::identity_of).
   using InboundFn = std::function<void(zmq::message_t&& routing_id, std::vector<zmq::message_t>&&,
-                                       security::Role role)>;
+                                       security::Identity who)>;
   // A message that arrived on the DEALER connected to `peer`.
   using ReplyFn = std::function<void(const std::string& peer, std::vector<zmq::message_t>&&)>;
   // Called on the I/O thread about every `tick_ms`.

@@ -37,7 +37,14 @@ struct Envelope {
   std::string method;
   std::string error_type;
   std::string error_message;
-  MSGPACK_DEFINE(version, kind, corr, sender, target, method, error_type, error_message)
+  // Set by the Core of a calling actor from what its node was told when the head created it
+  // (ActorContext), never from the actor's code: the job it belongs to and its owner's key.
+  // Empty for a call that no actor makes (a driver, a node, the head): `from_actor` false.
+  bool from_actor = false;
+  std::string sender_job;
+  std::string sender_owner;
+  MSGPACK_DEFINE(version, kind, corr, sender, target, method, error_type, error_message,
+                 from_actor, sender_job, sender_owner)
 
   Kind k() const { return static_cast<Kind>(kind); }
 };

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -18,9 +19,8 @@ namespace {
 
 constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
 constexpr const char* kDomain = "loco";
-// ZAP user ids: ZeroMQ attaches them to every frame of the connection (role_of reads them).
+// ZAP user ids: ZeroMQ attaches them to every frame of the connection (identity_of reads them).
 constexpr const char* kMemberId = "member";
-constexpr const char* kClientId = "client";
 
 std::string z85(const zmq::message_t& raw) {
   if (raw.size() != 32) return {};
@@ -49,10 +49,31 @@ void make_client(zmq::socket_t& socket, const Settings& s) {
   socket.set(zmq::sockopt::curve_secretkey, s.own().secret_key);
 }
 
-Role role_of(const zmq::message_t& frame, bool curve) {
-  if (!curve) return Role::member;
-  const char* id = zmq_msg_gets(frame.handle(), "User-Id");
-  return id && std::strcmp(id, kMemberId) == 0 ? Role::member : Role::client;
+std::string user_id_of(const Identity& who) {
+  if (who.member()) return kMemberId;
+  return std::string(who.admin ? "admin:" : "client:") + who.key + ":" + who.name;
+}
+
+Identity parse_user_id(const char* id) {
+  Identity who;
+  who.role = Role::client;
+  if (!id) return who;
+  const std::string_view s(id);
+  if (s == kMemberId) return Identity{};
+  const bool admin = s.rfind("admin:", 0) == 0;
+  if (!admin && s.rfind("client:", 0) != 0) return who;
+  const size_t at = admin ? 6 : 7;
+  // The key is 40 Z85 characters, which may include ':'; the name follows the next ':'.
+  if (s.size() < at + 41 || s[at + 40] != ':') return who;
+  who.key = std::string(s.substr(at, 40));
+  who.name = std::string(s.substr(at + 41));
+  who.admin = admin;
+  return who;
+}
+
+Identity identity_of(const zmq::message_t& frame, bool curve) {
+  if (!curve) return Identity{};
+  return parse_user_id(zmq_msg_gets(frame.handle(), "User-Id"));
 }
 
 struct ZapHandler::Impl {
@@ -61,12 +82,13 @@ struct ZapHandler::Impl {
   zmq::socket_t stop_rx, stop_tx;
   Admit admit_roles;
   std::mutex mu;
-  std::set<std::string> members, clients;
-  // Key files whose `client` lines are re-read when they change: path -> (mtime, size, the
-  // clients it listed).
+  std::set<std::string> members, clients, admins;
+  std::map<std::string, std::string> names;  // client key -> its name
+  // Key files whose `client` and `admin` lines are re-read when they change: path -> (mtime,
+  // size, what it listed).
   struct Watched {
     int64_t mtime_ns = 0, size = -1;
-    std::vector<std::string> clients;
+    std::vector<std::string> clients, admins;
   };
   std::map<std::string, Watched> files;
   std::set<std::string> logged;  // refused keys already logged (at most 64)
@@ -103,8 +125,12 @@ struct ZapHandler::Impl {
       try {
         Settings fresh = read_key_file(path);
         for (const auto& k : w.clients) clients.erase(k);
+        for (const auto& k : w.admins) admins.erase(k);
         w.clients = fresh.clients;
+        w.admins = fresh.admins;
         clients.insert(w.clients.begin(), w.clients.end());
+        admins.insert(w.admins.begin(), w.admins.end());
+        for (const auto& [k, name] : fresh.names) names[k] = name;
         spdlog::info("key file {} lists {} client key(s)", path, w.clients.size());
       } catch (const KeyError& e) {
         spdlog::warn("kept the clients admitted so far: {}", e.what());
@@ -112,15 +138,21 @@ struct ZapHandler::Impl {
     }
   }
 
-  // The role of `key`, or nothing when it may not connect.
-  std::optional<Role> role(const std::string& mechanism, const std::string& key) {
+  // Who `key` is, or nothing when it may not connect.
+  std::optional<Identity> identity(const std::string& mechanism, const std::string& key) {
     if (mechanism != "CURVE") return std::nullopt;
     std::lock_guard<std::mutex> lock(mu);
-    if (members.count(key)) return Role::member;
+    if (members.count(key)) return Identity{};
     if (admit_roles == Admit::members) return std::nullopt;
     refresh();  // a line added or deleted since counts for this handshake
-    if (clients.count(key)) return Role::client;
-    return std::nullopt;
+    if (!clients.count(key)) return std::nullopt;
+    Identity who;
+    who.role = Role::client;
+    who.key = key;
+    auto name = names.find(key);
+    who.name = name != names.end() ? name->second : user_name("", key);
+    who.admin = admins.count(key) > 0;
+    return who;
   }
 
   void serve() {
@@ -141,8 +173,9 @@ struct ZapHandler::Impl {
       const bool well_formed = req.size() >= 6 && req[0].to_string() == "1.0";
       const std::string mechanism = req.size() >= 6 ? req[5].to_string() : "";
       const std::string key = req.size() >= 7 ? z85(req[6]) : "";
-      const std::optional<Role> role = well_formed ? this->role(mechanism, key) : std::nullopt;
-      const bool ok = role.has_value();
+      const std::optional<Identity> who =
+          well_formed ? this->identity(mechanism, key) : std::nullopt;
+      const bool ok = who.has_value();
       if (ok) {
         admitted.fetch_add(1);
       } else {
@@ -161,10 +194,8 @@ struct ZapHandler::Impl {
       reply.emplace_back(req.size() >= 2 ? req[1].to_string() : std::string());
       reply.emplace_back(std::string(ok ? "200" : "400"));
       reply.emplace_back(std::string(ok ? "OK" : "key not on the cluster's allow-list"));
-      reply.emplace_back(std::string(!ok                     ? ""
-                                     : *role == Role::member ? kMemberId
-                                                             : kClientId));  // user id
-      reply.emplace_back();                                                  // metadata
+      reply.emplace_back(ok ? user_id_of(*who) : std::string());  // user id
+      reply.emplace_back();                                        // metadata
       for (size_t i = 0; i < reply.size(); ++i)
         (void)rep.send(reply[i],
                        i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
@@ -188,9 +219,12 @@ void ZapHandler::add(const Settings& s) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (!s.is_client()) impl_->members.insert(s.cluster.public_key);
   impl_->clients.insert(s.clients.begin(), s.clients.end());
+  impl_->admins.insert(s.admins.begin(), s.admins.end());
+  for (const auto& [k, name] : s.names) impl_->names[k] = name;
   if (!s.key_file.empty() && !s.is_client()) {
     Impl::Watched& w = impl_->files[s.key_file];
     w.clients = s.clients;
+    w.admins = s.admins;
     struct stat st {};
     if (::stat(s.key_file.c_str(), &st) == 0) {
       w.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;

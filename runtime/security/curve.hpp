@@ -18,9 +18,14 @@ void make_server(zmq::socket_t& socket, const Settings& s);
 // cluster's key and presenting s.own(). Nothing when `s.curve` is false.
 void make_client(zmq::socket_t& socket, const Settings& s);
 
-// The role ZeroMQ attached to a received frame (the ZAP handler's user id for its
-// connection): Role::member without CURVE, Role::client for a frame that carries none.
-Role role_of(const zmq::message_t& frame, bool curve);
+// Who sent a received frame, from the user id the ZAP handler gave its connection (ZeroMQ
+// attaches it to every frame): a member without CURVE, a client with no key or name for a
+// frame that carries none or one that does not parse.
+Identity identity_of(const zmq::message_t& frame, bool curve);
+// The user id the ZAP handler gives a connection of `who`, which identity_of reads back:
+// "member", or "client:KEY:NAME" / "admin:KEY:NAME" (KEY: 40 Z85 characters).
+std::string user_id_of(const Identity& who);
+Identity parse_user_id(const char* user_id);
 
 // Which connections a server socket takes.
 enum class Admit { members_and_clients, members };

@@ -54,7 +54,8 @@ Settings read_key_file(const std::string& path) {
   }
   KeyPair pair;
   std::string cluster_key;
-  std::vector<std::string> clients;
+  std::vector<std::string> clients, admins;
+  std::map<std::string, std::string> names;
   std::string line;
   int n = 0;
   while (std::getline(f, line)) {
@@ -65,22 +66,29 @@ Settings read_key_file(const std::string& path) {
     if (eq == std::string::npos) bad(path, "line " + std::to_string(n) + " is not `name = value`");
     std::string name = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
     // A note may follow the value after white space and '#' (Z85 has '#' but no space).
+    std::string note;
     if (auto space = value.find_first_of(" \t"); space != std::string::npos) {
       const std::string rest = trim(value.substr(space));
       if (!rest.empty() && rest[0] != '#')
         bad(path, "line " + std::to_string(n) + ": more than one value after `" + name + " =`");
+      if (!rest.empty()) note = trim(rest.substr(1));
       value.resize(space);
     }
     if (name == "allow") name = "client";
-    if (name != "public-key" && name != "secret-key" && name != "client" && name != "cluster-key")
+    if (name != "public-key" && name != "secret-key" && name != "client" && name != "admin" &&
+        name != "cluster-key")
       bad(path, "line " + std::to_string(n) + ": unknown name `" + name +
-                    "` (expected public-key, secret-key, client or cluster-key)");
+                    "` (expected public-key, secret-key, client, admin or cluster-key)");
     if (!valid_z85_key(value))
       bad(path,
           "line " + std::to_string(n) + ": " + name + " is not a Z85 CURVE key (40 characters)");
     if (name == "public-key") pair.public_key = value;
     if (name == "secret-key") pair.secret_key = value;
-    if (name == "client") clients.push_back(value);
+    if (name == "client" || name == "admin") {
+      clients.push_back(value);
+      names[value] = user_name(note, value);
+    }
+    if (name == "admin") admins.push_back(value);
     if (name == "cluster-key") cluster_key = value;
   }
   if (pair.public_key.empty()) bad(path, "no public-key line");
@@ -95,6 +103,8 @@ Settings read_key_file(const std::string& path) {
   } else {
     s = Settings::with_key(pair);
     s.clients = std::move(clients);
+    s.admins = std::move(admins);
+    s.names = std::move(names);
   }
   s.key_file = path;
   return s;
@@ -154,26 +164,31 @@ void write_client_key_file(const std::string& path, const KeyPair& own,
   write_private(path, text.str(), overwrite);
 }
 
+std::string user_name(const std::string& note, const std::string& public_key) {
+  std::string safe;
+  for (char c : note.substr(0, 64))
+    safe += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ||
+             c == '@' || c == '/')
+                ? c
+                : '_';
+  return safe.empty() ? "key " + public_key.substr(0, 8) : safe;
+}
+
 void add_client_to_key_file(const std::string& path, const std::string& public_key,
-                            const std::string& label) {
+                            const std::string& label, bool admin) {
   const Settings s = read_key_file(path);
   if (s.is_client())
     throw KeyError("key file " + path +
                    " is a client key, not the cluster's: give the cluster key (--key FILE)");
   if (!valid_z85_key(public_key)) throw KeyError("not a Z85 CURVE public key: " + public_key);
   if (std::find(s.clients.begin(), s.clients.end(), public_key) != s.clients.end()) return;
-  std::string safe;
-  for (char c : label.substr(0, 64))
-    safe += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ||
-             c == '@' || c == '/')
-                ? c
-                : '_';
+  const std::string safe = label.empty() ? std::string() : user_name(label, public_key);
   std::ifstream in(path);
   std::ostringstream text;
   text << in.rdbuf();
   std::string body = text.str();
   if (!body.empty() && body.back() != '\n') body += '\n';
-  body += "client = " + public_key + (safe.empty() ? "" : "  # " + safe) + "\n";
+  body += std::string(admin ? "admin" : "client") + " = " + public_key + (safe.empty() ? "" : "  # " + safe) + "\n";
   write_private(path, body, true);
 }
 

@@ -279,7 +279,7 @@ TEST(DashboardUp, LocoUpPrintsTheUrlOfTheDashboardItsHeadServes) {
   o.log_path = dir + "/up.log";
   o.env["LOCO_STATE_DIR"] = dir;
   o.env["LOCO_KEY"] = dir + "/cluster.key";
-  o.env["LOCO_PLUGIN_PATH"] = LOCO_PLUGIN_DIR_STR "/libloco_test_actors.so";
+  o.env["LOCO_PLUGIN_PATH"] = LOCO_TEST_PLUGIN_DIR_STR "/libloco_test_actors.so";
   Subprocess up({loco_binary(), "up", "--workers", "1"}, o);
   std::smatch m;
   const std::regex printed(R"(dashboard at http://127\.0\.0\.1:(\d+)/#token=([0-9a-f]{32}))");

@@ -2,6 +2,9 @@
 #ifndef LOCO_PLUGIN_DIR_STR
 #error "LOCO_PLUGIN_DIR_STR must name build/plugins"
 #endif
+#ifndef LOCO_TEST_PLUGIN_DIR_STR
+#error "LOCO_TEST_PLUGIN_DIR_STR must name build/plugins-testing"
+#endif
 // A real local cluster for multi-process tests: redis-server on a free port,
 // a head and N nodes as `loco start --block` processes on loopback. Every wait
 // is bounded; the destructor kills whatever is still running.
@@ -27,7 +30,7 @@ struct ClusterOptions {
   std::string path_root = "/tmp";  // every node's --data-root and --checkpoint-root
   // Plugins the nodes load ($LOCO_PLUGIN_PATH); default: the test actors only,
   // so that runtime tests do not load LibTorch in every node.
-  std::string plugins = LOCO_PLUGIN_DIR_STR "/libloco_test_actors.so";
+  std::string plugins = LOCO_TEST_PLUGIN_DIR_STR "/libloco_test_actors.so";
   // Plain TCP (--insecure) instead of a cluster key made for this cluster.
   bool insecure = false;
 };

@@ -665,7 +665,7 @@ std::string maps_of(pid_t pid) {
 TEST(Cluster, AnIdleNodeLoadsNoPluginAndAHostLoadsOnlyWhatItsActorsNeed) {
   ClusterOptions o;
   o.nodes = 1;
-  o.plugins = LOCO_PLUGIN_DIR_STR;
+  o.plugins = LOCO_PLUGIN_DIR_STR ":" LOCO_TEST_PLUGIN_DIR_STR;
   LocalCluster c(o);
   pid_t pid = c.node(c.node_addresses()[0]).pid();
   std::string maps = maps_of(pid);

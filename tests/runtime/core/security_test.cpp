@@ -4,7 +4,9 @@
 #include <sys/wait.h>
 
 #include <filesystem>
+#include <cmath>
 #include <fstream>
+#include <map>
 
 #include "runtime/core/core.hpp"
 #include "runtime/security/keys.hpp"
@@ -89,7 +91,7 @@ TEST(Security, ANodeWithoutTheClusterKeyCannotJoin) {
     Subprocess::Options o;
     o.log_path = c.log_dir() + "/intruder.log";
     std::filesystem::remove(o.log_path);
-    o.env["LOCO_PLUGIN_PATH"] = LOCO_PLUGIN_DIR_STR "/libloco_test_actors.so";
+    o.env["LOCO_PLUGIN_PATH"] = LOCO_TEST_PLUGIN_DIR_STR "/libloco_test_actors.so";
     Subprocess node({loco_binary(), "start", "--block", "--host=127.0.0.1",
                      "--address=" + c.head_address(), "--resources=cpu=1", flag},
                     o);
@@ -121,7 +123,10 @@ std::string error_of(const std::function<void()>& f) {
 // head's job_event), cannot join as a node, and does not learn Redis' password. A member that
 // is not one of a job's actors cannot write the job's log either.
 TEST(Security, AClientKeyDoesWhatClientsDoAndNothingElse) {
-  LocalCluster c(ClusterOptions{.nodes = 1});
+  // Users may spawn counters here and run test.FakeJob jobs.
+  LocalCluster c(ClusterOptions{.nodes = 1,
+                                .extra_node_args = {"--spawnable=test.Counter"},
+                                .extra_head_args = {"--job-entry=test.FakeJob"}});
   const std::string loco = loco_binary() + " ", at = " --address " + c.head_address();
   const std::string alice = c.log_dir() + "/alice.key";
   int rc = -1;
@@ -215,7 +220,7 @@ TEST(Security, AClientKeyDoesWhatClientsDoAndNothingElse) {
   // A node with a client key does not start: only the cluster key serves.
   Subprocess::Options o;
   o.log_path = c.log_dir() + "/client-node.log";
-  o.env["LOCO_PLUGIN_PATH"] = LOCO_PLUGIN_DIR_STR "/libloco_test_actors.so";
+  o.env["LOCO_PLUGIN_PATH"] = LOCO_TEST_PLUGIN_DIR_STR "/libloco_test_actors.so";
   Subprocess node({loco_binary(), "start", "--block", "--host=127.0.0.1",
                    "--address=" + c.head_address(), "--resources=cpu=1", "--key=" + alice},
                   o);
@@ -225,6 +230,161 @@ TEST(Security, AClientKeyDoesWhatClientsDoAndNothingElse) {
   EXPECT_TRUE(contains(read_file(o.log_path), "a client key cannot serve"))
       << read_file(o.log_path);
   EXPECT_EQ(member.status().nodes.size(), 1u);
+}
+
+// Users who share a cluster cannot touch each other's work (the probe of issue 14: a client key
+// could cancel, scale and read anyone's job, call and kill anyone's actors, switch resource
+// accounting off with {cpu: -100}, and submit without bound). Each user holds a client key;
+// carol's is an admin's.
+TEST(Security, UsersOwnTheirJobsAndActorsAndAskOnlyWithinBounds) {
+  LocalCluster c(ClusterOptions{.nodes = 1,
+                                .extra_node_args = {"--spawnable=test.Counter"},
+                                .extra_head_args = {"--job-entry=test.FakeJob",
+                                                    "--max-jobs-per-key=3",
+                                                    "--max-submissions-per-minute=6",
+                                                    "--max-job-workers=64",
+                                                    "--job-retention-s=1"}});
+  const std::string loco = loco_binary() + " ", at = " --address " + c.head_address();
+  std::map<std::string, std::string> key;
+  int rc = -1;
+  for (const std::string who : {"alice", "bob", "carol"}) {
+    key[who] = c.log_dir() + "/" + who + ".key";
+    const std::string out = run(loco + "keygen " + (who == "carol" ? "--admin" : "--client") +
+                                    " --out " + key[who] + " --key " + c.key_path() +
+                                    " --name " + who,
+                                &rc);
+    ASSERT_EQ(rc, 0) << out;
+  }
+  EXPECT_TRUE(contains(read_file(c.key_path()), "admin = "));
+  auto connect = [&](const std::string& who) {
+    ConnectOptions o;
+    o.security = security::read_key_file(key[who]);
+    return Runtime::connect(c.head_address(), o);
+  };
+  Runtime alice = connect("alice"), bob = connect("bob"), carol = connect("carol");
+  const std::string alice_key = security::read_key_file(key["alice"]).client.public_key;
+
+  JobSubmission sub{"alices", "test.FakeJob", "rounds 100000", {{"cpu", 0}}};
+  sub.max_workers = 8;
+  const JobInfo job = alice.submit_job(sub);
+  EXPECT_EQ(job.owner_name, "alice");
+  std::string out = run(loco + "jobs" + at + " --key " + key["bob"], &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_TRUE(contains(out, "OWNER")) << out;
+  EXPECT_TRUE(contains(out, job.id) && contains(out, "alice")) << out;
+
+  // Bob may not cancel, scale or read alice's job: refused naming the job and alice, not her key.
+  for (const auto& [what, call] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"cancel", [&] { bob.cancel_job(job.id); }},
+           {"scale", [&] { bob.scale_job(job.id, 2); }},
+           {"read the log of", [&] { bob.job_events(job.id, "", 10); }}}) {
+    const std::string e = error_of(call);
+    EXPECT_TRUE(contains(e, "PermissionError")) << e;
+    EXPECT_TRUE(contains(e, what + ": job " + job.id +
+                                " belongs to alice; only its owner or an admin may " + what +
+                                " it, not bob"))
+        << e;
+    EXPECT_FALSE(contains(e, alice_key)) << e;
+  }
+  out = run(loco + "cancel " + job.id + at + " --key " + key["bob"], &rc);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_TRUE(contains(out, "belongs to alice")) << out;
+  EXPECT_EQ(alice.job(job.id).state, JobState::running);
+
+  // Her actors: bob may neither call nor kill them; carol, an admin, may call them.
+  auto counter = alice.spawn<Counter>(ActorOptions().with_name("alices-counter"), 7);
+  auto bobs_view = bob.get_actor<Counter>("alices-counter");
+  std::string e = error_of([&] { (void)bobs_view.call(&Counter::add, 100).get(Millis(10000)); });
+  EXPECT_TRUE(contains(e, "PermissionError") && contains(e, "belongs to alice")) << e;
+  e = error_of([&] { bob.kill(counter.id()); });
+  EXPECT_TRUE(contains(e, "PermissionError") && contains(e, "kill: test.Counter 'alices-counter'"))
+      << e;
+  EXPECT_TRUE(contains(e, "belongs to alice")) << e;
+  EXPECT_EQ(carol.get_actor<Counter>("alices-counter").call(&Counter::add, 1).get(Millis(10000)),
+            8);
+  EXPECT_EQ(counter.call(&Counter::get).get(Millis(10000)), 8);
+
+  // A client spawns only what a node's --spawnable names: not the job's entry class, not the
+  // runtime's, not a class of a job.
+  SpawnRequest fake;
+  fake.class_name = "test.FakeJob";
+  e = error_of([&] { (void)bob.core()->head_call<ActorInfo>("spawn", Millis(10000), fake); });
+  EXPECT_TRUE(contains(e, "PermissionError") &&
+              contains(e, "spawn: no node lets clients spawn test.FakeJob"))
+      << e;
+  fake.class_name = "diloco.OuterAggregator";
+  e = error_of([&] { (void)bob.core()->head_call<ActorInfo>("spawn", Millis(10000), fake); });
+  EXPECT_TRUE(contains(e, "no node lets clients spawn diloco.OuterAggregator")) << e;
+
+  // Resources: finite, not negative, known; each refusal names the resource.
+  for (const auto& [res, says] : std::vector<std::pair<Resources, std::string>>{
+           {{{"cpu", -100}}, "resource 'cpu' is negative"},
+           {{{"cpu", std::nan("")}}, "resource 'cpu' is not a finite number"},
+           {{{"x", 0}}, "resource 'x' is not one that any node declares"}}) {
+    e = error_of([&] { bob.spawn<Counter>(ActorOptions().with_resources(res), 0); });
+    EXPECT_TRUE(contains(e, says)) << e;
+  }
+  JobSubmission negative{"neg", "test.FakeJob", "rounds 1"};
+  negative.resources = {{"cpu", -100}};
+  e = error_of([&] { bob.submit_job(negative); });
+  EXPECT_TRUE(contains(e, "resource 'cpu' is negative")) << e;
+
+  // Scale: within the job's workers.max and the cluster's cap, for alice and for carol.
+  EXPECT_EQ(alice.scale_job(job.id, 4).scale, 4);
+  e = error_of([&] { alice.scale_job(job.id, 2147483647); });
+  EXPECT_TRUE(contains(e, "more than the job's workers.max of 8")) << e;
+  EXPECT_EQ(carol.scale_job(job.id, 2).scale, 2);
+  EXPECT_FALSE(carol.job_events(job.id, "", 10).events.empty());
+  EXPECT_EQ(carol.cancel_job(job.id).state, JobState::cancelled);
+
+  // Per key: 3 jobs running at once, 6 submissions a minute (alice has made 1, bob's 1 failed
+  // before it was counted).
+  std::vector<JobInfo> mine;
+  for (int i = 0; i < 3; ++i) mine.push_back(alice.submit_job(sub));
+  e = error_of([&] { alice.submit_job(sub); });
+  EXPECT_TRUE(contains(e, "alice has 3 jobs running, the most one key may (3)")) << e;
+  const JobInfo bobs =
+      bob.submit_job(JobSubmission{"bobs", "test.FakeJob", "rounds 100000", {{"cpu", 0}}});
+  EXPECT_EQ(bobs.owner_name, "bob");
+  for (const JobInfo& j : mine) alice.cancel_job(j.id);
+  (void)alice.submit_job(sub);  // the 5th and 6th in this minute
+  (void)alice.submit_job(sub);
+  e = error_of([&] { alice.submit_job(sub); });
+  EXPECT_TRUE(contains(e, "alice submitted 6 jobs in the last minute")) << e;
+
+  // A finished job leaves the store after --job-retention-s (1 s); running ones stay.
+  EXPECT_TRUE(eventually(
+      [&] {
+        for (const JobInfo& j : carol.list_jobs())
+          if (j.id == job.id) return false;
+        return true;
+      },
+      Millis(15000)))
+      << "the cancelled job is still listed";
+  e = error_of([&] { carol.job_events(job.id, "", 10); });
+  EXPECT_TRUE(contains(e, "no job " + job.id)) << e;
+  EXPECT_EQ(carol.job(bobs.id).state, JobState::running);
+}
+
+// The test and bench plugins are built apart (build/plugins-testing): a node started as users
+// start it (`loco start`, `loco up`, the image: build/plugins) does not offer their classes, whose
+// methods write a file a caller names (test.Counter.wait_for_stop) or hold memory on request
+// (bench.Pinger.blobs).
+TEST(Security, NodesOfferTheTestAndBenchPluginsOnlyWhenTold) {
+  LocalCluster c(ClusterOptions{.nodes = 1, .plugins = ""});
+  for (const std::string cls : {"test.Counter", "bench.Pinger"}) {
+    SpawnRequest req;
+    req.class_name = cls;
+    const std::string e = error_of(
+        [&] { (void)c.runtime().core()->head_call<ActorInfo>("spawn", Millis(20000), req); });
+    EXPECT_TRUE(contains(e, "actor class '" + cls + "' is not available on node")) << e;
+    const std::string offered = e.substr(std::min(e.size(), e.find("it has: ")));
+    EXPECT_TRUE(contains(offered, "diloco.OuterAggregator")) << e;  // what the node does offer
+    EXPECT_FALSE(contains(offered, "test.")) << e;
+    EXPECT_FALSE(contains(offered, "bench.")) << e;
+  }
+  EXPECT_FALSE(std::filesystem::exists(LOCO_PLUGIN_DIR_STR "/libloco_test_actors.so"));
+  EXPECT_FALSE(std::filesystem::exists(LOCO_PLUGIN_DIR_STR "/libloco_bench_actors.so"));
 }
 
 TEST(Security, StartWithoutAKeyRefusesAndKeygenMakesOne) {

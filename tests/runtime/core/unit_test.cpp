@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -219,6 +220,62 @@ TEST(Placement, SpreadsByFreeCpuAndRespectsEveryResource) {
   // Ties on free cpu go to the node with fewer actors.
   std::vector<NodeView> tie = {{"a", {{"cpu", 2}}, {}, 2}, {"b", {{"cpu", 2}}, {}, 1}};
   EXPECT_EQ(place(tie, {}).node, "b");
+}
+
+// What a spawn may ask: a negative, NaN or unknown resource would switch placement's accounting
+// off (the probe placed 40 actors needing cpu=1 on 4 CPUs after {cpu: -100}).
+TEST(Requests, ResourcesMustBeFiniteNonNegativeAndKnown) {
+  const std::set<std::string> declared = {"cpu", "ssd"};
+  EXPECT_EQ(check_resources({{"cpu", 2}, {"gpu", 1}, {"ssd", 0}, {"memory", 1e9}}, declared), "");
+  EXPECT_NE(check_resources({{"cpu", -100}}, declared).find("resource 'cpu' is negative"),
+            std::string::npos);
+  EXPECT_NE(check_resources({{"cpu", std::nan("")}}, declared).find("'cpu' is not a finite"),
+            std::string::npos);
+  EXPECT_NE(check_resources({{"cpu", HUGE_VAL}}, declared).find("not a finite"),
+            std::string::npos);
+  EXPECT_NE(check_resources({{"x", 0}}, declared).find("resource 'x' is not one that any node"),
+            std::string::npos);
+  EXPECT_NE(check_resources({{"cpu", 2e15}}, declared).find("larger than 1e15"),
+            std::string::npos);
+}
+
+TEST(Requests, SpawnableClassesAreNamesOrPrefixes) {
+  const std::vector<std::string> allow = {"wordcount.*", "test.Counter"};
+  EXPECT_TRUE(class_matches(allow, "wordcount.Mapper"));
+  EXPECT_TRUE(class_matches(allow, "test.Counter"));
+  EXPECT_FALSE(class_matches(allow, "test.CounterX"));
+  EXPECT_FALSE(class_matches(allow, "diloco.OuterAggregator"));
+  EXPECT_FALSE(class_matches({}, "test.Counter"));
+  EXPECT_TRUE(class_matches({"*"}, "anything"));
+}
+
+TEST(Requests, ScaleIsBoundedByTheJobAndTheCluster) {
+  EXPECT_EQ(check_scale(4, 8, 1024), "");
+  EXPECT_EQ(check_scale(900, 0, 1024), "");  // no bound of its own: the cluster's
+  EXPECT_NE(check_scale(0, 8, 1024).find("at least 1 worker"), std::string::npos);
+  EXPECT_NE(check_scale(9, 8, 1024).find("more than the job's workers.max of 8"),
+            std::string::npos);
+  EXPECT_NE(check_scale(2147483647, 0, 1024).find("more than this cluster allows a job (1024"),
+            std::string::npos);
+}
+
+// Per key: jobs running at once and submissions per minute; another key is not held back, and
+// a minute later the key may submit again (the clock is a parameter).
+TEST(Requests, SubmissionsAreBoundedPerKey) {
+  SubmissionLimits limits(2, 3);
+  EXPECT_EQ(limits.admit("A", "alice", 0, 1000), "");
+  EXPECT_EQ(limits.admit("A", "alice", 1, 2000), "");
+  EXPECT_NE(limits.admit("A", "alice", 2, 3000).find("alice has 2 jobs running, the most one key"),
+            std::string::npos);
+  EXPECT_EQ(limits.admit("A", "alice", 1, 4000), "");
+  const std::string fourth = limits.admit("A", "alice", 0, 5000);
+  EXPECT_NE(fourth.find("alice submitted 3 jobs in the last minute"), std::string::npos) << fourth;
+  EXPECT_NE(fourth.find("try again in 56 s"), std::string::npos) << fourth;
+  EXPECT_EQ(limits.admit("B", "bob", 0, 5000), "");
+  EXPECT_EQ(limits.admit("A", "alice", 0, 61001), "");  // the first has left the window
+  EXPECT_EQ(limits.keys(), 2u);
+  EXPECT_EQ(limits.admit("B", "bob", 0, 200000), "");   // forgets keys idle for a minute
+  EXPECT_EQ(limits.keys(), 1u);
 }
 
 TEST(Placement, SaysWhichResourceIsShort) {
@@ -797,17 +854,105 @@ TEST(Curve, KeysOnTheAllowListAreAdmitted) {
 
 // A driver with its own settings (a member's or a client's), calling the counter on `node`.
 std::pair<std::shared_ptr<detail::Core>, ActorHandle<testing::Counter>> counter_caller(
-    const std::shared_ptr<detail::Core>& node, const security::Settings& settings) {
+    const std::shared_ptr<detail::Core>& node, const security::Settings& settings,
+    const std::string& id = "a-counter") {
   detail::CoreOptions o;
   o.head_address = node->address();
   o.self_name = "caller";
   o.security = settings;
   auto core = std::make_shared<detail::Core>(o);
   auto ref = std::make_shared<detail::ActorRef>();
-  ref->id = "a-counter";
+  ref->id = id;
   ref->class_name = "test.Counter";
   ref->address = node->address();
   return {core, ActorHandle<testing::Counter>(core, ref)};
+}
+
+// An actor the head created for alice's job answers alice and an admin, not bob, naming alice
+// (not her key); its internal methods answer the operator's own processes and the actors of
+// its job, not an actor of another job or of none. The job and owner are what the node was
+// told when the actor was created, never what a caller says.
+TEST(Roles, AnOwnedActorAnswersItsOwnerAndAdminsAndItsInternalsOnlyItsJob) {
+  auto cluster = security::Settings::with_key(security::generate_key_pair());
+  const auto alice = security::generate_key_pair(), bob = security::generate_key_pair(),
+             carol = security::generate_key_pair();
+  for (const auto& [key, name] : {std::pair{alice, "alice"}, {bob, "bob"}, {carol, "carol"}}) {
+    cluster.clients.push_back(key.public_key);
+    cluster.names[key.public_key] = name;
+  }
+  cluster.admins.push_back(carol.public_key);
+  auto node = secured_node(cluster, false);
+  ActorContext owned;
+  owned.actor_id = "a-owned";
+  owned.job = "job-1";
+  owned.owner = alice.public_key;
+  owned.owner_name = "alice";
+  node->host("a-owned", detail::class_entry<testing::Counter>(),
+             std::make_shared<testing::Counter>(0), owned);
+  auto as = [&](const security::KeyPair& k) {
+    return counter_caller(node, security::Settings::for_client(k, cluster.cluster.public_key),
+                          "a-owned");
+  };
+  auto [alice_core, as_alice] = as(alice);
+  auto [bob_core, as_bob] = as(bob);
+  auto [carol_core, as_carol] = as(carol);
+  EXPECT_EQ(as_alice.call(&testing::Counter::add, 2).get(Millis(10000)), 2);
+  const std::string refused =
+      message_of([&] { (void)as_bob.call(&testing::Counter::add, 100).get(Millis(10000)); });
+  EXPECT_NE(refused.find("actor a-owned of job job-1 belongs to alice"), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("not bob"), std::string::npos) << refused;
+  EXPECT_EQ(refused.find(alice.public_key), std::string::npos) << "names the owner's key";
+  EXPECT_THROW((void)as_bob.call(&testing::Counter::get).get(Millis(10000)), PermissionError);
+  EXPECT_EQ(as_carol.call(&testing::Counter::add, 1).get(Millis(10000)), 3);  // an admin
+  // An admin is still a client: no internal method.
+  EXPECT_THROW((void)as_carol.call(&testing::Counter::reset).get(Millis(10000)), PermissionError);
+
+  // Internal methods, from members: an actor of another job or of none is refused, an actor of
+  // the job and the operator's own process (no actor) are not.
+  auto [member_core, as_member] = counter_caller(node, cluster, "a-owned");
+  auto from_actor = [&, &as_member = as_member](const std::string& job) {
+    ActorContext caller;
+    caller.actor_id = "a-caller";
+    caller.job = job;
+    detail::ActorContextScope scope(&caller);
+    return message_of([&] { (void)as_member.call(&testing::Counter::reset).get(Millis(10000)); });
+  };
+  const std::string other_job = from_actor("job-2");
+  EXPECT_NE(other_job.find("test.Counter.reset is internal to job job-1: actor a-caller of job "
+                           "job-2 may not call it"),
+            std::string::npos)
+      << other_job;
+  EXPECT_NE(from_actor("").find("of no job may not call it"), std::string::npos);
+  EXPECT_EQ(as_member.call(&testing::Counter::get).get(Millis(10000)), 3);  // nothing reset
+  EXPECT_EQ(from_actor("job-1"), "(no error)");
+  EXPECT_EQ(as_member.call(&testing::Counter::get).get(Millis(10000)), 0);
+  for (auto* c : {&alice_core, &bob_core, &carol_core, &member_core}) (*c)->shutdown();
+  node->shutdown();
+}
+
+// Who a connection is travels as the ZAP user id: parsed back the same, a key with ':' in it
+// included; anything else is a client with no key (it owns nothing).
+TEST(Roles, UserIdsRoundTripAndAnythingElseIsAKeylessClient) {
+  security::Identity alice;
+  alice.role = security::Role::client;
+  alice.key = std::string("abc:") + std::string(36, 'x');
+  alice.name = "alice:the:first";
+  alice.admin = true;
+  const security::Identity back = security::parse_user_id(security::user_id_of(alice).c_str());
+  EXPECT_EQ(back.key, alice.key);
+  EXPECT_EQ(back.name, alice.name);
+  EXPECT_TRUE(back.admin);
+  EXPECT_FALSE(back.member());
+  EXPECT_TRUE(security::parse_user_id("member").member());
+  for (const char* bad : {"", "client", "client:short:x", "admin:", "members", "root"}) {
+    const security::Identity who = security::parse_user_id(bad);
+    EXPECT_FALSE(who.member()) << bad;
+    EXPECT_TRUE(who.key.empty()) << bad;
+    EXPECT_FALSE(who.may_act_on("")) << bad;
+    EXPECT_FALSE(who.may_act_on("k")) << bad;
+  }
+  EXPECT_FALSE(security::parse_user_id(nullptr).member());
 }
 
 TEST(Roles, AClientMayCallPublicMethodsButNotInternalOnes) {
