@@ -693,6 +693,7 @@ struct InnerWorker::State {
     collective::Options o;
     o.codec = cfg.compression;
     o.chunk_bytes = size_t(cfg.allreduce.chunk_kb) * 1024;
+    o.max_floats = size_t(cfg.model.parameter_count(cfg.vocab_size()));  // bounds what peers send
     o.peer_timeout = std::chrono::milliseconds(std::llround(cfg.allreduce.peer_timeout_s * 1000));
     // Streaming and eager: members begin a fragment's all-reduce up to a fragment interval apart.
     if (cfg.sync.mode != dl::SyncMode::blocking)

@@ -4,9 +4,11 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <zmq.hpp>
 
 #include "runtime/collective/butterfly.hpp"
@@ -22,6 +24,24 @@ struct detail::CommunicatorImpl {
   size_t result_capacity = 0;
   std::vector<float> input;  // concatenation of several tensors
   std::once_flag left;
+  // Held by an operation, and by `receiver` while it reads between operations; it guards the
+  // transport, `ws` and `receiver_options` (the options of the last operation: the caller may
+  // change `options` meanwhile).
+  std::mutex mu;
+  Options receiver_options;
+  std::condition_variable receiver_cv;
+  bool stopping = false;
+  std::thread receiver;
+
+  // Between operations: takes what arrives, every 50 ms, into the bounded stash.
+  void receive_between_operations_loop() {
+    std::unique_lock lock(mu);
+    while (!stopping) {
+      const size_t taken =
+          receive_between_operations(*transport, ws, receiver_options, Clock::now());
+      if (taken < 4096) receiver_cv.wait_for(lock, std::chrono::milliseconds(50));
+    }
+  }
 
   float* result_buffer(size_t n) {
     if (n > result_capacity) {
@@ -31,6 +51,8 @@ struct detail::CommunicatorImpl {
     return result.get();
   }
   void run(const Group& group, const float* in, float* out, size_t n) {
+    std::lock_guard lock(mu);
+    receiver_options = options;
     butterfly_allreduce(*transport, ws, options, group, in, out, n);
   }
 };
@@ -54,12 +76,21 @@ Communicator::Communicator(const std::string& bind_endpoint, Options options,
     : impl_(std::make_unique<detail::CommunicatorImpl>()) {
   tune_malloc_once();
   impl_->options = options;
+  impl_->receiver_options = options;
   if (!context) context = std::make_shared<zmq::context_t>(std::max(1, options.io_threads));
-  impl_->transport = std::make_unique<detail::ZmqTransport>(bind_endpoint, std::move(context),
-                                                            options.security);
+  impl_->transport = std::make_unique<detail::ZmqTransport>(
+      bind_endpoint, std::move(context), options.security, detail::max_payload_bytes(options));
+  impl_->ws.configure(options);
+  impl_->receiver = std::thread([impl = impl_.get()] { impl->receive_between_operations_loop(); });
 }
 
 Communicator::~Communicator() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->receiver_cv.notify_all();
+  impl_->receiver.join();
   // After a success, let the last chunks reach slower peers, bounded by the peer timeout; after
   // a failure only abort notices are queued: give them a moment, their peers may be gone.
   auto linger = impl_->options.peer_timeout;
@@ -71,6 +102,16 @@ const std::string& Communicator::endpoint() const { return impl_->transport->end
 Options& Communicator::options() { return impl_->options; }
 detail::Hooks& Communicator::hooks() { return impl_->ws.hooks; }
 const Stats& Communicator::last_stats() const { return impl_->ws.stats; }
+
+size_t Communicator::held_bytes() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->ws.stash_bytes;
+}
+
+uint64_t Communicator::dropped_messages() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->ws.dropped;
+}
 
 void Communicator::leave(const std::string& reason) {
   std::call_once(impl_->left, [&] {

@@ -19,7 +19,9 @@
 //   operation that arrives early is kept for it, data of an earlier one is dropped. So retrying
 //   a failed operation with the same members needs a new round_id (fold an attempt counter in);
 //   the usual retry, without the lost member, may keep the round id.
-// - One operation at a time per Communicator; it is not thread-safe (but for leave()).
+// - One operation at a time per Communicator; it is not thread-safe (but for leave()). Between
+//   operations a thread of its own takes what arrives, bounded (butterfly.hpp's
+//   receive_between_operations).
 //
 // Layers (each its own file): types.hpp (this vocabulary, no sockets), wire.hpp (the message
 // header and abort notices), transport.hpp (what the schedule needs of a network, with
@@ -80,6 +82,13 @@ class Communicator {
 
   // Counters of the last operation (also after a failure, up to the failure).
   const Stats& last_stats() const;
+  // Data received for no running operation and kept for a later one: its payload bytes (at
+  // most Options::max_floats x 8, 16 MiB to 1 GiB; see types.hpp), and the messages dropped
+  // so far without blaming anyone (malformed, oversized, expired, over a bound). Between
+  // operations a thread of the communicator receives, so that these bounds hold while none
+  // runs; during one, these wait for it to end.
+  size_t held_bytes() const;
+  uint64_t dropped_messages() const;
 
   // This member leaves for good (its process is stopping): the operation in progress, if any,
   // fails within its poll interval (100 ms), and so does every later one, at once. Each tells

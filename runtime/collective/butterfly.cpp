@@ -722,19 +722,51 @@ bool InputRefs::wait_released(std::chrono::milliseconds limit) {
   return cv_.wait_for(lock, limit, [this] { return count_ == 0; });
 }
 
+size_t max_payload_bytes(const Options& options) {
+  size_t floats = std::max<size_t>(1, options.chunk_bytes / sizeof(float));
+  if (options.max_floats > 0) floats = std::min(floats, options.max_floats);
+  size_t widest = kMaxAbortBytes;
+  for (Codec c : {Codec::fp32, Codec::fp16, Codec::bf16, Codec::int8})
+    widest = std::max(widest, encoded_bytes(c, floats));
+  return widest;
+}
+
+size_t held_bytes_bound(const Options& options) {
+  if (options.max_floats == 0 || options.max_floats > kMaxStashBytes / 8) return kMaxStashBytes;
+  return std::clamp(2 * encoded_bytes(Codec::fp32, options.max_floats), kMinStashBytes,
+                    kMaxStashBytes);
+}
+
+void Workspace::configure(const Options& options) {
+  // Early messages wait for their operation at most this long: far longer than members of
+  // one job start apart (a straggler's previous operation is bounded by a few timeouts).
+  stash_ttl = std::max<Clock::duration>(std::chrono::minutes(10), 100 * options.peer_timeout);
+  stash_limit = held_bytes_bound(options);
+  max_payload = max_payload_bytes(options);
+}
+
 void Workspace::stash_message(Message&& m, uint64_t round_id, bool stranger,
                               Clock::time_point now) {
+  if (m.payload.size > max_payload) {
+    drop(m, "a payload of " + std::to_string(m.payload.size) +
+                " bytes is larger than any operation of this communicator sends (" +
+                std::to_string(max_payload) +
+                " bytes: a chunk of Options::chunk_bytes, at most "
+                "Options::max_floats floats)");
+    return;
+  }
   if (m.header.round_id - round_id > kMaxRoundsAhead) {
     drop(m, "round " + std::to_string(m.header.round_id) + " is implausibly far ahead of round " +
                 std::to_string(round_id));
     return;
   }
   const size_t size = m.payload.size;
+  const size_t stranger_limit = std::min(kMaxStrangerStashBytes, stash_limit);
   if (stranger &&
-      (stranger_bytes + size > kMaxStrangerStashBytes || strangers >= kMaxStrangerStashMessages)) {
+      (stranger_bytes + size > stranger_limit || strangers >= kMaxStrangerStashMessages)) {
     drop(m, "a sender outside the group of round " + std::to_string(round_id) + " already has " +
                 std::to_string(stranger_bytes) + " bytes in " + std::to_string(strangers) +
-                " messages waiting (limits " + std::to_string(kMaxStrangerStashBytes) + " bytes, " +
+                " messages waiting (limits " + std::to_string(stranger_limit) + " bytes, " +
                 std::to_string(kMaxStrangerStashMessages) + " messages)");
     return;
   }
@@ -744,9 +776,9 @@ void Workspace::stash_message(Message&& m, uint64_t round_id, bool stranger,
     ++strangers;
   }
   stash.push_back(Early{std::move(m), now, stranger});
-  while (!stash.empty() && (stash_bytes > kMaxStashBytes || stash.size() > kMaxStashMessages)) {
+  while (!stash.empty() && (stash_bytes > stash_limit || stash.size() > kMaxStashMessages)) {
     Early& e = stash.front();
-    drop(e.m, "the early messages exceed " + std::to_string(kMaxStashBytes) + " bytes or " +
+    drop(e.m, "the early messages exceed " + std::to_string(stash_limit) + " bytes or " +
                   std::to_string(kMaxStashMessages) + " messages; the oldest goes");
     stash_bytes -= e.m.payload.size;
     if (e.stranger) {
@@ -757,17 +789,54 @@ void Workspace::stash_message(Message&& m, uint64_t round_id, bool stranger,
   }
 }
 
-std::deque<Workspace::Early> Workspace::take_stash(Clock::time_point now) {
-  std::deque<Early> out;
-  out.swap(stash);
-  stash_bytes = stranger_bytes = strangers = 0;
-  std::erase_if(out, [&](const Early& e) {
+void Workspace::expire(Clock::time_point now) {
+  std::erase_if(stash, [&](const Early& e) {
     if (now - e.at <= stash_ttl) return false;
     drop(e.m, "it waited " + seconds_str(now - e.at) + " for its round, more than " +
                   seconds_str(stash_ttl));
+    stash_bytes -= e.m.payload.size;
+    if (e.stranger) {
+      stranger_bytes -= e.m.payload.size;
+      --strangers;
+    }
     return true;
   });
+}
+
+std::deque<Workspace::Early> Workspace::take_stash(Clock::time_point now) {
+  expire(now);
+  std::deque<Early> out;
+  out.swap(stash);
+  stash_bytes = stranger_bytes = strangers = 0;
   return out;
+}
+
+size_t receive_between_operations(Transport& t, Workspace& ws, const Options& options,
+                                  Clock::time_point now) {
+  ws.configure(options);
+  ws.expire(now);
+  // At most this many per call, so that an operation about to begin does not wait long.
+  constexpr size_t kMaxPerCall = 4096;
+  size_t taken = 0;
+  Message m;
+  while (taken < kMaxPerCall && ws.stash_bytes + ws.max_payload <= ws.stash_limit &&
+         ws.stash.size() < kMaxStashMessages && t.try_receive(m)) {
+    ++taken;
+    const Header& h = m.header;
+    const bool past = ws.begun && (h.round_id < ws.last_round ||
+                                   (h.round_id == ws.last_round && h.group_fp == ws.last_fp));
+    if (std::string bad = check_message(h, m.sender.size(), m.payload.size); !bad.empty()) {
+      ws.drop(m, "malformed: " + bad);
+    } else if (h.type != MsgType::keepalive && !past) {
+      // Of a later operation (as any operation would keep it). Before the first one, nobody
+      // is a stranger, and no round is known to be far ahead.
+      const bool stranger = ws.begun && std::find(ws.last_members.begin(), ws.last_members.end(),
+                                                  m.sender) == ws.last_members.end();
+      ws.stash_message(std::move(m), ws.begun ? ws.last_round : h.round_id, stranger, now);
+    }
+    m = Message{};
+  }
+  return taken;
 }
 
 void Workspace::drop(const Message& m, const std::string& why) {
@@ -807,9 +876,12 @@ void butterfly_allreduce(Transport& t, Workspace& ws, const Options& options, co
                          const float* in, float* out, size_t n) {
   ws.stats = Stats{};
   check_group(t, group);
-  // Early messages wait for their operation at most this long: far longer than members of
-  // one job start apart (a straggler's previous operation is bounded by a few timeouts).
-  ws.stash_ttl = std::max<Clock::duration>(std::chrono::minutes(10), 100 * options.peer_timeout);
+  ws.configure(options);
+  ws.begun = true;
+  ws.last_round = group.round_id;
+  ws.last_fp = fingerprint(group);
+  ws.last_members.clear();
+  for (const Member& m : group.members) ws.last_members.push_back(m.name);
   // Peers that left the group: let what is queued for them drain, then close.
   std::vector<std::string> peers;
   for (int p = 0; p < static_cast<int>(group.members.size()); ++p)

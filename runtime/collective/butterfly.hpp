@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "runtime/collective/liveness.hpp"
@@ -54,8 +55,10 @@ struct Bytes {
   size_t size;
 };
 
-// Bounds on the early messages a member keeps (Workspace::stash).
+// Bounds on the early messages a member keeps (Workspace::stash). kMaxStashBytes is the hard
+// cap, and the bound when Options::max_floats is not known; with it, held_bytes_bound().
 inline constexpr size_t kMaxStashBytes = size_t(1) << 30;
+inline constexpr size_t kMinStashBytes = size_t(16) << 20;
 inline constexpr size_t kMaxStashMessages = size_t(1) << 16;
 inline constexpr size_t kMaxStrangerStashBytes = size_t(64) << 20;
 inline constexpr size_t kMaxStrangerStashMessages = 1024;
@@ -63,14 +66,25 @@ inline constexpr size_t kMaxStrangerStashMessages = 1024;
 // 12.7 days, far more than any gap between two operations of one job.
 inline constexpr uint64_t kMaxRoundsAhead = uint64_t(1) << 40;
 
+// The largest payload any operation of a communicator with `options` sends: a chunk of
+// min(chunk_bytes / 4, max_floats) floats in the widest codec, or an abort notice.
+size_t max_payload_bytes(const Options& options);
+// The early data a communicator with `options` holds at most (Workspace::stash_limit). What
+// one next operation can send a member before it begins is its peers' reduce-scatter chunks of
+// its part, fewer than the whole vector's 4 x max_floats bytes (all-gather data needs its own
+// chunks first); twice that leaves room for a retry's leftovers or an uneven part.
+size_t held_bytes_bound(const Options& options);
+
 // What a member keeps from one operation to the next.
 struct Workspace {
   Stats stats;
   Hooks hooks;
-  // Messages of later operations that arrived early. Bounded in bytes and count; a sender
-  // that is not a member of the current operation's group shares a much smaller budget (it may
-  // be joining the next one, or be no member at all); a round more than kMaxRoundsAhead ahead
-  // is not kept; and what waits longer than `stash_ttl` is dropped when an operation starts.
+  // Messages of later operations that arrived early. Bounded in bytes (stash_limit) and count;
+  // a sender that is not a member of the last operation's group shares a much smaller budget
+  // (it may be joining the next one, or be no member at all); a round more than
+  // kMaxRoundsAhead ahead is not kept; a payload larger than max_payload is not kept; and what
+  // waits longer than `stash_ttl` is dropped, between operations too
+  // (receive_between_operations).
   struct Early {
     Message m;
     Clock::time_point at;
@@ -81,9 +95,21 @@ struct Workspace {
   size_t stranger_bytes = 0;
   size_t strangers = 0;
   Clock::duration stash_ttl = std::chrono::minutes(10);
+  size_t stash_limit = kMaxStashBytes;
+  size_t max_payload = size_t(1) << 32;
+  // Sets the bounds above from the communicator's options.
+  void configure(const Options& options);
   void stash_message(Message&& m, uint64_t round_id, bool stranger, Clock::time_point now);
   // The early messages, taken out of the stash (those past stash_ttl dropped).
   std::deque<Early> take_stash(Clock::time_point now);
+  // Drops the early messages that waited past stash_ttl.
+  void expire(Clock::time_point now);
+  // The last operation begun: its round, its group's fingerprint and members' names (what
+  // data received between operations is judged by).
+  bool begun = false;
+  uint64_t last_round = 0;
+  uint64_t last_fp = 0;
+  std::vector<std::string> last_members;
   // Messages dropped without blaming anyone (malformed, claiming another member's rank, too
   // far ahead, over the stash's bounds), counted and logged at most once per 10 s.
   uint64_t dropped = 0;
@@ -116,5 +142,14 @@ struct Workspace {
 // for the next operation either way.
 void butterfly_allreduce(Transport& transport, Workspace& ws, const Options& options,
                          const Group& group, const float* in, float* out, size_t n);
+
+// Between operations (nobody else may use `transport` meanwhile): takes what has arrived into
+// the stash, so that data of no operation is held bounded in size and time even while none
+// runs. Drops what no operation can use (malformed, larger than max_payload, of the last
+// operation or before it), and what waited past stash_ttl; reads no more while the stash has
+// no room for a largest payload (the rest waits in the transport, whose queues push back on
+// the sender). Returns the messages taken.
+size_t receive_between_operations(Transport& transport, Workspace& ws, const Options& options,
+                                  Clock::time_point now);
 
 }  // namespace loco::collective::detail

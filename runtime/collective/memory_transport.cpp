@@ -148,8 +148,9 @@ void MemoryTransport::drop_all() {
   std::lock_guard lock(hub_->m_);
   // What this member queued for others and they have not read is dropped, as closing a socket
   // with linger 0 drops it.
-  for (auto& [ep, inbox] : hub_->members_) {
-    if (ep == endpoint_) continue;
+  for (auto& member : hub_->members_) {
+    if (member.first == endpoint_) continue;
+    MemoryHub::Inbox& inbox = member.second;  // clang 14 cannot capture a structured binding
     std::erase_if(inbox.messages, [&](const MemoryHub::Queued& q) {
       if (q.from != endpoint_) return false;
       --inbox.queued[{q.from, q.channel}];

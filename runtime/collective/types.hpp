@@ -51,8 +51,15 @@ struct Options {
   // synchronization a fragment interval after another): they are not lost, only behind. A peer
   // whose process is gone is still lost at once, by its closed connection.
   std::chrono::milliseconds entry_timeout{0};
-  // Parts are streamed in chunks of this many fp32 bytes (before compression).
+  // Parts are streamed in chunks of this many fp32 bytes (before compression). Set it before
+  // the Communicator is built: its socket refuses larger frames from then on.
   size_t chunk_bytes = 512 * 1024;
+  // The longest vector this communicator will ever reduce, in floats (a DiLoCo worker: its
+  // model's parameter count); 0: not known. Bounds what peers may make it hold: no frame
+  // larger than a chunk of min(chunk_bytes / 4, max_floats) floats is taken at all, and data
+  // for no running operation is held up to 2 x 4 x max_floats bytes (16 MiB to 1 GiB);
+  // without it, 1 GiB.
+  size_t max_floats = 0;
   // Reject NaN/Inf contributions with a CollectiveError naming the sender.
   bool reject_nonfinite = true;
   // ZeroMQ I/O threads of a communicator that owns its context: on loopback the kernel copies

@@ -1,7 +1,7 @@
 #include "runtime/collective/zmq_transport.hpp"
 
-#include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_received (glibc's lacks it)
 #include <linux/sockios.h>  // SIOCOUTQ
+#include <linux/tcp.h>      // struct tcp_info with tcpi_bytes_received (glibc's lacks it)
 #include <netinet/in.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -152,7 +152,8 @@ struct ZmqTransport::Peer {
 };
 
 ZmqTransport::ZmqTransport(const std::string& bind_endpoint,
-                           std::shared_ptr<zmq::context_t> context, security::Settings security)
+                           std::shared_ptr<zmq::context_t> context, security::Settings security,
+                           size_t max_frame_bytes)
     : ctx_(std::move(context)),
       security_(std::move(security)),
       zap_(security::zap_handler_for(*ctx_, security_, security::Admit::members)),
@@ -160,7 +161,15 @@ ZmqTransport::ZmqTransport(const std::string& bind_endpoint,
   security::make_server(*router_, security_);
   router_->set(zmq::sockopt::linger, 0);
   router_->set(zmq::sockopt::handshake_ivl, 0);  // as for the DEALERs (open_dealer)
-  router_->set(zmq::sockopt::rcvhwm, 4096);
+  int rcvhwm = 4096;
+  if (max_frame_bytes > 0) {
+    // ZeroMQ checks the frame as it travels: under CURVE, encrypted in a MESSAGE command, a
+    // few dozen bytes longer.
+    constexpr size_t kCurveOverhead = 4096;
+    router_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_frame_bytes + kCurveOverhead));
+    rcvhwm = static_cast<int>(std::clamp<size_t>((size_t(64) << 20) / max_frame_bytes, 16, 4096));
+  }
+  router_->set(zmq::sockopt::rcvhwm, rcvhwm);
   // The ROUTER only receives; should it ever route, an unknown peer must be an error.
   router_->set(zmq::sockopt::router_mandatory, true);
   std::string ep = bind_endpoint;
@@ -227,10 +236,9 @@ bool ZmqTransport::try_send(const std::string& to, Channel channel, const Header
     // Counted until ZeroMQ lets go of it (undelivered()).
     p.queued->fetch_add(1);
     const void* held = payload.owner.get();
-    payload.owner = std::shared_ptr<const void>(
-        held, [owner = std::move(payload.owner), queued = p.queued](const void*) {
-          queued->fetch_sub(1);
-        });
+    payload.owner =
+        std::shared_ptr<const void>(held, [owner = std::move(payload.owner), queued = p.queued](
+                                              const void*) { queued->fetch_sub(1); });
   }
   (void)s.send(frame_of(std::move(payload)), zmq::send_flags::none);
   return true;
@@ -279,8 +287,7 @@ uint64_t ZmqTransport::link_bytes(uint64_t link) {
   // name another socket. The same remote address says it is still ours.
   tcp_info info{};
   socklen_t len = sizeof info;
-  if (peer_address(fd) != it->second ||
-      getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+  if (peer_address(fd) != it->second || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
       len < offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received) {
     links_.erase(it);
     return 0;

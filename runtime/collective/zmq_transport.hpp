@@ -27,9 +27,12 @@ class ZmqTransport final : public Transport {
  public:
   // Binds (CollectiveError if it cannot). "tcp://HOST:0" picks a free port. With
   // `security.curve`, the ROUTER admits only CURVE peers holding a key on the allow-list (a
-  // ZAP handler in `context`), and the DEALERs present the cluster's key.
+  // ZAP handler in `context`), and the DEALERs present the cluster's key. With
+  // `max_frame_bytes`, a peer that sends a larger frame has its connection closed before the
+  // frame is allocated (ZMQ_MAXMSGSIZE), and ZeroMQ queues at most 64 MiB of such frames per
+  // connection for try_receive (its receive high-water mark, 16 to 4,096 messages).
   ZmqTransport(const std::string& bind_endpoint, std::shared_ptr<zmq::context_t> context,
-               security::Settings security = {});
+               security::Settings security = {}, size_t max_frame_bytes = 0);
   ~ZmqTransport() override;
 
   const std::string& endpoint() const override { return endpoint_; }

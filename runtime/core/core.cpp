@@ -31,7 +31,14 @@ struct Core::Mailbox {
   RateLimit full_warnings;
   bool stopping = false;
   std::thread thread;
-  int beside = 0;  // calls of concurrent methods running now, each on a thread of its own
+  // Calls of concurrent methods (run_beside): those waiting for a thread of the actor's pool,
+  // the pool's threads alive, and how many of them run a call now.
+  std::condition_variable beside_cv;  // wakes the pool's idle threads
+  std::deque<Inbound> beside_queue;
+  size_t beside_bytes = 0;  // of the calls in beside_queue
+  int beside = 0;
+  int beside_busy = 0;
+  RateLimit beside_warnings;
 };
 
 namespace {
@@ -48,6 +55,12 @@ struct Handling {
   std::shared_ptr<DeferredReply> deferred;
 };
 thread_local Handling* tl_handling = nullptr;
+
+size_t payload_bytes(const Payload& p) {
+  size_t bytes = p.body.size();
+  for (const Blob& b : p.blobs) bytes += b.size();
+  return bytes;
+}
 }  // namespace
 
 std::shared_ptr<DeferredReply> defer_reply() {
@@ -136,6 +149,7 @@ void Core::shutdown() {
       box->stopping = true;
     }
     box->cv.notify_all();
+    box->beside_cv.notify_all();
     if (box->thread.joinable()) {
       if (box->thread.get_id() == std::this_thread::get_id())
         box->thread.detach();
@@ -581,8 +595,7 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
     run_beside(box, Inbound{std::move(rid), std::move(d.env), std::move(d.payload), who});
     return;
   }
-  size_t bytes = d.payload.body.size();
-  for (const Blob& b : d.payload.blobs) bytes += b.size();
+  const size_t bytes = payload_bytes(d.payload);
   bool was_empty, full;
   size_t queued, queued_bytes;
   {
@@ -670,6 +683,7 @@ bool Core::unhost(const std::string& actor_id) {
     box->stopping = true;
   }
   box->cv.notify_all();
+  box->beside_cv.notify_all();
   // Ask the method in progress, if any, to end soon (ActorClass::on_stop).
   if (box->cls->stop && box->instance) {
     try {
@@ -731,8 +745,7 @@ void Core::handle_call(Mailbox& box, Inbound& in, const std::shared_ptr<Core>& s
                           in.env.sender_owner};
   tl_caller = &caller;
   Handling handling{
-      self,   &in.routing_id, in.env.corr, wants_reply, box.cls->name + "." + in.env.method,
-      nullptr};
+      self, &in.routing_id, in.env.corr, wants_reply, box.cls->name + "." + in.env.method, nullptr};
   tl_handling = &handling;
   try {
     result = m->invoke(box.instance.get(), in.payload);
@@ -751,8 +764,8 @@ void Core::handle_call(Mailbox& box, Inbound& in, const std::shared_ptr<Core>& s
     std::lock_guard<std::mutex> lock(box.mu);
     if (box.stopping) {
       err_type = "ActorDiedError";
-      err_msg = "actor " + box.id + " (" + box.cls->name + ") was stopped on " +
-                opts_.self_name + " during " + in.env.method + ": " + err_msg;
+      err_msg = "actor " + box.id + " (" + box.cls->name + ") was stopped on " + opts_.self_name +
+                " during " + in.env.method + ": " + err_msg;
     }
   }
   if (handling.deferred) {
@@ -775,11 +788,34 @@ void Core::handle_call(Mailbox& box, Inbound& in, const std::shared_ptr<Core>& s
 }
 
 void Core::run_beside(const std::shared_ptr<Mailbox>& box, Inbound&& in) {
-  bool stopping;
+  const size_t bytes = payload_bytes(in.payload);
+  const int threads = std::max(1, opts_.max_concurrent_calls);
+  bool stopping = false, start_thread = false;
+  std::string refused;
   {
     std::lock_guard<std::mutex> lock(box->mu);
     stopping = box->stopping;
-    if (!stopping) ++box->beside;
+    // Calls that a thread of the pool (running or still to start) takes at once do not wait.
+    const size_t free = size_t(threads - box->beside_busy);
+    const size_t queued = box->beside_queue.size();
+    const size_t waiting = queued > free ? queued - free : 0;
+    const bool waits = queued >= free;
+    if (!stopping && waits &&
+        (waiting >= opts_.max_waiting_concurrent_calls ||
+         (queued > 0 && box->beside_bytes + bytes > opts_.max_mailbox_bytes))) {
+      refused = std::to_string(box->beside_busy) + " concurrent calls of actor " + box->id + " (" +
+                box->cls->name + ") are running and " + std::to_string(waiting) + " wait with " +
+                std::to_string(box->beside_bytes) + " bytes (limits " + std::to_string(threads) +
+                " running, " + std::to_string(opts_.max_waiting_concurrent_calls) + " waiting, " +
+                std::to_string(opts_.max_mailbox_bytes) + " bytes)";
+    } else if (!stopping) {
+      box->beside_bytes += bytes;
+      box->beside_queue.push_back(std::move(in));
+      if (box->beside - box->beside_busy < int(box->beside_queue.size()) && box->beside < threads) {
+        ++box->beside;
+        start_thread = true;
+      }
+    }
   }
   if (stopping) {
     if (in.env.k() == Kind::Request)
@@ -788,16 +824,82 @@ void Core::run_beside(const std::shared_ptr<Mailbox>& box, Inbound&& in) {
                      opts_.self_name + " before it handled " + in.env.method);
     return;
   }
-  std::thread([self = shared_from_this(), box, in = std::move(in)]() mutable {
-    tl_core = &self;
-    {
-      ActorContextScope actor(&box->context);
-      self->handle_call(*box, in, self);
+  if (!refused.empty()) {
+    if (in.env.k() == Kind::Request) {
+      send_error(
+          std::move(in.routing_id), in.env.corr, "RemoteError",
+          "call " + escape_remote(in.env.method) + " refused: " + refused + "; try again later");
+    } else {
+      uint64_t held = 0;
+      std::lock_guard<std::mutex> lock(box->mu);
+      if (box->beside_warnings.allow(now_ms(), &held))
+        spdlog::warn("dropped a one-way call {}: {}{}", escape_remote(in.env.method), refused,
+                     held ? " (" + std::to_string(held) + " more not logged)" : std::string());
     }
-    tl_core = nullptr;
-    std::lock_guard<std::mutex> lock(box->mu);
-    if (--box->beside == 0) box->cv.notify_all();
-  }).detach();
+    return;
+  }
+  box->beside_cv.notify_one();
+  if (!start_thread) return;
+  try {
+    std::thread([self = shared_from_this(), box] { self->serve_beside(box, self); }).detach();
+  } catch (const std::system_error& e) {
+    // Without a thread of the pool, what waits would never run: refuse it.
+    std::deque<Inbound> left;
+    {
+      std::lock_guard<std::mutex> lock(box->mu);
+      if (--box->beside == 0) {
+        left.swap(box->beside_queue);
+        box->beside_bytes = 0;
+        box->cv.notify_all();
+      }
+    }
+    spdlog::warn("actor {} ({}): cannot start a thread for its concurrent calls: {}", box->id,
+                 box->cls->name, e.what());
+    for (Inbound& l : left)
+      if (l.env.k() == Kind::Request)
+        send_error(std::move(l.routing_id), l.env.corr, "RemoteError",
+                   "call " + escape_remote(l.env.method) + " of actor " + box->id +
+                       " refused: no thread to run it (" + e.what() + "); try again later");
+  }
+}
+
+void Core::serve_beside(const std::shared_ptr<Mailbox>& box, const std::shared_ptr<Core>& self) {
+  // A thread idle this long ends; the next call starts another.
+  constexpr auto kIdle = std::chrono::seconds(10);
+  std::shared_ptr<Core> core = self;
+  tl_core = &core;
+  std::deque<Inbound> left;  // queued when the actor stopped: refused, not run
+  {
+    ActorContextScope actor(&box->context);
+    std::unique_lock<std::mutex> lock(box->mu);
+    while (true) {
+      if (!box->stopping && box->beside_queue.empty())
+        box->beside_cv.wait_for(lock, kIdle,
+                                [&] { return box->stopping || !box->beside_queue.empty(); });
+      if (box->stopping) {
+        left.swap(box->beside_queue);
+        box->beside_bytes = 0;
+        break;
+      }
+      if (box->beside_queue.empty()) break;
+      Inbound in = std::move(box->beside_queue.front());
+      box->beside_queue.pop_front();
+      box->beside_bytes -= std::min(box->beside_bytes, payload_bytes(in.payload));
+      ++box->beside_busy;
+      lock.unlock();
+      handle_call(*box, in, core);
+      lock.lock();
+      --box->beside_busy;
+    }
+  }
+  for (Inbound& in : left)
+    if (in.env.k() == Kind::Request)
+      send_error(std::move(in.routing_id), in.env.corr, "ActorDiedError",
+                 "actor " + box->id + " (" + box->cls->name + ") was stopped on " +
+                     opts_.self_name + " before it handled " + in.env.method);
+  tl_core = nullptr;
+  std::lock_guard<std::mutex> lock(box->mu);
+  if (--box->beside == 0) box->cv.notify_all();
 }
 
 void Core::run_mailbox(std::shared_ptr<Mailbox> box) {

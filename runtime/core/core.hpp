@@ -39,6 +39,14 @@ struct CoreOptions {
   // refused with an error and a one-way call is dropped (a message always fits an empty box).
   size_t max_mailbox_messages = size_t(1) << 16;
   size_t max_mailbox_bytes = size_t(2) << 30;
+  // Calls of an actor's concurrent methods (ActorClass::concurrent_method) run on a pool of at
+  // most this many threads per actor, started as needed and ended after a while idle. Past it
+  // a call waits, at most max_waiting_concurrent_calls of them (and max_mailbox_bytes) per
+  // actor; past that a request is refused with an error and a one-way call is dropped. The
+  // cluster's own concurrent methods answer at once (pokes, cancellations): a few threads
+  // serve them, and a flood of them costs a queue, never a thread each.
+  int max_concurrent_calls = 8;
+  size_t max_waiting_concurrent_calls = 1024;
   int64_t resolve_timeout_ms = 15000;  // how long a handle waits for a restarting actor
   security::Settings security;         // CURVE, or plain TCP when security.curve is false
 };
@@ -116,8 +124,13 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
                   const std::string& message);
   void run_mailbox(std::shared_ptr<Mailbox> box);
   void handle_call(Mailbox& box, Inbound& in, const std::shared_ptr<Core>& self);
-  // A call of a concurrent method (ActorClass::concurrent_method), on a thread of its own.
+  // A call of a concurrent method (ActorClass::concurrent_method): queued for the actor's pool
+  // of concurrent-call threads (started here up to max_concurrent_calls), or refused when
+  // that queue is full.
   void run_beside(const std::shared_ptr<Mailbox>& box, Inbound&& in);
+  // One thread of that pool: runs queued concurrent calls until idle for a while or the
+  // actor stops.
+  void serve_beside(const std::shared_ptr<Mailbox>& box, const std::shared_ptr<Core>& self);
   // A warning about malformed or unexpected input from the network, at most one line per
   // 10 s (the count of those held back goes with the next).
   void warn_bad_input(const std::string& line);

@@ -283,8 +283,9 @@ TEST(Liveness, APeerNotYetInTheOperationHasTheEntryWindowUntilItsFirstMessage) {
   q.dropped = t0 + 1s;
   EXPECT_EQ(judge(q, t0 + 1300ms, rules), Verdict::closed);
   // Without an entry window (blocking rounds), silence before the first message counts as any.
-  EXPECT_EQ(judge(PeerState{.expecting = true, .heard = t0}, t0 + 3100ms, LivenessRules::from(3000ms)),
-            Verdict::silent);
+  EXPECT_EQ(
+      judge(PeerState{.expecting = true, .heard = t0}, t0 + 3100ms, LivenessRules::from(3000ms)),
+      Verdict::silent);
 }
 
 TEST(Liveness, AClosedConnectionCountsAfterTheGrace) {
@@ -415,22 +416,23 @@ TEST(Hostile, ALaterRoundInAMembersNameFromAnotherConnectionDoesNotAbortTheRound
 }
 
 TEST(Hostile, EarlyDataFromOutsideTheGroupIsBoundedAndFarFutureRoundsAreNotKept) {
-  MemoryGroup g(2, Options{});
+  Options o;
+  o.chunk_bytes = size_t(32) << 20;  // so that 24 MiB chunks are not refused for their size
+  MemoryGroup g(2, o);
   Forger x(g);
-  // 50 MB chunks for a later round from a sender in no group: the first fits the strangers'
-  // budget (64 MiB), the next two do not.
-  const uint64_t n = (50u << 20) / 4;
+  // 24 MiB chunks for a later round from a sender in no group: the first two fit the
+  // strangers' budget (64 MiB), the third does not.
+  const uint64_t n = (24u << 20) / 4;
   for (int i = 0; i < 3; ++i) x.send(g, 0, chunk_header(9, 1, 0, n), "x", n * 4);
   // A round 2^41 ahead is not kept at all.
   x.send(g, 0, chunk_header(7 + (uint64_t(1) << 41), 1, 0, 4), "x", 16);
   std::vector<std::vector<float>> in{make_data(2, 0, 1000), make_data(2, 1, 1000)}, out;
   expect_ok(g.run(iota(2), 7, in, out));
   Workspace& w = *g.workspaces[0];
-  EXPECT_EQ(w.dropped, 3u);
-  EXPECT_EQ(w.stash.size(), 1u);
+  EXPECT_EQ(w.dropped, 2u);
+  EXPECT_EQ(w.stash.size(), 2u);
   EXPECT_LE(w.stash_bytes, kMaxStrangerStashBytes);
-  // Members' early data is not held to the strangers' budget.
-  EXPECT_EQ(w.strangers, 1u);
+  EXPECT_EQ(w.strangers, 2u);
 }
 
 TEST(Hostile, EarlyMessagesExpire) {
@@ -445,6 +447,59 @@ TEST(Hostile, EarlyMessagesExpire) {
   EXPECT_TRUE(w.take_stash(t0 + w.stash_ttl + 1ms).empty());
   EXPECT_EQ(w.dropped, 2u);
   EXPECT_EQ(w.stash_bytes, 0u);
+}
+
+// Between operations (a probe sent an idle worker 16 frames of 50 MB, which it held until the
+// job ended): a frame larger than any chunk is dropped and counted; data for a later round is
+// held up to the bound that Options::max_floats sets, the rest left in the transport; and what
+// waited past the time bound is dropped with no operation running (the clock is a parameter).
+TEST(Hostile, BetweenOperationsDataIsHeldUpToItsBoundsInSizeAndTimeAndOversizedFramesAreDropped) {
+  Options o;
+  o.max_floats = size_t(1) << 20;  // 4 MiB vectors: at most 16 MiB held (the floor)
+  MemoryGroup g(2, o, std::make_shared<MemoryHub>(4096));
+  std::vector<std::vector<float>> in{make_data(2, 0, 1000), make_data(2, 1, 1000)}, out;
+  expect_ok(g.run(iota(2), 7, in, out));
+  Workspace& w = *g.workspaces[0];
+  ASSERT_EQ(w.stash_limit, kMinStashBytes);
+  ASSERT_EQ(w.max_payload, size_t(512) << 10);  // a chunk of 512 KiB
+  Forger x(g);
+  // As member w1 (a name is all a sender says), for a round no operation runs: first a frame
+  // of 50 MB, then 48 chunks of 512 KiB (24 MiB).
+  const uint64_t big = (50u << 20) / 4, chunk = (512u << 10) / 4;
+  x.send(g, 0, chunk_header(9, 1, 1, big), "w1", big * 4);
+  for (int i = 0; i < 48; ++i) x.send(g, 0, chunk_header(9, 1, 1, chunk), "w1", chunk * 4);
+  const auto t0 = Clock::now();
+  size_t taken = 0;
+  for (int i = 0; i < 10; ++i) taken += receive_between_operations(*g.transports[0], w, o, t0);
+  EXPECT_EQ(w.dropped, 1u);  // the 50 MB frame
+  EXPECT_EQ(taken, 1u + 32u);
+  EXPECT_EQ(w.stash.size(), 32u);  // 16 MiB: no room for another chunk
+  EXPECT_LE(w.stash_bytes, w.stash_limit);
+  // Past the time bound, still between operations: those go, and the rest comes in.
+  const auto t1 = t0 + w.stash_ttl + 1ms;
+  taken = receive_between_operations(*g.transports[0], w, o, t1);
+  EXPECT_EQ(taken, 16u);
+  EXPECT_EQ(w.dropped, 1u + 32u);
+  EXPECT_EQ(w.stash.size(), 16u);
+  EXPECT_EQ(receive_between_operations(*g.transports[0], w, o, t1 + w.stash_ttl + 1ms), 0u);
+  EXPECT_EQ(w.dropped, 1u + 48u);
+  EXPECT_EQ(w.stash_bytes, 0u);
+  // The members go on as before.
+  expect_ok(g.run(iota(2), 8, in, out));
+  EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0);
+}
+
+TEST(Hostile, FramesAreBoundedByTheChunkAndEarlyDataByTheLongestVector) {
+  Options o;
+  EXPECT_EQ(max_payload_bytes(o), size_t(512) << 10);
+  EXPECT_EQ(held_bytes_bound(o), kMaxStashBytes);  // the longest vector is not known
+  o.max_floats = 1000;  // no chunk is longer than the vector; an abort notice still fits
+  EXPECT_EQ(max_payload_bytes(o), kMaxAbortBytes);
+  EXPECT_EQ(held_bytes_bound(o), kMinStashBytes);
+  o.max_floats = size_t(25) << 20;  // a 100 MiB model: what one operation sends it, twice
+  EXPECT_EQ(held_bytes_bound(o), size_t(200) << 20);
+  o.max_floats = size_t(1) << 40;
+  EXPECT_EQ(held_bytes_bound(o), kMaxStashBytes);
 }
 
 TEST(Hostile, CheckMessageNamesWhatIsWrong) {

@@ -1,16 +1,88 @@
 // The collective's decoders of network input: the frame header, the checks every received
 // message goes through (check_message), abort notices, and decoding a chunk's payload in its
-// codec. Input: the header's bytes, one byte of sender name length, the name, the payload.
+// codec. Then the frame between operations: it is sent (as it is, whatever the checks said) to
+// a member of a pair over MemoryTransport that has run an operation and is idle, which takes
+// it with receive_between_operations; then the pair runs its next operation, which must end
+// (in a result or an error) without a crash. Input: the header's bytes, one byte of sender
+// name length, the name, the payload.
+#include <spdlog/spdlog.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "runtime/collective/butterfly.hpp"
 #include "runtime/collective/codec.hpp"
+#include "runtime/collective/memory_transport.hpp"
 #include "runtime/collective/wire.hpp"
 
 using namespace loco::collective;
 using namespace loco::collective::detail;
+
+namespace {
+
+// Two members and a stranger on one hub, kept from one input to the next.
+struct Pair {
+  Pair() {
+    spdlog::set_level(spdlog::level::off);
+    options.chunk_bytes = 64;  // 16 floats: several chunks for a vector of 40
+    options.max_floats = 40;
+    options.peer_timeout = std::chrono::milliseconds(200);
+    for (int r = 0; r < 2; ++r) {
+      members.push_back(std::make_unique<MemoryTransport>(hub, "mem://w" + std::to_string(r)));
+      workspaces.push_back(std::make_unique<Workspace>());
+    }
+    run();  // the members have a last operation, as an idle worker has
+  }
+  Group group(int me) const {
+    Group g;
+    g.members = {{"w0", "mem://w0"}, {"w1", "mem://w1"}};
+    g.rank = me;
+    g.round_id = round;
+    return g;
+  }
+  void run() {
+    ++round;
+    std::vector<float> in0(40, 1.0f), in1(40, 2.0f), out0(40), out1(40);
+    std::thread other([&] {
+      try {
+        butterfly_allreduce(*members[1], *workspaces[1], options, group(1), in1.data(), out1.data(),
+                            in1.size());
+      } catch (const CollectiveError&) {
+      }
+    });
+    try {
+      butterfly_allreduce(*members[0], *workspaces[0], options, group(0), in0.data(), out0.data(),
+                          in0.size());
+    } catch (const CollectiveError&) {
+    }
+    other.join();
+  }
+
+  Options options;
+  std::shared_ptr<MemoryHub> hub = std::make_shared<MemoryHub>(64);
+  std::vector<std::unique_ptr<MemoryTransport>> members;
+  std::vector<std::unique_ptr<Workspace>> workspaces;
+  MemoryTransport stranger{hub, "mem://x"};
+  uint64_t round = 0;
+};
+
+void between_operations(const Header& header, const std::string& sender, const uint8_t* payload,
+                        size_t payload_bytes) {
+  static Pair pair;
+  auto bytes = std::make_shared<std::vector<uint8_t>>(payload, payload + payload_bytes);
+  Buffer b{bytes->data(), bytes->size(), bytes};
+  if (!pair.stranger.try_send("mem://w0", Channel::data, header, sender, b)) return;
+  (void)receive_between_operations(*pair.members[0], *pair.workspaces[0], pair.options,
+                                   Clock::now());
+  pair.run();
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < sizeof(Header) + 1) return 0;
@@ -19,6 +91,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t name_bytes = std::min<size_t>(data[sizeof(Header)], size - sizeof(Header) - 1);
   const uint8_t* payload = data + sizeof(Header) + 1 + name_bytes;
   const size_t payload_bytes = size - sizeof(Header) - 1 - name_bytes;
+  between_operations(
+      *header, std::string(reinterpret_cast<const char*>(data + sizeof(Header) + 1), name_bytes),
+      payload, payload_bytes);
   if (!check_message(*header, name_bytes, payload_bytes).empty()) return 0;
   switch (header->type) {
     case MsgType::reduce_scatter:

@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "runtime/core/core.hpp"
@@ -652,6 +655,96 @@ TEST(DeferredReply, AMethodAnswersLaterFromAnotherThreadAndAnAnswerDroppedIsAnEr
   } catch (const RemoteError& e) {
     EXPECT_NE(std::string(e.what()).find("boom"), std::string::npos) << e.what();
   }
+  caller->shutdown();
+  host->shutdown();
+}
+
+// An actor whose concurrent method waits until the test opens it, counting the calls that run
+// at once.
+class Gate {
+ public:
+  int hold() {
+    const int now = ++running_;
+    int seen = most_.load();
+    while (now > seen && !most_.compare_exchange_weak(seen, now)) {
+    }
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(60), [&] { return open_; });
+    }
+    --running_;
+    return 1;
+  }
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  int most_at_once() const { return most_.load(); }
+
+ private:
+  std::atomic<int> running_{0}, most_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+LOCO_REGISTER(Gate, loco::ActorClass<Gate>("test.Gate").concurrent_method("hold", &Gate::hold));
+
+// A flood of calls of a concurrent method (a probe's 100,000 pokes killed a node that ran each
+// on a thread of its own) runs on the actor's bounded pool: 8 at once, 1,024 wait, the rest are
+// refused at once naming the limits; and once the running ones end, every waiting one answers.
+TEST(ConcurrentCalls, AFloodRunsOnABoundedPoolAndCallsPastItsQueueAreRefusedNamingTheLimit) {
+  detail::CoreOptions node;
+  node.bind = "tcp://127.0.0.1:0";
+  node.self_name = "node test";
+  node.max_concurrent_calls = 8;
+  node.max_waiting_concurrent_calls = 1024;
+  auto host = std::make_shared<detail::Core>(node);
+  auto gate = std::make_shared<Gate>();
+  host->host("a-gate", detail::class_entry<Gate>(), gate);
+  detail::CoreOptions caller_opts;
+  caller_opts.self_name = "caller";
+  auto caller = std::make_shared<detail::Core>(caller_opts);
+  auto ref = std::make_shared<detail::ActorRef>();
+  ref->id = "a-gate";
+  ref->address = host->address();
+  ActorHandle<Gate> g(caller, ref);
+
+  constexpr int kCalls = 5000, kAdmitted = 8 + 1024;
+  std::vector<Future<int>> calls;
+  for (int i = 0; i < kCalls; ++i) calls.push_back(g.call(&Gate::hold));
+  // One connection keeps them in order: the first 8 run, the next 1,024 wait, the rest do not.
+  int refused = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (int i = kAdmitted; i < kCalls; ++i) {
+    const auto left =
+        std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+    try {
+      (void)calls[size_t(i)].get(std::max(left, Millis(1)));
+      ADD_FAILURE() << "call " << i << " past the bound ran";
+    } catch (const TimeoutError&) {
+      ADD_FAILURE() << "call " << i << " past the bound was neither refused nor answered in 30 s";
+      break;
+    } catch (const RemoteError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("call hold refused: "), std::string::npos) << what;
+      EXPECT_NE(what.find("concurrent calls of actor a-gate (test.Gate) are running and 1024 wait"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("(limits 8 running, 1024 waiting"), std::string::npos) << what;
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, kCalls - kAdmitted);
+  EXPECT_LE(gate->most_at_once(), 8);
+  gate->open();
+  for (int i = 0; i < kAdmitted; ++i) EXPECT_EQ(calls[size_t(i)].get(Millis(30000)), 1) << i;
+  EXPECT_EQ(gate->most_at_once(), 8);
+  // A call after the flood runs at once; the actor goes only once its concurrent calls ended.
+  EXPECT_EQ(g.call(&Gate::hold).get(Millis(30000)), 1);
+  EXPECT_TRUE(host->unhost("a-gate"));
   caller->shutdown();
   host->shutdown();
 }
