@@ -25,6 +25,7 @@
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
 #include "diloco/hf_format.hpp"
+#include "diloco/memory.hpp"
 #include "diloco/simulator.hpp"
 #include "runtime/core/paths.hpp"
 #include "runtime/core/runtime.hpp"
@@ -139,6 +140,17 @@ struct OuterAggregator::State {
   // The per-step figures of the round in progress, one list per member that finished.
   std::vector<std::vector<StepFigures>> round_steps;
   std::map<int, int64_t> tokens_of;  // this round's tokens per member (inner.budget: time)
+  // Rounds that failed and are done again, counted until they complete (round_decisions.hpp).
+  RoundRedos redos;
+  // Round r failed for `why`; `fix`: what in the job file would help. It is done again, or,
+  // past kMaxRoundRedos redos, the job fails saying why (thrown).
+  void round_failed(int64_t r, const std::string& why, const std::string& fix = "") {
+    const RedoDecision d = redos.failed(r, why, fix);
+    if (d.give_up) throw std::runtime_error(d.message);
+    log("round " + std::to_string(r + 1) + " failed: " + why + "; it is redone (" +
+        std::to_string(d.redo) + " of at most " + std::to_string(kMaxRoundRedos) + ")");
+  }
+  std::string stream_failure;  // finish_stream: why the round failed
 
   // The inner phase of a round with a deadline: waits until every member reported or the
   // grace window after the quorum passed (inner_phase_closed); `late[i]`: member i had not.
@@ -236,6 +248,10 @@ struct OuterAggregator::State {
   // boundary, its stream() call added to c (see the definition).
   void join_mid_round(StreamCalls& c);
   Resources worker_resources();
+  // At submission: a worker must fit in the largest live node (its `memory` resource, bytes)
+  // and, on CUDA, its GPU (`gpu_memory`, bytes per GPU), or the job is refused naming the
+  // field (diloco::check_fits). Nodes that advertise neither: not checked, said in the log.
+  void check_memory();
   void deal_shards();
   void release(int i, const std::string& why);
   // False when the job must go back to its last checkpoint first (must_rewind).
@@ -560,6 +576,32 @@ Resources OuterAggregator::State::worker_resources() {
   return r;
 }
 
+void OuterAggregator::State::check_memory() {
+  std::optional<double> memory, gpu_memory;
+  bool gpus = false;
+  for (const NodeStatus& n : rt.status().nodes) {
+    if (n.node.state != NodeState::alive) continue;
+    const Resources& r = n.node.resources;
+    auto most = [&](std::optional<double>& m, const char* name) {
+      if (auto it = r.find(name); it != r.end()) m = std::max(m.value_or(0), it->second);
+    };
+    most(memory, "memory");
+    most(gpu_memory, "gpu_memory");
+    gpus = gpus || (r.count("gpu") && r.at("gpu") >= 1);
+  }
+  const bool cuda = cfg.wants_gpus(gpus);
+  const dl::MemoryEstimate e = dl::worker_memory(cfg, cuda);
+  std::string said = "memory: a worker needs about " + dl::gib(e.host_bytes());
+  if (cuda) said += " and " + dl::gib(e.device_bytes()) + " on each GPU";
+  said += memory ? "; the largest node has " + dl::gib(*memory)
+                 : "; no node advertises `memory`: not checked";
+  if (cuda)
+    said += gpu_memory ? ", the largest GPU " + dl::gib(*gpu_memory)
+                       : "; no node advertises `gpu_memory`: the GPUs not checked";
+  log(said);
+  dl::check_fits(cfg, cuda, memory, gpu_memory);
+}
+
 // Deals every data shard over the active workers, round-robin in slot order,
 // so that no part of the data goes unread when workers come and go. Says so
 // when members of the last dealing are gone, wherever they were lost.
@@ -852,13 +894,18 @@ void OuterAggregator::State::run() {
   // in the job, all rounds, checkpoints, evaluations and joins included.
   double inner_total = 0, member_seconds = 0;
   int64_t steps_since_eval = 0;
+  bool failed_before = false;  // the pass before counted round r's failure (round_failed)
 
   while (r < rounds && !stop) {
     // A round sent ahead went out with round r - 1's members, and nothing could change them
     // since (pipeline_next): no reconcile between the two.
     const bool sent_ahead = ahead && ahead->round == r;
     const double t_round = sent_ahead ? ahead_since : now_s();
+    // Round r's failure in the pass before was counted there: the rewind it leads to is part
+    // of it. A rewind for any other reason (members lost between rounds) counts now.
+    const bool counted = std::exchange(failed_before, false);
     if (!sent_ahead && !reconcile(r)) {
+      if (!counted) round_failed(r, "no worker holds the outer state any more");
       go_back();
       continue;
     }
@@ -885,6 +932,8 @@ void OuterAggregator::State::run() {
           // it already): back to the checkpoint, which every member re-reads.
           log("round " + std::to_string(r + 1) + " could not be sent: " + e.what() +
               "; the job goes back to " + resume_point());
+          round_failed(r, std::string("it could not be sent: ") + e.what());
+          failed_before = true;
           go_back();
           continue;
         }
@@ -940,6 +989,8 @@ void OuterAggregator::State::run() {
       if (!ok) {
         log("round " + std::to_string(r + 1) +
             " failed with synchronizations in flight; the job goes back to " + resume_point());
+        round_failed(r, stream_failure);
+        failed_before = true;
         go_back();
         continue;
       }
@@ -972,8 +1023,20 @@ void OuterAggregator::State::run() {
       inner_secs = 0;
       step_seconds.clear();
       std::string steps_line;
+      // The first member whose inner steps diverged, if any (the cause of a redo below).
+      std::string non_finite;
       for (size_t i = 0; i < members.size(); ++i) {
         if (results[i]) {
+          std::vector<StepHealth> health;
+          for (const StepFigures& f : results[i]->per_step) health.push_back({f.loss, f.grad_norm});
+          if (std::string why = non_finite_inner(members[i], results[i]->mean_loss, health);
+              !why.empty()) {
+            // Its Δ is not finite: it leaves the round (the collective would refuse it), and
+            // comes back with the outer state before the next.
+            release(members[i], why);
+            if (non_finite.empty()) non_finite = why;
+            continue;
+          }
           ready.push_back(members[i]);
           loss += results[i]->mean_loss;
           inner_secs += results[i]->seconds;
@@ -1008,9 +1071,21 @@ void OuterAggregator::State::run() {
         log("round " + std::to_string(r + 1) + ": inner steps per worker " + steps_line + line);
       }
       if (after_inner(int(ready.size()), cfg.workers.min) == AfterInner::redo) {
-        log("round " + std::to_string(r + 1) + ": " + std::to_string(ready.size()) +
-            " workers finished their inner steps, below workers.min = " +
-            std::to_string(cfg.workers.min) + "; the round is redone");
+        if (!non_finite.empty()) {
+          char fix[96];
+          std::snprintf(fix, sizeof fix, "lower inner.lr (%g): the inner steps diverge",
+                        cfg.inner.lr);
+          round_failed(r, non_finite, fix);
+        } else {
+          std::string first;  // the first member that failed, with why
+          for (size_t i = 0; i < members.size() && first.empty(); ++i)
+            if (!results[i] && !late[i])
+              first = "; worker " + std::to_string(members[i]) + " failed: " + errors[i].message;
+          round_failed(r, std::to_string(ready.size()) +
+                              " workers finished their inner steps, below workers.min = " +
+                              std::to_string(cfg.workers.min) + first);
+        }
+        failed_before = true;
         continue;
       }
       loss /= double(ready.size());
@@ -1082,14 +1157,15 @@ void OuterAggregator::State::run() {
       if (!agreed) {
         // The group could not agree: its members' θ may differ now. Drop them all;
         // reconcile brings them back with the outer state of a checkpoint.
-        log("round " + std::to_string(r + 1) +
-            ": the all-reduce failed 4 times; last: " + errors[0].message);
         for (int m : group) slots[size_t(m)].active = false;
+        round_failed(r, "the all-reduce failed 4 times; the last time: " + errors[0].message);
+        failed_before = true;
         continue;
       }
     }
     if (group.size() < members.size()) deal_shards();  // the lost ones were released above
     members = group;
+    redos.completed(r);
     r += 1;
     round = r;
     resuming = false;
@@ -1498,8 +1574,12 @@ bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
   }
   records.attempt(rec);
   if (d.kind == OverlappedDecision::Kind::rewind) {
+    stream_failure = "its members did not end it in one group";
     for (size_t i = 0; i < members.size(); ++i) {
       if (res[i]) continue;
+      if (stream_failure.rfind("worker ", 0) != 0)
+        stream_failure = "worker " + std::to_string(members[i]) + " " +
+                         (errors[i].gone ? "was lost" : "failed") + ": " + errors[i].message;
       if (errors[i].gone)
         release(members[i], "lost in round " + std::to_string(r + 1) + ": " + errors[i].message);
       else
@@ -1559,6 +1639,7 @@ OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
   if (!s_->cfg.init.empty())
     dl::check_hf_folder(resolve_data_path(s_->roots, dl::hf_init_dir(s_->cfg.init), "init"),
                         s_->cfg.model, s_->cfg.vocab_size());
+  s_->check_memory();
   auto s = s_;
   s_->thread = std::thread([s] {
     try {

@@ -11,6 +11,51 @@ AfterInner after_inner(int finished, int min) {
   return finished == 0 || finished < min ? AfterInner::redo : AfterInner::reduce;
 }
 
+std::string non_finite_inner(int member, double mean_loss, const std::vector<StepHealth>& steps) {
+  auto show = [](double v) { return std::isnan(v) ? std::string("nan") : v > 0 ? "inf" : "-inf"; };
+  const std::string who = "worker " + std::to_string(member) + "'s ";
+  const std::string of = " of " + std::to_string(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::string at = " at step " + std::to_string(i + 1) + of;
+    if (!std::isfinite(steps[i].loss))
+      return who + "inner loss became non-finite (" + show(steps[i].loss) + ")" + at;
+    if (!std::isfinite(steps[i].grad_norm))
+      return who + "gradient norm became non-finite (" + show(steps[i].grad_norm) + ")" + at;
+  }
+  if (!std::isfinite(mean_loss))
+    return who + "mean inner loss is non-finite (" + show(mean_loss) + ")";
+  return "";
+}
+
+RedoDecision RoundRedos::failed(int64_t round, const std::string& why, const std::string& fix) {
+  std::vector<std::string>& whys = failures_[round];
+  whys.push_back(why);
+  RedoDecision d;
+  const int redos = int(whys.size()) - 1;  // done before this failure
+  if (redos < max_redos_) {
+    d.redo = redos + 1;
+    return d;
+  }
+  d.give_up = true;
+  const std::string r = "round " + std::to_string(round + 1);
+  const bool same = std::all_of(whys.begin(), whys.end(), [&](const auto& w) { return w == why; });
+  if (same) {
+    d.message = r + ": " + why + "; the round was redone " + std::to_string(redos) +
+                (redos == 1 ? " time" : " times") + " with the same result";
+  } else {
+    d.message = r + " failed " + std::to_string(whys.size()) + " times (redone " +
+                std::to_string(redos) + " times): ";
+    for (size_t i = 0; i < whys.size(); ++i) d.message += (i ? "; then " : "") + whys[i];
+  }
+  if (!fix.empty()) d.message += "; " + fix;
+  return d;
+}
+
+int RoundRedos::failures(int64_t round) const {
+  auto it = failures_.find(round);
+  return it == failures_.end() ? 0 : int(it->second.size());
+}
+
 std::vector<int> copy_sources(const std::vector<int>& up_to_date, const std::vector<int>& joiners) {
   std::vector<int> out;
   if (up_to_date.empty()) return out;

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -14,6 +16,56 @@ namespace loco::actors {
 // After every member ran its inner steps: `finished` of them did, the job needs `min`.
 enum class AfterInner { reduce, redo };
 AfterInner after_inner(int finished, int min);
+
+// ---- Rounds done again ------------------------------------------------------------------
+
+// A member's inner steps diverged: a step's loss or gradient norm is not finite (a learning
+// rate that is finite but far too large, say). Its θ_local, and so its Δ, are not finite
+// either: the member cannot take part in the round's all-reduce (the collective refuses NaN
+// and Inf), and doing the round again from the same state gives the same result.
+struct StepHealth {
+  double loss = 0;
+  double grad_norm = 0;
+};
+// "" when the mean loss and every step's loss and gradient norm are finite; else what went
+// wrong first, for the job's log: "worker 1's inner loss became non-finite (nan) at step 2 of
+// 10". `steps` are the member's inner steps of the round, in order.
+std::string non_finite_inner(int member, double mean_loss, const std::vector<StepHealth>& steps);
+
+// A round that does not complete is done again: at once (fewer than workers.min members
+// finished their inner steps, some of them because their loss became non-finite), or after
+// the job went back to its last checkpoint (the all-reduce gave up, a streaming round failed,
+// no worker held the outer state). A cause that does not go away (a learning rate that makes
+// the loss non-finite: the same state and data give the same steps; a worker that fails the
+// same way each time) would redo one round for ever. So each round's failures are counted
+// until it completes (a rewind to an earlier checkpoint does not clear them, nor do the rounds
+// it does again before reaching the failing one), and the failure after kMaxRoundRedos redos
+// fails the job, saying why. 3: a deterministic cause shows the same result on the first
+// redo already, so more redos only spend time; faults that pass (a node lost, a link down)
+// rarely hit one round four times in a row, and the elastic tests' and the chaos test's
+// faults never do.
+inline constexpr int kMaxRoundRedos = 3;
+
+struct RedoDecision {
+  bool give_up = false;  // the job fails with `message`
+  int redo = 0;          // otherwise: the round is done again, this time its redo number `redo`
+  std::string message;   // give_up: the job's failure, naming the round, the cause and the fix
+};
+
+class RoundRedos {
+ public:
+  explicit RoundRedos(int max_redos = kMaxRoundRedos) : max_redos_(max_redos) {}
+  // Round `round` (counted from 0) failed for `why` ("worker 1's inner loss became non-finite
+  // (nan) at step 2 of 10"); `fix`: what in the job file would help ("" when nothing does).
+  RedoDecision failed(int64_t round, const std::string& why, const std::string& fix = "");
+  // Round `round` completed: its failures are forgotten.
+  void completed(int64_t round) { failures_.erase(round); }
+  int failures(int64_t round) const;
+
+ private:
+  int max_redos_;
+  std::map<int64_t, std::vector<std::string>> failures_;  // the whys, oldest first
+};
 
 // Where each of `joiners` copies the outer state from: the members that hold the current one
 // (`up_to_date`), spread so that k joiners load k members rather than all one (joiner k copies

@@ -12,6 +12,8 @@
 #include <set>
 #include <sstream>
 
+#include "diloco/memory.hpp"
+
 namespace loco::diloco {
 
 namespace {
@@ -490,7 +492,20 @@ void JobConfig::validate() const {
   require(inner.betas[0] >= 0 && inner.betas[0] < 1, "inner.betas[0]", "in [0, 1)", inner.betas[0]);
   require(inner.betas[1] >= 0 && inner.betas[1] < 1, "inner.betas[1]", "in [0, 1)", inner.betas[1]);
   require(inner.eps > 0, "inner.eps", "> 0", inner.eps);
+  // The steps run in fp32, and torch takes their scalars as floats: AdamW's update is scaled by
+  // lr / (1 - betas[0]) (the first step's bias correction) and θ decays by lr x weight_decay;
+  // beyond fp32's range (3.4e38) a step cannot run at all ("value cannot be converted to type
+  // float without overflow", on every worker, every time the round is redone). A rate below
+  // that which still makes the loss non-finite fails the job after kMaxRoundRedos redos.
+  constexpr double fp32_max = std::numeric_limits<float>::max();
+  require(inner.lr / (1 - inner.betas[0]) <= fp32_max && inner.lr * inner.weight_decay <= fp32_max,
+          "inner.lr",
+          "small enough that inner.lr / (1 - inner.betas[0]) and inner.lr x inner.weight_decay "
+          "are within fp32's range (3.4e38), in which the inner steps run",
+          inner.lr);
   require(outer.lr > 0, "outer.lr", "> 0", outer.lr);
+  require(outer.lr <= fp32_max, "outer.lr", "within fp32's range (3.4e38), in which θ steps",
+          outer.lr);
   require(outer.momentum >= 0 && outer.momentum < 1, "outer.momentum", "in [0, 1)", outer.momentum);
   require_in(rounds, 0, kMaxRounds, "rounds");
   require_in(token_budget, std::int64_t{0}, kMaxTokenBudget, "token_budget");
@@ -513,6 +528,13 @@ void JobConfig::validate() const {
           "context) <= " +
               show(kMaxActivationValues) + " (one micro-batch's activations)",
           model.context);
+  // What one worker holds, all terms together (diloco/memory.hpp): no node holds more. The
+  // cluster compares the estimate with its largest node at submission (check_fits).
+  const double worker_bytes = worker_memory_bytes(*this);
+  if (worker_bytes > kMaxWorkerBytes)
+    throw ConfigError(memory_field(*this, false) + ": needs about " + gib(worker_bytes) +
+                      " per worker, more than any node holds (at most " + gib(kMaxWorkerBytes) +
+                      " is accepted)");
   require(static_cast<double>(total_rounds()) <= kMaxRounds, "token_budget",
           "at most " + show(kMaxRounds) + " rounds' worth of tokens", token_budget);
   require(sync.fragments >= 1 && sync.fragments <= model.layers, "sync.fragments",

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -448,6 +449,78 @@ TEST_F(DilocoJob, BadJobFileFailsTheSubmissionNamingTheField) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("nothing-here"), std::string::npos) << e.what();
   }
+}
+
+// A learning rate far too large. inner.lr: 1e308 is finite, and passed validation: the first
+// inner step could not run at all (torch cannot take lr / (1 - betas[0]) as a float), every
+// worker failed its inner steps at once, and the round was redone for ever (tens of thousands
+// of "redone" lines a minute). It is refused at submission now, naming the field. inner.lr:
+// 1e30 runs, and makes the loss non-finite at the second step; redone from the same state, the
+// round gives the same result: the job fails after kMaxRoundRedos redos, naming the cause and
+// the fix.
+TEST_F(DilocoJob, ALearningRateThatMakesTheLossNonFiniteFailsTheJobAfterBoundedRedos) {
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  TestJob j = job(2, 2, 3);
+  j.lr = "1e308";
+  try {
+    JobHandle handle = client.submit(JobSpec::from_yaml(j.yaml()));
+    handle.cancel();
+    FAIL() << "a job with inner.lr: 1e308 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("inner.lr: must be small enough"), std::string::npos)
+        << e.what();
+  }
+  j.lr = "1e30";
+  JobHandle handle = client.submit(JobSpec::from_yaml(j.yaml()));
+  JobInfo end;
+  try {
+    end = handle.wait(Millis(180000));
+  } catch (const TimeoutError& e) {
+    handle.cancel();
+    const std::string log = log_text(handle);
+    FAIL() << e.what() << "; " << std::count(log.begin(), log.end(), '\n')
+           << " log lines, the last: " << log.substr(log.size() > 2000 ? log.size() - 2000 : 0);
+  }
+  const std::string log = log_text(handle);
+  ASSERT_EQ(end.state, JobState::failed) << end.message << "\n" << log;
+  for (const char* part :
+       {"round 1: worker 0's inner loss became non-finite (nan) at step 2 of 10",
+        "the round was redone 3 times with the same result", "lower inner.lr (1e+30)"})
+    EXPECT_NE(end.message.find(part), std::string::npos) << part << " in: " << end.message;
+  // Each redo said once, then the failure (before: a line a few milliseconds, for ever).
+  size_t redone = 0;
+  for (size_t at = log.find("redone"); at != std::string::npos; at = log.find("redone", at + 1))
+    ++redone;
+  EXPECT_EQ(redone, 4u) << log;
+  EXPECT_NE(log.find("it is redone (3 of at most 3)"), std::string::npos) << log;
+  EXPECT_NE(log.find("job failed: round 1: worker 0's inner loss"), std::string::npos) << log;
+}
+
+// A model that no node can hold is refused at submission, naming the field most responsible
+// and the memory it needs against the largest node's (its `memory` resource, in bytes), rather
+// than failing later as a worker allocates it.
+TEST_F(DilocoJob, AJobNeedingMoreMemoryThanTheLargestNodeIsRefusedNamingTheField) {
+  ClusterOptions co = one_worker_per_node(2);
+  co.node_resources = "cpu=1,memory=1e9";  // 0.9 GiB
+  LocalCluster c(co);
+  Client client(c.head_address());
+  TestJob j = job(2, 2, 1);
+  j.layers = 1024;  // 51 M parameters: about 6 GiB per worker
+  try {
+    JobHandle handle = client.submit(JobSpec::from_yaml(j.yaml()));
+    handle.cancel();
+    FAIL() << "a job needing more memory than any node has was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* part : {"model.layers (1024) and model.width (64)", "needs about ",
+                             " GiB per worker; the largest node has 0.9 GiB"})
+      EXPECT_NE(what.find(part), std::string::npos) << part << " in: " << what;
+  }
+  // The same cluster takes the job's own size.
+  JobHandle ok = client.submit(JobSpec::from_yaml(job(2, 2, 1).yaml()));
+  EXPECT_EQ(ok.wait(Millis(120000)).state, JobState::succeeded);
+  EXPECT_NE(log_text(ok).find("memory: a worker needs about "), std::string::npos);
 }
 
 // checkpoint.keep and checkpoint.resume (`loco submit --resume`): a job keeps only its newest

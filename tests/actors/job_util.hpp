@@ -37,6 +37,7 @@ struct TestJob {
   std::string budget;      // inner.budget ("steps" or "time"); "": not in the file
   std::string tokenizer = "byte";  // data.tokenizer: byte | bpe | a tokenizer.json
   int vocab = 0;                   // model.vocab; 0: not in the file (from the tokenizer)
+  std::string lr = "0.003";        // inner.lr, as written in the file
 
   std::string yaml() const {
     return "name: test\nseed: " + std::to_string(seed) + "\nthreads: 1\n" +
@@ -55,7 +56,7 @@ struct TestJob {
            (grace_max_s > 0 ? ", grace_max_s: " + std::to_string(grace_max_s) : "") +
            "}\n"
            "inner: {steps: " +
-           std::to_string(steps) + ", batch_size: 8, lr: 0.003, warmup: 5" +
+           std::to_string(steps) + ", batch_size: 8, lr: " + lr + ", warmup: 5" +
            (budget.empty() ? "" : ", budget: " + budget) +
            "}\n"
            "outer: {lr: 0.7, momentum: 0.9, nesterov: true}\n"

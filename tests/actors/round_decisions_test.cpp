@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <stdexcept>
+#include <string>
 
 namespace loco::actors {
 namespace {
@@ -22,6 +24,55 @@ TEST(RoundDecisions, TheRoundIsRedoneBelowTheMinimumOrWithNobody) {
   EXPECT_EQ(after_inner(2, 2), AfterInner::reduce);
   EXPECT_EQ(after_inner(1, 2), AfterInner::redo);
   EXPECT_EQ(after_inner(0, 0), AfterInner::redo);
+}
+
+TEST(RoundDecisions, TheFirstNonFiniteStepOfAMemberIsNamed) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(non_finite_inner(1, 5.2, {{5.5, 1.0}, {4.9, 0.8}}), "");
+  EXPECT_EQ(non_finite_inner(1, nan, {{5.5, 1.0}, {nan, nan}, {nan, nan}}),
+            "worker 1's inner loss became non-finite (nan) at step 2 of 3");
+  // The gradient's norm overflows before the loss does: θ_local is not finite after that step.
+  EXPECT_EQ(non_finite_inner(0, 5.0, {{5.5, 1.0}, {5.0, inf}}),
+            "worker 0's gradient norm became non-finite (inf) at step 2 of 2");
+  EXPECT_EQ(non_finite_inner(2, -inf, {{-inf, 1.0}}),
+            "worker 2's inner loss became non-finite (-inf) at step 1 of 1");
+  EXPECT_EQ(non_finite_inner(3, nan, {}), "worker 3's mean inner loss is non-finite (nan)");
+}
+
+TEST(RoundDecisions, ARoundThatKeepsFailingFailsTheJobAfterBoundedRedosSayingWhy) {
+  RoundRedos redos;
+  const std::string why = "worker 0's inner loss became non-finite (nan) at step 2 of 10";
+  for (int k = 1; k <= kMaxRoundRedos; ++k) {
+    const RedoDecision d = redos.failed(2, why, "lower inner.lr (1e+308)");
+    EXPECT_FALSE(d.give_up) << k;
+    EXPECT_EQ(d.redo, k);
+  }
+  const RedoDecision d = redos.failed(2, why, "lower inner.lr (1e+308)");
+  ASSERT_TRUE(d.give_up);
+  EXPECT_EQ(d.message,
+            "round 3: worker 0's inner loss became non-finite (nan) at step 2 of 10; the round was "
+            "redone 3 times with the same result; lower inner.lr (1e+308)");
+}
+
+TEST(RoundDecisions, RedosAreCountedPerRoundUntilItCompletesWhateverTheReason) {
+  RoundRedos redos(2);
+  EXPECT_FALSE(redos.failed(4, "the all-reduce failed 4 times").give_up);
+  // Other rounds completing (those after a rewind to an earlier checkpoint) clear nothing.
+  redos.completed(2);
+  redos.completed(3);
+  EXPECT_FALSE(redos.failed(3, "no worker holds the outer state").give_up);  // its own count
+  EXPECT_EQ(redos.failures(4), 1);
+  EXPECT_FALSE(redos.failed(4, "1 workers finished, below workers.min = 2").give_up);
+  const RedoDecision d = redos.failed(4, "the all-reduce failed 4 times");
+  ASSERT_TRUE(d.give_up);
+  EXPECT_EQ(d.message,
+            "round 5 failed 3 times (redone 2 times): the all-reduce failed 4 times; then 1 "
+            "workers finished, below workers.min = 2; then the all-reduce failed 4 times");
+  // A round that completes starts again from nothing.
+  redos.completed(3);
+  EXPECT_EQ(redos.failures(3), 0);
+  EXPECT_EQ(redos.failed(3, "x").redo, 1);
 }
 
 TEST(RoundDecisions, JoinersCopyFromDifferentUpToDateMembers) {

@@ -13,6 +13,7 @@
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
+#include "diloco/memory.hpp"
 #include "runtime/collective/allreduce.hpp"
 #include "tests/diloco/config_util.hpp"
 #include "tests/diloco/test_corpus.hpp"
@@ -591,6 +592,109 @@ TEST(Config, EverySizeIsBoundedNamingTheField) {
   EXPECT_NE(error_of(replace(kJob, "context: 16", "context: 1048576"))
                 .find("model.context: must be small enough"),
             std::string::npos);
+}
+
+// inner.lr: 1e308 is finite, but the inner steps run in fp32 and torch takes the step's
+// scalars (lr / (1 - betas[0]), lr x weight_decay) as floats: such a step cannot run at all.
+TEST(Config, LearningRatesBeyondFp32AreRefusedNamingTheField) {
+  EXPECT_EQ(error_of(replace(kJob, "lr: 0.001", "lr: 1e308")),
+            "inner.lr: must be small enough that inner.lr / (1 - inner.betas[0]) and inner.lr x "
+            "inner.weight_decay are within fp32's range (3.4e38), in which the inner steps run, "
+            "got 1e+308");
+  EXPECT_NE(error_of(replace(kJob, "lr: 0.001", "lr: 1e38")).find("inner.lr: must be small"),
+            std::string::npos);  // x 10 at the first step's bias correction
+  EXPECT_EQ(error_of(replace(kJob, "lr: 0.001", "lr: 1e30")), "");  // runs (and diverges)
+  EXPECT_NE(error_of(replace(kJob, "lr: 0.7", "lr: 1e39")).find("outer.lr: must be within fp32"),
+            std::string::npos);
+}
+
+// The estimate of what one worker holds (diloco/memory.hpp), term by term.
+TEST(Config, WorkerMemoryGrowsWithTheModelAndTheBatch) {
+  const JobConfig c = JobConfig::from_yaml(kJob);
+  const double p = double(c.model.parameter_count(c.vocab_size()));
+  const MemoryEstimate e = worker_memory(c, false);
+  EXPECT_TRUE(e.device.empty());
+  EXPECT_DOUBLE_EQ(e.host.at(0).bytes, 4 * p);  // θ_local: fp32
+  EXPECT_EQ(e.host.at(0).what, "θ_local");
+  EXPECT_DOUBLE_EQ(e.host_bytes(), worker_memory_bytes(c));
+  // Every term that grows with the model: 80 bytes a parameter on the CPU with one rank in fp32,
+  // 74 with int8 (the collective's buffers: 2 bytes a parameter, and the chunks' headers).
+  double model_terms = 0;
+  for (const MemoryTerm& t : e.host)
+    if (t.what != "activations" && t.what != "logits" && t.what != "the data loader" &&
+        t.what != "the process")
+      model_terms += t.bytes;
+  EXPECT_NEAR(model_terms / p, 74.0, 0.1);
+  // Monotone in width, layers and the batch.
+  auto bytes = [&](const std::string& from, const std::string& to) {
+    return worker_memory_bytes(JobConfig::from_yaml(replace(kJob, from, to)));
+  };
+  const double base = worker_memory_bytes(c);
+  EXPECT_GT(bytes("width: 32", "width: 64"), base);
+  EXPECT_GT(bytes("layers: 2", "layers: 4"), base);
+  EXPECT_GT(bytes("batch_size: 4", "batch_size: 8"), base);
+  EXPECT_GT(bytes("context: 16", "context: 32"), base);
+  // Micro-batches hold fewer activations at once.
+  EXPECT_LT(bytes("grad_accum: 2", "grad_accum: 4"), base);
+  // Recomputing each block keeps less.
+  EXPECT_LT(bytes("tied_embeddings: true", "tied_embeddings: true, activation_checkpointing: true"),
+            base);
+  // On CUDA the rank's terms move to its GPU; the outer state stays on the host.
+  const MemoryEstimate g = worker_memory(c, true);
+  EXPECT_DOUBLE_EQ(g.device.at(0).bytes, 4 * p);
+  EXPECT_LT(g.host_bytes(), e.host_bytes());
+  EXPECT_DOUBLE_EQ(g.host_bytes() + g.device_bytes(), e.host_bytes());
+  EXPECT_LT(aggregator_memory_bytes(c), base);
+}
+
+// At submission, against the largest node: refused naming the field most responsible, the
+// memory needed and the node's; not checked where no node says.
+TEST(Config, AWorkerThatNoNodeHoldsIsRefusedNamingTheFieldAndBothFigures) {
+  const JobConfig c = JobConfig::from_yaml(kJob);
+  EXPECT_NO_THROW(check_fits(c, false, std::nullopt, std::nullopt));
+  EXPECT_NO_THROW(check_fits(c, false, 64e9, std::nullopt));
+  auto refusal = [](const JobConfig& cfg, bool cuda, std::optional<double> memory,
+                    std::optional<double> gpu) -> std::string {
+    try {
+      check_fits(cfg, cuda, memory, gpu);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // The probe's model: 24 blocks of width 8192 (19.3e9 parameters) and GPT-2's vocabulary,
+  // under the 2e10 bound, needs over a TiB.
+  const JobConfig big = JobConfig::from_yaml(
+      replace(replace(replace(kJob, "layers: 2", "layers: 24"), "width: 32", "width: 8192"),
+              "tied_embeddings: true", "tied_embeddings: true, vocab: 50257"));
+  EXPECT_GT(double(big.model.parameter_count(big.vocab_size())), 1.9e10);
+  const std::string e = refusal(big, false, 64.0 * (1 << 30), std::nullopt);
+  EXPECT_EQ(e.rfind("model.layers (24) and model.width (8192): 19.7 B parameters", 0), 0u) << e;
+  EXPECT_NE(e.find(" B parameters: needs about 1"), std::string::npos) << e;
+  EXPECT_NE(e.find(" GiB per worker; the largest node has 64.0 GiB"), std::string::npos) << e;
+  // The batch: named when the activations outweigh the model.
+  const JobConfig wide = JobConfig::from_yaml(
+      replace(replace(kJob, "batch_size: 4", "batch_size: 4096"), "context: 16", "context: 4096"));
+  EXPECT_EQ(refusal(wide, false, 1e9, std::nullopt).rfind("inner.batch_size (4096 sequences", 0),
+            0u);
+  // The embeddings: named when they are most of the model.
+  const JobConfig vocab = JobConfig::from_yaml(
+      replace(kJob, "tied_embeddings: true", "tied_embeddings: true, vocab: 2000000"));
+  EXPECT_EQ(refusal(vocab, false, 1e9, std::nullopt).rfind("model.vocab (2000000)", 0), 0u);
+  // On CUDA the GPU's memory too (bytes per GPU), when nodes say it.
+  EXPECT_NE(refusal(big, true, 4e12, 80e9).find(" per GPU; the largest GPU has 74.5 GiB"),
+            std::string::npos);
+  EXPECT_EQ(refusal(big, true, 4e12, std::nullopt), "");
+  // Without a cluster: a worker beyond any node is refused by validation itself.
+  // (65,536 sequences' logits over 2^21 tokens: 26 TiB.)
+  const std::string beyond =
+      error_of(replace(replace(replace(kJob, "batch_size: 4", "batch_size: 65536"), "grad_accum: 2",
+                               "grad_accum: 1"),
+                       "tied_embeddings: true", "tied_embeddings: true, vocab: 2097152"));
+  EXPECT_EQ(beyond.rfind("inner.batch_size (65536 sequences of 16 tokens", 0), 0u) << beyond;
+  EXPECT_NE(beyond.find("GiB per worker, more than any node holds (at most 16384.0 GiB"),
+            std::string::npos)
+      << beyond;
 }
 
 TEST(Config, NonFiniteNumbersAreRefusedNamingTheField) {

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "diloco/memory.hpp"
 #include "diloco/simulator.hpp"
 #include "diloco/trainer.hpp"
 #include "tests/diloco/test_corpus.hpp"
@@ -112,6 +113,30 @@ TEST_F(DilocoTest, CompressionMatchesTorchCasts) {
     codec_roundtrip({y.data_ptr<float>(), 20000}, c);
     EXPECT_TRUE(torch::equal(y, x.to(dtype).to(torch::kFloat32))) << to_string(c);
   }
+}
+
+// The memory estimate's terms for the model's state (diloco/memory.hpp) are what the trainer
+// allocates: θ_local is parameter_count fp32 values, the gradients those of the flat buffer and
+// of autograd's own tensors, AdamW's moments two more.
+TEST_F(DilocoTest, MemoryEstimateMatchesTheTrainersBuffers) {
+  const auto c = small_job();
+  const auto store = TokenStore::open(c.data);
+  InnerTrainer t(c, store, {0, 1, 2, 3}, 0, 10);
+  t.run_inner_steps(1);
+  const MemoryEstimate e = worker_memory(c, false);
+  auto term = [&](const std::string& what) {
+    for (const MemoryTerm& m : e.host)
+      if (m.what == what) return m.bytes;
+    ADD_FAILURE() << "no term " << what;
+    return 0.0;
+  };
+  EXPECT_EQ(t.flat_parameters().nbytes(), size_t(4 * c.model.parameter_count(c.vocab_size())));
+  EXPECT_DOUBLE_EQ(term("θ_local"), double(t.flat_parameters().nbytes()));
+  size_t autograd = 0;
+  for (const auto& p : t.model()->parameters()) autograd += p.grad().nbytes();
+  EXPECT_DOUBLE_EQ(term("gradients"), double(t.flat_gradients().nbytes() + autograd));
+  EXPECT_DOUBLE_EQ(term("AdamW's two moments"),
+                   double(t.exp_avg().nbytes() + t.exp_avg_sq().nbytes()));
 }
 
 TEST_F(DilocoTest, InnerTrainingLowersTheLossAndKeepsGradientsFlat) {
