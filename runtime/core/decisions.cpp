@@ -246,6 +246,27 @@ std::string check_resources(const Resources& demand, const std::set<std::string>
   return {};
 }
 
+std::string check_spawn_request(const SpawnRequest& req, const std::set<std::string>* declared) {
+  auto over = [](const char* field, size_t bytes, size_t limit) {
+    return field + std::string(": ") + std::to_string(bytes) + " bytes, more than the limit of " +
+           std::to_string(limit) + " bytes";
+  };
+  constexpr size_t kMaxCtorArgsBytes = size_t(16) << 20;
+  if (req.class_name.size() > kMaxJobNameBytes)
+    return over("class name", req.class_name.size(), kMaxJobNameBytes);
+  if (req.name.size() > kMaxJobNameBytes)
+    return over("actor name", req.name.size(), kMaxJobNameBytes);
+  if (req.ctor_args.size() > kMaxCtorArgsBytes)
+    return over("constructor arguments", req.ctor_args.size(), kMaxCtorArgsBytes);
+  if (req.class_name.empty()) return "empty actor class name";
+  if (req.max_restarts < 0 || req.max_restarts > 1000)
+    return "max_restarts " + std::to_string(req.max_restarts) + " is outside 0..1000";
+  if (declared) return check_resources(req.resources, *declared);
+  std::set<std::string> any;  // every name known: only the amounts are checked
+  for (const auto& [name, amount] : req.resources) any.insert(name);
+  return check_resources(req.resources, any);
+}
+
 bool class_matches(const std::vector<std::string>& patterns, const std::string& class_name) {
   for (const std::string& p : patterns) {
     if (!p.empty() && p.back() == '*') {

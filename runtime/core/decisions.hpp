@@ -67,6 +67,13 @@ inline const std::set<std::string> kBuiltinResources = {"cpu", "gpu", "memory", 
 // nodes declare) holds. A negative or NaN amount would switch placement's accounting off.
 std::string check_resources(const Resources& demand, const std::set<std::string>& declared);
 
+// "" when a spawn request is acceptable before placement, else why not, naming the field: a
+// class name of 1 to 256 bytes, an actor name of at most 256, constructor arguments of at most
+// 16 MiB (kept in the store and sent again on every restart), 0 to 1000 restarts, resources
+// as check_resources says (`declared`: the names the live nodes declare; nullptr: sizes and
+// numbers only, before the store is read).
+std::string check_spawn_request(const SpawnRequest& req, const std::set<std::string>* declared);
+
 // Whether `class_name` is named by `patterns` (a name, or a prefix ending in '*').
 bool class_matches(const std::vector<std::string>& patterns, const std::string& class_name);
 

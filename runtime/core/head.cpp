@@ -129,13 +129,13 @@ class HeadService {
   // Places the actor and asks its node to create it; `done` runs when the node has answered.
   // Returns the new actor's id.
   std::string spawn_impl(SpawnRequest req, const Owner& whose, Started done) {
-    check_size("spawn: class name", req.class_name.size(), kMaxJobNameBytes);
-    check_size("spawn: actor name", req.name.size(), kMaxJobNameBytes);
-    // Kept in the actor's record in the store, and sent again on every restart.
-    constexpr size_t kMaxCtorArgsBytes = size_t(16) << 20;
-    check_size("spawn: constructor arguments", req.ctor_args.size(), kMaxCtorArgsBytes);
+    // Sizes and numbers before the store is touched; resource names once the nodes are read.
+    if (std::string bad = check_spawn_request(req, nullptr); !bad.empty())
+      throw ClusterError("spawn: " + bad);
     guard_store();
-    if (req.class_name.empty()) throw ClusterError("spawn: empty actor class name");
+    auto nodes = live_nodes();
+    if (std::string bad = check_resources(req.resources, declared_resources(nodes)); !bad.empty())
+      throw ClusterError("spawn: " + bad);
     if (!req.name.empty()) {
       if (auto id = store_->hget(keys::kNames, req.name)) {
         if (auto rec = actor(*id); rec && rec->info.state != ActorState::dead)
@@ -154,13 +154,6 @@ class HeadService {
     rec.info.owner = whose.key;
     rec.info.owner_name = whose.key.empty() ? std::string() : whose.name;
     rec.ctor_args = req.ctor_args;
-    if (req.max_restarts < 0 || req.max_restarts > 1000)
-      throw ClusterError("spawn: max_restarts " + std::to_string(req.max_restarts) +
-                         " is outside 0..1000");
-    auto nodes = live_nodes();
-    if (std::string bad = check_resources(rec.info.resources, declared_resources(nodes));
-        !bad.empty())
-      throw ClusterError("spawn: " + bad);
     std::vector<NodeView> placement = views(nodes);
     // A client's own actor goes only where a node lets clients spawn its class.
     if (whose.client) {

@@ -33,6 +33,8 @@ Runtime Runtime::current() {
   return rt;
 }
 
+// Makes a call to the head from any thread of an actor come from that actor: the head binds
+// what it spawns to the actor's job and owner, and writes a job's log only for its own actors.
 struct Runtime::Acting {
   explicit Acting(const std::shared_ptr<const ActorContext>& actor) {
     if (actor) scope.emplace(actor.get());
@@ -47,6 +49,7 @@ std::string Runtime::body_bytes(const detail::Payload& p) {
 }
 
 ActorInfo Runtime::spawn_raw(const SpawnRequest& req) {
+  Acting as(actor_);
   return core_->head_call<ActorInfo>("spawn", Millis(60000), req);
 }
 
@@ -71,14 +74,17 @@ ActorInfo Runtime::locate(const std::string& id) {
 }
 
 void Runtime::kill(const std::string& actor_id, bool allow_restart) {
+  Acting as(actor_);
   core_->head_call<void>("kill", Millis(10000), actor_id, allow_restart);
 }
 
 JobInfo Runtime::submit_job(const JobSubmission& sub) {
+  Acting as(actor_);
   return core_->head_call<JobInfo>("submit_job", Millis(120000), sub);
 }
 
 JobEvents Runtime::job_events(const std::string& job_id, const std::string& after, int max) {
+  Acting as(actor_);
   return core_->head_call<JobEvents>("job_events", Millis(10000), job_id, after, max);
 }
 
@@ -87,6 +93,7 @@ std::vector<JobInfo> Runtime::list_jobs() {
 }
 
 JobInfo Runtime::cancel_job(const std::string& job_id) {
+  Acting as(actor_);
   return core_->head_call<JobInfo>("cancel_job", Millis(30000), job_id);
 }
 
@@ -95,6 +102,7 @@ JobInfo Runtime::job(const std::string& job_id) {
 }
 
 JobInfo Runtime::scale_job(const std::string& job_id, int workers) {
+  Acting as(actor_);
   return core_->head_call<JobInfo>("scale_job", Millis(10000), job_id, workers);
 }
 
