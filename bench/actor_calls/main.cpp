@@ -4,6 +4,9 @@
 //
 //   build/bin/bench_actor_calls [--n 20000] [--calls 300000] [--window 2000] [--repeats 3]
 //                               [--blob-kb 4096] [--blob-calls 200] [--insecure 1]
+//                               [--as-client 1]
+// --as-client 1: a user's client key spawns both actors (nodes --spawnable 'bench.*'), so that
+// every call is one between two actors of that owner, checked as such (docs/security.md).
 // The cluster uses CURVE with a key made for it (as every cluster does) unless --insecure 1:
 // run both to see what CURVE costs a call.
 #include <signal.h>
@@ -13,9 +16,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <zmq.hpp>
 
 #include "bench/actor_calls/bench_actors.hpp"
+#include "runtime/security/keys.hpp"
 #include "tests/runtime/core/cluster.hpp"
 
 namespace {
@@ -96,7 +101,7 @@ RawResult raw_zmq(int n, int calls, int window) {
 
 int main(int argc, char** argv) {
   int n = 20000, calls = 300000, window = 2000, repeats = 3, blob_kb = 4096, blob_calls = 200;
-  bool insecure = false;
+  bool insecure = false, as_client = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int v = std::atoi(argv[i + 1]);
@@ -114,6 +119,8 @@ int main(int argc, char** argv) {
       blob_calls = v;
     else if (k == "--insecure")
       insecure = v != 0;
+    else if (k == "--as-client")
+      as_client = v != 0;
   }
   using namespace loco;
   testing::ClusterOptions co;
@@ -121,10 +128,20 @@ int main(int argc, char** argv) {
   co.insecure = insecure;
   co.plugins = LOCO_TEST_PLUGIN_DIR_STR "/libloco_bench_actors.so";
   testing::LocalCluster cluster(co);
-  cluster.add_node({"--resources=pinger=1"});
-  cluster.add_node({"--resources=echo=1"});
+  cluster.add_node({"--resources=pinger=1", "--spawnable=bench.*"});
+  cluster.add_node({"--resources=echo=1", "--spawnable=bench.*"});
   cluster.wait_alive_nodes(2);
-  Runtime& rt = cluster.runtime();
+  std::optional<Runtime> user;
+  if (as_client) {
+    if (insecure) throw std::runtime_error("--as-client needs CURVE (no --insecure)");
+    const auto pair = security::generate_key_pair();
+    security::add_client_to_key_file(cluster.key_path(), pair.public_key, "user");
+    ConnectOptions o;
+    o.security = security::Settings::for_client(
+        pair, security::read_key_file(cluster.key_path()).cluster.public_key);
+    user = Runtime::connect(cluster.head_address(), o);
+  }
+  Runtime& rt = user ? *user : cluster.runtime();
   auto echo = rt.spawn<bench::Echo>(ActorOptions().with_resources({{"echo", 1}}));
   auto pinger = rt.spawn<bench::Pinger>(ActorOptions().with_resources({{"pinger", 1}}));
   if (echo.address() == pinger.address()) throw std::runtime_error("actors share a node");
@@ -155,7 +172,8 @@ int main(int argc, char** argv) {
   double rm = median(raw_med), lm = median(loco_med);
   std::printf(
       "\nactor_calls (median of %d runs, %d round trips, %d pipelined calls, window %d; %s)\n",
-      repeats, n, calls, window, insecure ? "plain TCP" : "CURVE");
+      repeats, n, calls, window,
+      insecure ? "plain TCP" : as_client ? "CURVE, a client's actors" : "CURVE");
   std::printf("  raw ZeroMQ DEALER/ROUTER RTT : %8.1f us\n", rm);
   std::printf(
       "  loco actor call RTT          : %8.1f us   ratio %.2fx the raw RTT (target <= 2x)\n", lm,

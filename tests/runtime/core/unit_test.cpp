@@ -182,11 +182,16 @@ TEST(States, RecordsKeepTheirWireFormat) {
   node.state = NodeState::dead;
   EXPECT_EQ(repack<NodeRecordV0>(node).state, "dead");
   {
+    // Fields appended since (a node's spawnable classes) leave the old ones as they were: read
+    // by an older reader, a new record is byte for byte the old one; an old one reads as new
+    // with the appended fields empty.
     msgpack::sbuffer a, b;
     old_node.state = "dead";
     msgpack::pack(a, old_node);
-    msgpack::pack(b, node);
+    node.spawnable = {"wordcount.*"};
+    msgpack::pack(b, repack<NodeRecordV0>(node));
     EXPECT_EQ(std::string(a.data(), a.size()), std::string(b.data(), b.size()));
+    EXPECT_TRUE(repack<NodeRecord>(old_node).spawnable.empty());
   }
 
   JobInfoV0 old_job;
@@ -195,6 +200,7 @@ TEST(States, RecordsKeepTheirWireFormat) {
   JobInfo job = repack<JobInfo>(old_job);
   EXPECT_EQ(job.state, JobState::succeeded);
   EXPECT_TRUE(job.finished());
+  EXPECT_TRUE(job.owner.empty());  // a job of before owners: the operator's
   EXPECT_EQ(repack<JobInfoV0>(job).state, "succeeded");
 
   old_job.state = "exploded";
