@@ -6,7 +6,8 @@
 //   limits    the head's defaults: 30 submissions a minute per key, the rest refused unstored;
 //   unlimited the limits lifted: every submission stored and failed, kept for the default
 //             retention (3600 s): what the tick costs with N finished jobs in the table;
-//   expiring  lifted, with --job-retention-s 2: the same jobs, then gone from Redis.
+//   expiring  lifted, with --job-retention-s 2 and --retention-s 2: the same jobs, then gone
+//             from Redis with their dead entry actors.
 //
 //   bench_head_submissions [--submissions 15000] [--idle-s 10] [--modes limits,unlimited,expiring]
 #include <hiredis/hiredis.h>
@@ -65,10 +66,10 @@ double redis_used_mb(int port) {
   return mb;
 }
 
-long redis_keys_jobs(int port) {
+long redis_hlen(int port, const char* key) {
   redisContext* c = redisConnect("127.0.0.1", port);
   if (!c || c->err) return -1;
-  auto* r = static_cast<redisReply*>(redisCommand(c, "HLEN loco:jobs"));
+  auto* r = static_cast<redisReply*>(redisCommand(c, "HLEN %s", key));
   long n = r && r->type == REDIS_REPLY_INTEGER ? long(r->integer) : -1;
   if (r) freeReplyObject(r);
   redisFree(c);
@@ -88,14 +89,17 @@ int main(int argc, char** argv) {
   }
   using namespace loco;
   std::printf("mode       submitted stored refused  head_idle_%%_before after  redis_MB_before after  "
-              "jobs_in_redis  flood_s\n");
+              "jobs,actors_in_redis  flood_s\n");
   std::stringstream list(modes);
   for (std::string mode; std::getline(list, mode, ',');) {
     testing::ClusterOptions co;
     co.nodes = 1;
     if (mode != "limits")
       co.extra_head_args = {"--max-submissions-per-minute=1000000", "--max-jobs-per-key=1000000"};
-    if (mode == "expiring") co.extra_head_args.push_back("--job-retention-s=2");
+    if (mode == "expiring") {
+      co.extra_head_args.push_back("--job-retention-s=2");
+      co.extra_head_args.push_back("--retention-s=2");
+    }
     testing::LocalCluster c(co);
     const pid_t head = c.head().pid();
     const int port = c.redis().port();
@@ -114,14 +118,16 @@ int main(int argc, char** argv) {
     }
     const double flood_s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (mode == "expiring") {  // bounded wait for the retention time to pass
-      for (int i = 0; i < 100 && redis_keys_jobs(port) > 0; ++i)
+      for (int i = 0; i < 150 && redis_hlen(port, "loco:jobs") + redis_hlen(port, "loco:actors") > 0;
+           ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     const double cpu_after = idle_cpu_percent(head, idle_s);
     const double mem_after = redis_used_mb(port);
-    std::printf("%-10s %9d %6d %7d  %18.2f %6.2f  %15.1f %6.1f  %13ld  %7.1f\n", mode.c_str(),
-                submissions, failed, refused, cpu_before, cpu_after, mem_before, mem_after,
-                redis_keys_jobs(port), flood_s);
+    std::printf("%-10s %9d %6d %7d  %18.2f %6.2f  %15.1f %6.1f  %9ld,%-10ld  %7.1f\n",
+                mode.c_str(), submissions, failed, refused, cpu_before, cpu_after, mem_before,
+                mem_after, redis_hlen(port, "loco:jobs"), redis_hlen(port, "loco:actors"),
+                flood_s);
     std::fflush(stdout);
   }
   return 0;

@@ -520,12 +520,16 @@ class HeadService {
       // The cached views (a copy: the restarts below occupy it as they go), not views_of() over
       // the whole table, which would cost every tick the number of actors.
       auto placement = views(live);
-      // The few actors that need work: not dead, and not simply alive on a live node.
+      // The few actors that need work: not dead, and not simply alive on a live node. Only the
+      // actors not dead are looked at: the dead ones wait for forget_the_dead.
       std::vector<std::string> todo;
-      for (auto& [id, r] : actors_index())
-        if (r.info.state != ActorState::dead &&
-            (r.info.state != ActorState::alive || !live.count(r.info.node_id)))
+      const auto& index = actors_index();
+      for (const std::string& id : not_dead_) {
+        auto r = index.find(id);
+        if (r != index.end() &&
+            (r->second.info.state != ActorState::alive || !live.count(r->second.info.node_id)))
           todo.push_back(id);
+      }
       const uint64_t first_creation = creations_;
       int deaths = 0;
       for (const std::string& id : todo) {
@@ -760,10 +764,17 @@ class HeadService {
          (slot.info.node_id != rec.info.node_id || slot.info.gpus != rec.info.gpus)))
       views_dirty_ = true;
     slot = rec;
-    if (rec.info.state == ActorState::dead)
-      dead_since_.emplace(rec.info.id, now_ms());
-    else
+    if (rec.info.state == ActorState::dead) {
+      mark_dead(rec.info.id, now_ms());
+    } else {
       dead_since_.erase(rec.info.id);
+      not_dead_.insert(rec.info.id);
+    }
+  }
+  // Dead since `at` (kept if it already was): off the tick's list, on the forgetting queue.
+  void mark_dead(const std::string& id, int64_t at) {
+    not_dead_.erase(id);
+    if (dead_since_.emplace(id, at).second) dead_queue_.emplace(at, id);
   }
 
   // The actor table, held in memory so that no request or tick decodes it all: read from the
@@ -774,13 +785,18 @@ class HeadService {
       for (auto& [id, v] : store_->hgetall(keys::kActors)) fresh[id] = unpack_str<ActorRecord>(v);
       index_.swap(fresh);
       int64_t now = now_ms();
-      std::map<std::string, int64_t> dead;
-      for (auto& [id, r] : index_)
-        if (r.info.state == ActorState::dead) {
-          auto was = dead_since_.find(id);
-          dead[id] = was == dead_since_.end() ? now : was->second;
+      std::map<std::string, int64_t> was;
+      was.swap(dead_since_);
+      dead_queue_.clear();
+      not_dead_.clear();
+      for (auto& [id, r] : index_) {
+        if (r.info.state != ActorState::dead) {
+          not_dead_.insert(id);
+          continue;
         }
-      dead_since_.swap(dead);
+        auto since = was.find(id);
+        mark_dead(id, since == was.end() ? now : since->second);
+      }
       index_valid_ = true;
       views_dirty_ = true;
     }
@@ -798,20 +814,19 @@ class HeadService {
   // them stay the size of the live cluster.
   void forget_the_dead(const std::map<std::string, NodeRecord>& nodes, int64_t now) {
     const int64_t keep = cfg_.retention_ms;
-    for (auto it = dead_since_.begin(); it != dead_since_.end();) {
-      if (now - it->second < keep) {
-        ++it;
-        continue;
-      }
-      auto rec = index_.find(it->first);
-      if (rec != index_.end()) {
-        const std::string& name = rec->second.info.name;
-        if (!name.empty() && store_->hget(keys::kNames, name) == it->first)
-          store_->hdel(keys::kNames, name);
-        store_->hdel(keys::kActors, it->first);
-        index_.erase(rec);
-      }
-      it = dead_since_.erase(it);
+    // In the order they died: each tick costs what it forgets, not what it keeps.
+    while (!dead_queue_.empty() && now - dead_queue_.begin()->first >= keep) {
+      const auto [at, id] = *dead_queue_.begin();
+      dead_queue_.erase(dead_queue_.begin());
+      auto since = dead_since_.find(id);
+      if (since == dead_since_.end() || since->second != at) continue;  // came back since
+      dead_since_.erase(since);
+      auto rec = index_.find(id);
+      if (rec == index_.end()) continue;
+      const std::string& name = rec->second.info.name;
+      if (!name.empty() && store_->hget(keys::kNames, name) == id) store_->hdel(keys::kNames, name);
+      store_->hdel(keys::kActors, id);
+      index_.erase(rec);
     }
     for (auto& [id, n] : nodes) {
       if (n.state == NodeState::alive) {
@@ -1016,6 +1031,8 @@ class HeadService {
   std::map<std::string, ActorRecord> index_;
   bool index_valid_ = false;
   std::map<std::string, int64_t> dead_since_, node_gone_since_;
+  std::multimap<int64_t, std::string> dead_queue_;  // dead_since_ by time, for forget_the_dead
+  std::set<std::string> not_dead_;                   // the index's actors that are not dead
   // views(): placement's view of the nodes `views_nodes_`, valid unless `views_dirty_`.
   std::vector<NodeView> views_cache_;
   std::set<std::string> views_nodes_;
