@@ -499,17 +499,18 @@ void Core::on_handshake_failed(const std::string& peer, const std::string& why) 
 
 std::string Core::refusal(const Mailbox& box, const Envelope& env, const security::Identity& who,
                           bool internal) const {
-  const std::string what = box.cls->name + "." + env.method;
+  // Built only for a refusal: every call passes here.
+  auto what = [&] { return box.cls->name + "." + env.method; };
   if (!who.member()) {
     if (internal)
-      return what +
+      return what() +
              " is internal: only the cluster's head, nodes and actors (holders of the cluster "
              "key) may call it, not a client";
     // The runtime's own services check their callers themselves (the head: per job); an actor
     // the operator started (no owner) serves every user, as a shared service.
     if (box.id.empty() || box.id[0] == '@' || box.context.owner.empty()) return {};
     if (!who.may_act_on(box.context.owner))
-      return what + ": actor " + box.id +
+      return what() + ": actor " + box.id +
              (box.context.job.empty() ? "" : " of job " + box.context.job) + " belongs to " +
              box.context.owner_name + "; only its owner or an admin may call it, not " + who.name;
     return {};
@@ -517,14 +518,14 @@ std::string Core::refusal(const Mailbox& box, const Envelope& env, const securit
   // A member's actor (whose code a user may have asked for) reaches another job's internals
   // only from inside that job; the operator's own processes (no actor) are not held to it.
   if (internal && env.from_actor && !box.context.job.empty() && env.sender_job != box.context.job)
-    return what + " is internal to job " + box.context.job + ": actor " +
+    return what() + " is internal to job " + box.context.job + ": actor " +
            escape_remote(env.sender, 64) + " of " +
            (env.sender_job.empty() ? std::string("no job")
                                    : "job " + escape_remote(env.sender_job, 64)) +
            " may not call it";
   if (env.from_actor && !box.context.owner.empty() && !env.sender_owner.empty() &&
       env.sender_owner != box.context.owner)
-    return what + ": actor " + box.id + " belongs to " + box.context.owner_name +
+    return what() + ": actor " + box.id + " belongs to " + box.context.owner_name +
            "; an actor of another user (" + escape_remote(env.sender, 64) + ") may not call it";
   return {};
 }
@@ -579,19 +580,16 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
   }
   // Rights, before the call takes room in the mailbox. An unknown method goes through to get
   // its MethodNotFoundError, which names the methods there are.
-  {
-    const MethodEntry* m = box->cls->find(d.env.method);
-    const std::string msg = refusal(*box, d.env, who, m && m->internal);
-    if (!msg.empty()) {
-      if (d.env.k() == Kind::Request)
-        send_error(std::move(rid), d.env.corr, "PermissionError", msg);
-      else
-        warn_bad_input("dropped a one-way call: " + msg);
-      return;
-    }
+  const MethodEntry* m = box->cls->find(d.env.method);
+  if (const std::string msg = refusal(*box, d.env, who, m && m->internal); !msg.empty()) {
+    if (d.env.k() == Kind::Request)
+      send_error(std::move(rid), d.env.corr, "PermissionError", msg);
+    else
+      warn_bad_input("dropped a one-way call: " + msg);
+    return;
   }
   // A concurrent method runs beside the mailbox, on a thread of its own, at once.
-  if (const MethodEntry* m = box->cls->find(d.env.method); m && m->concurrent) {
+  if (m && m->concurrent) {
     run_beside(box, Inbound{std::move(rid), std::move(d.env), std::move(d.payload), who});
     return;
   }
