@@ -451,6 +451,44 @@ TEST_F(DilocoJob, BadJobFileFailsTheSubmissionNamingTheField) {
   }
 }
 
+// A job's actors run only inside the job the head created them for (issue 14's probe: a user
+// spawned diloco.OuterAggregator with Bob's job id in its arguments, ran as a member of his job,
+// rewrote his folder and killed his worker). Even a holder of the cluster key who spawns one
+// with a running job's id gets a refusal from its constructor, and the job is untouched.
+TEST_F(DilocoJob, AJobsActorsRunOnlyInsideTheJobTheHeadCreatedThemFor) {
+  LocalCluster c(one_worker_per_node(1));
+  Client client(c.head_address());
+  JobHandle job = client.submit(JobSpec::from_yaml(job_yaml(data_, dir_ + "/ckpt", "fp32", 2, 1)));
+  const std::string spec = job_yaml(data_, dir_ + "/ckpt-thief", "fp32", 2, 1);
+  auto spawn = [&](const std::string& cls, const std::string& args, const std::string& name) {
+    SpawnRequest req;
+    req.class_name = cls;
+    req.ctor_args = args;
+    req.name = name;
+    req.resources = {{"cpu", 0}};
+    try {
+      (void)c.runtime().core()->head_call<ActorInfo>("spawn", Millis(60000), req);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(spawned)");
+  };
+  auto packed = [](const auto& tuple) {
+    msgpack::sbuffer b;
+    msgpack::pack(b, tuple);
+    return std::string(b.data(), b.size());
+  };
+  std::string e = spawn("diloco.OuterAggregator", packed(std::make_tuple(job.id(), spec)),
+                        "thief-aggregator");
+  EXPECT_NE(e.find("diloco.OuterAggregator runs only inside a submitted job"), std::string::npos)
+      << e;
+  e = spawn("diloco.InnerWorker", packed(std::make_tuple(job.id(), spec, 0)), "thief-worker");
+  EXPECT_NE(e.find("diloco.InnerWorker runs only inside a submitted job"), std::string::npos) << e;
+  JobInfo end = job.wait(Millis(300000));
+  EXPECT_EQ(end.state, JobState::succeeded) << end.message;
+  EXPECT_FALSE(fs::exists(dir_ + "/ckpt-thief"));
+}
+
 // A learning rate far too large. inner.lr: 1e308 is finite, and passed validation: the first
 // inner step could not run at all (torch cannot take lr / (1 - betas[0]) as a float), every
 // worker failed its inner steps at once, and the round was redone for ever (tens of thousands
