@@ -93,6 +93,11 @@ Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
   const double gpu_need = get(demand, "gpu");
   if (gpu_need > 0 && gpu_need != std::floor(gpu_need))
     return {std::nullopt, "gpu: whole GPUs only, got " + num(gpu_need), {}};
+  // Counted as an int below (found by fuzz_spawn_request: 2.8e14 shared GPUs overflowed it).
+  if (gpu_need > kMaxGpusPerActor)
+    return {std::nullopt,
+            "gpu: at most " + std::to_string(kMaxGpusPerActor) + " per actor, got " + num(gpu_need),
+            {}};
   const NodeView* best = nullptr;
   std::vector<int> best_gpus;
   double best_cpu = -std::numeric_limits<double>::infinity();
@@ -242,6 +247,10 @@ std::string check_resources(const Resources& demand, const std::set<std::string>
     if (!std::isfinite(amount)) return what + " is not a finite number";
     if (amount < 0) return what + " is negative (" + num(amount) + ")";
     if (amount > 1e15) return what + " is larger than 1e15 (" + num(amount) + ")";
+    // GPUs are handed out by index: a whole number a node could have.
+    if (name == "gpu" && (amount != std::floor(amount) || amount > kMaxGpusPerActor))
+      return what + " must be a whole number of GPUs, at most " +
+             std::to_string(kMaxGpusPerActor) + " (got " + num(amount) + ")";
   }
   return {};
 }

@@ -60,6 +60,8 @@ Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
 
 // ---- what a request may ask --------------------------------------------------
 
+// The most GPUs one actor may ask for: placement hands them out by index.
+inline constexpr int kMaxGpusPerActor = 4096;
 // Resources every node knows without declaring them.
 inline const std::set<std::string> kBuiltinResources = {"cpu", "gpu", "memory", "gpu_memory"};
 // "" when `demand` is acceptable, else why not, naming the resource: every amount finite, not

@@ -246,6 +246,16 @@ TEST(Requests, ResourcesMustBeFiniteNonNegativeAndKnown) {
             std::string::npos);
   EXPECT_NE(check_resources({{"cpu", 2e15}}, declared).find("larger than 1e15"),
             std::string::npos);
+  EXPECT_NE(check_resources({{"gpu", 1.5}}, declared).find("must be a whole number of GPUs"),
+            std::string::npos);
+  EXPECT_NE(check_resources({{"gpu", 2.8e14}}, declared).find("at most 4096"), std::string::npos);
+  // Found by fuzz_spawn_request: placement counted 2.8e14 shared GPUs in an int (undefined).
+  NodeRecord n;
+  n.id = "n-1";
+  n.resources = {{"cpu", 4}, {"gpu", 1}};
+  const Placement p = place(node_views({n}, {}), {{"gpu", 2.8e14}}, {}, true);
+  EXPECT_FALSE(p.node);
+  EXPECT_NE(p.reason.find("at most 4096 per actor"), std::string::npos) << p.reason;
 }
 
 TEST(Requests, SpawnableClassesAreNamesOrPrefixes) {
