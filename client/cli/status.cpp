@@ -20,7 +20,12 @@ void print_status(const ClusterStatus& st) {
     for (auto& [k, total] : n.node.resources) {
       double used = n.used.count(k) ? n.used.at(k) : 0;
       char buf[64];
-      std::snprintf(buf, sizeof buf, "%s%s=%g/%g", res.empty() ? "" : ",", k.c_str(), used, total);
+      if (k == "memory" || k == "gpu_memory")  // bytes: GiB for people
+        std::snprintf(buf, sizeof buf, "%s%s=%.1f/%.1fGiB", res.empty() ? "" : ",", k.c_str(),
+                      used / double(1 << 30), total / double(1 << 30));
+      else
+        std::snprintf(buf, sizeof buf, "%s%s=%g/%g", res.empty() ? "" : ",", k.c_str(), used,
+                      total);
       res += buf;
     }
     std::printf("%-20s %-22s %-6s %-28s %s%s\n", n.node.id.c_str(), n.node.address.c_str(),

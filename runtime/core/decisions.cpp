@@ -234,7 +234,15 @@ std::string format_gpus(const std::vector<int>& gpus) {
 
 std::string format_resources(const Resources& r) {
   std::string out;
-  for (auto& [k, v] : r) out += (out.empty() ? "" : ",") + k + "=" + num(v);
+  for (auto& [k, v] : r) {
+    std::string amount = num(v);
+    if ((k == "memory" || k == "gpu_memory") && v >= (1 << 20)) {  // bytes, for people
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.1fGiB", v / double(1 << 30));
+      amount = buf;
+    }
+    out += (out.empty() ? "" : ",") + k + "=" + amount;
+  }
   return out.empty() ? "none" : out;
 }
 
