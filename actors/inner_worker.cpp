@@ -1,9 +1,7 @@
 #include "actors/inner_worker.hpp"
 
 #include <c10/core/CachingDeviceAllocator.h>
-#include <signal.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,6 +23,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "actors/round_decisions.hpp"
+#include "actors/round_hooks.hpp"
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
@@ -72,73 +71,6 @@ int64_t floats_in(const std::vector<dl::Range>& ranges) {
   for (const dl::Range& r : ranges) n += r.size();
   return n;
 }
-
-// Fault injection for the fault-tolerance tests and scripts/chaos, off unless
-// LOCO_FAULT is set: "worker=I,round=R,at=inner|reduce" makes the process that
-// hosts worker I SIGKILL itself in round R (counted from 1), halfway through its
-// inner steps or right after its first all-reduce message ("stream": halfway through a
-// streaming round, with fragments in flight; with signal=term it sends SIGTERM instead). The
-// moment goes to
-// the file $LOCO_FAULT_LOG (unix ms), so that a test can time the detection.
-struct FaultPlan {
-  int worker = -1;
-  int64_t round = -1;
-  std::string at;
-  // at=stall: worker I sleeps this long at the start of round R's inner steps, its node still
-  // answering heartbeats (a stuck worker, not a dead one).
-  double stall_s = 20;
-  // delay_ms=D: worker I sleeps D ms after each of its inner steps, in every round (a slower
-  // worker); no `at` needed.
-  int delay_ms = 0;
-  // signal=term: at=stream sends the node SIGTERM instead (it stops, asking the worker to),
-  // and the worker goes on until its node stops it.
-  bool sigterm = false;
-
-  static FaultPlan from_env() {
-    FaultPlan p;
-    const char* v = std::getenv("LOCO_FAULT");
-    if (!v) return p;
-    std::string s = v;
-    for (size_t at = 0; at < s.size();) {
-      size_t end = s.find(',', at);
-      std::string kv = s.substr(at, end == std::string::npos ? std::string::npos : end - at);
-      auto eq = kv.find('=');
-      if (eq != std::string::npos) {
-        std::string k = kv.substr(0, eq), val = kv.substr(eq + 1);
-        if (k == "worker") p.worker = std::stoi(val);
-        if (k == "round") p.round = std::stoll(val);
-        if (k == "at") p.at = val;
-        if (k == "stall_s") p.stall_s = std::stod(val);
-        if (k == "delay_ms") p.delay_ms = std::stoi(val);
-        if (k == "signal") p.sigterm = val == "term";
-      }
-      if (end == std::string::npos) break;
-      at = end + 1;
-    }
-    return p;
-  }
-  // With $LOCO_FAULT_LOG set the fault fires once in the whole test: not again in the worker
-  // that replaces the victim, should the job redo that round.
-  bool hits(int index, int64_t round0, const char* where) const {
-    if (worker != index || round != round0 + 1 || at != where) return false;
-    const char* log = std::getenv("LOCO_FAULT_LOG");
-    return !(log && std::filesystem::exists(log));
-  }
-  [[noreturn]] static void die() {
-    if (const char* log = std::getenv("LOCO_FAULT_LOG")) {
-      std::ofstream(log, std::ios::app) << unix_ms() << "\n";
-    }
-    ::kill(::getpid(), SIGKILL);
-    std::abort();
-  }
-  void fire() const {
-    if (!sigterm) die();
-    if (const char* log = std::getenv("LOCO_FAULT_LOG")) {
-      std::ofstream(log, std::ios::app) << unix_ms() << "\n";
-    }
-    ::kill(::getpid(), SIGTERM);
-  }
-};
 
 // The host this node is reached at, for the collective's socket.
 std::string node_host() {
@@ -379,14 +311,12 @@ struct InnerWorker::State {
   std::vector<float> delta, averaged;  // whole; rank r writes and averages its slice
   int64_t delta_round = -1;            // the round whose Δ `delta` holds
   int64_t stepped_round = -1;  // the round whose outer step θ holds (undone if it is re-run)
-  bool fault_fired = false;
   // Its node is stopping (InnerWorker::stop): inner steps end at the next one.
   std::atomic<bool> stopping{false};
   InnerResult last_inner;
   uint64_t stream = 0;
   std::shared_ptr<const std::string> shared_state;  // see join_state()
   int64_t shared_state_round = -1;
-  FaultPlan fault = FaultPlan::from_env();
   torch::Tensor val_windows;
   dl::DeviceChoice device;  // from the job's `device` and the GPUs the head gave this actor
   // For the per-step figures, set at construction: model FLOPs per token, and the peak FLOP/s
@@ -478,14 +408,16 @@ struct InnerWorker::State {
     desk.cv.notify_all();
   }
 
-  // Fault injection (FaultPlan): a stuck worker, a slower one.
-  void stall_if_asked(int64_t round) {
-    if (!fault.hits(index, round, "stall")) return;
-    if (const char* log = std::getenv("LOCO_FAULT_LOG"))
-      std::ofstream(log, std::ios::app) << unix_ms() << "\n";
-    std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(fault.stall_s * 1000)));
+  // The test hooks installed in this process at `point` (actors/round_hooks.hpp; none in
+  // production), and the seconds they took.
+  double hook(RoundPoint point, int64_t round, int64_t step, const char* method,
+              collective::detail::Hooks* comm_hooks = nullptr) {
+    RoundHooks* hooks = round_hooks();
+    if (!hooks) return 0;
+    const int64_t t = loco::now_ms();
+    hooks->at(point, {index, round, step, cfg.inner.steps, method, &stopping, comm_hooks});
+    return seconds_since(t);
   }
-  bool slow() const { return fault.worker == index && fault.delay_ms > 0; }
 
   // One inner step of rank `k`, and its figures (per-step records: metrics.jsonl "steps").
   // n steps of this are the arithmetic of run_inner_steps(n).
@@ -527,7 +459,7 @@ struct InnerWorker::State {
       loss += per_step.back().loss;
       stepping += per_step.back().seconds;
       ++steps;
-      if (slow()) std::this_thread::sleep_for(std::chrono::milliseconds(fault.delay_ms));
+      stepping += hook(RoundPoint::after_inner_step, round, steps, "inner_timed");
     }
     k.trainer->pseudo_gradient(k.outer->theta(), {delta.data(), delta.size()}, 0);
     delta_round = round;
@@ -535,9 +467,9 @@ struct InnerWorker::State {
     r.round = round;
     r.steps = steps;
     r.mean_loss = loss / steps;
-    // With an injected per-step delay the delay counts as inner time: it stands for slower
-    // hardware, not for waiting.
-    r.seconds = slow() ? seconds_since(t0) : stepping;
+    // A test hook's per-step delay counts as inner time: it stands for slower hardware, not
+    // for waiting.
+    r.seconds = stepping;
     r.tokens = int64_t(steps) * cfg.tokens_per_inner_step();
     r.per_step = std::move(per_step);
     last_inner = r;
@@ -1022,13 +954,7 @@ InnerResult InnerWorker::inner(int64_t round) {
     return again;
   }
   const int64_t t0 = loco::now_ms();
-  s_->stall_if_asked(round);
-  if (s_->slow()) return s_->timed_steps(round, 0, t0);
-  if (s_->fault.hits(s_->index, round, "inner")) {
-    s_->for_ranks(
-        [&](Rank& k) { k.trainer->run_inner_steps(std::max(1, s_->cfg.inner.steps / 2)); });
-    FaultPlan::die();
-  }
+  s_->hook(RoundPoint::before_inner_steps, round, 0, "inner");
   // The ranks step together (their gradients averaged every step), then each writes its
   // slice of Δ = θ − θ_local. The loss is averaged over the ranks too: rank 0's is the worker's.
   // One step at a time (the same arithmetic as run_inner_steps(H)), for the per-step figures.
@@ -1036,7 +962,10 @@ InnerResult InnerWorker::inner(int64_t round) {
   std::vector<StepFigures> per_step;
   s_->for_ranks([&](Rank& k) {
     std::vector<StepFigures> mine;
-    for (int i = 0; i < h; ++i) mine.push_back(s_->one_step(k));
+    for (int i = 0; i < h; ++i) {
+      mine.push_back(s_->one_step(k));
+      s_->hook(RoundPoint::after_inner_step, round, i + 1, "inner");
+    }
     if (&k == &s_->lead()) per_step = std::move(mine);
     const dl::Slice sl = s_->slice_of(k);
     k.trainer->pseudo_gradient(k.outer->theta(), {s_->delta.data() + sl.begin, size_t(sl.size())},
@@ -1068,7 +997,7 @@ InnerResult InnerWorker::inner_timed(int64_t round, double seconds) {
     return again;
   }
   const int64_t t0 = loco::now_ms();
-  s_->stall_if_asked(round);
+  s_->hook(RoundPoint::before_inner_steps, round, 0, "inner_timed");
   return s_->timed_steps(round, seconds, t0);
 }
 
@@ -1080,8 +1009,7 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
     throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce of round " +
                                 std::to_string(req.round) + " but its Δ is of round " +
                                 std::to_string(s_->delta_round));
-  if (s_->fault.hits(s_->index, req.round, "reduce"))
-    s_->lead().comm->hooks().after_send = [](uint64_t) { FaultPlan::die(); };
+  s_->hook(RoundPoint::before_allreduce, req.round, 0, "reduce", &s_->lead().comm->hooks());
   if (!req.tokens.empty() && req.tokens.size() != req.names.size())
     throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce with " +
                                 std::to_string(req.tokens.size()) + " token counts for " +
@@ -1112,11 +1040,7 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
       k.comm->allreduce(group, std::span<float>(s_->averaged.data() + sl.begin, size_t(sl.size())));
     }
   });
-  if (s_->fault.hits(s_->index, req.round, "after_allreduce") && !s_->fault_fired) {
-    s_->fault_fired = true;
-    throw std::runtime_error("injected fault: after the all-reduce of round " +
-                             std::to_string(req.round + 1));
-  }
+  s_->hook(RoundPoint::after_allreduce, req.round, 0, "reduce");
   // Each rank steps its slice of θ and the momentum, then the ranks gather the slices: θ
   // and the momentum whole again on every rank (the momentum for checkpoints and joiners).
   const bool redo = s_->stepped_round == req.round;
@@ -1332,20 +1256,14 @@ StreamResult InnerWorker::stream(StreamRequest req) {
     for (int i = 0; i < n; ++i) {
       out.inner.per_step.push_back(s_->one_step(k));
       chunk += out.inner.per_step.back().loss;
-      // Fault injection: a slower worker (its delay counts as inner time, as in timed_steps).
-      if (s_->slow()) std::this_thread::sleep_for(std::chrono::milliseconds(s_->fault.delay_ms));
+      // A test hook's delay counts as inner time, as in timed_steps.
+      s_->hook(RoundPoint::after_inner_step, req.round, now - start + i + 1, "stream");
     }
     out.inner.seconds += seconds_since(t_inner);
     out.inner.steps += n;
     loss += (n > 0 ? chunk / n : 0.0) * n;
     now = next;
-    if (s_->fault.hits(s_->index, req.round, "stream") && now >= start + h / 2) {
-      s_->fault.fire();
-      // SIGTERM: the node's stop reaches this worker within its next poll; a tiny test model
-      // could otherwise finish the round first.
-      for (int i = 0; i < 3000 && !s_->stopping.load(); ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    s_->hook(RoundPoint::stream_events, req.round, now - start, "stream");
     events_at(now);
   }
   k.outer->end_round();

@@ -46,16 +46,19 @@ function(loco_link_plugin target plugin)
   target_link_libraries(${target} PRIVATE "-Wl,--no-as-needed" ${plugin} "-Wl,--as-needed")
 endfunction()
 
-# loco_add_plugin(NAME SOURCES... [LIBS ...] [TESTING]): a shared library of actor
+# loco_add_plugin(NAME SOURCES... [LIBS ...] [TESTING] [NO_CLASSES]): a shared library of actor
 # classes, written to build/plugins where nodes load it from, with its manifest
 # (lib<NAME>.classes: the classes it registers), so that a node loads it only
 # when it is asked to host one of them (runtime/core/plugins.hpp). TESTING: a
 # plugin of tests or benchmarks, written to build/plugins-testing instead, which
 # no node, `loco up` or image loads unless told to (--plugin, $LOCO_PLUGIN_PATH):
 # its classes do what a test needs (write a file it names, hold memory), not what
-# a user should be able to ask of a node.
+# a user should be able to ask of a node. NO_CLASSES: a library that registers no
+# class of its own (it acts from its static initialisers, and may link a plugin
+# whose classes it would otherwise appear to offer): its manifest is empty, so a
+# node loads it only where it is named by file.
 function(loco_add_plugin name)
-  cmake_parse_arguments(P "TESTING" "" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(P "TESTING;NO_CLASSES" "" "SOURCES;LIBS" ${ARGN})
   set(dir ${LOCO_PLUGIN_DIR})
   if(P_TESTING)
     set(dir ${LOCO_TEST_PLUGIN_DIR})
@@ -64,6 +67,13 @@ function(loco_add_plugin name)
   loco_target_defaults(${name})
   target_link_libraries(${name} PUBLIC loco_runtime PRIVATE ${P_LIBS})
   set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${dir})
+  if(P_NO_CLASSES)
+    add_custom_command(TARGET ${name} POST_BUILD
+      COMMAND ${CMAKE_COMMAND} -E rm -f ${dir}/lib${name}.classes
+      COMMAND ${CMAKE_COMMAND} -E touch ${dir}/lib${name}.classes
+      COMMENT "An empty manifest for ${name}")
+    return()
+  endif()
   add_dependencies(${name} loco-plugin-classes)
   add_custom_command(TARGET ${name} POST_BUILD
     COMMAND loco-plugin-classes $<TARGET_FILE:${name}> ${dir}/lib${name}.classes

@@ -190,7 +190,7 @@ TEST_F(Elastic, StreamingNodeStartedMidRoundTakesPartFromAFragmentBoundaryOfThat
   // Rounds of several seconds: worker 0 sleeps 300 ms after each inner step, and the others'
   // landings wait for its fragments.
   ScopedEnv slow("LOCO_FAULT", "worker=0,delay_ms=300");
-  LocalCluster c(one_worker_per_node(2));
+  LocalCluster c(with_fault_injection(one_worker_per_node(2)));
   Client client(c.head_address());
   TestJob t = job(3, 2, kLong);
   t.steps = 40;
@@ -291,7 +291,7 @@ TEST_F(Elastic, SigkillDuringInnerStepsSurvivorsFinishTheRoundAndTheWorkerRejoin
   std::string fault_log = dir_ + "/fault.log";
   ScopedEnv fault("LOCO_FAULT", "worker=1,round=3,at=inner");
   ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
-  LocalCluster c(one_worker_per_node(4));  // one spare
+  LocalCluster c(with_fault_injection(one_worker_per_node(4)));  // one spare
   Client client(c.head_address());
   JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, kLong).yaml()));
   crash_and_rejoin(j, fault_log, "failed in round 3");
@@ -301,7 +301,7 @@ TEST_F(Elastic, SigkillDuringTheAllReduceTheGroupReformsAndTheWorkerRejoins) {
   std::string fault_log = dir_ + "/fault.log";
   ScopedEnv fault("LOCO_FAULT", "worker=1,round=3,at=reduce");
   ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
-  LocalCluster c(one_worker_per_node(4));
+  LocalCluster c(with_fault_injection(one_worker_per_node(4)));
   Client client(c.head_address());
   JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, kLong).yaml()));
   crash_and_rejoin(j, fault_log, "lost in the all-reduce of round 3");
@@ -344,7 +344,7 @@ void survivors_finish_the_fragments(TestJob j, const std::string& dir, const std
   const std::string fault_log = dir + "/fault.log";
   ScopedEnv env("LOCO_FAULT", fault);
   ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
-  LocalCluster c(one_worker_per_node(4));  // one spare
+  LocalCluster c(with_fault_injection(one_worker_per_node(4)));  // one spare
   Client client(c.head_address());
   JobHandle handle = client.submit(JobSpec::from_yaml_file(file));
   std::map<int, int> workers;
@@ -410,7 +410,7 @@ TEST_F(Elastic, StreamingNodeSigtermedMidRoundItsWorkerLeavesAndTheSurvivorsFini
 TEST_F(Elastic, AStalledWorkerMissesTheDeadlineAndCatchesUpWithoutLeaving) {
   ScopedEnv fault("LOCO_FAULT", "worker=1,round=3,at=stall,stall_s=12");
   ScopedEnv flog("LOCO_FAULT_LOG", dir_ + "/fault.log");
-  LocalCluster c(one_worker_per_node(3));
+  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
   Client client(c.head_address());
   TestJob spec = job(3, 2, kLong);
   spec.grace_max_s = 5;
@@ -454,7 +454,7 @@ TEST_F(Elastic, AStalledWorkerMissesTheDeadlineAndCatchesUpWithoutLeaving) {
 // tokens each processed, and every member still holds the same θ (the aggregator checks).
 TEST_F(Elastic, WithATimeBudgetASlowerWorkerDoesFewerStepsAndTheRoundsAgree) {
   ScopedEnv fault("LOCO_FAULT", "worker=1,delay_ms=150");
-  LocalCluster c(one_worker_per_node(3));
+  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
   Client client(c.head_address());
   TestJob spec = job(3, 3, 4);
   spec.budget = "time";
@@ -482,7 +482,7 @@ TEST_F(Elastic, WithATimeBudgetASlowerWorkerDoesFewerStepsAndTheRoundsAgree) {
 // the undo, their retries fail (their Δ is spent) until the job goes back to its start.
 TEST_F(Elastic, AnAttemptThatFailsForOneMemberAfterTheOthersSteppedIsRetriedFromTheSameState) {
   ScopedEnv fault("LOCO_FAULT", "worker=1,round=3,at=after_allreduce");
-  LocalCluster c(one_worker_per_node(3));
+  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
   Client client(c.head_address());
   JobHandle j = client.submit(JobSpec::from_yaml(job(3, 3, kLong).yaml()));
   ASSERT_TRUE(follow(j, [&](const RoundReport& r) { return r.round >= 5; })) << log_text(j);

@@ -83,6 +83,13 @@ inline ClusterOptions one_worker_per_node(int n) {
   return co;
 }
 
+// The same nodes loading the fault-injection plugin too (tests/actors/fault_injection.cpp),
+// which acts on $LOCO_FAULT as the nodes see it: set it before the cluster starts.
+inline ClusterOptions with_fault_injection(ClusterOptions co) {
+  co.plugins += ":" LOCO_TEST_PLUGIN_DIR_STR "/libloco_fault_injection.so";
+  return co;
+}
+
 // round -> val_loss, from a metrics.jsonl of loco-train or of a job.
 inline std::map<int, double> val_losses(const std::string& path) {
   std::map<int, double> out;

@@ -385,6 +385,7 @@ TEST(Security, NodesOfferTheTestAndBenchPluginsOnlyWhenTold) {
   }
   EXPECT_FALSE(std::filesystem::exists(LOCO_PLUGIN_DIR_STR "/libloco_test_actors.so"));
   EXPECT_FALSE(std::filesystem::exists(LOCO_PLUGIN_DIR_STR "/libloco_bench_actors.so"));
+  EXPECT_FALSE(std::filesystem::exists(LOCO_PLUGIN_DIR_STR "/libloco_fault_injection.so"));
 }
 
 TEST(Security, StartWithoutAKeyRefusesAndKeygenMakesOne) {

@@ -1,0 +1,150 @@
+// Fault injection for the fault-tolerance tests: a test plugin (build/plugins-testing) that a
+// test's nodes load by file name (job_util.hpp's with_fault_injection) and that nothing else
+// loads. Loaded with $LOCO_FAULT set, its static initialiser installs round hooks
+// (actors/round_hooks.hpp) that act on every InnerWorker of the process:
+//
+//   worker=I,round=R,at=inner    the process hosting worker I SIGKILLs itself halfway through
+//                                round R's inner steps (R counted from 1)
+//   worker=I,round=R,at=reduce   ... right after its first all-reduce message of round R
+//   worker=I,round=R,at=stream   ... halfway through streaming round R, fragments in flight;
+//                                with signal=term it SIGTERMs its node instead and waits
+//                                (at most 30 s) until the node asks the worker to stop
+//   worker=I,round=R,at=stall[,stall_s=S]   worker I sleeps S s (20) before round R's inner
+//                                steps, its node still answering heartbeats (stuck, not dead)
+//   worker=I,round=R,at=after_allreduce     worker I's reduce of round R throws once after
+//                                its all-reduce returned (the others took their outer step)
+//   worker=I,delay_ms=D          worker I sleeps D ms after each of its inner steps, in every
+//                                round (a slower worker); no `at` needed
+//
+// A kill, stall or SIGTERM appends the moment (unix ms) to $LOCO_FAULT_LOG, so that a test can
+// time the detection; with $LOCO_FAULT_LOG set, a fault fires once in the whole test (not
+// again in the worker that replaces the victim, should the job redo that round).
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "actors/round_hooks.hpp"
+#include "runtime/collective/types.hpp"
+#include "runtime/core/util.hpp"
+
+namespace loco::testing {
+namespace {
+
+using actors::RoundContext;
+using actors::RoundPoint;
+
+struct FaultPlan {
+  int worker = -1;
+  int64_t round = -1;  // from 1
+  std::string at;
+  double stall_s = 20;
+  int delay_ms = 0;
+  bool sigterm = false;
+
+  static FaultPlan parse(const std::string& s) {
+    FaultPlan p;
+    for (size_t at = 0; at < s.size();) {
+      size_t end = s.find(',', at);
+      std::string kv = s.substr(at, end == std::string::npos ? std::string::npos : end - at);
+      auto eq = kv.find('=');
+      if (eq != std::string::npos) {
+        std::string k = kv.substr(0, eq), val = kv.substr(eq + 1);
+        if (k == "worker") p.worker = std::stoi(val);
+        if (k == "round") p.round = std::stoll(val);
+        if (k == "at") p.at = val;
+        if (k == "stall_s") p.stall_s = std::stod(val);
+        if (k == "delay_ms") p.delay_ms = std::stoi(val);
+        if (k == "signal") p.sigterm = val == "term";
+      }
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+    return p;
+  }
+};
+
+void log_moment() {
+  if (const char* log = std::getenv("LOCO_FAULT_LOG"))
+    std::ofstream(log, std::ios::app) << unix_ms() << "\n";
+}
+
+[[noreturn]] void die() {
+  log_moment();
+  ::kill(::getpid(), SIGKILL);
+  std::abort();
+}
+
+class FaultInjection : public actors::RoundHooks {
+ public:
+  explicit FaultInjection(FaultPlan plan) : plan_(std::move(plan)) {}
+
+  void at(RoundPoint point, const RoundContext& c) override {
+    if (c.worker != plan_.worker) return;
+    switch (point) {
+      case RoundPoint::before_inner_steps:
+        if (!hits(c, "stall")) return;
+        log_moment();
+        std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(plan_.stall_s * 1000)));
+        return;
+      case RoundPoint::after_inner_step:
+        if (plan_.delay_ms > 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(plan_.delay_ms));
+          return;  // a slower worker is not killed in inner()
+        }
+        if (std::string_view(c.method) == "inner" && c.step == std::max(1, c.steps_per_round / 2) &&
+            hits(c, "inner"))
+          die();
+        return;
+      case RoundPoint::stream_events:
+        if (c.step < c.steps_per_round / 2 || !hits(c, "stream")) return;
+        if (!plan_.sigterm) die();
+        log_moment();
+        ::kill(::getpid(), SIGTERM);
+        // The node's stop reaches this worker within its next poll; a tiny test model could
+        // otherwise finish the round first.
+        for (int i = 0; i < 3000 && !c.stopping->load(); ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        return;
+      case RoundPoint::before_allreduce:
+        if (hits(c, "reduce")) c.collective->after_send = [](uint64_t) { die(); };
+        return;
+      case RoundPoint::after_allreduce:
+        if (hits(c, "after_allreduce") && !fired_.exchange(true))
+          throw std::runtime_error("injected fault: after the all-reduce of round " +
+                                   std::to_string(c.round + 1));
+        return;
+    }
+  }
+
+ private:
+  bool hits(const RoundContext& c, const char* where) const {
+    if (plan_.round != c.round + 1 || plan_.at != where) return false;
+    const char* log = std::getenv("LOCO_FAULT_LOG");
+    return !(log && std::filesystem::exists(log));
+  }
+
+  const FaultPlan plan_;
+  std::atomic<bool> fired_{false};  // at=after_allreduce throws once per process
+};
+
+[[maybe_unused]] const bool installed = [] {
+  const char* v = std::getenv("LOCO_FAULT");
+  if (!v || !*v) return false;
+  static FaultInjection hooks(FaultPlan::parse(v));
+  actors::install_round_hooks(&hooks);
+  log_info(std::string("fault injection installed: LOCO_FAULT=") + v);
+  return true;
+}();
+
+}  // namespace
+}  // namespace loco::testing
