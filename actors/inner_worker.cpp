@@ -74,7 +74,7 @@ int64_t floats_in(const std::vector<dl::Range>& ranges) {
 
 // The host this node is reached at, for the collective's socket.
 std::string node_host() {
-  std::string addr = Runtime::current().core()->address();
+  std::string addr = Runtime::current().address();
   auto colon = addr.rfind(':');
   return colon == std::string::npos ? "127.0.0.1" : addr.substr(0, colon);
 }

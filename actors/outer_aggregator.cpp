@@ -325,9 +325,7 @@ void OuterAggregator::State::find_checkpoint() {
       CheckpointRecord rec;
       try {
         // Anyone who can reach the head can append to a job's log: bounded like network input.
-        rec = detail::unpack_bounded(e.data.data(), e.data.size(), "a checkpoint record")
-                  .get()
-                  .as<CheckpointRecord>();
+        rec = unpack_checked<CheckpointRecord>(e.data, "a checkpoint record");
       } catch (const std::exception& err) {
         log("ignoring a malformed checkpoint record: " + std::string(err.what()));
         continue;

@@ -73,10 +73,7 @@ std::optional<JobHandle::Update> JobHandle::decode(const JobEvent& e) {
     // Written by the job's own actors only (the head checks), but decoded like network input:
     // bounded, and a report that does not decode is a line that says so, not the watcher's end.
     try {
-      JobProgress p =
-          detail::unpack_bounded(e.data.data(), e.data.size(), "a job's progress report")
-              .get()
-              .as<JobProgress>();
+      JobProgress p = unpack_checked<JobProgress>(e.data, "a job's progress report");
       u.report = RoundReport::from(p);
     } catch (const std::exception& ex) {
       u.line = "skipped a malformed progress report (event " + escape_remote(e.id, 40) +

@@ -115,10 +115,7 @@ void JobHistory::add(const JobEvent& e) {
   if (e.kind == "report") {
     // Written only by the job's own actors (the head checks), but decoded like network input.
     try {
-      add_report(detail::unpack_bounded(e.data.data(), e.data.size(), "a job's progress report")
-                     .get()
-                     .as<JobProgress>(),
-                 at);
+      add_report(unpack_checked<JobProgress>(e.data, "a job's progress report"), at);
     } catch (const std::exception& ex) {
       lines_.emplace_back(at,
                           "skipped a malformed progress report: " + escape_remote(ex.what(), 200));
@@ -128,9 +125,7 @@ void JobHistory::add(const JobEvent& e) {
   } else if (e.kind == "steps") {
     // A round's per-step figures: msgpack of std::vector<JobProgress> (step = inner step).
     try {
-      auto steps = detail::unpack_bounded(e.data.data(), e.data.size(), "a job's step figures")
-                       .get()
-                       .as<std::vector<JobProgress>>();
+      auto steps = unpack_checked<std::vector<JobProgress>>(e.data, "a job's step figures");
       for (JobProgress& s : steps) steps_[s.step] = std::move(s.metrics);
       while (steps_.size() > kMaxSteps) steps_.erase(steps_.begin());
     } catch (const std::exception& ex) {
@@ -141,7 +136,7 @@ void JobHistory::add(const JobEvent& e) {
     // checkpoint) also says which round.
     TimelineEntry t{at, last() ? last()->progress.step : 0, escape_remote(e.kind, 64), ""};
     try {
-      auto oh = detail::unpack_bounded(e.data.data(), e.data.size(), "a job's record");
+      auto oh = unpack_checked(e.data, "a job's record");
       const msgpack::object& o = oh.get();
       if (o.type == msgpack::type::ARRAY && o.via.array.size >= 2 &&
           o.via.array.ptr[0].type == msgpack::type::STR &&

@@ -131,6 +131,20 @@ T unpack_payload(const Payload& p, std::string_view what_prefix, std::string_vie
 }
 
 }  // namespace detail
+
+// msgpack that did not come from a call's arguments but is read like network input (a job's
+// records and reports, which anyone who reaches the head may append to): decoded under the
+// same bounds as a message (detail::UnpackLimits). Throws ProtocolError naming `what` and the
+// limit exceeded, or saying that the bytes are not msgpack.
+inline msgpack::object_handle unpack_checked(std::string_view bytes, std::string_view what) {
+  return detail::unpack_bounded(bytes.data(), bytes.size(), what);
+}
+// The same, converted to T; msgpack's type_error when the object does not hold a T.
+template <class T>
+T unpack_checked(std::string_view bytes, std::string_view what) {
+  return unpack_checked(bytes, what).get().as<T>();
+}
+
 }  // namespace loco
 
 namespace msgpack {

@@ -87,6 +87,10 @@ class Runtime {
   void job_progress(const std::string& job_id, const JobProgress& progress);
   void job_finished(const std::string& job_id, JobState state, const std::string& message);
 
+  // "HOST:PORT" other processes reach this one at ("" for a driver): inside an actor, its node.
+  std::string address() const { return core_->address(); }
+  // The engine, for runtime/'s own code and white-box tests; scripts/check-deps refuses it in
+  // actors/, client/ and examples/, which use the methods above.
   std::shared_ptr<detail::Caller> core() const { return core_; }
   // What this process's sockets use; an actor's own sockets (a job's collective) use it too.
   const security::Settings& security() const { return core_->security(); }
