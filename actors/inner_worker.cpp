@@ -24,6 +24,7 @@
 
 #include "actors/round_decisions.hpp"
 #include "actors/round_hooks.hpp"
+#include "actors/timeouts.hpp"
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
@@ -593,7 +594,7 @@ struct InnerWorker::State {
                      if (!inner.empty()) save_archive(*inner_ar, inner);
                      std::string written = inner;
                      if (!checkpoint.empty()) {
-                       write_landed(*outer_ar, landed->wait(std::chrono::seconds(600)));
+                       write_landed(*outer_ar, landed->wait(kLandedCopies));
                        save_archive(*outer_ar, checkpoint);
                        written += (written.empty() ? "" : " and ") + checkpoint;
                      }
@@ -856,14 +857,15 @@ InitResult InnerWorker::init(WorkerInit init) {
     // Mid-round (streaming): the source's snapshot between two of its inner steps, served
     // beside its stream() call; its landings since come with this worker's stream().
     std::optional<JoinOffer> offer;
-    if (init.mid_round) offer = src.call(&InnerWorker::offer_state, init.round).get(Millis(150000));
+    if (init.mid_round)
+      offer = src.call(&InnerWorker::offer_state, init.round).get(kOfferStateCall);
     auto part_of = [&](int64_t at, int64_t len) {
       return offer ? src.call(&InnerWorker::snapshot_part, init.round, offer->step, at, len)
                    : src.call(&InnerWorker::join_state_part, init.round, at, len);
     };
     const int64_t total =
         offer ? offer->bytes
-              : src.call(&InnerWorker::join_state_size, init.round).get(Millis(60000));
+              : src.call(&InnerWorker::join_state_size, init.round).get(kStateCopyCall);
     std::string bytes(size_t(total), '\0');
     std::deque<std::pair<int64_t, Future<Blob>>> parts;
     const int64_t started = loco::now_ms();
@@ -878,7 +880,7 @@ InitResult InnerWorker::init(WorkerInit init) {
       }
       auto [at, f] = std::move(parts.front());
       parts.pop_front();
-      Blob b = f.get(Millis(60000));
+      Blob b = f.get(kStateCopyCall);
       std::memcpy(bytes.data() + at, b.data(), b.size());
       received += int64_t(b.size());
     }
@@ -1147,7 +1149,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       if (desk.admit && desk.admit->step == now) {
         const int64_t t_wait = loco::now_ms();
         // Accepted before this boundary: the decision normally came long ago.
-        desk.cv.wait_for(lock, std::chrono::seconds(30),
+        desk.cv.wait_for(lock, kAdmitDecision,
                          [&] { return desk.admit->phase != AdmitRequest::prepare; });
         out.wait_seconds += seconds_since(t_wait);
         if (desk.admit->phase == AdmitRequest::commit) {
@@ -1158,8 +1160,8 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                    std::to_string(req.round + 1) + " on");
         } else if (desk.admit->phase == AdmitRequest::prepare) {
           log_warn("worker " + std::to_string(s_->index) + ": no decision on admitting " +
-                   desk.admit->name + " at inner step " + std::to_string(now) +
-                   " within 30 s; going on without it");
+                   desk.admit->name + " at inner step " + std::to_string(now) + " within " +
+                   std::to_string(kAdmitDecision.count()) + " s; going on without it");
         }
         desk.admit.reset();
       }
@@ -1287,10 +1289,10 @@ void InnerWorker::catch_up(const StreamRequest& req) {
   auto src = Runtime::current().get_actor<InnerWorker>(req.source);
   const int64_t since = s_->joined_snapshot_step;
   size_t applied = 0;
-  const int64_t deadline = loco::now_ms() + 600 * 1000;
+  const int64_t deadline = loco::now_ms() + Millis(kCatchUp).count();
   for (;;) {
     const LandedList l =
-        src.call(&InnerWorker::landed, req.round, since, req.from_step).get(Millis(60000));
+        src.call(&InnerWorker::landed, req.round, since, req.from_step).get(kStateCopyCall);
     if (l.fragments.size() != l.lands.size() || l.fragments.size() < applied)
       throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": " + req.source +
                                " listed its landings inconsistently");
@@ -1301,7 +1303,7 @@ void InnerWorker::catch_up(const StreamRequest& req) {
                                  " landed fragment " + std::to_string(f) + " of " +
                                  std::to_string(s_->cfg.sync.fragments));
       const Blob mean = src.call(&InnerWorker::landed_mean, req.round, since, int64_t(applied))
-                            .get(Millis(60000));
+                            .get(kStateCopyCall);
       const auto& ranges = s_->fragments[size_t(f)];
       const int64_t size = floats_in(ranges);
       if (mean.as<float>().size() != size_t(size))
@@ -1315,7 +1317,7 @@ void InnerWorker::catch_up(const StreamRequest& req) {
     if (loco::now_ms() > deadline)
       throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": " + req.source +
                                " did not reach inner step " + std::to_string(req.from_step) +
-                               " within 600 s");
+                               " within " + std::to_string(kCatchUp.count()) + " s");
   }
   k.trainer->load_parameters(k.outer->theta());
   k.trainer->set_step(req.from_step);
@@ -1337,12 +1339,13 @@ JoinOffer InnerWorker::offer_state(int64_t round) {
                                 " is not in round " + std::to_string(round + 1));
   if (!have()) {
     d.wanted = true;
-    d.cv.wait_for(lock, std::chrono::seconds(120), [&] { return have() || d.round != round; });
+    d.cv.wait_for(lock, kOfferState, [&] { return have() || d.round != round; });
   }
   if (!have())
     throw std::runtime_error("offer_state: worker " + std::to_string(s_->index) +
                              " took no snapshot in round " + std::to_string(round + 1) +
-                             " (the round ended, or no inner step came within 120 s)");
+                             " (the round ended, or no inner step came within " +
+                             std::to_string(kOfferState.count()) + " s)");
   return JoinOffer{round, d.snapshot_step, int64_t(d.snapshot->size())};
 }
 
@@ -1360,8 +1363,8 @@ LandedList InnerWorker::landed(int64_t round, int64_t since, int64_t upto) {
   JoinDesk& d = s_->desk;
   std::unique_lock<std::mutex> lock(d.mu);
   auto same = [&] { return d.round == round && d.snapshot && d.snapshot_step == since; };
-  // Up to a second for the donor to reach `upto`; what landed so far comes back either way.
-  d.cv.wait_for(lock, std::chrono::seconds(1), [&] { return !same() || d.reached >= upto; });
+  // Up to kLandedHold for the donor to reach `upto`; what landed so far comes back either way.
+  d.cv.wait_for(lock, kLandedHold, [&] { return !same() || d.reached >= upto; });
   if (!same())
     throw std::runtime_error("landed: worker " + std::to_string(s_->index) +
                              " no longer holds the snapshot of step " + std::to_string(since) +
@@ -1505,10 +1508,11 @@ std::string InnerWorker::checkpoint_written(int64_t round) {
                                   std::to_string(round));
     write = it->second;
   }
-  if (write.wait_for(std::chrono::seconds(300)) != std::future_status::ready)
+  if (write.wait_for(kCheckpointWrite) != std::future_status::ready)
     throw std::runtime_error("InnerWorker " + std::to_string(s_->index) +
                              ": the checkpoint after round " + std::to_string(round) +
-                             " is not written after 300 s");
+                             " is not written after " + std::to_string(kCheckpointWrite.count()) +
+                             " s");
   return write.get();
 }
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cctype>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -16,11 +17,13 @@
 #include <functional>
 #include <map>
 #include <regex>
+#include <stop_token>
 #include <thread>
 
 #include "actors/inner_worker.hpp"
 #include "actors/job_records.hpp"
 #include "actors/round_decisions.hpp"
+#include "actors/timeouts.hpp"
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
@@ -118,7 +121,10 @@ struct OuterAggregator::State {
   std::string folder;
   std::atomic<int64_t> round{0};
   std::atomic<bool> stop{false};
+  std::stop_source wake;  // requested with `stop`: ends the loop's waits on calls (loco::wait)
   std::atomic<bool> done{false};
+  std::mutex done_mu;
+  std::condition_variable done_cv;  // told when `done` is set
   std::thread thread;
 
   std::vector<Slot> slots;
@@ -201,6 +207,13 @@ struct OuterAggregator::State {
     if (outbox_stuck) log_info(job_id + ": the head takes reports again");
     outbox_stuck = false;
     return true;
+  }
+  // Waits `d`, or less once the aggregator is stopped: between two looks at the cluster.
+  void pause(Millis d) {
+    std::mutex mu;
+    std::condition_variable_any cv;
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, wake.get_token(), d, [] { return false; });
   }
   void log(const std::string& line) {
     log_info(job_id + ": " + line);
@@ -492,7 +505,7 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
   std::vector<Future<std::vector<std::string>>> eps;
   for (int i : live) eps.push_back(worker(i).call(&InnerWorker::endpoints));
   std::vector<Failure> errors;
-  auto got = gather(eps, errors, Millis(60000));
+  auto got = gather(eps, errors, kWorkerCall);
   std::vector<int> initing;
   std::vector<Future<InitResult>> inits;
   for (size_t k = 0; k < live.size(); ++k) {
@@ -525,7 +538,7 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     initing.push_back(i);
     inits.push_back(worker(i).call(&InnerWorker::init, wi));
   }
-  auto done = gather(inits, errors, Millis(600000));
+  auto done = gather(inits, errors, kInitCall);
   std::vector<int> joined;
   for (size_t k = 0; k < initing.size(); ++k) {
     int i = initing[k];
@@ -623,7 +636,7 @@ void OuterAggregator::State::deal_shards() {
   std::vector<Failure> errors;
   for (size_t k = 0; k < sets.size(); ++k) {
     try {
-      sets[k].get(Millis(60000));
+      sets[k].get(kWorkerCall);
     } catch (const std::exception& e) {
       release(who[k], std::string("could not take its shards: ") + e.what());
     }
@@ -710,7 +723,7 @@ bool OuterAggregator::State::reconcile(int64_t r) {
           " workers, below workers.min = " + std::to_string(cfg.workers.min) + "; waiting up to " +
           std::to_string(int(cfg.workers.wait_s)) + " s for more" + why);
     said_waiting = true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // polling the cluster, not a test
+    pause(kClusterPoll);
   }
 }
 
@@ -732,7 +745,7 @@ std::optional<double> OuterAggregator::State::evaluate(int64_t windows) {
           worker(group[size_t(p.member)]).call(&InnerWorker::evaluate_windows, p.begin, p.end));
     }
     std::vector<Failure> errors;
-    auto got = gather(parts, errors, Millis(300000));
+    auto got = gather(parts, errors, kEvaluateCall);
     double sum = 0;
     bool complete = true;
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -754,7 +767,7 @@ std::optional<T> OuterAggregator::State::ask_any(
     const std::string& what, const std::function<Future<T>(ActorHandle<InnerWorker>&)>& call) {
   for (int m : active()) {
     try {
-      return call(worker(m)).get(Millis(300000));
+      return call(worker(m)).get(kCheckpointWrite);
     } catch (const std::exception& e) {
       release(m, "failed " + what + ": " + e.what());
     }
@@ -1107,7 +1120,7 @@ void OuterAggregator::State::run() {
           req.rank = int(i);
           red.push_back(worker(group[i]).call(&InnerWorker::reduce, req));
         }
-        auto rr = gather(red, errors, Millis(600 * 1000));
+        auto rr = gather(red, errors, kReduceCall);
         AttemptRecord rec;
         rec.round = r + 1;
         rec.members = group;
@@ -1212,7 +1225,7 @@ void OuterAggregator::State::run() {
       });
       std::vector<Failure> errors;
       gather(inner_files, errors,
-             Millis(300000));  // a worker without its file starts afresh on resume
+             kCheckpointWrite);  // a worker without its file starts afresh on resume
       if (path) record_checkpoint(*path, r);
     }
     member_seconds += double(members.size()) * ((ahead ? results_in : now_s()) - t_round);
@@ -1257,7 +1270,7 @@ void OuterAggregator::State::run() {
       "validation loss %.4f (perplexity %.2f) after %d rounds; compute utilization %.1f%%",
       last_val, std::exp(last_val), rounds, 100.0 * inner_total / std::max(1e-9, member_seconds));
   // The end must reach the head: wait out a Redis restart (bounded).
-  for (const double give_up = now_s() + 600;;) {
+  for (const double give_up = now_s() + double(kReportEnd.count());;) {
     try {
       if (flush()) {
         rt.job_finished(job_id, JobState::succeeded, msg);
@@ -1268,7 +1281,7 @@ void OuterAggregator::State::run() {
     }
     if (now_s() > give_up)
       throw std::runtime_error("could not report the end of the job to the head");
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::this_thread::sleep_for(kReportEndRetry);  // a retry of the head, not a wait on calls
   }
 }
 
@@ -1278,16 +1291,19 @@ std::vector<std::optional<InnerResult>> OuterAggregator::State::gather_inner(
   const size_t n = fs.size();
   late.assign(n, false);
   window = 0;
-  if (cfg.workers.grace_max_s <= 0) return gather(fs, errors, Millis(3600 * 1000));
+  if (cfg.workers.grace_max_s <= 0) return gather(fs, errors, kInnerPhase);
   std::vector<double> arrived(n, -1);
   const double phase_start = now_s();
   const int quorum = std::max(1, cfg.workers.min);
-  const double limit = now_s() + 3600;
+  const double limit = now_s() + double(kInnerPhase.count());
   double quorum_at = 0;
   int reported = 0;
   for (;;) {
-    for (size_t i = 0; i < n; ++i) {
-      if (arrived[i] >= 0 || !fs[i].ready()) continue;
+    // One more report, the phase's close (the quorum's window, or the limit), or a stop.
+    const double closes = reported >= quorum ? std::min(quorum_at + window, limit) : limit;
+    const auto until = Millis(1 + int64_t(std::ceil(std::max(0.0, closes - now_s()) * 1000)));
+    for (size_t i : loco::wait(fs, size_t(reported) + 1, until, wake.get_token())) {
+      if (arrived[i] >= 0) continue;
       arrived[i] = now_s();
       if (++reported == quorum) {
         quorum_at = arrived[i];
@@ -1299,7 +1315,6 @@ std::vector<std::optional<InnerResult>> OuterAggregator::State::gather_inner(
                            quorum_at, window) ||
         stop || now_s() > limit)
       break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling remote calls
   }
   std::vector<Future<InnerResult>> done;
   std::vector<size_t> which;
@@ -1312,7 +1327,7 @@ std::vector<std::optional<InnerResult>> OuterAggregator::State::gather_inner(
     which.push_back(i);
   }
   std::vector<Failure> errs;
-  auto got = gather(done, errs, Millis(1000));
+  auto got = gather(done, errs, kEndedCall);
   std::vector<std::optional<InnerResult>> out(n);
   errors.assign(n, Failure{"late: missed the round's deadline", false});
   for (size_t k = 0; k < which.size(); ++k) {
@@ -1372,7 +1387,7 @@ void OuterAggregator::State::settle_checkpoint() {
   pending_checkpoint.reset();
   std::vector<Failure> errors;
   // Written while the round after it ran: normally ready by now.
-  auto got = gather(pc.written, errors, Millis(330000));
+  auto got = gather(pc.written, errors, kCheckpointWrittenCall);
   std::optional<std::string> path;
   for (size_t i = 0; i < pc.members.size(); ++i) {
     if (got[i] && !got[i]->empty()) path = *got[i];
@@ -1409,10 +1424,14 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
     return true;
   };
   // Waits for `f` while the round goes on; false once the round's calls have all ended.
-  auto while_round = [&](auto& f) {
+  auto while_round = [&](const FutureBase& f) {
+    std::vector<const FutureBase*> watched{&f};
+    for (const auto& call : c.calls) watched.push_back(&call);
+    size_t ended = 0;
     while (!f.ready()) {
       if (round_over() || stop) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling futures, not a test
+      // Until f or one more of the round's calls ends, or a stop.
+      ended = loco::wait(watched, ended + 1, Millis::max(), wake.get_token()).size();
     }
     return true;
   };
@@ -1435,10 +1454,8 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
     if (s.name.empty()) s.name = job_id + ".worker-" + std::to_string(i);
     t0 = now_s();
     if (spawn_slot(i)) break;
-    for (int k = 0; k < 5; ++k) {
-      if (round_over() || stop) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling, not a test
-    }
+    (void)loco::wait(c.calls, c.calls.size(), kClusterPoll, wake.get_token());
+    if (round_over() || stop) return;
   }
   Slot& s = slots[size_t(i)];
   const std::string why_not = "worker " + std::to_string(i) + " does not join round " +
@@ -1446,7 +1463,7 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
   try {
     auto eps = worker(i).call(&InnerWorker::endpoints);
     if (!while_round(eps)) return;
-    s.endpoints = eps.get(Millis(1000));
+    s.endpoints = eps.get(kEndedCall);
     if (s.endpoints.size() != 1) return;
     std::vector<int> members = c.members;
     members.push_back(i);
@@ -1464,7 +1481,7 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
     wi.mid_round = true;
     auto init = worker(i).call(&InnerWorker::init, wi);
     if (!while_round(init)) return;
-    const InitResult copied = init.get(Millis(1000));
+    const InitResult copied = init.get(kEndedCall);
 
     // Where: the first boundary past the member furthest on. A member that gets there before
     // the admission reaches it says no; then again at the next one, while the round has one.
@@ -1474,7 +1491,7 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
       for (int m : c.members) asked.push_back(worker(m).call(&InnerWorker::progress, r));
       std::vector<Failure> errors;
       std::vector<int64_t> progress;
-      for (auto& got : gather(asked, errors, Millis(10000))) progress.push_back(got ? *got : -1);
+      for (auto& got : gather(asked, errors, kAdmissionCall)) progress.push_back(got ? *got : -1);
       const auto at = mid_round_join_step(r, h, p, cfg.sync.overlap_steps, progress);
       if (!at) {
         log(why_not + "no fragment boundary left before the round's end");
@@ -1488,11 +1505,11 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
       std::vector<Future<bool>> votes;
       for (int m : c.members) votes.push_back(worker(m).call(&InnerWorker::admit, a));
       bool all = true;
-      for (auto& v : gather(votes, errors, Millis(10000))) all = all && v && *v;
+      for (auto& v : gather(votes, errors, kAdmissionCall)) all = all && v && *v;
       a.phase = all ? AdmitRequest::commit : AdmitRequest::abort;
       std::vector<Future<bool>> acks;
       for (int m : c.members) acks.push_back(worker(m).call(&InnerWorker::admit, a));
-      (void)gather(acks, errors, Millis(10000));
+      (void)gather(acks, errors, kAdmissionCall);
       if (all) step = at;
     }
     if (!step) {
@@ -1539,7 +1556,7 @@ bool OuterAggregator::State::finish_stream(StreamCalls& c, double started,
   const std::vector<int>& members = c.members;
   join_mid_round(c);
   std::vector<Failure> errors;
-  auto res = gather(c.calls, errors, Millis(3600 * 1000));
+  auto res = gather(c.calls, errors, kInnerPhase);
   const double seconds = now_s() - std::max(c.sent, started);
   std::vector<MemberOutcome> outcomes;
   for (size_t i = 0; i < members.size(); ++i) {
@@ -1652,7 +1669,11 @@ OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
         }
       }
     }
-    s->done = true;
+    {
+      std::lock_guard<std::mutex> lock(s->done_mu);
+      s->done = true;
+    }
+    s->done_cv.notify_all();
   });
 }
 
@@ -1662,8 +1683,11 @@ OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
 // the thread is let go and ends on its own; it holds its State.
 OuterAggregator::~OuterAggregator() {
   s_->stop = true;
-  for (int i = 0; i < 200 && !s_->done; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  s_->wake.request_stop();
+  {
+    std::unique_lock<std::mutex> lock(s_->done_mu);
+    s_->done_cv.wait_for(lock, kStopGrace, [&] { return s_->done.load(); });
+  }
   if (s_->done)
     s_->thread.join();
   else

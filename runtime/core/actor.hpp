@@ -18,9 +18,11 @@
 // parameter types, fail to compile. Arguments and results are any
 // msgpack-serializable type; loco::Blob travels as its own frame, uncopied.
 #include <memory>
+#include <stop_token>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "runtime/core/caller.hpp"
 #include "runtime/core/cluster_types.hpp"
@@ -55,28 +57,66 @@ struct ActorOptions {
   }
 };
 
+// What every Future<R> is, whatever its R: loco::wait takes these to wait on calls of
+// different result types together.
+class FutureBase {
+ public:
+  FutureBase(std::shared_ptr<detail::Caller> core, std::shared_ptr<detail::CallState> st)
+      : core_(std::move(core)), st_(std::move(st)) {}
+
+  // Whether the call has ended, with a result or an error (get() then returns at once).
+  bool ready() const {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    return st_->done;
+  }
+
+ protected:
+  std::shared_ptr<detail::Caller> core_;
+  std::shared_ptr<detail::CallState> st_;
+
+  friend std::vector<size_t> wait(const std::vector<const FutureBase*>& futures, size_t num_returns,
+                                  Millis timeout, std::stop_token stop);
+};
+
 // The result of a call. get() waits at most `timeout`, then throws TimeoutError;
 // errors raised remotely are rethrown as their own types (ActorDiedError, ...).
 template <class R>
-class [[nodiscard]] Future {
+class [[nodiscard]] Future : public FutureBase {
  public:
-  Future(std::shared_ptr<detail::Caller> core, std::shared_ptr<detail::CallState> st)
-      : core_(std::move(core)), st_(std::move(st)) {}
+  using FutureBase::FutureBase;
 
   R get(Millis timeout = Millis(60000)) {
     core_->await(*st_, timeout);
     if constexpr (!std::is_void_v<R>)
       return detail::unpack_payload<R>(st_->result, "reply of ", st_->method);
   }
-  bool ready() const {
-    std::lock_guard<std::mutex> lock(st_->mu);
-    return st_->done;
-  }
-
- private:
-  std::shared_ptr<detail::Caller> core_;
-  std::shared_ptr<detail::CallState> st_;
 };
+
+// Waits on several calls at once, as Ray's ray::Wait: returns once `num_returns` of `futures`
+// have ended (with a result or an error; more than there are: all of them), or once `timeout`
+// has passed, or once `stop` is requested, whichever comes first, and says which have ended:
+// their indices in `futures`, in order, every one that has (unlike Ray, possibly more than
+// `num_returns`). Nothing is cancelled: the others go on, and a later wait or get() takes them.
+// The thread sleeps on a condition variable that the end of any of the calls (or the stop)
+// signals, never polling; timeout 0 looks without waiting, Millis::max() has no deadline.
+//
+//   auto ended = loco::wait(calls, calls.size(), Millis(2000));  // all, or those in 2 s
+//   for (size_t i : loco::wait(calls, 1, Millis(500))) use(calls[i].get());
+inline std::vector<size_t> wait(const std::vector<const FutureBase*>& futures, size_t num_returns,
+                                Millis timeout, std::stop_token stop = {}) {
+  std::vector<detail::CallState*> calls;
+  calls.reserve(futures.size());
+  for (const FutureBase* f : futures) calls.push_back(f->st_.get());
+  return detail::wait_calls(calls, num_returns, timeout, std::move(stop));
+}
+template <class R>
+std::vector<size_t> wait(const std::vector<Future<R>>& futures, size_t num_returns, Millis timeout,
+                         std::stop_token stop = {}) {
+  std::vector<const FutureBase*> all;
+  all.reserve(futures.size());
+  for (const Future<R>& f : futures) all.push_back(&f);
+  return wait(all, num_returns, timeout, std::move(stop));
+}
 
 namespace detail {
 

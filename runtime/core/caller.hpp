@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "runtime/core/codec.hpp"
 #include "runtime/core/util.hpp"
@@ -34,6 +36,21 @@ struct ActorRef {
   std::string describe() const;
 };
 
+// One loco::wait() on several calls: each of them that ends tells it.
+struct CallWaiter {
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t ended = 0;  // the calls that ended since the wait began (not counting those done then)
+
+  void tell() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++ended;
+    }
+    cv.notify_all();
+  }
+};
+
 // One call in flight.
 struct CallState {
   std::mutex mu;
@@ -47,10 +64,18 @@ struct CallState {
   std::string peer;
   std::string method;
   std::shared_ptr<ActorRef> ref;
+  // The loco::wait()s on this call, told when it ends (under mu; taken by whoever sets done).
+  std::vector<std::shared_ptr<CallWaiter>> waiters;
 
   // "add on Counter 'c' (a-1f2e)": built only when an error needs it.
   std::string what() const { return method + " on " + ref->describe(); }
 };
+
+// loco::wait (actor.hpp) on the calls' states: the indices of those that ended once
+// `num_returns` of them have, `timeout` passed or `stop` was requested. Blocks on one condition
+// variable that each call's end signals (Core::finish), never by polling.
+std::vector<size_t> wait_calls(const std::vector<CallState*>& calls, size_t num_returns,
+                               Millis timeout, std::stop_token stop);
 
 class Caller {
  public:

@@ -305,8 +305,51 @@ void Core::await(CallState& st, Millis timeout) {
   throw_error(st.error_type, st.error_message);
 }
 
+std::vector<size_t> wait_calls(const std::vector<CallState*>& calls, size_t num_returns,
+                               Millis timeout, std::stop_token stop) {
+  num_returns = std::min(num_returns, calls.size());
+  auto waiter = std::make_shared<CallWaiter>();
+  size_t done_before = 0;
+  for (CallState* st : calls) {
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (st->done)
+      ++done_before;
+    else
+      st->waiters.push_back(waiter);  // told by Core::finish when it ends
+  }
+  if (done_before < num_returns && timeout.count() > 0) {
+    // Runs at once when stop was requested before; takes the lock so that the wait below
+    // either sees the request or is woken by it.
+    std::stop_callback on_stop(stop, [&] {
+      { std::lock_guard<std::mutex> lock(waiter->mu); }
+      waiter->cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(waiter->mu);
+    auto enough = [&] {
+      return done_before + waiter->ended >= num_returns || stop.stop_requested();
+    };
+    const auto now = std::chrono::steady_clock::now();
+    // A deadline past the clock's end (Millis::max()) waits without one.
+    if (timeout >=
+        std::chrono::duration_cast<Millis>(std::chrono::steady_clock::time_point::max() - now))
+      waiter->cv.wait(lock, enough);
+    else
+      waiter->cv.wait_until(lock, now + timeout, enough);
+  }
+  std::vector<size_t> ended;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    std::lock_guard<std::mutex> lock(calls[i]->mu);
+    if (calls[i]->done)
+      ended.push_back(i);
+    else
+      std::erase(calls[i]->waiters, waiter);
+  }
+  return ended;
+}
+
 void Core::finish(const std::shared_ptr<CallState>& st, const std::string& error_type,
                   const std::string& error_message, Payload&& result) {
+  std::vector<std::shared_ptr<CallWaiter>> waiters;
   {
     std::lock_guard<std::mutex> lock(st->mu);
     if (st->done) return;
@@ -314,8 +357,10 @@ void Core::finish(const std::shared_ptr<CallState>& st, const std::string& error
     st->error_message = error_message;
     st->result = std::move(result);
     st->done = true;
+    waiters.swap(st->waiters);
   }
   st->cv.notify_all();
+  for (const auto& w : waiters) w->tell();
   std::function<void(CallState&)> done;
   {
     std::lock_guard<std::mutex> lock(calls_mu_);

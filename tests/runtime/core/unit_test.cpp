@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "runtime/core/core.hpp"
@@ -763,6 +764,164 @@ TEST(ConcurrentCalls, AFloodRunsOnABoundedPoolAndCallsPastItsQueueAreRefusedNami
   EXPECT_TRUE(host->unhost("a-gate"));
   caller->shutdown();
   host->shutdown();
+}
+
+// An actor whose calls each end when the test lets their key go: calls that end in the
+// order the test chooses, with no sleeps.
+class Latch {
+ public:
+  int hold(int key) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(60), [&] { return open_.count(key) > 0; });
+    if (key < 0) throw std::runtime_error("key " + std::to_string(key) + " fails");
+    return key;
+  }
+  void open(int key) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_.insert(key);
+    }
+    cv_.notify_all();
+  }
+  void open_all() {
+    for (int key = -10; key <= 10; ++key) open(key);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<int> open_;
+};
+LOCO_REGISTER(Latch, loco::ActorClass<Latch>("test.Latch")
+                         .concurrent_method("hold", &Latch::hold)
+                         .method("open", &Latch::open));
+
+// Two nodes, each hosting a Latch, and a caller.
+class WaitOnCalls : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int n = 0; n < 2; ++n) {
+      detail::CoreOptions node;
+      node.bind = "tcp://127.0.0.1:0";
+      node.self_name = "node " + std::to_string(n);
+      nodes_[n] = std::make_shared<detail::Core>(node);
+      latches_[n] = std::make_shared<Latch>();
+      nodes_[n]->host("a-latch-" + std::to_string(n), detail::class_entry<Latch>(), latches_[n]);
+    }
+    detail::CoreOptions caller;
+    caller.self_name = "caller";
+    caller_ = std::make_shared<detail::Core>(caller);
+    for (int n = 0; n < 2; ++n) {
+      auto ref = std::make_shared<detail::ActorRef>();
+      ref->id = "a-latch-" + std::to_string(n);
+      ref->class_name = "test.Latch";
+      ref->address = nodes_[n]->address();
+      handles_[n] = ActorHandle<Latch>(caller_, ref);
+    }
+  }
+  void TearDown() override {
+    // No call outlives the test: an actor goes once its concurrent calls ended.
+    for (int n = 0; n < 2; ++n) {
+      latches_[n]->open_all();
+      EXPECT_TRUE(nodes_[n]->unhost("a-latch-" + std::to_string(n)));
+    }
+    caller_->shutdown();
+    for (auto& n : nodes_) n->shutdown();
+  }
+  Future<int> hold(int node, int key) { return handles_[node].call(&Latch::hold, key); }
+  static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  std::shared_ptr<detail::Core> nodes_[2], caller_;
+  std::shared_ptr<Latch> latches_[2];
+  ActorHandle<Latch> handles_[2];
+};
+
+using Ended = std::vector<size_t>;
+
+TEST_F(WaitOnCalls, CallsThatEndedAreReturnedAtOnceAndZeroLooksWithoutWaiting) {
+  std::vector<Future<int>> calls{hold(0, 1), hold(0, 2), hold(0, 3)};
+  latches_[0]->open(1);
+  latches_[0]->open(3);
+  EXPECT_EQ(calls[0].get(Millis(10000)), 1);
+  EXPECT_EQ(calls[2].get(Millis(10000)), 3);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(loco::wait(calls, 2, Millis(60000)), (Ended{0, 2}));  // enough ended: no wait
+  EXPECT_EQ(loco::wait(calls, 1, Millis(60000)), (Ended{0, 2}));  // every one that ended
+  EXPECT_EQ(loco::wait(calls, 3, Millis(0)), (Ended{0, 2}));      // a look
+  EXPECT_EQ(loco::wait(calls, 0, Millis(60000)), (Ended{0, 2}));
+  EXPECT_LT(seconds_since(t0), 30.0);  // none of them waited its 60 s
+  EXPECT_FALSE(calls[1].ready());
+}
+
+TEST_F(WaitOnCalls, WaitsUntilTheNthCallEndsWithAResultOrAnError) {
+  std::vector<Future<int>> calls{hold(0, 1), hold(0, -2), hold(0, 3)};
+  latches_[0]->open(3);
+  EXPECT_EQ(loco::wait(calls, 1, Millis(60000)), (Ended{2}));
+  // The second to end fails: an error ends a call as a result does.
+  std::thread opener([&] { latches_[0]->open(-2); });
+  EXPECT_EQ(loco::wait(calls, 2, Millis(60000)), (Ended{1, 2}));
+  opener.join();
+  EXPECT_THROW(calls[1].get(Millis(1000)), RemoteError);
+  EXPECT_FALSE(calls[0].ready());
+  std::thread last([&] { latches_[0]->open(1); });
+  EXPECT_EQ(loco::wait(calls, 10, Millis(60000)), (Ended{0, 1, 2}));  // more than there are: all
+  last.join();
+  EXPECT_EQ(calls[0].get(Millis(1000)), 1);
+}
+
+TEST_F(WaitOnCalls, ReturnsAtTheDeadlineWithTheCallsThatEndedSoFar) {
+  std::vector<Future<int>> calls{hold(0, 1), hold(0, 2), hold(1, 3)};
+  latches_[1]->open(3);
+  EXPECT_EQ(calls[2].get(Millis(10000)), 3);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(loco::wait(calls, 2, Millis(300)), (Ended{2}));
+  const double waited = seconds_since(t0);
+  EXPECT_GE(waited, 0.29);
+  EXPECT_LT(waited, 30.0);
+  // Nothing was cancelled: the others still end, and a later wait sees them.
+  latches_[0]->open(2);
+  EXPECT_EQ(loco::wait(calls, 2, Millis(60000)), (Ended{1, 2}));
+  EXPECT_EQ(calls[1].get(Millis(1000)), 2);
+}
+
+TEST_F(WaitOnCalls, WaitsOnCallsToDifferentActorsOfDifferentResultTypes) {
+  std::vector<Future<int>> a{hold(0, 1), hold(0, 2)};
+  std::vector<Future<int>> b{hold(1, 1)};
+  std::thread opener([&] { latches_[1]->open(1); });
+  std::vector<Future<int>> both{a[0], a[1], b[0]};
+  EXPECT_EQ(loco::wait(both, 1, Millis(60000)), (Ended{2}));  // node 1's actor answered
+  opener.join();
+  EXPECT_FALSE(a[0].ready());
+  // Futures of other result types wait together through FutureBase.
+  auto poke = handles_[0].call(&Latch::open, 2);  // Future<void>
+  std::vector<const FutureBase*> mixed{&a[1], &poke};
+  EXPECT_EQ(loco::wait(mixed, 2, Millis(60000)), (Ended{0, 1}));
+  EXPECT_EQ(a[1].get(Millis(1000)), 2);
+  // Two waits on the same calls, from two threads, are both woken by the one end.
+  std::vector<Future<int>> c{hold(0, 5), hold(1, 5)};
+  Ended first, second;
+  std::thread w1([&] { first = loco::wait(c, 1, Millis(60000)); });
+  std::thread w2([&] { second = loco::wait(c, 1, Millis(60000)); });
+  latches_[1]->open(5);
+  w1.join();
+  w2.join();
+  EXPECT_EQ(first, (Ended{1}));
+  EXPECT_EQ(second, (Ended{1}));
+}
+
+TEST_F(WaitOnCalls, AStopRequestedEndsTheWaitWithTheCallsThatEndedSoFar) {
+  std::vector<Future<int>> calls{hold(0, 1), hold(1, 2)};
+  std::stop_source stop;
+  std::thread stopper([&] { stop.request_stop(); });
+  EXPECT_EQ(loco::wait(calls, 1, Millis::max(), stop.get_token()), Ended{});
+  stopper.join();
+  // Requested before: the wait does not begin.
+  EXPECT_EQ(loco::wait(calls, 2, Millis(60000), stop.get_token()), Ended{});
+  latches_[1]->open(2);
+  EXPECT_EQ(calls[1].get(Millis(10000)), 2);
+  EXPECT_EQ(loco::wait(calls, 2, Millis(60000), stop.get_token()), Ended{1});
 }
 
 // A call to a node's service that gets no answer names that node, never "the head" (the
