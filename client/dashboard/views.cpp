@@ -317,10 +317,11 @@ std::string prometheus_text(const ClusterStatus& st, const std::vector<JobInfo>&
   for (const NodeStatus& n : st.nodes)
     w.sample("loco_node_up", {{"node", n.node.id}, {"address", n.node.address}},
              n.node.state == NodeState::alive);
-  w.family("loco_node_resource_total", "gauge", "A node's resources.");
+  // A gauge: not "_total", which Prometheus keeps for counters (`promtool check metrics`).
+  w.family("loco_node_resource_capacity", "gauge", "A node's resources.");
   for (const NodeStatus& n : st.nodes)
     for (const auto& [k, v] : n.node.resources)
-      w.sample("loco_node_resource_total", {{"node", n.node.id}, {"resource", k}}, v);
+      w.sample("loco_node_resource_capacity", {{"node", n.node.id}, {"resource", k}}, v);
   w.family("loco_node_resource_used", "gauge", "A node's resources held by actors.");
   for (const NodeStatus& n : st.nodes)
     for (const auto& [k, v] : n.node.resources) {
