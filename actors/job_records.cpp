@@ -5,6 +5,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "diloco/job_schema.hpp"
+
 namespace loco::actors {
 
 namespace fs = std::filesystem;
@@ -178,23 +180,26 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
                          {"wait", std::max(0.0, round_time - x.seconds)}});
     j["members"] = members;
     j["late"] = f.late;
+    namespace key = diloco::schema::step;
     json steps = json::array();
     for (const StepFigures& s : f.steps)
       steps.push_back(
-          {{"loss", s.loss},
-           {"lr", s.lr},
-           {"grad_norm", s.grad_norm},
-           {"tokens", s.tokens},
-           {"tokens_per_s", s.seconds > 0 ? json(double(s.tokens) / s.seconds) : json(nullptr)},
+          {{key::kLoss, s.loss},
+           {key::kLr, s.lr},
+           {key::kGradNorm, s.grad_norm},
+           {key::kTokens, s.tokens},
+           {key::kTokensPerS, s.seconds > 0 ? json(double(s.tokens) / s.seconds) : json(nullptr)},
            // Model TFLOP/s of all the members, their mean MFU (null where no peak is known) and
            // the most device memory any of them held (null on CPUs).
-           {"tflops", s.seconds > 0 && s.flops > 0 ? json(s.flops / s.seconds / 1e12) : json(nullptr)},
-           {"mfu", s.mfu > 0 ? json(s.mfu) : json(nullptr)},
-           {"memory_gb", s.memory_bytes > 0 ? json(double(s.memory_bytes) / 1e9) : json(nullptr)},
+           {key::kTflops,
+            s.seconds > 0 && s.flops > 0 ? json(s.flops / s.seconds / 1e12) : json(nullptr)},
+           {key::kMfu, s.mfu > 0 ? json(s.mfu) : json(nullptr)},
+           {key::kMemoryGb,
+            s.memory_bytes > 0 ? json(double(s.memory_bytes) / 1e9) : json(nullptr)},
            // The members' mean CPU seconds in the step: next to the slowest's wall seconds,
            // how much of the step was work (null from workers that do not report it).
-           {"cpu_s", s.cpu_seconds > 0 ? json(s.cpu_seconds) : json(nullptr)}});
-    j["steps"] = steps;
+           {key::kCpuS, s.cpu_seconds > 0 ? json(s.cpu_seconds) : json(nullptr)}});
+    j[diloco::schema::metrics_line::kSteps] = steps;
   }
   const std::string line = j.dump();
   append(metrics_path_, line);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "diloco/job_schema.hpp"
 #include "runtime/core/errors.hpp"
 #include "runtime/core/runtime.hpp"
 
@@ -172,7 +173,7 @@ struct StreamResult {
 
 // A checkpoint the job wrote (event kind kCheckpointRecord in its event log): what a restarted
 // aggregator resumes from.
-inline constexpr const char* kCheckpointRecord = "checkpoint";
+inline constexpr const char* kCheckpointRecord = diloco::schema::record::kCheckpoint;
 struct CheckpointRecord {
   std::string path;
   int64_t round = 0;

@@ -28,6 +28,7 @@
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
 #include "diloco/hf_format.hpp"
+#include "diloco/job_schema.hpp"
 #include "diloco/memory.hpp"
 #include "diloco/simulator.hpp"
 #include "runtime/core/paths.hpp"
@@ -37,6 +38,7 @@
 namespace loco::actors {
 
 namespace dl = loco::diloco;
+namespace schema = loco::diloco::schema;
 namespace fs = std::filesystem;
 
 namespace {
@@ -310,19 +312,23 @@ struct OuterAggregator::State {
       JobProgress p;
       p.step = (r - 1) * cfg.inner.steps + int64_t(i) + 1;
       p.total = total_steps;
-      p.metrics = {{"loss", steps[i].loss}, {"lr", steps[i].lr}, {"grad_norm", steps[i].grad_norm}};
+      p.metrics = {{schema::step::kLoss, steps[i].loss},
+                   {schema::step::kLr, steps[i].lr},
+                   {schema::step::kGradNorm, steps[i].grad_norm}};
       if (steps[i].seconds > 0) {
-        p.metrics["tokens_per_s"] = double(steps[i].tokens) / steps[i].seconds;
-        if (steps[i].flops > 0) p.metrics["tflops"] = steps[i].flops / steps[i].seconds / 1e12;
+        p.metrics[schema::step::kTokensPerS] = double(steps[i].tokens) / steps[i].seconds;
+        if (steps[i].flops > 0)
+          p.metrics[schema::step::kTflops] = steps[i].flops / steps[i].seconds / 1e12;
       }
-      if (steps[i].mfu > 0) p.metrics["mfu"] = steps[i].mfu;
-      if (steps[i].memory_bytes > 0) p.metrics["memory_gb"] = double(steps[i].memory_bytes) / 1e9;
+      if (steps[i].mfu > 0) p.metrics[schema::step::kMfu] = steps[i].mfu;
+      if (steps[i].memory_bytes > 0)
+        p.metrics[schema::step::kMemoryGb] = double(steps[i].memory_bytes) / 1e9;
       out.push_back(std::move(p));
     }
     msgpack::sbuffer buf;
     msgpack::pack(buf, out);
     std::string data(buf.data(), buf.size());
-    publish([this, data] { rt.job_record(job_id, "steps", data); });
+    publish([this, data] { rt.job_record(job_id, schema::record::kSteps, data); });
   }
 };
 
@@ -834,20 +840,21 @@ void OuterAggregator::State::run() {
     JobProgress p;
     p.step = r;
     p.total = rounds;
-    p.metrics["inner_step"] = double(r * cfg.inner.steps);
-    p.metrics["loss"] = loss;
+    namespace key = schema::report;
+    p.metrics[key::kInnerStep] = double(r * cfg.inner.steps);
+    p.metrics[key::kLoss] = loss;
     if (val) {
-      p.metrics["val_loss"] = *val;
-      p.metrics["val_ppl"] = std::exp(*val);
+      p.metrics[key::kValLoss] = *val;
+      p.metrics[key::kValPpl] = std::exp(*val);
     }
-    p.metrics["tokens_per_s"] = tok_s;
-    p.metrics["bytes_per_worker"] = double(records.bytes_per_worker());
-    p.metrics["job_bytes_per_worker"] = double(records.job_bytes_per_worker());
-    p.metrics["failed_attempts"] = failed;
-    p.metrics["redo"] = double(records.redo());
-    p.metrics["utilization"] = util;
-    p.metrics["workers"] = members;
-    if (!round_late.empty()) p.metrics["late"] = double(round_late.size());
+    p.metrics[key::kTokensPerS] = tok_s;
+    p.metrics[key::kBytesPerWorker] = double(records.bytes_per_worker());
+    p.metrics[key::kJobBytesPerWorker] = double(records.job_bytes_per_worker());
+    p.metrics[key::kFailedAttempts] = failed;
+    p.metrics[key::kRedo] = double(records.redo());
+    p.metrics[key::kUtilization] = util;
+    p.metrics[key::kWorkers] = members;
+    if (!round_late.empty()) p.metrics[key::kLate] = double(round_late.size());
     // For the dashboard's axes and /metrics: the tokens the round's members processed, the
     // round's and the job's seconds.
     int64_t round_tokens = 0;
@@ -855,10 +862,10 @@ void OuterAggregator::State::run() {
     // A round without its members' figures: H steps each.
     if (round_members.empty() && r > 0)
       round_tokens = int64_t(members) * cfg.inner.steps * int64_t(cfg.tokens_per_inner_step());
-    p.metrics["round_tokens"] = double(round_tokens);
-    p.metrics["round_time"] = round_time;
-    p.metrics["job_time"] = job_seconds;
-    p.metrics["allreduce_seconds_total"] = allreduce_total;
+    p.metrics[key::kRoundTokens] = double(round_tokens);
+    p.metrics[key::kRoundTime] = round_time;
+    p.metrics[key::kJobTime] = job_seconds;
+    p.metrics[key::kAllreduceSecondsTotal] = allreduce_total;
     publish([this, p] { rt.job_progress(job_id, p); });
   };
 

@@ -6,6 +6,8 @@
 #include <sstream>
 #include <thread>
 
+#include "diloco/job_schema.hpp"
+
 namespace loco {
 
 JobSpec JobSpec::from_yaml(const std::string& text) {
@@ -45,18 +47,19 @@ RoundReport RoundReport::from(const JobProgress& p) {
   RoundReport r;
   r.round = int(p.step);
   r.rounds = int(p.total);
-  r.inner_step = int(m("inner_step"));
-  r.loss = m("loss");
-  r.val_loss = m("val_loss");
-  r.val_ppl = m("val_ppl");
-  r.tokens_per_s = m("tokens_per_s");
-  r.bytes_per_worker = m("bytes_per_worker");
-  r.job_bytes_per_worker = m("job_bytes_per_worker");
-  r.failed_attempts = int(m("failed_attempts"));
-  r.redo = int(m("redo"));
-  r.utilization = m("utilization");
-  r.workers = int(m("workers"));
-  r.late = int(m("late"));
+  namespace key = diloco::schema::report;
+  r.inner_step = int(m(key::kInnerStep));
+  r.loss = m(key::kLoss);
+  r.val_loss = m(key::kValLoss);
+  r.val_ppl = m(key::kValPpl);
+  r.tokens_per_s = m(key::kTokensPerS);
+  r.bytes_per_worker = m(key::kBytesPerWorker);
+  r.job_bytes_per_worker = m(key::kJobBytesPerWorker);
+  r.failed_attempts = int(m(key::kFailedAttempts));
+  r.redo = int(m(key::kRedo));
+  r.utilization = m(key::kUtilization);
+  r.workers = int(m(key::kWorkers));
+  r.late = int(m(key::kLate));
   r.note = p.note;
   return r;
 }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -157,64 +158,104 @@ void check_nesting(const std::string& text) {
   }
 }
 
-// from_yaml's reading of every field (no validation).
-void read_fields(const YAML::Node& root, JobConfig& c) {
-  check_keys(root, "",
-             {"name", "seed", "threads", "device", "precision", "model", "data", "workers", "inner",
-              "outer", "compression", "allreduce", "sync", "rounds", "token_budget", "checkpoint",
-              "eval", "init"});
-  read(root, "", "name", c.name);
-  read(root, "", "seed", c.seed);
-  read(root, "", "threads", c.threads);
-  read_enum(
-      root, "", "device", c.device,
-      std::array<std::pair<const char*, DeviceKind>, 3>{
-          {{"auto", DeviceKind::auto_}, {"cpu", DeviceKind::cpu}, {"cuda", DeviceKind::cuda}}});
-  read(root, "", "rounds", c.rounds);
-  read(root, "", "token_budget", c.token_budget);
-  read(root, "", "init", c.init);
-  read_codec(root, "compression", c.compression);
-  read_enum(root, "", "precision", c.precision,
-            std::array<std::pair<const char*, Precision>, 2>{
-                {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}}});
+// The job file's fields, each declared once: its place (a section of the file or the top
+// level), its name, how it is read and written, what it means, and the checks that concern it
+// alone (a finite number, a range). read_fields, the unknown-field check, to_yaml and
+// validate()'s single-field checks go through this table; `--set` writes any of its paths
+// (with_overrides), which from_yaml then reads as the file's own. Rules between fields (a
+// divisor of another, "needs sync.mode: streaming") stay in validate().
+struct Field {
+  const char* section;  // "" for the top level, else the mapping it is in
+  const char* name;     // as written by to_yaml and named in errors (with the section)
+  const char* help;
+  // Reads the field under `key` (its name, or one of `also`) from its section's node, which
+  // may be absent. Throws ConfigError.
+  std::function<void(const YAML::Node& node, const std::string& where, const std::string& key,
+                     JobConfig& c)>
+      read;
+  std::function<void(YAML::Emitter& out, const JobConfig& c)> write;  // the value
+  std::function<bool(const JobConfig& c)> written;                    // empty: always
+  // The names it is read under, in order, the last one present winning (model: width, then
+  // d_model; data: dir, then path); empty: its name alone.
+  std::vector<std::string> also;
+  // The checks of the field alone: validate() runs them, those of every field, before the
+  // rules between fields.
+  std::function<void(const JobConfig& c, const std::string& path)> check;
+};
 
-  const auto m = root["model"];
-  check_keys(m, "model",
-             {"arch", "layers", "width", "d_model", "heads", "context", "vocab", "tied_embeddings",
-              "mlp_ratio", "mlp_hidden", "kv_heads", "rope_theta", "norm_eps",
-              "activation_checkpointing"});
-  read_enum(
-      m, "model", "arch", c.model.arch,
-      std::array<std::pair<const char*, Arch>, 2>{{{"gpt2", Arch::gpt2}, {"llama", Arch::llama}}});
-  read(m, "model", "layers", c.model.layers);
-  read(m, "model", "width", c.model.d_model);
-  read(m, "model", "d_model", c.model.d_model);
-  read(m, "model", "heads", c.model.heads);
-  read(m, "model", "context", c.model.context);
-  read(m, "model", "vocab", c.model.vocab);
-  read(m, "model", "tied_embeddings", c.model.tied_embeddings);
-  read(m, "model", "mlp_ratio", c.model.mlp_ratio);
-  read(m, "model", "mlp_hidden", c.model.mlp_hidden);
-  read(m, "model", "kv_heads", c.model.kv_heads);
-  read(m, "model", "rope_theta", c.model.rope_theta);
-  read(m, "model", "norm_eps", c.model.norm_eps);
-  read(m, "model", "activation_checkpointing", c.model.activation_checkpointing);
+std::string path_of(const Field& f) { return join(f.section, f.name); }
 
-  const auto d = root["data"];
-  check_keys(
-      d, "data",
-      {"dir", "path", "format", "dtype", "tokenizer", "bpe_vocab", "shards", "val_fraction"});
-  read(d, "data", "dir", c.data.dir);
-  read(d, "data", "path", c.data.dir);
-  read_enum(d, "data", "format", c.data.format,
-            std::array<std::pair<const char*, DataFormat>, 2>{
-                {{"text", DataFormat::text}, {"tokens", DataFormat::tokens}}});
-  read_enum(d, "data", "dtype", c.data.dtype,
-            std::array<std::pair<const char*, TokenDtype>, 2>{
-                {{"uint16", TokenDtype::uint16}, {"uint32", TokenDtype::uint32}}});
-  if (d && d["tokenizer"]) {
+// A field of type T at `get(c)`.
+template <class T, class Get>
+Field plain(const char* section, const char* name, Get get, const char* help) {
+  Field f{section, name, help, {}, {}, {}, {}, {}};
+  f.read = [get](const YAML::Node& node, const std::string& where, const std::string& key,
+                 JobConfig& c) { read(node, where, key, static_cast<T&>(get(c))); };
+  f.write = [get](YAML::Emitter& out, const JobConfig& c) { out << get(c); };
+  return f;
+}
+
+// `c.*m` and `c.*s.*m`, for const and non-const JobConfigs.
+template <class T>
+auto at(T JobConfig::*m) {
+  return [m](auto& c) -> auto& { return c.*m; };
+}
+template <class S, class T>
+auto at(S JobConfig::*s, T S::*m) {
+  return [ s, m ](auto& c) -> auto& { return (c.*s).*m; };
+}
+
+// A number that must be finite (checked before the rules between fields: NaN fails every
+// comparison, and +inf passes "> 0").
+template <class Get>
+Field finite(const char* section, const char* name, Get get, const char* help) {
+  Field f = plain<double>(section, name, get, help);
+  f.check = [get](const JobConfig& c, const std::string& path) { require_finite(get(c), path); };
+  return f;
+}
+
+// An integer (or any number) that must be in [lo, hi]: "must be in [lo, hi], got v".
+template <class T, class Get>
+Field ranged(const char* section, const char* name, Get get, T lo, T hi, const char* help) {
+  Field f = plain<T>(section, name, get, help);
+  f.check = [get, lo, hi](const JobConfig& c, const std::string& path) {
+    require_in(static_cast<T>(get(c)), lo, hi, path);
+  };
+  return f;
+}
+
+// One of `choices`, by name.
+template <class E, std::size_t N, class Get>
+Field choice(const char* section, const char* name, Get get,
+             std::array<std::pair<const char*, E>, N> choices, const char* help) {
+  Field f{section, name, help, {}, {}, {}, {}, {}};
+  f.read = [get, choices](const YAML::Node& node, const std::string& where, const std::string& key,
+                          JobConfig& c) {
+    read_enum(node, where, key, static_cast<E&>(get(c)), choices);
+  };
+  f.write = [get, choices](YAML::Emitter& out, const JobConfig& c) {
+    for (const auto& [n, v] : choices)
+      if (v == get(c)) out << n;
+  };
+  return f;
+}
+
+Field with_alias(Field f, std::vector<std::string> also) {
+  f.also = std::move(also);
+  return f;
+}
+Field only_when(Field f, std::function<bool(const JobConfig&)> written) {
+  f.written = std::move(written);
+  return f;
+}
+
+// data.tokenizer: byte | bpe | the path of a tokenizer.json (kind json, the path beside it).
+Field tokenizer_field() {
+  Field f{"data", "tokenizer", "byte, bpe, or the path of a tokenizer.json", {}, {}, {}, {}, {}};
+  f.read = [](const YAML::Node& d, const std::string& where, const std::string& key, JobConfig& c) {
+    if (!d || !d[key]) return;
     std::string t;
-    read(d, "data", "tokenizer", t);
+    read(d, where, key, t);
     if (t == "byte") {
       c.data.tokenizer = TokenizerKind::byte;
     } else if (t == "bpe") {
@@ -226,44 +267,21 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
       throw ConfigError("data.tokenizer: expected byte|bpe or the path of a tokenizer.json, got " +
                         quoted(t));
     }
-  }
-  read(d, "data", "bpe_vocab", c.data.bpe_vocab);
-  read(d, "data", "shards", c.data.shards);
-  read(d, "data", "val_fraction", c.data.val_fraction);
+  };
+  f.write = [](YAML::Emitter& out, const JobConfig& c) {
+    out << (c.data.tokenizer == TokenizerKind::byte  ? std::string("byte")
+            : c.data.tokenizer == TokenizerKind::bpe ? std::string("bpe")
+                                                     : c.data.tokenizer_json);
+  };
+  return f;
+}
 
-  const auto w = root["workers"];
-  check_keys(w, "workers",
-             {"count", "min", "max", "max_restarts", "wait_s", "gpus", "share_gpu", "local_ranks",
-              "grace_max_s"});
-  read(w, "workers", "count", c.workers.count);
-  read(w, "workers", "min", c.workers.min);
-  read(w, "workers", "max", c.workers.max);
-  read(w, "workers", "max_restarts", c.workers.max_restarts);
-  read(w, "workers", "wait_s", c.workers.wait_s);
-  read(w, "workers", "gpus", c.workers.gpus);
-  read(w, "workers", "share_gpu", c.workers.share_gpu);
-  read(w, "workers", "local_ranks", c.workers.local_ranks);
-  read(w, "workers", "grace_max_s", c.workers.grace_max_s);
-
-  const auto i = root["inner"];
-  check_keys(i, "inner",
-             {"steps", "batch_size", "lr", "warmup", "min_lr_ratio", "weight_decay", "grad_clip",
-              "grad_accum", "betas", "eps", "budget", "round_seconds"});
-  read(i, "inner", "steps", c.inner.steps);
-  read(i, "inner", "batch_size", c.inner.batch_size);
-  read(i, "inner", "lr", c.inner.lr);
-  read(i, "inner", "warmup", c.inner.warmup);
-  read(i, "inner", "min_lr_ratio", c.inner.min_lr_ratio);
-  read(i, "inner", "weight_decay", c.inner.weight_decay);
-  read(i, "inner", "grad_clip", c.inner.grad_clip);
-  read(i, "inner", "grad_accum", c.inner.grad_accum);
-  read(i, "inner", "eps", c.inner.eps);
-  read_enum(i, "inner", "budget", c.inner.budget,
-            std::array<std::pair<const char*, InnerBudget>, 2>{
-                {{"steps", InnerBudget::steps}, {"time", InnerBudget::time}}});
-  read(i, "inner", "round_seconds", c.inner.round_seconds);
-  if (i && i["betas"]) {
-    const auto b = i["betas"];
+// inner.betas: AdamW's two, finite.
+Field betas_field() {
+  Field f{"inner", "betas", "AdamW's betas, [b1, b2]", {}, {}, {}, {}, {}};
+  f.read = [](const YAML::Node& i, const std::string&, const std::string& key, JobConfig& c) {
+    if (!i || !i[key]) return;
+    const auto b = i[key];
     if (!b.IsSequence() || b.size() != 2)
       throw ConfigError("inner.betas: expected a list of two numbers, got " +
                         quoted(YAML::Dump(b)));
@@ -273,41 +291,228 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
       throw ConfigError("inner.betas: expected a list of two numbers, got " +
                         quoted(YAML::Dump(b)));
     }
+  };
+  f.write = [](YAML::Emitter& out, const JobConfig& c) {
+    out << YAML::Flow << YAML::BeginSeq << c.inner.betas[0] << c.inner.betas[1] << YAML::EndSeq;
+  };
+  f.check = [](const JobConfig& c, const std::string& path) {
+    require_finite(c.inner.betas[0], path + "[0]");
+    require_finite(c.inner.betas[1], path + "[1]");
+  };
+  return f;
+}
+
+// compression: the collective's codecs by their names.
+Field compression_field() {
+  Field f{"", "compression", "the pseudo-gradients' numerics in the all-reduce", {}, {}, {}, {},
+          {}};
+  f.read = [](const YAML::Node& root, const std::string&, const std::string& key, JobConfig& c) {
+    read_codec(root, key, c.compression);
+  };
+  f.write = [](YAML::Emitter& out, const JobConfig& c) {
+    out << std::string(collective::to_string(c.compression));
+  };
+  return f;
+}
+
+const std::vector<Field>& fields() {
+  using DK = DeviceKind;
+  static const std::vector<Field> table = [] {
+    std::vector<Field> t = {
+        plain<std::string>("", "name", at(&JobConfig::name), "the job's name"),
+        plain<std::uint64_t>("", "seed", at(&JobConfig::seed),
+                             "seeds θ's initialisation and the data order"),
+        plain<int>("", "threads", at(&JobConfig::threads),
+                   "torch intra-op threads per process; 0: torch's default"),
+        choice("", "device", at(&JobConfig::device),
+               std::array<std::pair<const char*, DK>, 3>{
+                   {{"auto", DK::auto_}, {"cpu", DK::cpu}, {"cuda", DK::cuda}}},
+               "where workers train: cpu, cuda, or auto (cuda where the node offers gpus)"),
+        // model
+        choice("model", "arch", at(&JobConfig::model, &ModelConfig::arch),
+               std::array<std::pair<const char*, Arch>, 2>{
+                   {{"gpt2", Arch::gpt2}, {"llama", Arch::llama}}},
+               "the decoder's block type"),
+        plain<int>("model", "layers", at(&JobConfig::model, &ModelConfig::layers), "blocks"),
+        with_alias(plain<int>("model", "d_model", at(&JobConfig::model, &ModelConfig::d_model),
+                              "the model's width"),
+                   {"width", "d_model"}),
+        plain<int>("model", "heads", at(&JobConfig::model, &ModelConfig::heads), "attention heads"),
+        plain<int>("model", "context", at(&JobConfig::model, &ModelConfig::context),
+                   "tokens per sequence"),
+        plain<int>("model", "vocab", at(&JobConfig::model, &ModelConfig::vocab),
+                   "the vocabulary's size; 0: the tokenizer's"),
+        plain<bool>("model", "tied_embeddings",
+                    at(&JobConfig::model, &ModelConfig::tied_embeddings),
+                    "the output layer is the embedding table"),
+        plain<int>("model", "mlp_ratio", at(&JobConfig::model, &ModelConfig::mlp_ratio),
+                   "gpt2: the MLP's width over d_model"),
+        ranged("model", "mlp_hidden", at(&JobConfig::model, &ModelConfig::mlp_hidden), 0,
+               kMaxWidth * kMaxMlpRatio, "the MLP's hidden width; 0: the arch's rule"),
+        finite("model", "norm_eps", at(&JobConfig::model, &ModelConfig::norm_eps),
+               "LayerNorm or RMSNorm epsilon"),
+        only_when(plain<int>("model", "kv_heads", at(&JobConfig::model, &ModelConfig::kv_heads),
+                             "llama: key/value heads; 0: heads"),
+                  [](const JobConfig& c) { return c.model.arch == Arch::llama; }),
+        only_when(finite("model", "rope_theta", at(&JobConfig::model, &ModelConfig::rope_theta),
+                         "llama: the RoPE base"),
+                  [](const JobConfig& c) { return c.model.arch == Arch::llama; }),
+        plain<bool>("model", "activation_checkpointing",
+                    at(&JobConfig::model, &ModelConfig::activation_checkpointing),
+                    "recompute each block in the backward pass"),
+        // data
+        with_alias(plain<std::string>("data", "dir", at(&JobConfig::data, &DataConfig::dir),
+                                      "the corpus or token files' folder"),
+                   {"dir", "path"}),
+        choice("data", "format", at(&JobConfig::data, &DataConfig::format),
+               std::array<std::pair<const char*, DataFormat>, 2>{
+                   {{"text", DataFormat::text}, {"tokens", DataFormat::tokens}}},
+               "text: DIR/corpus/*.txt; tokens: DIR/*.bin"),
+        choice("data", "dtype", at(&JobConfig::data, &DataConfig::dtype),
+               std::array<std::pair<const char*, TokenDtype>, 2>{
+                   {{"uint16", TokenDtype::uint16}, {"uint32", TokenDtype::uint32}}},
+               "the ids' width in token files without a header"),
+        tokenizer_field(),
+        ranged("data", "bpe_vocab", at(&JobConfig::data, &DataConfig::bpe_vocab), 320, 65536,
+               "the sentencepiece BPE's vocabulary (tokenizer: bpe)"),
+        ranged("data", "shards", at(&JobConfig::data, &DataConfig::shards), 1, kMaxShards,
+               "the training split is cut into this many shards"),
+        finite("data", "val_fraction", at(&JobConfig::data, &DataConfig::val_fraction),
+               "the last fraction of the tokens is the validation split"),
+        // workers
+        ranged("workers", "count", at(&JobConfig::workers, &WorkersConfig::count), 1, kMaxWorkers,
+               "workers per round when all are present"),
+        plain<int>("workers", "min", at(&JobConfig::workers, &WorkersConfig::min),
+                   "a round never closes with fewer"),
+        plain<int>("workers", "max", at(&JobConfig::workers, &WorkersConfig::max),
+                   "the bound of `loco scale`; 0: none"),
+        ranged("workers", "max_restarts", at(&JobConfig::workers, &WorkersConfig::max_restarts), 0,
+               kMaxRestarts, "restarts of each worker actor"),
+        finite("workers", "wait_s", at(&JobConfig::workers, &WorkersConfig::wait_s),
+               "how long below `min` the job waits for joins"),
+        plain<int>("workers", "gpus", at(&JobConfig::workers, &WorkersConfig::gpus),
+                   "GPUs per worker (device cuda)"),
+        plain<bool>("workers", "share_gpu", at(&JobConfig::workers, &WorkersConfig::share_gpu),
+                    "several workers may hold one GPU"),
+        ranged("workers", "local_ranks", at(&JobConfig::workers, &WorkersConfig::local_ranks), 0,
+               64, "local ranks per worker on the CPU; 0: 1"),
+        finite("workers", "grace_max_s", at(&JobConfig::workers, &WorkersConfig::grace_max_s),
+               "the most a round waits for stragglers; 0: for every member"),
+        // inner
+        ranged("inner", "steps", at(&JobConfig::inner, &InnerConfig::steps), 1, kMaxSteps,
+               "H: inner steps per round"),
+        ranged("inner", "batch_size", at(&JobConfig::inner, &InnerConfig::batch_size), 1,
+               kMaxBatchSize, "sequences per inner step per worker"),
+        finite("inner", "lr", at(&JobConfig::inner, &InnerConfig::lr), "AdamW's peak rate"),
+        ranged("inner", "warmup", at(&JobConfig::inner, &InnerConfig::warmup), 0, kMaxSteps,
+               "linear warmup steps"),
+        finite("inner", "min_lr_ratio", at(&JobConfig::inner, &InnerConfig::min_lr_ratio),
+               "the cosine decay's end, over lr"),
+        finite("inner", "weight_decay", at(&JobConfig::inner, &InnerConfig::weight_decay),
+               "AdamW's, on tensors of 2+ dimensions"),
+        finite("inner", "grad_clip", at(&JobConfig::inner, &InnerConfig::grad_clip),
+               "the gradient's largest norm; 0: no clipping"),
+        plain<int>("inner", "grad_accum", at(&JobConfig::inner, &InnerConfig::grad_accum),
+                   "micro-batches per inner step"),
+        betas_field(),
+        finite("inner", "eps", at(&JobConfig::inner, &InnerConfig::eps), "AdamW's epsilon"),
+        choice("inner", "budget", at(&JobConfig::inner, &InnerConfig::budget),
+               std::array<std::pair<const char*, InnerBudget>, 2>{
+                   {{"steps", InnerBudget::steps}, {"time", InnerBudget::time}}},
+               "a round's inner phase: H steps, or a budget of seconds"),
+        finite("inner", "round_seconds", at(&JobConfig::inner, &InnerConfig::round_seconds),
+               "budget: time, the round's seconds; 0: H x the median step"),
+        // outer
+        finite("outer", "lr", at(&JobConfig::outer, &OuterConfig::lr),
+               "the outer Nesterov step's rate"),
+        finite("outer", "momentum", at(&JobConfig::outer, &OuterConfig::momentum),
+               "the outer step's momentum"),
+        plain<bool>("outer", "nesterov", at(&JobConfig::outer, &OuterConfig::nesterov),
+                    "Nesterov momentum"),
+        choice("", "precision", at(&JobConfig::precision),
+               std::array<std::pair<const char*, Precision>, 2>{
+                   {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}}},
+               "the inner steps' arithmetic"),
+        compression_field(),
+        // allreduce
+        ranged("allreduce", "chunk_kb", at(&JobConfig::allreduce, &AllreduceConfig::chunk_kb), 1,
+               65536, "chunk of a member's part, KiB of fp32"),
+        finite("allreduce", "peer_timeout_s",
+               at(&JobConfig::allreduce, &AllreduceConfig::peer_timeout_s),
+               "a member silent this long is lost"),
+        finite("allreduce", "entry_timeout_s",
+               at(&JobConfig::allreduce, &AllreduceConfig::entry_timeout_s),
+               "streaming and eager: how late a member may begin a fragment's all-reduce"),
+        // sync
+        choice("sync", "mode", at(&JobConfig::sync, &SyncConfig::mode),
+               std::array<std::pair<const char*, SyncMode>, 3>{{{"blocking", SyncMode::blocking},
+                                                                {"streaming", SyncMode::streaming},
+                                                                {"eager", SyncMode::eager}}},
+               "how a round's pseudo-gradients are synchronized"),
+        plain<int>("sync", "fragments", at(&JobConfig::sync, &SyncConfig::fragments),
+                   "streaming: P, the parameters' fragments"),
+        plain<int>("sync", "overlap_steps", at(&JobConfig::sync, &SyncConfig::overlap_steps),
+                   "τ: inner steps an all-reduce runs under"),
+        // Not `finite`: a NaN is "not in [0, 1]" (validate()).
+        plain<double>("sync", "mix", at(&JobConfig::sync, &SyncConfig::mix),
+                      "α: how much of the local fragment survives its merge"),
+        ranged("", "rounds", at(&JobConfig::rounds), 0, kMaxRounds,
+               "outer rounds; 0: from token_budget"),
+        ranged("", "token_budget", at(&JobConfig::token_budget), std::int64_t{0}, kMaxTokenBudget,
+               "tokens per worker, when rounds is 0"),
+        // checkpoint
+        ranged("checkpoint", "every", at(&JobConfig::checkpoint, &CheckpointConfig::every), 0,
+               kMaxRounds, "rounds between checkpoints; 0: only at the end"),
+        plain<std::string>("checkpoint", "dir", at(&JobConfig::checkpoint, &CheckpointConfig::dir),
+                           "where checkpoints go"),
+        ranged("checkpoint", "keep", at(&JobConfig::checkpoint, &CheckpointConfig::keep), 0,
+               kMaxRounds, "round checkpoints kept; 0: all"),
+        only_when(plain<std::string>("checkpoint", "resume",
+                                     at(&JobConfig::checkpoint, &CheckpointConfig::resume),
+                                     "a checkpoint to start from"),
+                  [](const JobConfig& c) { return !c.checkpoint.resume.empty(); }),
+        // eval
+        ranged("eval", "every", at(&JobConfig::eval, &EvalConfig::every), 1, kMaxRounds,
+               "inner steps between evaluations"),
+        ranged("eval", "batches", at(&JobConfig::eval, &EvalConfig::batches), 1, kMaxEvalBatches,
+               "validation batches"),
+        only_when(plain<std::string>("", "init", at(&JobConfig::init),
+                                     "hf:DIR, a pretrained start; unset: from seed"),
+                  [](const JobConfig& c) { return !c.init.empty(); }),
+    };
+    return t;
+  }();
+  return table;
+}
+
+// The names a section of the file may hold: its fields' (and their other names), and at the
+// top level the sections too.
+std::set<std::string> names_in(const std::string& section) {
+  std::set<std::string> out;
+  for (const Field& f : fields()) {
+    if (f.section == section) {
+      out.insert(f.name);
+      out.insert(f.also.begin(), f.also.end());
+    } else if (section.empty()) {
+      out.insert(f.section);
+    }
   }
+  return out;
+}
 
-  const auto o = root["outer"];
-  check_keys(o, "outer", {"lr", "momentum", "nesterov"});
-  read(o, "outer", "lr", c.outer.lr);
-  read(o, "outer", "momentum", c.outer.momentum);
-  read(o, "outer", "nesterov", c.outer.nesterov);
-
-  const auto y = root["sync"];
-  check_keys(y, "sync", {"mode", "fragments", "overlap_steps", "mix"});
-  read_enum(y, "sync", "mode", c.sync.mode,
-            std::array<std::pair<const char*, SyncMode>, 3>{{{"blocking", SyncMode::blocking},
-                                                             {"streaming", SyncMode::streaming},
-                                                             {"eager", SyncMode::eager}}});
-  read(y, "sync", "fragments", c.sync.fragments);
-  read(y, "sync", "overlap_steps", c.sync.overlap_steps);
-  read(y, "sync", "mix", c.sync.mix);
-
-  const auto k = root["checkpoint"];
-  check_keys(k, "checkpoint", {"every", "dir", "keep", "resume"});
-  read(k, "checkpoint", "every", c.checkpoint.every);
-  read(k, "checkpoint", "dir", c.checkpoint.dir);
-  read(k, "checkpoint", "keep", c.checkpoint.keep);
-  read(k, "checkpoint", "resume", c.checkpoint.resume);
-
-  const auto a = root["allreduce"];
-  check_keys(a, "allreduce", {"chunk_kb", "peer_timeout_s", "entry_timeout_s"});
-  read(a, "allreduce", "chunk_kb", c.allreduce.chunk_kb);
-  read(a, "allreduce", "peer_timeout_s", c.allreduce.peer_timeout_s);
-  read(a, "allreduce", "entry_timeout_s", c.allreduce.entry_timeout_s);
-
-  const auto e = root["eval"];
-  check_keys(e, "eval", {"every", "batches"});
-  read(e, "eval", "every", c.eval.every);
-  read(e, "eval", "batches", c.eval.batches);
+// from_yaml's reading of every field (no validation): a section's unknown names are refused
+// before its fields are read.
+void read_fields(const YAML::Node& root, JobConfig& c) {
+  std::set<std::string> checked = {""};
+  check_keys(root, "", names_in(""));
+  for (const Field& f : fields()) {
+    const YAML::Node node = *f.section ? root[f.section] : root;
+    if (checked.insert(f.section).second) check_keys(node, f.section, names_in(f.section));
+    if (f.also.empty())
+      f.read(node, f.section, f.name, c);
+    else
+      for (const std::string& key : f.also) f.read(node, f.section, key, c);
+  }
 }
 
 }  // namespace
@@ -348,26 +553,10 @@ JobConfig JobConfig::from_yaml_file(const std::string& path) {
 }
 
 void JobConfig::validate() const {
-  // Non-finite numbers first: NaN fails every comparison below, but +inf passes "> 0".
-  for (const auto& [v, field] : std::initializer_list<std::pair<double, const char*>>{
-           {data.val_fraction, "data.val_fraction"},
-           {workers.wait_s, "workers.wait_s"},
-           {workers.grace_max_s, "workers.grace_max_s"},
-           {inner.round_seconds, "inner.round_seconds"},
-           {inner.lr, "inner.lr"},
-           {inner.min_lr_ratio, "inner.min_lr_ratio"},
-           {inner.weight_decay, "inner.weight_decay"},
-           {inner.grad_clip, "inner.grad_clip"},
-           {inner.betas[0], "inner.betas[0]"},
-           {inner.betas[1], "inner.betas[1]"},
-           {inner.eps, "inner.eps"},
-           {outer.lr, "outer.lr"},
-           {outer.momentum, "outer.momentum"},
-           {allreduce.peer_timeout_s, "allreduce.peer_timeout_s"},
-           {allreduce.entry_timeout_s, "allreduce.entry_timeout_s"},
-           {model.rope_theta, "model.rope_theta"},
-           {model.norm_eps, "model.norm_eps"}})
-    require_finite(v, field);
+  // Each field's own checks first (kFields: non-finite numbers, which fail every comparison
+  // below, or pass "> 0" as +inf does; ranges), then the rules between fields.
+  for (const Field& f : fields())
+    if (f.check) f.check(*this, path_of(f));
   require(!name.empty(), "name", "a non-empty string", "''");
   require_text(name, kMaxJobNameBytes, "name");
   require_text(data.dir, kMaxPathBytes, "data.dir");
@@ -408,7 +597,6 @@ void JobConfig::validate() const {
         "data.tokenizer: bpe trains on DIR/corpus, which data.format: tokens has not; name the "
         "tokenizer.json of the token files (or byte)");
   require(model.mlp_ratio >= 1, "model.mlp_ratio", ">= 1", model.mlp_ratio);
-  require_in(model.mlp_hidden, 0, kMaxWidth * kMaxMlpRatio, "model.mlp_hidden");
   require(model.norm_eps > 0 && model.norm_eps <= 1, "model.norm_eps", "in (0, 1]", model.norm_eps);
   require_in(model.kv_heads, 0, model.heads, "model.kv_heads");
   if (model.arch == Arch::gpt2) {
@@ -432,33 +620,23 @@ void JobConfig::validate() const {
     require(model.vocab == 0 || model.vocab >= 256, "model.vocab", ">= 256 for the byte tokenizer",
             model.vocab);
   // 256 byte-fallback pieces + the corpus characters + the control pieces.
-  require(data.bpe_vocab >= 320 && data.bpe_vocab <= 65536, "data.bpe_vocab", "in [320, 65536]",
-          data.bpe_vocab);
   require(!data.dir.empty(), "data.dir", "a folder", "''");
-  require_in(data.shards, 1, kMaxShards, "data.shards");
   require(data.val_fraction > 0 && data.val_fraction < 0.5, "data.val_fraction", "in (0, 0.5)",
           data.val_fraction);
-  require_in(workers.count, 1, kMaxWorkers, "workers.count");
   require(workers.min >= 1 && workers.min <= workers.count, "workers.min", "in [1, workers.count]",
           workers.min);
   require(workers.max == 0 || workers.max >= workers.count, "workers.max", "0 or >= workers.count",
           workers.max);
   require(workers.max <= kMaxWorkers, "workers.max", "<= " + show(kMaxWorkers), workers.max);
-  require_in(workers.max_restarts, 0, kMaxRestarts, "workers.max_restarts");
   require(workers.wait_s > 0 && workers.wait_s <= kMaxWaitS, "workers.wait_s",
           "in (0, " + show(kMaxWaitS) + "]", workers.wait_s);
   require(workers.gpus >= 1, "workers.gpus", ">= 1", workers.gpus);
   require(workers.gpus <= 64, "workers.gpus", "<= 64", workers.gpus);
-  require(workers.local_ranks >= 0 && workers.local_ranks <= 64, "workers.local_ranks",
-          "in [0, 64]", workers.local_ranks);
   if (device == DeviceKind::cuda && workers.local_ranks > 1 && workers.local_ranks != workers.gpus)
     throw ConfigError("workers.local_ranks: " + show(workers.local_ranks) +
                       " with device: cuda, where a worker's ranks are its GPUs (workers.gpus: " +
                       show(workers.gpus) + "); leave it out or make it equal");
-  require_in(inner.steps, 1, kMaxSteps, "inner.steps");
-  require_in(inner.batch_size, 1, kMaxBatchSize, "inner.batch_size");
   require(inner.lr > 0, "inner.lr", "> 0", inner.lr);
-  require_in(inner.warmup, 0, kMaxSteps, "inner.warmup");
   require(inner.min_lr_ratio >= 0 && inner.min_lr_ratio <= 1, "inner.min_lr_ratio", "in [0, 1]",
           inner.min_lr_ratio);
   require(inner.weight_decay >= 0, "inner.weight_decay", ">= 0", inner.weight_decay);
@@ -507,13 +685,7 @@ void JobConfig::validate() const {
   require(outer.lr <= fp32_max, "outer.lr", "within fp32's range (3.4e38), in which θ steps",
           outer.lr);
   require(outer.momentum >= 0 && outer.momentum < 1, "outer.momentum", "in [0, 1)", outer.momentum);
-  require_in(rounds, 0, kMaxRounds, "rounds");
-  require_in(token_budget, std::int64_t{0}, kMaxTokenBudget, "token_budget");
   require(rounds > 0 || token_budget > 0, "rounds", "> 0 (or set token_budget)", rounds);
-  require_in(checkpoint.every, 0, kMaxRounds, "checkpoint.every");
-  require_in(checkpoint.keep, 0, kMaxRounds, "checkpoint.keep");
-  require_in(eval.every, 1, kMaxRounds, "eval.every");
-  require_in(eval.batches, 1, kMaxEvalBatches, "eval.batches");
   // Bounds on sizes together, once each is sane: what one worker must hold.
   const double params = parameter_estimate();
   require(params <= kMaxParameters, "model",
@@ -552,8 +724,6 @@ void JobConfig::validate() const {
                       " and sync.mix: " + show(sync.mix) +
                       ": eager synchronizes all of θ at once and mixes nothing (1 and 0); "
                       "fragments and mixing are sync.mode: streaming");
-  require(allreduce.chunk_kb >= 1 && allreduce.chunk_kb <= 65536, "allreduce.chunk_kb",
-          "in [1, 65536]", allreduce.chunk_kb);
   require(allreduce.peer_timeout_s >= 0.1 && allreduce.peer_timeout_s <= 3600,
           "allreduce.peer_timeout_s", "in [0.1, 3600]", allreduce.peer_timeout_s);
   require(allreduce.entry_timeout_s >= 0 && allreduce.entry_timeout_s <= 3600,
@@ -644,82 +814,18 @@ double JobConfig::parameter_estimate() const {
 std::string JobConfig::to_yaml() const {
   YAML::Emitter out;
   out << YAML::BeginMap;
-  out << YAML::Key << "name" << YAML::Value << name;
-  out << YAML::Key << "seed" << YAML::Value << seed;
-  out << YAML::Key << "threads" << YAML::Value << threads;
-  out << YAML::Key << "device" << YAML::Value << to_string(device);
-  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "arch" << YAML::Value
-      << to_string(model.arch) << YAML::Key << "layers" << YAML::Value << model.layers << YAML::Key
-      << "d_model" << YAML::Value << model.d_model << YAML::Key << "heads" << YAML::Value
-      << model.heads << YAML::Key << "context" << YAML::Value << model.context << YAML::Key
-      << "vocab" << YAML::Value << model.vocab << YAML::Key << "tied_embeddings" << YAML::Value
-      << model.tied_embeddings << YAML::Key << "mlp_ratio" << YAML::Value << model.mlp_ratio
-      << YAML::Key << "mlp_hidden" << YAML::Value << model.mlp_hidden << YAML::Key << "norm_eps"
-      << YAML::Value << model.norm_eps;
-  if (model.arch == Arch::llama)
-    out << YAML::Key << "kv_heads" << YAML::Value << model.kv_heads << YAML::Key << "rope_theta"
-        << YAML::Value << model.rope_theta;
-  out << YAML::Key << "activation_checkpointing" << YAML::Value << model.activation_checkpointing
-      << YAML::EndMap;
-  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value
-      << data.dir << YAML::Key << "format" << YAML::Value
-      << (data.format == DataFormat::text ? "text" : "tokens") << YAML::Key << "dtype"
-      << YAML::Value << (data.dtype == TokenDtype::uint16 ? "uint16" : "uint32") << YAML::Key
-      << "tokenizer" << YAML::Value
-      << (data.tokenizer == TokenizerKind::byte  ? std::string("byte")
-          : data.tokenizer == TokenizerKind::bpe ? std::string("bpe")
-                                                 : data.tokenizer_json)
-      << YAML::Key << "bpe_vocab" << YAML::Value << data.bpe_vocab << YAML::Key << "shards"
-      << YAML::Value << data.shards << YAML::Key << "val_fraction" << YAML::Value
-      << data.val_fraction << YAML::EndMap;
-  out << YAML::Key << "workers" << YAML::Value << YAML::BeginMap << YAML::Key << "count"
-      << YAML::Value << workers.count << YAML::Key << "min" << YAML::Value << workers.min
-      << YAML::Key << "max" << YAML::Value << workers.max << YAML::Key << "max_restarts"
-      << YAML::Value << workers.max_restarts << YAML::Key << "wait_s" << YAML::Value
-      << workers.wait_s << YAML::Key << "gpus" << YAML::Value << workers.gpus << YAML::Key
-      << "share_gpu" << YAML::Value << workers.share_gpu << YAML::Key << "local_ranks"
-      << YAML::Value << workers.local_ranks << YAML::Key << "grace_max_s" << YAML::Value
-      << workers.grace_max_s << YAML::EndMap;
-  out << YAML::Key << "inner" << YAML::Value << YAML::BeginMap << YAML::Key << "steps"
-      << YAML::Value << inner.steps << YAML::Key << "batch_size" << YAML::Value << inner.batch_size
-      << YAML::Key << "lr" << YAML::Value << inner.lr << YAML::Key << "warmup" << YAML::Value
-      << inner.warmup << YAML::Key << "min_lr_ratio" << YAML::Value << inner.min_lr_ratio
-      << YAML::Key << "weight_decay" << YAML::Value << inner.weight_decay << YAML::Key
-      << "grad_clip" << YAML::Value << inner.grad_clip << YAML::Key << "grad_accum" << YAML::Value
-      << inner.grad_accum << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq
-      << inner.betas[0] << inner.betas[1] << YAML::EndSeq << YAML::Key << "eps" << YAML::Value
-      << inner.eps << YAML::Key << "budget" << YAML::Value
-      << (inner.budget == InnerBudget::steps ? "steps" : "time") << YAML::Key << "round_seconds"
-      << YAML::Value << inner.round_seconds << YAML::EndMap;
-  out << YAML::Key << "outer" << YAML::Value << YAML::BeginMap << YAML::Key << "lr" << YAML::Value
-      << outer.lr << YAML::Key << "momentum" << YAML::Value << outer.momentum << YAML::Key
-      << "nesterov" << YAML::Value << outer.nesterov << YAML::EndMap;
-  out << YAML::Key << "precision" << YAML::Value
-      << (precision == Precision::fp32 ? "fp32" : "bf16");
-  out << YAML::Key << "compression" << YAML::Value
-      << std::string(collective::to_string(compression));
-  out << YAML::Key << "allreduce" << YAML::Value << YAML::BeginMap << YAML::Key << "chunk_kb"
-      << YAML::Value << allreduce.chunk_kb << YAML::Key << "peer_timeout_s" << YAML::Value
-      << allreduce.peer_timeout_s << YAML::Key << "entry_timeout_s" << YAML::Value
-      << allreduce.entry_timeout_s << YAML::EndMap;
-  out << YAML::Key << "sync" << YAML::Value << YAML::BeginMap << YAML::Key << "mode" << YAML::Value
-      << (sync.mode == SyncMode::blocking    ? "blocking"
-          : sync.mode == SyncMode::streaming ? "streaming"
-                                             : "eager")
-      << YAML::Key << "fragments" << YAML::Value << sync.fragments << YAML::Key << "overlap_steps"
-      << YAML::Value << sync.overlap_steps << YAML::Key << "mix" << YAML::Value << sync.mix
-      << YAML::EndMap;
-  out << YAML::Key << "rounds" << YAML::Value << rounds;
-  out << YAML::Key << "token_budget" << YAML::Value << token_budget;
-  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "every"
-      << YAML::Value << checkpoint.every << YAML::Key << "dir" << YAML::Value << checkpoint.dir
-      << YAML::Key << "keep" << YAML::Value << checkpoint.keep;
-  if (!checkpoint.resume.empty())
-    out << YAML::Key << "resume" << YAML::Value << checkpoint.resume;
-  out << YAML::EndMap;
-  out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap << YAML::Key << "every" << YAML::Value
-      << eval.every << YAML::Key << "batches" << YAML::Value << eval.batches << YAML::EndMap;
-  if (!init.empty()) out << YAML::Key << "init" << YAML::Value << init;
+  std::string section;  // the mapping open, "" for none
+  for (const Field& f : fields()) {
+    if (f.written && !f.written(*this)) continue;
+    if (f.section != section) {
+      if (!section.empty()) out << YAML::EndMap;
+      section = f.section;
+      if (!section.empty()) out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+    }
+    out << YAML::Key << f.name << YAML::Value;
+    f.write(out, *this);
+  }
+  if (!section.empty()) out << YAML::EndMap;
   out << YAML::EndMap;
   return out.c_str();
 }

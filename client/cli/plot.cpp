@@ -19,6 +19,7 @@
 #include "client/client.hpp"
 #include "client/dashboard/views.hpp"
 #include "client/process.hpp"
+#include "diloco/job_schema.hpp"
 
 namespace fs = std::filesystem;
 
@@ -45,6 +46,13 @@ double number(const nlohmann::json& j, const char* key) {
   return it != j.end() && it->is_number() ? it->get<double>() : kMissing;
 }
 
+// One inner step's figures, from a metrics.jsonl "steps" object or a row of the dashboard's.
+PlotData::Step step_of(int64_t step, const nlohmann::json& s) {
+  namespace key = diloco::schema::step;
+  return {step, number(s, key::kLoss), number(s, key::kGradNorm), number(s, key::kLr),
+          number(s, key::kTokensPerS)};
+}
+
 // From a metrics.jsonl that a job (or `loco train`) wrote.
 PlotData from_metrics_file(const std::string& path) {
   std::ifstream in(path);
@@ -56,18 +64,19 @@ PlotData from_metrics_file(const std::string& path) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (!j.is_object())
       throw std::invalid_argument(path + ":" + std::to_string(n) + ": not a JSON object");
-    const double round = number(j, "round");
-    d.rounds.push_back({number(j, "tokens_total"), round > 0 ? number(j, "train_loss") : kMissing,
-                        number(j, "val_loss")});
-    auto steps = j.find("steps");
+    namespace line_key = diloco::schema::metrics_line;
+    const double round = number(j, line_key::kRound);
+    d.rounds.push_back({number(j, line_key::kTokensTotal),
+                        round > 0 ? number(j, line_key::kTrainLoss) : kMissing,
+                        number(j, line_key::kValLoss)});
+    auto steps = j.find(line_key::kSteps);
     if (steps == j.end() || !steps->is_array()) continue;
     // The round's steps end at its "inner_steps".
-    const int64_t last = int64_t(number(j, "inner_steps"));
+    const int64_t last = int64_t(number(j, line_key::kInnerSteps));
     const int64_t first = last - int64_t(steps->size()) + 1;
     for (size_t i = 0; i < steps->size(); ++i) {
       const nlohmann::json& s = (*steps)[i];
-      d.steps.push_back({first + int64_t(i), number(s, "loss"), number(s, "grad_norm"),
-                         number(s, "lr"), number(s, "tokens_per_s")});
+      d.steps.push_back(step_of(first + int64_t(i), s));
     }
   }
   return d;
@@ -87,13 +96,12 @@ PlotData from_cluster(const std::string& address, const std::string& job_id) {
   const nlohmann::json j = dashboard::job_json(job.info(), h);
   PlotData d;
   for (const auto& r : j["rounds_done"]) {
-    double x = number(r, "tokens");
-    if (std::isnan(x)) x = number(r, "inner_step");
-    d.rounds.push_back({x, number(r, "loss"), number(r, "val_loss")});
+    namespace key = diloco::schema::report;
+    double x = number(r, dashboard::kTokens);
+    if (std::isnan(x)) x = number(r, key::kInnerStep);
+    d.rounds.push_back({x, number(r, key::kLoss), number(r, key::kValLoss)});
   }
-  for (const auto& s : j["steps"])
-    d.steps.push_back({s["step"].get<int64_t>(), number(s, "loss"), number(s, "grad_norm"),
-                       number(s, "lr"), number(s, "tokens_per_s")});
+  for (const auto& s : j["steps"]) d.steps.push_back(step_of(s["step"].get<int64_t>(), s));
   return d;
 }
 

@@ -146,9 +146,34 @@ function xOf(r, job) {
   return r.tokens ?? r.inner_step ?? r.round;
 }
 
-function chart(id, datasets, yTitle, xTitleFixed, y1Title) {
+// A y axis: its title and, where the figure has a natural range, its bounds. Chart.js would
+// otherwise fit the axis to the data, and a flat line (utilization 0.9683 every round, the same
+// bytes each round) would fill the chart as if it were a trend.
+const percentAxis = title => ({title: title + ' (%)', min: 0, max: 100});
+const fromZero = title => ({title, min: 0});
+const count = title => ({title, min: 0, integer: true});
+const fitted = title => ({title});
+
+function scale(axis, extra) {
+  const s = {title: {display: true, text: axis.title}};
+  if (axis.min !== undefined) s.min = axis.min;
+  if (axis.max !== undefined) s.max = axis.max;
+  if (axis.integer) s.ticks = {precision: 0};
+  return Object.assign(s, extra || {});
+}
+
+// The axes as drawn, on the canvas, for tests and for people reading the DOM.
+function describe(canvas, name, axis) {
+  canvas.setAttribute('data-' + name + '-title', axis.title);
+  for (const k of ['min', 'max'])
+    if (axis[k] !== undefined) canvas.setAttribute('data-' + name + '-' + k, axis[k]);
+}
+
+function chart(id, datasets, y, xTitleFixed, y1) {
   const canvas = document.getElementById(id);
   canvas.setAttribute('data-points', datasets[0].data.length);
+  describe(canvas, 'y', y);
+  if (y1) describe(canvas, 'y1', y1);
   if (typeof Chart === 'undefined') return;  // chart.js not installed: the numbers are in the tables
   const xTitle = xTitleFixed || document.getElementById('xaxis').selectedOptions[0].textContent;
   if (!charts[id]) {
@@ -156,9 +181,8 @@ function chart(id, datasets, yTitle, xTitleFixed, y1Title) {
       type: 'line',
       data: {datasets},
       options: {animation: false, parsing: false, spanGaps: true,
-        scales: Object.assign({x: {type: 'linear', title: {display: true, text: xTitle}},
-                 y: {title: {display: true, text: yTitle}}},
-                 y1Title ? {y1: {position: 'right', title: {display: true, text: y1Title}, grid: {drawOnChartArea: false}}} : {})}});
+        scales: Object.assign({x: {type: 'linear', title: {display: true, text: xTitle}}, y: scale(y)},
+                 y1 ? {y1: scale(y1, {position: 'right', grid: {drawOnChartArea: false}})} : {})}});
   } else {
     charts[id].data.datasets = datasets;
     charts[id].options.scales.x.title.text = xTitle;
@@ -172,32 +196,33 @@ function renderJob(job) {
   const st = document.getElementById('job-state');
   st.textContent = job.state; st.className = 'state-' + job.state;
   const rs = job.rounds_done;
-  const pts = key => rs.filter(r => r[key] !== null && r[key] !== undefined).map(r => ({x: xOf(r, job), y: r[key]}));
+  // A figure's points, times `unit` (100: a fraction in percent; 1e-6: bytes in MB).
+  const pts = (key, unit = 1) => rs.filter(r => r[key] !== null && r[key] !== undefined).map(r => ({x: xOf(r, job), y: unit * r[key]}));
   const last = rs.length ? rs[rs.length - 1] : null;
   document.getElementById('job-summary').textContent = last ?
     'round ' + last.round + '/' + job.rounds + ', loss ' + fmt(last.loss, 4) +
     (last.tokens_per_s ? ', ' + Math.round(last.tokens_per_s) + ' tokens/s' : '') : 'no round yet';
   chart('chart-loss', [
     {label: 'train', data: pts('loss'), borderColor: '#3b6fb6', pointRadius: 2},
-    {label: 'validation', data: pts('val_loss'), borderColor: '#d9822b', pointRadius: 3}], 'loss');
-  chart('chart-util', [{label: 'utilization', data: pts('utilization'), borderColor: '#17702a'}], '0..1');
-  chart('chart-bytes', [{label: 'bytes', data: pts('round_bytes'), borderColor: '#7a3bb6'}], 'bytes');
-  chart('chart-members', [{label: 'members', data: pts('workers'), borderColor: '#444', stepped: true}], 'workers');
+    {label: 'validation', data: pts('val_loss'), borderColor: '#d9822b', pointRadius: 3}], fitted('loss'));
+  chart('chart-util', [{label: 'utilization', data: pts('utilization', 100), borderColor: '#17702a'}], percentAxis('utilization'));
+  chart('chart-bytes', [{label: 'MB', data: pts('round_bytes', 1e-6), borderColor: '#7a3bb6'}], fromZero('MB per worker'));
+  chart('chart-members', [{label: 'members', data: pts('workers'), borderColor: '#444', stepped: true}], count('workers'));
   const steps = job.steps || [];
-  const sp = key => steps.filter(s => s[key] !== null && s[key] !== undefined).map(s => ({x: s.step, y: s[key]}));
+  const sp = (key, unit = 1) => steps.filter(s => s[key] !== null && s[key] !== undefined).map(s => ({x: s.step, y: unit * s[key]}));
   chart('chart-steps', [
     {label: 'loss', data: sp('loss'), borderColor: '#3b6fb6', pointRadius: 0, borderWidth: 1},
     {label: 'grad norm', data: sp('grad_norm'), borderColor: '#b3261e', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
-    'loss', 'inner step', 'grad norm');
+    fitted('loss'), 'inner step', fitted('grad norm'));
   chart('chart-step-rate', [
     {label: 'learning rate', data: sp('lr'), borderColor: '#17702a', pointRadius: 0, borderWidth: 1},
     {label: 'tokens/s', data: sp('tokens_per_s'), borderColor: '#7a3bb6', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
-    'learning rate', 'inner step', 'tokens/s');
+    fromZero('learning rate'), 'inner step', fromZero('tokens/s'));
   chart('chart-step-device', [
-    {label: 'MFU', data: sp('mfu'), borderColor: '#b3261e', pointRadius: 0, borderWidth: 1},
+    {label: 'MFU (%)', data: sp('mfu', 100), borderColor: '#b3261e', pointRadius: 0, borderWidth: 1},
     {label: 'TFLOP/s', data: sp('tflops'), borderColor: '#3b6fb6', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'},
     {label: 'memory (GB)', data: sp('memory_gb'), borderColor: '#444', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
-    'MFU', 'inner step', 'TFLOP/s, GB');
+    percentAxis('MFU'), 'inner step', fromZero('TFLOP/s, GB'));
   const t0 = job.submitted_unix_ms;
   fill('timeline', job.timeline.slice(-200).reverse().map(t => row(
     [t.unix_ms ? ((t.unix_ms - t0) / 1000).toFixed(1) + ' s' : '', t.round, t.kind, t.text], {'data-kind': t.kind})));

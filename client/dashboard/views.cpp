@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "diloco/job_schema.hpp"
 #include "runtime/core/codec.hpp"
 #include "runtime/core/remote_input.hpp"
 
@@ -11,9 +12,11 @@ namespace loco::dashboard {
 namespace {
 
 using json = nlohmann::json;
+namespace key = diloco::schema::report;
+namespace record = diloco::schema::record;
 
-double metric(const JobProgress& p, const char* key, double otherwise = 0) {
-  auto it = p.metrics.find(key);
+double metric(const JobProgress& p, const char* name, double otherwise = 0) {
+  auto it = p.metrics.find(name);
   return it == p.metrics.end() ? otherwise : it->second;
 }
 
@@ -84,13 +87,13 @@ void JobHistory::add_report(const JobProgress& p, int64_t at) {
   if (redone != rounds_.end()) {
     rounds_.erase(redone, rounds_.end());
     // The steps of the undone rounds go too: those after the last round kept.
-    const int64_t kept = last() ? int64_t(metric(last()->progress, "inner_step")) : 0;
+    const int64_t kept = last() ? int64_t(metric(last()->progress, key::kInnerStep)) : 0;
     steps_.erase(steps_.upper_bound(kept), steps_.end());
   }
   const RoundPoint* before = last();
-  const int workers = int(metric(p, "workers"));
+  const int workers = int(metric(p, key::kWorkers));
   if (before) {
-    const int had = int(metric(before->progress, "workers"));
+    const int had = int(metric(before->progress, key::kWorkers));
     if (workers > had)
       note({at, p.step, "join",
             std::to_string(workers - had) + " joined: " + std::to_string(had) + " -> " +
@@ -99,12 +102,12 @@ void JobHistory::add_report(const JobProgress& p, int64_t at) {
       note({at, p.step, "left",
             std::to_string(had - workers) + " left: " + std::to_string(had) + " -> " +
                 std::to_string(workers)});
-    if (metric(p, "redo") > metric(before->progress, "redo"))
+    if (metric(p, key::kRedo) > metric(before->progress, key::kRedo))
       note({at, p.step, "redo", "went back and redid the round"});
   }
-  if (const int failed = int(metric(p, "failed_attempts")); failed > 0)
+  if (const int failed = int(metric(p, key::kFailedAttempts)); failed > 0)
     note({at, p.step, "retry", std::to_string(failed) + " all-reduce attempt(s) failed"});
-  if (const int late = int(metric(p, "late")); late > 0)
+  if (const int late = int(metric(p, key::kLate)); late > 0)
     note({at, p.step, "late", std::to_string(late) + " member(s) missed the deadline"});
   rounds_[p.step] = RoundPoint{p, at};
 }
@@ -122,7 +125,7 @@ void JobHistory::add(const JobEvent& e) {
     }
   } else if (e.kind == "log") {
     lines_.emplace_back(at, escape_remote(e.data, 2000));
-  } else if (e.kind == "steps") {
+  } else if (e.kind == record::kSteps) {
     // A round's per-step figures: msgpack of std::vector<JobProgress> (step = inner step).
     try {
       auto steps = unpack_checked<std::vector<JobProgress>>(e.data, "a job's step figures");
@@ -216,8 +219,8 @@ json job_info_json(const JobInfo& j, const JobHistory* h) {
     const JobProgress& p = h->last()->progress;
     out["round"] = p.step;
     out["rounds"] = p.total;
-    out["loss"] = number(metric(p, "loss"));
-    out["workers"] = int(metric(p, "workers"));
+    out[key::kLoss] = number(metric(p, key::kLoss));
+    out[key::kWorkers] = int(metric(p, key::kWorkers));
   }
   return out;
 }
@@ -241,18 +244,19 @@ json job_json(const JobInfo& j, const JobHistory& h) {
     json row = {{"round", r}, {"unix_ms", point.unix_ms}, {"note", p.note}};
     for (const auto& [k, v] : p.metrics) row[k] = number(v);
     // The reports carry cumulative bytes per worker; the chart wants each round's.
-    const double bytes = metric(p, "bytes_per_worker");
-    row["round_bytes"] = number(bytes - bytes_before);
+    const double bytes = metric(p, key::kBytesPerWorker);
+    row[kRoundBytes] = number(bytes - bytes_before);
     bytes_before = bytes;
     // Tokens along θ's history (rounds redone count once): the x axis of the loss curves.
-    if (p.metrics.count("round_tokens")) {
-      tokens += metric(p, "round_tokens");
-      row["tokens"] = tokens;
+    if (p.metrics.count(key::kRoundTokens)) {
+      tokens += metric(p, key::kRoundTokens);
+      row[kTokens] = tokens;
     }
-    if (!p.metrics.count("val_loss")) row["val_loss"] = nullptr;
+    if (!p.metrics.count(key::kValLoss)) row[key::kValLoss] = nullptr;
     // Round 0 evaluates θ before training: no inner steps, so no training figures.
     if (r == 0)
-      for (const char* k : {"loss", "utilization", "round_bytes", "tokens_per_s"}) row[k] = nullptr;
+      for (const char* k : {key::kLoss, key::kUtilization, kRoundBytes, key::kTokensPerS})
+        row[k] = nullptr;
     rounds.push_back(std::move(row));
   }
   out["rounds_done"] = rounds;
@@ -312,10 +316,11 @@ std::string prometheus_text(const ClusterStatus& st, const std::vector<JobInfo>&
   for (const NodeStatus& n : st.nodes)
     w.sample("loco_node_up", {{"node", n.node.id}, {"address", n.node.address}},
              n.node.state == NodeState::alive);
-  w.family("loco_node_resource_total", "gauge", "A node's resources.");
+  // A gauge: not "_total", which Prometheus keeps for counters (`promtool check metrics`).
+  w.family("loco_node_resource_capacity", "gauge", "A node's resources.");
   for (const NodeStatus& n : st.nodes)
     for (const auto& [k, v] : n.node.resources)
-      w.sample("loco_node_resource_total", {{"node", n.node.id}, {"resource", k}}, v);
+      w.sample("loco_node_resource_capacity", {{"node", n.node.id}, {"resource", k}}, v);
   w.family("loco_node_resource_used", "gauge", "A node's resources held by actors.");
   for (const NodeStatus& n : st.nodes)
     for (const auto& [k, v] : n.node.resources) {
@@ -345,27 +350,27 @@ std::string prometheus_text(const ClusterStatus& st, const std::vector<JobInfo>&
   // Per job, the newest report's figures.
   struct Figure {
     const char* name;
-    const char* key;
+    const char* field;  // of the report (schema::report); nullptr: the round or the rounds
     const char* type;
     const char* help;
   };
   static const Figure figures[] = {
       {"loco_job_round", nullptr, "gauge", "The last round the job completed."},
       {"loco_job_rounds", nullptr, "gauge", "The rounds the job is to run."},
-      {"loco_job_loss", "loss", "gauge", "Mean training loss of the last round's inner steps."},
-      {"loco_job_val_loss", "val_loss", "gauge", "The last validation loss."},
-      {"loco_job_tokens_per_second", "tokens_per_s", "gauge", "Tokens per second, all workers."},
-      {"loco_job_utilization", "utilization", "gauge", "Inner-step time over wall time, 0..1."},
-      {"loco_job_workers", "workers", "gauge", "Members of the last round."},
-      {"loco_job_allreduce_bytes_per_worker_total", "bytes_per_worker", "counter",
+      {"loco_job_loss", key::kLoss, "gauge", "Mean training loss of the last round's inner steps."},
+      {"loco_job_val_loss", key::kValLoss, "gauge", "The last validation loss."},
+      {"loco_job_tokens_per_second", key::kTokensPerS, "gauge", "Tokens per second, all workers."},
+      {"loco_job_utilization", key::kUtilization, "gauge", "Inner-step time over wall time, 0..1."},
+      {"loco_job_workers", key::kWorkers, "gauge", "Members of the last round."},
+      {"loco_job_allreduce_bytes_per_worker_total", key::kBytesPerWorker, "counter",
        "All-reduce bytes sent per worker over the rounds of the job's history."},
-      {"loco_job_allreduce_attempt_bytes_per_worker_total", "job_bytes_per_worker", "counter",
+      {"loco_job_allreduce_attempt_bytes_per_worker_total", key::kJobBytesPerWorker, "counter",
        "All-reduce bytes sent per worker over every attempt, failed ones included."},
-      {"loco_job_allreduce_seconds_total", "allreduce_seconds_total", "counter",
+      {"loco_job_allreduce_seconds_total", key::kAllreduceSecondsTotal, "counter",
        "Seconds the job's rounds spent in their all-reduce."},
-      {"loco_job_failed_attempts", "failed_attempts", "gauge",
+      {"loco_job_failed_attempts", key::kFailedAttempts, "gauge",
        "Failed all-reduce attempts of the last round."},
-      {"loco_job_redo", "redo", "gauge", "Times the job went back to a checkpoint."},
+      {"loco_job_redo", key::kRedo, "gauge", "Times the job went back to a checkpoint."},
   };
   for (const Figure& f : figures) {
     bool any = false;
@@ -374,10 +379,10 @@ std::string prometheus_text(const ClusterStatus& st, const std::vector<JobInfo>&
       if (h == histories.end() || !h->second.last()) continue;
       const JobProgress& p = h->second.last()->progress;
       double v;
-      if (f.key == nullptr)
+      if (f.field == nullptr)
         v = double(std::string(f.name) == "loco_job_round" ? p.step : p.total);
-      else if (p.metrics.count(f.key))
-        v = p.metrics.at(f.key);
+      else if (p.metrics.count(f.field))
+        v = p.metrics.at(f.field);
       else
         continue;
       if (!any) w.family(f.name, f.type, f.help);

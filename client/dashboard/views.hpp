@@ -40,8 +40,8 @@ class JobHistory {
   const std::map<int64_t, RoundPoint>& rounds() const { return rounds_; }
   const std::deque<TimelineEntry>& timeline() const { return timeline_; }
   const std::deque<std::pair<int64_t, std::string>>& lines() const { return lines_; }
-  // The workers' per-step figures ("steps" records): the job's inner step -> loss, lr,
-  // grad_norm, tokens_per_s (means over the round's members).
+  // The workers' per-step figures (schema::record::kSteps records): the job's inner step ->
+  // its schema::step figures.
   const std::map<int64_t, std::map<std::string, double>>& steps() const { return steps_; }
   // The newest report, if any.
   const RoundPoint* last() const { return rounds_.empty() ? nullptr : &rounds_.rbegin()->second; }
@@ -55,6 +55,12 @@ class JobHistory {
   std::deque<TimelineEntry> timeline_;
   std::deque<std::pair<int64_t, std::string>> lines_;
 };
+
+// Fields of job_json's "rounds_done" rows that the views derive, beside the report's own
+// (diloco/job_schema.hpp's schema::report): the round's all-reduce bytes per worker, and the
+// tokens along θ's history (the charts' x axis).
+inline constexpr char kRoundBytes[] = "round_bytes";
+inline constexpr char kTokens[] = "tokens";
 
 // Milliseconds since the epoch in a stream id "MS-SEQ" (the store's ids); 0 when it has none.
 int64_t event_unix_ms(const std::string& id);

@@ -226,6 +226,26 @@ TEST_F(DashboardTest, ChromiumRendersTheNodesAndOneLossPointPerRound) {
   EXPECT_EQ(m[1], "20");
   EXPECT_TRUE(std::regex_search(
       dom, std::regex(R"re(<pre id="log">fake job done\njob succeeded</pre>)re")));
+  // Axes read at a glance: fractions in percent from 0 to 100, bytes in MB from 0, not fitted
+  // to the data (a flat line drawn as a trend).
+  const auto canvas = [&](const std::string& id) {
+    std::smatch c;
+    return std::regex_search(dom, c, std::regex("<canvas id=\"" + id + "\"[^>]*>")) ? c.str()
+                                                                                    : std::string();
+  };
+  EXPECT_NE(canvas("chart-util").find(R"x(data-y-title="utilization (%)" data-y-min="0" )x"
+                                      R"(data-y-max="100")"),
+            std::string::npos)
+      << canvas("chart-util");
+  EXPECT_NE(canvas("chart-step-device").find(R"x(data-y-title="MFU (%)" data-y-min="0" )x"
+                                             R"(data-y-max="100")"),
+            std::string::npos)
+      << canvas("chart-step-device");
+  EXPECT_NE(canvas("chart-bytes").find(R"(data-y-title="MB per worker" data-y-min="0")"),
+            std::string::npos)
+      << canvas("chart-bytes");
+  EXPECT_EQ(canvas("chart-bytes").find("data-y-max"), std::string::npos);
+  EXPECT_EQ(canvas("chart-loss").find("data-y-min"), std::string::npos) << canvas("chart-loss");
   // The page got no error back.
   EXPECT_NE(dom.find("<span id=\"error\"></span>"), std::string::npos);
 }

@@ -2,7 +2,11 @@
 // text, the token and Host checks.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -230,6 +234,69 @@ TEST(DashboardViews, PrometheusTextIsWellFormedAndCarriesTheFigures) {
     ASSERT_TRUE(std::regex_match(line, m, sample)) << line;
     EXPECT_TRUE(declared.count(m[1])) << line;
   }
+}
+
+// Debian's promtool (package prometheus); "" when it is not installed.
+std::string promtool() {
+  for (const char* p : {"/usr/bin/promtool", "/usr/local/bin/promtool"})
+    if (::access(p, X_OK) == 0) return p;
+  return "";
+}
+
+// `promtool check metrics` on `text`: its exit status and what it printed.
+std::pair<int, std::string> promtool_check(const std::string& text) {
+  char path[] = "/tmp/loco-metrics-XXXXXX";
+  const int fd = ::mkstemp(path);
+  if (fd < 0) return {-1, "mkstemp failed"};
+  ::close(fd);
+  std::ofstream(path) << text;
+  std::string out;
+  FILE* p = ::popen((promtool() + " check metrics < " + path + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  char buf[512];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  std::remove(path);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// /metrics of a cluster with every family present (nodes alive and dead, heartbeats, actors,
+// jobs in every state, a job's every figure, a diverged loss) passes Prometheus' own linter.
+TEST(DashboardViews, PrometheusTextPassesPromtoolCheckMetrics) {
+  if (promtool().empty()) GTEST_SKIP() << "promtool is not installed (Debian's prometheus)";
+  ClusterStatus st = two_nodes();
+  std::vector<JobInfo> jobs(3);
+  jobs[0].id = "job-1";
+  jobs[0].name = "tiny";
+  jobs[1].id = "job-2";
+  jobs[1].name = "diverged";
+  jobs[1].state = JobState::failed;
+  jobs[2].id = "job-3";
+  jobs[2].name = "no report yet";
+  jobs[2].state = JobState::cancelled;
+  std::map<std::string, JobHistory> hs;
+  hs["job-1"].add(report(1000, 3,
+                         {{"loss", 2.5},
+                          {"val_loss", 2.6},
+                          {"val_ppl", 13.4},
+                          {"tokens_per_s", 5e4},
+                          {"bytes_per_worker", 7578263},
+                          {"job_bytes_per_worker", 9e6},
+                          {"failed_attempts", 1},
+                          {"redo", 1},
+                          {"utilization", 0.9683},
+                          {"workers", 4},
+                          {"late", 1},
+                          {"round_tokens", 1e5},
+                          {"round_time", 2.5},
+                          {"job_time", 8},
+                          {"allreduce_seconds_total", 1.25}}));
+  hs["job-2"].add(report(1000, 1, {{"loss", std::nan("")}, {"workers", 2}}));
+  const std::string text = prometheus_text(st, jobs, hs);
+  ASSERT_NE(text.find("loco_job_utilization"), std::string::npos) << text;
+  const auto [rc, out] = promtool_check(text);
+  EXPECT_EQ(rc, 0) << out << "\n" << text;
+  EXPECT_EQ(out, "") << text;
 }
 
 TEST(DashboardChecks, TokenMustMatchExactly) {
