@@ -302,6 +302,74 @@ struct OuterAggregator::State {
   std::optional<T> ask_any(const std::string& what,
                            const std::function<Future<T>(ActorHandle<InnerWorker>&)>& call);
   void run();
+
+  // ---- run()'s parts, and what they share across rounds ----------------------------------
+  // What one pass of a round came to, blocking or streaming: the round completed (its
+  // figures), or it failed and is done again (`redo`: by those who can, `rewind`: from the
+  // last checkpoint), `why` and `fix` as round_failed takes them.
+  struct RoundOutcome {
+    enum class Kind { completed, redo, rewind } kind = Kind::completed;
+    std::string why, fix;
+    std::vector<int> members;  // the round's members (streaming: those that finished it)
+    std::vector<int> ready;    // those that finished their inner steps
+    std::vector<int> group;    // those that agreed on θ
+    double loss = 0, inner_secs = 0;
+    double failed_secs = 0;  // in the pass's failed all-reduce attempts
+    double results_in = 0;   // streaming: when the round's results were all in
+    uint64_t theta_hash = 0;
+    std::vector<int> asked_checkpoint;  // streaming: the members asked for a checkpoint
+  };
+  static RoundOutcome failure(RoundOutcome::Kind k, std::string why, std::string fix = "") {
+    RoundOutcome o;
+    o.kind = k;
+    o.why = std::move(why);
+    o.fix = std::move(fix);
+    return o;
+  }
+  int total_rounds = 0;           // cfg.total_rounds()
+  int64_t submitted_unix_ms = 0;  // the job's (JobInfo), for its seconds
+  std::optional<JobRecords> records;
+  // round_time: of the pass that completed round r, without its failed all-reduce attempts.
+  // This round's members' figures and who missed its deadline, for the round's report.
+  std::vector<MemberFigures> round_members;
+  std::vector<int> round_late;
+  // Seconds of every all-reduce attempt of this aggregator's life (the dashboard's network time).
+  double allreduce_total = 0;
+  // sync.mode streaming or eager: the next round's calls, sent right behind this round's (they
+  // wait in the members' mailboxes), and when that round began on the workers (this round's
+  // results all in: an estimate, as each member begins it when it ends this one).
+  std::optional<StreamCalls> ahead;
+  double ahead_since = 0;
+  Pipeline pipeline_said = Pipeline::last_round;
+  int64_t windows = 0;  // validation windows
+  double last_val = 0;
+  // Whole-job utilization: time in inner steps over the time the members were
+  // in the job, all rounds, checkpoints, evaluations and joins included.
+  double inner_total = 0, member_seconds = 0;
+  int64_t steps_since_eval = 0;
+
+  // The job's start, or its restart from a checkpoint; false when it had ended already.
+  bool start();
+  // Before the first round: the members, the validation windows, round 0's report.
+  void prepare(int64_t r);
+  double job_time() const;
+  void report(int64_t r, double loss, std::optional<double> val, double tok_s, double util,
+              int members, double round_time, uint64_t hash);
+  // Back to the last checkpoint (or the start); returns the round the job goes on from.
+  int64_t go_back();
+  RoundOutcome stream_round(int64_t r, const std::vector<int>& members, double t_round,
+                            bool sent_ahead);
+  // Streaming: whether round r + 1 goes out right behind round r (said when it changes).
+  Pipeline send_ahead(int64_t r, const std::vector<int>& members);
+  RoundOutcome blocking_round(int64_t r, const std::vector<int>& members);
+  RoundOutcome inner_phase(int64_t r, const std::vector<int>& members);
+  void all_reduce(int64_t r, RoundOutcome& o);
+  // Round r - 1 completed (r rounds done): evaluation, report, checkpoint.
+  void end_round(int64_t r, const RoundOutcome& o, double t_round);
+  void checkpoint_round(int64_t r, const std::vector<int>& members,
+                        const std::vector<int>& asked_checkpoint);
+  // After the last round: final.pt, the workers stopped, the job's end reported.
+  void finish(int64_t r);
   // The round's per-step figures into the job's log (a "steps" record: msgpack of
   // std::vector<JobProgress>, step = the job's inner step), for the dashboard. At most 500
   // steps a round (evenly spaced), so that the record stays well under the head's 64 KiB.
@@ -781,140 +849,15 @@ std::optional<T> OuterAggregator::State::ask_any(
   return std::nullopt;
 }
 
+// The job's rounds as a loop over decisions: each round is reconciled, run (blocking or
+// streaming), and its outcome applied: recorded and checkpointed, or done again (round_failed).
 void OuterAggregator::State::run() {
-  // Restarted by the head after the job ended (its node died late): nothing to do.
-  const JobInfo info = rt.job(job_id);
-  if (info.finished()) return;
-  const int rounds = cfg.total_rounds();
-  total_steps = int64_t(rounds) * cfg.inner.steps;
-  fs::create_directories(folder);
-  find_checkpoint();
-  if (resume_from.empty() && !cfg.checkpoint.resume.empty()) take_resume(rounds);
-  {
-    // The job file beside its checkpoints: `loco submit --resume CKPT` needs no other.
-    const std::string tmp = folder + "/job.yaml.tmp";
-    std::ofstream(tmp) << cfg.to_yaml() << "\n";
-    fs::rename(tmp, folder + "/job.yaml");
-  }
-  // The rounds after the checkpoint are redone (without one, round 0 too): their lines go.
-  JobRecords records(folder, resume_from.empty() ? -1 : resume_round);
-  auto job_time = [&] {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
-    return double(ms - info.submitted_unix_ms) / 1000.0;
-  };
-  if (!resume_from.empty()) {
-    log("resuming from " + resume_from + ": round " + std::to_string(resume_round) + " of " +
-        std::to_string(rounds));
-  } else {
-    log("job " + cfg.name + ": " + std::to_string(cfg.workers.count) + " workers (min " +
-        std::to_string(cfg.workers.min) + "), H=" + std::to_string(cfg.inner.steps) + ", " +
-        std::to_string(rounds) + " rounds, compression " +
-        std::string(collective::to_string(cfg.compression)) + "; folder " + folder);
-  }
-
-  // round_time: of the pass that completed round r, without its failed all-reduce attempts.
-  // This round's members' figures and who missed its deadline, for the round's report.
-  std::vector<MemberFigures> round_members;
-  std::vector<int> round_late;
-  // Seconds of every all-reduce attempt of this aggregator's life (the dashboard's network time).
-  double allreduce_total = 0;
-  auto report = [&](int64_t r, double loss, std::optional<double> val, double tok_s, double util,
-                    int members, double round_time, uint64_t hash) {
-    // The simulator's line format (loco-train writes the same), plus the job's figures.
-    dl::RoundMetrics m;
-    m.round = int(r);
-    m.inner_steps = r * cfg.inner.steps;
-    m.tokens_per_worker = m.inner_steps * cfg.tokens_per_inner_step();
-    m.tokens_total = m.tokens_per_worker * members;
-    m.train_loss = loss;
-    m.val_loss = val;
-    m.theta_hash = hash;
-    const int failed = records.failed_attempts();
-    const double job_seconds = job_time();
-    const std::vector<StepFigures> steps = per_step_means(round_steps);
-    records.round(
-        m, RoundFigures{util, members, round_time, job_seconds, round_members, round_late, steps});
-    if (!steps.empty()) publish_steps(r, steps);
-    JobProgress p;
-    p.step = r;
-    p.total = rounds;
-    namespace key = schema::report;
-    p.metrics[key::kInnerStep] = double(r * cfg.inner.steps);
-    p.metrics[key::kLoss] = loss;
-    if (val) {
-      p.metrics[key::kValLoss] = *val;
-      p.metrics[key::kValPpl] = std::exp(*val);
-    }
-    p.metrics[key::kTokensPerS] = tok_s;
-    p.metrics[key::kBytesPerWorker] = double(records.bytes_per_worker());
-    p.metrics[key::kJobBytesPerWorker] = double(records.job_bytes_per_worker());
-    p.metrics[key::kFailedAttempts] = failed;
-    p.metrics[key::kRedo] = double(records.redo());
-    p.metrics[key::kUtilization] = util;
-    p.metrics[key::kWorkers] = members;
-    if (!round_late.empty()) p.metrics[key::kLate] = double(round_late.size());
-    // For the dashboard's axes and /metrics: the tokens the round's members processed, the
-    // round's and the job's seconds.
-    int64_t round_tokens = 0;
-    for (const MemberFigures& f : round_members) round_tokens += f.tokens;
-    // A round without its members' figures: H steps each.
-    if (round_members.empty() && r > 0)
-      round_tokens = int64_t(members) * cfg.inner.steps * int64_t(cfg.tokens_per_inner_step());
-    p.metrics[key::kRoundTokens] = double(round_tokens);
-    p.metrics[key::kRoundTime] = round_time;
-    p.metrics[key::kJobTime] = job_seconds;
-    p.metrics[key::kAllreduceSecondsTotal] = allreduce_total;
-    publish([this, p] { rt.job_progress(job_id, p); });
-  };
-
+  if (!start()) return;
   int64_t r = resume_round;
   round = r;
-  // sync.mode streaming or eager: the next round's calls, sent right behind this round's (they
-  // wait in the members' mailboxes), and when that round began on the workers (this round's
-  // results all in: an estimate, as each member begins it when it ends this one).
-  std::optional<StreamCalls> ahead;
-  double ahead_since = 0;
-  Pipeline pipeline_said = Pipeline::last_round;
-  // Back to the last checkpoint (or the start): every member re-reads it, and the rounds
-  // after it are redone, their records replaced. At the resume round nobody is asked to
-  // rewind again.
-  auto go_back = [&] {
-    pending_checkpoint.reset();  // not recorded: it may hold a round that is undone now
-    r = resume_round;
-    round = r;
-    resuming = true;
-    records.go_back(r);
-    for (Slot& s : slots) s.active = false;
-    (void)reconcile(r);
-  };
-  resuming = !resume_from.empty();
-  (void)reconcile(r);
-  int64_t windows = 0;
-  while (!windows) {
-    auto w = ask_any<int64_t>("to count the validation windows",
-                              [](auto& h) { return h.call(&InnerWorker::validation_windows); });
-    if (w)
-      windows = *w;
-    else
-      (void)reconcile(r);
-  }
-  double last_val = 0;
-  if (r == 0) {
-    auto v = evaluate(windows);
-    auto h =
-        ask_any<uint64_t>("to hash θ", [](auto& w) { return w.call(&InnerWorker::theta_hash); });
-    if (v) last_val = *v;
-    report(0, 0, v, 0, 0, int(active().size()), 0, h.value_or(0));
-  }
-  // Whole-job utilization: time in inner steps over the time the members were
-  // in the job, all rounds, checkpoints, evaluations and joins included.
-  double inner_total = 0, member_seconds = 0;
-  int64_t steps_since_eval = 0;
+  prepare(r);
   bool failed_before = false;  // the pass before counted round r's failure (round_failed)
-
-  while (r < rounds && !stop) {
+  while (r < total_rounds && !stop) {
     // A round sent ahead went out with round r - 1's members, and nothing could change them
     // since (pipeline_next): no reconcile between the two.
     const bool sent_ahead = ahead && ahead->round == r;
@@ -924,321 +867,471 @@ void OuterAggregator::State::run() {
     const bool counted = std::exchange(failed_before, false);
     if (!sent_ahead && !reconcile(r)) {
       if (!counted) round_failed(r, "no worker holds the outer state any more");
-      go_back();
+      r = go_back();
       continue;
     }
-    std::vector<int> members = sent_ahead ? ahead->members : active();
-    double results_in = 0;  // streaming: when the round's results were all in
+    const std::vector<int> members = sent_ahead ? ahead->members : active();
     round_members.clear();
     round_late.clear();
     round_steps.clear();
-    std::vector<int> ready, group;
-    double loss = 0, inner_secs = 0;
-    std::optional<uint64_t> agreed;
-    double failed_secs = 0;  // in this pass's failed all-reduce attempts
-    std::vector<int> asked_checkpoint;  // streaming: the members asked for a checkpoint
-    if (cfg.sync.mode != dl::SyncMode::blocking) {
-      std::optional<StreamCalls> sent;
-      if (sent_ahead) {
-        sent = std::move(*ahead);
-      } else {
-        try {
-          sent = send_stream(r, r + 1 == rounds,
-                             checkpoint_due(r + 1, cfg.checkpoint.every, rounds), members);
-        } catch (const std::exception& e) {
-          // A member's actor could not be reached to send it the round (some others may have
-          // it already): back to the checkpoint, which every member re-reads.
-          log("round " + std::to_string(r + 1) + " could not be sent: " + e.what() +
-              "; the job goes back to " + resume_point());
-          round_failed(r, std::string("it could not be sent: ") + e.what());
-          failed_before = true;
-          go_back();
-          continue;
-        }
-      }
-      StreamCalls calls = std::move(*sent);
-      if (!calls.checkpoint.empty()) asked_checkpoint = calls.members;
-      ahead.reset();
-      read_target();
-      PipelineInput next;
-      next.round = r;
-      next.rounds = rounds;
-      next.evaluation_after =
-          evaluation_due(steps_since_eval + cfg.inner.steps, cfg.eval.every, r + 1, rounds);
-      // Those still in the job: a member of a round that was sent ahead may have been lost since.
-      std::vector<int> staying;
-      for (int m : members)
-        if (slots[size_t(m)].active) staying.push_back(m);
-      next.members = int(staying.size());
-      next.target = target;
-      next.min = cfg.workers.min;
-      const Pipeline p = pipeline_next(next);
-      // Whether rounds are sent ahead, and why not, said when it changes.
-      auto say = [&](Pipeline now) {
-        if (now == Pipeline::last_round || now == pipeline_said) return;
-        log("round " + std::to_string(r + 2) +
-            (now == Pipeline::ahead ? ": sent right behind round " + std::to_string(r + 1) +
-                                          ", which each member begins when it ends round " +
-                                          std::to_string(r + 1)
-                                    : ": not sent ahead: " + std::string(to_string(now))));
-        pipeline_said = now;
-      };
-      // Sent ahead: round r + 1's calls go out right behind round r's and wait in each member's
-      // mailbox, so that a member begins round r + 1 as soon as it ends round r, with no barrier
-      // between the rounds and no trip to the aggregator (members drift apart by up to a fragment
-      // interval; the collective's entry window lets a member be behind without being lost).
-      say(p);
-      if (p == Pipeline::ahead) {
-        try {
-          ahead = send_stream(r + 1, r + 2 == rounds,
-                              checkpoint_due(r + 2, cfg.checkpoint.every, rounds), staying);
-        } catch (const std::exception& e) {
-          // Some members may hold it already: they begin it after this round, and its proper
-          // sending (a round mismatch for them) sends the job back to its checkpoint.
-          log("round " + std::to_string(r + 2) + " could not be sent ahead: " + e.what());
-          ahead.reset();
-        }
-      }
-      uint64_t hash = 0;
-      std::vector<int> finished;
-      const bool ok = finish_stream(
-          calls, t_round, [&] { results_in = ahead_since = now_s(); }, records, round_members,
-          loss, inner_secs, hash, finished);
-      if (!ok) {
-        log("round " + std::to_string(r + 1) +
-            " failed with synchronizations in flight; the job goes back to " + resume_point());
-        round_failed(r, stream_failure);
-        failed_before = true;
-        go_back();
-        continue;
-      }
-      // The checkpoint the round before asked for: written under this round's inner steps.
-      settle_checkpoint();
-      if (results_in > 0)
-        log_info(job_id + ": round " + std::to_string(r + 1) + " results in " +
-                 std::to_string(results_in - t_round) + " s after it began; bookkeeping " +
-                 std::to_string(now_s() - results_in) + " s; round " + std::to_string(r + 2) +
-                 ": " + to_string(p));
-      ready = group = members = finished;
-      agreed = hash;
-    } else {
-      // 1-2. Every member runs its H inner steps, or (inner.budget: time) steps until the
-      // round's budget of seconds is spent.
-      const double budget =
-          cfg.inner.budget == dl::InnerBudget::time
-              ? inner_budget_seconds(cfg.inner.round_seconds, cfg.inner.steps, step_seconds)
-              : 0;
-      std::vector<Future<InnerResult>> inner;
-      for (int m : members)
-        inner.push_back(budget > 0 ? worker(m).call(&InnerWorker::inner_timed, r, budget)
-                                   : worker(m).call(&InnerWorker::inner, r));
-      std::vector<Failure> errors;
-      std::vector<bool> late;
-      double window = 0;
-      auto results = gather_inner(inner, errors, late, window);
-      ready.clear();
-      loss = 0;
-      inner_secs = 0;
-      step_seconds.clear();
-      std::string steps_line;
-      // The first member whose inner steps diverged, if any (the cause of a redo below).
-      std::string non_finite;
-      for (size_t i = 0; i < members.size(); ++i) {
-        if (results[i]) {
-          std::vector<StepHealth> health;
-          for (const StepFigures& f : results[i]->per_step) health.push_back({f.loss, f.grad_norm});
-          if (std::string why = non_finite_inner(members[i], results[i]->mean_loss, health);
-              !why.empty()) {
-            // Its Δ is not finite: it leaves the round (the collective would refuse it), and
-            // comes back with the outer state before the next.
-            release(members[i], why);
-            if (non_finite.empty()) non_finite = why;
-            continue;
-          }
-          ready.push_back(members[i]);
-          loss += results[i]->mean_loss;
-          inner_secs += results[i]->seconds;
-          tokens_of[members[i]] = results[i]->tokens;
-          round_members.push_back({members[i], results[i]->steps, results[i]->tokens,
-                                   results[i]->seconds, cpu_seconds_of(results[i]->per_step)});
-          round_steps.push_back(results[i]->per_step);
-          if (results[i]->steps > 0)
-            step_seconds.push_back(results[i]->seconds / results[i]->steps);
-          steps_line += (steps_line.empty() ? "" : ", ") + std::to_string(members[i]) + ": " +
-                        std::to_string(results[i]->steps);
-        } else if (late[i]) {
-          Slot& s = slots[size_t(members[i])];
-          s.late = inner[i];
-          s.late_round = r;
-          s.active = false;
-          round_late.push_back(members[i]);
-          char line[200];
-          std::snprintf(line, sizeof line,
-                        "worker %d missed the deadline of round %lld (%.1f s after the quorum); "
-                        "it sits the round out and catches up when its inner steps end",
-                        members[i], static_cast<long long>(r + 1), window);
-          log(line);
-        } else {
-          release(members[i],
-                  "failed in round " + std::to_string(r + 1) + ": " + errors[i].message);
-        }
-      }
-      if (budget > 0) {
-        char line[96];
-        std::snprintf(line, sizeof line, " (budget %.2f s)", budget);
-        log("round " + std::to_string(r + 1) + ": inner steps per worker " + steps_line + line);
-      }
-      if (after_inner(int(ready.size()), cfg.workers.min) == AfterInner::redo) {
-        if (!non_finite.empty()) {
-          char fix[96];
-          std::snprintf(fix, sizeof fix, "lower inner.lr (%g): the inner steps diverge",
-                        cfg.inner.lr);
-          round_failed(r, non_finite, fix);
-        } else {
-          std::string first;  // the first member that failed, with why
-          for (size_t i = 0; i < members.size() && first.empty(); ++i)
-            if (!results[i] && !late[i])
-              first = "; worker " + std::to_string(members[i]) + " failed: " + errors[i].message;
-          round_failed(r, std::to_string(ready.size()) +
-                              " workers finished their inner steps, below workers.min = " +
-                              std::to_string(cfg.workers.min) + first);
-        }
-        failed_before = true;
-        continue;
-      }
-      loss /= double(ready.size());
-      // 3-5. The group averages Δ and steps; every member reports θ's hash.
-      group = ready;
-      for (uint64_t attempt = 0; !agreed; ++attempt) {
-        ReduceRequest req;
-        req.round = r;
-        const auto us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
-                                     std::chrono::system_clock::now().time_since_epoch())
-                                     .count());
-        last_op_id = req.op_id = std::max(last_op_id + 1, us);
-        for (int m : group) {
-          req.names.push_back(slots[size_t(m)].name);
-          req.endpoints.push_back(slots[size_t(m)].endpoints);
-          if (cfg.inner.budget == dl::InnerBudget::time) req.tokens.push_back(tokens_of[m]);
-        }
-        const double t_attempt = now_s();
-        std::vector<Future<ReduceResult>> red;
-        for (size_t i = 0; i < group.size(); ++i) {
-          req.rank = int(i);
-          red.push_back(worker(group[i]).call(&InnerWorker::reduce, req));
-        }
-        auto rr = gather(red, errors, kReduceCall);
-        AttemptRecord rec;
-        rec.round = r + 1;
-        rec.members = group;
-        rec.seconds = now_s() - t_attempt;
-        for (size_t i = 0; i < group.size(); ++i) {
-          // A member whose reduce failed does not say what it sent before it did.
-          rec.bytes.push_back(rr[i] ? std::optional(rr[i]->bytes_sent) : std::nullopt);
-          if (!rr[i]) rec.errors.push_back({group[i], errors[i].gone, errors[i].message});
-        }
-        records.attempt(rec);
-        allreduce_total += rec.seconds;
-        if (!rec.errors.empty()) failed_secs += rec.seconds;
-        std::vector<MemberOutcome> outcomes;
-        for (size_t i = 0; i < group.size(); ++i) {
-          outcomes.push_back(rr[i] ? MemberOutcome{true, rr[i]->theta_hash, false}
-                                   : MemberOutcome{false, 0, errors[i].gone});
-          if (!rr[i] && !errors[i].gone)
-            log("worker " + std::to_string(group[i]) + " failed the all-reduce of round " +
-                std::to_string(r + 1) + ": " + errors[i].message);
-        }
-        const AttemptDecision d = after_attempt(group, outcomes, attempt);
-        for (size_t i = 0; i < group.size(); ++i) {
-          if (!rr[i] && errors[i].gone)
-            release(group[i], "lost in the all-reduce of round " + std::to_string(r + 1) + ": " +
-                                  errors[i].message);
-        }
-        if (d.kind == AttemptDecision::Kind::diverged) {
-          const size_t i =
-              size_t(std::find(group.begin(), group.end(), d.diverged_member) - group.begin());
-          throw std::runtime_error(
-              "round " + std::to_string(r + 1) + ": worker " + std::to_string(d.diverged_member) +
-              " holds a different θ (hash " + std::to_string(rr[i]->theta_hash) + " vs " +
-              std::to_string(rr[0]->theta_hash) + ")");
-        }
-        if (d.kind == AttemptDecision::Kind::agreed) {
-          agreed = d.theta_hash;
-          break;
-        }
-        if (d.kind == AttemptDecision::Kind::give_up) break;
-        if (d.next_group.size() < group.size())
-          log("round " + std::to_string(r + 1) + " re-formed with " +
-              std::to_string(d.next_group.size()) + " workers: " + join_ints(d.next_group));
-        group = d.next_group;
-      }
-      if (!agreed) {
-        // The group could not agree: its members' θ may differ now. Drop them all;
-        // reconcile brings them back with the outer state of a checkpoint.
-        for (int m : group) slots[size_t(m)].active = false;
-        round_failed(r, "the all-reduce failed 4 times; the last time: " + errors[0].message);
-        failed_before = true;
-        continue;
-      }
+    RoundOutcome o = cfg.sync.mode != dl::SyncMode::blocking
+                         ? stream_round(r, members, t_round, sent_ahead)
+                         : blocking_round(r, members);
+    if (o.kind != RoundOutcome::Kind::completed) {
+      round_failed(r, o.why, o.fix);
+      failed_before = true;
+      if (o.kind == RoundOutcome::Kind::rewind) r = go_back();
+      continue;
     }
-    if (group.size() < members.size()) deal_shards();  // the lost ones were released above
-    members = group;
+    if (o.group.size() < o.members.size()) deal_shards();  // the lost ones were released
     redos.completed(r);
     r += 1;
     round = r;
     resuming = false;
-    steps_since_eval += cfg.inner.steps;
-    std::optional<double> val;
-    if (evaluation_due(steps_since_eval, cfg.eval.every, r, rounds)) {
-      val = evaluate(windows);
-      if (val) {
-        last_val = *val;
-        steps_since_eval = 0;
-      } else {
-        log("round " + std::to_string(r) + ": no worker left to evaluate θ; evaluated later");
-      }
-      members = active();
-    }
-    // With the next round sent ahead, this one ended as its results were in: what follows here
-    // runs under the next round's inner steps, and counts in its time.
-    const double round_end = ahead ? results_in : now_s();
-    const double wall = round_end - t_round;
-    inner_total += inner_secs;
-    const double util = inner_secs / (double(ready.size()) * wall);
-    const double tok_s =
-        double(ready.size()) * double(cfg.inner.steps) * double(cfg.tokens_per_inner_step()) / wall;
-    report(r, loss, val, tok_s, util, int(members.size()), wall - failed_secs, *agreed);
-    if (checkpoint_due(r, cfg.checkpoint.every, rounds) &&
-        cfg.sync.mode != dl::SyncMode::blocking) {
-      // Asked with the round's calls (send_stream): its members write it under the next round's
-      // inner steps, and it is recorded after that round (settle_checkpoint). Members lost in
-      // the round wrote nothing; those that finished it say when their files are written.
-      PendingCheckpoint pc;
-      pc.round = r;
-      for (int m : asked_checkpoint)
-        if (std::find(members.begin(), members.end(), m) != members.end()) {
-          pc.members.push_back(m);
-          pc.written.push_back(worker(m).call(&InnerWorker::checkpoint_written, r));
-        }
-      pending_checkpoint = std::move(pc);
-    } else if (checkpoint_due(r, cfg.checkpoint.every, rounds)) {
-      const std::string file = checkpoint_file(r);
-      std::vector<Future<std::string>> inner_files;
-      for (int m : members)
-        inner_files.push_back(
-            worker(m).call(&InnerWorker::save_inner_state, inner_state_path(file, m)));
-      auto path = ask_any<std::string>("to write a checkpoint", [&](auto& w) {
-        return w.call(&InnerWorker::save_checkpoint, file);
-      });
-      std::vector<Failure> errors;
-      gather(inner_files, errors,
-             kCheckpointWrite);  // a worker without its file starts afresh on resume
-      if (path) record_checkpoint(*path, r);
-    }
-    member_seconds += double(members.size()) * ((ahead ? results_in : now_s()) - t_round);
-    flush();
+    end_round(r, o, t_round);
   }
   if (stop) return;
+  finish(r);
+}
+
+bool OuterAggregator::State::start() {
+  // Restarted by the head after the job ended (its node died late): nothing to do.
+  const JobInfo info = rt.job(job_id);
+  if (info.finished()) return false;
+  submitted_unix_ms = info.submitted_unix_ms;
+  total_rounds = cfg.total_rounds();
+  total_steps = int64_t(total_rounds) * cfg.inner.steps;
+  fs::create_directories(folder);
+  find_checkpoint();
+  if (resume_from.empty() && !cfg.checkpoint.resume.empty()) take_resume(total_rounds);
+  {
+    // The job file beside its checkpoints: `loco submit --resume CKPT` needs no other.
+    const std::string tmp = folder + "/job.yaml.tmp";
+    std::ofstream(tmp) << cfg.to_yaml() << "\n";
+    fs::rename(tmp, folder + "/job.yaml");
+  }
+  // The rounds after the checkpoint are redone (without one, round 0 too): their lines go.
+  records.emplace(folder, resume_from.empty() ? -1 : resume_round);
+  if (!resume_from.empty()) {
+    log("resuming from " + resume_from + ": round " + std::to_string(resume_round) + " of " +
+        std::to_string(total_rounds));
+  } else {
+    log("job " + cfg.name + ": " + std::to_string(cfg.workers.count) + " workers (min " +
+        std::to_string(cfg.workers.min) + "), H=" + std::to_string(cfg.inner.steps) + ", " +
+        std::to_string(total_rounds) + " rounds, compression " +
+        std::string(collective::to_string(cfg.compression)) + "; folder " + folder);
+  }
+  return true;
+}
+
+void OuterAggregator::State::prepare(int64_t r) {
+  resuming = !resume_from.empty();
+  (void)reconcile(r);
+  while (!windows) {
+    auto w = ask_any<int64_t>("to count the validation windows",
+                              [](auto& h) { return h.call(&InnerWorker::validation_windows); });
+    if (w)
+      windows = *w;
+    else
+      (void)reconcile(r);
+  }
+  if (r == 0) {
+    auto v = evaluate(windows);
+    auto h =
+        ask_any<uint64_t>("to hash θ", [](auto& w) { return w.call(&InnerWorker::theta_hash); });
+    if (v) last_val = *v;
+    report(0, 0, v, 0, 0, int(active().size()), 0, h.value_or(0));
+  }
+}
+
+double OuterAggregator::State::job_time() const {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  return double(ms - submitted_unix_ms) / 1000.0;
+}
+
+void OuterAggregator::State::report(int64_t r, double loss, std::optional<double> val, double tok_s,
+                                    double util, int members, double round_time, uint64_t hash) {
+  // The simulator's line format (loco-train writes the same), plus the job's figures.
+  dl::RoundMetrics m;
+  m.round = int(r);
+  m.inner_steps = r * cfg.inner.steps;
+  m.tokens_per_worker = m.inner_steps * cfg.tokens_per_inner_step();
+  m.tokens_total = m.tokens_per_worker * members;
+  m.train_loss = loss;
+  m.val_loss = val;
+  m.theta_hash = hash;
+  const int failed = records->failed_attempts();
+  const double job_seconds = job_time();
+  const std::vector<StepFigures> steps = per_step_means(round_steps);
+  records->round(
+      m, RoundFigures{util, members, round_time, job_seconds, round_members, round_late, steps});
+  if (!steps.empty()) publish_steps(r, steps);
+  JobProgress p;
+  p.step = r;
+  p.total = total_rounds;
+  namespace key = schema::report;
+  p.metrics[key::kInnerStep] = double(r * cfg.inner.steps);
+  p.metrics[key::kLoss] = loss;
+  if (val) {
+    p.metrics[key::kValLoss] = *val;
+    p.metrics[key::kValPpl] = std::exp(*val);
+  }
+  p.metrics[key::kTokensPerS] = tok_s;
+  p.metrics[key::kBytesPerWorker] = double(records->bytes_per_worker());
+  p.metrics[key::kJobBytesPerWorker] = double(records->job_bytes_per_worker());
+  p.metrics[key::kFailedAttempts] = failed;
+  p.metrics[key::kRedo] = double(records->redo());
+  p.metrics[key::kUtilization] = util;
+  p.metrics[key::kWorkers] = members;
+  if (!round_late.empty()) p.metrics[key::kLate] = double(round_late.size());
+  // For the dashboard's axes and /metrics: the tokens the round's members processed, the
+  // round's and the job's seconds.
+  int64_t round_tokens = 0;
+  for (const MemberFigures& f : round_members) round_tokens += f.tokens;
+  // A round without its members' figures: H steps each.
+  if (round_members.empty() && r > 0)
+    round_tokens = int64_t(members) * cfg.inner.steps * int64_t(cfg.tokens_per_inner_step());
+  p.metrics[key::kRoundTokens] = double(round_tokens);
+  p.metrics[key::kRoundTime] = round_time;
+  p.metrics[key::kJobTime] = job_seconds;
+  p.metrics[key::kAllreduceSecondsTotal] = allreduce_total;
+  publish([this, p] { rt.job_progress(job_id, p); });
+}
+
+// Every member re-reads the checkpoint, and the rounds after it are redone, their records
+// replaced. At the resume round nobody is asked to rewind again.
+int64_t OuterAggregator::State::go_back() {
+  pending_checkpoint.reset();  // not recorded: it may hold a round that is undone now
+  const int64_t r = resume_round;
+  round = r;
+  resuming = true;
+  records->go_back(r);
+  for (Slot& s : slots) s.active = false;
+  (void)reconcile(r);
+  return r;
+}
+
+OuterAggregator::State::RoundOutcome OuterAggregator::State::stream_round(
+    int64_t r, const std::vector<int>& members, double t_round, bool sent_ahead) {
+  RoundOutcome o;
+  std::optional<StreamCalls> sent;
+  if (sent_ahead) {
+    sent = std::move(*ahead);
+  } else {
+    try {
+      sent = send_stream(r, r + 1 == total_rounds,
+                         checkpoint_due(r + 1, cfg.checkpoint.every, total_rounds), members);
+    } catch (const std::exception& e) {
+      // A member's actor could not be reached to send it the round (some others may have
+      // it already): back to the checkpoint, which every member re-reads.
+      log("round " + std::to_string(r + 1) + " could not be sent: " + e.what() +
+          "; the job goes back to " + resume_point());
+      return failure(RoundOutcome::Kind::rewind, std::string("it could not be sent: ") + e.what());
+    }
+  }
+  StreamCalls calls = std::move(*sent);
+  if (!calls.checkpoint.empty()) o.asked_checkpoint = calls.members;
+  ahead.reset();
+  const Pipeline p = send_ahead(r, members);
+  std::vector<int> finished;
+  const bool ok = finish_stream(
+      calls, t_round, [&] { o.results_in = ahead_since = now_s(); }, *records, round_members,
+      o.loss, o.inner_secs, o.theta_hash, finished);
+  if (!ok) {
+    log("round " + std::to_string(r + 1) +
+        " failed with synchronizations in flight; the job goes back to " + resume_point());
+    return failure(RoundOutcome::Kind::rewind, stream_failure);
+  }
+  // The checkpoint the round before asked for: written under this round's inner steps.
+  settle_checkpoint();
+  if (o.results_in > 0)
+    log_info(job_id + ": round " + std::to_string(r + 1) + " results in " +
+             std::to_string(o.results_in - t_round) + " s after it began; bookkeeping " +
+             std::to_string(now_s() - o.results_in) + " s; round " + std::to_string(r + 2) + ": " +
+             to_string(p));
+  o.ready = o.group = o.members = finished;
+  return o;
+}
+
+Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& members) {
+  read_target();
+  PipelineInput next;
+  next.round = r;
+  next.rounds = total_rounds;
+  next.evaluation_after =
+      evaluation_due(steps_since_eval + cfg.inner.steps, cfg.eval.every, r + 1, total_rounds);
+  // Those still in the job: a member of a round that was sent ahead may have been lost since.
+  std::vector<int> staying;
+  for (int m : members)
+    if (slots[size_t(m)].active) staying.push_back(m);
+  next.members = int(staying.size());
+  next.target = target;
+  next.min = cfg.workers.min;
+  const Pipeline p = pipeline_next(next);
+  // Whether rounds are sent ahead, and why not, said when it changes.
+  auto say = [&](Pipeline now) {
+    if (now == Pipeline::last_round || now == pipeline_said) return;
+    log("round " + std::to_string(r + 2) +
+        (now == Pipeline::ahead
+             ? ": sent right behind round " + std::to_string(r + 1) +
+                   ", which each member begins when it ends round " + std::to_string(r + 1)
+             : ": not sent ahead: " + std::string(to_string(now))));
+    pipeline_said = now;
+  };
+  // Sent ahead: round r + 1's calls go out right behind round r's and wait in each member's
+  // mailbox, so that a member begins round r + 1 as soon as it ends round r, with no barrier
+  // between the rounds and no trip to the aggregator (members drift apart by up to a fragment
+  // interval; the collective's entry window lets a member be behind without being lost).
+  say(p);
+  if (p == Pipeline::ahead) {
+    try {
+      ahead = send_stream(r + 1, r + 2 == total_rounds,
+                          checkpoint_due(r + 2, cfg.checkpoint.every, total_rounds), staying);
+    } catch (const std::exception& e) {
+      // Some members may hold it already: they begin it after this round, and its proper
+      // sending (a round mismatch for them) sends the job back to its checkpoint.
+      log("round " + std::to_string(r + 2) + " could not be sent ahead: " + e.what());
+      ahead.reset();
+    }
+  }
+  return p;
+}
+
+OuterAggregator::State::RoundOutcome OuterAggregator::State::blocking_round(
+    int64_t r, const std::vector<int>& members) {
+  RoundOutcome o = inner_phase(r, members);
+  if (o.kind != RoundOutcome::Kind::completed) return o;
+  all_reduce(r, o);
+  return o;
+}
+
+// 1-2. Every member runs its H inner steps, or (inner.budget: time) steps until the round's
+// budget of seconds is spent.
+OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
+    int64_t r, const std::vector<int>& members) {
+  RoundOutcome o;
+  o.members = members;
+  const double budget =
+      cfg.inner.budget == dl::InnerBudget::time
+          ? inner_budget_seconds(cfg.inner.round_seconds, cfg.inner.steps, step_seconds)
+          : 0;
+  std::vector<Future<InnerResult>> inner;
+  for (int m : members)
+    inner.push_back(budget > 0 ? worker(m).call(&InnerWorker::inner_timed, r, budget)
+                               : worker(m).call(&InnerWorker::inner, r));
+  std::vector<Failure> errors;
+  std::vector<bool> late;
+  double window = 0;
+  auto results = gather_inner(inner, errors, late, window);
+  step_seconds.clear();
+  std::string steps_line;
+  // The first member whose inner steps diverged, if any (the cause of a redo below).
+  std::string non_finite;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (results[i]) {
+      std::vector<StepHealth> health;
+      for (const StepFigures& f : results[i]->per_step) health.push_back({f.loss, f.grad_norm});
+      if (std::string why = non_finite_inner(members[i], results[i]->mean_loss, health);
+          !why.empty()) {
+        // Its Δ is not finite: it leaves the round (the collective would refuse it), and
+        // comes back with the outer state before the next.
+        release(members[i], why);
+        if (non_finite.empty()) non_finite = why;
+        continue;
+      }
+      o.ready.push_back(members[i]);
+      o.loss += results[i]->mean_loss;
+      o.inner_secs += results[i]->seconds;
+      tokens_of[members[i]] = results[i]->tokens;
+      round_members.push_back({members[i], results[i]->steps, results[i]->tokens,
+                               results[i]->seconds, cpu_seconds_of(results[i]->per_step)});
+      round_steps.push_back(results[i]->per_step);
+      if (results[i]->steps > 0) step_seconds.push_back(results[i]->seconds / results[i]->steps);
+      steps_line += (steps_line.empty() ? "" : ", ") + std::to_string(members[i]) + ": " +
+                    std::to_string(results[i]->steps);
+    } else if (late[i]) {
+      Slot& s = slots[size_t(members[i])];
+      s.late = inner[i];
+      s.late_round = r;
+      s.active = false;
+      round_late.push_back(members[i]);
+      char line[200];
+      std::snprintf(line, sizeof line,
+                    "worker %d missed the deadline of round %lld (%.1f s after the quorum); "
+                    "it sits the round out and catches up when its inner steps end",
+                    members[i], static_cast<long long>(r + 1), window);
+      log(line);
+    } else {
+      release(members[i], "failed in round " + std::to_string(r + 1) + ": " + errors[i].message);
+    }
+  }
+  if (budget > 0) {
+    char line[96];
+    std::snprintf(line, sizeof line, " (budget %.2f s)", budget);
+    log("round " + std::to_string(r + 1) + ": inner steps per worker " + steps_line + line);
+  }
+  if (after_inner(int(o.ready.size()), cfg.workers.min) == AfterInner::redo) {
+    if (!non_finite.empty()) {
+      char fix[96];
+      std::snprintf(fix, sizeof fix, "lower inner.lr (%g): the inner steps diverge", cfg.inner.lr);
+      return failure(RoundOutcome::Kind::redo, non_finite, fix);
+    }
+    std::string first;  // the first member that failed, with why
+    for (size_t i = 0; i < members.size() && first.empty(); ++i)
+      if (!results[i] && !late[i])
+        first = "; worker " + std::to_string(members[i]) + " failed: " + errors[i].message;
+    return failure(RoundOutcome::Kind::redo,
+                   std::to_string(o.ready.size()) +
+                       " workers finished their inner steps, below workers.min = " +
+                       std::to_string(cfg.workers.min) + first);
+  }
+  o.loss /= double(o.ready.size());
+  return o;
+}
+
+// 3-5. The group averages Δ and steps; every member reports θ's hash. The group could not
+// agree: o becomes a redo.
+void OuterAggregator::State::all_reduce(int64_t r, RoundOutcome& o) {
+  std::vector<int> group = o.ready;
+  std::vector<Failure> errors;
+  std::optional<uint64_t> agreed;
+  for (uint64_t attempt = 0; !agreed; ++attempt) {
+    ReduceRequest req;
+    req.round = r;
+    const auto us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count());
+    last_op_id = req.op_id = std::max(last_op_id + 1, us);
+    for (int m : group) {
+      req.names.push_back(slots[size_t(m)].name);
+      req.endpoints.push_back(slots[size_t(m)].endpoints);
+      if (cfg.inner.budget == dl::InnerBudget::time) req.tokens.push_back(tokens_of[m]);
+    }
+    const double t_attempt = now_s();
+    std::vector<Future<ReduceResult>> red;
+    for (size_t i = 0; i < group.size(); ++i) {
+      req.rank = int(i);
+      red.push_back(worker(group[i]).call(&InnerWorker::reduce, req));
+    }
+    auto rr = gather(red, errors, kReduceCall);
+    AttemptRecord rec;
+    rec.round = r + 1;
+    rec.members = group;
+    rec.seconds = now_s() - t_attempt;
+    for (size_t i = 0; i < group.size(); ++i) {
+      // A member whose reduce failed does not say what it sent before it did.
+      rec.bytes.push_back(rr[i] ? std::optional(rr[i]->bytes_sent) : std::nullopt);
+      if (!rr[i]) rec.errors.push_back({group[i], errors[i].gone, errors[i].message});
+    }
+    records->attempt(rec);
+    allreduce_total += rec.seconds;
+    if (!rec.errors.empty()) o.failed_secs += rec.seconds;
+    std::vector<MemberOutcome> outcomes;
+    for (size_t i = 0; i < group.size(); ++i) {
+      outcomes.push_back(rr[i] ? MemberOutcome{true, rr[i]->theta_hash, false}
+                               : MemberOutcome{false, 0, errors[i].gone});
+      if (!rr[i] && !errors[i].gone)
+        log("worker " + std::to_string(group[i]) + " failed the all-reduce of round " +
+            std::to_string(r + 1) + ": " + errors[i].message);
+    }
+    const AttemptDecision d = after_attempt(group, outcomes, attempt);
+    for (size_t i = 0; i < group.size(); ++i) {
+      if (!rr[i] && errors[i].gone)
+        release(group[i], "lost in the all-reduce of round " + std::to_string(r + 1) + ": " +
+                              errors[i].message);
+    }
+    if (d.kind == AttemptDecision::Kind::diverged) {
+      const size_t i =
+          size_t(std::find(group.begin(), group.end(), d.diverged_member) - group.begin());
+      throw std::runtime_error("round " + std::to_string(r + 1) + ": worker " +
+                               std::to_string(d.diverged_member) + " holds a different θ (hash " +
+                               std::to_string(rr[i]->theta_hash) + " vs " +
+                               std::to_string(rr[0]->theta_hash) + ")");
+    }
+    if (d.kind == AttemptDecision::Kind::agreed) {
+      agreed = d.theta_hash;
+      break;
+    }
+    if (d.kind == AttemptDecision::Kind::give_up) break;
+    if (d.next_group.size() < group.size())
+      log("round " + std::to_string(r + 1) + " re-formed with " +
+          std::to_string(d.next_group.size()) + " workers: " + join_ints(d.next_group));
+    group = d.next_group;
+  }
+  if (!agreed) {
+    // The group could not agree: its members' θ may differ now. Drop them all;
+    // reconcile brings them back with the outer state of a checkpoint.
+    for (int m : group) slots[size_t(m)].active = false;
+    o = failure(RoundOutcome::Kind::redo,
+                "the all-reduce failed 4 times; the last time: " + errors[0].message);
+    return;
+  }
+  o.group = group;
+  o.theta_hash = *agreed;
+}
+
+void OuterAggregator::State::end_round(int64_t r, const RoundOutcome& o, double t_round) {
+  std::vector<int> members = o.group;
+  steps_since_eval += cfg.inner.steps;
+  std::optional<double> val;
+  if (evaluation_due(steps_since_eval, cfg.eval.every, r, total_rounds)) {
+    val = evaluate(windows);
+    if (val) {
+      last_val = *val;
+      steps_since_eval = 0;
+    } else {
+      log("round " + std::to_string(r) + ": no worker left to evaluate θ; evaluated later");
+    }
+    members = active();
+  }
+  // With the next round sent ahead, this one ended as its results were in: what follows here
+  // runs under the next round's inner steps, and counts in its time.
+  const double round_end = ahead ? o.results_in : now_s();
+  const double wall = round_end - t_round;
+  inner_total += o.inner_secs;
+  const double util = o.inner_secs / (double(o.ready.size()) * wall);
+  const double tok_s =
+      double(o.ready.size()) * double(cfg.inner.steps) * double(cfg.tokens_per_inner_step()) / wall;
+  report(r, o.loss, val, tok_s, util, int(members.size()), wall - o.failed_secs, o.theta_hash);
+  if (checkpoint_due(r, cfg.checkpoint.every, total_rounds))
+    checkpoint_round(r, members, o.asked_checkpoint);
+  member_seconds += double(members.size()) * ((ahead ? o.results_in : now_s()) - t_round);
+  flush();
+}
+
+void OuterAggregator::State::checkpoint_round(int64_t r, const std::vector<int>& members,
+                                              const std::vector<int>& asked_checkpoint) {
+  if (cfg.sync.mode != dl::SyncMode::blocking) {
+    // Asked with the round's calls (send_stream): its members write it under the next round's
+    // inner steps, and it is recorded after that round (settle_checkpoint). Members lost in
+    // the round wrote nothing; those that finished it say when their files are written.
+    PendingCheckpoint pc;
+    pc.round = r;
+    for (int m : asked_checkpoint)
+      if (std::find(members.begin(), members.end(), m) != members.end()) {
+        pc.members.push_back(m);
+        pc.written.push_back(worker(m).call(&InnerWorker::checkpoint_written, r));
+      }
+    pending_checkpoint = std::move(pc);
+    return;
+  }
+  const std::string file = checkpoint_file(r);
+  std::vector<Future<std::string>> inner_files;
+  for (int m : members)
+    inner_files.push_back(
+        worker(m).call(&InnerWorker::save_inner_state, inner_state_path(file, m)));
+  auto path = ask_any<std::string>("to write a checkpoint", [&](auto& w) {
+    return w.call(&InnerWorker::save_checkpoint, file);
+  });
+  std::vector<Failure> errors;
+  gather(inner_files, errors,
+         kCheckpointWrite);  // a worker without its file starts afresh on resume
+  if (path) record_checkpoint(*path, r);
+}
+
+void OuterAggregator::State::finish(int64_t r) {
   // The end: θ's validation loss (if the last evaluation was lost) and final.pt,
   // from whichever workers are there.
   std::optional<std::string> final_path;
@@ -1270,12 +1363,13 @@ void OuterAggregator::State::run() {
   }
   // Plots are drawn outside the job, by whoever wants them (no program runs here).
   log("plots: loco plot " + job_id + " (while the cluster runs), or loco plot --metrics " +
-      records.metrics_path());
+      records->metrics_path());
   char msg[192];
   std::snprintf(
       msg, sizeof msg,
       "validation loss %.4f (perplexity %.2f) after %d rounds; compute utilization %.1f%%",
-      last_val, std::exp(last_val), rounds, 100.0 * inner_total / std::max(1e-9, member_seconds));
+      last_val, std::exp(last_val), total_rounds,
+      100.0 * inner_total / std::max(1e-9, member_seconds));
   // The end must reach the head: wait out a Redis restart (bounded).
   for (const double give_up = now_s() + double(kReportEnd.count());;) {
     try {
