@@ -262,6 +262,8 @@ struct OuterAggregator::State {
   // sync.mode streaming: a slot that can join does so while round c runs, at a fragment
   // boundary, its stream() call added to c (see the definition).
   void join_mid_round(StreamCalls& c);
+  std::optional<int64_t> admit_mid_round(const StreamCalls& c, const Slot& s,
+                                         const std::string& why_not);
   Resources worker_resources();
   // At submission: a worker must fit in the largest live node (its `memory` resource, bytes)
   // and, on CUDA, its GPU (`gpu_memory`, bytes per GPU), or the job is refused naming the
@@ -1505,6 +1507,46 @@ void OuterAggregator::State::settle_checkpoint() {
   record_checkpoint(*path, pc.round);
 }
 
+// join_mid_round's admission of slot `s` into round c: the fragment boundary it joins at,
+// agreed by every member; nothing (said with `why_not`) when the round has none left.
+std::optional<int64_t> OuterAggregator::State::admit_mid_round(const StreamCalls& c, const Slot& s,
+                                                               const std::string& why_not) {
+  const int h = cfg.inner.steps;
+  const int p = cfg.sync.fragments;
+  const int64_t r = c.round;
+  // Where: the first boundary past the member furthest on. A member that gets there before
+  // the admission reaches it says no; then again at the next one, while the round has one.
+  std::optional<int64_t> step;
+  for (int attempt = 0; attempt < 4 && !step; ++attempt) {
+    std::vector<Future<int64_t>> asked;
+    for (int m : c.members) asked.push_back(worker(m).call(&InnerWorker::progress, r));
+    std::vector<Failure> errors;
+    std::vector<int64_t> progress;
+    for (auto& got : gather(asked, errors, kAdmissionCall)) progress.push_back(got ? *got : -1);
+    const auto at = mid_round_join_step(r, h, p, cfg.sync.overlap_steps, progress);
+    if (!at) {
+      log(why_not + "no fragment boundary left before the round's end");
+      return std::nullopt;
+    }
+    AdmitRequest a;
+    a.round = r;
+    a.step = *at;
+    a.name = s.name;
+    a.endpoint = s.endpoints[0];
+    std::vector<Future<bool>> votes;
+    for (int m : c.members) votes.push_back(worker(m).call(&InnerWorker::admit, a));
+    bool all = true;
+    for (auto& v : gather(votes, errors, kAdmissionCall)) all = all && v && *v;
+    a.phase = all ? AdmitRequest::commit : AdmitRequest::abort;
+    std::vector<Future<bool>> acks;
+    for (int m : c.members) acks.push_back(worker(m).call(&InnerWorker::admit, a));
+    (void)gather(acks, errors, kAdmissionCall);
+    if (all) step = at;
+  }
+  if (!step) log(why_not + "the members kept passing the boundaries it was offered");
+  return step;
+}
+
 // sync.mode streaming: while round c's calls run, a slot that can join takes part from a
 // fragment boundary of the round (design.md, "Joining mid-round"): its actor spawned, its
 // state copied from a donor's snapshot taken between two of the donor's inner steps, its
@@ -1584,39 +1626,8 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
     if (!while_round(init)) return;
     const InitResult copied = init.get(kEndedCall);
 
-    // Where: the first boundary past the member furthest on. A member that gets there before
-    // the admission reaches it says no; then again at the next one, while the round has one.
-    std::optional<int64_t> step;
-    for (int attempt = 0; attempt < 4 && !step; ++attempt) {
-      std::vector<Future<int64_t>> asked;
-      for (int m : c.members) asked.push_back(worker(m).call(&InnerWorker::progress, r));
-      std::vector<Failure> errors;
-      std::vector<int64_t> progress;
-      for (auto& got : gather(asked, errors, kAdmissionCall)) progress.push_back(got ? *got : -1);
-      const auto at = mid_round_join_step(r, h, p, cfg.sync.overlap_steps, progress);
-      if (!at) {
-        log(why_not + "no fragment boundary left before the round's end");
-        return;
-      }
-      AdmitRequest a;
-      a.round = r;
-      a.step = *at;
-      a.name = s.name;
-      a.endpoint = s.endpoints[0];
-      std::vector<Future<bool>> votes;
-      for (int m : c.members) votes.push_back(worker(m).call(&InnerWorker::admit, a));
-      bool all = true;
-      for (auto& v : gather(votes, errors, kAdmissionCall)) all = all && v && *v;
-      a.phase = all ? AdmitRequest::commit : AdmitRequest::abort;
-      std::vector<Future<bool>> acks;
-      for (int m : c.members) acks.push_back(worker(m).call(&InnerWorker::admit, a));
-      (void)gather(acks, errors, kAdmissionCall);
-      if (all) step = at;
-    }
-    if (!step) {
-      log(why_not + "the members kept passing the boundaries it was offered");
-      return;
-    }
+    const std::optional<int64_t> step = admit_mid_round(c, s, why_not);
+    if (!step) return;
     StreamRequest req;
     req.round = r;
     req.op_id = c.op_id;
