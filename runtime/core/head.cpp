@@ -360,8 +360,13 @@ class HeadService {
     check_size("job_event: kind", kind.size(), kMaxJobNameBytes);
     check_size("job_event: data", data.size(), kMaxJobEventBytes);
     with_store([&] {
-      if (!store_->hget(keys::kJobs, job_id)) throw ClusterError("no job " + job_id);
+      const JobInfo job = job_record(job_id);
       check_author(job_id, "job_event");
+      // A job's log ends with its end: what its actors say while they are being stopped
+      // (cancelled, failed) would read as events of a job that is over.
+      if (job.finished())
+        throw ClusterError("job_event: job " + job_id + " has " + to_string(job.state) +
+                           "; its log is closed");
       job_log(job_id, kind, data);
       return 0;
     });
