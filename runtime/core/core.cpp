@@ -658,16 +658,7 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
                             " calls of " + std::to_string(queued_bytes) + " bytes (limits " +
                             std::to_string(opts_.max_mailbox_messages) + " calls, " +
                             std::to_string(opts_.max_mailbox_bytes) + " bytes)";
-    if (d.env.k() == Kind::Request) {
-      send_error(std::move(rid), d.env.corr, "RemoteError",
-                 "call " + escape_remote(d.env.method) + " refused: " + why + "; try again later");
-    } else {
-      uint64_t held = 0;
-      std::lock_guard<std::mutex> lock(box->mu);
-      if (box->full_warnings.allow(now_ms(), &held))
-        spdlog::warn("dropped a one-way call {}: {}{}", escape_remote(d.env.method), why,
-                     held ? " (" + std::to_string(held) + " more not logged)" : std::string());
-    }
+    refuse_busy(*box, box->full_warnings, std::move(rid), d.env, why);
     return;
   }
   if (was_empty) box->cv.notify_one();
@@ -751,6 +742,20 @@ std::vector<std::string> Core::hosted() const {
   for (auto& [id, _] : actors_)
     if (id[0] != '@') out.push_back(id);
   return out;
+}
+
+void Core::refuse_busy(Mailbox& box, RateLimit& warnings, zmq::message_t&& rid,
+                       const Envelope& env, const std::string& why) {
+  if (env.k() == Kind::Request) {
+    send_error(std::move(rid), env.corr, "RemoteError",
+               "call " + escape_remote(env.method) + " refused: " + why + "; try again later");
+    return;
+  }
+  uint64_t held = 0;
+  std::lock_guard<std::mutex> lock(box.mu);
+  if (warnings.allow(now_ms(), &held))
+    spdlog::warn("dropped a one-way call {}: {}{}", escape_remote(env.method), why,
+                 held ? " (" + std::to_string(held) + " more not logged)" : std::string());
 }
 
 // Requests still queued for an actor that is going away get an answer now,
@@ -868,17 +873,7 @@ void Core::run_beside(const std::shared_ptr<Mailbox>& box, Inbound&& in) {
     return;
   }
   if (!refused.empty()) {
-    if (in.env.k() == Kind::Request) {
-      send_error(
-          std::move(in.routing_id), in.env.corr, "RemoteError",
-          "call " + escape_remote(in.env.method) + " refused: " + refused + "; try again later");
-    } else {
-      uint64_t held = 0;
-      std::lock_guard<std::mutex> lock(box->mu);
-      if (box->beside_warnings.allow(now_ms(), &held))
-        spdlog::warn("dropped a one-way call {}: {}{}", escape_remote(in.env.method), refused,
-                     held ? " (" + std::to_string(held) + " more not logged)" : std::string());
-    }
+    refuse_busy(*box, box->beside_warnings, std::move(in.routing_id), in.env, refused);
     return;
   }
   box->beside_cv.notify_one();

@@ -263,18 +263,19 @@ std::string check_resources(const Resources& demand, const std::set<std::string>
   return {};
 }
 
+std::string size_over(const std::string& field, size_t bytes, size_t limit) {
+  if (bytes <= limit) return {};
+  return field + ": " + std::to_string(bytes) + " bytes, more than the limit of " +
+         std::to_string(limit) + " bytes";
+}
+
 std::string check_spawn_request(const SpawnRequest& req, const std::set<std::string>* declared) {
-  auto over = [](const char* field, size_t bytes, size_t limit) {
-    return field + std::string(": ") + std::to_string(bytes) + " bytes, more than the limit of " +
-           std::to_string(limit) + " bytes";
-  };
   constexpr size_t kMaxCtorArgsBytes = size_t(16) << 20;
-  if (req.class_name.size() > kMaxJobNameBytes)
-    return over("class name", req.class_name.size(), kMaxJobNameBytes);
-  if (req.name.size() > kMaxJobNameBytes)
-    return over("actor name", req.name.size(), kMaxJobNameBytes);
-  if (req.ctor_args.size() > kMaxCtorArgsBytes)
-    return over("constructor arguments", req.ctor_args.size(), kMaxCtorArgsBytes);
+  for (std::string over : {size_over("class name", req.class_name.size(), kMaxJobNameBytes),
+                           size_over("actor name", req.name.size(), kMaxJobNameBytes),
+                           size_over("constructor arguments", req.ctor_args.size(),
+                                     kMaxCtorArgsBytes)})
+    if (!over.empty()) return over;
   if (req.class_name.empty()) return "empty actor class name";
   if (req.max_restarts < 0 || req.max_restarts > 1000)
     return "max_restarts " + std::to_string(req.max_restarts) + " is outside 0..1000";

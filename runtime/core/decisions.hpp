@@ -69,6 +69,9 @@ inline const std::set<std::string> kBuiltinResources = {"cpu", "gpu", "memory", 
 // nodes declare) holds. A negative or NaN amount would switch placement's accounting off.
 std::string check_resources(const Resources& demand, const std::set<std::string>& declared);
 
+// "" when `bytes` is within `limit`, else "FIELD: N bytes, more than the limit of L bytes".
+std::string size_over(const std::string& field, size_t bytes, size_t limit);
+
 // "" when a spawn request is acceptable before placement, else why not, naming the field: a
 // class name of 1 to 256 bytes, an actor name of at most 256, constructor arguments of at most
 // 16 MiB (kept in the store and sent again on every restart), 0 to 1000 restarts, resources

@@ -31,9 +31,7 @@ T unpack_str(const std::string& s) {
 
 // Refuses a field over its bound before it reaches the store.
 void check_size(const char* field, size_t bytes, size_t limit) {
-  if (bytes > limit)
-    throw ClusterError(std::string(field) + ": " + std::to_string(bytes) +
-                       " bytes, more than the limit of " + std::to_string(limit) + " bytes");
+  if (std::string over = size_over(field, bytes, limit); !over.empty()) throw ClusterError(over);
 }
 
 // Runs on the head's thread once a node has answered create_actor: the actor as recorded
