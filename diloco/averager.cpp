@@ -32,4 +32,20 @@ AverageStats LocalAverager::average(std::span<const std::span<float>> locals, co
   return stats;
 }
 
+std::shared_future<std::uint64_t> LocalAverager::start(
+    std::uint64_t /*op*/, std::span<const std::span<const float>> deltas,
+    std::span<const std::span<float>> means) {
+  if (deltas.size() != means.size())
+    throw std::invalid_argument("LocalAverager::start: " + std::to_string(deltas.size()) +
+                                " inputs for " + std::to_string(means.size()) + " outputs");
+  for (std::size_t i = 0; i < deltas.size(); ++i) {
+    if (deltas[i].size() != means[i].size())
+      throw std::invalid_argument("LocalAverager::start: an input and its output differ in length");
+    std::copy(deltas[i].begin(), deltas[i].end(), means[i].begin());
+  }
+  std::promise<std::uint64_t> done;
+  done.set_value(average(means, options_.codec).bytes_sent);
+  return done.get_future().share();
+}
+
 }  // namespace loco::diloco

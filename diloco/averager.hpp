@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <future>
 #include <span>
 #include <vector>
 
@@ -47,14 +48,32 @@ class Averager {
   virtual AverageStats average(std::span<const std::span<float>> locals, collective::Codec c) = 0;
 };
 
+// The average of one fragment at a time, asynchronously (sync.mode streaming and eager,
+// diloco/streaming_round.hpp). start() begins averaging `deltas` (one per replica this process
+// holds: K in the simulator, one in a worker; all of one length) over every member of
+// operation `op` into `means` (as many, as long), computed as Averager::average computes it;
+// its handle is ready once every mean is written, with the bytes each member sent, and its
+// get() rethrows a failure. The buffers stay in use until then.
+class FragmentAverager {
+ public:
+  virtual ~FragmentAverager() = default;
+  virtual std::shared_future<std::uint64_t> start(std::uint64_t op,
+                                                  std::span<const std::span<const float>> deltas,
+                                                  std::span<const std::span<float>> means) = 0;
+};
+
 // The simulator's Averager: every member is a local buffer, averaged with
 // collective::local_allreduce, i.e. with the numerics of a distributed run.
-class LocalAverager final : public Averager {
+// As a FragmentAverager it averages at once, with options' codec: the handle is ready.
+class LocalAverager final : public Averager, public FragmentAverager {
  public:
-  // `options` as the distributed run's Communicator has them (codec aside:
-  // average() sets it from its argument).
+  // `options` as the distributed run's Communicator has them (average() sets the codec from
+  // its argument).
   explicit LocalAverager(collective::Options options = {}) : options_(options) {}
   AverageStats average(std::span<const std::span<float>> locals, collective::Codec c) override;
+  std::shared_future<std::uint64_t> start(std::uint64_t op,
+                                          std::span<const std::span<const float>> deltas,
+                                          std::span<const std::span<float>> means) override;
 
  private:
   collective::Options options_;

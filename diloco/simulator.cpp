@@ -23,10 +23,19 @@ torch::Device simulator_device(const JobConfig& cfg) {
   return d.cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(d.index))
                 : torch::Device(torch::kCPU);
 }
+// The options of the workers' Communicator that bear on the numbers: the codec.
+collective::Options averager_options(const JobConfig& cfg) {
+  collective::Options o;
+  o.codec = cfg.compression;
+  return o;
+}
 }  // namespace
 
 Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
-    : cfg_(cfg), opt_(opt), store_(TokenStore::open(cfg.data, cfg.vocab_size())) {
+    : cfg_(cfg),
+      opt_(opt),
+      store_(TokenStore::open(cfg.data, cfg.vocab_size())),
+      averager_(averager_options(cfg)) {
   if (opt_.workers < 1)
     throw std::invalid_argument("--simulate: K must be >= 1, got " + std::to_string(opt_.workers));
   rounds_ = opt_.rounds > 0 ? opt_.rounds : cfg_.total_rounds();
@@ -88,7 +97,7 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
       throw std::invalid_argument(
           "sync.mode: streaming and eager run in diloco mode with one rank per worker (the "
           "baselines and --local-ranks run blocking)");
-    fragments_ = parameter_fragments(trainers_[0]->model(), cfg_.sync.fragments);
+    make_streaming();
   }
   const int n = cfg_.eval.batches * cfg_.inner.batch_size;
   val_windows_ = torch::empty({n, cfg_.model.context + 1}, torch::kInt64);
@@ -99,6 +108,14 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
 }
 
 Simulator::~Simulator() = default;
+
+void Simulator::make_streaming() {
+  std::vector<Replica> replicas;
+  for (std::size_t k = 0; k < trainers_.size(); ++k)
+    replicas.push_back({trainers_[k].get(), outers_[k].get()});
+  streaming_ = std::make_unique<StreamingRound>(
+      cfg_, parameter_fragments(trainers_[0]->model(), cfg_.sync.fragments), replicas);
+}
 
 void Simulator::on_ranks(const std::function<void(std::size_t)>& fn) {
   diloco::on_ranks(static_cast<std::size_t>(opt_.workers * opt_.local_ranks), fn);
@@ -138,76 +155,37 @@ double Simulator::run_sliced_round() {
   return loss;
 }
 
-void Simulator::sync_fragment(int fragment, std::int64_t now) {
-  const auto& ranges = fragments_[static_cast<std::size_t>(fragment)];
-  std::int64_t size = 0;
-  for (const Range& r : ranges) size += r.size();
-  InFlight f{fragment, now, now + cfg_.sync.overlap_steps, {}, {}};
-  std::vector<std::span<float>> spans;
-  for (std::size_t k = 0; k < trainers_.size(); ++k) {
-    auto& buf = f.mean.emplace_back(static_cast<std::size_t>(size));
-    std::size_t at = 0;
-    for (const Range& r : ranges) {
-      trainers_[k]->pseudo_gradient(outers_[k]->theta(),
-                                    {buf.data() + at, static_cast<std::size_t>(r.size())}, r.begin);
-      at += static_cast<std::size_t>(r.size());
-    }
-    // Eager: the worker goes on from its own Δ stepped, while the average is on its way.
-    if (cfg_.sync.mode == SyncMode::eager) {
-      f.provisional.push_back(outers_[k]->provisional_ranges(buf, ranges));
-      trainers_[k]->load_parameters(f.provisional.back());
-    }
-  }
-  for (auto& buf : f.mean) spans.emplace_back(buf);
-  bytes_ += averager_.average(spans, cfg_.compression).bytes_sent;
-  in_flight_.push_back(std::move(f));
-}
-
-void Simulator::land(InFlight& f, std::int64_t now) {
-  const auto& ranges = fragments_[static_cast<std::size_t>(f.fragment)];
-  for (std::size_t k = 0; k < trainers_.size(); ++k) {
-    outers_[k]->step_ranges(f.mean[k], ranges);
-    if (cfg_.sync.mode != SyncMode::eager)
-      trainers_[k]->merge_parameters(outers_[k]->theta(), ranges, cfg_.sync.mix);
-    else if (now == f.synced)  // no step taken from the provisional θ: blocking, bit for bit
-      trainers_[k]->load_parameters(outers_[k]->theta());
-    else
-      trainers_[k]->correct_parameters(outers_[k]->theta(), f.provisional[k]);
-  }
-}
-
 double Simulator::run_streaming_round() {
-  const int h = cfg_.inner.steps;
-  const std::int64_t stride = h / cfg_.sync.fragments;
-  const std::int64_t start = static_cast<std::int64_t>(round_) * h, end = start + h;
-  std::vector<double> loss(trainers_.size(), 0.0);
-  // From event to event: a fragment's synchronization (after inner step start + (f+1)·stride)
-  // or a landing; every worker runs the inner steps in between.
-  for (std::int64_t now = start; now < end;) {
-    std::int64_t next = end;
-    for (int f = 0; f < cfg_.sync.fragments; ++f)
-      if (start + (f + 1) * stride > now) next = std::min(next, start + (f + 1) * stride);
-    for (const InFlight& f : in_flight_) next = std::min(next, f.lands);
-    const int n = static_cast<int>(next - now);
-    for (std::size_t k = 0; k < trainers_.size(); ++k)
-      loss[k] += trainers_[k]->run_inner_steps(n).mean_loss * n;
-    now = next;
-    // Synchronizations first: with no overlap a fragment lands at the step it synchronizes.
-    for (int f = 0; f < cfg_.sync.fragments; ++f)
-      if (start + (f + 1) * stride == now) sync_fragment(f, now);
-    const bool last = round_ + 1 >= rounds_ && now == end;
-    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
-      if (it->lands == now || last) {
-        land(*it, now);
-        it = in_flight_.erase(it);
-      } else {
-        ++it;
-      }
+  // The K workers' steps between two events; the bytes of each average as it starts (the
+  // local averager's are known at once).
+  struct Steps final : StreamingRound::Driver {
+    std::vector<std::unique_ptr<InnerTrainer>>& trainers;
+    std::vector<double> loss;
+    explicit Steps(std::vector<std::unique_ptr<InnerTrainer>>& t)
+        : trainers(t), loss(t.size(), 0.0) {}
+    void steps(std::int64_t, int n) override {
+      for (std::size_t k = 0; k < trainers.size(); ++k)
+        loss[k] += trainers[k]->run_inner_steps(n).mean_loss * n;
     }
-  }
-  for (auto& o : outers_) o->end_round();
+  } steps(trainers_);
+  struct Counted final : FragmentAverager {
+    LocalAverager& local;
+    std::uint64_t& bytes;
+    Counted(LocalAverager& l, std::uint64_t& b) : local(l), bytes(b) {}
+    std::shared_future<std::uint64_t> start(std::uint64_t op,
+                                            std::span<const std::span<const float>> deltas,
+                                            std::span<const std::span<float>> means) override {
+      auto done = local.start(op, deltas, means);
+      bytes += done.get();
+      return done;
+    }
+  } averager(averager_, bytes_);
+  StreamingRound::Round r;
+  r.round = round_;
+  r.last = round_ + 1 >= rounds_;
+  streaming_->run(r, averager, steps);
   double mean = 0;
-  for (double l : loss) mean += l / h;
+  for (double l : steps.loss) mean += l / cfg_.inner.steps;
   return mean / static_cast<double>(trainers_.size());
 }
 
@@ -306,6 +284,7 @@ void Simulator::init_parameters(const std::string& checkpoint) {
                                 std::to_string(parameter_count()) + " (model config differs?)");
   for (auto& t : trainers_) t->load_parameters(theta);
   for (auto& o : outers_) o = std::make_unique<OuterOptimizer>(cfg_.outer, theta);
+  if (streaming_) make_streaming();  // over the new outer states
 }
 
 void Simulator::save_checkpoint(const std::string& path) const {
@@ -323,18 +302,7 @@ void Simulator::save_checkpoint(const std::string& path) const {
   for (std::size_t i = 0; i < trainers_.size(); i += gs)
     trainers_[i]->save(ar, "worker." + std::to_string(i / gs) + ".");
   // Streaming: the fragments on their way, with their averages.
-  ar.write("in_flight", c10::IValue(static_cast<std::int64_t>(in_flight_.size())));
-  for (std::size_t i = 0; i < in_flight_.size(); ++i) {
-    const std::string key = "in_flight." + std::to_string(i) + ".";
-    ar.write(key + "fragment", c10::IValue(static_cast<std::int64_t>(in_flight_[i].fragment)));
-    ar.write(key + "lands", c10::IValue(in_flight_[i].lands));
-    ar.write(key + "synced", c10::IValue(in_flight_[i].synced));
-    for (std::size_t k = 0; k < in_flight_[i].mean.size(); ++k)
-      ar.write(key + std::to_string(k),
-               flat_view(const_cast<std::vector<float>&>(in_flight_[i].mean[k])).clone());
-    for (std::size_t k = 0; k < in_flight_[i].provisional.size(); ++k)
-      ar.write(key + "provisional." + std::to_string(k), in_flight_[i].provisional[k]);
-  }
+  if (streaming_) streaming_->write_in_flight(ar);
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
   const std::string tmp = path + ".tmp";
@@ -367,30 +335,7 @@ void Simulator::load_checkpoint(const std::string& path) {
   const auto gs = static_cast<std::size_t>(opt_.local_ranks);
   for (std::size_t i = 0; i < trainers_.size(); ++i)
     trainers_[i]->load(ar, "worker." + std::to_string(i / gs) + ".");
-  in_flight_.clear();
-  if (ar.try_read("in_flight", v)) {
-    for (std::int64_t i = 0; i < v.toInt(); ++i) {
-      const std::string key = "in_flight." + std::to_string(i) + ".";
-      InFlight f;
-      c10::IValue x;
-      ar.read(key + "fragment", x);
-      f.fragment = static_cast<int>(x.toInt());
-      ar.read(key + "lands", x);
-      f.lands = x.toInt();
-      f.synced = ar.try_read(key + "synced", x) ? x.toInt() : -1;
-      for (std::size_t k = 0; k < trainers_.size(); ++k) {
-        torch::Tensor t;
-        ar.read(key + std::to_string(k), t);
-        t = t.contiguous();
-        f.mean.emplace_back(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
-        if (cfg_.sync.mode == SyncMode::eager) {
-          ar.read(key + "provisional." + std::to_string(k), t);
-          f.provisional.push_back(t);
-        }
-      }
-      in_flight_.push_back(std::move(f));
-    }
-  }
+  if (streaming_) streaming_->read_in_flight(ar);
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
 #include "diloco/metrics.hpp"
+#include "diloco/streaming_round.hpp"
 #include "diloco/trainer.hpp"
 
 namespace loco::diloco {
@@ -91,25 +92,12 @@ class Simulator {
   // A diloco round with G > 1 local ranks; returns the mean training loss.
   double run_sliced_round();
 
-  // sync.mode streaming (config.hpp, SyncConfig): fragments_[f] are fragment f's ranges of
-  // the flat vector; a fragment whose average is on its way lands `overlap_steps` inner
-  // steps after it synchronized, possibly in the next round.
-  // sync.mode eager runs the same machinery with one fragment that synchronizes at the round's
-  // end, each worker starting the next round from its provisional θ (its own Δ stepped).
-  struct InFlight {
-    int fragment = 0;
-    std::int64_t synced = 0;                 // the inner step count it synchronized after
-    std::int64_t lands = 0;                  // the worker's inner step count it lands after
-    std::vector<std::vector<float>> mean;    // per worker: the averaged Δ, range after range
-    std::vector<torch::Tensor> provisional;  // eager, per worker: the θ it started from
-  };
-  std::vector<std::vector<Range>> fragments_;
-  std::vector<InFlight> in_flight_;
-  // A streaming round; returns the mean training loss. The job's last round lands every
-  // fragment still in flight before it ends.
+  // sync.mode streaming and eager: the round engine that InnerWorker drives too
+  // (streaming_round.hpp), over the K workers' replicas.
+  std::unique_ptr<StreamingRound> streaming_;
+  void make_streaming();
+  // A streaming round; returns the mean training loss.
   double run_streaming_round();
-  void sync_fragment(int fragment, std::int64_t now);
-  void land(InFlight& f, std::int64_t now);
   double start_seconds_ = 0;
 };
 
