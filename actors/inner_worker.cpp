@@ -31,6 +31,7 @@
 #include "diloco/device_info.hpp"
 #include "diloco/hf_format.hpp"
 #include "diloco/local_group.hpp"
+#include "diloco/streaming_round.hpp"
 #include "diloco/trainer.hpp"
 #include "runtime/collective/allreduce.hpp"
 #include "runtime/core/actor.hpp"
@@ -66,13 +67,6 @@ Blob bytes_of(const std::shared_ptr<const std::string>& state, int64_t offset, i
   return Blob(state, reinterpret_cast<const uint8_t*>(state->data()) + offset, size_t(length));
 }
 
-// How many floats a fragment's ranges hold.
-int64_t floats_in(const std::vector<dl::Range>& ranges) {
-  int64_t n = 0;
-  for (const dl::Range& r : ranges) n += r.size();
-  return n;
-}
-
 // The host this node is reached at, for the collective's socket.
 std::string node_host() {
   std::string addr = Runtime::current().address();
@@ -93,104 +87,7 @@ struct Rank {
   std::unique_ptr<collective::Communicator> comm;  // for the worker's life: failures leave it ready
 };
 
-// A checkpoint of a streaming round's end (StreamRequest::checkpoint) waits for the averages
-// of the fragments that were in flight then: stream() hands each one in as it lands in the next
-// round, for the thread that writes the file. A fragment dropped before it lands (its all-reduce
-// failed, the state was replaced) abandons the checkpoint, which then is not written.
-struct LandedCopies {
-  struct Copy {
-    int fragment = 0;
-    int64_t synced = 0, lands = 0;
-    torch::Tensor mean, provisional;  // provisional: eager only
-  };
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::optional<Copy>> copies;  // one per fragment in flight at the round's end
-  std::string abandoned;                    // why, once one will never be handed in
-
-  explicit LandedCopies(size_t n) : copies(n) {}
-  void hand_in(size_t i, Copy c) {
-    std::lock_guard<std::mutex> lock(mu);
-    copies[i] = std::move(c);
-    cv.notify_all();
-  }
-  void abandon(std::string why) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (abandoned.empty()) abandoned = std::move(why);
-    cv.notify_all();
-  }
-  // Every copy, once all are handed in; throws when one was abandoned or `limit` passed.
-  std::vector<Copy> wait(std::chrono::seconds limit) {
-    std::unique_lock<std::mutex> lock(mu);
-    const bool ended = cv.wait_for(lock, limit, [&] {
-      return !abandoned.empty() ||
-             std::all_of(copies.begin(), copies.end(), [](auto& c) { return c.has_value(); });
-    });
-    if (!abandoned.empty()) throw std::runtime_error(abandoned);
-    if (!ended)
-      throw std::runtime_error("the fragments in flight at the round's end did not land within " +
-                               std::to_string(limit.count()) + " s");
-    std::vector<Copy> out;
-    for (auto& c : copies) out.push_back(std::move(*c));
-    return out;
-  }
-};
-
-// sync.mode streaming: a fragment whose average is on its way (see InnerWorker::stream).
-struct InFlight {
-  int fragment = 0;
-  int64_t synced = 0;             // the inner step count after which it synchronized
-  int64_t lands = 0;              // the inner step count after which it lands
-  torch::Tensor provisional;      // eager: the θ this worker went on from (its own Δ stepped)
-  std::vector<float> delta;       // its Δ, range after range: the all-reduce's input
-  std::vector<float> mean;        // the average, once `done` is ready
-  std::shared_future<void> done;  // its all-reduce; get() rethrows a failure
-  uint64_t bytes_sent = 0;
-  // A checkpoint waiting for its average: handed in as it lands (land_for_checkpoint).
-  std::shared_ptr<LandedCopies> checkpoint;
-  size_t checkpoint_index = 0;
-
-  InFlight() = default;
-  InFlight(const InFlight&) = delete;
-  InFlight& operator=(const InFlight&) = delete;
-  ~InFlight() {
-    if (checkpoint)
-      checkpoint->abandon("fragment " + std::to_string(fragment) + " of the round's end (" +
-                          "synchronized at inner step " + std::to_string(synced) +
-                          ") was dropped before it landed");
-  }
-  // What a checkpoint holds of it once its all-reduce ended: a copy of its average, and eager's
-  // provisional θ (never changed once made).
-  LandedCopies::Copy copy() const {
-    return {fragment, synced, lands, torch::from_blob(const_cast<float*>(mean.data()),
-                                                      {int64_t(mean.size())}).clone(),
-            provisional};
-  }
-  // Its copy to the checkpoint waiting for it, before the landing may take the mean away
-  // (log_landing).
-  void land_for_checkpoint() {
-    if (!checkpoint) return;
-    checkpoint->hand_in(checkpoint_index, copy());
-    checkpoint.reset();
-  }
-};
-
 namespace {
-
-// A checkpoint's fragments in flight, under the simulator's keys (see write_in_flight).
-void write_landed(torch::serialize::OutputArchive& ar,
-                  const std::vector<LandedCopies::Copy>& copies) {
-  ar.write("in_flight", c10::IValue(int64_t(copies.size())));
-  for (size_t i = 0; i < copies.size(); ++i) {
-    const LandedCopies::Copy& f = copies[i];
-    const std::string key = "in_flight." + std::to_string(i) + ".";
-    ar.write(key + "fragment", c10::IValue(int64_t(f.fragment)));
-    ar.write(key + "lands", c10::IValue(f.lands));
-    ar.write(key + "synced", c10::IValue(f.synced));
-    ar.write(key + "0", f.mean);
-    if (f.provisional.defined()) ar.write(key + "provisional.0", f.provisional);
-  }
-}
 
 // `ar` to `path` atomically (a file beside it, then renamed over it).
 void save_archive(torch::serialize::OutputArchive& ar, const std::string& path) {
@@ -271,6 +168,51 @@ struct StreamGroup {
   }
 };
 
+// The fragments' averages of a stream() call over the network (the round engine's
+// FragmentAverager): on the worker's communicator, one operation at a time, each after the one
+// before (`last` is the newest; a failure before fails this one too), over the group as it is
+// when the operation starts (the ones before it may have dropped members); a member lost on the
+// way is dropped and the rest go again.
+class GroupAverager final : public dl::FragmentAverager {
+ public:
+  GroupAverager(collective::Communicator& comm, std::shared_ptr<StreamGroup> group,
+                std::shared_future<uint64_t>& last)
+      : comm_(comm), group_(std::move(group)), last_(last) {}
+  std::shared_future<uint64_t> start(uint64_t op, std::span<const std::span<const float>> deltas,
+                                     std::span<const std::span<float>> means) override {
+    if (deltas.size() != 1 || means.size() != 1)
+      throw std::logic_error("GroupAverager: one replica per worker");
+    collective::Communicator* comm = &comm_;
+    const std::span<const float> in = deltas[0];
+    const std::span<float> out = means[0];
+    last_ = std::async(std::launch::async, [comm, group = group_, op, in, out, before = last_] {
+              if (before.valid()) before.get();
+              uint64_t bytes = 0;
+              for (;;) {
+                const collective::Group g = group->at(op);
+                try {
+                  comm->allreduce(g, in, out);
+                  bytes += comm->last_stats().bytes_sent;
+                  if (const float c = group->weight_correction(g); c != 1.0f)
+                    for (float& x : out) x *= c;
+                  return bytes;
+                } catch (const collective::PeerLostError& e) {
+                  bytes += comm->last_stats().bytes_sent;
+                  if (!group->drop(e.peer(), g)) throw;
+                  log_warn("fragment all-reduce " + std::to_string(op) + ": " + e.peer() +
+                           " lost; the others finish it without it");
+                }
+              }
+            }).share();
+    return last_;
+  }
+
+ private:
+  collective::Communicator& comm_;
+  std::shared_ptr<StreamGroup> group_;
+  std::shared_future<uint64_t>& last_;
+};
+
 // sync.mode streaming: what stream() shares with the concurrent methods through which a worker
 // joins mid-round (offer_state, snapshot_part, landed, landed_mean, progress, admit), all
 // under `mu`. A donor takes a snapshot of its state between two inner steps when asked, then
@@ -327,12 +269,12 @@ struct InnerWorker::State {
 
   PathRoots roots;  // its node's data and checkpoint roots: where it may read and write
 
-  // sync.mode streaming: fragment f's ranges of the flat vector, the fragments in flight
-  // (their all-reduces run on threads of their own, one after another: one communicator runs
-  // one operation at a time), and the newest of those operations.
-  std::vector<std::vector<dl::Range>> fragments;
-  std::deque<std::unique_ptr<InFlight>> in_flight;
-  std::shared_future<void> last_op;
+  // sync.mode streaming and eager: the round engine the simulator drives too (the fragments in
+  // flight, their landing), over this worker's one rank; made by init(). The fragments'
+  // all-reduces run on threads of their own, one after another (one communicator runs one
+  // operation at a time): `last_op` is the newest.
+  std::unique_ptr<dl::StreamingRound> streaming;
+  std::shared_future<uint64_t> last_op;
   JoinDesk desk;
   int64_t joined_snapshot_step = -1;  // init() copied a donor's snapshot of this step (mid-round)
 
@@ -347,26 +289,20 @@ struct InnerWorker::State {
   // Waits for every operation in flight (each ends, by success or by the peer timeout) and
   // forgets them: before the state they work on is replaced or destroyed.
   void drain() {
-    for (auto& f : in_flight)
-      if (f->done.valid()) f->done.wait();
-    in_flight.clear();
+    if (streaming) streaming->drain();
     if (last_op.valid()) last_op.wait();
     last_op = {};
   }
   // streaming or eager: the rounds run through stream(), with synchronizations in flight.
   bool overlapped() const { return cfg.sync.mode != dl::SyncMode::blocking; }
-
-  // The fragment whose synchronization is at inner step count `step`, strictly inside round
-  // `round` (a boundary where a worker may join mid-round: the round's end is not one); none
-  // otherwise. Its operation id is the round's StreamRequest::op_id plus it.
-  std::optional<int> fragment_inside(int64_t round, int64_t step) const {
-    const int h = cfg.inner.steps;
-    const int64_t stride = h / std::max(1, cfg.sync.fragments);
-    const int64_t start = round * h;
-    if (step <= start || step >= start + h || (step - start) % stride != 0) return std::nullopt;
-    const int64_t f = (step - start) / stride - 1;
-    if (f >= cfg.sync.fragments) return std::nullopt;
-    return int(f);
+  dl::FragmentSchedule schedule() const { return dl::FragmentSchedule(cfg); }
+  // The round engine over the lead rank's trainer and outer state as they are now.
+  void make_streaming() {
+    streaming.reset();
+    if (!overlapped()) return;
+    streaming = std::make_unique<dl::StreamingRound>(
+        cfg, dl::parameter_fragments(lead().trainer->model(), cfg.sync.fragments),
+        std::vector<dl::Replica>{{lead().trainer.get(), lead().outer.get()}});
   }
 
   // stream(), between two inner steps at step count `now`: the snapshot offer_state asked
@@ -392,10 +328,10 @@ struct InnerWorker::State {
   }
   // stream(): a landing, kept while a snapshot is offered. More than two rounds' worth of
   // averages (the joiner is far behind) drops the snapshot, and that join with it.
-  void log_landing(InFlight& f, int64_t now) {  // takes f's mean while a snapshot is offered
+  void log_landing(int fragment, std::vector<float>& mean, int64_t now) {  // takes the mean
     std::lock_guard<std::mutex> lock(desk.mu);
     if (!desk.snapshot) return;
-    if (desk.landed_floats + f.mean.size() > 2 * delta.size()) {
+    if (desk.landed_floats + mean.size() > 2 * delta.size()) {
       log_warn("worker " + std::to_string(index) + ": the snapshot of step " +
                std::to_string(desk.snapshot_step) + " is dropped: its joiner fell behind by " +
                "more than two rounds of landings");
@@ -404,9 +340,36 @@ struct InnerWorker::State {
       return;
     }
     desk.landed.push_back(
-        {f.fragment, now, std::make_shared<const std::vector<float>>(std::move(f.mean))});
+        {fragment, now, std::make_shared<const std::vector<float>>(std::move(mean))});
     desk.landed_floats += desk.landed.back().mean->size();
     desk.cv.notify_all();
+  }
+
+  // stream(), at step count `now` before its events: the loop's progress for the joiners, and an
+  // admission there (accepted before this boundary: the decision normally came long ago); the
+  // member it commits takes part from this boundary's operation on. The seconds it waited.
+  double admit_at(const StreamRequest& req, StreamGroup& group, int64_t now) {
+    std::unique_lock<std::mutex> lock(desk.mu);
+    desk.reached = now;
+    desk.cv.notify_all();
+    if (!desk.admit || desk.admit->step != now) return 0;
+    const int64_t t_wait = loco::now_ms();
+    desk.cv.wait_for(lock, kAdmitDecision,
+                     [&] { return desk.admit->phase != AdmitRequest::prepare; });
+    const double waited = seconds_since(t_wait);
+    if (desk.admit->phase == AdmitRequest::commit) {
+      group.add(desk.admit->name, desk.admit->endpoint,
+                req.op_id + uint64_t(*schedule().fragment_inside(req.round, now)));
+      log_info("worker " + std::to_string(index) + ": " + desk.admit->name +
+               " takes part from inner step " + std::to_string(now) + " of round " +
+               std::to_string(req.round + 1) + " on");
+    } else if (desk.admit->phase == AdmitRequest::prepare) {
+      log_warn("worker " + std::to_string(index) + ": no decision on admitting " +
+               desk.admit->name + " at inner step " + std::to_string(now) + " within " +
+               std::to_string(kAdmitDecision.count()) + " s; going on without it");
+    }
+    desk.admit.reset();
+    return waited;
   }
 
   // The test hooks installed in this process at `point` (actors/round_hooks.hpp; none in
@@ -520,9 +483,7 @@ struct InnerWorker::State {
     // Eager: this worker's own provisional θ for each average in flight (the outer checkpoint
     // holds its writer's), which a worker resumed from the checkpoint corrects with. Never
     // changed once made, so not copied.
-    if (eager())
-      for (size_t i = 0; i < in_flight.size(); ++i)
-        ar.write("in_flight." + std::to_string(i) + ".provisional.0", in_flight[i]->provisional);
+    if (streaming) streaming->write_provisionals(ar);
   }
 
   // Host buffers that checkpoints copy the state into, kept from one to the next: fresh ones
@@ -564,23 +525,17 @@ struct InnerWorker::State {
     auto outer_ar = std::make_shared<torch::serialize::OutputArchive>();
     const dl::ArchiveCopy copy = checkpoint_copier();
     if (!inner.empty()) inner_state_archive(*inner_ar, copy);
-    std::shared_ptr<LandedCopies> landed;
+    std::shared_ptr<dl::PendingLandings> landed;
     if (!checkpoint.empty()) {
       checkpoint_archive(*outer_ar, copy);
-      landed = std::make_shared<LandedCopies>(in_flight.size());
-      for (size_t i = 0; i < in_flight.size(); ++i) {
-        InFlight& f = *in_flight[i];
-        if (f.checkpoint) f.checkpoint->abandon("a later checkpoint was asked for first");
-        f.checkpoint = landed;
-        f.checkpoint_index = i;
-      }
+      landed = streaming->await_landings();
     }
     const int64_t round = lead().outer->round();
     const std::string who = "worker " + std::to_string(index) + ": the checkpoint after round " +
                             std::to_string(round) + ": ";
     log_info(who + "state copied in " + std::to_string(loco::now_ms() - t0) + " ms (" +
              std::to_string(checkpoint_buffers_new) + " new buffers), " +
-             std::to_string(in_flight.size()) + " fragment(s) in flight");
+             std::to_string(streaming->in_flight()) + " fragment(s) in flight");
     std::shared_future<std::string> write =
         std::async(std::launch::async,
                    [inner_ar, outer_ar, landed, checkpoint, inner, who]() mutable -> std::string {
@@ -594,7 +549,7 @@ struct InnerWorker::State {
                      if (!inner.empty()) save_archive(*inner_ar, inner);
                      std::string written = inner;
                      if (!checkpoint.empty()) {
-                       write_landed(*outer_ar, landed->wait(kLandedCopies));
+                       dl::StreamingRound::write_copies(*outer_ar, landed->wait(kLandedCopies));
                        save_archive(*outer_ar, checkpoint);
                        written += (written.empty() ? "" : " and ") + checkpoint;
                      }
@@ -685,76 +640,6 @@ void check_group(const char* what, int index, const std::vector<std::string>& na
                                   std::to_string(g) + " local ranks");
 }
 
-// Streaming checkpoints and join states carry the fragments in flight, with their averages,
-// under the simulator's keys ("in_flight.I.fragment", ".lands", ".0"): a worker that resumes
-// or joins lands them at the same steps as the others. Written once their all-reduces ended.
-void write_in_flight(torch::serialize::OutputArchive& ar,
-                     const std::deque<std::unique_ptr<InFlight>>& in_flight) {
-  std::vector<LandedCopies::Copy> copies;
-  for (const auto& f : in_flight) {
-    try {
-      f->done.get();
-    } catch (const std::exception& e) {
-      throw std::runtime_error("the all-reduce of fragment " + std::to_string(f->fragment) +
-                               " failed, so the outer state cannot be saved: " + e.what());
-    }
-    copies.push_back(f->copy());
-  }
-  write_landed(ar, copies);
-}
-
-// Eager, resumed from a checkpoint: each average in flight is corrected with this worker's own
-// provisional θ, from its inner state of the same round (InnerWorker::State::inner_state_archive),
-// not with the one of the worker that wrote the outer checkpoint.
-void read_own_provisionals(torch::serialize::InputArchive& inner, const Rank& k,
-                           std::deque<std::unique_ptr<InFlight>>& in_flight) {
-  c10::IValue round;
-  if (!inner.try_read("round", round) || round.toInt() != k.outer->round()) return;
-  for (size_t i = 0; i < in_flight.size(); ++i) {
-    torch::Tensor t;
-    if (!inner.try_read("in_flight." + std::to_string(i) + ".provisional.0", t)) continue;
-    if (t.numel() != k.outer->theta().numel())
-      throw std::runtime_error("the inner state's provisional θ " + std::to_string(i) + " has " +
-                               std::to_string(t.numel()) + " values, θ has " +
-                               std::to_string(k.outer->theta().numel()));
-    in_flight[i]->provisional = t.to(torch::kFloat32).contiguous();
-  }
-}
-
-std::deque<std::unique_ptr<InFlight>> read_in_flight(torch::serialize::InputArchive& ar,
-                                                     int fragments, bool eager) {
-  std::deque<std::unique_ptr<InFlight>> out;
-  c10::IValue v;
-  if (!ar.try_read("in_flight", v)) return out;
-  std::promise<void> ready;
-  ready.set_value();
-  const std::shared_future<void> done = ready.get_future().share();
-  for (int64_t i = 0; i < v.toInt(); ++i) {
-    const std::string key = "in_flight." + std::to_string(i) + ".";
-    auto f = std::make_unique<InFlight>();
-    c10::IValue x;
-    ar.read(key + "fragment", x);
-    f->fragment = int(x.toInt());
-    if (f->fragment < 0 || f->fragment >= fragments)
-      throw std::runtime_error("a fragment in flight is numbered " + std::to_string(f->fragment) +
-                               ", but the job has " + std::to_string(fragments) + " fragments");
-    ar.read(key + "lands", x);
-    f->lands = x.toInt();
-    f->synced = ar.try_read(key + "synced", x) ? x.toInt() : -1;
-    torch::Tensor t;
-    if (eager) {
-      ar.read(key + "provisional.0", t);
-      f->provisional = t.to(torch::kFloat32).contiguous();
-    }
-    ar.read(key + "0", t);
-    t = t.to(torch::kFloat32).contiguous();
-    f->mean.assign(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
-    f->done = done;
-    out.push_back(std::move(f));
-  }
-  return out;
-}
-
 }  // namespace
 
 InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
@@ -812,6 +697,7 @@ std::vector<std::string> InnerWorker::endpoints() const {
 InitResult InnerWorker::init(WorkerInit init) {
   InitResult out;
   s_->drain();  // fragments of a round that is being redone or rewound
+  s_->streaming.reset();  // over the ranks' trainers and outer states, which are made anew
   s_->index = init.index;
   // A job resumed from a checkpoint continues each worker from its own inner
   // state (exactly); a worker that joins a live job takes a new data stream and
@@ -846,6 +732,7 @@ InitResult InnerWorker::init(WorkerInit init) {
     k.trainer->set_step(init.round * s_->cfg.inner.steps);
     k.outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, k.trainer->flat_parameters());
   }
+  s_->make_streaming();
   const int64_t t0 = loco::now_ms();
   if (!init.source.empty()) {
     // Straight from a live member (idle between rounds), in parts with a few in
@@ -897,7 +784,7 @@ InitResult InnerWorker::init(WorkerInit init) {
       k.trainer->load_moments(ar, "moments.");
     }
     if (s_->overlapped() && !offer)
-      s_->in_flight = read_in_flight(ar, s_->cfg.sync.fragments, s_->eager());
+      s_->streaming->read_in_flight(ar);
     s_->joined_snapshot_step = offer ? offer->step : -1;
     out.snapshot_step = s_->joined_snapshot_step;
     out.state_bytes = bytes.size();
@@ -905,8 +792,13 @@ InitResult InnerWorker::init(WorkerInit init) {
     torch::serialize::InputArchive ar;
     ar.load_from(init.checkpoint, torch::kCPU);
     for (Rank& k : s_->ranks) k.outer->load(ar, "outer.");
-    if (s_->overlapped()) s_->in_flight = read_in_flight(ar, s_->cfg.sync.fragments, s_->eager());
-    if (s_->eager() && inner_ar) read_own_provisionals(*inner_ar, s_->lead(), s_->in_flight);
+    if (s_->overlapped()) s_->streaming->read_in_flight(ar);
+    // Eager: each average in flight is corrected with this worker's own provisional θ, from its
+    // inner state of the same round, not with the one of the worker that wrote the checkpoint.
+    c10::IValue round;
+    if (s_->overlapped() && inner_ar && inner_ar->try_read("round", round) &&
+        round.toInt() == s_->lead().outer->round())
+      s_->streaming->read_provisionals(*inner_ar);
     out.state_bytes = uint64_t(std::filesystem::file_size(init.checkpoint));
   } else if (!s_->cfg.init.empty()) {
     // A fresh job of `init: hf:DIR`: every worker reads the same folder (under its node's data
@@ -919,6 +811,7 @@ InitResult InnerWorker::init(WorkerInit init) {
                                " parameters, the job's model " +
                                std::to_string(s_->lead().trainer->parameter_count()));
     for (Rank& k : s_->ranks) k.outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, theta);
+    s_->make_streaming();
     out.state_bytes = uint64_t(values.size() * sizeof(float));
   }
   const dl::OuterOptimizer& outer = *s_->lead().outer;
@@ -932,8 +825,6 @@ InitResult InnerWorker::init(WorkerInit init) {
   // differ from θ in the fragments not synchronized since (as the simulator's checkpoints do).
   if (!(s_->overlapped() && inner_ar))
     for (Rank& k : s_->ranks) k.trainer->load_parameters(k.outer->theta());
-  if (s_->overlapped())
-    s_->fragments = dl::parameter_fragments(s_->lead().trainer->model(), s_->cfg.sync.fragments);
   const auto n = size_t(s_->lead().trainer->parameter_count());
   s_->delta.assign(n, 0.0f);
   s_->averaged.assign(n, 0.0f);
@@ -1092,13 +983,11 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                                 std::to_string(req.round + 1) +
                                 ", but its outer state is of round " +
                                 std::to_string(k.outer->round()));
-  const dl::SyncConfig& sync = s_->cfg.sync;
-  const int h = s_->cfg.inner.steps;
-  const int64_t stride = h / sync.fragments;
-  const int64_t start = req.round * h, end = start + h;
+  const dl::FragmentSchedule schedule = s_->schedule();
+  const int64_t start = schedule.start(req.round);
   const bool joining = req.from_step >= 0;
-  const std::optional<int> first = joining ? s_->fragment_inside(req.round, req.from_step)
-                                           : std::nullopt;
+  const std::optional<int> first =
+      joining ? schedule.fragment_inside(req.round, req.from_step) : std::nullopt;
   if (joining && (!first || req.source.empty() || s_->joined_snapshot_step < 0))
     throw std::invalid_argument(
         "InnerWorker " + std::to_string(s_->index) + ": stream of round " +
@@ -1139,139 +1028,54 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   StreamResult out;
   if (joining) catch_up(req);
 
-  // The events at inner step count `now`: an admission there, the synchronizations, then the
-  // landings (with no overlap a fragment lands at the step it synchronizes).
-  auto events_at = [&](int64_t now) {
-    {
-      std::unique_lock<std::mutex> lock(desk.mu);
-      desk.reached = now;
-      desk.cv.notify_all();
-      if (desk.admit && desk.admit->step == now) {
-        const int64_t t_wait = loco::now_ms();
-        // Accepted before this boundary: the decision normally came long ago.
-        desk.cv.wait_for(lock, kAdmitDecision,
-                         [&] { return desk.admit->phase != AdmitRequest::prepare; });
-        out.wait_seconds += seconds_since(t_wait);
-        if (desk.admit->phase == AdmitRequest::commit) {
-          group->add(desk.admit->name, desk.admit->endpoint,
-                     req.op_id + uint64_t(*s_->fragment_inside(req.round, now)));
-          log_info("worker " + std::to_string(s_->index) + ": " + desk.admit->name +
-                   " takes part from inner step " + std::to_string(now) + " of round " +
-                   std::to_string(req.round + 1) + " on");
-        } else if (desk.admit->phase == AdmitRequest::prepare) {
-          log_warn("worker " + std::to_string(s_->index) + ": no decision on admitting " +
-                   desk.admit->name + " at inner step " + std::to_string(now) + " within " +
-                   std::to_string(kAdmitDecision.count()) + " s; going on without it");
-        }
-        desk.admit.reset();
+  // What this worker does between the round engine's events: its inner steps, one at a time
+  // for the per-step figures (the arithmetic of run_inner_steps(n)), with the test hooks; a
+  // snapshot a joiner asked for; the admission of a joiner at a boundary; the landings kept
+  // for a joiner that copied a snapshot.
+  struct Worker final : dl::StreamingRound::Driver {
+    State& s;
+    const StreamRequest& req;
+    StreamGroup& group;
+    StreamResult& out;
+    int64_t start;
+    double loss = 0;
+    Worker(State& st, const StreamRequest& r, StreamGroup& g, StreamResult& o, int64_t s0)
+        : s(st), req(r), group(g), out(o), start(s0) {}
+    void before_steps(int64_t now) override { s.snapshot_if_wanted(req.round, now); }
+    void steps(int64_t now, int n) override {
+      const int64_t t_inner = loco::now_ms();
+      double chunk = 0;  // summed as run_inner_steps(n) sums, then its mean times n as before
+      for (int i = 0; i < n; ++i) {
+        out.inner.per_step.push_back(s.one_step(s.lead()));
+        chunk += out.inner.per_step.back().loss;
+        // A test hook's delay counts as inner time, as in timed_steps.
+        s.hook(RoundPoint::after_inner_step, req.round, now - start + i + 1, "stream");
       }
+      out.inner.seconds += seconds_since(t_inner);
+      out.inner.steps += n;
+      loss += (n > 0 ? chunk / n : 0.0) * n;
+      s.hook(RoundPoint::stream_events, req.round, now + n - start, "stream");
     }
-    for (int f = 0; f < sync.fragments; ++f) {
-      if (start + (f + 1) * stride != now) continue;
-      const auto& ranges = s_->fragments[size_t(f)];
-      auto fl = std::make_unique<InFlight>();
-      fl->fragment = f;
-      fl->synced = now;
-      fl->lands = now + sync.overlap_steps;
-      const int64_t size = floats_in(ranges);
-      fl->delta.resize(size_t(size));
-      fl->mean.resize(size_t(size));
-      size_t at = 0;
-      for (const dl::Range& r : ranges) {
-        k.trainer->pseudo_gradient(k.outer->theta(), {fl->delta.data() + at, size_t(r.size())},
-                                   r.begin);
-        at += size_t(r.size());
-      }
-      // Eager: go on from its own Δ stepped, while the average is on its way.
-      if (s_->eager()) {
-        fl->provisional = k.outer->provisional_ranges(fl->delta, ranges);
-        k.trainer->load_parameters(fl->provisional);
-      }
-      const uint64_t round_id = req.op_id + uint64_t(f);
-      InFlight* raw = fl.get();
-      collective::Communicator* comm = k.comm.get();
-      std::shared_future<void> before = s_->last_op;
-      s_->last_op = std::async(std::launch::async, [raw, comm, group, round_id, before] {
-                      if (before.valid()) before.get();  // a failure before: this one fails too
-                      // The group as it is when the operation starts (the ones before it may have
-                      // dropped members); a member lost on the way is dropped and the rest go
-                      // again.
-                      for (;;) {
-                        const collective::Group g = group->at(round_id);
-                        try {
-                          comm->allreduce(g, raw->delta, raw->mean);
-                          raw->bytes_sent += comm->last_stats().bytes_sent;
-                          if (const float c = group->weight_correction(g); c != 1.0f)
-                            for (float& x : raw->mean) x *= c;
-                          return;
-                        } catch (const collective::PeerLostError& e) {
-                          raw->bytes_sent += comm->last_stats().bytes_sent;
-                          if (!group->drop(e.peer(), g)) throw;
-                          log_warn("fragment all-reduce " + std::to_string(round_id) + ": " +
-                                   e.peer() + " lost; the others finish it without it");
-                        }
-                      }
-                    }).share();
-      fl->done = s_->last_op;
-      s_->in_flight.push_back(std::move(fl));
+    void at_event(int64_t now) override {
+      out.wait_seconds += s.admit_at(req, group, now);
     }
-    const bool last = req.last && now == end;
-    for (auto it = s_->in_flight.begin(); it != s_->in_flight.end();) {
-      InFlight& f = **it;
-      if (f.lands != now && !last) {
-        ++it;
-        continue;
-      }
-      const int64_t t_wait = loco::now_ms();
-      f.done.get();  // the fragment's all-reduce failed: so does the round
-      out.wait_seconds += seconds_since(t_wait);
-      out.bytes_sent += f.bytes_sent;
-      f.land_for_checkpoint();
-      const auto& ranges = s_->fragments[size_t(f.fragment)];
-      k.outer->step_ranges(f.mean, ranges);
-      s_->log_landing(f, now);
-      if (!s_->eager())
-        k.trainer->merge_parameters(k.outer->theta(), ranges, sync.mix);
-      else if (now == f.synced)  // no step taken from the provisional θ: blocking, bit for bit
-        k.trainer->load_parameters(k.outer->theta());
-      else
-        k.trainer->correct_parameters(k.outer->theta(), f.provisional);
-      it = s_->in_flight.erase(it);
+    void landed(dl::InFlightFragment& f, int64_t now) override {
+      s.log_landing(f.fragment, f.mean[0], now);
     }
-  };
+  } worker(*s_, req, *group, out, start);
+  GroupAverager averager(*k.comm, group, s_->last_op);
 
-  double loss = 0;
-  int64_t now = start;
-  if (joining) {
-    now = req.from_step;
-    events_at(now);
-  }
-  while (now < end) {
-    s_->snapshot_if_wanted(req.round, now);
-    int64_t next = end;
-    for (int f = 0; f < sync.fragments; ++f)
-      if (start + (f + 1) * stride > now) next = std::min(next, start + (f + 1) * stride);
-    for (const auto& f : s_->in_flight) next = std::min(next, f->lands);
-    const int n = int(next - now);
-    const int64_t t_inner = loco::now_ms();
-    double chunk = 0;  // summed as run_inner_steps(n) sums, then its mean times n as before
-    for (int i = 0; i < n; ++i) {
-      out.inner.per_step.push_back(s_->one_step(k));
-      chunk += out.inner.per_step.back().loss;
-      // A test hook's delay counts as inner time, as in timed_steps.
-      s_->hook(RoundPoint::after_inner_step, req.round, now - start + i + 1, "stream");
-    }
-    out.inner.seconds += seconds_since(t_inner);
-    out.inner.steps += n;
-    loss += (n > 0 ? chunk / n : 0.0) * n;
-    now = next;
-    s_->hook(RoundPoint::stream_events, req.round, now - start, "stream");
-    events_at(now);
-  }
-  k.outer->end_round();
+  dl::StreamingRound::Round round;
+  round.round = req.round;
+  round.last = req.last;
+  round.from_step = req.from_step;
+  round.op_base = req.op_id;
+  const dl::StreamingRound::Result r = s_->streaming->run(round, averager, worker);
+  out.wait_seconds += r.wait_seconds;
+  out.bytes_sent += r.bytes_sent;
   out.inner.round = req.round;
   // Over the steps it took: a worker that joined mid-round took fewer than H.
-  out.inner.mean_loss = out.inner.steps > 0 ? loss / out.inner.steps : 0.0;
+  out.inner.mean_loss = out.inner.steps > 0 ? worker.loss / out.inner.steps : 0.0;
   out.theta_hash = k.outer->theta_hash();
   out.group = group->names();
   if (!checkpoint_file.empty() || !inner_file.empty())
@@ -1304,14 +1108,13 @@ void InnerWorker::catch_up(const StreamRequest& req) {
                                  std::to_string(s_->cfg.sync.fragments));
       const Blob mean = src.call(&InnerWorker::landed_mean, req.round, since, int64_t(applied))
                             .get(kStateCopyCall);
-      const auto& ranges = s_->fragments[size_t(f)];
-      const int64_t size = floats_in(ranges);
+      const int64_t size = s_->streaming->fragment_size(f);
       if (mean.as<float>().size() != size_t(size))
         throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": the average of " +
                                  "fragment " + std::to_string(f) + " from " + req.source +
                                  " holds " + std::to_string(mean.as<float>().size()) +
                                  " values, not " + std::to_string(size));
-      k.outer->step_ranges(mean.as<float>(), ranges);
+      s_->streaming->land_outer(f, mean.as<float>());
     }
     if (l.complete) break;
     if (loco::now_ms() > deadline)
@@ -1403,7 +1206,7 @@ bool InnerWorker::admit(AdmitRequest req) {
     // Yes only while this worker is before that boundary, which must be a synchronization
     // inside the round, and with no other admission pending.
     if (s_->cfg.sync.mode != dl::SyncMode::streaming || d.round != req.round ||
-        d.reached >= req.step || !s_->fragment_inside(req.round, req.step) || d.admit ||
+        d.reached >= req.step || !s_->schedule().fragment_inside(req.round, req.step) || d.admit ||
         req.name.empty() || req.endpoint.empty())
       return false;
     d.admit = req;
@@ -1454,7 +1257,7 @@ const std::shared_ptr<const std::string>& InnerWorker::join_state(int64_t round)
     torch::serialize::OutputArchive ar;
     s_->lead().outer->save(ar, "outer.");
     s_->lead().trainer->save_moments(ar, "moments.");
-    if (s_->overlapped()) write_in_flight(ar, s_->in_flight);
+    if (s_->streaming) s_->streaming->write_in_flight(ar);
     std::ostringstream out;
     ar.save_to(out);
     s_->shared_state = std::make_shared<const std::string>(std::move(out).str());
@@ -1484,7 +1287,7 @@ std::string InnerWorker::save_checkpoint(std::string path) {
   path = s_->checkpoint_path(path, "save_checkpoint: path");
   torch::serialize::OutputArchive ar;
   s_->checkpoint_archive(ar);
-  if (s_->overlapped()) write_in_flight(ar, s_->in_flight);
+  if (s_->streaming) s_->streaming->write_in_flight(ar);
   save_archive(ar, path);
   return std::filesystem::absolute(path).string();
 }
