@@ -1,0 +1,296 @@
+#include "actors/inner_worker_state.hpp"
+
+namespace loco::actors {
+
+namespace {
+
+// The fragments' averages of a stream() call over the network (the round engine's
+// FragmentAverager): on the worker's communicator, one operation at a time, each after the one
+// before (`last` is the newest; a failure before fails this one too), over the group as it is
+// when the operation starts (the ones before it may have dropped members); a member lost on the
+// way is dropped and the rest go again.
+class GroupAverager final : public dl::FragmentAverager {
+ public:
+  GroupAverager(collective::Communicator& comm, std::shared_ptr<StreamGroup> group,
+                std::shared_future<uint64_t>& last)
+      : comm_(comm), group_(std::move(group)), last_(last) {}
+  std::shared_future<uint64_t> start(uint64_t op, std::span<const std::span<const float>> deltas,
+                                     std::span<const std::span<float>> means) override {
+    if (deltas.size() != 1 || means.size() != 1)
+      throw std::logic_error("GroupAverager: one replica per worker");
+    collective::Communicator* comm = &comm_;
+    const std::span<const float> in = deltas[0];
+    const std::span<float> out = means[0];
+    last_ = std::async(std::launch::async, [comm, group = group_, op, in, out, before = last_] {
+              if (before.valid()) before.get();
+              uint64_t bytes = 0;
+              for (;;) {
+                const collective::Group g = group->at(op);
+                try {
+                  comm->allreduce(g, in, out);
+                  bytes += comm->last_stats().bytes_sent;
+                  if (const float c = group->weight_correction(g); c != 1.0f)
+                    for (float& x : out) x *= c;
+                  return bytes;
+                } catch (const collective::PeerLostError& e) {
+                  bytes += comm->last_stats().bytes_sent;
+                  if (!group->drop(e.peer(), g)) throw;
+                  log_warn("fragment all-reduce " + std::to_string(op) + ": " + e.peer() +
+                           " lost; the others finish it without it");
+                }
+              }
+            }).share();
+    return last_;
+  }
+
+ private:
+  collective::Communicator& comm_;
+  std::shared_ptr<StreamGroup> group_;
+  std::shared_future<uint64_t>& last_;
+};
+
+}  // namespace
+
+// Streaming DiLoCo on a cluster, the simulator's run_streaming_round for one worker: from
+// event to event (a fragment's synchronization after inner step start + (f+1)·H/P, or a
+// landing τ steps after one), inner steps in between. A synchronization writes the fragment's
+// Δ and starts its all-reduce on a thread; a landing waits for that average (the only time
+// the inner steps wait on the network), applies the outer step to the fragment's ranges and
+// mixes them into the local parameters.
+StreamResult InnerWorker::stream(StreamRequest req) {
+  const int64_t t0 = loco::now_ms();
+  // A round sent ahead (pipeline_next) reaches the actor the head restarted after the member it
+  // was meant for died: this instance holds no outer state, and that member is gone.
+  if (!s_->lead().trainer)
+    throw ActorDiedError("InnerWorker " + std::to_string(s_->index) +
+                         " holds no outer state (restarted, or never initialized): the member "
+                         "that round " + std::to_string(req.round + 1) + " was sent to is gone");
+  if (!s_->overlapped())
+    throw std::logic_error("InnerWorker: stream() in a job whose sync.mode is blocking");
+  const std::string checkpoint_file =
+      req.checkpoint.empty() ? "" : s_->checkpoint_path(req.checkpoint, "stream: checkpoint");
+  const std::string inner_file =
+      req.inner_state.empty() ? "" : s_->checkpoint_path(req.inner_state, "stream: inner_state");
+  if (s_->ranks.size() != 1)
+    throw dl::ConfigError("sync.mode: streaming runs one local rank per worker for now");
+  check_group("stream", s_->index, req.names, req.endpoints, req.rank, 1);
+  Rank& k = s_->lead();
+  if (k.outer->round() != req.round)
+    throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": stream of round " +
+                                std::to_string(req.round + 1) +
+                                ", but its outer state is of round " +
+                                std::to_string(k.outer->round()));
+  const dl::FragmentSchedule schedule = s_->schedule();
+  const int64_t start = schedule.start(req.round);
+  const bool joining = req.from_step >= 0;
+  const std::optional<int> first =
+      joining ? schedule.fragment_inside(req.round, req.from_step) : std::nullopt;
+  if (joining && (!first || req.source.empty() || s_->joined_snapshot_step < 0))
+    throw std::invalid_argument(
+        "InnerWorker " + std::to_string(s_->index) + ": stream of round " +
+        std::to_string(req.round + 1) + " from step " + std::to_string(req.from_step) +
+        (s_->joined_snapshot_step < 0 ? ", but it copied no snapshot mid-round"
+                                      : ", which is not a fragment boundary inside the round"));
+
+  auto group = StreamGroup::of(
+      req, joining ? std::optional<uint64_t>(req.op_id + uint64_t(*first)) : std::nullopt);
+  const JoinDesk::Open desk = s_->desk.open(req.round, joining ? req.from_step : start);
+
+  StreamResult out;
+  if (joining) catch_up(req);
+
+  // What this worker does between the round engine's events: its inner steps, one at a time
+  // for the per-step figures (the arithmetic of run_inner_steps(n)), with the test hooks; a
+  // snapshot a joiner asked for; the admission of a joiner at a boundary; the landings kept
+  // for a joiner that copied a snapshot.
+  struct Worker final : dl::StreamingRound::Driver {
+    State& s;
+    const StreamRequest& req;
+    StreamGroup& group;
+    StreamResult& out;
+    int64_t start;
+    double loss = 0;
+    Worker(State& st, const StreamRequest& r, StreamGroup& g, StreamResult& o, int64_t s0)
+        : s(st), req(r), group(g), out(o), start(s0) {}
+    void before_steps(int64_t now) override { s.snapshot_if_wanted(req.round, now); }
+    void steps(int64_t now, int n) override {
+      const int64_t t_inner = loco::now_ms();
+      double chunk = 0;  // summed as run_inner_steps(n) sums, then its mean times n as before
+      for (int i = 0; i < n; ++i) {
+        out.inner.per_step.push_back(s.one_step(s.lead()));
+        chunk += out.inner.per_step.back().loss;
+        // A test hook's delay counts as inner time, as in timed_steps.
+        s.hook(RoundPoint::after_inner_step, req.round, now - start + i + 1, "stream");
+      }
+      out.inner.seconds += seconds_since(t_inner);
+      out.inner.steps += n;
+      loss += (n > 0 ? chunk / n : 0.0) * n;
+      s.hook(RoundPoint::stream_events, req.round, now + n - start, "stream");
+    }
+    void at_event(int64_t now) override {
+      out.wait_seconds += s.admit_at(req, group, now);
+    }
+    void landed(dl::InFlightFragment& f, int64_t now) override {
+      s.log_landing(f.fragment, f.mean[0], now);
+    }
+  } worker(*s_, req, *group, out, start);
+  GroupAverager averager(*k.comm, group, s_->last_op);
+
+  dl::StreamingRound::Round round;
+  round.round = req.round;
+  round.last = req.last;
+  round.from_step = req.from_step;
+  round.op_base = req.op_id;
+  const dl::StreamingRound::Result r = s_->streaming->run(round, averager, worker);
+  out.wait_seconds += r.wait_seconds;
+  out.bytes_sent += r.bytes_sent;
+  out.inner.round = req.round;
+  // Over the steps it took: a worker that joined mid-round took fewer than H.
+  out.inner.mean_loss = out.inner.steps > 0 ? worker.loss / out.inner.steps : 0.0;
+  out.theta_hash = k.outer->theta_hash();
+  out.group = group->names();
+  if (!checkpoint_file.empty() || !inner_file.empty())
+    s_->start_checkpoint(checkpoint_file, inner_file);
+  out.seconds = seconds_since(t0);
+  return out;
+}
+
+// A worker that joined mid-round: its snapshot (of the donor's step joined_snapshot_step)
+// brought up to the fragment boundary it takes part from, with the averages the donor landed
+// since, in the donor's order; then its parameters start from that θ and its schedule at that
+// step. The donor's landings before from_step are all done once it has reached from_step.
+void InnerWorker::catch_up(const StreamRequest& req) {
+  Rank& k = s_->lead();
+  auto src = Runtime::current().get_actor<InnerWorker>(req.source);
+  const int64_t since = s_->joined_snapshot_step;
+  size_t applied = 0;
+  const int64_t deadline = loco::now_ms() + Millis(kCatchUp).count();
+  for (;;) {
+    const LandedList l =
+        src.call(&InnerWorker::landed, req.round, since, req.from_step).get(kStateCopyCall);
+    if (l.fragments.size() != l.lands.size() || l.fragments.size() < applied)
+      throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": " + req.source +
+                               " listed its landings inconsistently");
+    for (; applied < l.fragments.size(); ++applied) {
+      const int f = l.fragments[applied];
+      if (f < 0 || f >= s_->cfg.sync.fragments)
+        throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": " + req.source +
+                                 " landed fragment " + std::to_string(f) + " of " +
+                                 std::to_string(s_->cfg.sync.fragments));
+      const Blob mean = src.call(&InnerWorker::landed_mean, req.round, since, int64_t(applied))
+                            .get(kStateCopyCall);
+      const int64_t size = s_->streaming->fragment_size(f);
+      if (mean.as<float>().size() != size_t(size))
+        throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": the average of " +
+                                 "fragment " + std::to_string(f) + " from " + req.source +
+                                 " holds " + std::to_string(mean.as<float>().size()) +
+                                 " values, not " + std::to_string(size));
+      s_->streaming->land_outer(f, mean.as<float>());
+    }
+    if (l.complete) break;
+    if (loco::now_ms() > deadline)
+      throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": " + req.source +
+                               " did not reach inner step " + std::to_string(req.from_step) +
+                               " within " + std::to_string(kCatchUp.count()) + " s");
+  }
+  k.trainer->load_parameters(k.outer->theta());
+  k.trainer->set_step(req.from_step);
+  s_->joined_snapshot_step = -1;
+  log_info("worker " + std::to_string(s_->index) + " joins round " + std::to_string(req.round + 1) +
+           " at inner step " + std::to_string(req.from_step) + ": snapshot of step " +
+           std::to_string(since) + " and " + std::to_string(applied) + " landing(s) since, from " +
+           req.source);
+}
+
+JoinOffer InnerWorker::offer_state(int64_t round) {
+  if (s_->cfg.sync.mode != dl::SyncMode::streaming)
+    throw std::invalid_argument("offer_state: joining mid-round is for sync.mode streaming");
+  JoinDesk& d = s_->desk;
+  std::unique_lock<std::mutex> lock(d.mu);
+  auto have = [&] { return d.snapshot && d.snapshot_round == round; };
+  if (d.round != round)
+    throw std::invalid_argument("offer_state: worker " + std::to_string(s_->index) +
+                                " is not in round " + std::to_string(round + 1));
+  if (!have()) {
+    d.wanted = true;
+    d.cv.wait_for(lock, kOfferState, [&] { return have() || d.round != round; });
+  }
+  if (!have())
+    throw std::runtime_error("offer_state: worker " + std::to_string(s_->index) +
+                             " took no snapshot in round " + std::to_string(round + 1) +
+                             " (the round ended, or no inner step came within " +
+                             std::to_string(kOfferState.count()) + " s)");
+  return JoinOffer{round, d.snapshot_step, int64_t(d.snapshot->size())};
+}
+
+Blob InnerWorker::snapshot_part(int64_t round, int64_t step, int64_t offset, int64_t length) {
+  JoinDesk& d = s_->desk;
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (!d.snapshot || d.snapshot_round != round || d.snapshot_step != step)
+    throw std::invalid_argument("snapshot_part: worker " + std::to_string(s_->index) +
+                                " holds no snapshot of step " + std::to_string(step) +
+                                " of round " + std::to_string(round + 1) + " any more");
+  return bytes_of(d.snapshot, offset, length, "snapshot_part", "the snapshot");
+}
+
+LandedList InnerWorker::landed(int64_t round, int64_t since, int64_t upto) {
+  JoinDesk& d = s_->desk;
+  std::unique_lock<std::mutex> lock(d.mu);
+  auto same = [&] { return d.round == round && d.snapshot && d.snapshot_step == since; };
+  // Up to kLandedHold for the donor to reach `upto`; what landed so far comes back either way.
+  d.cv.wait_for(lock, kLandedHold, [&] { return !same() || d.reached >= upto; });
+  if (!same())
+    throw std::runtime_error("landed: worker " + std::to_string(s_->index) +
+                             " no longer holds the snapshot of step " + std::to_string(since) +
+                             " of round " + std::to_string(round + 1));
+  LandedList out;
+  for (const JoinDesk::Landing& l : d.landed) {
+    if (l.lands >= upto) break;
+    out.fragments.push_back(l.fragment);
+    out.lands.push_back(l.lands);
+  }
+  out.complete = d.reached >= upto;
+  return out;
+}
+
+Blob InnerWorker::landed_mean(int64_t round, int64_t since, int64_t index) {
+  JoinDesk& d = s_->desk;
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.round != round || !d.snapshot || d.snapshot_step != since || index < 0 ||
+      size_t(index) >= d.landed.size())
+    throw std::invalid_argument("landed_mean: worker " + std::to_string(s_->index) +
+                                " holds no landing " + std::to_string(index) + " since step " +
+                                std::to_string(since) + " of round " + std::to_string(round + 1));
+  const auto& mean = d.landed[size_t(index)].mean;
+  return Blob(mean, reinterpret_cast<const uint8_t*>(mean->data()), mean->size() * sizeof(float));
+}
+
+int64_t InnerWorker::progress(int64_t round) {
+  std::lock_guard<std::mutex> lock(s_->desk.mu);
+  return s_->desk.round == round ? s_->desk.reached : -1;
+}
+
+bool InnerWorker::admit(AdmitRequest req) {
+  JoinDesk& d = s_->desk;
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (req.phase == AdmitRequest::prepare) {
+    // Yes only while this worker is before that boundary, which must be a synchronization
+    // inside the round, and with no other admission pending.
+    if (s_->cfg.sync.mode != dl::SyncMode::streaming || d.round != req.round ||
+        d.reached >= req.step || !s_->schedule().fragment_inside(req.round, req.step) || d.admit ||
+        req.name.empty() || req.endpoint.empty())
+      return false;
+    d.admit = req;
+    return true;
+  }
+  if (req.phase != AdmitRequest::commit && req.phase != AdmitRequest::abort)
+    throw std::invalid_argument("admit: phase " + std::to_string(req.phase) + " is not one");
+  if (!d.admit || d.admit->round != req.round || d.admit->step != req.step ||
+      d.admit->name != req.name || d.admit->phase != AdmitRequest::prepare)
+    return false;
+  d.admit->phase = req.phase;
+  d.cv.notify_all();
+  return true;
+}
+
+}  // namespace loco::actors
