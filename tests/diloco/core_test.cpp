@@ -13,6 +13,7 @@
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
+#include "diloco/fragment_schedule.hpp"
 #include "diloco/memory.hpp"
 #include "runtime/collective/allreduce.hpp"
 #include "tests/diloco/config_util.hpp"
@@ -42,6 +43,69 @@ using loco::diloco::testing::error_of;
 using loco::diloco::testing::replace;
 
 }  // namespace
+
+// The streaming round's schedule (the one the simulator and InnerWorker both follow): H = 12,
+// P = 4 fragments, τ = 1. Round 2 covers step counts (24, 36]; fragment f synchronizes after
+// 24 + 3(f + 1) and lands one step later.
+TEST(FragmentSchedule, SynchronizesEachFragmentAtItsBoundaryAndLandsTauLater) {
+  const FragmentSchedule s(12, 4, 1);
+  EXPECT_EQ(s.stride(), 3);
+  EXPECT_EQ(s.start(2), 24);
+  EXPECT_EQ(s.end(2), 36);
+  EXPECT_EQ(s.sync_step(2, 0), 27);
+  EXPECT_EQ(s.sync_step(2, 3), 36);
+  EXPECT_EQ(s.lands(36), 37);  // the round's last fragment lands in the next round
+  EXPECT_EQ(s.syncing_at(2, 30), std::vector<int>{1});
+  EXPECT_TRUE(s.syncing_at(2, 31).empty());
+  EXPECT_TRUE(s.syncing_at(3, 30).empty());  // another round's boundary
+  // From event to event: the next synchronization, a landing before it, or the round's end.
+  EXPECT_EQ(s.next_event(2, 24, std::nullopt), 27);
+  EXPECT_EQ(s.next_event(2, 24, 25), 25);
+  EXPECT_EQ(s.next_event(2, 27, 28), 28);
+  EXPECT_EQ(s.next_event(2, 33, std::nullopt), 36);
+  EXPECT_EQ(s.next_event(2, 33, 40), 36);
+  // H not a multiple of P: the last fragment synchronizes before the round's end (stride 3).
+  const FragmentSchedule odd(10, 3, 0);
+  EXPECT_EQ(odd.sync_step(0, 2), 9);
+  EXPECT_EQ(odd.next_event(0, 9, std::nullopt), 10);
+  // Eager: one fragment, at the round's end.
+  const FragmentSchedule eager(8, 1, 2);
+  EXPECT_EQ(eager.syncing_at(1, 16), std::vector<int>{0});
+  EXPECT_EQ(eager.lands(16), 18);
+  EXPECT_THROW(FragmentSchedule(4, 5, 0), std::invalid_argument);
+  EXPECT_THROW(FragmentSchedule(4, 2, -1), std::invalid_argument);
+}
+
+TEST(FragmentSchedule, BoundariesInsideARoundAreTheOnlyPlacesToJoin) {
+  const FragmentSchedule s(12, 4, 1);
+  EXPECT_EQ(s.fragment_inside(2, 27), 0);
+  EXPECT_EQ(s.fragment_inside(2, 33), 2);
+  EXPECT_EQ(s.fragment_inside(2, 36), std::nullopt);  // the round's end
+  EXPECT_EQ(s.fragment_inside(2, 24), std::nullopt);  // its start
+  EXPECT_EQ(s.fragment_inside(2, 28), std::nullopt);  // between two boundaries
+  EXPECT_EQ(s.fragment_inside(1, 27), std::nullopt);  // another round
+}
+
+TEST(FragmentSchedule, AMidRoundJoinerTakesPartFromTheFirstBoundaryPastTheFurthestMember) {
+  // Round 2 of H = 12 with 4 fragments: boundaries at steps 27, 30 and 33 (36 is the end).
+  const FragmentSchedule s(12, 4, 1);
+  EXPECT_EQ(s.join_step(2, {24, 24, 24}), 27);
+  EXPECT_EQ(s.join_step(2, {25, 24, 26}), 27);
+  EXPECT_EQ(s.join_step(2, {27, 27, 25}), 30);  // 27 is done by two
+  EXPECT_EQ(s.join_step(2, {28, 25, 24}), 30);
+  EXPECT_EQ(s.join_step(2, {30, 28, 29}), 33);
+  // None left before the round's end: the joiner waits for the round boundary.
+  EXPECT_EQ(s.join_step(2, {33, 30, 30}), std::nullopt);
+  // A member that cannot say where it is.
+  EXPECT_EQ(s.join_step(2, {24, -1, 24}), std::nullopt);
+  // τ ≥ H/P: the fragment before the boundary would land after it.
+  EXPECT_EQ(FragmentSchedule(12, 4, 3).join_step(2, {24, 24, 24}), std::nullopt);
+  EXPECT_EQ(FragmentSchedule(12, 4, 2).join_step(2, {24, 24, 24}), 27);
+  // One fragment: its only synchronization is the round's end.
+  EXPECT_EQ(FragmentSchedule(12, 1, 0).join_step(2, {24}), std::nullopt);
+  EXPECT_EQ(FragmentSchedule(8, 2, 0).join_step(0, {4, 1}), std::nullopt);  // 8 is the end
+  EXPECT_EQ(FragmentSchedule(8, 2, 0).join_step(0, {0, 3}), 4);
+}
 
 TEST(Config, ParsesEveryField) {
   const auto c = JobConfig::from_yaml(kJob);
