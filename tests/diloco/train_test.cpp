@@ -11,6 +11,7 @@
 
 #include "diloco/memory.hpp"
 #include "diloco/simulator.hpp"
+#include "diloco/streaming_round.hpp"
 #include "diloco/trainer.hpp"
 #include "tests/diloco/test_corpus.hpp"
 
@@ -636,6 +637,106 @@ TEST_F(DilocoTest, StreamingCheckpointWithAFragmentInFlightResumesBitIdentically
   c10::IValue n;
   ar.read("in_flight", n);
   EXPECT_EQ(n.toInt(), 1);
+}
+
+// The round engine's asynchronous averaging, with an averager whose averages arrive when the
+// test says: a fragment lands only with its average there, in the order of the schedule, one
+// still on its way at the round's end crosses into the next round (and is waited for there),
+// a failed average fails the round at its landing, and a checkpoint waiting for a fragment
+// that is dropped instead of landing is abandoned, not written with a hole.
+TEST_F(DilocoTest, TheRoundEngineWaitsForEachAverageAndFailsWithIt) {
+  const JobConfig c = streaming(small_job(), 2, 1, 0.5);
+  const int h = c.inner.steps;
+  const auto store = TokenStore::open(c.data);
+  std::vector<std::unique_ptr<InnerTrainer>> trainers;
+  std::vector<std::unique_ptr<OuterOptimizer>> outers;
+  std::vector<Replica> replicas;
+  for (int k = 0; k < 2; ++k) {
+    trainers.push_back(std::make_unique<InnerTrainer>(c, store, round_robin_shards(c.data.shards, k, 2),
+                                                      std::uint64_t(k), 3 * h));
+    outers.push_back(std::make_unique<OuterOptimizer>(c.outer, trainers.back()->flat_parameters()));
+    replicas.push_back({trainers.back().get(), outers.back().get()});
+  }
+  Gpt model(c.model, c.vocab_size());
+  StreamingRound engine(c, parameter_fragments(model, 2), replicas);
+
+  // Averages held back until released (the mean of the replicas' Δ, as LocalAverager's).
+  struct Held final : FragmentAverager {
+    LocalAverager local;
+    std::vector<std::uint64_t> ops;
+    std::vector<std::promise<std::uint64_t>> pending;
+    std::string fail;  // the next release fails with this
+    std::shared_future<std::uint64_t> start(std::uint64_t op,
+                                            std::span<const std::span<const float>> deltas,
+                                            std::span<const std::span<float>> means) override {
+      local.start(op, deltas, means).get();
+      ops.push_back(op);
+      return pending.emplace_back().get_future().share();
+    }
+    void release() {
+      for (auto& p : pending) {
+        if (fail.empty())
+          p.set_value(7);
+        else
+          p.set_exception(std::make_exception_ptr(std::runtime_error(fail)));
+      }
+      pending.clear();
+    }
+  } averager;
+  // Releases every average started so far before each stretch of inner steps, and records
+  // what was in flight then.
+  struct Steps final : StreamingRound::Driver {
+    Held& averager;
+    StreamingRound& engine;
+    std::vector<std::size_t> in_flight;
+    std::vector<int> landings;
+    Steps(Held& a, StreamingRound& e) : averager(a), engine(e) {}
+    void steps(std::int64_t, int n) override {
+      in_flight.push_back(engine.in_flight());
+      averager.release();
+      for (auto* t : trainers) t->run_inner_steps(n);
+    }
+    void landed(InFlightFragment& f, std::int64_t) override { landings.push_back(f.fragment); }
+    std::vector<InnerTrainer*> trainers;
+  } steps(averager, engine);
+  for (auto& t : trainers) steps.trainers.push_back(t.get());
+
+  StreamingRound::Round r;
+  r.op_base = 100;
+  const auto first = engine.run(r, averager, steps);
+  // Fragment 0 synchronized at H/2 and landed a step later; fragment 1 at H, on its way.
+  EXPECT_EQ(averager.ops, (std::vector<std::uint64_t>{100, 101}));
+  EXPECT_EQ(steps.landings, std::vector<int>{0});
+  // In flight before each stretch of steps: none, fragment 0 (one step to its landing), none.
+  EXPECT_EQ(steps.in_flight, (std::vector<std::size_t>{0, 1, 0}));
+  EXPECT_EQ(first.bytes_sent, 7u);
+  EXPECT_EQ(engine.in_flight(), 1u);
+  // Both replicas stepped the same outer state: one θ.
+  EXPECT_EQ(outers[0]->theta_hash(), outers[1]->theta_hash());
+  // A checkpoint of the round's end waits for that fragment: dropped, it is abandoned.
+  {
+    auto pending = engine.await_landings();
+    averager.release();
+    engine.drain();
+    try {
+      pending->wait(std::chrono::seconds(1));
+      ADD_FAILURE() << "a checkpoint waiting for a dropped fragment was not abandoned";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("dropped before it landed"), std::string::npos)
+          << e.what();
+    }
+  }
+  // The next round: its first average fails; the round fails where it lands, naming why.
+  r.round = 1;
+  r.op_base = 200;
+  averager.fail = "peer worker-1 lost";
+  try {
+    engine.run(r, averager, steps);
+    ADD_FAILURE() << "a failed average did not fail the round";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("peer worker-1 lost"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(averager.ops.back(), 200u);
 }
 
 // ---- sync.mode: eager (the all-reduce under the next round's first τ steps) ---------------
