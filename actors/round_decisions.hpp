@@ -1,7 +1,8 @@
 // The aggregator's decisions about a round, as pure functions of what it has seen: no
 // actors, no clocks, no LibTorch, so that each rule has a unit test (round_decisions_test)
-// and the round loop in outer_aggregator.cpp only carries them out. The first of the
-// decisions that issue "8 ·" asks for; more move here as the round becomes a state machine.
+// and the round loop (outer_aggregator.cpp, its rounds in aggregator_*.cpp) only carries them
+// out. The first of the decisions that issue "8 ·" asks for; more move here as the round
+// becomes a state machine.
 #pragma once
 
 #include <cstdint>
