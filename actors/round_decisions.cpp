@@ -179,22 +179,6 @@ Pipeline pipeline_next(const PipelineInput& in) {
   return Pipeline::ahead;
 }
 
-std::optional<int64_t> mid_round_join_step(int64_t round, int h, int fragments, int overlap_steps,
-                                           const std::vector<int64_t>& progress) {
-  if (fragments < 2 || h < fragments || progress.empty()) return std::nullopt;
-  const int64_t stride = h / fragments;
-  if (overlap_steps >= stride) return std::nullopt;
-  const int64_t start = round * h;
-  int64_t furthest = start;
-  for (int64_t p : progress) {
-    if (p < 0) return std::nullopt;
-    furthest = std::max(furthest, p);
-  }
-  for (int64_t b = start + stride; b < start + h; b += stride)
-    if (b > furthest) return b;
-  return std::nullopt;
-}
-
 const char* to_string(Pipeline p) {
   switch (p) {
     case Pipeline::ahead:

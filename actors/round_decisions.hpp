@@ -1,7 +1,8 @@
 // The aggregator's decisions about a round, as pure functions of what it has seen: no
 // actors, no clocks, no LibTorch, so that each rule has a unit test (round_decisions_test)
-// and the round loop in outer_aggregator.cpp only carries them out. The first of the
-// decisions that issue "8 ·" asks for; more move here as the round becomes a state machine.
+// and the round loop (outer_aggregator.cpp, its rounds in aggregator_*.cpp) only carries them
+// out. The first of the decisions that issue "8 ·" asks for; more move here as the round
+// becomes a state machine.
 #pragma once
 
 #include <cstdint>
@@ -163,18 +164,6 @@ struct PipelineInput {
 };
 Pipeline pipeline_next(const PipelineInput& in);
 const char* to_string(Pipeline p);
-
-// sync.mode streaming, a worker joining mid-round: the inner step count (a fragment boundary
-// of round `round`: start + (f + 1)·H/P, with start = round·H) from whose synchronization on it
-// takes part, given the step counts the members' loops have reached (InnerWorker::progress; -1:
-// not known). The first boundary past the member furthest on (a member between two boundaries
-// may get there before the admission's two phases reach it: it then says no, and the
-// aggregator asks again for the next one), and before the round's end. None when there is no
-// such boundary, when a member's progress is not known, with one fragment, or when τ ≥ H/P: a
-// fragment synchronized before the boundary would land after it, and the joiner, not in that
-// operation, would miss its average.
-std::optional<int64_t> mid_round_join_step(int64_t round, int h, int fragments, int overlap_steps,
-                                           const std::vector<int64_t>& progress);
 
 // How the validation windows [0, windows) are shared out among `members` members: by whole
 // batches of `batch_size`, each member about 1/members of them, in member order; a member

@@ -274,25 +274,6 @@ TEST(Stragglers, TheInnerPhaseClosesAtAllOrAtQuorumPlusWindow) {
   EXPECT_TRUE(inner_phase_closed(1, 3, 0, 30, 105, 100, 5));  // min 0 means 1
 }
 
-// Round 2 of H = 12 with 4 fragments (boundaries 27, 30, 33; 36 is the round's end), τ = 1.
-TEST(RoundDecisions, AMidRoundJoinerTakesPartFromTheFirstBoundaryPastTheFurthestMember) {
-  EXPECT_EQ(mid_round_join_step(2, 12, 4, 1, {24, 24, 24}), 27);
-  EXPECT_EQ(mid_round_join_step(2, 12, 4, 1, {25, 24, 26}), 27);
-  EXPECT_EQ(mid_round_join_step(2, 12, 4, 1, {27, 27, 25}), 30);  // 27 is done by two
-  EXPECT_EQ(mid_round_join_step(2, 12, 4, 1, {28, 25, 24}), 30);
-  EXPECT_EQ(mid_round_join_step(2, 12, 4, 1, {30, 28, 29}), 33);
-  // None left before the round's end: the joiner waits for the round boundary.
-  EXPECT_EQ(mid_round_join_step(2, 12, 4, 1, {33, 30, 30}), std::nullopt);
-  // A member that cannot say where it is.
-  EXPECT_EQ(mid_round_join_step(2, 12, 4, 1, {24, -1, 24}), std::nullopt);
-  // τ ≥ H/P: the fragment before the boundary would land after it.
-  EXPECT_EQ(mid_round_join_step(2, 12, 4, 3, {24, 24, 24}), std::nullopt);
-  EXPECT_EQ(mid_round_join_step(2, 12, 4, 2, {24, 24, 24}), 27);
-  // One fragment: its only synchronization is the round's end.
-  EXPECT_EQ(mid_round_join_step(2, 12, 1, 0, {24}), std::nullopt);
-  EXPECT_EQ(mid_round_join_step(0, 8, 2, 0, {4, 1}), std::nullopt);  // 8 is the round's end
-  EXPECT_EQ(mid_round_join_step(0, 8, 2, 0, {0, 3}), 4);
-}
 
 TEST(Stragglers, TokenWeightsAreExactlyOneWhenEqual) {
   EXPECT_EQ(member_scale({512, 512, 512}, 1), 1.0);

@@ -1,0 +1,311 @@
+#pragma once
+// The OuterAggregator's state: the job, its worker slots and its loop over rounds, private to
+// the aggregator's files (docs/design.md, "The aggregator's loop"):
+//   outer_aggregator.cpp        the actor, the job's start, reports and checkpoints, and the
+//                               loop that applies each round's outcome (run)
+//   aggregator_membership.cpp   slots joining (at a round boundary or mid-round) and leaving,
+//                               shards, and reconcile between rounds
+//   aggregator_blocking.cpp     sync.mode blocking: the inner phase and the all-reduce attempts
+//   aggregator_streaming.cpp    sync.mode streaming or eager: a round's stream() calls, the next
+//                               round sent ahead, and the round's end (finish_stream)
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/inner_worker.hpp"
+#include "actors/job_records.hpp"
+#include "actors/outer_aggregator.hpp"
+#include "actors/round_decisions.hpp"
+#include "actors/timeouts.hpp"
+#include "diloco/config.hpp"
+#include "runtime/core/paths.hpp"
+#include "runtime/core/runtime.hpp"
+#include "runtime/core/util.hpp"
+
+namespace loco::actors {
+
+// Seconds on the runtime's one steady clock (runtime/core/util.hpp).
+inline double now_s() { return static_cast<double>(loco::now_ms()) / 1000.0; }
+
+inline std::string join_ints(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+  return s;
+}
+
+// Why a call to a worker failed, and whether the worker itself is gone.
+struct Failure {
+  std::string message;
+  bool gone = false;  // its actor died or no longer exists; else it answered with an error
+};
+
+// Waits for all futures; returns, per index, the value, or sets the failure.
+template <class T>
+std::vector<std::optional<T>> gather(std::vector<Future<T>>& fs, std::vector<Failure>& errors,
+                                     Millis timeout) {
+  std::vector<std::optional<T>> out(fs.size());
+  errors.assign(fs.size(), Failure{});
+  for (size_t i = 0; i < fs.size(); ++i) {
+    try {
+      out[i] = fs[i].get(timeout);
+    } catch (const ActorDiedError& e) {
+      errors[i] = {e.what(), true};
+    } catch (const ActorNotFoundError& e) {
+      errors[i] = {e.what(), true};
+    } catch (const std::exception& e) {
+      errors[i] = {e.what(), false};
+    }
+  }
+  return out;
+}
+
+// Next to checkpoint "X.pt", each worker's inner state: "X.worker-I.pt".
+inline std::string inner_state_path(const std::string& checkpoint, int slot) {
+  std::string base = checkpoint.substr(0, checkpoint.size() - 3);
+  return base + ".worker-" + std::to_string(slot) + ".pt";
+}
+
+// One worker place of the job. Slot i's actor is named "<job>.worker-i"; it is
+// active when it holds the current outer state and takes part in rounds.
+struct Slot {
+  std::string name;
+  std::optional<ActorHandle<InnerWorker>> handle;
+  std::vector<std::string> endpoints;  // one per local rank
+  std::vector<int> shards;
+  bool active = false;
+  std::string waiting;  // why it could not (re)join, logged when it changes
+  // A member that missed a round's deadline (workers.grace_max_s): its inner steps still run;
+  // it sits out until they end, then catches up with the current outer state.
+  std::optional<Future<InnerResult>> late;
+  int64_t late_round = -1;
+};
+
+// One round's stream() calls (sync.mode streaming or eager), sent to its members.
+struct StreamCalls {
+  int64_t round = 0;
+  uint64_t op_id = 0;  // of its first fragment (StreamRequest::op_id)
+  bool last = false;
+  std::vector<int> members;
+  std::string checkpoint;  // the checkpoint of the round's end asked of its members ("": none)
+  std::vector<Future<StreamResult>> calls;
+  double sent = 0;  // now_s() when they went out
+};
+
+struct OuterAggregator::State {
+  // The job file read, its folder and checkpoint.resume resolved under the node's roots
+  // (refused naming the field); the actor's constructor validates the rest.
+  State(std::string id, const std::string& spec);
+
+  // ---- The job, and the loop's thread -----------------------------------------------------
+  std::string job_id;
+  diloco::JobConfig cfg;
+  Runtime rt;
+  PathRoots roots;  // its node's: the job's folder and the checkpoints it resumes from are in them
+  std::string folder;
+  std::atomic<int64_t> round{0};
+  std::atomic<bool> stop{false};
+  std::stop_source wake;  // requested with `stop`: ends the loop's waits on calls (loco::wait)
+  std::atomic<bool> done{false};
+  std::mutex done_mu;
+  std::condition_variable done_cv;  // told when `done` is set
+  std::thread thread;
+
+  // ---- What the loop keeps across rounds ---------------------------------------------------
+  std::vector<Slot> slots;
+  int64_t total_steps = 0;
+  int total_rounds = 0;           // cfg.total_rounds()
+  int64_t submitted_unix_ms = 0;  // the job's (JobInfo), for its seconds
+  int target = 0;                 // workers wanted: workers.count or `loco scale`
+  std::string resume_file;        // checkpoint.resume under the roots ("": none)
+  std::string resume_from;        // checkpoint the job restarts from, if any
+  int64_t resume_round = 0;
+  // The job (re)starts from resume_from, and no round has completed since: every slot that
+  // comes back reads the checkpoint and its own inner state, even after others did.
+  bool resuming = false;
+  std::deque<std::function<void()>> outbox;  // reports not yet accepted by the head
+  bool outbox_stuck = false;
+  uint64_t last_op_id = 0;
+  std::vector<int> dealt;  // the members the shards were last dealt to
+  // Stragglers: how late recent members reported (seconds after their round's median
+  // report; the grace window's samples), and the last round's seconds per inner step.
+  std::deque<double> lateness;
+  std::vector<double> step_seconds;
+  // The per-step figures of the round in progress, one list per member that finished.
+  std::vector<std::vector<StepFigures>> round_steps;
+  std::map<int, int64_t> tokens_of;  // this round's tokens per member (inner.budget: time)
+  // Rounds that failed and are done again, counted until they complete (round_decisions.hpp).
+  RoundRedos redos;
+  std::optional<JobRecords> records;
+  // This round's members' figures and who missed its deadline, for the round's report.
+  std::vector<MemberFigures> round_members;
+  std::vector<int> round_late;
+  // Seconds of every all-reduce attempt of this aggregator's life (the dashboard's network time).
+  double allreduce_total = 0;
+  // sync.mode streaming or eager: the next round's calls, sent right behind this round's (they
+  // wait in the members' mailboxes), and when that round began on the workers (this round's
+  // results all in: an estimate, as each member begins it when it ends this one).
+  std::optional<StreamCalls> ahead;
+  double ahead_since = 0;
+  Pipeline pipeline_said = Pipeline::last_round;
+  // A checkpoint asked of a streaming round's members: its files are written under the next
+  // round's inner steps, and it is recorded (the job's resume point) once they are, after the
+  // next round's results are in (settle_checkpoint); a job that goes back forgets it.
+  struct PendingCheckpoint {
+    int64_t round = 0;  // rounds done: the checkpoint's name and record
+    std::vector<int> members;
+    std::vector<Future<std::string>> written;  // InnerWorker::checkpoint_written
+  };
+  std::optional<PendingCheckpoint> pending_checkpoint;
+  int64_t windows = 0;  // validation windows
+  double last_val = 0;
+  // Whole-job utilization: time in inner steps over the time the members were
+  // in the job, all rounds, checkpoints, evaluations and joins included.
+  double inner_total = 0, member_seconds = 0;
+  int64_t steps_since_eval = 0;
+
+  // ---- The loop (outer_aggregator.cpp) ------------------------------------------------------
+  // What one pass of a round came to, blocking or streaming, for run() to apply: the round
+  // completed (its figures); or it failed and is done again (`redo`: by those who can,
+  // `rewind`: from the last checkpoint), `why` and `fix` as round_failed takes them; or the
+  // members of one group hold different θ (`diverged`, a bug: the job stops, saying `why`).
+  struct RoundOutcome {
+    enum class Kind { completed, redo, rewind, diverged } kind = Kind::completed;
+    std::string why, fix;
+    std::vector<int> members;  // the round's members (streaming: those that finished it)
+    std::vector<int> ready;    // those that finished their inner steps
+    std::vector<int> group;    // those that agreed on θ
+    double loss = 0, inner_secs = 0;
+    double failed_secs = 0;  // in the pass's failed all-reduce attempts
+    double results_in = 0;   // streaming: when the round's results were all in
+    uint64_t theta_hash = 0;
+    std::vector<int> asked_checkpoint;  // streaming: the members asked for a checkpoint
+  };
+  static RoundOutcome failure(RoundOutcome::Kind k, std::string why, std::string fix = "") {
+    RoundOutcome o;
+    o.kind = k;
+    o.why = std::move(why);
+    o.fix = std::move(fix);
+    return o;
+  }
+  void run();
+  // The job's start, or its restart from a checkpoint; false when it had ended already.
+  bool start();
+  // Before the first round: the members, the validation windows, round 0's report.
+  void prepare(int64_t r);
+  // Round r failed for `why`; `fix`: what in the job file would help. It is done again, or,
+  // past kMaxRoundRedos redos, the job fails saying why (thrown).
+  void round_failed(int64_t r, const std::string& why, const std::string& fix = "");
+  // Back to the last checkpoint (or the start); returns the round the job goes on from.
+  int64_t go_back();
+  // Round r - 1 completed (r rounds done): evaluation, report, checkpoint.
+  void end_round(int64_t r, const RoundOutcome& o, double t_round);
+  void checkpoint_round(int64_t r, const std::vector<int>& members,
+                        const std::vector<int>& asked_checkpoint);
+  // After the last round: final.pt, the workers stopped, the job's end reported.
+  void finish(int64_t r);
+  std::optional<double> evaluate(int64_t windows);
+  // Asks the active members in turn until one answers; a member that fails leaves.
+  template <class T>
+  std::optional<T> ask_any(const std::string& what,
+                           const std::function<Future<T>(ActorHandle<InnerWorker>&)>& call);
+
+  // ---- Reports, the log and checkpoint records (outer_aggregator.cpp) -----------------------
+  // Reports go to the head, which keeps them in Redis. While it cannot (Redis
+  // restarting, say), they wait here in order, and the job goes on.
+  void publish(std::function<void()> f);
+  bool flush();
+  // Waits `d`, or less once the aggregator is stopped: between two looks at the cluster.
+  void pause(Millis d);
+  void log(const std::string& line);
+  double job_time() const;
+  void report(int64_t r, double loss, std::optional<double> val, double tok_s, double util,
+              int members, double round_time, uint64_t hash);
+  // The round's per-step figures into the job's log (a "steps" record: msgpack of
+  // std::vector<JobProgress>, step = the job's inner step), for the dashboard. At most 500
+  // steps a round (evenly spaced), so that the record stays well under the head's 64 KiB.
+  void publish_steps(int64_t r, const std::vector<StepFigures>& steps);
+  // The checkpoint file of the state after `r` rounds, in the job's folder.
+  std::string checkpoint_file(int64_t r) const {
+    return folder + "/ckpt-round-" + std::to_string(r) + ".pt";
+  }
+  // Where the job goes back to, for the log: "its start" or "its checkpoint of round R".
+  std::string resume_point() const {
+    return resume_from.empty() ? std::string("its start")
+                               : "its checkpoint of round " + std::to_string(resume_round);
+  }
+  // A checkpoint of round `r` written: the job's resume point from now on, a line for people
+  // and the record a restarted aggregator reads; older ones beyond checkpoint.keep go.
+  void record_checkpoint(const std::string& path, int64_t r);
+  void require_resume_file() const;
+  void find_checkpoint();
+  void take_resume(int rounds);
+  void prune_checkpoints();
+
+  // ---- Joins and leaves (aggregator_membership.cpp) ----------------------------------------
+  std::vector<int> active() const {
+    std::vector<int> v;
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].active) v.push_back(int(i));
+    return v;
+  }
+  ActorHandle<InnerWorker>& worker(int i) { return *slots[size_t(i)].handle; }
+  void read_target();
+  void note_waiting(int i, const std::string& why);
+  bool spawn_slot(int i);
+  std::vector<int> acquire(const std::vector<int>& want, int64_t r);
+  // sync.mode streaming: a slot that can join does so while round c runs, at a fragment
+  // boundary, its stream() call added to c (see the definition).
+  void join_mid_round(StreamCalls& c);
+  std::optional<int64_t> admit_mid_round(const StreamCalls& c, const Slot& s,
+                                         const std::string& why_not);
+  Resources worker_resources();
+  // At submission: a worker must fit in the largest live node (its `memory` resource, bytes)
+  // and, on CUDA, its GPU (`gpu_memory`, bytes per GPU), or the job is refused naming the
+  // field (diloco::check_fits). Nodes that advertise neither: not checked, said in the log.
+  void check_memory();
+  void deal_shards();
+  void release(int i, const std::string& why);
+  // False when the job must go back to its last checkpoint first (must_rewind).
+  [[nodiscard]] bool reconcile(int64_t r);
+
+  // ---- sync.mode blocking (aggregator_blocking.cpp) ----------------------------------------
+  RoundOutcome blocking_round(int64_t r, const std::vector<int>& members);
+  RoundOutcome inner_phase(int64_t r, const std::vector<int>& members);
+  void all_reduce(int64_t r, RoundOutcome& o);
+  // The inner phase of a round with a deadline: waits until every member reported or the
+  // grace window after the quorum passed (inner_phase_closed); `late[i]`: member i had not.
+  std::vector<std::optional<InnerResult>> gather_inner(std::vector<Future<InnerResult>>& fs,
+                                                       std::vector<Failure>& errors,
+                                                       std::vector<bool>& late, double& window);
+
+  // ---- sync.mode streaming or eager (aggregator_streaming.cpp) -----------------------------
+  RoundOutcome stream_round(int64_t r, const std::vector<int>& members, double t_round,
+                            bool sent_ahead);
+  // Streaming: whether round r + 1 goes out right behind round r (said when it changes).
+  Pipeline send_ahead(int64_t r, const std::vector<int>& members);
+  // Round r as one stream() call per member. `checkpoint`: the members write a checkpoint of
+  // the round's end (StreamRequest::checkpoint), the first member the outer state, each its
+  // inner state.
+  StreamCalls send_stream(int64_t r, bool last, bool checkpoint, const std::vector<int>& members);
+  void settle_checkpoint();
+  // Waits for round c's results (c's members, and a joiner join_mid_round adds; the round's
+  // start on the workers, for the attempt's seconds, was `started`), records the attempt and
+  // carries out after_overlapped_round. Completed when the round stands (its members agree,
+  // or the survivors of a lost member finished its fragments in flight without it): the
+  // members that finished it, their figures (also into round_members and round_steps), and
+  // `results_in`, the round's end (from which a round sent ahead counts). A rewind when a
+  // member failed or was lost otherwise: the others have landed fragments it never saw, so
+  // the round cannot be re-formed as a blocking one is. Diverged when their θ differ.
+  RoundOutcome finish_stream(StreamCalls& c, double started);
+};
+
+}  // namespace loco::actors
