@@ -247,12 +247,17 @@ TEST_F(Elastic, SigtermToAWorkerNodeItLeavesAndItsShardsGoToTheOthers) {
   Client client(c.head_address());
   JobHandle j = client.submit(JobSpec::from_yaml(job(3, 2, kLong).yaml()));
   bool sent = false;
+  int with_two = 0;
+  // Until the second round of two: a worker lost while θ is evaluated leaves a round reported
+  // with 2 before the aggregator's "lost worker(s)" line, which the next round's reconcile
+  // writes; and once the job is cancelled its log takes no more lines.
   ASSERT_TRUE(follow(j, [&](const RoundReport& r) {
     if (r.round >= 2 && !sent) {
       sent = true;
       c.node(client.runtime().lookup(j.id() + ".worker-1").address).signal(SIGTERM);
     }
-    return sent && r.workers == 2;
+    if (sent && r.workers == 2) ++with_two;
+    return with_two >= 2;
   })) << log_text(j);
   ASSERT_TRUE(
       wait_for_line(j, "lost worker(s) 1; their shards went to the 2 others", Millis(10000)))
