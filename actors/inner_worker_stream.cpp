@@ -14,7 +14,8 @@ class GroupAverager final : public dl::FragmentAverager {
   GroupAverager(collective::Communicator& comm, std::shared_ptr<StreamGroup> group,
                 std::shared_future<uint64_t>& last)
       : comm_(comm), group_(std::move(group)), last_(last) {}
-  std::shared_future<uint64_t> start(uint64_t op, std::span<const std::span<const float>> deltas,
+  std::shared_future<uint64_t> start(uint64_t op, int /*fragment*/,
+                                     std::span<const std::span<const float>> deltas,
                                      std::span<const std::span<float>> means) override {
     if (deltas.size() != 1 || means.size() != 1)
       throw std::logic_error("GroupAverager: one replica per worker");

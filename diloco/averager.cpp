@@ -33,7 +33,7 @@ AverageStats LocalAverager::average(std::span<const std::span<float>> locals, co
 }
 
 std::shared_future<std::uint64_t> LocalAverager::start(
-    std::uint64_t /*op*/, std::span<const std::span<const float>> deltas,
+    std::uint64_t /*op*/, int /*fragment*/, std::span<const std::span<const float>> deltas,
     std::span<const std::span<float>> means) {
   if (deltas.size() != means.size())
     throw std::invalid_argument("LocalAverager::start: " + std::to_string(deltas.size()) +

@@ -50,14 +50,14 @@ class Averager {
 
 // The average of one fragment at a time, asynchronously (sync.mode streaming and eager,
 // diloco/streaming_round.hpp). start() begins averaging `deltas` (one per replica this process
-// holds: K in the simulator, one in a worker; all of one length) over every member of
-// operation `op` into `means` (as many, as long), computed as Averager::average computes it;
+// holds: K in the simulator, one in a worker; all of one length; fragment `fragment`'s, or
+// all of θ as fragment 0 in a blocking round) over every member of operation `op` into `means` (as many, as long), computed as Averager::average computes it;
 // its handle is ready once every mean is written, with the bytes each member sent, and its
 // get() rethrows a failure. The buffers stay in use until then.
 class FragmentAverager {
  public:
   virtual ~FragmentAverager() = default;
-  virtual std::shared_future<std::uint64_t> start(std::uint64_t op,
+  virtual std::shared_future<std::uint64_t> start(std::uint64_t op, int fragment,
                                                   std::span<const std::span<const float>> deltas,
                                                   std::span<const std::span<float>> means) = 0;
 };
@@ -71,7 +71,7 @@ class LocalAverager final : public Averager, public FragmentAverager {
   // its argument).
   explicit LocalAverager(collective::Options options = {}) : options_(options) {}
   AverageStats average(std::span<const std::span<float>> locals, collective::Codec c) override;
-  std::shared_future<std::uint64_t> start(std::uint64_t op,
+  std::shared_future<std::uint64_t> start(std::uint64_t op, int fragment,
                                           std::span<const std::span<const float>> deltas,
                                           std::span<const std::span<float>> means) override;
 

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "diloco/memory.hpp"
+#include "runtime/collective/sparse.hpp"
 
 namespace loco::diloco {
 
@@ -302,15 +303,76 @@ Field betas_field() {
   return f;
 }
 
-// compression: the collective's codecs by their names.
+// compression: a dense codec by its name (the collective's), or a mapping with `kind`: a codec's
+// name, or topk with its settings (TopkConfig).
 Field compression_field() {
-  Field f{"", "compression", "the pseudo-gradients' numerics in the all-reduce", {}, {}, {}, {},
+  Field f{"",
+          "compression",
+          "the pseudo-gradients' numerics: fp32|fp16|bf16|int8, or {kind: topk, chunk, k, bits, "
+          "error_feedback, outer: sparseloco|nesterov}",
+          {},
+          {},
+          {},
+          {},
           {}};
   f.read = [](const YAML::Node& root, const std::string&, const std::string& key, JobConfig& c) {
-    read_codec(root, key, c.compression);
+    if (!root || !root[key]) return;
+    const YAML::Node node = root[key];
+    if (!node.IsMap()) {
+      read_codec(root, key, c.compression);
+      c.topk.on = false;
+      return;
+    }
+    for (const auto& kv : node) {
+      const std::string name = kv.first.as<std::string>();
+      static const std::set<std::string> known = {"kind",           "chunk", "k", "bits",
+                                                  "error_feedback", "outer"};
+      if (!known.count(name))
+        throw ConfigError(key + "." + name + ": unknown field (kind, chunk, k, bits, " +
+                          "error_feedback, outer)");
+    }
+    std::string kind;
+    read(node, key, "kind", kind);
+    if (kind != "topk") {
+      read_codec(node, "kind", c.compression);
+      c.topk.on = false;
+      for (const char* only : {"chunk", "k", "bits", "error_feedback", "outer"})
+        if (node[only])
+          throw ConfigError(key + "." + only + ": only with kind: topk, not " + quoted(kind));
+      return;
+    }
+    c.compression = collective::Codec::fp32;
+    c.topk.on = true;
+    read(node, key, "chunk", c.topk.chunk);
+    read(node, key, "k", c.topk.k);
+    read(node, key, "bits", c.topk.bits);
+    read(node, key, "error_feedback", c.topk.error_feedback);
+    read_enum(node, key, "outer", c.topk.outer,
+              std::array<std::pair<const char*, OuterRule>, 2>{
+                  {{"sparseloco", OuterRule::sparseloco}, {"nesterov", OuterRule::nesterov}}});
   };
   f.write = [](YAML::Emitter& out, const JobConfig& c) {
-    out << std::string(collective::to_string(c.compression));
+    if (!c.topk.on) {
+      out << std::string(collective::to_string(c.compression));
+      return;
+    }
+    out << YAML::Flow << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << "topk"
+        << YAML::Key << "chunk" << YAML::Value << c.topk.chunk << YAML::Key << "k" << YAML::Value
+        << c.topk.k << YAML::Key << "bits" << YAML::Value << c.topk.bits << YAML::Key
+        << "error_feedback" << YAML::Value << c.topk.error_feedback << YAML::Key << "outer"
+        << YAML::Value
+        << (c.topk.outer == OuterRule::sparseloco ? "sparseloco" : "nesterov") << YAML::EndMap;
+  };
+  f.check = [](const JobConfig& c, const std::string& path) {
+    if (!c.topk.on) return;
+    require(c.topk.chunk >= 2 && c.topk.chunk <= 65536, path + ".chunk", "in [2, 65536]",
+            c.topk.chunk);
+    require(c.topk.k >= 1 && c.topk.k <= c.topk.chunk, path + ".k",
+            "in [1, compression.chunk = " + show(c.topk.chunk) + "]", c.topk.k);
+    require(c.topk.bits >= 1 && c.topk.bits <= 8, path + ".bits", "in [1, 8]", c.topk.bits);
+    require_finite(c.topk.error_feedback, path + ".error_feedback");
+    require(c.topk.error_feedback >= 0 && c.topk.error_feedback <= 1, path + ".error_feedback",
+            "in [0, 1]", c.topk.error_feedback);
   };
   return f;
 }
@@ -552,6 +614,18 @@ JobConfig JobConfig::from_yaml_file(const std::string& path) {
   }
 }
 
+int JobConfig::topk_max_workers() const {
+  const auto n = static_cast<std::size_t>(model.parameter_count(vocab_size()));
+  collective::sparse::Params p;
+  p.chunk = static_cast<std::uint32_t>(topk.chunk);
+  p.k = static_cast<std::uint32_t>(topk.k);
+  p.bits = static_cast<std::uint32_t>(topk.bits);
+  const double b = double(collective::sparse::encoded_bytes(n, p));
+  const double int8 = double(collective::encoded_bytes(collective::Codec::int8, n));
+  // (K − 1)·b < 2 (K − 1)/K · int8  ⇔  K < 2·int8 / b.
+  return std::max(1, static_cast<int>(std::ceil(2 * int8 / b)) - 1);
+}
+
 void JobConfig::validate() const {
   // Each field's own checks first (kFields: non-finite numbers, which fail every comparison
   // below, or pass "> 0" as +inf does; ranges), then the rules between fields.
@@ -655,6 +729,23 @@ void JobConfig::validate() const {
       throw ConfigError(
           "inner.budget: time runs one local rank per worker for now "
           "(workers.local_ranks and workers.gpus must be 1)");
+  }
+  if (topk.on) {
+    if (inner.budget == InnerBudget::time)
+      throw ConfigError(
+          "compression: topk runs inner.budget: steps for now (with time, members weigh their Δ "
+          "by tokens, which the error feedback of a sparse average does not carry)");
+    if (std::max(1, workers.local_ranks) > 1 || workers.gpus > 1)
+      throw ConfigError(
+          "compression: topk runs one local rank per worker for now (workers.local_ranks and "
+          "workers.gpus must be 1)");
+    const int most = topk_max_workers();
+    if (workers.count > most)
+      throw ConfigError("workers.count: " + show(workers.count) + " workers gathering " +
+                        "compression topk's bytes (chunk " + show(topk.chunk) + ", k " +
+                        show(topk.k) + ", bits " + show(topk.bits) + ") would each send more " +
+                        "than int8's all-reduce; at most " + show(most) +
+                        " (or a smaller k, a larger chunk, or compression: int8)");
   }
   require(inner.grad_accum >= 1, "inner.grad_accum", ">= 1", inner.grad_accum);
   require(inner.batch_size % inner.grad_accum == 0, "inner.grad_accum",

@@ -170,6 +170,25 @@ struct OuterConfig {
   bool nesterov = true;
 };
 
+// compression: {kind: topk, ...}: SparseLoCo's sparse pseudo-gradients (arXiv 2508.15706;
+// docs/design.md, Decisions, Sparse pseudo-gradients). Each worker keeps an error-feedback
+// buffer e per fragment (blocking: one, all of θ): e ← β·e + Δ; it sends, per chunk of `chunk`
+// entries, the `k` of largest |e|, each value as one of 2^bits levels (the levels' means sent)
+// and its index packed; what it sent is subtracted from e. The members gather every member's
+// bytes and each decodes them all, in member order: the same mean everywhere.
+//   outer: sparseloco: the error feedback takes the outer momentum's place (the outer step is
+//          θ ← θ − outer.lr · mean, momentum unused; SparseLoCo runs outer.lr 1.0, β 0.95);
+//          nesterov: the job's outer SGD with Nesterov momentum, on the sparse mean.
+enum class OuterRule { sparseloco, nesterov };
+struct TopkConfig {
+  bool on = false;  // compression.kind is topk; otherwise `compression` is a dense codec
+  int chunk = 4096;
+  int k = 64;
+  int bits = 2;
+  double error_feedback = 0.95;  // β
+  OuterRule outer = OuterRule::sparseloco;
+};
+
 // How a round's pseudo-gradients are synchronized (docs/design.md, Decisions, Overlap).
 //   blocking:  today's round: H inner steps, then the all-reduce of all of Δ, then the step.
 //   streaming: Streaming DiLoCo: the parameters cut into `fragments` P (the transformer
@@ -233,8 +252,10 @@ struct JobConfig {
   WorkersConfig workers;
   InnerConfig inner;
   OuterConfig outer;
-  // Numerics applied to pseudo-gradients when they are averaged: the collective's codec.
+  // Numerics applied to pseudo-gradients when they are averaged: the collective's codec
+  // (fp32 while `topk` is on: no dense vector is sent then).
   collective::Codec compression = collective::Codec::fp32;
+  TopkConfig topk;  // compression: {kind: topk, ...}
   AllreduceConfig allreduce;
   SyncConfig sync;
   int rounds = 0;                 // number of outer rounds; 0: derived from token_budget
@@ -268,6 +289,17 @@ struct JobConfig {
     return device == DeviceKind::cuda || (device == DeviceKind::auto_ && cluster_has_gpus);
   }
   // Local ranks of each worker: one per GPU on CUDA, workers.local_ranks (at least 1) on the CPU.
+  // The outer optimizer's settings as the job steps θ: `outer`, less the momentum where
+  // compression topk's SparseLoCo rule lets the error feedback take its place.
+  OuterConfig outer_step() const {
+    OuterConfig o = outer;
+    if (topk.on && topk.outer == OuterRule::sparseloco) o.momentum = 0, o.nesterov = false;
+    return o;
+  }
+  // compression topk: the most workers for which gathering every member's sparse bytes sends
+  // fewer bytes per member than int8's butterfly all-reduce ((K − 1)·b against
+  // 2 (K − 1)/K · n): past it, the sparse codec saves nothing and loco refuses the job.
+  int topk_max_workers() const;
   int ranks_per_worker(bool cuda) const {
     return cuda ? workers.gpus : std::max(1, workers.local_ranks);
   }

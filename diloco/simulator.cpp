@@ -70,7 +70,7 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
       trainers_[i] = std::make_unique<InnerTrainer>(
           cfg_, store_, round_robin_shards(cfg_.data.shards, w, opt_.workers),
           static_cast<std::uint64_t>(w), total_steps, device, groups_[i].get());
-      outers_[i] = std::make_unique<OuterOptimizer>(cfg_.outer, trainers_[i]->flat_parameters());
+      outers_[i] = std::make_unique<OuterOptimizer>(cfg_.outer_step(), trainers_[i]->flat_parameters());
     });
     for (std::size_t w = 0; w < k; ++w)
       deltas_.emplace_back(static_cast<std::size_t>(trainers_[0]->parameter_count()));
@@ -80,7 +80,7 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
           cfg_, store_, round_robin_shards(cfg_.data.shards, k, opt_.workers),
           static_cast<std::uint64_t>(k), total_steps, device));
       outers_.push_back(
-          std::make_unique<OuterOptimizer>(cfg_.outer, trainers_.back()->flat_parameters()));
+          std::make_unique<OuterOptimizer>(cfg_.outer_step(), trainers_.back()->flat_parameters()));
       deltas_.emplace_back(static_cast<std::size_t>(trainers_.back()->parameter_count()));
     }
   } else {
@@ -98,6 +98,18 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
           "sync.mode: streaming and eager run in diloco mode with one rank per worker (the "
           "baselines and --local-ranks run blocking)");
     make_streaming();
+  }
+  if (cfg_.topk.on && opt_.mode == Mode::diloco) {
+    if (g > 1)
+      throw std::invalid_argument("compression: topk runs one local rank per worker (got " +
+                                  std::to_string(g) + ")");
+    std::vector<std::size_t> sizes;
+    if (streaming_)
+      for (int f = 0; f < cfg_.sync.fragments; ++f)
+        sizes.push_back(static_cast<std::size_t>(streaming_->fragment_size(f)));
+    else
+      sizes.push_back(static_cast<std::size_t>(parameter_count()));
+    feedback_ = std::make_unique<ErrorFeedback>(cfg_.topk, sizes, trainers_.size());
   }
   const int n = cfg_.eval.batches * cfg_.inner.batch_size;
   val_windows_ = torch::empty({n, cfg_.model.context + 1}, torch::kInt64);
@@ -169,17 +181,20 @@ double Simulator::run_streaming_round() {
     }
   } steps(trainers_);
   struct Counted final : FragmentAverager {
-    LocalAverager& local;
+    FragmentAverager& local;
     std::uint64_t& bytes;
-    Counted(LocalAverager& l, std::uint64_t& b) : local(l), bytes(b) {}
-    std::shared_future<std::uint64_t> start(std::uint64_t op,
+    Counted(FragmentAverager& l, std::uint64_t& b) : local(l), bytes(b) {}
+    std::shared_future<std::uint64_t> start(std::uint64_t op, int fragment,
                                             std::span<const std::span<const float>> deltas,
                                             std::span<const std::span<float>> means) override {
-      auto done = local.start(op, deltas, means);
+      auto done = local.start(op, fragment, deltas, means);
       bytes += done.get();
       return done;
     }
-  } averager(averager_, bytes_);
+  };
+  std::optional<LocalSparseAverager> sparse;
+  if (feedback_) sparse.emplace(*feedback_);
+  Counted averager(sparse ? static_cast<FragmentAverager&>(*sparse) : averager_, bytes_);
   StreamingRound::Round r;
   r.round = round_;
   r.last = round_ + 1 >= rounds_;
@@ -240,7 +255,13 @@ RoundMetrics Simulator::run_round() {
       trainers_[i]->pseudo_gradient(outers_[i]->theta(), deltas_[i]);
       spans.emplace_back(deltas_[i]);
     }
-    bytes_ += averager_.average(spans, cfg_.compression).bytes_sent;
+    if (feedback_) {
+      LocalSparseAverager sparse(*feedback_);
+      const std::vector<std::span<const float>> in(spans.begin(), spans.end());
+      bytes_ += sparse.start(static_cast<std::uint64_t>(round_), 0, in, spans).get();
+    } else {
+      bytes_ += averager_.average(spans, cfg_.compression).bytes_sent;
+    }
     for (std::size_t i = 0; i < trainers_.size(); ++i) {
       outers_[i]->step(deltas_[i]);
       trainers_[i]->load_parameters(outers_[i]->theta());
@@ -283,7 +304,7 @@ void Simulator::init_parameters(const std::string& checkpoint) {
                                 std::to_string(theta.numel()) + " parameters, this job's model " +
                                 std::to_string(parameter_count()) + " (model config differs?)");
   for (auto& t : trainers_) t->load_parameters(theta);
-  for (auto& o : outers_) o = std::make_unique<OuterOptimizer>(cfg_.outer, theta);
+  for (auto& o : outers_) o = std::make_unique<OuterOptimizer>(cfg_.outer_step(), theta);
   if (streaming_) make_streaming();  // over the new outer states
 }
 
@@ -301,6 +322,9 @@ void Simulator::save_checkpoint(const std::string& path) const {
   const auto gs = static_cast<std::size_t>(opt_.local_ranks);
   for (std::size_t i = 0; i < trainers_.size(); i += gs)
     trainers_[i]->save(ar, "worker." + std::to_string(i / gs) + ".");
+  if (feedback_)
+    for (std::size_t k = 0; k < trainers_.size(); ++k)
+      feedback_->save(ar, "worker." + std::to_string(k) + ".error_feedback.", k);
   // Streaming: the fragments on their way, with their averages.
   if (streaming_) streaming_->write_in_flight(ar);
   std::filesystem::path p(path);
@@ -335,6 +359,9 @@ void Simulator::load_checkpoint(const std::string& path) {
   const auto gs = static_cast<std::size_t>(opt_.local_ranks);
   for (std::size_t i = 0; i < trainers_.size(); ++i)
     trainers_[i]->load(ar, "worker." + std::to_string(i / gs) + ".");
+  if (feedback_)
+    for (std::size_t k = 0; k < trainers_.size(); ++k)
+      feedback_->load(ar, "worker." + std::to_string(k) + ".error_feedback.", k);
   if (streaming_) streaming_->read_in_flight(ar);
 }
 

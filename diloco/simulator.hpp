@@ -13,6 +13,7 @@
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
+#include "diloco/error_feedback.hpp"
 #include "diloco/metrics.hpp"
 #include "diloco/streaming_round.hpp"
 #include "diloco/trainer.hpp"
@@ -95,6 +96,8 @@ class Simulator {
   // sync.mode streaming and eager: the round engine that InnerWorker drives too
   // (streaming_round.hpp), over the K workers' replicas.
   std::unique_ptr<StreamingRound> streaming_;
+  // compression topk: each worker's error feedback (per fragment in streaming and eager).
+  std::unique_ptr<ErrorFeedback> feedback_;
   void make_streaming();
   // A streaming round; returns the mean training loss.
   double run_streaming_round();

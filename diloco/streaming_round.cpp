@@ -160,7 +160,8 @@ void StreamingRound::synchronize(int fragment, const Round& r, std::int64_t now,
     deltas.emplace_back(f->delta[i]);
     means.emplace_back(f->mean[i]);
   }
-  f->done = averager.start(r.op_base + static_cast<std::uint64_t>(fragment), deltas, means);
+  f->done =
+      averager.start(r.op_base + static_cast<std::uint64_t>(fragment), fragment, deltas, means);
   in_flight_.push_back(std::move(f));
 }
 

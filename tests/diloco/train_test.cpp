@@ -666,10 +666,10 @@ TEST_F(DilocoTest, TheRoundEngineWaitsForEachAverageAndFailsWithIt) {
     std::vector<std::uint64_t> ops;
     std::vector<std::promise<std::uint64_t>> pending;
     std::string fail;  // the next release fails with this
-    std::shared_future<std::uint64_t> start(std::uint64_t op,
+    std::shared_future<std::uint64_t> start(std::uint64_t op, int fragment,
                                             std::span<const std::span<const float>> deltas,
                                             std::span<const std::span<float>> means) override {
-      local.start(op, deltas, means).get();
+      local.start(op, fragment, deltas, means).get();
       ops.push_back(op);
       return pending.emplace_back().get_future().share();
     }

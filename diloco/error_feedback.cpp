@@ -1,0 +1,111 @@
+#include "diloco/error_feedback.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace loco::diloco {
+
+ErrorFeedback::ErrorFeedback(const TopkConfig& cfg, std::vector<std::size_t> sizes,
+                             std::size_t replicas)
+    : beta_(static_cast<float>(cfg.error_feedback)), sizes_(std::move(sizes)) {
+  params_.chunk = static_cast<std::uint32_t>(cfg.chunk);
+  params_.k = static_cast<std::uint32_t>(cfg.k);
+  params_.bits = static_cast<std::uint32_t>(cfg.bits);
+  params_.validate();
+  buffers_.resize(replicas);
+  for (auto& r : buffers_)
+    for (std::size_t n : sizes_) r.emplace_back(n, 0.0f);
+}
+
+std::size_t ErrorFeedback::bytes(int fragment) const {
+  return collective::sparse::encoded_bytes(sizes_.at(static_cast<std::size_t>(fragment)),
+                                           params_);
+}
+
+std::vector<std::uint8_t> ErrorFeedback::encode(std::size_t replica, int fragment,
+                                                std::span<const float> delta) {
+  std::vector<float>& e = buffers_.at(replica).at(static_cast<std::size_t>(fragment));
+  if (delta.size() != e.size())
+    throw std::invalid_argument("ErrorFeedback::encode: Δ of fragment " +
+                                std::to_string(fragment) + " has " +
+                                std::to_string(delta.size()) + " values, its buffer " +
+                                std::to_string(e.size()));
+  for (std::size_t i = 0; i < e.size(); ++i) e[i] = beta_ * e[i] + delta[i];
+  sent_.resize(e.size());
+  std::vector<std::uint8_t> code = collective::sparse::encode(e, params_, sent_);
+  for (std::size_t i = 0; i < e.size(); ++i) e[i] -= sent_[i];
+  return code;
+}
+
+void ErrorFeedback::mean(int fragment, std::span<const std::span<const std::uint8_t>> codes,
+                         std::span<float> out) const {
+  if (out.size() != sizes_.at(static_cast<std::size_t>(fragment)))
+    throw std::invalid_argument("ErrorFeedback::mean: " + std::to_string(out.size()) +
+                                " values for fragment " + std::to_string(fragment) + " of " +
+                                std::to_string(sizes_[static_cast<std::size_t>(fragment)]));
+  if (codes.empty()) throw std::invalid_argument("ErrorFeedback::mean: no member");
+  std::fill(out.begin(), out.end(), 0.0f);
+  const float scale = 1.0f / static_cast<float>(codes.size());
+  for (std::size_t k = 0; k < codes.size(); ++k) {
+    try {
+      collective::sparse::decode_add(codes[k], params_, scale, out);
+    } catch (const collective::sparse::CodecError& e) {
+      throw collective::sparse::CodecError("the sparse code of member " + std::to_string(k) +
+                                           " of fragment " + std::to_string(fragment) + ": " +
+                                           e.what());
+    }
+  }
+}
+
+void ErrorFeedback::save(torch::serialize::OutputArchive& ar, const std::string& prefix,
+                         std::size_t replica) const {
+  const auto& r = buffers_.at(replica);
+  for (std::size_t f = 0; f < r.size(); ++f)
+    ar.write(prefix + std::to_string(f),
+             torch::from_blob(const_cast<float*>(r[f].data()),
+                              {static_cast<std::int64_t>(r[f].size())})
+                 .clone());
+}
+
+void ErrorFeedback::load(torch::serialize::InputArchive& ar, const std::string& prefix,
+                         std::size_t replica) {
+  auto& r = buffers_.at(replica);
+  for (std::size_t f = 0; f < r.size(); ++f) {
+    torch::Tensor t;
+    if (!ar.try_read(prefix + std::to_string(f), t)) {
+      std::fill(r[f].begin(), r[f].end(), 0.0f);
+      continue;
+    }
+    t = t.to(torch::kFloat32).contiguous();
+    if (t.numel() != static_cast<std::int64_t>(r[f].size()))
+      throw std::runtime_error("the error feedback of fragment " + std::to_string(f) + " holds " +
+                               std::to_string(t.numel()) + " values, not " +
+                               std::to_string(r[f].size()));
+    std::copy(t.data_ptr<float>(), t.data_ptr<float>() + t.numel(), r[f].begin());
+  }
+}
+
+void ErrorFeedback::clear(std::size_t replica) {
+  for (auto& b : buffers_.at(replica)) std::fill(b.begin(), b.end(), 0.0f);
+}
+
+std::shared_future<std::uint64_t> LocalSparseAverager::start(
+    std::uint64_t /*op*/, int fragment, std::span<const std::span<const float>> deltas,
+    std::span<const std::span<float>> means) {
+  if (deltas.size() != means.size() || deltas.empty())
+    throw std::invalid_argument("LocalSparseAverager::start: " + std::to_string(deltas.size()) +
+                                " inputs for " + std::to_string(means.size()) + " outputs");
+  // Every member's code first: a mean may be written over its own Δ (the blocking round's).
+  std::vector<std::vector<std::uint8_t>> codes;
+  for (std::size_t k = 0; k < deltas.size(); ++k)
+    codes.push_back(feedback_.encode(k, fragment, deltas[k]));
+  std::vector<std::span<const std::uint8_t>> views(codes.begin(), codes.end());
+  feedback_.mean(fragment, views, means[0]);
+  for (std::size_t k = 1; k < means.size(); ++k)
+    std::copy(means[0].begin(), means[0].end(), means[k].begin());
+  std::promise<std::uint64_t> done;
+  done.set_value(static_cast<std::uint64_t>(deltas.size() - 1) * codes[0].size());
+  return done.get_future().share();
+}
+
+}  // namespace loco::diloco

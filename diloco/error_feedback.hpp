@@ -1,0 +1,67 @@
+// compression: {kind: topk}: SparseLoCo's error feedback and the sparse mean (config.hpp,
+// TopkConfig). Each member keeps, per fragment (blocking: one, all of θ), a buffer e of what
+// it has not yet sent: e ← β·e + Δ; it sends the sparse code of e (runtime/collective/sparse.hpp)
+// and takes off e what that code decodes to. The round's mean is every member's code decoded in
+// member order, (1/K)·Σ decode(bytes_k): the same bytes in the same order on every member, so
+// the same floats everywhere.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <torch/torch.h>
+#include <vector>
+
+#include "diloco/averager.hpp"
+#include "diloco/config.hpp"
+#include "runtime/collective/sparse.hpp"
+
+namespace loco::diloco {
+
+class ErrorFeedback {
+ public:
+  // sizes[f]: fragment f's length; `replicas`: the members this process holds (the
+  // simulator's K, a worker's one). Every buffer starts at zero.
+  ErrorFeedback(const TopkConfig& cfg, std::vector<std::size_t> sizes, std::size_t replicas);
+
+  const collective::sparse::Params& params() const { return params_; }
+  // The bytes of fragment f's code: what a member may send for it, exactly.
+  std::size_t bytes(int fragment) const;
+  // e ← β·e + delta; returns the code of e and takes what it sent off e.
+  std::vector<std::uint8_t> encode(std::size_t replica, int fragment,
+                                   std::span<const float> delta);
+  // out = (1/K)·Σ_k decode(codes[k]), k in member order (K = codes.size()). A code that is not
+  // fragment f's (collective::sparse::CodecError) is named by its member's position.
+  void mean(int fragment, std::span<const std::span<const std::uint8_t>> codes,
+            std::span<float> out) const;
+  // A replica's buffers under "PREFIX<f>" (checkpoints and inner states); load() leaves zeros
+  // where the archive has none (a checkpoint written without topk) and checks sizes.
+  void save(torch::serialize::OutputArchive& ar, const std::string& prefix,
+            std::size_t replica) const;
+  void load(torch::serialize::InputArchive& ar, const std::string& prefix, std::size_t replica);
+  // Zero: a member that joins starts with nothing unsent (its own past is not in the job).
+  void clear(std::size_t replica);
+
+ private:
+  collective::sparse::Params params_;
+  float beta_;
+  std::vector<std::size_t> sizes_;
+  std::vector<std::vector<std::vector<float>>> buffers_;  // [replica][fragment]
+  std::vector<float> sent_;                               // scratch
+};
+
+// The simulator's sparse averaging: every member a local replica, as a FragmentAverager (the
+// handle is ready at once). bytes sent per member: its code to each of the K − 1 others.
+class LocalSparseAverager final : public FragmentAverager {
+ public:
+  explicit LocalSparseAverager(ErrorFeedback& feedback) : feedback_(feedback) {}
+  std::shared_future<std::uint64_t> start(std::uint64_t op, int fragment,
+                                          std::span<const std::span<const float>> deltas,
+                                          std::span<const std::span<float>> means) override;
+
+ private:
+  ErrorFeedback& feedback_;
+};
+
+}  // namespace loco::diloco
