@@ -153,6 +153,66 @@ TEST(Config, RejectsBadValuesNamingTheField) {
   EXPECT_EQ(error_of(kJob), "");
 }
 
+// compression: {kind: topk}: its fields, its round trip through to_yaml, the dense codecs
+// still as names or as a kind, and each bad value named.
+TEST(Config, TopkCompressionParsesValidatesAndRoundTrips) {
+  const std::string topk =
+      replace(kJob, "compression: int8",
+              "compression: {kind: topk, chunk: 1024, k: 16, bits: 3, error_feedback: 0.9, "
+              "outer: nesterov}");
+  const auto c = JobConfig::from_yaml(topk);
+  EXPECT_TRUE(c.topk.on);
+  EXPECT_EQ(c.topk.chunk, 1024);
+  EXPECT_EQ(c.topk.k, 16);
+  EXPECT_EQ(c.topk.bits, 3);
+  EXPECT_DOUBLE_EQ(c.topk.error_feedback, 0.9);
+  EXPECT_EQ(c.topk.outer, OuterRule::nesterov);
+  EXPECT_EQ(c.compression, Codec::fp32);
+  EXPECT_DOUBLE_EQ(c.outer_step().momentum, c.outer.momentum);  // nesterov keeps it
+  const auto again = JobConfig::from_yaml(c.to_yaml());
+  EXPECT_TRUE(again.topk.on);
+  EXPECT_EQ(again.topk.k, 16);
+  EXPECT_EQ(again.topk.outer, OuterRule::nesterov);
+  EXPECT_EQ(again.to_yaml(), c.to_yaml());
+  // Defaults: SparseLoCo's, whose error feedback replaces the outer momentum.
+  const auto d = JobConfig::from_yaml(replace(kJob, "compression: int8", "compression: {kind: topk}"));
+  EXPECT_EQ(d.topk.chunk, 4096);
+  EXPECT_EQ(d.topk.k, 64);
+  EXPECT_EQ(d.topk.bits, 2);
+  EXPECT_DOUBLE_EQ(d.topk.error_feedback, 0.95);
+  EXPECT_EQ(d.topk.outer, OuterRule::sparseloco);
+  EXPECT_EQ(d.outer_step().momentum, 0.0);
+  // About 0.031 bytes a value gathered against int8's 2 (K-1)/K: 63 for a large model, a few
+  // fewer for this one, whose chunks' headers weigh more.
+  EXPECT_GE(d.topk_max_workers(), 50);
+  EXPECT_LE(d.topk_max_workers(), 63);
+  // A dense codec as a kind, and as a name again after a topk.
+  const auto dense = JobConfig::from_yaml(replace(kJob, "compression: int8", "compression: {kind: int8}"));
+  EXPECT_FALSE(dense.topk.on);
+  EXPECT_EQ(dense.compression, Codec::int8);
+  auto bad = [&](const std::string& value) {
+    return error_of(replace(kJob, "compression: int8", "compression: " + value));
+  };
+  EXPECT_NE(bad("{kind: topk, k: 5000}").find("compression.k: must be in [1, compression.chunk = 4096]"),
+            std::string::npos) << bad("{kind: topk, k: 5000}");
+  EXPECT_NE(bad("{kind: topk, bits: 9}").find("compression.bits: must be in [1, 8]"),
+            std::string::npos);
+  EXPECT_NE(bad("{kind: topk, chunk: 1}").find("compression.chunk: must be in [2, 65536]"),
+            std::string::npos);
+  EXPECT_NE(bad("{kind: topk, error_feedback: 1.5}").find("compression.error_feedback"),
+            std::string::npos);
+  EXPECT_NE(bad("{kind: topk, outer: adam}").find("compression.outer: expected one of sparseloco|nesterov"),
+            std::string::npos) << bad("{kind: topk, outer: adam}");
+  EXPECT_NE(bad("{kind: topk, topk: 3}").find("compression.topk: unknown field"), std::string::npos);
+  EXPECT_NE(bad("{kind: int8, k: 3}").find("compression.k: only with kind: topk"), std::string::npos);
+  EXPECT_NE(bad("{kind: int4}").find("expected one of fp32|fp16|bf16|int8"), std::string::npos);
+  // Rules between fields: more workers than gathering pays for; a time budget.
+  EXPECT_NE(error_of(replace(replace(kJob, "compression: int8", "compression: {kind: topk, k: 2048}"),
+                             "count: 2", "count: 3"))
+                .find("workers.count: 3 workers gathering"),
+            std::string::npos);
+}
+
 TEST(Config, DeviceAndGpusParseValidateAndRoundTrip) {
   const auto plain = JobConfig::from_yaml(kJob);
   EXPECT_EQ(plain.device, DeviceKind::cpu);  // default: CPU, as before the field existed
