@@ -1,4 +1,5 @@
-// Communicator: the butterfly schedule (butterfly.hpp) over a ZmqTransport.
+// Communicator: the butterfly all-reduce (butterfly.hpp) and the all-gather (gather.hpp) over a
+// ZmqTransport.
 #include "runtime/collective/allreduce.hpp"
 
 #include <malloc.h>
@@ -12,6 +13,7 @@
 #include <zmq.hpp>
 
 #include "runtime/collective/butterfly.hpp"
+#include "runtime/collective/gather.hpp"
 #include "runtime/collective/zmq_transport.hpp"
 
 namespace loco::collective {
@@ -54,6 +56,12 @@ struct detail::CommunicatorImpl {
     std::lock_guard lock(mu);
     receiver_options = options;
     butterfly_allreduce(*transport, ws, options, group, in, out, n);
+  }
+  std::vector<std::vector<uint8_t>> gather(const Group& group, std::span<const uint8_t> mine,
+                                           size_t max_bytes) {
+    std::lock_guard lock(mu);
+    receiver_options = options;
+    return gather_blobs(*transport, ws, options, group, mine, max_bytes);
   }
 };
 
@@ -158,6 +166,12 @@ void Communicator::allreduce(const Group& group, const std::vector<std::span<flo
     std::copy(out + at, out + at + t.size(), t.begin());
     at += t.size();
   }
+}
+
+std::vector<std::vector<uint8_t>> Communicator::allgather(const Group& group,
+                                                          std::span<const uint8_t> mine,
+                                                          size_t max_bytes) {
+  return impl_->gather(group, mine, max_bytes);
 }
 
 }  // namespace loco::collective

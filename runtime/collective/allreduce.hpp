@@ -1,4 +1,5 @@
-// Butterfly all-reduce (mean) of float buffers among a group of peers, over ZeroMQ.
+// Butterfly all-reduce (mean) of float buffers among a group of peers, over ZeroMQ; and an
+// all-gather of byte blobs (allgather()) under the same rules.
 //
 // Contract:
 // - Every member of a group calls allreduce() with the same Group (same members in the same
@@ -26,10 +27,12 @@
 // Layers (each its own file): types.hpp (this vocabulary, no sockets), wire.hpp (the message
 // header and abort notices), transport.hpp (what the schedule needs of a network, with
 // zmq_transport.hpp and the socket-free memory_transport.hpp), liveness.hpp (who counts as
-// lost: pure functions of the clock), butterfly.hpp (the schedule), and this Communicator,
-// which ties the schedule to a ZmqTransport.
+// lost: pure functions of the clock), operation.hpp (what every operation shares: the loop,
+// round ids, early data, failures), butterfly.hpp and gather.hpp (the schedules), and this
+// Communicator, which ties the schedules to a ZmqTransport.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -79,6 +82,22 @@ class Communicator {
   // Several tensors in one operation, as if concatenated in this order (through one copy);
   // unchanged on failure.
   void allreduce(const Group& group, const std::vector<std::span<float>>& tensors);
+
+  // All-gather of byte blobs (sparse, top-k encoded pseudo-gradients): every member of `group`
+  // contributes `mine`, of any length of its own (0 too), and gets every member's blob in group
+  // order, its own included, bit for bit, so that all decode the same bytes in the same order.
+  // A member's blob longer than `max_bytes` is refused with a CollectiveError naming that member
+  // (a peer's checked from its first piece's header, before anything is allocated for it), so
+  // this member holds at most (K-1) x max_bytes of blobs besides the bounded early data; give
+  // every member the same bound (one that allows its own blob more than its peers do may finish
+  // while they refuse it). Round ids, liveness, failures and retries are the all-reduce's
+  // (above): PeerLostError names a lost member, and the survivors may retry without it under the
+  // same round id. An all-gather and an all-reduce need round ids of their own: under one, each
+  // refuses the other's data and both fail. Sends `mine` to each of the K-1 others, in pieces of
+  // Options::chunk_bytes; last_stats() counts the bytes. `mine` is copied: the caller may change
+  // or free it once the call returns or throws.
+  std::vector<std::vector<uint8_t>> allgather(const Group& group, std::span<const uint8_t> mine,
+                                              size_t max_bytes);
 
   // Counters of the last operation (also after a failure, up to the failure).
   const Stats& last_stats() const;

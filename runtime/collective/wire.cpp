@@ -34,6 +34,18 @@ std::string check_message(const Header& h, size_t sender_bytes, size_t payload_b
                std::to_string(payload_bytes) + " bytes, expected " +
                std::to_string(encoded_bytes(h.codec, h.count));
       return "";
+    case MsgType::blob:
+      if (h.count > kMaxPieceBytes || (h.count == 0 && h.total_n != 0))
+        return "a piece of " + std::to_string(h.count) + " bytes of a blob of " +
+               std::to_string(h.total_n) + " (1 to " + std::to_string(kMaxPieceBytes) +
+               " allowed; 0 only for an empty blob)";
+      if (h.offset > h.total_n || h.count > h.total_n - h.offset)
+        return "a piece of " + std::to_string(h.count) + " bytes at " + std::to_string(h.offset) +
+               " past the end of a blob of " + std::to_string(h.total_n);
+      if (payload_bytes != h.count)
+        return "a piece of " + std::to_string(h.count) + " bytes in " +
+               std::to_string(payload_bytes) + " bytes";
+      return "";
     case MsgType::abort:
       if (payload_bytes == 0 || payload_bytes > kMaxAbortBytes)
         return "an abort notice of " + std::to_string(payload_bytes) + " bytes (1 to " +

@@ -21,16 +21,20 @@ inline constexpr uint32_t kMagic = 0x52414f4cu;  // "LOAR"
 // 4: each operation opens with a hello on the data connection.
 inline constexpr uint8_t kVersion = 4;
 
-// keepalive: "still in this operation", sent to every peer every peer_timeout / 4 on the
-// control connection. hello: the first message of an operation on the data connection, ahead
-// of the data: it tells the receiver which connection carries the sender's data, whose bytes
-// then prove the sender alive before a whole chunk has arrived (liveness.hpp).
+// reduce_scatter, all_gather: the all-reduce's chunks (butterfly.hpp); their offset and count
+// are floats, total_n the vector's length. keepalive: "still in this operation", sent to every
+// peer every peer_timeout / 4 on the control connection. hello: the first message of an
+// operation on the data connection, ahead of the data: it tells the receiver which connection
+// carries the sender's data, whose bytes then prove the sender alive before a whole chunk has
+// arrived (liveness.hpp). blob: a piece of the sender's blob in an all-gather (gather.hpp):
+// bytes [offset, offset + count) of total_n; an empty blob is one piece of none.
 enum class MsgType : uint8_t {
   reduce_scatter = 1,
   all_gather = 2,
   abort = 3,
   keepalive = 4,
-  hello = 5
+  hello = 5,
+  blob = 6
 };
 // Why an operation was aborted; peer_lost names a member that is gone, mismatch one whose
 // vector, codec or chunking differs from the group's.
@@ -47,9 +51,9 @@ struct Header {
   uint32_t part = 0;
   uint64_t group_fp = 0;  // fingerprint() of the sender's group
   uint64_t round_id = 0;
-  uint64_t total_n = 0;  // length of the sender's whole vector, in floats
-  uint64_t offset = 0;   // first float of the chunk, relative to the part
-  uint64_t count = 0;    // floats in the chunk
+  uint64_t total_n = 0;  // length of the sender's whole vector, in floats (a blob: bytes)
+  uint64_t offset = 0;   // first float of the chunk, relative to the part (a blob: byte)
+  uint64_t count = 0;    // floats in the chunk (a blob: bytes)
 };
 #pragma pack(pop)
 
@@ -60,8 +64,10 @@ std::optional<Header> parse_header(std::span<const uint8_t> bytes);
 inline constexpr size_t kMaxSenderBytes = 256;              // a member's name
 inline constexpr size_t kMaxAbortBytes = size_t(64) << 10;  // an abort notice
 inline constexpr uint64_t kMaxChunkFloats = uint64_t(1) << 30;
+inline constexpr uint64_t kMaxPieceBytes = uint64_t(1) << 32;  // of a blob
 // What can be checked of a received message without its operation: a known type and codec,
-// a short sender name, a chunk of at most kMaxChunkFloats whose payload has exactly the bytes
+// a short sender name, a chunk of at most kMaxChunkFloats (a piece of a blob: kMaxPieceBytes,
+// none only for an empty blob) within its vector or blob, whose payload has exactly the bytes
 // its header promises, an abort of at most kMaxAbortBytes, nothing in a keepalive or hello.
 // "" when all hold, else the first that does not (for a log line; such a message is dropped:
 // nothing in it can be trusted, not even the name of the member it claims to come from).

@@ -11,6 +11,8 @@
 // same communicator: "op ROUND MODE PEER..." with the endpoints spelled out, and the member's
 // own data (by RANK) whatever its rank in that group; "quit" ends it) | repeat:N (N operations
 // on PEERS, round ids ROUND, ROUND+1, ..., one result line each, once every peer listens).
+// A mode after "gather:" (gather:normal, gather:stall:N) runs an all-gather instead: its blob is
+// N bytes by (SEED, RANK) (make_blob), and it prints "ok HASH" of all blobs (hash_blobs).
 // LOCO_MEMBER_BIND, if set, is the endpoint to bind instead of tcp://127.0.0.1:0.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -19,14 +21,13 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <thread>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "runtime/collective/allreduce.hpp"
 #include "tests/collective/test_util.hpp"
@@ -90,8 +91,9 @@ int main(int argc, char** argv) {
     }
     return g;
   };
-  auto run_op = [&](uint64_t round_id, const std::string& op_mode,
-                    const std::vector<std::string>& peers) {
+  auto run_op = [&](uint64_t round_id, std::string op_mode, const std::vector<std::string>& peers) {
+    const bool gather = op_mode.rfind("gather:", 0) == 0;
+    if (gather) op_mode = op_mode.substr(7);
     Group g = group_of(op_mode == "round+1" ? round_id + 1 : round_id, peers);
     std::vector<float> data = testing::make_data(seed, rank, op_mode == "longer" ? n + 5 : n);
     if (op_mode == "nan" && !data.empty()) data[data.size() / 2] = std::nanf("");
@@ -110,6 +112,11 @@ int main(int argc, char** argv) {
       };
     }
     try {
+      if (gather) {
+        const auto blobs = comm.allgather(g, testing::make_blob(seed, rank, n), size_t(1) << 30);
+        std::cout << "ok " << testing::hash_blobs(blobs) << std::endl;
+        return;
+      }
       comm.allreduce(g, std::span<float>(data));
       std::cout << "ok " << testing::hash_floats(data) << std::endl;
     } catch (const CollectiveError& e) {

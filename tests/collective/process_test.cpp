@@ -255,6 +255,54 @@ TEST(CollectiveProcesses, SigkillMidOperationIsReportedAndSurvivorsGoOn) {
   }
 }
 
+// The all-gather under the same rules: a member killed mid-operation is named lost by the
+// others, who all-gather again without it under the same round id.
+TEST(CollectiveProcesses, AllgatherMemberKilledMidOperationIsLostAndSurvivorsGoOn) {
+  Scenario s;
+  s.mode = "gather:stall:20";  // the child stops after 20 of its 3 x 62 pieces
+  s.n = 1'000'000;             // bytes of the child's blob
+  MixedGroup run;
+  const std::string child_ep = start_child(run, s);
+  ASSERT_FALSE(HasFailure());
+  std::vector<std::vector<uint8_t>> blobs;
+  for (int r = 0; r < s.k - 1; ++r) blobs.push_back(testing::make_blob(5, r, s.n / (r + 2)));
+  auto gather = [&](const Group& g, int r, std::vector<std::vector<uint8_t>>& out) {
+    try {
+      out = run.comms[r]->allgather(g, blobs[r], s.n);
+    } catch (...) {
+      run.errors[r] = std::current_exception();
+    }
+    run.ended[r] = Clock::now();
+  };
+  std::vector<std::vector<std::vector<uint8_t>>> results(s.k - 1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < s.k - 1; ++r)
+    threads.emplace_back([&, r] { gather(run.group_of(r, s, child_ep), r, results[r]); });
+  ASSERT_EQ(run.child->read_result(std::chrono::seconds(30)), "stalled");
+  run.child->sigkill();
+  const auto killed = Clock::now();
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < s.k - 1; ++r) {
+    expect_named(run.errors[r], "w3", "lost member w3", true);
+    EXPECT_LT(run.ended[r] - killed, s.timeout + std::chrono::milliseconds(1000));
+  }
+  // The survivors, under the same round id.
+  std::fill(run.errors.begin(), run.errors.end(), nullptr);
+  threads.clear();
+  for (int r = 0; r < s.k - 1; ++r) {
+    threads.emplace_back([&, r] {
+      Group g = run.group_of(r, s, child_ep);
+      g.members.pop_back();
+      gather(g, r, results[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < s.k - 1; ++r) {
+    ASSERT_FALSE(run.errors[r]);
+    EXPECT_EQ(results[r], blobs) << "member " << r;
+  }
+}
+
 TEST(CollectiveProcesses, SigkillIsDetectedBeforeTheTimeoutByTheDroppedConnection) {
   Scenario s;
   s.mode = "stall:20";

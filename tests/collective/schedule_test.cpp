@@ -7,8 +7,10 @@
 #include <exception>
 #include <memory>
 #include <thread>
+#include <typeinfo>
 
 #include "runtime/collective/butterfly.hpp"
+#include "runtime/collective/gather.hpp"
 #include "runtime/collective/liveness.hpp"
 #include "runtime/collective/local.hpp"
 #include "runtime/collective/memory_transport.hpp"
@@ -18,6 +20,7 @@ namespace loco::collective::detail {
 namespace {
 
 using namespace std::chrono_literals;
+using collective::testing::make_blob;
 using collective::testing::make_data;
 
 // K members of one process over a MemoryHub, each with its own workspace.
@@ -43,22 +46,24 @@ struct MemoryGroup {
   std::vector<std::exception_ptr> run(const std::vector<int>& ranks, uint64_t round,
                                       const std::vector<std::vector<float>>& in,
                                       std::vector<std::vector<float>>& out) {
-    std::vector<std::exception_ptr> errors(ranks.size());
-    std::vector<std::thread> threads;
     out.assign(ranks.size(), std::vector<float>(in[0].size()));
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      threads.emplace_back([&, i] {
-        try {
-          butterfly_allreduce(*transports[ranks[i]], *workspaces[ranks[i]], options,
-                              group(ranks, static_cast<int>(i), round), in[i].data(), out[i].data(),
-                              in[i].size());
-        } catch (...) {
-          errors[i] = std::current_exception();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    return errors;
+    return collective::testing::on_threads(ranks.size(), [&](size_t i) {
+      butterfly_allreduce(*transports[ranks[i]], *workspaces[ranks[i]], options,
+                          group(ranks, static_cast<int>(i), round), in[i].data(), out[i].data(),
+                          in[i].size());
+    });
+  }
+
+  // Runs one all-gather among `ranks`; blobs[i] and results[i] belong to ranks[i].
+  std::vector<std::exception_ptr> gather(const std::vector<int>& ranks, uint64_t round,
+                                         const std::vector<std::vector<uint8_t>>& blobs,
+                                         size_t max_bytes,
+                                         std::vector<std::vector<std::vector<uint8_t>>>& results) {
+    results.assign(ranks.size(), {});
+    return collective::testing::on_threads(ranks.size(), [&](size_t i) {
+      results[i] = gather_blobs(*transports[ranks[i]], *workspaces[ranks[i]], options,
+                                group(ranks, static_cast<int>(i), round), blobs[i], max_bytes);
+    });
   }
 
   Options options;
@@ -84,20 +89,27 @@ void expect_ok(const std::vector<std::exception_ptr>& errors) {
   }
 }
 
+// Every error is an E naming `member`, with `text` in its message.
+template <typename E>
+void expect_named(const std::vector<std::exception_ptr>& errors, const std::string& member,
+                  const std::string& text) {
+  for (auto& e : errors) {
+    ASSERT_TRUE(e) << "expected an error naming " << member;
+    try {
+      std::rethrow_exception(e);
+    } catch (const E& err) {
+      EXPECT_EQ(err.member(), member) << err.what();
+      EXPECT_NE(std::string(err.what()).find(text), std::string::npos) << err.what();
+    } catch (const std::exception& err) {
+      ADD_FAILURE() << "not a " << typeid(E).name() << ": " << err.what();
+    }
+  }
+}
+
 // Every error is a PeerLostError naming `peer`, with `text` in its message.
 void expect_lost(const std::vector<std::exception_ptr>& errors, const std::string& peer,
                  const std::string& text) {
-  for (auto& e : errors) {
-    ASSERT_TRUE(e) << "expected " << peer << " to be lost";
-    try {
-      std::rethrow_exception(e);
-    } catch (const PeerLostError& err) {
-      EXPECT_EQ(err.peer(), peer) << err.what();
-      EXPECT_NE(std::string(err.what()).find(text), std::string::npos) << err.what();
-    } catch (const std::exception& err) {
-      ADD_FAILURE() << "not a PeerLostError: " << err.what();
-    }
-  }
+  expect_named<PeerLostError>(errors, peer, text);
 }
 
 // What the Communicator computes is what local_allreduce computes, bit for bit: the schedule
@@ -235,6 +247,44 @@ TEST(Schedule, SameMembersRetryAfterAFailure) {
     expect_ok(m.run(iota(4), round + 1, in, out));
     for (int r = 1; r < 4; ++r) EXPECT_EQ(out[r], out[0]);
   }
+}
+
+// The all-gather's schedule alone: every member gets every blob in order, whatever the lengths
+// (empty ones too), with a queue of one message per link.
+TEST(AllgatherSchedule, OverMemoryEveryMemberGetsEveryBlobInOrder) {
+  for (int k : {1, 2, 3, 5}) {
+    Options o;
+    o.chunk_bytes = 100;
+    MemoryGroup m(k, o, std::make_shared<MemoryHub>(1));
+    std::vector<std::vector<uint8_t>> blobs;
+    for (int r = 0; r < k; ++r)
+      blobs.push_back(make_blob(7, r, static_cast<size_t>(r * 1001 % 2500)));
+    std::vector<std::vector<std::vector<uint8_t>>> results;
+    expect_ok(m.gather(iota(k), 1, blobs, 2500, results));
+    for (int r = 0; r < k; ++r) EXPECT_EQ(results[r], blobs) << "k=" << k << " member " << r;
+  }
+}
+
+// A member whose process dies mid-operation (its transport closes after its third piece) is
+// lost to the others, who go on without it under the same round id.
+TEST(AllgatherSchedule, AMemberThatDiesMidOperationIsLostAndTheOthersRetryUnderTheSameRound) {
+  Options o;
+  o.chunk_bytes = 1024;
+  o.peer_timeout = 300ms;
+  MemoryGroup m(4, o, std::make_shared<MemoryHub>(2));
+  m.workspaces[3]->hooks.after_send = [&](uint64_t sent) {
+    if (sent == 3) m.transports[3]->close();
+  };
+  std::vector<std::vector<uint8_t>> blobs;
+  for (int r = 0; r < 4; ++r) blobs.push_back(make_blob(8, r, 64 * 1024));
+  std::vector<std::vector<std::vector<uint8_t>>> results;
+  auto errors = m.gather(iota(4), 12, blobs, 1 << 20, results);
+  EXPECT_TRUE(errors[3]);
+  errors.pop_back();
+  expect_lost(errors, "w3", "connection closed in round 12");
+  blobs.pop_back();
+  expect_ok(m.gather({0, 1, 2}, 12, blobs, 1 << 20, results));
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r], blobs) << "member " << r;
 }
 
 // The rules themselves, with the clock as a parameter.
@@ -521,6 +571,46 @@ TEST(Hostile, CheckMessageNamesWhatIsWrong) {
   EXPECT_NE(check_message(h, 2, kMaxAbortBytes + 1).find("abort notice"), std::string::npos);
   h.codec = static_cast<Codec>(9);
   EXPECT_NE(check_message(h, 2, 1).find("unknown codec 9"), std::string::npos);
+}
+
+// A blob's length is checked from its first piece's header before anything is allocated for
+// it: a piece claiming a blob of 2^50 bytes fails the operation naming the member it claims to
+// come from (as a chunk off the all-reduce's grid does), it does not allocate a petabyte.
+TEST(Hostile, ABlobLongerThanMaxBytesIsRefusedFromItsHeader) {
+  MemoryGroup g(2, Options{});
+  Forger x(g);
+  Header h;
+  h.type = MsgType::blob;
+  h.round_id = 7;
+  h.group_fp = fingerprint(g.group(iota(2), 0, 7));
+  h.sender_rank = 1;
+  h.total_n = uint64_t(1) << 50;
+  h.count = 16;
+  x.send(g, 0, h, "w1", 16);
+  std::vector<std::vector<uint8_t>> blobs{make_blob(1, 0, 100), make_blob(1, 1, 100)};
+  std::vector<std::vector<std::vector<uint8_t>>> results;
+  expect_named<CollectiveError>(g.gather(iota(2), 7, blobs, 1 << 20, results), "w1",
+                                "a blob of 1125899906842624 bytes, more than max_bytes (1048576)");
+  expect_ok(g.gather(iota(2), 8, blobs, 1 << 20, results));
+}
+
+TEST(Hostile, CheckMessageBoundsTheBlobsPieces) {
+  Header h;
+  h.type = MsgType::blob;
+  h.total_n = 10;
+  h.offset = 4;
+  h.count = 6;
+  EXPECT_EQ(check_message(h, 2, 6), "");
+  EXPECT_NE(check_message(h, 2, 5).find("a piece of 6 bytes in 5 bytes"), std::string::npos);
+  h.offset = 5;
+  EXPECT_NE(check_message(h, 2, 6).find("past the end of a blob of 10"), std::string::npos);
+  h.offset = 0;
+  h.count = 0;  // a piece of nothing is an empty blob, or nothing
+  EXPECT_NE(check_message(h, 2, 0).find("0 only for an empty blob"), std::string::npos);
+  h.total_n = 0;
+  EXPECT_EQ(check_message(h, 2, 0), "");
+  h.total_n = h.count = kMaxPieceBytes + 1;
+  EXPECT_NE(check_message(h, 2, 0).find("a piece of 4294967297 bytes"), std::string::npos);
 }
 
 }  // namespace

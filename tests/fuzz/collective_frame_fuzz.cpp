@@ -2,7 +2,8 @@
 // message goes through (check_message), abort notices, and decoding a chunk's payload in its
 // codec. Then the frame between operations: it is sent (as it is, whatever the checks said) to
 // a member of a pair over MemoryTransport that has run an operation and is idle, which takes
-// it with receive_between_operations; then the pair runs its next operation, which must end
+// it with receive_between_operations; then the pair runs its next operations, an all-reduce and
+// an all-gather of blobs (either may be the one the frame claims to belong to), which must end
 // (in a result or an error) without a crash. Input: the header's bytes, one byte of sender
 // name length, the name, the payload.
 #include <spdlog/spdlog.h>
@@ -17,6 +18,7 @@
 
 #include "runtime/collective/butterfly.hpp"
 #include "runtime/collective/codec.hpp"
+#include "runtime/collective/gather.hpp"
 #include "runtime/collective/memory_transport.hpp"
 #include "runtime/collective/wire.hpp"
 
@@ -38,6 +40,21 @@ struct Pair {
     }
     run();  // the members have a last operation, as an idle worker has
   }
+  // Runs `op(member)` on both members at once, each on a thread; errors are expected.
+  template <typename Op>
+  void both(Op op) {
+    std::thread other([&] {
+      try {
+        op(1);
+      } catch (const CollectiveError&) {
+      }
+    });
+    try {
+      op(0);
+    } catch (const CollectiveError&) {
+    }
+    other.join();
+  }
   Group group(int me) const {
     Group g;
     g.members = {{"w0", "mem://w0"}, {"w1", "mem://w1"}};
@@ -45,22 +62,21 @@ struct Pair {
     g.round_id = round;
     return g;
   }
+  // An all-reduce, then an all-gather of blobs of different lengths (one empty), each under a
+  // round id of its own.
   void run() {
     ++round;
-    std::vector<float> in0(40, 1.0f), in1(40, 2.0f), out0(40), out1(40);
-    std::thread other([&] {
-      try {
-        butterfly_allreduce(*members[1], *workspaces[1], options, group(1), in1.data(), out1.data(),
-                            in1.size());
-      } catch (const CollectiveError&) {
-      }
+    std::vector<float> in[2] = {std::vector<float>(40, 1.0f), std::vector<float>(40, 2.0f)};
+    std::vector<float> out[2] = {std::vector<float>(40), std::vector<float>(40)};
+    both([&](int me) {
+      butterfly_allreduce(*members[me], *workspaces[me], options, group(me), in[me].data(),
+                          out[me].data(), in[me].size());
     });
-    try {
-      butterfly_allreduce(*members[0], *workspaces[0], options, group(0), in0.data(), out0.data(),
-                          in0.size());
-    } catch (const CollectiveError&) {
-    }
-    other.join();
+    ++round;
+    const std::vector<uint8_t> blob[2] = {std::vector<uint8_t>(150, 7), {}};
+    both([&](int me) {
+      (void)gather_blobs(*members[me], *workspaces[me], options, group(me), blob[me], 200);
+    });
   }
 
   Options options;
@@ -104,6 +120,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)all_finite(out.data(), out.size());
       break;
     }
+    case MsgType::blob:
+      // check_message holds the payload to exactly `count` bytes within the blob; they are
+      // copied as they are (pair.run() above took this one if it belongs to its all-gather).
+      break;
     case MsgType::abort:
       (void)decode_abort({payload, payload_bytes});
       break;

@@ -1,0 +1,670 @@
+#include "runtime/collective/operation.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "runtime/collective/codec.hpp"
+
+namespace loco::collective::detail {
+namespace {
+
+// Sent on the data connection, in order with the data.
+bool on_data_connection(MsgType t) {
+  return t == MsgType::reduce_scatter || t == MsgType::all_gather || t == MsgType::blob ||
+         t == MsgType::hello;
+}
+
+void check_group(const Transport& t, const Group& group, std::string_view what) {
+  const int k = static_cast<int>(group.members.size());
+  if (k == 0 || group.rank < 0 || group.rank >= k) {
+    throw CollectiveError(std::string(what) + ": rank " + std::to_string(group.rank) +
+                          " is not in a group of " + std::to_string(k) + " members");
+  }
+  // A tcp socket bound to a wildcard address is published under a routable one: compare ports.
+  auto same_socket = [](const std::string& a, const std::string& b) {
+    if (a == b) return true;
+    if (!a.starts_with("tcp://") || !b.starts_with("tcp://")) return false;
+    return a.substr(a.rfind(':')) == b.substr(b.rfind(':'));
+  };
+  if (!same_socket(group.members[group.rank].endpoint, t.endpoint())) {
+    throw CollectiveError(std::string(what) + ": member " + group.members[group.rank].name +
+                          " has endpoint " + group.members[group.rank].endpoint +
+                          " in the group, but this communicator is bound to " + t.endpoint());
+  }
+  for (int a = 0; a < k; ++a) {
+    for (int b = a + 1; b < k; ++b) {
+      if (group.members[a].name == group.members[b].name ||
+          group.members[a].endpoint == group.members[b].endpoint) {
+        throw CollectiveError(std::string(what) + ": members " + std::to_string(a) + " and " +
+                              std::to_string(b) + " share a name or endpoint (" +
+                              group.members[a].name + ", " + group.members[a].endpoint + ")");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::string seconds_str(Clock::duration d) {
+  std::ostringstream s;
+  s.precision(1);
+  s << std::fixed << std::chrono::duration<double>(d).count() << " s";
+  return s.str();
+}
+
+Operation::Operation(Transport& t, Workspace& ws, const Options& options, const Group& group,
+                     Codec codec, uint64_t total_n)
+    : t_(t),
+      ws_(ws),
+      options_(options),
+      g_(group),
+      k_(static_cast<int>(group.members.size())),
+      me_(group.rank),
+      fp_(fingerprint(group)),
+      codec_(codec),
+      total_n_(total_n),
+      rules_(LivenessRules::from(options.peer_timeout, options.entry_timeout)) {}
+
+int Operation::rank_of(const std::string& name) const {
+  for (int r = 0; r < k_; ++r)
+    if (g_.members[r].name == name) return r;
+  return -1;
+}
+
+Header Operation::header(MsgType type, uint32_t part, uint64_t offset, uint64_t count) const {
+  Header h;
+  h.type = type;
+  h.codec = codec_;
+  h.sender_rank = static_cast<uint32_t>(me_);
+  h.part = part;
+  h.group_fp = fp_;
+  h.round_id = g_.round_id;
+  h.total_n = total_n_;
+  h.offset = offset;
+  h.count = count;
+  return h;
+}
+
+void Operation::drop_outgoing() {
+  for (auto& q : urgent_) q.clear();
+  for (auto& q : outbox_) q.clear();
+}
+
+void Operation::keep_gaps() {
+  for (int p = 0; p < k_ && p < static_cast<int>(peers_.size()); ++p)
+    if (p != me_) ws_.longest_gap[g_.members[p].endpoint] = peers_[p].longest_gap;
+}
+
+void Operation::check_leaving() const {
+  if (!ws_.leaving.load(std::memory_order_acquire)) return;
+  throw OpFailure{AbortKind::peer_lost, g_.members[me_].name,
+                  "member " + who(me_) + " left in round " + std::to_string(g_.round_id) + ": " +
+                      ws_.leave_reason,
+                  true};
+}
+
+void Operation::enqueue(int peer, const Header& h, Buffer payload, bool urgent) {
+  const std::string& name = g_.members[me_].name;
+  ws_.stats.bytes_sent += sizeof(Header) + name.size() + payload.size;
+  ws_.stats.payload_bytes_sent += payload.size;
+  ++ws_.stats.messages_sent;
+  (urgent ? urgent_ : outbox_)[peer].push_back(Outgoing{h, std::move(payload)});
+  flush(peer);
+  if (ws_.hooks.after_send) ws_.hooks.after_send(ws_.stats.messages_sent);
+}
+
+// Hands queued messages to the transport without blocking. True when nothing is left queued.
+bool Operation::flush(int peer) {
+  while (true) {
+    const bool bulk = urgent_[peer].empty();
+    auto& box = bulk ? outbox_[peer] : urgent_[peer];
+    if (box.empty()) return true;
+    Outgoing& o = box.front();
+    const size_t bytes = o.payload.size;
+    if (!t_.try_send(ep(peer), Channel::data, o.h, g_.members[me_].name, std::move(o.payload))) {
+      return false;
+    }
+    box.pop_front();
+    handed_bytes_ += bytes;
+    if (bulk && ++bulk_handed_ == bulk_total_) {
+      ws_.stats.rate_bytes = handed_bytes_;
+      ws_.stats.rate_seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    }
+  }
+}
+
+// Keepalives go to every peer on the control channel, whatever is queued for it on the data
+// channel: a member waiting for a lost peer's data, or whose data moves slowly, must not be
+// taken for lost itself.
+void Operation::send_keepalives(Clock::time_point now) {
+  for (int p = 0; p < k_; ++p) {
+    if (p == me_ || !keepalive_due(peers_[p], now, rules_)) continue;
+    sample_bytes(p, now);
+    send_keepalive(p, now);
+  }
+}
+
+void Operation::send_keepalive(int p, Clock::time_point now) {
+  peers_[p].keepalive_sent = now;  // when the queue is full, try again an interval later
+  Header h = header(MsgType::keepalive);
+  if (t_.try_send(ep(p), Channel::control, h, g_.members[me_].name, Buffer{}))
+    ws_.stats.bytes_sent += sizeof h + g_.members[me_].name.size();
+}
+
+void Operation::sample_bytes(int p, Clock::time_point now) {
+  auto it = ws_.links.find(ep(p));
+  uint64_t total = 0;
+  if (it != ws_.links.end()) {
+    for (auto l = it->second.begin(); l != it->second.end();) {
+      const uint64_t b = t_.link_bytes(*l);
+      if (b == 0) {
+        l = it->second.erase(l);  // gone (the next message brings its new connection)
+      } else {
+        total += b;
+        ++l;
+      }
+    }
+  }
+  note_bytes(peers_[p], total, now);
+}
+
+void Operation::broadcast_abort(const OpFailure& f) {
+  auto body = std::make_shared<std::string>(encode_abort({f.kind, f.culprit, f.message}));
+  Buffer payload{reinterpret_cast<const uint8_t*>(body->data()), body->size(), body};
+  for (int p = 0; p < k_; ++p) {
+    const bool gone = (f.kind == AbortKind::peer_lost && g_.members[p].name == f.culprit) ||
+                      (p < static_cast<int>(peers_.size()) && peers_[p].dropped);
+    if (p == me_ || gone) continue;
+    // Best effort: a peer that cannot take it times out anyway.
+    (void)t_.try_send(ep(p), Channel::control, header(MsgType::abort), g_.members[me_].name,
+                      payload);
+  }
+}
+
+void Operation::handle_abort(const Message& m) {
+  auto abort = decode_abort(m.payload.bytes());
+  if (!abort) return;
+  if (abort->kind == AbortKind::mismatch &&
+      (m.header.total_n != total_n_ || m.header.codec != codec_)) {
+    // The sender disagrees with us: it is the odd one, whatever it blames.
+    int s = rank_of(m.sender);
+    throw OpFailure{AbortKind::mismatch, m.sender,
+                    "member " + (s >= 0 ? who(s) : escape_remote(m.sender)) + " has " +
+                        shape(m.header) + ", expected " + shape(header(MsgType::abort)) +
+                        ", in round " + std::to_string(g_.round_id),
+                    false};
+  }
+  throw OpFailure{abort->kind, abort->culprit,
+                  "round " + std::to_string(g_.round_id) + " aborted by " + m.sender + ": " +
+                      escape_remote(abort->message, 1000),
+                  false};
+}
+
+void Operation::handle(Message& m) {
+  const Header& h = m.header;
+  if (std::string bad = check_message(h, m.sender.size(), m.payload.size); !bad.empty()) {
+    ws_.drop(m, "malformed: " + bad);
+    return;
+  }
+  const bool current = h.round_id == g_.round_id && h.group_fp == fp_;
+  if (!current) {
+    const int s = rank_of(m.sender);
+    const bool member = s >= 0 && s != me_;
+    if (h.round_id < g_.round_id) {  // left over from an earlier operation
+      if (member) {
+        // Still finishing that one, on its way here: alive. (Its earlier operation is bounded
+        // like ours, so this cannot keep us waiting for long.)
+        if (m.link != 0) ws_.links[ep(s)].insert(m.link);
+        note_alive(peers_[s], Clock::now());  // alive, but not yet in this operation
+        stale_round_[s] = h.round_id;
+      }
+      return;
+    }
+    if (h.round_id == g_.round_id) {
+      // Another attempt at this round with another group: the one before ours (its last
+      // chunks, sent before the sender learnt that a member was lost) or the next one (the
+      // sender dropped the lost member before we did). Neither says anything against the
+      // sender: keep it for the attempt it belongs to; a later round id drops it.
+      if (h.type != MsgType::keepalive)
+        ws_.stash_message(std::move(m), g_.round_id, s < 0, Clock::now());
+      return;
+    }
+    // A later round. Data arrives in order, so a member's data (or hello) of a later round
+    // means that none of this one is still coming from it. Its control messages prove nothing
+    // of the kind: they overtake data still on its way (and do not count as hearing from it,
+    // or two members each in another round could keep each other waiting for ever).
+    // Only from a connection known to be that member's: anyone can write its name into a
+    // header, and a stranger's claim must not abort the round in the member's name (it is
+    // kept like other early data; if the member did move on, its silence in this round tells).
+    // Without connection ids (inproc) the name is all there is. The others are told: one that
+    // has not yet seen that connection would otherwise wait out its window and blame whoever
+    // went silent first, which is then this member, not the one that moved on.
+    const bool its_connection =
+        m.link == 0 || (member && ws_.links.count(ep(s)) && ws_.links[ep(s)].count(m.link));
+    if (member && on_data_connection(h.type) && expecting(s) && its_connection) {
+      throw OpFailure{AbortKind::error, m.sender,
+                      "member " + who(s) + " sent data for round " + std::to_string(h.round_id) +
+                          " while round " + std::to_string(g_.round_id) +
+                          " expects more data from it",
+                      true};
+    }
+    if (h.type != MsgType::keepalive)
+      ws_.stash_message(std::move(m), g_.round_id, s < 0, Clock::now());
+    return;
+  }
+  const int s = static_cast<int>(h.sender_rank);
+  if (h.sender_rank >= static_cast<uint32_t>(k_) || s == me_ || g_.members[s].name != m.sender) {
+    // The name and the rank disagree, so neither can be believed: blaming the member it names
+    // would let anyone who can reach this socket abort a round in another's name.
+    ws_.drop(m, "it claims rank " + std::to_string(h.sender_rank) +
+                    ", which is not the rank of that name in round " + std::to_string(g_.round_id));
+    return;
+  }
+  note_heard(peers_[s], Clock::now());
+  if (m.link != 0) ws_.links[ep(s)].insert(m.link);
+  if (h.type == MsgType::keepalive || h.type == MsgType::hello) return;
+  if (h.type == MsgType::abort) handle_abort(m);
+  ws_.stats.bytes_received += sizeof(Header) + m.sender.size() + m.payload.size;
+  handle_data(s, m);
+}
+
+bool Operation::done() const {
+  if (!produced_all()) return false;
+  for (int p = 0; p < k_; ++p)
+    if (p != me_ && (expecting(p) || backlog(p))) return false;
+  return true;
+}
+
+void Operation::check_liveness(Clock::time_point now) {
+  int silent = -1;
+  for (int p = 0; p < k_; ++p) {
+    if (p == me_) continue;
+    PeerState& peer = peers_[p];
+    peer.expecting = expecting(p);
+    peer.backlog = backlog(p);
+    switch (judge(peer, now, rules_)) {
+      case Verdict::alive:
+        break;
+      case Verdict::closed:
+        throw OpFailure{
+            AbortKind::peer_lost, g_.members[p].name,
+            "lost member " + who(p) + ": connection closed in round " + std::to_string(g_.round_id),
+            true};
+      case Verdict::silent:
+        sample_bytes(p, now);  // bytes since the last sample prove it alive then
+        if (judge(peer, now, rules_) == Verdict::alive) break;
+        // The one silent for longest is the likeliest cause of the others' silence.
+        if (silent < 0 || peer.heard < peers_[silent].heard) silent = p;
+        break;
+    }
+  }
+  if (silent < 0) return;
+  const auto window = seconds_str(silence_window(rules_, peers_[silent]));
+  if (stale_round_[silent]) {
+    throw OpFailure{AbortKind::error, g_.members[silent].name,
+                    "member " + who(silent) + " sent data for round " +
+                        std::to_string(*stale_round_[silent]) + " but none for round " +
+                        std::to_string(g_.round_id) + " in " + window,
+                    true};
+  }
+  throw OpFailure{AbortKind::peer_lost, g_.members[silent].name,
+                  "lost member " + who(silent) + ": no data for " + window + " in round " +
+                      std::to_string(g_.round_id),
+                  true};
+}
+
+std::chrono::milliseconds Operation::poll_budget(Clock::time_point now) {
+  Clock::time_point until = now + std::chrono::milliseconds(100);
+  for (int p = 0; p < k_; ++p)
+    if (p != me_) until = std::min(until, next_check(peers_[p], now, rules_));
+  auto budget = std::chrono::ceil<std::chrono::milliseconds>(until - now);
+  return std::max(budget, std::chrono::milliseconds(1));
+}
+
+void Operation::run() {
+  start_ = Clock::now();
+  outbox_.assign(k_, {});
+  urgent_.assign(k_, {});
+  peers_.assign(k_, PeerState{});
+  for (int p = 0; p < k_; ++p) {
+    peers_[p].heard = start_;
+    peers_[p].keepalive_sent = start_ - rules_.keepalive_interval;  // one at once
+    auto gap = ws_.longest_gap.find(ep(p));
+    if (gap != ws_.longest_gap.end()) peers_[p].longest_gap = gap->second;
+  }
+  stale_round_.assign(k_, std::nullopt);
+  begin();
+  for (int p = 0; p < k_; ++p)
+    if (p != me_) (void)t_.take_event(ep(p));  // forget drops before this operation
+  // A hello ahead of the data on each data connection (best effort: a queue still full of the
+  // last operation's chunks skips it, and the first chunk tells the connection instead).
+  for (int p = 0; p < k_; ++p) {
+    if (p != me_ &&
+        t_.try_send(ep(p), Channel::data, header(MsgType::hello), g_.members[me_].name, Buffer{}))
+      ws_.stats.bytes_sent += sizeof(Header) + g_.members[me_].name.size();
+  }
+
+  check_leaving();
+  // Messages of this operation that arrived during an earlier one.
+  for (Workspace::Early& e : ws_.take_stash(Clock::now())) {
+    if (e.m.header.round_id < g_.round_id) continue;
+    handle(e.m);
+  }
+
+  while (!done()) {
+    bool progressed = false;
+    for (int i = 0; i < 64; ++i) {
+      Message m;
+      if (!t_.try_receive(m)) break;
+      progressed = true;
+      handle(m);
+    }
+    for (int p = 0; p < k_; ++p)
+      if (p != me_) flush(p);
+    send_keepalives(Clock::now());
+    if (produce()) progressed = true;
+    if (done()) break;
+    auto now = Clock::now();
+    for (int p = 0; p < k_; ++p) {
+      // Always drain, so that the wait does not keep waking up for a peer we are done with.
+      // A refused connection counts too: a member publishes its endpoint only once bound, so a
+      // refusal during the operation means its process or communicator is gone.
+      if (p != me_ && t_.take_event(ep(p)) != PeerEvent::none && !peers_[p].dropped)
+        peers_[p].dropped = now;
+    }
+    check_liveness(now);
+    check_leaving();
+    if (progressed) continue;
+    writable_.clear();
+    for (int p = 0; p < k_; ++p)
+      if (p != me_ && backlog(p)) writable_.push_back(ep(p));
+    t_.wait(writable_, poll_budget(now));
+  }
+  ws_.stats.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+}
+
+void Operation::linger_until_delivered() {
+  const auto start = Clock::now();
+  std::vector<int> waiting;  // the peers that may not have all our data yet
+  for (int p = 0; p < k_; ++p)
+    if (p != me_ && t_.undelivered(ep(p))) waiting.push_back(p);
+  auto stop_waiting = [&](int p) { std::erase(waiting, p); };
+  while (!waiting.empty() && Clock::now() - start < kMaxWidening * rules_.peer_timeout) {
+    Message m;
+    while (t_.try_receive(m)) {
+      const Header& h = m.header;
+      if (!check_message(h, m.sender.size(), m.payload.size).empty()) {
+        ws_.drop(m, "malformed");
+      } else if ((h.round_id > g_.round_id || (h.round_id == g_.round_id && h.group_fp != fp_)) &&
+                 h.type != MsgType::keepalive) {
+        ws_.stash_message(std::move(m), g_.round_id, rank_of(m.sender) < 0, Clock::now());
+      } else if (h.round_id == g_.round_id && h.sender_rank < static_cast<uint32_t>(k_) &&
+                 g_.members[h.sender_rank].name == m.sender) {
+        const int s = static_cast<int>(h.sender_rank);
+        note_heard(peers_[s], Clock::now());
+        if (h.type == MsgType::abort) stop_waiting(s);
+      }
+      m = Message{};
+    }
+    const auto now = Clock::now();
+    std::erase_if(waiting, [&](int p) {
+      return t_.take_event(ep(p)) == PeerEvent::closed ||
+             now - peers_[p].heard > silence_window(rules_, peers_[p]) || !t_.undelivered(ep(p));
+    });
+    for (int p : waiting)
+      if (keepalive_due(peers_[p], now, rules_)) send_keepalive(p, now);
+    // Acknowledgements wake nobody: look again soon; on a fast link (the first 2 ms) sooner
+    // than the transport's wait can (1 ms steps), which would cost small operations 20 %.
+    if (waiting.empty()) break;
+    if (Clock::now() - start < std::chrono::milliseconds(2))
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else
+      t_.wait({}, std::chrono::milliseconds(1));
+  }
+}
+
+void abandon(Transport& t, Workspace& ws, Operation& op) {
+  ws.last_ok = false;
+  op.drop_outgoing();
+  t.drop_all();
+  // Closing a connection with its queue dropped lets go of the payloads within milliseconds,
+  // even towards a frozen peer (tests/collective checks it). The bound guards against the
+  // unforeseen: past it, the caller's input might still be read, so say so loudly and stop
+  // sending from inputs on this communicator.
+  constexpr auto kLimit = std::chrono::milliseconds(2000);
+  if (!ws.input_refs->wait_released(kLimit)) {
+    ws.input_zero_copy = false;
+    spdlog::error(
+        "collective: the transport still references the caller's input {} after closing its "
+        "connections; sending from a copy from now on",
+        seconds_str(kLimit));
+  }
+  Message m;
+  while (t.try_receive(m)) {
+    // Kept: later rounds, and another attempt at this one (a peer that already runs the retry
+    // without a lost member: dropping its first chunks would leave our retry waiting on them
+    // while its keepalives say it is alive).
+    const bool later =
+        m.header.round_id > op.round_id() ||
+        (m.header.round_id == op.round_id() && m.header.group_fp != op.group_fingerprint());
+    if (later && m.header.type != MsgType::keepalive &&
+        check_message(m.header, m.sender.size(), m.payload.size).empty())
+      ws.stash_message(std::move(m), op.round_id(), !op.is_member(m.sender), Clock::now());
+    m = Message{};
+  }
+}
+
+std::shared_ptr<const void> InputRefs::take(const std::shared_ptr<InputRefs>& self) {
+  {
+    std::lock_guard lock(self->m_);
+    ++self->count_;
+  }
+  return std::shared_ptr<const void>(self.get(), [self](const void*) {
+    std::lock_guard lock(self->m_);
+    if (--self->count_ == 0) self->cv_.notify_all();
+  });
+}
+
+bool InputRefs::wait_released(std::chrono::milliseconds limit) {
+  std::unique_lock lock(m_);
+  return cv_.wait_for(lock, limit, [this] { return count_ == 0; });
+}
+
+size_t max_payload_bytes(const Options& options) {
+  size_t floats = std::max<size_t>(1, options.chunk_bytes / sizeof(float));
+  if (options.max_floats > 0) floats = std::min(floats, options.max_floats);
+  size_t widest = kMaxAbortBytes;
+  for (Codec c : {Codec::fp32, Codec::fp16, Codec::bf16, Codec::int8})
+    widest = std::max(widest, encoded_bytes(c, floats));
+  return widest;
+}
+
+size_t held_bytes_bound(const Options& options) {
+  if (options.max_floats == 0 || options.max_floats > kMaxStashBytes / 8) return kMaxStashBytes;
+  return std::clamp(2 * encoded_bytes(Codec::fp32, options.max_floats), kMinStashBytes,
+                    kMaxStashBytes);
+}
+
+void Workspace::configure(const Options& options) {
+  // Early messages wait for their operation at most this long: far longer than members of
+  // one job start apart (a straggler's previous operation is bounded by a few timeouts).
+  stash_ttl = std::max<Clock::duration>(std::chrono::minutes(10), 100 * options.peer_timeout);
+  stash_limit = held_bytes_bound(options);
+  max_payload = max_payload_bytes(options);
+}
+
+void Workspace::stash_message(Message&& m, uint64_t round_id, bool stranger,
+                              Clock::time_point now) {
+  if (m.payload.size > max_payload) {
+    drop(m, "a payload of " + std::to_string(m.payload.size) +
+                " bytes is larger than any operation of this communicator sends (" +
+                std::to_string(max_payload) +
+                " bytes: a chunk of Options::chunk_bytes, at most "
+                "Options::max_floats floats)");
+    return;
+  }
+  if (m.header.round_id - round_id > kMaxRoundsAhead) {
+    drop(m, "round " + std::to_string(m.header.round_id) + " is implausibly far ahead of round " +
+                std::to_string(round_id));
+    return;
+  }
+  const size_t size = m.payload.size;
+  const size_t stranger_limit = std::min(kMaxStrangerStashBytes, stash_limit);
+  if (stranger &&
+      (stranger_bytes + size > stranger_limit || strangers >= kMaxStrangerStashMessages)) {
+    drop(m, "a sender outside the group of round " + std::to_string(round_id) + " already has " +
+                std::to_string(stranger_bytes) + " bytes in " + std::to_string(strangers) +
+                " messages waiting (limits " + std::to_string(stranger_limit) + " bytes, " +
+                std::to_string(kMaxStrangerStashMessages) + " messages)");
+    return;
+  }
+  stash_bytes += size;
+  if (stranger) {
+    stranger_bytes += size;
+    ++strangers;
+  }
+  stash.push_back(Early{std::move(m), now, stranger});
+  while (!stash.empty() && (stash_bytes > stash_limit || stash.size() > kMaxStashMessages)) {
+    Early& e = stash.front();
+    drop(e.m, "the early messages exceed " + std::to_string(stash_limit) + " bytes or " +
+                  std::to_string(kMaxStashMessages) + " messages; the oldest goes");
+    stash_bytes -= e.m.payload.size;
+    if (e.stranger) {
+      stranger_bytes -= e.m.payload.size;
+      --strangers;
+    }
+    stash.pop_front();
+  }
+}
+
+void Workspace::expire(Clock::time_point now) {
+  std::erase_if(stash, [&](const Early& e) {
+    if (now - e.at <= stash_ttl) return false;
+    drop(e.m, "it waited " + seconds_str(now - e.at) + " for its round, more than " +
+                  seconds_str(stash_ttl));
+    stash_bytes -= e.m.payload.size;
+    if (e.stranger) {
+      stranger_bytes -= e.m.payload.size;
+      --strangers;
+    }
+    return true;
+  });
+}
+
+std::deque<Workspace::Early> Workspace::take_stash(Clock::time_point now) {
+  expire(now);
+  std::deque<Early> out;
+  out.swap(stash);
+  stash_bytes = stranger_bytes = strangers = 0;
+  return out;
+}
+
+size_t receive_between_operations(Transport& t, Workspace& ws, const Options& options,
+                                  Clock::time_point now) {
+  ws.configure(options);
+  ws.expire(now);
+  // At most this many per call, so that an operation about to begin does not wait long.
+  constexpr size_t kMaxPerCall = 4096;
+  size_t taken = 0;
+  Message m;
+  while (taken < kMaxPerCall && ws.stash_bytes + ws.max_payload <= ws.stash_limit &&
+         ws.stash.size() < kMaxStashMessages && t.try_receive(m)) {
+    ++taken;
+    const Header& h = m.header;
+    const bool past = ws.begun && (h.round_id < ws.last_round ||
+                                   (h.round_id == ws.last_round && h.group_fp == ws.last_fp));
+    if (std::string bad = check_message(h, m.sender.size(), m.payload.size); !bad.empty()) {
+      ws.drop(m, "malformed: " + bad);
+    } else if (h.type != MsgType::keepalive && !past) {
+      // Of a later operation (as any operation would keep it). Before the first one, nobody
+      // is a stranger, and no round is known to be far ahead.
+      const bool stranger = ws.begun && std::find(ws.last_members.begin(), ws.last_members.end(),
+                                                  m.sender) == ws.last_members.end();
+      ws.stash_message(std::move(m), ws.begun ? ws.last_round : h.round_id, stranger, now);
+    }
+    m = Message{};
+  }
+  return taken;
+}
+
+void Workspace::drop(const Message& m, const std::string& why) {
+  ++dropped;
+  uint64_t held = 0;
+  const auto now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+          .count();
+  if (!drop_log.allow(now_ms, &held)) return;
+  spdlog::warn("collective: dropped a message from '{}' (round {}, {} payload bytes): {}{}",
+               escape_remote(m.sender), m.header.round_id, m.payload.size, why,
+               held ? " (" + std::to_string(held) + " more dropped since the last such line)"
+                    : std::string());
+}
+
+std::shared_ptr<Bytes> Workspace::send_buffer(size_t size) {
+  size = std::max<size_t>(size, 1);
+  std::shared_ptr<Bytes>* best = nullptr;
+  for (auto& b : send_buffers) {
+    if (b.use_count() == 1 && b->size >= size && (!best || b->size < (*best)->size)) best = &b;
+  }
+  if (best) return *best;
+  // Replace a free buffer that is too small, else add one; a buffer that a message of a
+  // failed operation still references is never written again.
+  for (auto& b : send_buffers) {
+    if (b.use_count() == 1) {
+      b = std::make_shared<Bytes>(size);
+      return b;
+    }
+  }
+  send_buffers.push_back(std::make_shared<Bytes>(size));
+  if (send_buffers.size() > 4) send_buffers.erase(send_buffers.begin());
+  return send_buffers.back();
+}
+
+void begin_operation(Transport& t, Workspace& ws, const Options& options, const Group& group,
+                     std::string_view what) {
+  ws.stats = Stats{};
+  check_group(t, group, what);
+  ws.configure(options);
+  ws.begun = true;
+  ws.last_round = group.round_id;
+  ws.last_fp = fingerprint(group);
+  ws.last_members.clear();
+  for (const Member& m : group.members) ws.last_members.push_back(m.name);
+  // Peers that left the group: let what is queued for them drain, then close.
+  std::vector<std::string> peers;
+  for (int p = 0; p < static_cast<int>(group.members.size()); ++p)
+    if (p != group.rank) peers.push_back(group.members[p].endpoint);
+  t.keep_only(peers, options.peer_timeout);
+}
+
+void check_not_left(const Workspace& ws, const Group& group) {
+  if (ws.leaving.load(std::memory_order_acquire))
+    throw PeerLostError("member " + group.members[group.rank].name + " left: " + ws.leave_reason,
+                        group.members[group.rank].name);
+}
+
+void run_operation(Transport& t, Workspace& ws, Operation& op) {
+  try {
+    op.run();
+    op.linger_until_delivered();
+  } catch (const OpFailure& f) {
+    op.keep_gaps();
+    abandon(t, ws, op);
+    if (f.broadcast) op.broadcast_abort(f);
+    spdlog::warn("collective: {}", f.message);
+    if (f.kind == AbortKind::peer_lost) throw PeerLostError(f.message, f.culprit);
+    throw CollectiveError(f.message, f.culprit);
+  } catch (...) {
+    op.keep_gaps();
+    abandon(t, ws, op);
+    throw;
+  }
+  op.keep_gaps();
+  ws.last_ok = true;
+}
+
+}  // namespace loco::collective::detail
