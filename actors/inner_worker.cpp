@@ -176,7 +176,7 @@ InitResult InnerWorker::init(WorkerInit init) {
     }
     // Behind the job when the slot's inner state is older than the outer state it gets.
     k.trainer->set_step(init.round * s_->cfg.inner.steps);
-    k.outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, k.trainer->flat_parameters());
+    k.outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer_step(), k.trainer->flat_parameters());
   }
   s_->make_streaming();
   const int64_t t0 = loco::now_ms();
@@ -227,7 +227,7 @@ InitResult InnerWorker::init(WorkerInit init) {
       throw std::runtime_error("init: " + dir + " holds " + std::to_string(theta.numel()) +
                                " parameters, the job's model " +
                                std::to_string(s_->lead().trainer->parameter_count()));
-    for (Rank& k : s_->ranks) k.outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer, theta);
+    for (Rank& k : s_->ranks) k.outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer_step(), theta);
     s_->make_streaming();
     out.state_bytes = uint64_t(values.size() * sizeof(float));
   }
@@ -242,6 +242,9 @@ InitResult InnerWorker::init(WorkerInit init) {
   // differ from θ in the fragments not synchronized since (as the simulator's checkpoints do).
   if (!(s_->overlapped() && inner_ar))
     for (Rank& k : s_->ranks) k.trainer->load_parameters(k.outer->theta());
+  s_->make_feedback();
+  // Resumed from its own inner state: its error feedback as it was (none there: zero).
+  if (s_->feedback && inner_ar) s_->feedback->load(*inner_ar, "error_feedback.", 0);
   const auto n = size_t(s_->lead().trainer->parameter_count());
   s_->delta.assign(n, 0.0f);
   s_->averaged.assign(n, 0.0f);
@@ -339,7 +342,17 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
     group.rank = req.rank;
     group.round_id = req.op_id;
     const dl::Slice sl = s_->slice_of(k);
-    if (scale == 1.0) {
+    if (s_->feedback) {
+      // compression topk (one rank, no token weights: config.cpp): the code of this round's Δ,
+      // made once; every member's gathered and decoded in member order.
+      if (s_->coded_round != req.round) {
+        s_->code = s_->feedback->encode(0, 0, s_->delta);
+        s_->coded_round = req.round;
+      }
+      const auto codes = k.comm->allgather(group, s_->code, s_->feedback->bytes(0));
+      const std::vector<std::span<const uint8_t>> views(codes.begin(), codes.end());
+      s_->feedback->mean(0, views, s_->averaged);
+    } else if (scale == 1.0) {
       k.comm->allreduce(group, {s_->delta.data() + sl.begin, size_t(sl.size())},
                         {s_->averaged.data() + sl.begin, size_t(sl.size())});
     } else {

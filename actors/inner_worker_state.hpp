@@ -32,6 +32,7 @@
 #include "diloco/averager.hpp"
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
+#include "diloco/error_feedback.hpp"
 #include "diloco/device_info.hpp"
 #include "diloco/hf_format.hpp"
 #include "diloco/local_group.hpp"
@@ -233,6 +234,12 @@ struct InnerWorker::State {
   std::vector<Rank> ranks;  // rank 0 answers for the worker: θ's hash, evaluation, checkpoints
   std::vector<float> delta, averaged;  // whole; rank r writes and averages its slice
   int64_t delta_round = -1;            // the round whose Δ `delta` holds
+  // compression topk: this worker's error feedback (one buffer per fragment; blocking: one),
+  // and in blocking rounds the code of round `coded_round`'s Δ, made once: an attempt retried
+  // sends the same bytes, and the buffer takes each round's Δ once.
+  std::unique_ptr<dl::ErrorFeedback> feedback;
+  std::vector<uint8_t> code;
+  int64_t coded_round = -1;
   int64_t stepped_round = -1;  // the round whose outer step θ holds (undone if it is re-run)
   // Its node is stopping (InnerWorker::stop): inner steps end at the next one.
   std::atomic<bool> stopping{false};
@@ -283,6 +290,19 @@ struct InnerWorker::State {
     streaming = std::make_unique<dl::StreamingRound>(
         cfg, dl::parameter_fragments(lead().trainer->model(), cfg.sync.fragments),
         std::vector<dl::Replica>{{lead().trainer.get(), lead().outer.get()}});
+  }
+  // compression topk: the error feedback at zero (a worker that joins starts with nothing
+  // unsent: the others' residuals are theirs to send), per fragment of the round engine.
+  void make_feedback() {
+    feedback.reset();
+    coded_round = -1;
+    if (!cfg.topk.on) return;
+    std::vector<size_t> sizes;
+    if (streaming)
+      for (int f = 0; f < cfg.sync.fragments; ++f) sizes.push_back(size_t(streaming->fragment_size(f)));
+    else
+      sizes.push_back(size_t(lead().trainer->parameter_count()));
+    feedback = std::make_unique<dl::ErrorFeedback>(cfg.topk, sizes, 1);
   }
 
   // stream(), between two inner steps at step count `now`: the snapshot offer_state asked
@@ -466,6 +486,7 @@ struct InnerWorker::State {
     ar.write("stream", c10::IValue(int64_t(stream)));
     ar.write("round", c10::IValue(lead().outer->round()));
     lead().trainer->save(ar, "worker.", copy);
+    if (feedback) feedback->save(ar, "error_feedback.", 0);  // a copy, made here
     // Eager: this worker's own provisional θ for each average in flight (the outer checkpoint
     // holds its writer's), which a worker resumed from the checkpoint corrects with. Never
     // changed once made, so not copied.

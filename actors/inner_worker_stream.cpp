@@ -12,9 +12,9 @@ namespace {
 class GroupAverager final : public dl::FragmentAverager {
  public:
   GroupAverager(collective::Communicator& comm, std::shared_ptr<StreamGroup> group,
-                std::shared_future<uint64_t>& last)
-      : comm_(comm), group_(std::move(group)), last_(last) {}
-  std::shared_future<uint64_t> start(uint64_t op, int /*fragment*/,
+                std::shared_future<uint64_t>& last, dl::ErrorFeedback* feedback)
+      : comm_(comm), group_(std::move(group)), last_(last), feedback_(feedback) {}
+  std::shared_future<uint64_t> start(uint64_t op, int fragment,
                                      std::span<const std::span<const float>> deltas,
                                      std::span<const std::span<float>> means) override {
     if (deltas.size() != 1 || means.size() != 1)
@@ -22,13 +22,25 @@ class GroupAverager final : public dl::FragmentAverager {
     collective::Communicator* comm = &comm_;
     const std::span<const float> in = deltas[0];
     const std::span<float> out = means[0];
-    last_ = std::async(std::launch::async, [comm, group = group_, op, in, out, before = last_] {
+    // compression topk: the fragment's code, made here on the stepping thread (its error
+    // feedback is this thread's), gathered and decoded on the operation's.
+    std::shared_ptr<const std::vector<uint8_t>> code;
+    if (feedback_)
+      code = std::make_shared<const std::vector<uint8_t>>(feedback_->encode(0, fragment, in));
+    last_ = std::async(std::launch::async, [comm, group = group_, op, in, out, before = last_,
+                                            code, feedback = feedback_, fragment] {
               if (before.valid()) before.get();
               uint64_t bytes = 0;
               for (;;) {
                 const collective::Group g = group->at(op);
                 try {
-                  comm->allreduce(g, in, out);
+                  if (code) {
+                    const auto codes = comm->allgather(g, *code, feedback->bytes(fragment));
+                    const std::vector<std::span<const uint8_t>> views(codes.begin(), codes.end());
+                    feedback->mean(fragment, views, out);
+                  } else {
+                    comm->allreduce(g, in, out);
+                  }
                   bytes += comm->last_stats().bytes_sent;
                   if (const float c = group->weight_correction(g); c != 1.0f)
                     for (float& x : out) x *= c;
@@ -48,6 +60,7 @@ class GroupAverager final : public dl::FragmentAverager {
   collective::Communicator& comm_;
   std::shared_ptr<StreamGroup> group_;
   std::shared_future<uint64_t>& last_;
+  dl::ErrorFeedback* feedback_;  // compression topk; else none
 };
 
 }  // namespace
@@ -135,7 +148,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       s.log_landing(f.fragment, f.mean[0], now);
     }
   } worker(*s_, req, *group, out, start);
-  GroupAverager averager(*k.comm, group, s_->last_op);
+  GroupAverager averager(*k.comm, group, s_->last_op, s_->feedback.get());
 
   dl::StreamingRound::Round round;
   round.round = req.round;
