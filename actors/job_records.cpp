@@ -11,6 +11,8 @@ namespace loco::actors {
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
+namespace schema = diloco::schema;
+using schema::key;
 
 namespace {
 
@@ -70,6 +72,22 @@ std::vector<StepFigures> per_step_means(const std::vector<std::vector<StepFigure
   return out;
 }
 
+schema::Step step_report(const StepFigures& s) {
+  schema::Step out{.loss = s.loss, .lr = s.lr, .grad_norm = s.grad_norm, .tokens = s.tokens};
+  if (s.seconds > 0) {
+    out.tokens_per_s = double(s.tokens) / s.seconds;
+    // Model TFLOP/s of all the members, their mean MFU (where a peak is known) and the most
+    // device memory any of them held (GPUs).
+    if (s.flops > 0) out.tflops = s.flops / s.seconds / 1e12;
+  }
+  if (s.mfu > 0) out.mfu = s.mfu;
+  if (s.memory_bytes > 0) out.memory_gb = double(s.memory_bytes) / 1e9;
+  // The members' mean CPU seconds in the step: next to the slowest's wall seconds, how much of
+  // the step was work (none from workers that do not report it).
+  if (s.cpu_seconds > 0) out.cpu_s = s.cpu_seconds;
+  return out;
+}
+
 double cpu_seconds_of(const std::vector<StepFigures>& steps) {
   double s = 0;
   for (const StepFigures& f : steps) s += f.cpu_seconds;
@@ -86,7 +104,7 @@ JobRecords::JobRecords(std::string folder, int64_t from)
     job_bytes_ += uint64_t(int_field(j, "bytes_per_worker"));
   }
   for (const std::string& l : read_json_lines(metrics_path_))
-    last = std::max(last, int_field(parse(l), "redo"));
+    last = std::max(last, int_field(parse(l), key(&schema::JobMetricsLine::redo)));
   redo_ = last + 1;
   drop_after(from);
 }
@@ -103,11 +121,11 @@ void JobRecords::drop_after(int64_t round) {
   seconds_ = 0;
   for (const std::string& l : read_json_lines(metrics_path_)) {
     const json j = parse(l);
-    const int64_t r = int_field(j, "round", -1);
+    const int64_t r = int_field(j, key(&schema::MetricsLine::round), -1);
     if (r > round || r < 0) continue;
     kept += l + "\n";
-    bytes_ = uint64_t(int_field(j, "bytes"));
-    seconds_ = double_field(j, "time");
+    bytes_ = uint64_t(int_field(j, key(&schema::MetricsLine::bytes_per_worker)));
+    seconds_ = double_field(j, key(&schema::MetricsLine::seconds));
   }
   const std::string tmp = metrics_path_ + ".tmp";
   std::ofstream(tmp, std::ios::trunc) << kept;
@@ -160,48 +178,26 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
   m.bytes_per_worker = bytes_;
   m.seconds = seconds_;
   // The simulator's fields (the same as `loco train` writes), then the job's.
-  json j = json::parse(m.to_json());
-  j["utilization"] = f.utilization;
-  j["workers"] = f.workers;
-  j["round_bytes"] = round_bytes;
-  j["round_time"] = round_time;
-  j["failed_attempts"] = failed_;
-  j["redo"] = redo_;
-  j["job_bytes"] = job_bytes_;
-  j["job_time"] = f.job_time;
+  schema::JobMetricsLine l;
+  static_cast<schema::MetricsLine&>(l) = m;
+  l.utilization = f.utilization;
+  l.workers = f.workers;
+  l.round_bytes = round_bytes;
+  l.round_time = round_time;
+  l.failed_attempts = failed_;
+  l.redo = redo_;
+  l.job_bytes = job_bytes_;
+  l.job_time = f.job_time;
   if (m.round > 0) {
-    json members = json::array();
+    l.members.emplace();
     for (const MemberFigures& x : f.members)
-      members.push_back({{"worker", x.worker},
-                         {"steps", x.steps},
-                         {"tokens", x.tokens},
-                         {"seconds", x.seconds},
-                         {"cpu_seconds", x.cpu_seconds},
-                         {"wait", std::max(0.0, round_time - x.seconds)}});
-    j["members"] = members;
-    j["late"] = f.late;
-    namespace key = diloco::schema::step;
-    json steps = json::array();
-    for (const StepFigures& s : f.steps)
-      steps.push_back(
-          {{key::kLoss, s.loss},
-           {key::kLr, s.lr},
-           {key::kGradNorm, s.grad_norm},
-           {key::kTokens, s.tokens},
-           {key::kTokensPerS, s.seconds > 0 ? json(double(s.tokens) / s.seconds) : json(nullptr)},
-           // Model TFLOP/s of all the members, their mean MFU (null where no peak is known) and
-           // the most device memory any of them held (null on CPUs).
-           {key::kTflops,
-            s.seconds > 0 && s.flops > 0 ? json(s.flops / s.seconds / 1e12) : json(nullptr)},
-           {key::kMfu, s.mfu > 0 ? json(s.mfu) : json(nullptr)},
-           {key::kMemoryGb,
-            s.memory_bytes > 0 ? json(double(s.memory_bytes) / 1e9) : json(nullptr)},
-           // The members' mean CPU seconds in the step: next to the slowest's wall seconds,
-           // how much of the step was work (null from workers that do not report it).
-           {key::kCpuS, s.cpu_seconds > 0 ? json(s.cpu_seconds) : json(nullptr)}});
-    j[diloco::schema::metrics_line::kSteps] = steps;
+      l.members->push_back({x.worker, x.steps, x.tokens, x.seconds, x.cpu_seconds,
+                            std::max(0.0, round_time - x.seconds)});
+    l.late = f.late;
+    l.steps.emplace();
+    for (const StepFigures& s : f.steps) l.steps->push_back(step_report(s));
   }
-  const std::string line = j.dump();
+  const std::string line = schema::to_json<json>(l).dump();
   append(metrics_path_, line);
   attempts_ = failed_ = 0;
   ok_bytes_ = 0;

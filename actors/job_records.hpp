@@ -2,8 +2,9 @@
 // What a DiLoCo job writes about its rounds into its folder (next to its
 // checkpoints): two files of JSON lines, for people and plotting scripts.
 //
-// metrics.jsonl: θ's history, one line per round 0..r, each round number once.
-//   The simulator's fields (diloco/metrics.hpp), where "bytes" and "time" add up
+// metrics.jsonl: θ's history, one line per round 0..r, each round number once: a
+//   diloco::schema::JobMetricsLine (diloco/job_schema.hpp lists its fields).
+//   The simulator's fields (schema::MetricsLine), where "bytes" and "time" add up
 //   "round_bytes" and "round_time" over rounds 1..r, then:
 //     "utilization", "workers"  inner-step time over the pass's wall time; the
 //                       round's members at its end
@@ -132,6 +133,10 @@ class JobRecords {
 // different numbers of steps): loss, lr and grad_norm their mean, tokens their sum, seconds
 // the slowest's.
 std::vector<StepFigures> per_step_means(const std::vector<std::vector<StepFigures>>& members);
+
+// A step's figures as metrics.jsonl's "steps" and the job's "steps" records have them: the
+// rates over the step's seconds; mfu, memory and CPU seconds only where measured (not 0).
+diloco::schema::Step step_report(const StepFigures& s);
 
 // A field of a line written here, parsed as JSON and written back: a number as JSON writes it,
 // a string with its quotes, "null"; "" when the line has no such field or is not JSON.

@@ -107,17 +107,10 @@ void OuterAggregator::State::publish_steps(int64_t r, const std::vector<StepFigu
     JobProgress p;
     p.step = (r - 1) * cfg.inner.steps + int64_t(i) + 1;
     p.total = total_steps;
-    p.metrics = {{schema::step::kLoss, steps[i].loss},
-                 {schema::step::kLr, steps[i].lr},
-                 {schema::step::kGradNorm, steps[i].grad_norm}};
-    if (steps[i].seconds > 0) {
-      p.metrics[schema::step::kTokensPerS] = double(steps[i].tokens) / steps[i].seconds;
-      if (steps[i].flops > 0)
-        p.metrics[schema::step::kTflops] = steps[i].flops / steps[i].seconds / 1e12;
-    }
-    if (steps[i].mfu > 0) p.metrics[schema::step::kMfu] = steps[i].mfu;
-    if (steps[i].memory_bytes > 0)
-      p.metrics[schema::step::kMemoryGb] = double(steps[i].memory_bytes) / 1e9;
+    schema::Step s = step_report(steps[i]);
+    s.tokens.reset();  // metrics.jsonl's only
+    s.cpu_s.reset();
+    p.metrics = schema::to_metrics(s);
     out.push_back(std::move(p));
   }
   msgpack::sbuffer buf;
@@ -394,21 +387,21 @@ void OuterAggregator::State::report(int64_t r, double loss, std::optional<double
   JobProgress p;
   p.step = r;
   p.total = total_rounds;
-  namespace key = schema::report;
-  p.metrics[key::kInnerStep] = double(r * cfg.inner.steps);
-  p.metrics[key::kLoss] = loss;
+  schema::Report rep;
+  rep.inner_step = r * cfg.inner.steps;
+  rep.loss = loss;
   if (val) {
-    p.metrics[key::kValLoss] = *val;
-    p.metrics[key::kValPpl] = std::exp(*val);
+    rep.val_loss = *val;
+    rep.val_ppl = std::exp(*val);
   }
-  p.metrics[key::kTokensPerS] = tok_s;
-  p.metrics[key::kBytesPerWorker] = double(records->bytes_per_worker());
-  p.metrics[key::kJobBytesPerWorker] = double(records->job_bytes_per_worker());
-  p.metrics[key::kFailedAttempts] = failed;
-  p.metrics[key::kRedo] = double(records->redo());
-  p.metrics[key::kUtilization] = util;
-  p.metrics[key::kWorkers] = members;
-  if (!round_late.empty()) p.metrics[key::kLate] = double(round_late.size());
+  rep.tokens_per_s = tok_s;
+  rep.bytes_per_worker = records->bytes_per_worker();
+  rep.job_bytes_per_worker = records->job_bytes_per_worker();
+  rep.failed_attempts = failed;
+  rep.redo = records->redo();
+  rep.utilization = util;
+  rep.workers = members;
+  if (!round_late.empty()) rep.late = int(round_late.size());
   // For the dashboard's axes and /metrics: the tokens the round's members processed, the
   // round's and the job's seconds.
   int64_t round_tokens = 0;
@@ -416,10 +409,11 @@ void OuterAggregator::State::report(int64_t r, double loss, std::optional<double
   // A round without its members' figures: H steps each.
   if (round_members.empty() && r > 0)
     round_tokens = int64_t(members) * cfg.inner.steps * int64_t(cfg.tokens_per_inner_step());
-  p.metrics[key::kRoundTokens] = double(round_tokens);
-  p.metrics[key::kRoundTime] = round_time;
-  p.metrics[key::kJobTime] = job_seconds;
-  p.metrics[key::kAllreduceSecondsTotal] = allreduce_total;
+  rep.round_tokens = round_tokens;
+  rep.round_time = round_time;
+  rep.job_time = job_seconds;
+  rep.allreduce_seconds_total = allreduce_total;
+  p.metrics = schema::to_metrics(rep);
   publish([this, p] { rt.job_progress(job_id, p); });
 }
 

@@ -40,26 +40,23 @@ JobSpec JobSpec::from_yaml_file(const std::string& path) {
 }
 
 RoundReport RoundReport::from(const JobProgress& p) {
-  auto m = [&](const char* k) {
-    auto it = p.metrics.find(k);
-    return it == p.metrics.end() ? 0.0 : it->second;
-  };
+  static_assert(std::is_same_v<decltype(p.metrics), diloco::schema::Metrics>);
+  const auto f = diloco::schema::from_metrics<diloco::schema::Report>(p.metrics);
   RoundReport r;
   r.round = int(p.step);
   r.rounds = int(p.total);
-  namespace key = diloco::schema::report;
-  r.inner_step = int(m(key::kInnerStep));
-  r.loss = m(key::kLoss);
-  r.val_loss = m(key::kValLoss);
-  r.val_ppl = m(key::kValPpl);
-  r.tokens_per_s = m(key::kTokensPerS);
-  r.bytes_per_worker = m(key::kBytesPerWorker);
-  r.job_bytes_per_worker = m(key::kJobBytesPerWorker);
-  r.failed_attempts = int(m(key::kFailedAttempts));
-  r.redo = int(m(key::kRedo));
-  r.utilization = m(key::kUtilization);
-  r.workers = int(m(key::kWorkers));
-  r.late = int(m(key::kLate));
+  r.inner_step = int(f.inner_step);
+  r.loss = f.loss;
+  r.val_loss = f.val_loss.value_or(0);
+  r.val_ppl = f.val_ppl.value_or(0);
+  r.tokens_per_s = f.tokens_per_s;
+  r.bytes_per_worker = double(f.bytes_per_worker);
+  r.job_bytes_per_worker = double(f.job_bytes_per_worker);
+  r.failed_attempts = f.failed_attempts;
+  r.redo = int(f.redo);
+  r.utilization = f.utilization;
+  r.workers = f.workers;
+  r.late = f.late.value_or(0);
   r.note = p.note;
   return r;
 }

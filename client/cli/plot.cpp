@@ -41,16 +41,19 @@ struct PlotData {
   std::vector<Step> steps;
 };
 
+namespace schema = diloco::schema;
+
 double number(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
   return it != j.end() && it->is_number() ? it->get<double>() : kMissing;
 }
 
-// One inner step's figures, from a metrics.jsonl "steps" object or a row of the dashboard's.
-PlotData::Step step_of(int64_t step, const nlohmann::json& s) {
-  namespace key = diloco::schema::step;
-  return {step, number(s, key::kLoss), number(s, key::kGradNorm), number(s, key::kLr),
-          number(s, key::kTokensPerS)};
+// One inner step's figures, from a metrics.jsonl "steps" object or a row of the dashboard's:
+// a figure it lacks is missing, not 0.
+PlotData::Step step_of(int64_t step, const nlohmann::json& j) {
+  schema::Step s{.loss = kMissing, .lr = kMissing, .grad_norm = kMissing};
+  schema::read_json(j, s);
+  return {step, s.loss, s.grad_norm, s.lr, s.tokens_per_s.value_or(kMissing)};
 }
 
 // From a metrics.jsonl that a job (or `loco train`) wrote.
@@ -64,20 +67,17 @@ PlotData from_metrics_file(const std::string& path) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (!j.is_object())
       throw std::invalid_argument(path + ":" + std::to_string(n) + ": not a JSON object");
-    namespace line_key = diloco::schema::metrics_line;
-    const double round = number(j, line_key::kRound);
-    d.rounds.push_back({number(j, line_key::kTokensTotal),
-                        round > 0 ? number(j, line_key::kTrainLoss) : kMissing,
-                        number(j, line_key::kValLoss)});
-    auto steps = j.find(line_key::kSteps);
+    schema::MetricsLine l;
+    l.train_loss = kMissing;
+    schema::read_json(j, l);
+    d.rounds.push_back({double(l.tokens_total), l.round > 0 ? l.train_loss : kMissing,
+                        l.val_loss.value_or(kMissing)});
+    // A job's line has the round's steps, which end at its "inner_steps".
+    auto steps = j.find(schema::key(&schema::JobMetricsLine::steps));
     if (steps == j.end() || !steps->is_array()) continue;
-    // The round's steps end at its "inner_steps".
-    const int64_t last = int64_t(number(j, line_key::kInnerSteps));
-    const int64_t first = last - int64_t(steps->size()) + 1;
-    for (size_t i = 0; i < steps->size(); ++i) {
-      const nlohmann::json& s = (*steps)[i];
-      d.steps.push_back(step_of(first + int64_t(i), s));
-    }
+    const int64_t first = l.inner_steps - int64_t(steps->size()) + 1;
+    for (size_t i = 0; i < steps->size(); ++i)
+      d.steps.push_back(step_of(first + int64_t(i), (*steps)[i]));
   }
   return d;
 }
@@ -96,10 +96,13 @@ PlotData from_cluster(const std::string& address, const std::string& job_id) {
   const nlohmann::json j = dashboard::job_json(job.info(), h);
   PlotData d;
   for (const auto& r : j["rounds_done"]) {
-    namespace key = diloco::schema::report;
+    // The report's figures (a diverged loss, and round 0's, null: missing).
+    schema::Report rep;
+    rep.loss = kMissing;
+    schema::read_json(r, rep);
     double x = number(r, dashboard::kTokens);
-    if (std::isnan(x)) x = number(r, key::kInnerStep);
-    d.rounds.push_back({x, number(r, key::kLoss), number(r, key::kValLoss)});
+    if (std::isnan(x)) x = double(rep.inner_step);
+    d.rounds.push_back({x, rep.loss, rep.val_loss.value_or(kMissing)});
   }
   for (const auto& s : j["steps"]) d.steps.push_back(step_of(s["step"].get<int64_t>(), s));
   return d;

@@ -1,5 +1,7 @@
 #include "client/dashboard/page.hpp"
 
+#include "client/dashboard/views.hpp"
+
 namespace loco::dashboard {
 
 const std::string& page_html() {
@@ -62,7 +64,21 @@ tr.job { cursor: pointer; } tr.selected td { background: #dde7f5; }
 }
 
 const std::string& page_js() {
-  static const std::string js = R"js('use strict';
+  // The keys of the API rows' fields come from the C++ tables (field_keys), set before the
+  // script as FIELDS: the script names none of them itself.
+  static const std::string js = "'use strict';\nconst FIELDS = " + field_keys().dump() + ";\n" +
+                                R"js(
+// A field of the API's rows by its key in FIELDS: R.loss (a report's, diloco/job_schema.hpp's
+// schema::Report), S.lr (a step's, schema::Step), D.tokens (derived by the views). A name the
+// server does not list is an error on the page, not an empty chart.
+function names(keys) {
+  return new Proxy(Object.fromEntries(keys.map(k => [k, k])), {get(known, k) {
+    if (typeof k === 'string' && !(k in known)) throw new Error('no field "' + k + '" in FIELDS');
+    return known[k];
+  }});
+}
+const R = names(FIELDS.report), S = names(FIELDS.step), D = names(FIELDS.derived);
+
 // The token comes after #token= in the URL that `loco dashboard` prints.
 const params = new URLSearchParams(location.hash.slice(1));
 const token = params.get('token') || '';
@@ -133,7 +149,7 @@ function renderJobs(jobs) {
   }
   fill('jobs', jobs.map(j => {
     const tr = row([j.id, j.name, el('span', j.state, 'state-' + j.state),
-      j.round !== undefined ? j.round + '/' + j.rounds : '', fmt(j.loss, 4), j.workers ?? '', j.message],
+      j.round !== undefined ? j.round + '/' + j.rounds : '', fmt(j[R.loss], 4), j[R.workers] ?? '', j.message],
       {'data-job': j.id, 'class': 'job' + (j.id === selected ? ' selected' : '')});
     tr.addEventListener('click', () => { selected = j.id; poll(); });
     return tr;
@@ -142,8 +158,8 @@ function renderJobs(jobs) {
 
 function xOf(r, job) {
   if (document.getElementById('xaxis').value === 'time')
-    return r.job_time ?? (r.unix_ms - job.submitted_unix_ms) / 1000;
-  return r.tokens ?? r.inner_step ?? r.round;
+    return r[R.job_time] ?? (r.unix_ms - job.submitted_unix_ms) / 1000;
+  return r[D.tokens] ?? r[R.inner_step] ?? r.round;
 }
 
 // A y axis: its title and, where the figure has a natural range, its bounds. Chart.js would
@@ -200,28 +216,28 @@ function renderJob(job) {
   const pts = (key, unit = 1) => rs.filter(r => r[key] !== null && r[key] !== undefined).map(r => ({x: xOf(r, job), y: unit * r[key]}));
   const last = rs.length ? rs[rs.length - 1] : null;
   document.getElementById('job-summary').textContent = last ?
-    'round ' + last.round + '/' + job.rounds + ', loss ' + fmt(last.loss, 4) +
-    (last.tokens_per_s ? ', ' + Math.round(last.tokens_per_s) + ' tokens/s' : '') : 'no round yet';
+    'round ' + last.round + '/' + job.rounds + ', loss ' + fmt(last[R.loss], 4) +
+    (last[R.tokens_per_s] ? ', ' + Math.round(last[R.tokens_per_s]) + ' tokens/s' : '') : 'no round yet';
   chart('chart-loss', [
-    {label: 'train', data: pts('loss'), borderColor: '#3b6fb6', pointRadius: 2},
-    {label: 'validation', data: pts('val_loss'), borderColor: '#d9822b', pointRadius: 3}], fitted('loss'));
-  chart('chart-util', [{label: 'utilization', data: pts('utilization', 100), borderColor: '#17702a'}], percentAxis('utilization'));
-  chart('chart-bytes', [{label: 'MB', data: pts('round_bytes', 1e-6), borderColor: '#7a3bb6'}], fromZero('MB per worker'));
-  chart('chart-members', [{label: 'members', data: pts('workers'), borderColor: '#444', stepped: true}], count('workers'));
+    {label: 'train', data: pts(R.loss), borderColor: '#3b6fb6', pointRadius: 2},
+    {label: 'validation', data: pts(R.val_loss), borderColor: '#d9822b', pointRadius: 3}], fitted('loss'));
+  chart('chart-util', [{label: 'utilization', data: pts(R.utilization, 100), borderColor: '#17702a'}], percentAxis('utilization'));
+  chart('chart-bytes', [{label: 'MB', data: pts(D.round_bytes, 1e-6), borderColor: '#7a3bb6'}], fromZero('MB per worker'));
+  chart('chart-members', [{label: 'members', data: pts(R.workers), borderColor: '#444', stepped: true}], count('workers'));
   const steps = job.steps || [];
   const sp = (key, unit = 1) => steps.filter(s => s[key] !== null && s[key] !== undefined).map(s => ({x: s.step, y: unit * s[key]}));
   chart('chart-steps', [
-    {label: 'loss', data: sp('loss'), borderColor: '#3b6fb6', pointRadius: 0, borderWidth: 1},
-    {label: 'grad norm', data: sp('grad_norm'), borderColor: '#b3261e', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
+    {label: 'loss', data: sp(S.loss), borderColor: '#3b6fb6', pointRadius: 0, borderWidth: 1},
+    {label: 'grad norm', data: sp(S.grad_norm), borderColor: '#b3261e', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
     fitted('loss'), 'inner step', fitted('grad norm'));
   chart('chart-step-rate', [
-    {label: 'learning rate', data: sp('lr'), borderColor: '#17702a', pointRadius: 0, borderWidth: 1},
-    {label: 'tokens/s', data: sp('tokens_per_s'), borderColor: '#7a3bb6', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
+    {label: 'learning rate', data: sp(S.lr), borderColor: '#17702a', pointRadius: 0, borderWidth: 1},
+    {label: 'tokens/s', data: sp(S.tokens_per_s), borderColor: '#7a3bb6', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
     fromZero('learning rate'), 'inner step', fromZero('tokens/s'));
   chart('chart-step-device', [
-    {label: 'MFU (%)', data: sp('mfu', 100), borderColor: '#b3261e', pointRadius: 0, borderWidth: 1},
-    {label: 'TFLOP/s', data: sp('tflops'), borderColor: '#3b6fb6', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'},
-    {label: 'memory (GB)', data: sp('memory_gb'), borderColor: '#444', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
+    {label: 'MFU (%)', data: sp(S.mfu, 100), borderColor: '#b3261e', pointRadius: 0, borderWidth: 1},
+    {label: 'TFLOP/s', data: sp(S.tflops), borderColor: '#3b6fb6', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'},
+    {label: 'memory (GB)', data: sp(S.memory_gb), borderColor: '#444', pointRadius: 0, borderWidth: 1, yAxisID: 'y1'}],
     percentAxis('MFU'), 'inner step', fromZero('TFLOP/s, GB'));
   const t0 = job.submitted_unix_ms;
   fill('timeline', job.timeline.slice(-200).reverse().map(t => row(

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <sstream>
 
-#include "diloco/job_schema.hpp"
 #include "runtime/core/codec.hpp"
 #include "runtime/core/remote_input.hpp"
 
@@ -12,13 +11,11 @@ namespace loco::dashboard {
 namespace {
 
 using json = nlohmann::json;
-namespace key = diloco::schema::report;
-namespace record = diloco::schema::record;
-
-double metric(const JobProgress& p, const char* name, double otherwise = 0) {
-  auto it = p.metrics.find(name);
-  return it == p.metrics.end() ? otherwise : it->second;
-}
+namespace schema = diloco::schema;
+using schema::key;
+using schema::Report;
+static_assert(std::is_same_v<decltype(JobProgress::metrics), schema::Metrics>,
+              "a report's metrics are what job_schema.hpp reads and writes");
 
 // A number JSON can hold: NaN and infinities (a diverged loss) become null.
 json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
@@ -82,18 +79,19 @@ void JobHistory::note(TimelineEntry e) {
 }
 
 void JobHistory::add_report(const JobProgress& p, int64_t at) {
+  const Report r = schema::from_metrics<Report>(p.metrics);
   // The round before this one, as the job's history now stands, to tell what changed.
   auto redone = rounds_.lower_bound(p.step);
   if (redone != rounds_.end()) {
     rounds_.erase(redone, rounds_.end());
     // The steps of the undone rounds go too: those after the last round kept.
-    const int64_t kept = last() ? int64_t(metric(last()->progress, key::kInnerStep)) : 0;
+    const int64_t kept = last() ? last()->report.inner_step : 0;
     steps_.erase(steps_.upper_bound(kept), steps_.end());
   }
   const RoundPoint* before = last();
-  const int workers = int(metric(p, key::kWorkers));
+  const int workers = r.workers;
   if (before) {
-    const int had = int(metric(before->progress, key::kWorkers));
+    const int had = before->report.workers;
     if (workers > had)
       note({at, p.step, "join",
             std::to_string(workers - had) + " joined: " + std::to_string(had) + " -> " +
@@ -102,14 +100,14 @@ void JobHistory::add_report(const JobProgress& p, int64_t at) {
       note({at, p.step, "left",
             std::to_string(had - workers) + " left: " + std::to_string(had) + " -> " +
                 std::to_string(workers)});
-    if (metric(p, key::kRedo) > metric(before->progress, key::kRedo))
-      note({at, p.step, "redo", "went back and redid the round"});
+    if (r.redo > before->report.redo) note({at, p.step, "redo", "went back and redid the round"});
   }
-  if (const int failed = int(metric(p, key::kFailedAttempts)); failed > 0)
-    note({at, p.step, "retry", std::to_string(failed) + " all-reduce attempt(s) failed"});
-  if (const int late = int(metric(p, key::kLate)); late > 0)
+  if (r.failed_attempts > 0)
+    note(
+        {at, p.step, "retry", std::to_string(r.failed_attempts) + " all-reduce attempt(s) failed"});
+  if (const int late = r.late.value_or(0); late > 0)
     note({at, p.step, "late", std::to_string(late) + " member(s) missed the deadline"});
-  rounds_[p.step] = RoundPoint{p, at};
+  rounds_[p.step] = RoundPoint{p, r, at};
 }
 
 void JobHistory::add(const JobEvent& e) {
@@ -125,11 +123,12 @@ void JobHistory::add(const JobEvent& e) {
     }
   } else if (e.kind == "log") {
     lines_.emplace_back(at, escape_remote(e.data, 2000));
-  } else if (e.kind == record::kSteps) {
+  } else if (e.kind == schema::record::kSteps) {
     // A round's per-step figures: msgpack of std::vector<JobProgress> (step = inner step).
     try {
       auto steps = unpack_checked<std::vector<JobProgress>>(e.data, "a job's step figures");
-      for (JobProgress& s : steps) steps_[s.step] = std::move(s.metrics);
+      for (const JobProgress& s : steps)
+        steps_[s.step] = schema::from_metrics<schema::Step>(s.metrics);
       while (steps_.size() > kMaxSteps) steps_.erase(steps_.begin());
     } catch (const std::exception& ex) {
       lines_.emplace_back(at, "skipped malformed step figures: " + escape_remote(ex.what(), 200));
@@ -216,11 +215,11 @@ json job_info_json(const JobInfo& j, const JobHistory* h) {
               {"submitted_unix_ms", j.submitted_unix_ms},
               {"finished_unix_ms", j.finished_unix_ms}};
   if (h && h->last()) {
-    const JobProgress& p = h->last()->progress;
-    out["round"] = p.step;
-    out["rounds"] = p.total;
-    out[key::kLoss] = number(metric(p, key::kLoss));
-    out[key::kWorkers] = int(metric(p, key::kWorkers));
+    const RoundPoint& last = *h->last();
+    out["round"] = last.progress.step;
+    out["rounds"] = last.progress.total;
+    out[key(&Report::loss)] = number(last.report.loss);
+    out[key(&Report::workers)] = last.report.workers;
   }
   return out;
 }
@@ -242,20 +241,22 @@ json job_json(const JobInfo& j, const JobHistory& h) {
   for (const auto& [r, point] : h.rounds()) {
     const JobProgress& p = point.progress;
     json row = {{"round", r}, {"unix_ms", point.unix_ms}, {"note", p.note}};
+    // Every figure of the report, those of other entry actors' reports too.
     for (const auto& [k, v] : p.metrics) row[k] = number(v);
     // The reports carry cumulative bytes per worker; the chart wants each round's.
-    const double bytes = metric(p, key::kBytesPerWorker);
+    const double bytes = double(point.report.bytes_per_worker);
     row[kRoundBytes] = number(bytes - bytes_before);
     bytes_before = bytes;
     // Tokens along θ's history (rounds redone count once): the x axis of the loss curves.
-    if (p.metrics.count(key::kRoundTokens)) {
-      tokens += metric(p, key::kRoundTokens);
+    if (const auto t = schema::find(p.metrics, &Report::round_tokens)) {
+      tokens += *t;
       row[kTokens] = tokens;
     }
-    if (!p.metrics.count(key::kValLoss)) row[key::kValLoss] = nullptr;
+    if (!point.report.val_loss) row[key(&Report::val_loss)] = nullptr;
     // Round 0 evaluates θ before training: no inner steps, so no training figures.
     if (r == 0)
-      for (const char* k : {key::kLoss, key::kUtilization, kRoundBytes, key::kTokensPerS})
+      for (const char* k : {key(&Report::loss), key(&Report::utilization), kRoundBytes,
+                            key(&Report::tokens_per_s)})
         row[k] = nullptr;
     rounds.push_back(std::move(row));
   }
@@ -263,7 +264,7 @@ json job_json(const JobInfo& j, const JobHistory& h) {
   json steps = json::array();
   for (const auto& [step, figures] : h.steps()) {
     json row = {{"step", step}};
-    for (const auto& [k, v] : figures) row[k] = number(v);
+    for (const auto& [k, v] : schema::to_metrics(figures)) row[k] = number(v);
     steps.push_back(std::move(row));
   }
   out["steps"] = steps;
@@ -276,6 +277,12 @@ json job_json(const JobInfo& j, const JobHistory& h) {
   for (const auto& [at, line] : h.lines()) lines.push_back({{"unix_ms", at}, {"line", line}});
   out["log"] = lines;
   return out;
+}
+
+json field_keys() {
+  return {{"report", schema::keys<Report>()},
+          {"step", schema::keys<schema::Step>()},
+          {"derived", {kRoundBytes, kTokens}}};
 }
 
 std::string prometheus_text(const ClusterStatus& st, const std::vector<JobInfo>& jobs,
@@ -347,30 +354,33 @@ std::string prometheus_text(const ClusterStatus& st, const std::vector<JobInfo>&
   w.family("loco_jobs", "gauge", "Jobs, by state.");
   for (const auto& [s, k] : job_states) w.sample("loco_jobs", {{"state", s}}, k);
 
-  // Per job, the newest report's figures.
+  // Per job, the newest report's figures: those it has (other entry actors report some only).
   struct Figure {
     const char* name;
-    const char* field;  // of the report (schema::report); nullptr: the round or the rounds
+    const char* field;  // a key of schema::Report; nullptr: the round or the rounds
     const char* type;
     const char* help;
   };
   static const Figure figures[] = {
       {"loco_job_round", nullptr, "gauge", "The last round the job completed."},
       {"loco_job_rounds", nullptr, "gauge", "The rounds the job is to run."},
-      {"loco_job_loss", key::kLoss, "gauge", "Mean training loss of the last round's inner steps."},
-      {"loco_job_val_loss", key::kValLoss, "gauge", "The last validation loss."},
-      {"loco_job_tokens_per_second", key::kTokensPerS, "gauge", "Tokens per second, all workers."},
-      {"loco_job_utilization", key::kUtilization, "gauge", "Inner-step time over wall time, 0..1."},
-      {"loco_job_workers", key::kWorkers, "gauge", "Members of the last round."},
-      {"loco_job_allreduce_bytes_per_worker_total", key::kBytesPerWorker, "counter",
+      {"loco_job_loss", key(&Report::loss), "gauge",
+       "Mean training loss of the last round's inner steps."},
+      {"loco_job_val_loss", key(&Report::val_loss), "gauge", "The last validation loss."},
+      {"loco_job_tokens_per_second", key(&Report::tokens_per_s), "gauge",
+       "Tokens per second, all workers."},
+      {"loco_job_utilization", key(&Report::utilization), "gauge",
+       "Inner-step time over wall time, 0..1."},
+      {"loco_job_workers", key(&Report::workers), "gauge", "Members of the last round."},
+      {"loco_job_allreduce_bytes_per_worker_total", key(&Report::bytes_per_worker), "counter",
        "All-reduce bytes sent per worker over the rounds of the job's history."},
-      {"loco_job_allreduce_attempt_bytes_per_worker_total", key::kJobBytesPerWorker, "counter",
-       "All-reduce bytes sent per worker over every attempt, failed ones included."},
-      {"loco_job_allreduce_seconds_total", key::kAllreduceSecondsTotal, "counter",
+      {"loco_job_allreduce_attempt_bytes_per_worker_total", key(&Report::job_bytes_per_worker),
+       "counter", "All-reduce bytes sent per worker over every attempt, failed ones included."},
+      {"loco_job_allreduce_seconds_total", key(&Report::allreduce_seconds_total), "counter",
        "Seconds the job's rounds spent in their all-reduce."},
-      {"loco_job_failed_attempts", key::kFailedAttempts, "gauge",
+      {"loco_job_failed_attempts", key(&Report::failed_attempts), "gauge",
        "Failed all-reduce attempts of the last round."},
-      {"loco_job_redo", key::kRedo, "gauge", "Times the job went back to a checkpoint."},
+      {"loco_job_redo", key(&Report::redo), "gauge", "Times the job went back to a checkpoint."},
   };
   for (const Figure& f : figures) {
     bool any = false;

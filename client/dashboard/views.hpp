@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "diloco/job_schema.hpp"
 #include "runtime/core/cluster_types.hpp"
 
 namespace loco::dashboard {
@@ -15,7 +16,8 @@ namespace loco::dashboard {
 // One round of a job as its entry actor reported it, and when the report was logged.
 struct RoundPoint {
   JobProgress progress;
-  int64_t unix_ms = 0;  // from the event's id in the job's log (0: not known)
+  diloco::schema::Report report;  // progress.metrics, read (a figure it lacks: the default)
+  int64_t unix_ms = 0;            // from the event's id in the job's log (0: not known)
 };
 
 // A job's timeline: what changed, derived from its reports (members joined or lost, all-reduce
@@ -41,8 +43,8 @@ class JobHistory {
   const std::deque<TimelineEntry>& timeline() const { return timeline_; }
   const std::deque<std::pair<int64_t, std::string>>& lines() const { return lines_; }
   // The workers' per-step figures (schema::record::kSteps records): the job's inner step ->
-  // its schema::step figures.
-  const std::map<int64_t, std::map<std::string, double>>& steps() const { return steps_; }
+  // its figures.
+  const std::map<int64_t, diloco::schema::Step>& steps() const { return steps_; }
   // The newest report, if any.
   const RoundPoint* last() const { return rounds_.empty() ? nullptr : &rounds_.rbegin()->second; }
   std::string cursor;  // the id of the last event folded in
@@ -51,16 +53,20 @@ class JobHistory {
   void add_report(const JobProgress& p, int64_t at);
   void note(TimelineEntry e);
   std::map<int64_t, RoundPoint> rounds_;
-  std::map<int64_t, std::map<std::string, double>> steps_;
+  std::map<int64_t, diloco::schema::Step> steps_;
   std::deque<TimelineEntry> timeline_;
   std::deque<std::pair<int64_t, std::string>> lines_;
 };
 
 // Fields of job_json's "rounds_done" rows that the views derive, beside the report's own
-// (diloco/job_schema.hpp's schema::report): the round's all-reduce bytes per worker, and the
+// (diloco/job_schema.hpp's schema::Report): the round's all-reduce bytes per worker, and the
 // tokens along θ's history (the charts' x axis).
 inline constexpr char kRoundBytes[] = "round_bytes";
 inline constexpr char kTokens[] = "tokens";
+
+// The keys of the fields the API's rows carry, for the page's script: {"report": [schema::Report's
+// keys], "step": [schema::Step's], "derived": [kRoundBytes, kTokens]}.
+nlohmann::json field_keys();
 
 // Milliseconds since the epoch in a stream id "MS-SEQ" (the store's ids); 0 when it has none.
 int64_t event_unix_ms(const std::string& id);

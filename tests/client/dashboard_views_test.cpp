@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "client/dashboard/page.hpp"
 #include "client/dashboard/server.hpp"
 #include "client/dashboard/views.hpp"
 
@@ -297,6 +299,33 @@ TEST(DashboardViews, PrometheusTextPassesPromtoolCheckMetrics) {
   const auto [rc, out] = promtool_check(text);
   EXPECT_EQ(rc, 0) << out << "\n" << text;
   EXPECT_EQ(out, "") << text;
+}
+
+// The page's script reads the rows' fields by the keys the server lists (FIELDS, from the C++
+// tables), as R.x (a report's), S.x (a step's), D.x (derived by the views): every x it names is
+// listed, so renaming a field in diloco/job_schema.hpp cannot leave the page reading the old
+// key.
+TEST(DashboardViews, ThePageNamesOnlyListedFields) {
+  const std::string& js = page_js();
+  const nlohmann::json keys = field_keys();
+  EXPECT_EQ(js.rfind("'use strict';\nconst FIELDS = " + keys.dump() + ";\n", 0), 0u)
+      << js.substr(0, 200);
+  EXPECT_NE(keys["report"].size(), 0u);
+  EXPECT_NE(keys["step"].size(), 0u);
+  EXPECT_EQ(keys["derived"], nlohmann::json({kRoundBytes, kTokens}));
+  const std::map<std::string, const nlohmann::json*> groups = {
+      {"R", &keys["report"]}, {"S", &keys["step"]}, {"D", &keys["derived"]}};
+  const std::regex use(R"((^|[^\w.])([RSD])\.([A-Za-z_]\w*))");
+  int uses = 0;
+  for (auto it = std::sregex_iterator(js.begin(), js.end(), use); it != std::sregex_iterator();
+       ++it) {
+    const nlohmann::json& listed = *groups.at((*it)[2]);
+    const std::string name = (*it)[3];
+    EXPECT_TRUE(std::find(listed.begin(), listed.end(), name) != listed.end())
+        << (*it)[2] << "." << name << " is not a listed field";
+    ++uses;
+  }
+  EXPECT_GE(uses, 20);  // the charts, the summary, the jobs' table, the x axis
 }
 
 TEST(DashboardChecks, TokenMustMatchExactly) {
