@@ -24,9 +24,17 @@ void OuterAggregator::State::read_target() {
     return;  // the head or Redis is away: keep the last target
   }
   if (cfg.workers.max > 0 && want > cfg.workers.max) want = cfg.workers.max;
+  // compression topk: past this many members, gathering the codes sends more than int8's
+  // all-reduce would (JobConfig::topk_max_workers); the job stays at it.
+  const int most = cfg.topk.on ? cfg.topk_max_workers() : 0;
+  const bool capped = most > 0 && want > most;
+  if (capped) want = most;
   if (want != target)
     log("scale: " + std::to_string(target) + " -> " + std::to_string(want) + " workers" +
-        (cfg.workers.max > 0 && want == cfg.workers.max ? " (workers.max)" : ""));
+        (capped ? " (compression topk: more members would each send more than int8's "
+                  "all-reduce)"
+         : cfg.workers.max > 0 && want == cfg.workers.max ? " (workers.max)"
+                                                          : ""));
   target = want;
 }
 

@@ -740,6 +740,10 @@ void JobConfig::validate() const {
           "compression: topk runs one local rank per worker for now (workers.local_ranks and "
           "workers.gpus must be 1)");
     const int most = topk_max_workers();
+    if (workers.max > most)
+      throw ConfigError("workers.max: " + show(workers.max) + " workers gathering compression " +
+                        "topk's bytes would each send more than int8's all-reduce; at most " +
+                        show(most));
     if (workers.count > most)
       throw ConfigError("workers.count: " + show(workers.count) + " workers gathering " +
                         "compression topk's bytes (chunk " + show(topk.chunk) + ", k " +

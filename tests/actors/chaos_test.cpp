@@ -5,7 +5,8 @@
 // on one θ (the aggregator checks the hashes each round and would fail the
 // job), and end within 2 % of the same job's validation loss without faults. It runs in each
 // sync.mode: blocking (a lost member leaves the round, which re-forms) and streaming (two
-// fragments in flight across rounds: a lost member sends the job back to its checkpoint).
+// fragments in flight across rounds: a lost member sends the job back to its checkpoint), and
+// blocking with compression topk (sparse codes gathered, each worker's error feedback).
 //
 //   LOCO_CHAOS_SEED    seed of the faults (default 1; scripts/chaos picks one)
 //   LOCO_CHAOS_ROUNDS  rounds of the job (default 48, at least 30)
@@ -50,6 +51,10 @@ TEST_P(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
     // (pipelined), so that faults, joins and rewinds hit rounds sent ahead too.
     spec.eval_every = 100;
   }
+  // Blocking rounds with the sparse codec: each worker's error feedback through kills (a
+  // restarted worker starts its buffer at zero), rewinds (read back from its inner state) and
+  // joins (zero).
+  if (GetParam() == "topk") spec.compression = "{kind: topk, chunk: 256, k: 32}";
   // H = 20 with the paper's outer step: fault-free runs of it from six seeds end
   // within 0.4 % of each other. With H = 10 they spread over 2 % and one of six
   // stalls (docs/elastic.md), so a fault's different data order alone could
@@ -196,7 +201,7 @@ TEST_P(Chaos, RandomKillsRestartsAndJoinsLoseNothing) {
   EXPECT_LE(std::abs(got - reference) / reference, 0.02) << log;
 }
 
-INSTANTIATE_TEST_SUITE_P(SyncModes, Chaos, ::testing::Values("blocking", "streaming"));
+INSTANTIATE_TEST_SUITE_P(SyncModes, Chaos, ::testing::Values("blocking", "streaming", "topk"));
 
 }  // namespace
 }  // namespace loco::testing
