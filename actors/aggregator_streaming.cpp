@@ -17,7 +17,10 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::stream_round(
   } else {
     try {
       sent = send_stream(r, r + 1 == total_rounds,
-                         checkpoint_due(r + 1, cfg.checkpoint.every, total_rounds), members);
+                         checkpoint_due(r + 1, cfg.checkpoint.every, total_rounds),
+                         evaluation_due(steps_since_eval + cfg.inner.steps, cfg.eval.every, r + 1,
+                                        total_rounds),
+                         members);
     } catch (const std::exception& e) {
       // A member's actor could not be reached to send it the round (some others may have
       // it already): back to the checkpoint, which every member re-reads.
@@ -56,8 +59,13 @@ Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& m
   PipelineInput next;
   next.round = r;
   next.rounds = total_rounds;
-  next.evaluation_after =
-      evaluation_due(steps_since_eval + cfg.inner.steps, cfg.eval.every, r + 1, total_rounds);
+  // Whether θ is evaluated after round r + 1 (sent now, before round r's end is counted): the
+  // members evaluate a copy of it in the background as that round ends (StreamRequest::
+  // eval_begin), so an evaluation holds nothing back.
+  int64_t steps = steps_since_eval + cfg.inner.steps;
+  if (evaluation_due(steps, cfg.eval.every, r + 1, total_rounds)) steps = 0;
+  const bool evaluate_next =
+      evaluation_due(steps + cfg.inner.steps, cfg.eval.every, r + 2, total_rounds);
   // Those still in the job: a member of a round that was sent ahead may have been lost since.
   std::vector<int> staying;
   for (int m : members)
@@ -84,7 +92,8 @@ Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& m
   if (p == Pipeline::ahead) {
     try {
       ahead = send_stream(r + 1, r + 2 == total_rounds,
-                          checkpoint_due(r + 2, cfg.checkpoint.every, total_rounds), staying);
+                          checkpoint_due(r + 2, cfg.checkpoint.every, total_rounds),
+                          evaluate_next, staying);
     } catch (const std::exception& e) {
       // Some members may hold it already: they begin it after this round, and its proper
       // sending (a round mismatch for them) sends the job back to its checkpoint.
@@ -96,7 +105,7 @@ Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& m
 }
 
 StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last, bool checkpoint,
-                                                const std::vector<int>& members) {
+                                                bool evaluate, const std::vector<int>& members) {
   StreamRequest req;
   req.round = r;
   req.last = last;
@@ -118,10 +127,19 @@ StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last, bool check
   c.members = members;
   c.checkpoint = file;
   c.sent = now_s();
+  std::vector<EvalPart> parts;
+  if (evaluate) parts = evaluation_split(windows, cfg.inner.batch_size, int(members.size()));
   for (size_t i = 0; i < members.size(); ++i) {
     req.rank = int(i);
     req.checkpoint = i == 0 ? file : std::string();
     req.inner_state = checkpoint ? inner_state_path(file, members[i]) : std::string();
+    req.eval_begin = req.eval_end = 0;
+    for (const EvalPart& p : parts)
+      if (p.member == int(i)) {
+        req.eval_begin = p.begin;
+        req.eval_end = p.end;
+        c.eval.push_back({members[i], p.begin, p.end});
+      }
     c.calls.push_back(worker(members[i]).call(&InnerWorker::stream, req));
   }
   return c;
@@ -176,6 +194,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::finish_stream(Strea
   }
   const OverlappedDecision d = after_overlapped_round(members, outcomes);
   RoundOutcome o;
+  o.eval = c.eval;
   // The next round was sent right behind this one: it began on the members as this one ended,
   // here, whether all of them agreed or the survivors of a lost member did.
   if (d.kind == OverlappedDecision::Kind::agreed || d.kind == OverlappedDecision::Kind::smaller)

@@ -384,6 +384,23 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
   return r;
 }
 
+double InnerWorker::evaluation(int64_t round) {
+  std::shared_future<double> e;
+  {
+    std::lock_guard<std::mutex> lock(s_->checkpoints_mu);
+    auto it = s_->evaluations.find(round);
+    if (it == s_->evaluations.end())
+      throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) +
+                                  " was asked to evaluate no θ of round " + std::to_string(round));
+    e = it->second;
+  }
+  if (e.wait_for(kEvaluation) != std::future_status::ready)
+    throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": θ of round " +
+                             std::to_string(round) + " is not evaluated after " +
+                             std::to_string(kEvaluation.count()) + " s");
+  return e.get();
+}
+
 double InnerWorker::evaluate() {
   // Streaming: the outer θ, which no worker's parameters equal while fragments are apart.
   if (s_->overlapped())
@@ -507,6 +524,7 @@ LOCO_REGISTER(InnerWorker,
                   .concurrent_method("landed_mean", &InnerWorker::landed_mean)
                   .concurrent_method("progress", &InnerWorker::progress)
                   .concurrent_method("admit", &InnerWorker::admit)
-                  .concurrent_method("checkpoint_written", &InnerWorker::checkpoint_written));
+                  .concurrent_method("checkpoint_written", &InnerWorker::checkpoint_written)
+                  .concurrent_method("evaluation", &InnerWorker::evaluation));
 
 }  // namespace loco::actors

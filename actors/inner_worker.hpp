@@ -64,6 +64,10 @@ class InnerWorker {
   // with the reason when they could not be (a fragment in flight never landed, a write
   // failed). Concurrent: it answers while the next round's stream() holds the mailbox.
   std::string checkpoint_written(int64_t round);
+  // The loss a stream() call was asked to evaluate at its round's end (StreamRequest::
+  // eval_begin), `round` being the outer state's round then: waits (at most 300 s) for the
+  // evaluation, which runs on a model of its own beside the next round's steps. Concurrent.
+  double evaluation(int64_t round);
   // Validation loss of the current θ: over every validation window, or over
   // windows [begin, end) so that the members of a round share the work.
   double evaluate();

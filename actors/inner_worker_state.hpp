@@ -269,10 +269,35 @@ struct InnerWorker::State {
   // the round ended): their writes, each on a thread of its own (start_checkpoint).
   std::mutex checkpoints_mu;
   std::map<int64_t, std::shared_future<std::string>> checkpoint_writes;
+  // Evaluations stream() was asked for (StreamRequest::eval_begin), by the outer state's round,
+  // each after the one before on the evaluator's model (made at the first).
+  std::unique_ptr<dl::Evaluator> evaluator;
+  std::map<int64_t, std::shared_future<double>> evaluations;  // under checkpoints_mu
+  std::shared_future<double> last_evaluation;
+
+  // stream(), as its round ends: validation windows [begin, end) of a copy of θ, evaluated on a
+  // thread of its own.
+  void start_evaluation(int64_t begin, int64_t end) {
+    if (!evaluator) evaluator = std::make_unique<dl::Evaluator>(cfg, lead().device);
+    const torch::Tensor theta = lead().outer->theta().clone();
+    const torch::Tensor windows = val_windows.slice(0, begin, end);
+    dl::Evaluator* e = evaluator.get();
+    std::shared_future<double> before = last_evaluation;
+    last_evaluation = std::async(std::launch::async, [e, theta, windows, before] {
+                        if (before.valid()) before.wait();  // one at a time on the model
+                        return e->evaluate(theta, windows);
+                      }).share();
+    std::lock_guard<std::mutex> lock(checkpoints_mu);
+    while (evaluations.size() >= 4) evaluations.erase(evaluations.begin());  // nobody asked
+    evaluations[lead().outer->round()] = last_evaluation;
+  }
 
   // The operations' threads use a rank's communicator; a checkpoint's writer waits for
   // fragments in flight, which drain() lands or abandons.
-  ~State() { drain(); }
+  ~State() {
+    drain();
+    if (last_evaluation.valid()) last_evaluation.wait();  // it uses `evaluator`
+  }
   // Waits for every operation in flight (each ends, by success or by the peer timeout) and
   // forgets them: before the state they work on is replaced or destroyed.
   void drain() {

@@ -88,6 +88,12 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   if (s_->ranks.size() != 1)
     throw dl::ConfigError("sync.mode: streaming runs one local rank per worker for now");
   check_group("stream", s_->index, req.names, req.endpoints, req.rank, 1);
+  if (req.eval_end > req.eval_begin &&
+      (req.eval_begin < 0 || req.eval_end > s_->val_windows.size(0)))
+    throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": stream asks to " +
+                                "evaluate windows [" + std::to_string(req.eval_begin) + ", " +
+                                std::to_string(req.eval_end) + "), not inside its " +
+                                std::to_string(s_->val_windows.size(0)));
   Rank& k = s_->lead();
   if (k.outer->round() != req.round)
     throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": stream of round " +
@@ -165,6 +171,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   out.group = group->names();
   if (!checkpoint_file.empty() || !inner_file.empty())
     s_->start_checkpoint(checkpoint_file, inner_file);
+  if (req.eval_end > req.eval_begin) s_->start_evaluation(req.eval_begin, req.eval_end);
   out.seconds = seconds_since(t0);
   return out;
 }

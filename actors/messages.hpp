@@ -155,8 +155,14 @@ struct StreamRequest {
   // then in flight have landed; InnerWorker::checkpoint_written says when it is on disk.
   std::string checkpoint;
   std::string inner_state;
+  // θ's validation loss at the round's end, off the critical path: the member copies θ as the
+  // round ends and evaluates validation windows [eval_begin, eval_end) of the copy on a thread
+  // of its own, under the next round's inner steps; InnerWorker::evaluation(round + 1) gives
+  // the loss. eval_end <= eval_begin: none.
+  int64_t eval_begin = 0;
+  int64_t eval_end = 0;
   MSGPACK_DEFINE(round, names, endpoints, rank, op_id, last, from_step, source, checkpoint,
-                 inner_state)
+                 inner_state, eval_begin, eval_end)
 };
 
 struct StreamResult {

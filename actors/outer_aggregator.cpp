@@ -249,6 +249,28 @@ std::optional<double> OuterAggregator::State::evaluate(int64_t windows) {
   return std::nullopt;
 }
 
+std::optional<double> OuterAggregator::State::evaluation_of(int64_t completed,
+                                                            const std::vector<EvalPart>& parts) {
+  std::vector<Future<double>> asked;
+  for (const EvalPart& p : parts)
+    asked.push_back(worker(p.member).call(&InnerWorker::evaluation, completed));
+  std::vector<Failure> errors;
+  auto got = gather(asked, errors, kEvaluationCall);
+  double sum = 0;
+  int64_t count = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!got[i]) {
+      log("round " + std::to_string(completed) + ": worker " + std::to_string(parts[i].member) +
+          "'s share of θ's evaluation is missing: " + errors[i].message);
+      return std::nullopt;
+    }
+    sum += *got[i] * double(parts[i].end - parts[i].begin);
+    count += parts[i].end - parts[i].begin;
+  }
+  if (count != windows) return std::nullopt;
+  return sum / double(windows);
+}
+
 // Asks the active members in turn until one answers; a member that fails leaves.
 template <class T>
 std::optional<T> OuterAggregator::State::ask_any(
@@ -435,7 +457,12 @@ void OuterAggregator::State::end_round(int64_t r, const RoundOutcome& o, double 
   steps_since_eval += cfg.inner.steps;
   std::optional<double> val;
   if (evaluation_due(steps_since_eval, cfg.eval.every, r, total_rounds)) {
-    val = evaluate(windows);
+    // Streaming: evaluated by the members in the background as the round ended. Without all of
+    // its parts, here and now, unless the next round already runs on the members (sent ahead):
+    // then at the next round's end instead.
+    if (!o.eval.empty())
+      val = evaluation_of(r, o.eval);
+    if (!val && !ahead) val = evaluate(windows);
     if (val) {
       last_val = *val;
       steps_since_eval = 0;

@@ -96,6 +96,9 @@ struct StreamCalls {
   bool last = false;
   std::vector<int> members;
   std::string checkpoint;  // the checkpoint of the round's end asked of its members ("": none)
+  // θ's evaluation at the round's end asked of its members (StreamRequest::eval_begin): each
+  // part's `member` is a slot. None: not asked.
+  std::vector<EvalPart> eval;
   std::vector<Future<StreamResult>> calls;
   double sent = 0;  // now_s() when they went out
 };
@@ -188,6 +191,7 @@ struct OuterAggregator::State {
     double results_in = 0;   // streaming: when the round's results were all in
     uint64_t theta_hash = 0;
     std::vector<int> asked_checkpoint;  // streaming: the members asked for a checkpoint
+    std::vector<EvalPart> eval;         // streaming: θ's evaluation asked of them (StreamCalls)
   };
   static RoundOutcome failure(RoundOutcome::Kind k, std::string why, std::string fix = "") {
     RoundOutcome o;
@@ -295,7 +299,11 @@ struct OuterAggregator::State {
   // Round r as one stream() call per member. `checkpoint`: the members write a checkpoint of
   // the round's end (StreamRequest::checkpoint), the first member the outer state, each its
   // inner state.
-  StreamCalls send_stream(int64_t r, bool last, bool checkpoint, const std::vector<int>& members);
+  StreamCalls send_stream(int64_t r, bool last, bool checkpoint, bool evaluate,
+                          const std::vector<int>& members);
+  // θ's validation loss from the parts its members evaluated in the background as the round
+  // ended (StreamCalls::eval); nothing when a part is missing (its member lost or failed).
+  std::optional<double> evaluation_of(int64_t completed, const std::vector<EvalPart>& parts);
   void settle_checkpoint();
   // Waits for round c's results (c's members, and a joiner join_mid_round adds; the round's
   // start on the workers, for the attempt's seconds, was `started`), records the attempt and

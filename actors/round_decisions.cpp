@@ -174,7 +174,6 @@ bool checkpoint_due(int64_t completed, int64_t every, int64_t rounds) {
 
 Pipeline pipeline_next(const PipelineInput& in) {
   if (in.round + 1 >= in.rounds) return Pipeline::last_round;
-  if (in.evaluation_after) return Pipeline::evaluation;
   if (in.members != in.target || in.members < std::max(1, in.min)) return Pipeline::membership;
   return Pipeline::ahead;
 }
@@ -185,8 +184,6 @@ const char* to_string(Pipeline p) {
       return "sent ahead";
     case Pipeline::last_round:
       return "the last round";
-    case Pipeline::evaluation:
-      return "θ is evaluated first";
     case Pipeline::membership:
       return "the members may change";
   }

@@ -144,7 +144,6 @@ bool checkpoint_due(int64_t completed, int64_t every, int64_t rounds);
 // Not when a worker would have to do something else between the two rounds, or the group may
 // change:
 //   last_round  r is the job's last round: nothing follows;
-//   evaluation  θ is evaluated after round r: evaluate_windows would queue behind r + 1;
 //   membership  the members are not the target (a join, a scale, a lost slot coming back) or
 //               below the minimum: reconcile decides round r + 1's group after round r.
 // A member lost during round r is in round r + 1's call too; the survivors drop it from its
@@ -152,12 +151,12 @@ bool checkpoint_due(int64_t completed, int64_t every, int64_t rounds);
 // after round r + 1's calls have ended (the members still in it wait for the failed one up to
 // the entry window). A checkpoint of round r's state does not hold round r + 1 back: it is
 // asked with round r's calls, and each member copies its state as round r ends and writes it
-// under round r + 1's inner steps (StreamRequest::checkpoint).
-enum class Pipeline { ahead, last_round, evaluation, membership };
+// under round r + 1's inner steps (StreamRequest::checkpoint). Nor does θ's evaluation after
+// round r: the members evaluate a copy of it in the background (StreamRequest::eval_begin).
+enum class Pipeline { ahead, last_round, membership };
 struct PipelineInput {
   int64_t round = 0;   // r, counted from 0
   int64_t rounds = 0;  // the job's
-  bool evaluation_after = false;
   int members = 0;  // of round r
   int target = 0;   // workers wanted now (workers.count or `loco scale`)
   int min = 0;      // workers.min

@@ -24,6 +24,11 @@ inline constexpr std::chrono::seconds kWorkerCall{60};
 inline constexpr std::chrono::seconds kInitCall{600};
 // evaluate_windows(): a member's share of the validation windows.
 inline constexpr std::chrono::seconds kEvaluateCall{300};
+// evaluation(): a member's share of the windows evaluated in the background (StreamRequest::
+// eval_begin) under the next round's steps, which slow it down; the worker waits this long for
+// it, the aggregator's call 30 s more, so that the worker's error arrives first.
+inline constexpr std::chrono::seconds kEvaluation{300};
+inline constexpr std::chrono::seconds kEvaluationCall = kEvaluation + std::chrono::seconds(30);
 // Writing a checkpoint (a model and its moments, to a filesystem the nodes share): the
 // aggregator's save_checkpoint and save_inner_state calls, and a worker's wait for its write in
 // the background (InnerWorker::checkpoint_written).

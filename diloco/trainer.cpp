@@ -212,6 +212,60 @@ double InnerTrainer::evaluate_parameters(const torch::Tensor& theta, const torch
   return loss;
 }
 
+namespace {
+
+// The mean validation loss of `model` over `windows`, batch by batch (InnerTrainer::evaluate's
+// loop, for any model).
+double mean_loss(Gpt& model, const JobConfig& cfg, torch::Device device,
+                 const torch::Tensor& windows) {
+  torch::NoGradGuard no_grad;
+  const int ctx = cfg.model.context;
+  const auto n = windows.size(0);
+  double sum = 0;
+  for (std::int64_t b = 0; b < n; b += cfg.inner.batch_size) {
+    auto w = windows.slice(0, b, std::min<std::int64_t>(n, b + cfg.inner.batch_size)).to(device);
+    torch::Tensor loss;
+    if (cfg.precision == Precision::fp32) {
+      loss = model->loss(w.slice(1, 0, ctx), w.slice(1, 1, ctx + 1));
+    } else {
+      AutocastGuard autocast(device.type(), true, at::kBFloat16);
+      loss = model->loss(w.slice(1, 0, ctx), w.slice(1, 1, ctx + 1));
+    }
+    sum += loss.item<double>() * static_cast<double>(w.size(0));
+  }
+  return sum / static_cast<double>(n);
+}
+
+Gpt built_without_rng(const JobConfig& cfg) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  const torch::Tensor state = gen.get_state();
+  Gpt model(cfg.model, cfg.vocab_size());
+  gen.set_state(state);
+  return model;
+}
+
+}  // namespace
+
+Evaluator::Evaluator(const JobConfig& cfg, torch::Device device)
+    : cfg_(cfg), device_(device), model_(built_without_rng(cfg)) {
+  if (!device_.is_cpu()) model_->to(device_);
+  model_->eval();
+}
+
+double Evaluator::evaluate(const torch::Tensor& theta, const torch::Tensor& windows) {
+  torch::NoGradGuard no_grad;
+  std::int64_t off = 0;
+  const torch::Tensor t = theta.to(device_, torch::kFloat32).contiguous();
+  for (auto& p : model_->parameters()) {
+    const auto k = p.numel();
+    TORCH_CHECK(off + k <= t.numel(), "Evaluator: θ has ", t.numel(), " values, the model more");
+    p.copy_(t.slice(0, off, off + k).view(p.sizes()));
+    off += k;
+  }
+  TORCH_CHECK(off == t.numel(), "Evaluator: θ has ", t.numel(), " values, the model ", off);
+  return mean_loss(model_, cfg_, device_, windows);
+}
+
 void InnerTrainer::gather_outer_state(OuterOptimizer& outer, bool momentum) {
   torch::NoGradGuard no_grad;
   if (!group_ || group_->size() == 1) {

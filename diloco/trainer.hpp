@@ -196,6 +196,22 @@ class InnerTrainer {
 
 // θ_global and the momentum buffer, fp32, replicated on every worker, always in
 // host memory (the all-reduce hands Δ over in host memory, and θ is hashed there).
+// θ's validation loss on a model of its own, so that it can run on another thread beside an
+// InnerTrainer's steps (a streaming job evaluates the outer θ of a round's end under the next
+// round's inner steps): the floats InnerTrainer::evaluate_parameters computes, the same model,
+// batches and precision. Building it leaves the global torch RNG as it found it.
+class Evaluator {
+ public:
+  Evaluator(const JobConfig& cfg, torch::Device device);
+  // `theta` (host or device, flat fp32, the model's length), `windows` as InnerTrainer::evaluate.
+  double evaluate(const torch::Tensor& theta, const torch::Tensor& windows);
+
+ private:
+  JobConfig cfg_;
+  torch::Device device_;
+  Gpt model_;
+};
+
 class OuterOptimizer {
  public:
   // theta0: the initial parameters (copied to host memory from any device).

@@ -213,6 +213,42 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   EXPECT_EQ(again.at(3), expected.at(3));
 }
 
+// θ evaluated every round does not hold the next round back: each member evaluates its share
+// of the validation windows on a copy of θ as the round ends, on a model of its own beside the
+// next round's steps (StreamRequest::eval_begin). Every round is sent right behind the one
+// before, and every round's validation loss is the simulator's.
+TEST_F(DilocoJob, StreamingRoundsAreSentAheadThroughEvaluations) {
+  TestJob j = job(2, 2, 4);
+  j.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  j.eval_every = j.steps;  // every round
+  const std::string file = dir_ + "/job.yaml";
+  std::ofstream(file) << j.yaml();
+  const std::string sim_out = dir_ + "/sim";
+  Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out", sim_out},
+                 Subprocess::Options{.log_path = dir_ + "/sim.log"});
+  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  const auto expected = val_losses(sim_out + "/metrics.jsonl");
+  ASSERT_EQ(expected.size(), 5u);  // rounds 0..4, each evaluated
+
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  JobHandle handle = client.submit(JobSpec::from_yaml_file(file));
+  JobInfo end = handle.wait(Millis(300000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log_text(handle);
+  const std::string log = log_text(handle);
+  // Said when it changes: once sent ahead, never "not sent ahead" after.
+  EXPECT_NE(log.find("round 2: sent right behind round 1"), std::string::npos) << log;
+  EXPECT_EQ(log.find("not sent ahead"), std::string::npos) << log;
+  EXPECT_EQ(log.find("share of θ's evaluation is missing"), std::string::npos) << log;
+  const auto got = val_losses(dir_ + "/ckpt/" + handle.id() + "/metrics.jsonl");
+  ASSERT_EQ(got.size(), expected.size());
+  for (auto& [round, loss] : expected) {
+    ASSERT_TRUE(got.count(round)) << "round " << round;
+    EXPECT_LE(std::abs(got.at(round) - loss) / loss, 1e-4)
+        << "round " << round << ": distributed " << got.at(round) << ", simulated " << loss;
+  }
+}
+
 // The eager outer step on a cluster: each round's average lands 2 inner steps into the next
 // round, the workers going on meanwhile from their own Δ stepped. θ equals the simulator's
 // round for round, bit for bit; a checkpoint is taken with an average in flight.

@@ -202,9 +202,6 @@ TEST(RoundDecisions, TheNextRoundIsSentAheadOnlyWhenNothingHappensBetween) {
   EXPECT_EQ(pipeline_next(last), Pipeline::last_round);
   last.round = 8;  // round 9 is the last: it is sent ahead, and says so (StreamRequest::last)
   EXPECT_EQ(pipeline_next(last), Pipeline::ahead);
-  PipelineInput eval = in;
-  eval.evaluation_after = true;
-  EXPECT_EQ(pipeline_next(eval), Pipeline::evaluation);
   PipelineInput join = in;
   join.target = 5;  // `loco scale 5`, or slot 4 lost and to be brought back
   EXPECT_EQ(pipeline_next(join), Pipeline::membership);
