@@ -24,9 +24,13 @@
 #   TOGETHER=1 MODES=blocking TORCHFT_MODES=blocking bench/overlap/netns.sh
 #   MODES="streaming streaming-ckpt" TORCHFT_MODES= bench/overlap/netns.sh
 #   EVAL_BATCHES=16 H=24 bench/overlap/netns.sh     # a final loss over 16 × 16 windows
+#   MODES="blocking blocking-int8 blocking-topk streaming streaming-int8 streaming-topk" \
+#     TORCHFT_MODES= bench/overlap/netns.sh         # fp32, int8 and the sparse codec
 #
 # A mode named MODE-ckpt is MODE with a checkpoint after every CKPT_EVERY rounds (default 1;
 # the others write final.pt only): what checkpoints cost a round, side by side with MODE.
+# MODE-int8 and MODE-topk run MODE with compression int8, or TOPK (default the sparse codec's
+# defaults, {kind: topk}); the others fp32.
 #
 # TOGETHER=1 runs each torchft mode at the same time as loco's mode of the same name (8
 # workers on the 4 hosts), instead of after all of loco's: on a machine whose other load comes
@@ -43,6 +47,7 @@ WAIT_S=${WAIT_S:-1500}
 CKPT_EVERY=${CKPT_EVERY:-1}
 EVAL_BATCHES=${EVAL_BATCHES:-2}  # of 16 windows each, at round 0 and the end: the final loss
 TORCHFT_MODES=${TORCHFT_MODES-blocking streaming}
+TOPK=${TOPK:-"{kind: topk}"}
 TORCHFT_FRAGMENTS=${TORCHFT_FRAGMENTS:-4}
 TORCHFT_DELAY=${TORCHFT_DELAY:-2}
 TORCHFT_ALPHA=${TORCHFT_ALPHA:-0.5}
@@ -69,7 +74,7 @@ for h in 1 2 3 4; do
 done
 cluster_corpus
 
-job_file() {  # MODE SYNC CHECKPOINT_EVERY
+job_file() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION
   cat <<JOB
 name: overlap-$1
 seed: 1
@@ -79,7 +84,7 @@ data: {dir: data, tokenizer: byte, shards: 16, val_fraction: 0.05}
 workers: {count: 4, min: 4}
 inner: {steps: $H, batch_size: 16, lr: 0.003, warmup: 4, weight_decay: 0.1, grad_clip: 1.0}
 outer: {lr: 0.7, momentum: 0.9, nesterov: true}
-compression: fp32
+compression: ${4:-fp32}
 rounds: $ROUNDS
 checkpoint: {every: ${3:-0}, dir: checkpoints}
 eval: {every: 100000, batches: $EVAL_BATCHES}
@@ -89,9 +94,9 @@ JOB
 }
 
 declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW MID TWALL TFAIL TSUM LFAIL NCPU TCPU CPUS
-run_mode() {  # MODE SYNC CHECKPOINT_EVERY
+run_mode() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION
   local mode=$1 file="$WORK/$1.yaml"
-  job_file "$mode" "$2" "${3:-0}" >"$file"
+  job_file "$mode" "$2" "${3:-0}" "${4:-fp32}" >"$file"
   local t0=$SECONDS c0
   c0=$(cpu_seconds "${NODE_PIDS[@]}")
   submit "$file"
@@ -155,11 +160,17 @@ torchft_mode() {  # MODE: torchft's run of it, then its figures
 
 for m in $MODES; do
   every=0
-  [ "${m%-ckpt}" != "$m" ] && every=$CKPT_EVERY
-  case "${m%-ckpt}" in
-    blocking) run_mode "$m" "" "$every" ;;
-    streaming) run_mode "$m" "$STREAMING" "$every" ;;
-    eager) run_mode "$m" "$EAGER" "$every" ;;
+  base=${m%-ckpt}
+  [ "$base" != "$m" ] && every=$CKPT_EVERY
+  codec=fp32
+  case "$base" in
+    *-int8) codec=int8; base=${base%-int8} ;;
+    *-topk) codec=$TOPK; base=${base%-topk} ;;
+  esac
+  case "$base" in
+    blocking) run_mode "$m" "" "$every" "$codec" ;;
+    streaming) run_mode "$m" "$STREAMING" "$every" "$codec" ;;
+    eager) run_mode "$m" "$EAGER" "$every" "$codec" ;;
     *) fail "unknown mode $m" ;;
   esac
 done
@@ -169,7 +180,7 @@ for m in $TORCHFT_MODES; do
 done
 
 echo
-echo "# 4 workers, egress $RATE per host, 6.4 M-parameter GPT, H = $H, $ROUNDS rounds, fp32"
+echo "# 4 workers, egress $RATE per host, 6.4 M-parameter GPT, H = $H, $ROUNDS rounds, fp32 unless the mode says int8 or topk ($TOPK)"
 echo "# streaming: $STREAMING; eager: $EAGER"
 echo "# torchft 0.2.0 streaming: $TORCHFT_FRAGMENTS fragments, delay $TORCHFT_DELAY, alpha $TORCHFT_ALPHA"
 echo "# steps_s: a worker's seconds in $H inner steps, worker_util_%: those over the round's time"
