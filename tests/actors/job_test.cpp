@@ -710,9 +710,11 @@ TEST_F(DilocoJob, EachStepRecordsModelFlopsAndMfuAgainstTheDevicesPeak) {
       const double tflops = s["tflops"], mfu = s["mfu"];
       EXPECT_GT(mfu, 0);
       // Over the slower member's time, both members' FLOPs are at most what their own times
-      // give: tflops <= members × peak × mean MFU.
+      // give: tflops <= members × peak × mean MFU. (No lower bound: how far below it depends on
+      // how unevenly the two got a core, which a loaded machine makes anything; a bound of half
+      // failed whenever one member's step took 3× the other's.)
       EXPECT_LE(tflops, 2 * kPeakTflops * mfu * (1 + 1e-9)) << s;
-      EXPECT_GT(tflops, 0.5 * 2 * kPeakTflops * mfu) << s;
+      EXPECT_GT(tflops, 0) << s;
       // And the CPU time the workers' processes used in it (their mean): some, whatever the
       // wait for a core around it.
       ASSERT_TRUE(s["cpu_s"].is_number()) << s;
