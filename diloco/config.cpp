@@ -740,16 +740,14 @@ void JobConfig::validate() const {
           "compression: topk runs one local rank per worker for now (workers.local_ranks and "
           "workers.gpus must be 1)");
     const int most = topk_max_workers();
-    if (workers.max > most)
-      throw ConfigError("workers.max: " + show(workers.max) + " workers gathering compression " +
-                        "topk's bytes would each send more than int8's all-reduce; at most " +
-                        show(most));
-    if (workers.count > most)
-      throw ConfigError("workers.count: " + show(workers.count) + " workers gathering " +
-                        "compression topk's bytes (chunk " + show(topk.chunk) + ", k " +
-                        show(topk.k) + ", bits " + show(topk.bits) + ") would each send more " +
-                        "than int8's all-reduce; at most " + show(most) +
-                        " (or a smaller k, a larger chunk, or compression: int8)");
+    for (const auto& [field, n] : {std::pair{"workers.count", workers.count},
+                                   std::pair{"workers.max", workers.max}})
+      if (n > most)
+        throw ConfigError(std::string(field) + ": " + show(n) + " workers gathering " +
+                          "compression topk's bytes (chunk " + show(topk.chunk) + ", k " +
+                          show(topk.k) + ", bits " + show(topk.bits) + ") would each send more " +
+                          "than int8's all-reduce; at most " + show(most) +
+                          " (or a smaller k, a larger chunk, or compression: int8)");
   }
   require(inner.grad_accum >= 1, "inner.grad_accum", ">= 1", inner.grad_accum);
   require(inner.batch_size % inner.grad_accum == 0, "inner.grad_accum",

@@ -613,14 +613,13 @@ TEST_F(DilocoTest, StreamingFragmentsOverlapAndLearn) {
   EXPECT_LT(stream.back().second, 0.75 * stream.front().second);
 }
 
-// A checkpoint taken while a fragment is on its way (fragment 1 synchronizes after a round's
-// last step and lands 1 step into the next) resumes bit-identically.
-TEST_F(DilocoTest, StreamingCheckpointWithAFragmentInFlightResumesBitIdentically) {
-  const JobConfig c = streaming(small_job(), 2, 1, 0.25);
+// Two workers, 4 rounds straight, against 2 rounds, a checkpoint (ck/NAME), and the rest
+// resumed from it: the same θ, bit for bit. Returns the checkpoint's path.
+std::string expect_resumes_exactly(const JobConfig& c, const std::string& name) {
   SimulateOptions opt{.workers = 2, .mode = Mode::diloco, .rounds = 4};
   Simulator straight(c, opt);
   while (!straight.done()) straight.run_round();
-  const auto path = (std::filesystem::path(c.data.dir) / "ck" / "stream.pt").string();
+  const auto path = (std::filesystem::path(c.data.dir) / "ck" / name).string();
   {
     Simulator first(c, opt);
     first.run_round();
@@ -630,7 +629,14 @@ TEST_F(DilocoTest, StreamingCheckpointWithAFragmentInFlightResumesBitIdentically
   Simulator resumed(c, opt);
   resumed.load_checkpoint(path);
   while (!resumed.done()) resumed.run_round();
-  EXPECT_EQ(resumed.theta_hash(), straight.theta_hash());
+  EXPECT_EQ(resumed.theta_hash(), straight.theta_hash()) << name;
+  return path;
+}
+
+// A checkpoint taken while a fragment is on its way (fragment 1 synchronizes after a round's
+// last step and lands 1 step into the next) resumes bit-identically.
+TEST_F(DilocoTest, StreamingCheckpointWithAFragmentInFlightResumesBitIdentically) {
+  const auto path = expect_resumes_exactly(streaming(small_job(), 2, 1, 0.25), "stream.pt");
   // The checkpoint carried the fragment that was on its way.
   torch::serialize::InputArchive ar;
   ar.load_from(path);
@@ -777,21 +783,7 @@ TEST_F(DilocoTest, EagerOverlapKeepsTheOuterStateAndLearns) {
 // A checkpoint taken while the average of the round before is on its way (with each worker's
 // provisional start) resumes bit-identically.
 TEST_F(DilocoTest, EagerCheckpointWithTheAverageInFlightResumesBitIdentically) {
-  const JobConfig c = eager(small_job(), 1);
-  SimulateOptions opt{.workers = 2, .mode = Mode::diloco, .rounds = 4};
-  Simulator straight(c, opt);
-  while (!straight.done()) straight.run_round();
-  const auto path = (std::filesystem::path(c.data.dir) / "ck" / "eager.pt").string();
-  {
-    Simulator first(c, opt);
-    first.run_round();
-    first.run_round();
-    first.save_checkpoint(path);
-  }
-  Simulator resumed(c, opt);
-  resumed.load_checkpoint(path);
-  while (!resumed.done()) resumed.run_round();
-  EXPECT_EQ(resumed.theta_hash(), straight.theta_hash());
+  const auto path = expect_resumes_exactly(eager(small_job(), 1), "eager.pt");
   torch::serialize::InputArchive ar;
   ar.load_from(path);
   c10::IValue n;
@@ -856,19 +848,7 @@ TEST_F(DilocoTest, TopkCheckpointResumesBitIdenticallyInEverySyncMode) {
     const JobConfig& c = jobs[j];
     SCOPED_TRACE("sync mode " + std::to_string(j));
     SimulateOptions opt{.workers = 2, .mode = Mode::diloco, .rounds = 4};
-    Simulator straight(c, opt);
-    while (!straight.done()) straight.run_round();
-    const auto path = (std::filesystem::path(c.data.dir) / "ck" / "topk.pt").string();
-    {
-      Simulator first(c, opt);
-      first.run_round();
-      first.run_round();
-      first.save_checkpoint(path);
-    }
-    Simulator resumed(c, opt);
-    resumed.load_checkpoint(path);
-    while (!resumed.done()) resumed.run_round();
-    EXPECT_EQ(resumed.theta_hash(), straight.theta_hash());
+    const auto path = expect_resumes_exactly(c, "topk.pt");
     torch::serialize::InputArchive ar;
     ar.load_from(path);
     torch::Tensor e;
