@@ -357,7 +357,7 @@ bool OuterAggregator::State::start() {
     log("job " + cfg.name + ": " + std::to_string(cfg.workers.count) + " workers (min " +
         std::to_string(cfg.workers.min) + "), H=" + std::to_string(cfg.inner.steps) + ", " +
         std::to_string(total_rounds) + " rounds, compression " +
-        std::string(collective::to_string(cfg.compression)) + "; folder " + folder);
+        cfg.compression_name() + "; folder " + folder);
   }
   return true;
 }

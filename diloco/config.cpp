@@ -614,6 +614,12 @@ JobConfig JobConfig::from_yaml_file(const std::string& path) {
   }
 }
 
+std::string JobConfig::compression_name() const {
+  if (!topk.on) return std::string(collective::to_string(compression));
+  return "topk (chunk " + show(topk.chunk) + ", k " + show(topk.k) + ", bits " + show(topk.bits) +
+         ")";
+}
+
 int JobConfig::topk_max_workers() const {
   const auto n = static_cast<std::size_t>(model.parameter_count(vocab_size()));
   collective::sparse::Params p;

@@ -300,6 +300,8 @@ struct JobConfig {
   // fewer bytes per member than int8's butterfly all-reduce ((K − 1)·b against
   // 2 (K − 1)/K · n): past it, the sparse codec saves nothing and loco refuses the job.
   int topk_max_workers() const;
+  // The compression as logs say it: a codec's name, or "topk (chunk C, k K, bits B)".
+  std::string compression_name() const;
   int ranks_per_worker(bool cuda) const {
     return cuda ? workers.gpus : std::max(1, workers.local_ranks);
   }

@@ -295,6 +295,14 @@ RoundMetrics Simulator::run_round() {
   return m;
 }
 
+void Simulator::clear_feedback(int worker) {
+  if (!feedback_) throw std::invalid_argument("--fresh-feedback: the job's compression is not topk");
+  if (worker < 0 || worker >= opt_.workers)
+    throw std::invalid_argument("--fresh-feedback: worker " + std::to_string(worker) + " of " +
+                                std::to_string(opt_.workers));
+  feedback_->clear(static_cast<std::size_t>(worker));
+}
+
 void Simulator::init_parameters(const std::string& checkpoint) {
   if (round_ != 0)
     throw std::logic_error("Simulator::init_parameters: after round " + std::to_string(round_));

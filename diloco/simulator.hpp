@@ -62,6 +62,9 @@ class Simulator {
   // AdamW state and schedule start fresh (warmup included). Before the first
   // round only; throws if θ's length is not this model's.
   void init_parameters(const std::string& checkpoint);
+  // compression topk: worker k's error feedback set to zero, as a worker that joins starts it
+  // (what that costs in loss: `loco-train train --fresh-feedback R:K`). Throws without topk.
+  void clear_feedback(int worker);
 
   // Checkpoint of the whole simulation (config, round, outer state, every
   // worker's inner state, counters, torch RNG state), written to a temporary

@@ -24,7 +24,18 @@ namespace {
 
 int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out,
           int threads, const std::string& resume, std::string init, int local_ranks,
-          const std::vector<std::string>& sets) {
+          const std::vector<std::string>& sets, const std::vector<std::string>& fresh_feedback) {
+  // --fresh-feedback R:K: worker K's error feedback zeroed after round R.
+  std::vector<std::pair<int, int>> fresh;
+  for (const std::string& f : fresh_feedback) {
+    const auto colon = f.find(':');
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument(f);
+      fresh.emplace_back(std::stoi(f.substr(0, colon)), std::stoi(f.substr(colon + 1)));
+    } catch (const std::exception&) {
+      throw std::invalid_argument("--fresh-feedback: expected ROUND:WORKER, got '" + f + "'");
+    }
+  }
   JobConfig cfg;
   if (sets.empty()) {
     cfg = JobConfig::from_yaml_file(job);
@@ -60,7 +71,7 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
             << (opt.local_ranks > 1 ? " of " + std::to_string(opt.local_ranks) + " local ranks"
                                     : "")
             << ", H=" << cfg.inner.steps << ", " << sim.rounds() << " rounds, compression "
-            << loco::collective::to_string(cfg.compression) << ", " << at::get_num_threads()
+            << cfg.compression_name() << ", " << at::get_num_threads()
             << " threads" << (init.empty() ? "" : ", from " + init) << " -> " << out
             << "/metrics.jsonl\n";
   const fs::path ckpt_dir = fs::path(cfg.checkpoint.dir).is_absolute()
@@ -84,6 +95,12 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
                 << " val " << *m.val_loss << " bytes " << m.bytes_per_worker << " " << m.seconds
                 << " s\n";
     if (cfg.checkpoint.every > 0 && m.round % cfg.checkpoint.every == 0) sim.save_checkpoint(ckpt);
+    for (const auto& [r, w] : fresh)
+      if (r == m.round) {
+        sim.clear_feedback(w);
+        std::cerr << "loco-train: worker " << w << "'s error feedback zeroed after round " << r
+                  << "\n";
+      }
   }
   sim.save_checkpoint(ckpt);
   std::cerr << "loco-train: checkpoint " << ckpt << "\n";
@@ -188,7 +205,7 @@ int main(int argc, char** argv) {
   auto* tr =
       app.add_subcommand("train", "train a job; --simulate K runs K workers in this process");
   std::string job, baseline, out, resume, init;
-  std::vector<std::string> sets;
+  std::vector<std::string> sets, fresh_feedback;
   int k = 0, rounds = 0, threads = 0, local_ranks = 0;
   tr->add_option("job", job, "job file (YAML)")->required()->check(CLI::ExistingFile);
   tr->add_option("--simulate", k, "number of simulated workers K")
@@ -201,6 +218,9 @@ int main(int argc, char** argv) {
   tr->add_option("--set", sets,
                  "PATH=VALUE: set a field of the job file, e.g. --set inner.lr=3e-4 (repeatable)");
   tr->add_option("--threads", threads, "torch threads (default: the job's `threads`)");
+  tr->add_option("--fresh-feedback", fresh_feedback,
+                 "ROUND:WORKER: compression topk: that worker's error feedback set to zero after "
+                 "that round, as a worker that joins starts it (repeatable)");
   tr->add_option("--local-ranks", local_ranks,
                  "G: each worker's inner steps data-parallel over G CPU ranks (threads over "
                  "Gloo), each rank averaging and stepping 1/G of the pseudo-gradient "
@@ -263,7 +283,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (tr->parsed())
-      return train(job, k, baseline, rounds, out, threads, resume, init, local_ranks, sets);
+      return train(job, k, baseline, rounds, out, threads, resume, init, local_ranks, sets,
+                   fresh_feedback);
     if (ex->parsed()) return export_model(ex_checkpoint, ex_out, ex_dtype, ex_force);
     if (lo->parsed()) {
       if (lo_checkpoint.empty() && lo_job.empty())

@@ -861,6 +861,20 @@ TEST_F(DilocoTest, TopkCheckpointResumesBitIdenticallyInEverySyncMode) {
     for (int r = 0; r < 2; ++r) fp32.run_round(), sparse.run_round();  // eager lands in round 2
     EXPECT_NE(sparse.theta_hash(), fp32.theta_hash());
   }
+  // A worker's buffer zeroed (as a joiner starts it: `loco-train --fresh-feedback`) changes
+  // what it sends next, so θ; a job without topk has no buffer to zero.
+  {
+    SimulateOptions two{.workers = 2, .mode = Mode::diloco, .rounds = 3};
+    Simulator kept(topk(small_job()), two), cleared(topk(small_job()), two);
+    for (int r = 0; r < 2; ++r) kept.run_round(), cleared.run_round();
+    cleared.clear_feedback(1);
+    EXPECT_THROW(cleared.clear_feedback(2), std::invalid_argument);
+    kept.run_round();
+    cleared.run_round();
+    EXPECT_NE(kept.theta_hash(), cleared.theta_hash());
+    Simulator dense(small_job(), two);
+    EXPECT_THROW(dense.clear_feedback(0), std::invalid_argument);
+  }
   JobConfig nesterov = topk(small_job());
   nesterov.topk.outer = OuterRule::nesterov;
   SimulateOptions opt{.workers = 2, .mode = Mode::diloco, .rounds = 2};
