@@ -284,18 +284,10 @@ void InnerTrainer::gather_outer_state(OuterOptimizer& outer, bool momentum) {
 }
 
 double InnerTrainer::evaluate(const torch::Tensor& windows) {
-  torch::NoGradGuard no_grad;
   model_->eval();
-  const int ctx = cfg_.model.context;
-  const auto n = windows.size(0);
-  double sum = 0;
-  for (std::int64_t b = 0; b < n; b += cfg_.inner.batch_size) {
-    auto w = windows.slice(0, b, std::min<std::int64_t>(n, b + cfg_.inner.batch_size)).to(device_);
-    sum += forward_loss(w.slice(1, 0, ctx), w.slice(1, 1, ctx + 1)).item<double>() *
-           static_cast<double>(w.size(0));
-  }
+  const double loss = mean_loss(model_, cfg_, device_, windows);
   model_->train();
-  return sum / static_cast<double>(n);
+  return loss;
 }
 
 namespace {

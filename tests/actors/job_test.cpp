@@ -35,6 +35,33 @@ std::string job_yaml(const std::string& data, const std::string& ckpt,
   return j.yaml();
 }
 
+// `loco train --simulate K FILE --out DIR/NAME` (the simulator through the command line, its
+// output in DIR/NAME.log): whether it ended well.
+::testing::AssertionResult simulate(const std::string& dir, const std::string& file, int k,
+                                    const std::string& name = "sim") {
+  Subprocess p({LOCO_BIN_DIR "/loco", "train", "--simulate", std::to_string(k), file, "--out",
+                dir + "/" + name},
+               Subprocess::Options{.log_path = dir + "/" + name + ".log"});
+  if (p.wait(Millis(300000)).value_or(-1) == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "loco train --simulate " << k << " " << file
+                                       << " failed; see " << dir << "/" << name << ".log";
+}
+
+// A distributed job's validation loss round by round against the simulator's: the same rounds,
+// each within 1e-4 relative (the distributed evaluation sums shared windows in another order).
+void expect_val_losses_match(const std::map<int, double>& got,
+                             const std::map<int, double>& expected) {
+  ASSERT_EQ(got.size(), expected.size());
+  for (const auto& [round, loss] : expected) {
+    ASSERT_TRUE(got.count(round)) << "round " << round;
+    const double g = got.at(round);
+    std::printf("round %d: val_loss distributed %.7f simulated %.7f (rel diff %.2e)\n", round, g,
+                loss, std::abs(g - loss) / loss);
+    EXPECT_LE(std::abs(g - loss) / loss, 1e-4)
+        << "round " << round << ": distributed " << g << ", simulated " << loss;
+  }
+}
+
 class DilocoParity : public DilocoJob, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(DilocoParity, DistributedOverFourNodesMatchesTheSimulator) {
@@ -43,9 +70,7 @@ TEST_P(DilocoParity, DistributedOverFourNodesMatchesTheSimulator) {
 
   // The simulator, through the `loco train` command.
   std::string sim_out = dir_ + "/sim";
-  Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "4", file, "--out", sim_out},
-                 Subprocess::Options{.log_path = dir_ + "/sim.log"});
-  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  ASSERT_TRUE(simulate(dir_, file, 4));
   auto expected = val_losses(sim_out + "/metrics.jsonl");
   ASSERT_GE(expected.size(), 4u);  // rounds 0..3
 
@@ -68,15 +93,8 @@ TEST_P(DilocoParity, DistributedOverFourNodesMatchesTheSimulator) {
   EXPECT_EQ(nodes.size(), 4u);
 
   std::string folder = dir_ + "/ckpt/" + job.id();
-  auto got = val_losses(folder + "/metrics.jsonl");
-  ASSERT_EQ(got.size(), expected.size());
-  for (auto& [round, loss] : expected) {
-    ASSERT_TRUE(got.count(round)) << "round " << round;
-    std::printf("round %d: val_loss distributed %.7f simulated %.7f (rel diff %.2e)\n", round,
-                got[round], loss, std::abs(got[round] - loss) / loss);
-    EXPECT_LE(std::abs(got[round] - loss) / loss, 1e-4)
-        << "round " << round << ": distributed " << got[round] << ", simulated " << loss;
-  }
+  const auto got = val_losses(folder + "/metrics.jsonl");
+  ASSERT_NO_FATAL_FAILURE(expect_val_losses_match(got, expected));
   EXPECT_LT(got.rbegin()->second, got.begin()->second);  // it learned something
   EXPECT_TRUE(fs::exists(folder + "/final.pt"));
 }
@@ -137,9 +155,7 @@ TEST_P(DilocoParity, TwoLocalRanksPerWorkerHoldTheSimulatorsThetaBitForBit) {
   std::ofstream(file) << j.yaml();
 
   const std::string sim_out = dir_ + "/sim";
-  Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out", sim_out},
-                 Subprocess::Options{.log_path = dir_ + "/sim.log"});
-  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  ASSERT_TRUE(simulate(dir_, file, 2));
   std::ifstream sim_log(dir_ + "/sim.log");
   const std::string sim_text((std::istreambuf_iterator<char>(sim_log)), {});
   EXPECT_NE(sim_text.find("of 2 local ranks"), std::string::npos) << sim_text;
@@ -167,24 +183,20 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   j.compression = GetParam();
   j.checkpoint_every = 1;
   j.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
-  j.eval_every = 1000;  // θ evaluated at the end only: round 2 is sent ahead of round 1's report
+  j.eval_every = 1000;  // θ evaluated at the end only (evaluating holds no round back either:
+                        // StreamingRoundsAreSentAheadThroughEvaluations)
   const std::string file = dir_ + "/job.yaml";
   std::ofstream(file) << j.yaml();
 
   const std::string sim_out = dir_ + "/sim";
-  Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out", sim_out},
-                 Subprocess::Options{.log_path = dir_ + "/sim.log"});
-  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  ASSERT_TRUE(simulate(dir_, file, 2));
   const auto expected = theta_hashes(sim_out + "/metrics.jsonl");
   ASSERT_EQ(expected.size(), 4u);  // rounds 0..3
   // The control: blocking DiLoCo on the same job holds another θ from round 1 on.
   TestJob b = j;
   b.sync = "";
   std::ofstream(dir_ + "/blocking.yaml") << b.yaml();
-  Subprocess blocking({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", dir_ + "/blocking.yaml",
-                       "--out", dir_ + "/sim-blocking"},
-                      Subprocess::Options{.log_path = dir_ + "/sim-blocking.log"});
-  ASSERT_EQ(blocking.wait(Millis(300000)).value_or(-1), 0);
+  ASSERT_TRUE(simulate(dir_, dir_ + "/blocking.yaml", 2, "sim-blocking"));
   EXPECT_NE(theta_hashes(dir_ + "/sim-blocking/metrics.jsonl").at(1), expected.at(1));
 
   LocalCluster c(one_worker_per_node(2));
@@ -224,9 +236,7 @@ TEST_F(DilocoJob, StreamingRoundsAreSentAheadThroughEvaluations) {
   const std::string file = dir_ + "/job.yaml";
   std::ofstream(file) << j.yaml();
   const std::string sim_out = dir_ + "/sim";
-  Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out", sim_out},
-                 Subprocess::Options{.log_path = dir_ + "/sim.log"});
-  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  ASSERT_TRUE(simulate(dir_, file, 2));
   const auto expected = val_losses(sim_out + "/metrics.jsonl");
   ASSERT_EQ(expected.size(), 5u);  // rounds 0..4, each evaluated
 
@@ -240,13 +250,8 @@ TEST_F(DilocoJob, StreamingRoundsAreSentAheadThroughEvaluations) {
   EXPECT_NE(log.find("round 2: sent right behind round 1"), std::string::npos) << log;
   EXPECT_EQ(log.find("not sent ahead"), std::string::npos) << log;
   EXPECT_EQ(log.find("share of θ's evaluation is missing"), std::string::npos) << log;
-  const auto got = val_losses(dir_ + "/ckpt/" + handle.id() + "/metrics.jsonl");
-  ASSERT_EQ(got.size(), expected.size());
-  for (auto& [round, loss] : expected) {
-    ASSERT_TRUE(got.count(round)) << "round " << round;
-    EXPECT_LE(std::abs(got.at(round) - loss) / loss, 1e-4)
-        << "round " << round << ": distributed " << got.at(round) << ", simulated " << loss;
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_val_losses_match(
+      val_losses(dir_ + "/ckpt/" + handle.id() + "/metrics.jsonl"), expected));
 }
 
 // The eager outer step on a cluster: each round's average lands 2 inner steps into the next
@@ -257,13 +262,11 @@ TEST_P(DilocoParity, EagerOuterStepHoldsTheSimulatorsThetaBitForBit) {
   j.compression = GetParam();
   j.checkpoint_every = 2;
   j.sync = "{mode: eager, overlap_steps: 2}";
-  j.eval_every = 1000;  // round 2 is sent ahead of round 1's report
+  j.eval_every = 1000;  // θ evaluated at the end only
   const std::string file = dir_ + "/job.yaml";
   std::ofstream(file) << j.yaml();
   const std::string sim_out = dir_ + "/sim";
-  Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out", sim_out},
-                 Subprocess::Options{.log_path = dir_ + "/sim.log"});
-  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  ASSERT_TRUE(simulate(dir_, file, 2));
   const auto expected = theta_hashes(sim_out + "/metrics.jsonl");
   ASSERT_EQ(expected.size(), 4u);
 
