@@ -7,6 +7,11 @@
 // - Afterwards every member holds bit-identical values: the mean over the members. The owner
 //   of a part sums the contributions in rank order, divides, encodes the result once with the
 //   codec, and every member (the owner too) decodes those same bytes.
+// - Group::left_out leaves members' contributions out of the mean (a robustness guard's
+//   decision, the same on every member): the mean is then over the others (zeros when nobody
+//   is left), and a left-out member sends no contribution at all, so a NaN in its input is
+//   neither sent nor rejected. It still owns its part, reduces the others' contributions for
+//   it, and receives the mean. An empty mask, or one of zeros, is the plain mean bit for bit.
 // - Bulk data travels on the communicator's own ZeroMQ sockets, never on the actor runtime's
 //   control socket.
 // - No wait is unbounded: a member whose connection drops or is refused (its process died),

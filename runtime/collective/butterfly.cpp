@@ -37,6 +37,8 @@ class ButterflyOp final : public Operation {
            std::string(to_string(h.codec));
   }
 
+  // Whether member r's contribution goes into the mean (Group::left_out).
+  bool included(int r) const { return !is_left_out(g_.left_out, static_cast<size_t>(r)); }
   size_t part_begin(int p) const { return bounds_[static_cast<size_t>(p)]; }
   size_t part_len(int p) const { return part_begin(p + 1) - part_begin(p); }
   size_t chunks(int p) const { return (part_len(p) + chunk_ - 1) / chunk_; }
@@ -57,6 +59,7 @@ class ButterflyOp final : public Operation {
   std::vector<std::vector<Buffer>> pending_;  // [chunk][rank] contributions to my part
   std::vector<Addend> addends_;               // reduce_chunk's, kept for its capacity
   std::vector<int> pending_count_;
+  int contributors_ = 0;  // peers whose contributions each chunk of my part waits for
   size_t reduced_ = 0;
   std::shared_ptr<Bytes> send_;   // reduce-scatter chunks of other parts, my part's result
   std::vector<size_t> enc_part_;  // offset of each part in send_
@@ -68,13 +71,19 @@ class ButterflyOp final : public Operation {
 };
 
 void ButterflyOp::begin() {
-  rs_left_.assign(k_, chunks(me_));
+  rs_left_.assign(k_, 0);
   ag_left_.assign(k_, 0);
-  rs_left_[me_] = 0;
+  // A member left out of the mean sends no contribution: nothing is expected from it, and
+  // its own reduce-scatter schedule is empty.
   for (int p = 0; p < k_; ++p) {
-    if (p != me_) ag_left_[p] = chunks(p);
-    if (p != me_) bulk_total_ += chunks(p);
-    rs_max_chunks_ = std::max(rs_max_chunks_, chunks(p));
+    if (included(me_)) rs_max_chunks_ = std::max(rs_max_chunks_, chunks(p));
+    if (p == me_) continue;
+    ag_left_[p] = chunks(p);
+    if (included(p)) {
+      rs_left_[p] = chunks(me_);
+      ++contributors_;
+    }
+    if (included(me_)) bulk_total_ += chunks(p);
   }
   pending_.resize(chunks(me_));
   for (auto& v : pending_) v.resize(k_);
@@ -90,12 +99,18 @@ void ButterflyOp::begin() {
                      std::all_of(g_.members.begin(), g_.members.end(), [&](const Member& m) {
                        return t_.releases_sent_payloads(m.endpoint);
                      });
-  // With zero-copy fp32 the send buffer only holds my part's result.
-  send_ = ws_.send_buffer(input_zero_copy_ ? enc_part_[me_ + 1] : enc_part_[k_]);
+  // With zero-copy fp32, or nothing of mine to send, the send buffer only holds my part's
+  // result.
+  send_ = ws_.send_buffer(input_zero_copy_ || !included(me_) ? enc_part_[me_ + 1] : enc_part_[k_]);
 }
 
-// The next reduce-scatter chunk, unless that peer is still congested.
+// The next reduce-scatter chunk, unless that peer is still congested. When no peer contributes
+// to my part (every other member left out of the mean), its chunks reduce here, one per call.
 bool ButterflyOp::produce() {
+  if (contributors_ == 0 && reduced_ < chunks(me_)) {
+    reduce_chunk(reduced_);
+    return true;
+  }
   bool produced = false;
   while (rs_chunk_ < rs_max_chunks_) {
     int p = (me_ + rs_step_) % k_;
@@ -162,11 +177,20 @@ void ButterflyOp::handle_data(int s, Message& m) {
                     true};
   }
   if (h.type == MsgType::reduce_scatter) {
+    if (!included(s)) {
+      // Every member computes the same mask (it is part of the fingerprint): a contribution
+      // from a member it leaves out is a broken sender, refused like a chunk off the grid.
+      throw OpFailure{AbortKind::mismatch, m.sender,
+                      "member " + who(s) + " sent a contribution in round " +
+                          std::to_string(g_.round_id) +
+                          ", but the group leaves it out of the mean (Group::left_out)",
+                      true};
+    }
     Buffer& slot = pending_[c][s];
     if (slot.data != nullptr || rs_left_[s] == 0) return;  // duplicate: ignore
     slot = std::move(m.payload);
     --rs_left_[s];
-    if (++pending_count_[c] == k_ - 1) reduce_chunk(c);
+    if (++pending_count_[c] == contributors_) reduce_chunk(c);
   } else if (h.type == MsgType::all_gather) {
     if (ag_left_[s] == 0) return;
     decode(codec_, m.payload.data, h.count, out_ + part_begin(s) + h.offset);
@@ -178,6 +202,7 @@ void ButterflyOp::fail_nonfinite(size_t c, const float* acc) {
   const size_t begin = part_begin(me_) + c * chunk_;
   const size_t len = chunk_len(me_, c);
   for (int r = 0; r < k_; ++r) {
+    if (!included(r)) continue;  // not in the sum
     const float* v = in_ + begin;
     if (r != me_) {
       ws_.scratch.resize(len);
@@ -203,10 +228,13 @@ void ButterflyOp::reduce_chunk(size_t c) {
   const size_t begin = part_begin(me_) + c * chunk_;
   const size_t len = chunk_len(me_, c);
   float* acc = out_ + begin;
-  // Rank order, so that the result does not depend on arrival order.
-  addends_.resize(k_);
-  for (int r = 0; r < k_; ++r)
-    addends_[r] = r == me_ ? Addend{in_ + begin, true} : Addend{pending_[c][r].data, false};
+  // Rank order, so that the result does not depend on arrival order; the members left out of
+  // the mean are not among the addends (none: zeros).
+  addends_.clear();
+  for (int r = 0; r < k_; ++r) {
+    if (!included(r)) continue;
+    addends_.push_back(r == me_ ? Addend{in_ + begin, true} : Addend{pending_[c][r].data, false});
+  }
   mean_of(codec_, addends_, len, acc);
   if (options_.reject_nonfinite && !all_finite(acc, len)) fail_nonfinite(c, acc);
   for (auto& b : pending_[c]) b = Buffer{};
@@ -231,7 +259,11 @@ void butterfly_allreduce(Transport& t, Workspace& ws, const Options& options, co
   begin_operation(t, ws, options, group, "allreduce");
   if (group.members.size() == 1) {
     check_not_left(ws, group);
-    std::memcpy(out, in, n * sizeof(float));
+    if (is_left_out(group.left_out, 0)) {
+      std::fill(out, out + n, 0.0f);
+    } else {
+      std::memcpy(out, in, n * sizeof(float));
+    }
     return;
   }
   ButterflyOp op(t, ws, options, group, in, out, n);

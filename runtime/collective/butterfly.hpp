@@ -10,6 +10,12 @@
 //   reduce:         when the K-1 contributions for chunk c of my part are in, sum them with
 //                   mine in rank order, divide by K, encode once, decode into my result;
 //   all-gather:     send those encoded bytes (shared, uncopied) to every peer.
+// Members left out of the mean (Group::left_out) send no reduce-scatter chunk, and nobody
+// expects one from them (one that comes anyway fails the round as a mismatch naming its
+// sender). A chunk reduces when the contributions of the m members included are in: the owner
+// adds them in rank order (its own values only if it is included itself) and divides by m;
+// with m = 0 the result is zeros. A left-out member still owns its part and receives the
+// all-gather, so all it sends is its part's all-gather, (K-1) x its part.
 // Everything runs in one loop on the caller's thread that alternates receiving (and reducing)
 // with producing the next chunk; the transport moves bytes meanwhile. The loop, round ids,
 // early data, liveness and failures are the Operation's (operation.hpp); this is the schedule.

@@ -385,6 +385,10 @@ void decode(Codec codec, const uint8_t* src, size_t n, float* dst) {
 
 void mean_of(Codec codec, std::span<const Addend> addends, size_t n, float* out) {
   const size_t m = addends.size();
+  if (m == 0) {
+    std::fill(out, out + n, 0.0f);
+    return;
+  }
   constexpr size_t kMaxFused = 64;
   if (codec == Codec::fp32 && m <= kMaxFused && has_avx()) {
     const float* src[kMaxFused];

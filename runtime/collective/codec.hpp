@@ -27,7 +27,8 @@ struct Addend {
 };
 // out[i] = (x_0[i] + x_1[i] + ... + x_{m-1}[i]) / m, added in the order given, so that the
 // result depends on the values and their order only (not on which arrived first). Reads each
-// addend once; the same floats as adding them one by one into `out` and dividing.
+// addend once; the same floats as adding them one by one into `out` and dividing. No addends
+// (every member left out of the mean, Group::left_out): zeros.
 void mean_of(Codec codec, std::span<const Addend> addends, size_t count, float* out);
 // True when every value is finite.
 bool all_finite(const float* data, size_t count);

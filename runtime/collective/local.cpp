@@ -24,41 +24,50 @@ uint64_t encoded_in_chunks(Codec codec, size_t len, size_t chunk) {
 }  // namespace
 
 void local_allreduce(std::span<const std::span<const float>> inputs, std::span<float> out,
-                     const Options& options) {
+                     const Options& options, std::span<const uint8_t> left_out) {
   const size_t k = inputs.size();
   const size_t n = out.size();
   if (k == 0) throw CollectiveError("local_allreduce: no members");
+  check_left_out(left_out, k);
   for (size_t r = 0; r < k; ++r)
     if (inputs[r].size() != n)
       throw CollectiveError("local_allreduce: member " + std::to_string(r) + " has " +
                             std::to_string(inputs[r].size()) + " floats, the output " +
                             std::to_string(n));
   if (k == 1) {
-    std::copy(inputs[0].begin(), inputs[0].end(), out.begin());
+    if (is_left_out(left_out, 0)) {
+      std::fill(out.begin(), out.end(), 0.0f);
+    } else {
+      std::copy(inputs[0].begin(), inputs[0].end(), out.begin());
+    }
     return;
   }
   const Codec codec = options.codec;
   const size_t chunk = chunk_floats(options.chunk_bytes);
   std::vector<std::vector<uint8_t>> wires(k, std::vector<uint8_t>(encoded_bytes(codec, chunk)));
-  std::vector<detail::Addend> addends(k);
+  std::vector<detail::Addend> addends;
+  addends.reserve(k);
   const std::vector<size_t> bounds = part_bounds(n, k);
   for (size_t p = 0; p < k; ++p) {
     const size_t end = bounds[p + 1];
     for (size_t begin = bounds[p]; begin < end; begin += chunk) {
       const size_t len = std::min(chunk, end - begin);
       float* acc = out.data() + begin;
+      addends.clear();
       for (size_t r = 0; r < k; ++r) {
+        if (is_left_out(left_out, r)) continue;
         const float* in = inputs[r].data() + begin;
         if (r == p) {  // the owner's own values travel nowhere
-          addends[r] = {in, true};
+          addends.push_back({in, true});
         } else {
           detail::encode(codec, in, len, wires[r].data());
-          addends[r] = {wires[r].data(), false};
+          addends.push_back({wires[r].data(), false});
         }
       }
       detail::mean_of(codec, addends, len, acc);
       if (options.reject_nonfinite && !detail::all_finite(acc, len)) {
         for (size_t r = 0; r < k; ++r) {
+          if (is_left_out(left_out, r)) continue;
           const size_t i = detail::first_nonfinite(inputs[r].data() + begin, len);
           if (i < len)
             throw CollectiveError("member " + std::to_string(r) + " sent NaN/Inf (element " +
@@ -99,18 +108,33 @@ uint64_t allreduce_payload_bytes(size_t n, int k, Codec codec, size_t chunk_byte
 }
 
 uint64_t allreduce_payload_bytes_of(size_t n, int k, int rank, Codec codec,
-                                    std::span<const double> weights, size_t chunk_bytes) {
+                                    std::span<const double> weights,
+                                    std::span<const uint8_t> left_out, size_t chunk_bytes) {
   if (k <= 1) return 0;
   const size_t chunk = chunk_floats(chunk_bytes);
   const auto kk = static_cast<size_t>(k);
   const std::vector<size_t> bounds = part_bounds(n, kk, weights);
+  check_left_out(left_out, kk);
+  const bool contributes = !is_left_out(left_out, static_cast<size_t>(rank));
   uint64_t sent = 0;
   for (size_t p = 0; p < kk; ++p) {
     const uint64_t part = encoded_in_chunks(codec, bounds[p + 1] - bounds[p], chunk);
-    // Others' parts once each (reduce-scatter), the own part to each of the k - 1 others.
-    sent += p == static_cast<size_t>(rank) ? (kk - 1) * part : part;
+    // Others' parts once each (reduce-scatter, unless left out), the own part to each of the
+    // k - 1 others.
+    if (p == static_cast<size_t>(rank)) {
+      sent += (kk - 1) * part;
+    } else if (contributes) {
+      sent += part;
+    }
   }
   return sent;
+}
+
+void check_left_out(std::span<const uint8_t> left_out, size_t k) {
+  if (!left_out.empty() && left_out.size() != k) {
+    throw CollectiveError("left_out: " + std::to_string(left_out.size()) + " flags for " +
+                          std::to_string(k) + " members (one per member, or none)");
+  }
 }
 
 std::vector<size_t> part_bounds(size_t n, size_t k, std::span<const double> weights) {

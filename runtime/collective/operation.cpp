@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "runtime/collective/codec.hpp"
+#include "runtime/collective/local.hpp"
 
 namespace loco::collective::detail {
 namespace {
@@ -44,6 +45,11 @@ void check_group(const Transport& t, const Group& group, std::string_view what) 
                               group.members[a].name + ", " + group.members[a].endpoint + ")");
       }
     }
+  }
+  try {
+    check_left_out(group.left_out, group.members.size());
+  } catch (const CollectiveError& e) {
+    throw CollectiveError(std::string(what) + ": " + e.what());
   }
 }
 
@@ -228,9 +234,14 @@ void Operation::handle(Message& m) {
       // Another attempt at this round with another group: the one before ours (its last
       // chunks, sent before the sender learnt that a member was lost) or the next one (the
       // sender dropped the lost member before we did). Neither says anything against the
-      // sender: keep it for the attempt it belongs to; a later round id drops it.
-      if (h.type != MsgType::keepalive)
+      // sender: keep it for the attempt it belongs to; a later round id drops it. Nor does it
+      // count as hearing from it; but should it fall silent in this group, the error says
+      // that it runs this round in another (a disagreement on part_weights or left_out shows
+      // this way).
+      if (h.type != MsgType::keepalive) {
+        if (member) other_group_[s] = true;
         ws_.stash_message(std::move(m), g_.round_id, s < 0, Clock::now());
+      }
       return;
     }
     // A later round. Data arrives in order, so a member's data (or hello) of a later round
@@ -311,9 +322,15 @@ void Operation::check_liveness(Clock::time_point now) {
                         std::to_string(g_.round_id) + " in " + window,
                     true};
   }
+  std::string other;
+  if (other_group_[silent]) {
+    other =
+        "; it sent data for this round in another group (members, part_weights or left_out "
+        "differ from this member's)";
+  }
   throw OpFailure{AbortKind::peer_lost, g_.members[silent].name,
                   "lost member " + who(silent) + ": no data for " + window + " in round " +
-                      std::to_string(g_.round_id),
+                      std::to_string(g_.round_id) + other,
                   true};
 }
 
@@ -337,6 +354,7 @@ void Operation::run() {
     if (gap != ws_.longest_gap.end()) peers_[p].longest_gap = gap->second;
   }
   stale_round_.assign(k_, std::nullopt);
+  other_group_.assign(k_, false);
   begin();
   for (int p = 0; p < k_; ++p)
     if (p != me_) (void)t_.take_event(ep(p));  // forget drops before this operation

@@ -255,6 +255,8 @@ class Operation {
   std::vector<std::deque<Outgoing>> urgent_, outbox_;
   std::vector<PeerState> peers_;
   std::vector<std::optional<uint64_t>> stale_round_;
+  // Peers that sent data of this round under another group fingerprint (for the error message).
+  std::vector<bool> other_group_;
   std::vector<std::string> writable_;  // peers with a backlog, for the transport's wait
   Clock::time_point start_;
   uint64_t handed_bytes_ = 0;  // payload bytes of data messages the transport took

@@ -33,6 +33,18 @@ struct Group {
   // measured sending rates. Finite, >= 0, not all 0; the same on every member (they are part
   // of the group's identity, like its members).
   std::vector<double> part_weights;
+  // Members whose contributions are left out of the mean (a robustness guard's decision: a
+  // pseudo-gradient that is NaN, scaled or sign-flipped), one flag per member, nonzero: left
+  // out (empty, or all 0: nobody, bit for bit the plain mean). The mean is the sum, in rank
+  // order, of the other members' contributions divided by their count; all zeros when every
+  // member is left out. A left-out member still takes part: it owns its part, reduces the
+  // others' contributions for it, and receives the mean; it only sends no contribution.
+  // The same on every member, like part_weights: part of the group's identity (its
+  // fingerprint), so members that disagree refuse each other's data instead of mixing it, and
+  // the operation fails (each waits out the other's silence window: PeerLostError).
+  // One flag per member or none, else CollectiveError before anything is sent. allgather()
+  // gathers every member's blob whatever it says (its caller skips what it leaves out).
+  std::vector<uint8_t> left_out;
 };
 
 struct Options {
@@ -105,7 +117,8 @@ struct Stats {
   // it had none to send). Until then it always has data queued, so its own link sets the pace,
   // not the other members; this is what part_weights_for_rates() wants. Only meaningful when
   // what it sends is much more than the kernel's socket buffers hold (MBs per peer): a small
-  // vector is taken at once, whatever the link.
+  // vector is taken at once, whatever the link. A member left out of the mean
+  // (Group::left_out) sends no reduce-scatter chunk: 0 and 0.
   uint64_t rate_bytes = 0;
   double rate_seconds = 0;
 };

@@ -1,7 +1,9 @@
 #include "runtime/collective/wire.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
+#include <string>
 #include <string_view>
 
 namespace loco::collective::detail {
@@ -74,6 +76,13 @@ uint64_t fingerprint(const Group& g) {
   for (double w : g.part_weights) {
     uint64_t bits = std::bit_cast<uint64_t>(w);
     mix(std::string_view(reinterpret_cast<const char*>(&bits), sizeof bits));
+  }
+  // Only a mask that leaves someone out changes the fingerprint: an empty one and one of
+  // zeros are the same group, and both keep the fingerprint of groups without the field.
+  if (std::any_of(g.left_out.begin(), g.left_out.end(), [](uint8_t f) { return f != 0; })) {
+    std::string flags = "left_out:";
+    for (uint8_t f : g.left_out) flags.push_back(f != 0 ? '1' : '0');
+    mix(flags);
   }
   return h;
 }

@@ -73,8 +73,9 @@ inline constexpr uint64_t kMaxPieceBytes = uint64_t(1) << 32;  // of a blob
 // nothing in it can be trusted, not even the name of the member it claims to come from).
 std::string check_message(const Header& h, size_t sender_bytes, size_t payload_bytes);
 
-// Identifies a group: members (names and endpoints, in order) and part weights. Members of
-// different groups that happen to share a round id never mix their data.
+// Identifies a group: members (names and endpoints, in order), part weights and who is left
+// out of the mean. Members of different groups that happen to share a round id never mix
+// their data.
 uint64_t fingerprint(const Group& g);
 
 struct Abort {

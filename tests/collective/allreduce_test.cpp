@@ -508,6 +508,165 @@ TEST(AllreduceErrors, GroupWithoutThisCommunicatorIsRejected) {
   EXPECT_THROW(m.comms[0]->allreduce(twice, std::span<float>(v)), CollectiveError);
 }
 
+// Group::left_out: members whose contributions a robustness guard leaves out of the mean.
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<float> local_mean(const std::vector<std::vector<float>>& in, const Options& o,
+                              std::span<const uint8_t> left_out = {}) {
+  std::vector<std::span<const float>> spans(in.begin(), in.end());
+  std::vector<float> out(in[0].size());
+  local_allreduce(spans, out, o, left_out);
+  return out;
+}
+
+// K = 4, member 2 left out with an input full of NaN (reject_nonfinite on): every member holds
+// local_allreduce's floats with the same mask, the mean of the other three; the left-out
+// member sent only its part's all-gather, no reduce-scatter chunk.
+TEST(LeftOut, TheMeanOfTheOthersBitForBitAsLocalAllreduceAndOnlyTheAllGatherSent) {
+  const int k = 4;
+  const size_t n = 20'000;
+  const std::vector<uint8_t> mask{0, 0, 1, 0};
+  for (Transport transport : {Transport::inproc, Transport::tcp}) {
+    for (const auto& [codec, tol] :
+         {std::pair{Codec::fp32, 1e-6}, {Codec::int8, 2.0 / 255 + 1e-5}}) {
+      Options o = quick();
+      o.codec = codec;
+      Members m(k, transport, o);
+      m.left_out = mask;
+      std::vector<std::vector<float>> in;
+      for (int r = 0; r < k; ++r) in.push_back(make_data(31, r, n));
+      std::fill(in[2].begin(), in[2].end(), std::nanf(""));
+      auto out = in;
+      rethrow_any(m.run(iota(k), 1, out));
+      const std::vector<float> want = local_mean(in, o, mask);
+      const std::string what =
+          std::string(to_string(codec)) + (transport == Transport::tcp ? " tcp" : " inproc");
+      for (int r = 0; r < k; ++r) EXPECT_TRUE(same_bits(out[r], want)) << what << " member " << r;
+      double worst = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double by_hand = (double{in[0][i]} + in[1][i] + in[3][i]) / 3;
+        worst = std::max(worst, std::fabs(out[0][i] - by_hand));
+      }
+      EXPECT_LE(worst, tol) << what;
+      // Parts of 5,000 floats, chunks of 1,024: 5 chunks to each of the 3 others.
+      const Stats& left = m.comms[2]->last_stats();
+      EXPECT_EQ(left.payload_bytes_sent,
+                3 * (4 * encoded_bytes(codec, 1024) + encoded_bytes(codec, 5000 - 4 * 1024)))
+          << what;
+      EXPECT_EQ(left.payload_bytes_sent,
+                allreduce_payload_bytes_of(n, k, 2, codec, {}, mask, o.chunk_bytes))
+          << what;
+      EXPECT_EQ(left.messages_sent, 3u * 5u) << what;
+      EXPECT_EQ(left.rate_bytes, 0u) << what << ": a reduce-scatter chunk was sent";
+      for (int r : {0, 1, 3}) {
+        const Stats& s = m.comms[r]->last_stats();
+        EXPECT_LT(left.bytes_sent, s.bytes_sent) << what << " member " << r;
+        EXPECT_EQ(s.payload_bytes_sent,
+                  allreduce_payload_bytes_of(n, k, r, codec, {}, mask, o.chunk_bytes))
+            << what << " member " << r;
+        // An included member sends what it sends without a mask.
+        EXPECT_EQ(s.payload_bytes_sent,
+                  allreduce_payload_bytes_of(n, k, r, codec, {}, {}, o.chunk_bytes));
+      }
+    }
+  }
+}
+
+// An empty mask and one of zeros leave nobody out: today's mean, bit for bit (fp32: the float
+// sum in rank order divided by K, as before the field existed).
+TEST(LeftOut, NobodyLeftOutIsThePlainMeanBitForBit) {
+  const int k = 4;
+  const size_t n = 10'007;
+  for (Codec codec : {Codec::fp32, Codec::int8}) {
+    Options o = quick();
+    o.codec = codec;
+    Members m(k, Transport::inproc, o);
+    std::vector<std::vector<float>> in;
+    for (int r = 0; r < k; ++r) in.push_back(make_data(41, r, n));
+    const std::vector<float> want = local_mean(in, o);
+    uint64_t round = 1;
+    for (const std::vector<uint8_t>& mask : {std::vector<uint8_t>{}, {0, 0, 0, 0}}) {
+      m.left_out = mask;
+      auto out = in;
+      rethrow_any(m.run(iota(k), round++, out));
+      for (int r = 0; r < k; ++r)
+        EXPECT_TRUE(same_bits(out[r], want)) << to_string(codec) << " mask of " << mask.size();
+      EXPECT_TRUE(same_bits(local_mean(in, o, mask), want));
+    }
+    if (codec == Codec::fp32) {
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(want[i]),
+                  std::bit_cast<uint32_t>((in[0][i] + in[1][i] + in[2][i] + in[3][i]) / 4.0f))
+            << i;
+    }
+  }
+}
+
+// Everyone left out: zeros (no contribution, nothing to divide), every codec's round trip of 0.
+TEST(LeftOut, EveryoneLeftOutGivesZeros) {
+  for (Codec codec : {Codec::fp32, Codec::int8}) {
+    for (int k : {1, 3}) {
+      Options o = quick();
+      o.codec = codec;
+      Members m(k, Transport::inproc, o);
+      m.left_out.assign(static_cast<size_t>(k), 1);
+      std::vector<std::vector<float>> in;
+      for (int r = 0; r < k; ++r) in.push_back(make_data(51, r, 5000));
+      auto out = in;
+      rethrow_any(m.run(iota(k), 1, out));
+      const std::vector<float> zeros(5000, 0.0f);
+      for (int r = 0; r < k; ++r) EXPECT_TRUE(same_bits(out[r], zeros)) << "K=" << k;
+      EXPECT_TRUE(same_bits(local_mean(in, o, m.left_out), zeros)) << "K=" << k;
+    }
+  }
+}
+
+// Members that disagree on the mask are in different groups (the mask is in the fingerprint):
+// neither takes the other's data, and the operation fails within the silence window instead
+// of hanging or mixing; the same members go on at once with a mask they agree on.
+TEST(LeftOut, MembersThatDisagreeOnTheMaskFailInsteadOfMixing) {
+  const int k = 4;
+  Members m(k, Transport::tcp, small_chunks(std::chrono::milliseconds(300)));
+  std::vector<std::vector<float>> in;
+  for (int r = 0; r < k; ++r) in.push_back(make_data(61, r, 20'000));
+  auto data = in;
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = testing::on_threads(k, [&](size_t i) {
+    Group g = m.group(iota(k), 5, static_cast<int>(i));
+    if (i != 2) g.left_out = {0, 0, 1, 0};  // w2 believes that nobody is left out
+    m.comms[i]->allreduce(g, std::span<float>(data[i]));
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1500));
+  for (int r : {0, 1, 3}) expect_error_naming<PeerLostError>(errors[r], "w2", "in another group");
+  EXPECT_TRUE(errors[2]);
+  for (int r = 0; r < k; ++r) EXPECT_EQ(data[r], in[r]) << "member " << r;
+  m.left_out = {0, 0, 1, 0};
+  rethrow_any(m.run(iota(k), 6, data));
+  Options o;
+  o.chunk_bytes = 4096;
+  for (int r = 0; r < k; ++r) EXPECT_TRUE(same_bits(data[r], local_mean(in, o, m.left_out)));
+}
+
+TEST(LeftOut, AMaskOfAnotherLengthIsRejectedBeforeAnythingIsSent) {
+  Members m(2, Transport::tcp);
+  m.left_out = {0, 1, 0};
+  std::vector<float> v(10, 1.0f);
+  try {
+    m.comms[0]->allreduce(m.group(iota(2), 1, 0), std::span<float>(v));
+    ADD_FAILURE() << "accepted 3 flags for 2 members";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("3 flags for 2 members"), std::string::npos) << e.what();
+    EXPECT_EQ(m.comms[0]->last_stats().bytes_sent, 0u);
+  }
+  std::vector<std::vector<float>> in{v, v};
+  std::vector<float> out(10);
+  std::vector<std::span<const float>> spans(in.begin(), in.end());
+  EXPECT_THROW(local_allreduce(spans, out, Options{}, m.left_out), CollectiveError);
+}
+
 }  // namespace
 }  // namespace loco::collective
 

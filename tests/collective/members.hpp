@@ -37,6 +37,7 @@ class Members {
   Group group(const std::vector<int>& ranks, uint64_t round, int me) const {
     Group g;
     g.part_weights = weights;
+    g.left_out = left_out;
     for (int r : ranks) g.members.push_back({"w" + std::to_string(r), comms[r]->endpoint()});
     g.rank = me;
     g.round_id = round;
@@ -96,7 +97,8 @@ class Members {
   }
 
   std::vector<std::unique_ptr<Communicator>> comms;
-  std::vector<double> weights;  // Group::part_weights of every operation
+  std::vector<double> weights;    // Group::part_weights of every operation
+  std::vector<uint8_t> left_out;  // Group::left_out of every operation
 };
 
 inline std::vector<int> iota(int k) {

@@ -36,6 +36,7 @@ struct MemoryGroup {
 
   Group group(const std::vector<int>& ranks, int me, uint64_t round) const {
     Group g;
+    g.left_out = left_out;
     for (int r : ranks) g.members.push_back({"w" + std::to_string(r), transports[r]->endpoint()});
     g.rank = me;
     g.round_id = round;
@@ -67,6 +68,7 @@ struct MemoryGroup {
   }
 
   Options options;
+  std::vector<uint8_t> left_out;  // Group::left_out of every operation
   std::shared_ptr<MemoryHub> hub;
   std::vector<std::unique_ptr<MemoryTransport>> transports;
   std::vector<std::unique_ptr<Workspace>> workspaces;
@@ -130,6 +132,44 @@ TEST(Schedule, OverMemoryEqualsTheInProcessArithmeticBitForBit) {
       local_allreduce(spans, expected, o);
       for (int r = 0; r < k; ++r) {
         ASSERT_EQ(std::memcmp(out[r].data(), expected.data(), n * sizeof(float)), 0)
+            << to_string(codec) << " k=" << k << " member " << r;
+      }
+    }
+  }
+}
+
+// The same with members left out of the mean (Group::left_out): the owner of a part left out
+// too, the only one included, everyone; contributions of the left-out members are NaN, which
+// nobody reads.
+TEST(Schedule, LeftOutMembersOverMemoryEqualTheInProcessArithmeticBitForBit) {
+  const std::vector<std::vector<uint8_t>> masks{{1, 0, 0},       {0, 1, 1}, {0, 0, 1, 0, 1},
+                                                {1, 1, 1, 1, 0}, {1, 1, 1}, {0, 0, 0}};
+  for (Codec codec : {Codec::fp32, Codec::int8, Codec::bf16}) {
+    for (const std::vector<uint8_t>& mask : masks) {
+      const int k = static_cast<int>(mask.size());
+      Options o;
+      o.codec = codec;
+      o.chunk_bytes = 4096;
+      MemoryGroup m(k, o);
+      m.left_out = mask;
+      const size_t n = 10'007;
+      std::vector<std::vector<float>> in, out;
+      for (int r = 0; r < k; ++r) {
+        in.push_back(make_data(12, r, n));
+        if (mask[r]) std::fill(in[r].begin(), in[r].end(), std::nanf(""));
+      }
+      expect_ok(m.run(iota(k), 1, in, out));
+      std::vector<std::span<const float>> spans(in.begin(), in.end());
+      std::vector<float> expected(n);
+      local_allreduce(spans, expected, o, mask);
+      for (int r = 0; r < k; ++r) {
+        ASSERT_EQ(std::memcmp(out[r].data(), expected.data(), n * sizeof(float)), 0)
+            << to_string(codec) << " k=" << k << " member " << r;
+      }
+      // A left-out member sent its part's all-gather only; the others what they always send.
+      for (int r = 0; r < k; ++r) {
+        EXPECT_EQ(m.workspaces[r]->stats.payload_bytes_sent,
+                  allreduce_payload_bytes_of(n, k, r, codec, {}, mask, o.chunk_bytes))
             << to_string(codec) << " k=" << k << " member " << r;
       }
     }
@@ -463,6 +503,40 @@ TEST(Hostile, ALaterRoundInAMembersNameFromAnotherConnectionDoesNotAbortTheRound
   std::vector<std::vector<float>> in{make_data(2, 0, 1000), make_data(2, 1, 1000)}, out;
   expect_ok(g.run(iota(2), 7, in, out));
   EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0);
+}
+
+// Every member computes the same mask (it is in the fingerprint), so a contribution in the name
+// of a member that the group leaves out comes from a broken sender: the round fails naming it,
+// as for a chunk off the grid, and never mixes it into the mean.
+TEST(Hostile, AContributionFromALeftOutMemberFailsTheRoundNamingIt) {
+  MemoryGroup g(3, Options{});
+  g.left_out = {0, 0, 1};
+  Forger x(g);
+  Header h = chunk_header(7, fingerprint(g.group(iota(3), 0, 7)), 2, 333);  // w0's part, whole
+  h.total_n = 1000;
+  x.send(g, 0, h, "w2", 333 * 4);
+  std::vector<std::vector<float>> in{make_data(2, 0, 1000), make_data(2, 1, 1000),
+                                     make_data(2, 2, 1000)},
+      out;
+  expect_named<CollectiveError>(g.run(iota(3), 7, in, out), "w2",
+                                "sent a contribution in round 7, but the group leaves it out");
+  expect_ok(g.run(iota(3), 8, in, out));
+}
+
+// The mask is part of the group's identity, but only when it leaves someone out: an empty one
+// and one of zeros are the group without the field.
+TEST(Hostile, TheFingerprintCountsTheMaskOnlyWhenItLeavesSomeoneOut) {
+  MemoryGroup g(3, Options{});
+  const Group plain = g.group(iota(3), 0, 7);
+  Group zeros = plain, one = plain, other = plain, nonzero = plain;
+  zeros.left_out = {0, 0, 0};
+  one.left_out = {0, 1, 0};
+  other.left_out = {0, 0, 1};
+  nonzero.left_out = {0, 7, 0};
+  EXPECT_EQ(fingerprint(zeros), fingerprint(plain));
+  EXPECT_NE(fingerprint(one), fingerprint(plain));
+  EXPECT_NE(fingerprint(one), fingerprint(other));
+  EXPECT_EQ(fingerprint(nonzero), fingerprint(one));
 }
 
 TEST(Hostile, EarlyDataFromOutsideTheGroupIsBoundedAndFarFutureRoundsAreNotKept) {
