@@ -52,6 +52,9 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
         // comes back with the outer state before the next.
         release(members[i], why);
         if (non_finite.empty()) non_finite = why;
+        // It stopped its steps there and sends nothing: with the guard, it is left out of the
+        // round (and counts toward guard.evict_after).
+        if (cfg.guard.on) round_left_out.push_back({members[i], 0, "abstained", why});
         continue;
       }
       o.ready.push_back(members[i]);
@@ -167,6 +170,11 @@ void OuterAggregator::State::all_reduce(int64_t r, RoundOutcome& o) {
     }
     if (d.kind == AttemptDecision::Kind::agreed) {
       agreed = d.theta_hash;
+      for (const auto& res : rr)
+        if (res) {
+          note_left_out(r, res->left_out, res->guard_seconds);  // the same verdicts everywhere
+          break;
+        }
       break;
     }
     if (d.kind == AttemptDecision::Kind::give_up) break;

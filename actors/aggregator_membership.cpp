@@ -264,6 +264,49 @@ void OuterAggregator::State::release(int i, const std::string& why) {
   log("worker " + std::to_string(i) + " left: " + why);
 }
 
+void OuterAggregator::State::note_left_out(int64_t r, const std::vector<LeftOutNote>& notes,
+                                          double guard_seconds) {
+  round_guard_seconds = guard_seconds;
+  for (const LeftOutNote& n : notes) {
+    // A member's name, or with local ranks "NAME/rankR" (each rank judges its own slice).
+    const std::string name = n.member.substr(0, n.member.find("/rank"));
+    int slot = -1;
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].name == name) slot = int(i);
+    if (slot < 0) continue;  // not a slot of this job: nothing to record
+    round_left_out.push_back({slot, n.fragment, n.rule, n.why});
+    log("round " + std::to_string(r + 1) + ": the guard left worker " + std::to_string(slot) +
+        " out of the average" +
+        (cfg.sync.mode == dl::SyncMode::blocking ? "" : " of fragment " + std::to_string(n.fragment)) +
+        " (" + n.rule + "): " + n.why);
+  }
+}
+
+void OuterAggregator::State::evict_left_out(int64_t r, const std::vector<int>& members) {
+  std::map<int, std::string> rule;  // slot -> the first rule that left it out this round
+  for (const auto& l : round_left_out) rule.emplace(l.worker, l.rule);
+  left_out_total += rule.size();
+  for (int m : members) {
+    Slot& s = slots[size_t(m)];
+    auto it = rule.find(m);
+    s.left_out_streak = it == rule.end() ? 0 : s.left_out_streak + 1;
+    if (it == rule.end() || cfg.guard.evict_after <= 0 || s.left_out_streak < cfg.guard.evict_after)
+      continue;
+    s.removed = "the guard left it out of " + std::to_string(s.left_out_streak) +
+                " rounds in a row, the last round " + std::to_string(r + 1) + " (rule " +
+                it->second + "; guard.evict_after = " + std::to_string(cfg.guard.evict_after) + ")";
+    s.active = false;
+    try {
+      if (s.handle) rt.kill(s.handle->id());
+    } catch (const std::exception& e) {
+      log_warn(job_id + ": stopping " + s.name + ": " + e.what());
+    }
+    s.handle.reset();
+    std::erase(dealt, m);
+    log("worker " + std::to_string(m) + " removed from the job: " + s.removed);
+  }
+}
+
 // Between rounds: act on `loco scale`, bring back or add workers up to the
 // target, drop surplus ones; below workers.min, wait for joins up to wait_s.
 bool OuterAggregator::State::reconcile(int64_t r) {
@@ -290,7 +333,7 @@ bool OuterAggregator::State::reconcile(int64_t r) {
     for (int i = 0; i < target; ++i) {
       Slot& s = slots[size_t(i)];
       if (s.name.empty()) s.name = job_id + ".worker-" + std::to_string(i);
-      if (s.active) continue;
+      if (s.active || !s.removed.empty()) continue;
       if (s.late) {
         // A member that missed a deadline: its actor is busy until its inner steps end.
         if (!s.late->ready()) continue;

@@ -242,10 +242,26 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::finish_stream(Strea
               "lost in round " + std::to_string(r + 1) +
                   "; the others finished its fragments in flight without it: " + errors[i].message);
     }
+  for (size_t i = 0; i < members.size(); ++i)
+    if (res[i]) {
+      // The same verdicts on every member: the first's.
+      note_left_out(r, res[i]->left_out, res[i]->guard_seconds);
+      break;
+    }
+  int losses = 0;
   for (size_t i = 0; i < members.size(); ++i) {
     if (!res[i]) continue;
     const InnerResult& in = res[i]->inner;
-    o.loss += in.mean_loss;
+    std::vector<StepHealth> health;
+    for (const StepFigures& f : in.per_step) health.push_back({f.loss, f.grad_norm});
+    if (std::string why = non_finite_inner(members[i], in.mean_loss, health); !why.empty()) {
+      // It stopped its steps there and abstained from the round's averages since (with the
+      // guard: the verdicts of those averages say so).
+      log(why + "; it stopped its steps and sent nothing more in round " + std::to_string(r + 1));
+    } else {
+      o.loss += in.mean_loss;
+      ++losses;
+    }
     o.inner_secs += in.seconds;
     int64_t tokens = 0;
     for (const StepFigures& f : in.per_step) tokens += f.tokens;
@@ -253,7 +269,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::finish_stream(Strea
         {members[i], in.steps, tokens, in.seconds, cpu_seconds_of(in.per_step)});
     round_steps.push_back(in.per_step);
   }
-  o.loss /= double(d.finished.size());
+  o.loss = losses > 0 ? o.loss / losses : std::numeric_limits<double>::quiet_NaN();
   o.theta_hash = d.theta_hash;
   o.ready = o.group = o.members = d.finished;
   return o;

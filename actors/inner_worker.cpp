@@ -278,6 +278,10 @@ InnerResult InnerWorker::inner(int64_t round) {
     for (int i = 0; i < h; ++i) {
       mine.push_back(s_->one_step(k));
       s_->hook(RoundPoint::after_inner_step, round, i + 1, "inner");
+      // Diverged (the step was not taken; every rank sees the same averaged loss and norm):
+      // the round's steps stop here, and the worker sends nothing (the aggregator leaves it
+      // out of the round on the non-finite figure it reports).
+      if (!std::isfinite(mine.back().loss) || !std::isfinite(mine.back().grad_norm)) break;
     }
     if (&k == &s_->lead()) per_step = std::move(mine);
     const dl::Slice sl = s_->slice_of(k);
@@ -285,6 +289,16 @@ InnerResult InnerWorker::inner(int64_t round) {
                                sl.begin);
   });
   s_->delta_round = round;
+  if (!per_step.empty() &&
+      (!std::isfinite(per_step.back().loss) || !std::isfinite(per_step.back().grad_norm))) {
+    s_->diverged_round = round;
+    log_warn("worker " + std::to_string(s_->index) + ": inner loss " +
+             std::to_string(per_step.back().loss) + ", gradient norm " +
+             std::to_string(per_step.back().grad_norm) + " at step " +
+             std::to_string(per_step.size()) + " of round " + std::to_string(round + 1) +
+             ": its round stops there, and it sends nothing");
+  }
+  s_->hook(RoundPoint::pseudo_gradient, round, 0, "inner", nullptr, s_->delta);
   InnerResult r;
   r.round = round;
   r.steps = int(per_step.size());
@@ -333,6 +347,10 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
   // attempt can succeed for this member and fail for another, and the retry (the same round,
   // perhaps fewer members) must start from the outer state that every member of it holds:
   // the one before this member's step.
+  const dl::GuardConfig& guard = s_->cfg.guard;
+  std::vector<std::vector<dl::LeftOut>> left(g);
+  std::vector<uint64_t> guard_bytes(g, 0);
+  std::vector<double> guard_seconds(g, 0.0);
   s_->for_ranks([&](Rank& k) {
     const size_t r = size_t(&k - s_->ranks.data());
     collective::Group group;
@@ -340,28 +358,58 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
       group.members.push_back({g == 1 ? req.names[i] : req.names[i] + "/rank" + std::to_string(r),
                                req.endpoints[i][r]});
     group.rank = req.rank;
-    group.round_id = req.op_id;
+    group.round_id = data_round(req.op_id);
     const dl::Slice sl = s_->slice_of(k);
+    const std::span<const float> delta{s_->delta.data() + sl.begin, size_t(sl.size())};
+    std::vector<dl::guard::Verdict> verdicts;
+    uint64_t bytes = 0;
     if (s_->feedback) {
       // compression topk (one rank, no token weights: config.cpp): the code of this round's Δ,
-      // made once; every member's gathered and decoded in member order.
+      // made once; every member's gathered, judged by the guard and decoded in member order.
       if (s_->coded_round != req.round) {
         s_->code = s_->feedback->encode(0, 0, s_->delta);
         s_->coded_round = req.round;
       }
       const auto codes = k.comm->allgather(group, s_->code, s_->feedback->bytes(0));
       const std::vector<std::span<const uint8_t>> views(codes.begin(), codes.end());
-      s_->feedback->mean(0, views, s_->averaged);
-    } else if (scale == 1.0) {
-      k.comm->allreduce(group, {s_->delta.data() + sl.begin, size_t(sl.size())},
-                        {s_->averaged.data() + sl.begin, size_t(sl.size())});
+      verdicts = dl::judge_codes(*s_->feedback, 0, views, guard);
+      s_->feedback->mean(0, views, s_->averaged, dl::guard::mask_of(verdicts));
     } else {
-      // Weighted by tokens: the plain mean of the members' scaled Δ. Scaled into `averaged`
-      // (Δ stays as it was for a retry), reduced in place there.
-      for (int64_t i = sl.begin; i < sl.end; ++i)
-        s_->averaged[size_t(i)] = float(double(s_->delta[size_t(i)]) * scale);
-      k.comm->allreduce(group, std::span<float>(s_->averaged.data() + sl.begin, size_t(sl.size())));
+      // The guard: this rank's slice summarized, the members' summaries judged (each rank
+      // judges its own slice, in its own group).
+      if (guard.on) {
+        verdicts = exchange_summaries(*k.comm, group, req.op_id, summary_of(delta, false, guard),
+                                      std::min<size_t>(delta.size(), size_t(guard.sketch)), guard,
+                                      bytes, guard_seconds[r]);
+        group.left_out = dl::guard::mask_of(verdicts);
+      }
+      double weight = scale;
+      if (!req.tokens.empty() && !group.left_out.empty()) {
+        // Weighted by the tokens of the members averaged.
+        std::vector<int64_t> in;
+        int rank = -1;
+        for (size_t i = 0; i < req.tokens.size(); ++i) {
+          if (group.left_out[i]) continue;
+          if (int(i) == req.rank) rank = int(in.size());
+          in.push_back(req.tokens[i]);
+        }
+        weight = rank < 0 ? 0.0 : member_scale(in, rank);
+      }
+      if (weight == 1.0) {
+        k.comm->allreduce(group, delta, {s_->averaged.data() + sl.begin, size_t(sl.size())});
+      } else {
+        // Weighted by tokens: the plain mean of the members' scaled Δ. Scaled into `averaged`
+        // (Δ stays as it was for a retry), reduced in place there.
+        for (int64_t i = sl.begin; i < sl.end; ++i)
+          s_->averaged[size_t(i)] = float(double(s_->delta[size_t(i)]) * weight);
+        k.comm->allreduce(group,
+                          std::span<float>(s_->averaged.data() + sl.begin, size_t(sl.size())));
+      }
     }
+    dl::GuardLog log;
+    log.add(0, names_of(group), verdicts);
+    left[r] = log.take();
+    guard_bytes[r] = bytes;
   });
   s_->hook(RoundPoint::after_allreduce, req.round, 0, "reduce");
   // Each rank steps its slice of θ and the momentum, then the ranks gather the slices: θ
@@ -380,6 +428,10 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
   ReduceResult r;
   r.theta_hash = s_->lead().outer->theta_hash();
   for (const Rank& k : s_->ranks) r.bytes_sent += k.comm->last_stats().bytes_sent;
+  for (uint64_t b : guard_bytes) r.bytes_sent += b;
+  for (const auto& rank : left)
+    for (const dl::LeftOut& l : rank) r.left_out.push_back({l.member, l.fragment, l.rule, l.why});
+  r.guard_seconds = *std::max_element(guard_seconds.begin(), guard_seconds.end());
   r.seconds = seconds_since(t0);
   return r;
 }

@@ -98,6 +98,27 @@ struct Rank {
 // same θ (after_overlapped_round). A member admitted at a fragment boundary takes part in the
 // operations from that fragment's on (`from_op`); its first one counts with weight zero, since
 // it has taken no inner step yet (its Δ is zero): the others' mean is the sum over n − 1.
+// The round ids of a fragment's (or a blocking round's) operation `op`: the guard's summaries
+// (an all-gather) and then the data (the all-reduce, or topk's all-gather): ids of their own,
+// in that order (collective/allreduce.hpp).
+inline uint64_t summary_round(uint64_t op) { return 2 * op; }
+inline uint64_t data_round(uint64_t op) { return 2 * op + 1; }
+// The members' names, in rank order (the guard's verdicts name them).
+std::vector<std::string> names_of(const collective::Group& g);
+// This worker's summary of Δ for the guard (diloco/guard.hpp), as sent; `abstain`: its inner
+// steps diverged this round, it sends nothing.
+std::vector<uint8_t> summary_of(std::span<const float> delta, bool abstain,
+                                const dl::GuardConfig& guard);
+// The guard's verdicts on a dense average of operation `op` over `g`: the members' summaries
+// (`mine` this one's; sketches of `sketch` values) all-gathered under summary_round(op) and
+// judged, the same on every member. None for a group of one. Adds the bytes sent to `bytes`,
+// and the exchange's seconds to `seconds`.
+std::vector<dl::guard::Verdict> exchange_summaries(collective::Communicator& comm,
+                                                   collective::Group g, uint64_t op,
+                                                   const std::vector<uint8_t>& mine,
+                                                   size_t sketch, const dl::GuardConfig& guard,
+                                                   uint64_t& bytes, double& seconds);
+
 struct StreamGroup {
   std::mutex mu;
   std::vector<collective::Member> members;  // in rank order
@@ -148,6 +169,16 @@ struct StreamGroup {
   }
   // The factor that turns the collective's mean over `g` into the mean over the members whose
   // Δ counts: n / (n − 1) when operation g.round_id has a member of weight zero, else 1.
+  // With the guard on: the joiner's zero Δ in operation `op` is left out of g's mean instead.
+  void leave_out_zero(collective::Group& g, uint64_t op) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (op != zero_op || zero_member.empty()) return;
+    for (size_t i = 0; i < g.members.size(); ++i)
+      if (g.members[i].name == zero_member) {
+        g.left_out.resize(g.members.size(), 0);
+        g.left_out[i] = 1;
+      }
+  }
   float weight_correction(const collective::Group& g) {
     std::lock_guard<std::mutex> lock(mu);
     if (g.round_id != zero_op || g.members.size() < 2) return 1.0f;
@@ -234,6 +265,11 @@ struct InnerWorker::State {
   std::vector<Rank> ranks;  // rank 0 answers for the worker: θ's hash, evaluation, checkpoints
   std::vector<float> delta, averaged;  // whole; rank r writes and averages its slice
   int64_t delta_round = -1;            // the round whose Δ `delta` holds
+  // The round whose inner steps diverged (a step's loss or gradient norm not finite): the
+  // worker stopped them and abstains from that round's averages. -1: none.
+  int64_t diverged_round = -1;
+  // The guard's left-outs of the averages that ended since the last stream() returned.
+  dl::GuardLog guard_log;
   // compression topk: this worker's error feedback (one buffer per fragment; blocking: one),
   // and in blocking rounds the code of round `coded_round`'s Δ, made once: an attempt retried
   // sends the same bytes, and the buffer takes each round's Δ once.
@@ -400,11 +436,11 @@ struct InnerWorker::State {
   // The test hooks installed in this process at `point` (actors/round_hooks.hpp; none in
   // production), and the seconds they took.
   double hook(RoundPoint point, int64_t round, int64_t step, const char* method,
-              collective::detail::Hooks* comm_hooks = nullptr) {
+              collective::detail::Hooks* comm_hooks = nullptr, std::span<float> delta = {}) {
     RoundHooks* hooks = round_hooks();
     if (!hooks) return 0;
     const int64_t t = loco::now_ms();
-    hooks->at(point, {index, round, step, cfg.inner.steps, method, &stopping, comm_hooks});
+    hooks->at(point, {index, round, step, cfg.inner.steps, method, &stopping, comm_hooks, delta});
     return seconds_since(t);
   }
 
@@ -449,6 +485,11 @@ struct InnerWorker::State {
       stepping += per_step.back().seconds;
       ++steps;
       stepping += hook(RoundPoint::after_inner_step, round, steps, "inner_timed");
+      // Diverged: the step was not taken; the round stops, and the worker sends nothing.
+      if (!std::isfinite(per_step.back().loss) || !std::isfinite(per_step.back().grad_norm)) {
+        diverged_round = round;
+        break;
+      }
     }
     k.trainer->pseudo_gradient(k.outer->theta(), {delta.data(), delta.size()}, 0);
     delta_round = round;

@@ -11,59 +11,137 @@ namespace {
 // way is dropped and the rest go again.
 class GroupAverager final : public dl::FragmentAverager {
  public:
-  GroupAverager(collective::Communicator& comm, std::shared_ptr<StreamGroup> group,
-                std::shared_future<uint64_t>& last, dl::ErrorFeedback* feedback)
-      : comm_(comm), group_(std::move(group)), last_(last), feedback_(feedback) {}
+  // What it needs of the worker: its communicator, the newest operation, its error feedback
+  // (topk; else null), its guard settings and log, whether it abstains (its inner steps
+  // diverged this round), and the test hook on a fragment's Δ (RoundPoint::pseudo_gradient).
+  struct Worker {
+    collective::Communicator& comm;
+    std::shared_future<uint64_t>& last_op;
+    dl::ErrorFeedback* feedback;
+    dl::GuardConfig guard;
+    dl::GuardLog& log;
+    std::function<bool()> abstaining;
+    std::function<void(int, std::span<float>)> hook;
+  };
+  GroupAverager(Worker w, std::shared_ptr<StreamGroup> group)
+      : s_(std::move(w)), group_(std::move(group)) {}
   std::shared_future<uint64_t> start(uint64_t op, int fragment,
                                      std::span<const std::span<const float>> deltas,
                                      std::span<const std::span<float>> means) override {
     if (deltas.size() != 1 || means.size() != 1)
       throw std::logic_error("GroupAverager: one replica per worker");
-    collective::Communicator* comm = &comm_;
-    const std::span<const float> in = deltas[0];
+    collective::Communicator* comm = &s_.comm;
+    std::span<const float> in = deltas[0];
     const std::span<float> out = means[0];
-    // compression topk: the fragment's code, made here on the stepping thread (its error
-    // feedback is this thread's), gathered and decoded on the operation's.
-    std::shared_ptr<const std::vector<uint8_t>> code;
-    if (feedback_)
-      code = std::make_shared<const std::vector<uint8_t>>(feedback_->encode(0, fragment, in));
-    last_ = std::async(std::launch::async, [comm, group = group_, op, in, out, before = last_,
-                                            code, feedback = feedback_, fragment] {
-              if (before.valid()) before.get();
-              uint64_t bytes = 0;
-              for (;;) {
-                const collective::Group g = group->at(op);
-                try {
-                  if (code) {
-                    const auto codes = comm->allgather(g, *code, feedback->bytes(fragment));
-                    const std::vector<std::span<const uint8_t>> views(codes.begin(), codes.end());
-                    feedback->mean(fragment, views, out);
-                  } else {
-                    comm->allreduce(g, in, out);
-                  }
-                  bytes += comm->last_stats().bytes_sent;
-                  if (const float c = group->weight_correction(g); c != 1.0f)
-                    for (float& x : out) x *= c;
-                  return bytes;
-                } catch (const collective::PeerLostError& e) {
-                  bytes += comm->last_stats().bytes_sent;
-                  if (!group->drop(e.peer(), g)) throw;
-                  log_warn("fragment all-reduce " + std::to_string(op) + ": " + e.peer() +
-                           " lost; the others finish it without it");
-                }
-              }
-            }).share();
-    return last_;
+    // A test's broken or hostile worker (RoundPoint::pseudo_gradient) changes a copy.
+    std::shared_ptr<std::vector<float>> copy;
+    if (round_hooks()) {
+      copy = std::make_shared<std::vector<float>>(in.begin(), in.end());
+      s_.hook(fragment, *copy);
+      in = *copy;
+    }
+    // Made here on the stepping thread (the error feedback is this thread's): compression
+    // topk's code of the fragment; else, with the guard on, the summary of its Δ. A worker
+    // whose inner steps diverged this round abstains: an empty code, an abstaining summary.
+    const bool abstain = s_.abstaining();
+    const dl::GuardConfig guard = s_.guard;
+    std::shared_ptr<const std::vector<uint8_t>> code, summary;
+    dl::ErrorFeedback* feedback = s_.feedback;
+    if (feedback)
+      code = std::make_shared<const std::vector<uint8_t>>(
+          abstain ? std::vector<uint8_t>{} : feedback->encode(0, fragment, in));
+    else if (guard.on)
+      summary = std::make_shared<const std::vector<uint8_t>>(summary_of(in, abstain, guard));
+    dl::GuardLog* log = &s_.log;
+    const size_t sketch = std::min<size_t>(in.size(), size_t(guard.sketch));
+    s_.last_op = std::async(std::launch::async, [comm, group = group_, op, in, out,
+                                                 before = s_.last_op, code, summary, feedback,
+                                                 fragment, guard, sketch, log, copy] {
+                   if (before.valid()) before.get();
+                   uint64_t bytes = 0;
+                   for (;;) {
+                     collective::Group g = group->at(op);
+                     try {
+                       // The verdicts first: on the gathered codes, or on the summaries.
+                       std::vector<dl::guard::Verdict> verdicts;
+                       std::vector<std::vector<uint8_t>> codes;
+                       std::vector<std::span<const uint8_t>> views;
+                       if (code) {
+                         collective::Group gather = g;
+                         gather.round_id = data_round(op);
+                         codes = comm->allgather(gather, *code, feedback->bytes(fragment));
+                         bytes += comm->last_stats().bytes_sent;
+                         views.assign(codes.begin(), codes.end());
+                         verdicts = dl::judge_codes(*feedback, fragment, views, guard);
+                       } else if (summary) {
+                         double seconds = 0;
+                         verdicts = exchange_summaries(*comm, g, op, *summary, sketch, guard,
+                                                       bytes, seconds);
+                         log->add_seconds(seconds);
+                       }
+                       if (!verdicts.empty()) g.left_out = dl::guard::mask_of(verdicts);
+                       // A joiner's first fragment (its Δ zero): left out with the guard on (the
+                       // others' mean, exactly); else its zero counted and the mean corrected.
+                       float correction = 1.0f;
+                       if (guard.on)
+                         group->leave_out_zero(g, op);
+                       else
+                         correction = group->weight_correction(g);
+                       if (code) {
+                         feedback->mean(fragment, views, out, g.left_out);
+                       } else {
+                         g.round_id = data_round(op);
+                         comm->allreduce(g, in, out);
+                         bytes += comm->last_stats().bytes_sent;
+                       }
+                       if (correction != 1.0f)
+                         for (float& x : out) x *= correction;
+                       log->add(fragment, names_of(g), verdicts);
+                       return bytes;
+                     } catch (const collective::PeerLostError& e) {
+                       bytes += comm->last_stats().bytes_sent;
+                       if (!group->drop(e.peer(), g)) throw;
+                       log_warn("fragment all-reduce " + std::to_string(op) + ": " + e.peer() +
+                                " lost; the others finish it without it");
+                     }
+                   }
+                 }).share();
+    return s_.last_op;
   }
 
  private:
-  collective::Communicator& comm_;
+  Worker s_;
   std::shared_ptr<StreamGroup> group_;
-  std::shared_future<uint64_t>& last_;
-  dl::ErrorFeedback* feedback_;  // compression topk; else none
 };
 
 }  // namespace
+
+std::vector<std::string> names_of(const collective::Group& g) {
+  std::vector<std::string> out;
+  for (const auto& m : g.members) out.push_back(m.name);
+  return out;
+}
+
+std::vector<uint8_t> summary_of(std::span<const float> delta, bool abstain,
+                                const dl::GuardConfig& guard) {
+  const auto m = size_t(guard.sketch);
+  return dl::guard::encode(abstain ? dl::guard::abstaining(delta.size(), m)
+                                   : dl::guard::summarize(delta, m));
+}
+
+std::vector<dl::guard::Verdict> exchange_summaries(collective::Communicator& comm,
+                                                   collective::Group g, uint64_t op,
+                                                   const std::vector<uint8_t>& mine,
+                                                   size_t sketch, const dl::GuardConfig& guard,
+                                                   uint64_t& bytes, double& seconds) {
+  if (g.members.size() < 2) return {};
+  g.round_id = summary_round(op);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto all = comm.allgather(g, mine, dl::guard::encoded_bytes(sketch));
+  seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  bytes += comm.last_stats().bytes_sent;
+  return dl::guard::judge(dl::guard::facts_of(all, sketch), guard);
+}
 
 // Streaming DiLoCo on a cluster, the simulator's run_streaming_round for one worker: from
 // event to event (a fragment's synchronization after inner step start + (f+1)·H/P, or a
@@ -134,17 +212,33 @@ StreamResult InnerWorker::stream(StreamRequest req) {
         : s(st), req(r), group(g), out(o), start(s0) {}
     void before_steps(int64_t now) override { s.snapshot_if_wanted(req.round, now); }
     void steps(int64_t now, int n) override {
+      // Diverged earlier in the round: no more steps in it (its averages abstain).
+      if (s.diverged_round == req.round) return;
       const int64_t t_inner = loco::now_ms();
       double chunk = 0;  // summed as run_inner_steps(n) sums, then its mean times n as before
+      int taken = 0;
       for (int i = 0; i < n; ++i) {
         out.inner.per_step.push_back(s.one_step(s.lead()));
-        chunk += out.inner.per_step.back().loss;
+        const StepFigures& f = out.inner.per_step.back();
+        chunk += f.loss;
+        ++taken;
         // A test hook's delay counts as inner time, as in timed_steps.
         s.hook(RoundPoint::after_inner_step, req.round, now - start + i + 1, "stream");
+        if (!std::isfinite(f.loss) || !std::isfinite(f.grad_norm)) {
+          // The step was not taken; the rest of the round's are not either, and the worker
+          // abstains from the round's averages from here on.
+          s.diverged_round = req.round;
+          log_warn("worker " + std::to_string(s.index) + ": inner loss " +
+                   std::to_string(f.loss) + ", gradient norm " + std::to_string(f.grad_norm) +
+                   " at step " + std::to_string(now - start + i + 1) + " of round " +
+                   std::to_string(req.round + 1) + ": it stops its steps and sends nothing more " +
+                   "in this round");
+          break;
+        }
       }
       out.inner.seconds += seconds_since(t_inner);
-      out.inner.steps += n;
-      loss += (n > 0 ? chunk / n : 0.0) * n;
+      out.inner.steps += taken;
+      loss += (taken > 0 ? chunk / taken : 0.0) * taken;
       s.hook(RoundPoint::stream_events, req.round, now + n - start, "stream");
     }
     void at_event(int64_t now) override {
@@ -154,7 +248,15 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       s.log_landing(f.fragment, f.mean[0], now);
     }
   } worker(*s_, req, *group, out, start);
-  GroupAverager averager(*k.comm, group, s_->last_op, s_->feedback.get());
+  const int64_t round_of_call = req.round;
+  GroupAverager averager(
+      GroupAverager::Worker{*k.comm, s_->last_op, s_->feedback.get(), s_->cfg.guard, s_->guard_log,
+                            [this, round_of_call] { return s_->diverged_round == round_of_call; },
+                            [this, round_of_call](int fragment, std::span<float> delta) {
+                              s_->hook(RoundPoint::pseudo_gradient, round_of_call, fragment,
+                                       "stream", nullptr, delta);
+                            }},
+      group);
 
   dl::StreamingRound::Round round;
   round.round = req.round;
@@ -169,6 +271,9 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   out.inner.mean_loss = out.inner.steps > 0 ? worker.loss / out.inner.steps : 0.0;
   out.theta_hash = k.outer->theta_hash();
   out.group = group->names();
+  for (const dl::LeftOut& l : s_->guard_log.take())
+    out.left_out.push_back({l.member, l.fragment, l.rule, l.why});
+  out.guard_seconds = s_->guard_log.take_seconds();
   if (!checkpoint_file.empty() || !inner_file.empty())
     s_->start_checkpoint(checkpoint_file, inner_file);
   if (req.eval_end > req.eval_begin) s_->start_evaluation(req.eval_begin, req.eval_end);

@@ -188,6 +188,7 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
   l.redo = redo_;
   l.job_bytes = job_bytes_;
   l.job_time = f.job_time;
+  if (f.guard_time >= 0) l.guard_time = f.guard_time;
   if (m.round > 0) {
     l.members.emplace();
     for (const MemberFigures& x : f.members)

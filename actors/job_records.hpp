@@ -92,6 +92,7 @@ struct RoundFigures {
   // flops the sum, seconds the slowest, memory the largest (metrics.jsonl "steps", see
   // per_step_means()).
   std::vector<StepFigures> steps;
+  double guard_time = -1;  // seconds in the guard's summary exchanges (a member's); < 0: none
 };
 
 class JobRecords {

@@ -124,11 +124,23 @@ struct ReduceRequest {
   MSGPACK_DEFINE(round, names, endpoints, rank, op_id, tokens)
 };
 
+// A member the guard left out of an average (diloco/guard.hpp): every member of the operation
+// reaches the same verdicts and reports them.
+struct LeftOutNote {
+  std::string member;  // its name in the group
+  int fragment = 0;    // blocking: 0
+  std::string rule;
+  std::string why;
+  MSGPACK_DEFINE(member, fragment, rule, why)
+};
+
 struct ReduceResult {
   uint64_t theta_hash = 0;
   uint64_t bytes_sent = 0;
   double seconds = 0;
-  MSGPACK_DEFINE(theta_hash, bytes_sent, seconds)
+  std::vector<LeftOutNote> left_out;  // by the guard, in this attempt
+  double guard_seconds = 0;           // in the guard's summary exchange
+  MSGPACK_DEFINE(theta_hash, bytes_sent, seconds, left_out, guard_seconds)
 };
 
 // Aggregator -> each member, once per round in sync.mode streaming. The worker runs its H
@@ -174,7 +186,10 @@ struct StreamResult {
   // The members its fragments ended the round with: the request's, less any lost mid-round
   // (the survivors finished those fragments without them).
   std::vector<std::string> group;
-  MSGPACK_DEFINE(inner, theta_hash, bytes_sent, wait_seconds, seconds, group)
+  std::vector<LeftOutNote> left_out;  // by the guard, in the fragments that ended in this round
+  double guard_seconds = 0;           // in those fragments' summary exchanges
+  MSGPACK_DEFINE(inner, theta_hash, bytes_sent, wait_seconds, seconds, group, left_out,
+                 guard_seconds)
 };
 
 // A checkpoint the job wrote (event kind kCheckpointRecord in its event log): what a restarted

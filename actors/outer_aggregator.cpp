@@ -310,6 +310,8 @@ void OuterAggregator::State::run() {
     const std::vector<int> members = sent_ahead ? ahead->members : active();
     round_members.clear();
     round_late.clear();
+    round_left_out.clear();
+    round_guard_seconds = -1;
     round_steps.clear();
     RoundOutcome o = cfg.sync.mode != dl::SyncMode::blocking
                          ? stream_round(r, members, t_round, sent_ahead)
@@ -323,6 +325,7 @@ void OuterAggregator::State::run() {
     }
     if (o.group.size() < o.members.size()) deal_shards();  // the lost ones were released
     redos.completed(r);
+    evict_left_out(r, o.members);
     r += 1;
     round = r;
     resuming = false;
@@ -400,11 +403,13 @@ void OuterAggregator::State::report(int64_t r, double loss, std::optional<double
   m.train_loss = loss;
   m.val_loss = val;
   m.theta_hash = hash;
+  if (!round_left_out.empty()) m.left_out = round_left_out;
   const int failed = records->failed_attempts();
   const double job_seconds = job_time();
   const std::vector<StepFigures> steps = per_step_means(round_steps);
   records->round(
-      m, RoundFigures{util, members, round_time, job_seconds, round_members, round_late, steps});
+      m, RoundFigures{util, members, round_time, job_seconds, round_members, round_late, steps,
+                      cfg.guard.on && !cfg.topk.on ? round_guard_seconds : -1});
   if (!steps.empty()) publish_steps(r, steps);
   JobProgress p;
   p.step = r;
@@ -424,6 +429,13 @@ void OuterAggregator::State::report(int64_t r, double loss, std::optional<double
   rep.utilization = util;
   rep.workers = members;
   if (!round_late.empty()) rep.late = int(round_late.size());
+  if (!round_left_out.empty()) {
+    std::vector<int> who;
+    for (const auto& l : round_left_out)
+      if (std::find(who.begin(), who.end(), l.worker) == who.end()) who.push_back(l.worker);
+    rep.left_out = int(who.size());
+  }
+  rep.left_out_total = double(left_out_total);
   // For the dashboard's axes and /metrics: the tokens the round's members processed, the
   // round's and the job's seconds.
   int64_t round_tokens = 0;

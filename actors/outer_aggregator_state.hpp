@@ -87,6 +87,10 @@ struct Slot {
   // it sits out until they end, then catches up with the current outer state.
   std::optional<Future<InnerResult>> late;
   int64_t late_round = -1;
+  // The guard removed it from the job (left out workers.guard.evict_after rounds in a row):
+  // why; it never comes back. Empty: it may.
+  std::string removed;
+  int left_out_streak = 0;  // rounds in a row the guard left it out of
 };
 
 // One round's stream() calls (sync.mode streaming or eager), sent to its members.
@@ -151,6 +155,10 @@ struct OuterAggregator::State {
   // This round's members' figures and who missed its deadline, for the round's report.
   std::vector<MemberFigures> round_members;
   std::vector<int> round_late;
+  // Whom the guard left out of this round's averages, and why (metrics.jsonl "left_out").
+  std::vector<loco::diloco::schema::LeftOutLine> round_left_out;
+  uint64_t left_out_total = 0;  // over the job: rounds × members left out (/metrics)
+  double round_guard_seconds = -1;  // a member's summary exchanges this round; < 0: none
   // Seconds of every all-reduce attempt of this aggregator's life (the dashboard's network time).
   double allreduce_total = 0;
   // sync.mode streaming or eager: the next round's calls, sent right behind this round's (they
@@ -278,6 +286,12 @@ struct OuterAggregator::State {
   void check_memory();
   void deal_shards();
   void release(int i, const std::string& why);
+  // The guard's notes of round r (as every member reports them: the first's), recorded by slot.
+  void note_left_out(int64_t r, const std::vector<LeftOutNote>& notes, double guard_seconds);
+  // After round r completed: each member's streak of rounds left out; those at
+  // guard.evict_after are removed from the job, with a message that names them, the round and
+  // the rule.
+  void evict_left_out(int64_t r, const std::vector<int>& members);
   // False when the job must go back to its last checkpoint first (must_rewind).
   [[nodiscard]] bool reconcile(int64_t r);
 

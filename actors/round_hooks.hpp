@@ -6,6 +6,7 @@
 // load when none is installed.
 #include <atomic>
 #include <cstdint>
+#include <span>
 
 namespace loco::collective::detail {
 struct Hooks;
@@ -27,6 +28,10 @@ enum class RoundPoint {
   before_allreduce,
   // reduce(): the all-reduce returned, before the outer step. A throw fails the call.
   after_allreduce,
+  // Δ is written, before it is summarized and averaged: `delta` is it (blocking: all of the
+  // worker's, once per round; streaming and eager: fragment `step`'s, a copy), which a hook may
+  // change (a test's broken or hostile worker).
+  pseudo_gradient,
 };
 
 struct RoundContext {
@@ -38,6 +43,7 @@ struct RoundContext {
   // Set once the worker's node asks it to stop (InnerWorker::stop).
   const std::atomic<bool>* stopping = nullptr;
   collective::detail::Hooks* collective = nullptr;  // before_allreduce only
+  std::span<float> delta;                           // pseudo_gradient only
 };
 
 // Called from the worker's threads (several at once with several local ranks).

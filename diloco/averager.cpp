@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "runtime/collective/local.hpp"
 
@@ -14,7 +15,53 @@ std::uint64_t allreduce_bytes_per_member(std::size_t n, int k, collective::Codec
   return collective::allreduce_payload_bytes(n, k, c);
 }
 
+void GuardLog::add(int fragment, std::span<const std::string> names,
+                   std::span<const guard::Verdict> verdicts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (std::size_t i = 0; i < verdicts.size(); ++i) {
+    const guard::Verdict& v = verdicts[i];
+    if (v.left_out) {
+      items_.push_back({i < names.size() ? names[i] : std::to_string(i), fragment, v.rule, v.why});
+      continue;
+    }
+    margins_.norm_ratio = std::max(margins_.norm_ratio, v.norm_ratio);
+    if (v.relative_agreement != 0)
+      margins_.agreement = std::min(margins_.agreement.value_or(v.relative_agreement),
+                                    v.relative_agreement);
+  }
+}
+
+void GuardLog::add_seconds(double s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  seconds_ += s;
+}
+
+double GuardLog::take_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(seconds_, 0.0);
+}
+
+GuardLog::Margins GuardLog::take_margins() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(margins_, {});
+}
+
+void GuardLog::add(LeftOut l) {
+  std::lock_guard<std::mutex> lock(mu_);
+  items_.push_back(std::move(l));
+}
+
+std::vector<LeftOut> GuardLog::take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(items_, {});
+}
+
 AverageStats LocalAverager::average(std::span<const std::span<float>> locals, collective::Codec c) {
+  return average(locals, c, 0);
+}
+
+AverageStats LocalAverager::average(std::span<const std::span<float>> locals, collective::Codec c,
+                                    int fragment) {
   if (locals.empty()) throw std::invalid_argument("LocalAverager::average: no members");
   const std::size_t n = locals[0].size();
   for (const auto& l : locals)
@@ -27,13 +74,26 @@ AverageStats LocalAverager::average(std::span<const std::span<float>> locals, co
   std::vector<std::span<const float>> inputs(locals.begin(), locals.end());
   mean_.resize(n);
   options_.codec = c;
-  collective::local_allreduce(inputs, mean_, options_);
+  std::vector<std::uint8_t> mask;
+  if (guard_.on) {
+    // What each worker's summary says, exchanged and judged as the workers do.
+    std::vector<guard::Summary> summaries;
+    std::vector<std::string> names;
+    for (int i = 0; i < k; ++i) {
+      summaries.push_back(guard::summarize(inputs[std::size_t(i)], std::size_t(guard_.sketch)));
+      names.push_back(std::to_string(i));
+    }
+    const auto verdicts = guard::judge(guard::facts_of(summaries), guard_);
+    mask = guard::mask_of(verdicts);
+    if (log_) log_->add(fragment, names, verdicts);
+  }
+  collective::local_allreduce(inputs, mean_, options_, mask);
   for (const auto& l : locals) std::copy(mean_.begin(), mean_.end(), l.begin());
   return stats;
 }
 
 std::shared_future<std::uint64_t> LocalAverager::start(
-    std::uint64_t /*op*/, int /*fragment*/, std::span<const std::span<const float>> deltas,
+    std::uint64_t /*op*/, int fragment, std::span<const std::span<const float>> deltas,
     std::span<const std::span<float>> means) {
   if (deltas.size() != means.size())
     throw std::invalid_argument("LocalAverager::start: " + std::to_string(deltas.size()) +
@@ -44,7 +104,7 @@ std::shared_future<std::uint64_t> LocalAverager::start(
     std::copy(deltas[i].begin(), deltas[i].end(), means[i].begin());
   }
   std::promise<std::uint64_t> done;
-  done.set_value(average(means, options_.codec).bytes_sent);
+  done.set_value(average(means, options_.codec, fragment).bytes_sent);
   return done.get_future().share();
 }
 

@@ -7,10 +7,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <future>
+#include <mutex>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "diloco/config.hpp"
+#include "diloco/guard.hpp"
 #include "runtime/collective/types.hpp"
 
 namespace loco::diloco {
@@ -25,6 +29,43 @@ void codec_roundtrip(std::span<float> x, collective::Codec c);
 // the encoded vector (int8: 1 byte a value + an 8-byte header per chunk),
 // averaged over the members.
 std::uint64_t allreduce_bytes_per_member(std::size_t n, int k, collective::Codec c);
+
+// A member the guard left out of an average (diloco/guard.hpp), and why.
+struct LeftOut {
+  std::string member;  // its name in the operation's group (the simulator: its index)
+  int fragment = 0;    // blocking rounds: 0
+  std::string rule;    // "abstained", "non-finite", "malformed", "norm", "direction"
+  std::string why;
+};
+
+// The left-outs of a round's averages, from whichever threads ran them.
+class GuardLog {
+ public:
+  // Those of `verdicts` that left their member out; names[i] is member i's.
+  void add(int fragment, std::span<const std::string> names,
+           std::span<const guard::Verdict> verdicts);
+  void add(LeftOut l);
+  // Everything added since the last take(), in the order added.
+  std::vector<LeftOut> take();
+  // How close the members averaged since the last call came to the guard's bounds: the largest
+  // norm ratio and the smallest relative agreement (guard::Verdict) among those not left out
+  // (0 and none when nothing was judged). What `guard.max_norm_ratio` and `min_agreement`
+  // should keep clear of in fault-free runs (metrics.jsonl "guard_norm_ratio", "guard_agreement").
+  struct Margins {
+    double norm_ratio = 0;
+    std::optional<double> agreement;
+  };
+  Margins take_margins();
+  // Seconds spent exchanging summaries (a worker's), since the last call.
+  void add_seconds(double s);
+  double take_seconds();
+
+ private:
+  std::mutex mu_;
+  std::vector<LeftOut> items_;
+  Margins margins_;
+  double seconds_ = 0;
+};
 
 struct AverageStats {
   int members = 0;               // workers in the round
@@ -65,18 +106,27 @@ class FragmentAverager {
 // The simulator's Averager: every member is a local buffer, averaged with
 // collective::local_allreduce, i.e. with the numerics of a distributed run.
 // As a FragmentAverager it averages at once, with options' codec: the handle is ready.
+// With the guard on, each average first judges the members' summaries, as the workers do, and
+// leaves out whom the rule names (into `log`, when given).
 class LocalAverager final : public Averager, public FragmentAverager {
  public:
   // `options` as the distributed run's Communicator has them (average() sets the codec from
   // its argument).
-  explicit LocalAverager(collective::Options options = {}) : options_(options) {}
+  explicit LocalAverager(collective::Options options = {}, GuardConfig guard = GuardConfig{false},
+                         GuardLog* log = nullptr)
+      : options_(options), guard_(guard), log_(log) {}
   AverageStats average(std::span<const std::span<float>> locals, collective::Codec c) override;
   std::shared_future<std::uint64_t> start(std::uint64_t op, int fragment,
                                           std::span<const std::span<const float>> deltas,
                                           std::span<const std::span<float>> means) override;
 
  private:
+  AverageStats average(std::span<const std::span<float>> locals, collective::Codec c,
+                       int fragment);
+
   collective::Options options_;
+  GuardConfig guard_;
+  GuardLog* log_;
   std::vector<float> mean_;  // reused across rounds
 };
 

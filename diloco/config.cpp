@@ -518,6 +518,18 @@ const std::vector<Field>& fields() {
         // Not `finite`: a NaN is "not in [0, 1]" (validate()).
         plain<double>("sync", "mix", at(&JobConfig::sync, &SyncConfig::mix),
                       "α: how much of the local fragment survives its merge"),
+        // guard
+        plain<bool>("guard", "on", at(&JobConfig::guard, &GuardConfig::on),
+                    "leave broken or hostile pseudo-gradients out of the average"),
+        finite("guard", "max_norm_ratio", at(&JobConfig::guard, &GuardConfig::max_norm_ratio),
+               "c: a Δ whose norm is above c x the group's median is left out"),
+        finite("guard", "min_agreement", at(&JobConfig::guard, &GuardConfig::min_agreement),
+               "a Δ whose direction agrees less than this x the group's median is left out; 0: "
+               "no direction rule"),
+        ranged("guard", "sketch", at(&JobConfig::guard, &GuardConfig::sketch), 16, 65536,
+               "sampled values of Δ in each member's summary"),
+        ranged("guard", "evict_after", at(&JobConfig::guard, &GuardConfig::evict_after), 0,
+               kMaxRounds, "rounds left out in a row before a worker is removed; 0: never"),
         ranged("", "rounds", at(&JobConfig::rounds), 0, kMaxRounds,
                "outer rounds; 0: from token_budget"),
         ranged("", "token_budget", at(&JobConfig::token_budget), std::int64_t{0}, kMaxTokenBudget,
@@ -755,6 +767,10 @@ void JobConfig::validate() const {
                           "than int8's all-reduce; at most " + show(most) +
                           " (or a smaller k, a larger chunk, or compression: int8)");
   }
+  require(guard.max_norm_ratio > 1, "guard.max_norm_ratio", "> 1 (the median's own norm passes)",
+          guard.max_norm_ratio);
+  require(guard.min_agreement >= 0 && guard.min_agreement <= 1, "guard.min_agreement",
+          "in [0, 1]", guard.min_agreement);
   require(inner.grad_accum >= 1, "inner.grad_accum", ">= 1", inner.grad_accum);
   require(inner.batch_size % inner.grad_accum == 0, "inner.grad_accum",
           "a divisor of inner.batch_size (" + show(inner.batch_size) + ")", inner.grad_accum);

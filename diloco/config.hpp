@@ -223,6 +223,21 @@ struct CheckpointConfig {
   std::string resume;
 };
 
+// The guard against broken or hostile pseudo-gradients (docs/design.md, "Robust averaging";
+// diloco/guard.hpp has the rule). Before each average, the members exchange a summary of their
+// Δ (finite or not, its norm, a sketch of `sketch` sampled values) and every member leaves out
+// the same ones: Δ that is not finite, a norm above max_norm_ratio × the group's median, a
+// direction that disagrees with the rest's (agreement below min_agreement × the group's
+// median agreement, less the sketch's noise). The others are averaged. A worker left out
+// `evict_after` rounds in a row is removed from the job.
+struct GuardConfig {
+  bool on = true;
+  double max_norm_ratio = 3.0;  // c
+  double min_agreement = 0.5;   // 0: no direction rule
+  int sketch = 2048;            // sampled values per fragment in the summary
+  int evict_after = 3;          // 0: never removed
+};
+
 struct EvalConfig {
   int every = 50;   // inner steps between evaluations (rounded up to a round end for DiLoCo)
   int batches = 8;  // validation batches of inner.batch_size sequences
@@ -258,6 +273,7 @@ struct JobConfig {
   TopkConfig topk;  // compression: {kind: topk, ...}
   AllreduceConfig allreduce;
   SyncConfig sync;
+  GuardConfig guard;
   int rounds = 0;                 // number of outer rounds; 0: derived from token_budget
   std::int64_t token_budget = 0;  // tokens per worker; used when rounds is 0
   CheckpointConfig checkpoint;

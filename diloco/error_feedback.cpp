@@ -1,6 +1,7 @@
 #include "diloco/error_feedback.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace loco::diloco {
@@ -30,6 +31,8 @@ std::vector<std::uint8_t> ErrorFeedback::encode(std::size_t replica, int fragmen
                                 std::to_string(fragment) + " has " +
                                 std::to_string(delta.size()) + " values, its buffer " +
                                 std::to_string(e.size()));
+  for (float v : delta)
+    if (!std::isfinite(v)) return {};
   for (std::size_t i = 0; i < e.size(); ++i) e[i] = beta_ * e[i] + delta[i];
   sent_.resize(e.size());
   std::vector<std::uint8_t> code = collective::sparse::encode(e, params_, sent_);
@@ -38,15 +41,23 @@ std::vector<std::uint8_t> ErrorFeedback::encode(std::size_t replica, int fragmen
 }
 
 void ErrorFeedback::mean(int fragment, std::span<const std::span<const std::uint8_t>> codes,
-                         std::span<float> out) const {
+                         std::span<float> out, std::span<const std::uint8_t> left_out) const {
   if (out.size() != sizes_.at(static_cast<std::size_t>(fragment)))
     throw std::invalid_argument("ErrorFeedback::mean: " + std::to_string(out.size()) +
                                 " values for fragment " + std::to_string(fragment) + " of " +
                                 std::to_string(sizes_[static_cast<std::size_t>(fragment)]));
   if (codes.empty()) throw std::invalid_argument("ErrorFeedback::mean: no member");
+  if (!left_out.empty() && left_out.size() != codes.size())
+    throw std::invalid_argument("ErrorFeedback::mean: a mask of " +
+                                std::to_string(left_out.size()) + " for " +
+                                std::to_string(codes.size()) + " members");
   std::fill(out.begin(), out.end(), 0.0f);
-  const float scale = 1.0f / static_cast<float>(codes.size());
+  std::size_t in = codes.size();
+  for (std::uint8_t l : left_out) in -= l ? 1 : 0;
+  if (in == 0) return;
+  const float scale = 1.0f / static_cast<float>(in);
   for (std::size_t k = 0; k < codes.size(); ++k) {
+    if (!left_out.empty() && left_out[k]) continue;
     try {
       collective::sparse::decode_add(codes[k], params_, scale, out);
     } catch (const collective::sparse::CodecError& e) {
@@ -97,15 +108,28 @@ std::shared_future<std::uint64_t> LocalSparseAverager::start(
                                 " inputs for " + std::to_string(means.size()) + " outputs");
   // Every member's code first: a mean may be written over its own Δ (the blocking round's).
   std::vector<std::vector<std::uint8_t>> codes;
-  for (std::size_t k = 0; k < deltas.size(); ++k)
+  std::vector<std::string> names;
+  for (std::size_t k = 0; k < deltas.size(); ++k) {
     codes.push_back(feedback_.encode(k, fragment, deltas[k]));
+    names.push_back(std::to_string(k));
+  }
   std::vector<std::span<const std::uint8_t>> views(codes.begin(), codes.end());
-  feedback_.mean(fragment, views, means[0]);
+  const auto verdicts = judge_codes(feedback_, fragment, views, guard_);
+  if (log_) log_->add(fragment, names, verdicts);
+  feedback_.mean(fragment, views, means[0], guard::mask_of(verdicts));
   for (std::size_t k = 1; k < means.size(); ++k)
     std::copy(means[0].begin(), means[0].end(), means[k].begin());
   std::promise<std::uint64_t> done;
-  done.set_value(static_cast<std::uint64_t>(deltas.size() - 1) * codes[0].size());
+  done.set_value(static_cast<std::uint64_t>(deltas.size() - 1) * feedback_.bytes(fragment));
   return done.get_future().share();
+}
+
+std::vector<guard::Verdict> judge_codes(const ErrorFeedback& feedback, int fragment,
+                                        std::span<const std::span<const std::uint8_t>> codes,
+                                        const GuardConfig& guard) {
+  if (!guard.on) return {};
+  return guard::judge(guard::sparse_facts(codes, feedback.params(), feedback.size(fragment)),
+                      guard);
 }
 
 }  // namespace loco::diloco

@@ -70,6 +70,8 @@ struct Report {
   double utilization = 0;    // inner-step time / wall time, 0..1
   int workers = 0;           // the round's members
   std::optional<int> late;   // members that missed the deadline; absent when none
+  std::optional<int> left_out;           // members the guard left out; absent when none
+  std::optional<double> left_out_total;  // over the job: rounds × members left out
   int64_t round_tokens = 0;  // the round's members' tokens
   double round_time = 0;     // seconds of the round
   double job_time = 0;       // seconds since the job was submitted
@@ -91,6 +93,8 @@ struct Report {
     f("utilization", &Report::utilization);
     f("workers", &Report::workers);
     f("late", &Report::late);
+    f("left_out", &Report::left_out);
+    f("left_out_total", &Report::left_out_total);
     f("round_tokens", &Report::round_tokens);
     f("round_time", &Report::round_time);
     f("job_time", &Report::job_time);
@@ -130,6 +134,24 @@ struct Step {
 // One line of metrics.jsonl as the simulator (`loco train`, loco-train) writes it, and the
 // first fields of a job's (JobMetricsLine): one round. Tokens, bytes and seconds are cumulative
 // over the rounds so far. diloco::RoundMetrics (metrics.hpp).
+// A worker the guard left out of one of the round's averages (diloco/guard.hpp).
+struct LeftOutLine {
+  int worker = 0;
+  int fragment = 0;  // blocking rounds: 0
+  std::string rule;  // "malformed", "abstained", "non-finite", "norm", "direction"
+  std::string why;
+
+  friend bool operator==(const LeftOutLine&, const LeftOutLine&) = default;
+
+  template <class F>
+  static constexpr void fields(F&& f) {
+    f("worker", &LeftOutLine::worker);
+    f("fragment", &LeftOutLine::fragment);
+    f("rule", &LeftOutLine::rule);
+    f("why", &LeftOutLine::why);
+  }
+};
+
 struct MetricsLine {
   int round = 0;            // rounds done (baselines: H-step segments done)
   int64_t inner_steps = 0;  // per worker
@@ -140,6 +162,10 @@ struct MetricsLine {
   uint64_t bytes_per_worker = 0;   // sent by each worker, all-reduce model of averager.hpp
   double seconds = 0;  // wall time since start (this process; a job: see actors/job_records.hpp)
   uint64_t theta_hash = 0;
+  std::optional<std::vector<LeftOutLine>> left_out;  // the guard's, when it left someone out
+  // The simulator: how close the members averaged came to the guard's bounds (GuardLog::Margins).
+  std::optional<double> guard_norm_ratio;
+  std::optional<double> guard_agreement;
 
   friend bool operator==(const MetricsLine&, const MetricsLine&) = default;
 
@@ -154,6 +180,9 @@ struct MetricsLine {
     f("bytes", &MetricsLine::bytes_per_worker);
     f("time", &MetricsLine::seconds);
     f("theta_hash", &MetricsLine::theta_hash, Form::hex);
+    f("left_out", &MetricsLine::left_out, Form::omitted);
+    f("guard_norm_ratio", &MetricsLine::guard_norm_ratio, Form::omitted);
+    f("guard_agreement", &MetricsLine::guard_agreement, Form::omitted);
   }
   // {"round":..,"inner_steps":..,"tokens":..,"tokens_total":..,"train_loss":..,
   //  "val_loss":..|null,"bytes":..,"time":..,"theta_hash":"<hex>"}
@@ -196,6 +225,7 @@ struct JobMetricsLine : MetricsLine {
   std::optional<std::vector<Member>> members;
   std::optional<std::vector<int>> late;
   std::optional<std::vector<Step>> steps;  // the round's, in order
+  std::optional<double> guard_time;        // seconds in the guard's summary exchanges (a member's)
 
   friend bool operator==(const JobMetricsLine&, const JobMetricsLine&) = default;
 
@@ -213,6 +243,7 @@ struct JobMetricsLine : MetricsLine {
     f("members", &JobMetricsLine::members, Form::omitted);
     f("late", &JobMetricsLine::late, Form::omitted);
     f("steps", &JobMetricsLine::steps, Form::omitted);
+    f("guard_time", &JobMetricsLine::guard_time, Form::omitted);
   }
 };
 

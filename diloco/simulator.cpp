@@ -35,7 +35,7 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
     : cfg_(cfg),
       opt_(opt),
       store_(TokenStore::open(cfg.data, cfg.vocab_size())),
-      averager_(averager_options(cfg)) {
+      averager_(averager_options(cfg), cfg.guard, &guard_log_) {
   if (opt_.workers < 1)
     throw std::invalid_argument("--simulate: K must be >= 1, got " + std::to_string(opt_.workers));
   rounds_ = opt_.rounds > 0 ? opt_.rounds : cfg_.total_rounds();
@@ -99,6 +99,11 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
           "baselines and --local-ranks run blocking)");
     make_streaming();
   }
+  for (const auto& c : opt_.corrupt)
+    if (c.worker < 0 || c.worker >= opt_.workers || g > 1 || c.from_round < 0)
+      throw std::invalid_argument("--corrupt: worker " + std::to_string(c.worker) + " of " +
+                                  std::to_string(opt_.workers) + " from round " +
+                                  std::to_string(c.from_round) + " (one local rank per worker)");
   if (cfg_.topk.on && opt_.mode == Mode::diloco) {
     if (g > 1)
       throw std::invalid_argument("compression: topk runs one local rank per worker (got " +
@@ -127,6 +132,33 @@ void Simulator::make_streaming() {
     replicas.push_back({trainers_[k].get(), outers_[k].get()});
   streaming_ = std::make_unique<StreamingRound>(
       cfg_, parameter_fragments(trainers_[0]->model(), cfg_.sync.fragments), replicas);
+}
+
+bool Simulator::corrupts() const {
+  return !opt_.corrupt.empty() || std::find(diverged_.begin(), diverged_.end(), true) != diverged_.end();
+}
+
+double Simulator::steps_of(std::size_t k, int n) {
+  if (diverged_.size() != trainers_.size()) diverged_.assign(trainers_.size(), false);
+  if (diverged_[k]) return 0;
+  const InnerStats st = trainers_[k]->run_inner_steps(n);
+  if (st.diverged) diverged_[k] = true;
+  return st.mean_loss;
+}
+
+void Simulator::corrupt(std::size_t k, int fragment, std::span<float> delta) const {
+  if (k < diverged_.size() && diverged_[k]) {
+    if (!cfg_.guard.on)
+      throw std::runtime_error("simulator: worker " + std::to_string(k) +
+                               "'s inner loss became non-finite in round " +
+                               std::to_string(round_ + 1) + " (the guard is off)");
+    if (!delta.empty()) delta[0] = std::numeric_limits<float>::quiet_NaN();
+  }
+  for (const auto& c : opt_.corrupt)
+    if (static_cast<std::size_t>(c.worker) == k && round_ >= c.from_round)
+      guard::corrupt(delta, c.fault,
+                     (static_cast<std::uint64_t>(round_) << 32) ^
+                         (static_cast<std::uint64_t>(fragment) << 16) ^ k);
 }
 
 void Simulator::on_ranks(const std::function<void(std::size_t)>& fn) {
@@ -171,15 +203,13 @@ double Simulator::run_streaming_round() {
   // The K workers' steps between two events; the bytes of each average as it starts (the
   // local averager's are known at once).
   struct Steps final : StreamingRound::Driver {
-    std::vector<std::unique_ptr<InnerTrainer>>& trainers;
+    Simulator& sim;
     std::vector<double> loss;
-    explicit Steps(std::vector<std::unique_ptr<InnerTrainer>>& t)
-        : trainers(t), loss(t.size(), 0.0) {}
+    explicit Steps(Simulator& s) : sim(s), loss(s.trainers_.size(), 0.0) {}
     void steps(std::int64_t, int n) override {
-      for (std::size_t k = 0; k < trainers.size(); ++k)
-        loss[k] += trainers[k]->run_inner_steps(n).mean_loss * n;
+      for (std::size_t k = 0; k < loss.size(); ++k) loss[k] += sim.steps_of(k, n) * n;
     }
-  } steps(trainers_);
+  } steps(*this);
   struct Counted final : FragmentAverager {
     FragmentAverager& local;
     std::uint64_t& bytes;
@@ -192,9 +222,30 @@ double Simulator::run_streaming_round() {
       return done;
     }
   };
+  // opt_.corrupt: the faulty workers' Δ replaced by a corrupted copy on the way in.
+  struct Corrupted final : FragmentAverager {
+    FragmentAverager& next;
+    const Simulator& sim;
+    std::vector<std::vector<float>> copies;
+    Corrupted(FragmentAverager& n, const Simulator& s) : next(n), sim(s) {}
+    std::shared_future<std::uint64_t> start(std::uint64_t op, int fragment,
+                                            std::span<const std::span<const float>> deltas,
+                                            std::span<const std::span<float>> means) override {
+      if (!sim.corrupts()) return next.start(op, fragment, deltas, means);
+      std::vector<std::span<const float>> in(deltas.begin(), deltas.end());
+      copies.resize(deltas.size());
+      for (std::size_t k = 0; k < deltas.size(); ++k) {
+        copies[k].assign(deltas[k].begin(), deltas[k].end());
+        sim.corrupt(k, fragment, copies[k]);
+        in[k] = copies[k];
+      }
+      return next.start(op, fragment, in, means);
+    }
+  };
   std::optional<LocalSparseAverager> sparse;
-  if (feedback_) sparse.emplace(*feedback_);
-  Counted averager(sparse ? static_cast<FragmentAverager&>(*sparse) : averager_, bytes_);
+  if (feedback_) sparse.emplace(*feedback_, cfg_.guard, &guard_log_);
+  Corrupted corrupted(sparse ? static_cast<FragmentAverager&>(*sparse) : averager_, *this);
+  Counted averager(corrupted, bytes_);
   StreamingRound::Round r;
   r.round = round_;
   r.last = round_ + 1 >= rounds_;
@@ -248,15 +299,16 @@ RoundMetrics Simulator::run_round() {
                                  " of worker " + std::to_string(i / opt_.local_ranks) +
                                  " holds a different θ after round " + std::to_string(round_ + 1));
   } else if (opt_.mode == Mode::diloco) {
-    for (auto& t : trainers_) loss += t->run_inner_steps(h).mean_loss;
+    for (std::size_t k = 0; k < trainers_.size(); ++k) loss += steps_of(k, h);
     loss /= static_cast<double>(trainers_.size());
     std::vector<std::span<float>> spans;
     for (std::size_t i = 0; i < trainers_.size(); ++i) {
       trainers_[i]->pseudo_gradient(outers_[i]->theta(), deltas_[i]);
+      if (corrupts()) corrupt(i, 0, deltas_[i]);
       spans.emplace_back(deltas_[i]);
     }
     if (feedback_) {
-      LocalSparseAverager sparse(*feedback_);
+      LocalSparseAverager sparse(*feedback_, cfg_.guard, &guard_log_);
       const std::vector<std::span<const float>> in(spans.begin(), spans.end());
       bytes_ += sparse.start(static_cast<std::uint64_t>(round_), 0, in, spans).get();
     } else {
@@ -277,6 +329,7 @@ RoundMetrics Simulator::run_round() {
       bytes_ += static_cast<std::uint64_t>(h) *
                 allreduce_bytes_per_member(static_cast<std::size_t>(n), k, collective::Codec::fp32);
   }
+  diverged_.assign(trainers_.size(), false);
   ++round_;
   steps_since_eval_ += h;
   RoundMetrics m;
@@ -286,6 +339,15 @@ RoundMetrics Simulator::run_round() {
   m.tokens_total = m.tokens_per_worker * (opt_.mode == Mode::single ? 1 : k);
   m.train_loss = loss;
   m.bytes_per_worker = bytes_;
+  if (const GuardLog::Margins g = guard_log_.take_margins(); g.norm_ratio > 0) {
+    m.guard_norm_ratio = g.norm_ratio;
+    m.guard_agreement = g.agreement;
+  }
+  if (auto left = guard_log_.take(); !left.empty()) {
+    m.left_out.emplace();
+    for (const LeftOut& l : left)
+      m.left_out->push_back({std::stoi(l.member), l.fragment, l.rule, l.why});
+  }
   if (steps_since_eval_ >= cfg_.eval.every || done()) {
     m.val_loss = evaluate();
     steps_since_eval_ = 0;

@@ -34,6 +34,15 @@ struct SimulateOptions {
   // (local_group.hpp): each worker's inner steps data-parallel over its G ranks, each rank
   // averaging and stepping its slice. 1: the plain path, no group, no threads.
   int local_ranks = 1;
+  // Faulty workers (tests and studies of the guard, `loco-train --corrupt R:K:KIND`): worker
+  // `worker`'s Δ corrupted (guard::corrupt) in every average from round `from_round` (counted
+  // from 0) on. One local rank per worker.
+  struct Corruption {
+    int from_round = 0;
+    int worker = 0;
+    guard::Fault fault = guard::Fault::nan;
+  };
+  std::vector<Corruption> corrupt;
 };
 
 class Simulator {
@@ -84,6 +93,10 @@ class Simulator {
   std::vector<std::unique_ptr<InnerTrainer>> trainers_;
   std::vector<std::unique_ptr<OuterOptimizer>> outers_;  // one replica per worker (diloco)
   std::vector<std::vector<float>> deltas_;               // one flat Δ per worker, reused
+  GuardLog guard_log_;  // the guard's left-outs of the round running (before averager_)
+  // The workers whose inner steps diverged in the round running (InnerStats::diverged): they
+  // take no more steps in it and abstain from its averages (guard off: the round fails).
+  std::vector<bool> diverged_;
   LocalAverager averager_;
   torch::Tensor val_windows_;
   int rounds_ = 0;
@@ -102,6 +115,13 @@ class Simulator {
   // compression topk: each worker's error feedback (per fragment in streaming and eager).
   std::unique_ptr<ErrorFeedback> feedback_;
   void make_streaming();
+  // opt_.corrupt applied to worker k's Δ of fragment f in this round (the blocking round's:
+  // fragment 0); a worker that diverged abstains (its Δ is made non-finite for the guard; the
+  // guard off, this throws, as the collective refuses NaN).
+  void corrupt(std::size_t k, int fragment, std::span<float> delta) const;
+  bool corrupts() const;
+  // n inner steps of worker k, unless it diverged in this round (then none: 0); their mean loss.
+  double steps_of(std::size_t k, int n);
   // A streaming round; returns the mean training loss.
   double run_streaming_round();
   double start_seconds_ = 0;

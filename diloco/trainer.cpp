@@ -131,6 +131,18 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
       step_loss = l.item<double>();
     }
     const double norm = grads_.norm().item<double>();
+    if (!std::isfinite(step_loss) || !std::isfinite(norm)) {
+      // Diverged: the step is not taken, so that θ_local and the moments stay finite (the
+      // worker abstains from the round's average: diloco/guard.hpp).
+      ++step_;
+      loss_sum += step_loss;
+      stats.last_loss = step_loss;
+      stats.grad_norm = norm;
+      stats.diverged = true;
+      stats.steps = s + 1;
+      stats.mean_loss = loss_sum / (s + 1);
+      return stats;
+    }
     if (ic.grad_clip > 0) {
       const double coef = ic.grad_clip / (norm + 1e-6);
       if (coef < 1.0) grads_.mul_(coef);

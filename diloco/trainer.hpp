@@ -74,6 +74,9 @@ struct InnerStats {
   double last_loss = 0;
   double last_lr = 0;
   double grad_norm = 0;  // of the last step, before clipping
+  // A step's loss or gradient norm was not finite: that step was not taken (parameters and
+  // AdamW moments as after the step before) and the call stopped there (`steps` counts it).
+  bool diverged = false;
 };
 
 class OuterOptimizer;
@@ -100,7 +103,8 @@ class InnerTrainer {
   InnerTrainer(const InnerTrainer&) = delete;
   InnerTrainer& operator=(const InnerTrainer&) = delete;
 
-  // h inner steps on this worker's shards. Inner optimizer state persists across calls.
+  // h inner steps on this worker's shards, fewer when one diverges (InnerStats::diverged).
+  // Inner optimizer state persists across calls.
   // With precision bf16 the forward passes run under autocast; parameters, gradients and
   // AdamW moments stay fp32 either way.
   InnerStats run_inner_steps(int h);

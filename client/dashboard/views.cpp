@@ -107,6 +107,9 @@ void JobHistory::add_report(const JobProgress& p, int64_t at) {
         {at, p.step, "retry", std::to_string(r.failed_attempts) + " all-reduce attempt(s) failed"});
   if (const int late = r.late.value_or(0); late > 0)
     note({at, p.step, "late", std::to_string(late) + " member(s) missed the deadline"});
+  if (const int out = r.left_out.value_or(0); out > 0)
+    note({at, p.step, "left_out",
+          std::to_string(out) + " member(s) left out of the average by the guard"});
   rounds_[p.step] = RoundPoint{p, r, at};
 }
 
@@ -376,6 +379,8 @@ std::string prometheus_text(const ClusterStatus& st, const std::vector<JobInfo>&
        "All-reduce bytes sent per worker over the rounds of the job's history."},
       {"loco_job_allreduce_attempt_bytes_per_worker_total", key(&Report::job_bytes_per_worker),
        "counter", "All-reduce bytes sent per worker over every attempt, failed ones included."},
+      {"loco_job_left_out_total", key(&Report::left_out_total), "counter",
+       "Members the guard left out of a round's average, summed over the rounds."},
       {"loco_job_allreduce_seconds_total", key(&Report::allreduce_seconds_total), "counter",
        "Seconds the job's rounds spent in their all-reduce."},
       {"loco_job_failed_attempts", key(&Report::failed_attempts), "gauge",

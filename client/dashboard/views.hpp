@@ -25,7 +25,7 @@ struct RoundPoint {
 struct TimelineEntry {
   int64_t unix_ms = 0;
   int64_t round = 0;
-  std::string kind;  // "join", "loss", "retry", "redo", "late", or a record's kind
+  std::string kind;  // "join", "loss", "retry", "redo", "late", "left_out", or a record's kind
   std::string text;
 };
 

@@ -24,7 +24,8 @@ namespace {
 
 int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out,
           int threads, const std::string& resume, std::string init, int local_ranks,
-          const std::vector<std::string>& sets, const std::vector<std::string>& fresh_feedback) {
+          const std::vector<std::string>& sets, const std::vector<std::string>& fresh_feedback,
+          const std::vector<std::string>& corrupt) {
   // --fresh-feedback R:K: worker K's error feedback zeroed after round R.
   std::vector<std::pair<int, int>> fresh;
   for (const std::string& f : fresh_feedback) {
@@ -34,6 +35,19 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
       fresh.emplace_back(std::stoi(f.substr(0, colon)), std::stoi(f.substr(colon + 1)));
     } catch (const std::exception&) {
       throw std::invalid_argument("--fresh-feedback: expected ROUND:WORKER, got '" + f + "'");
+    }
+  }
+  // --corrupt R:K:KIND: worker K's Δ corrupted (guard::corrupt) from round R on.
+  std::vector<SimulateOptions::Corruption> corruptions;
+  for (const std::string& c : corrupt) {
+    const auto a = c.find(':'), b = a == std::string::npos ? a : c.find(':', a + 1);
+    try {
+      if (b == std::string::npos) throw std::invalid_argument(c);
+      corruptions.push_back({std::stoi(c.substr(0, a)), std::stoi(c.substr(a + 1, b - a - 1)),
+                             guard::parse_fault(c.substr(b + 1))});
+    } catch (const std::exception&) {
+      throw std::invalid_argument("--corrupt: expected ROUND:WORKER:nan|scale|flip|noise, got '" +
+                                  c + "'");
     }
   }
   JobConfig cfg;
@@ -57,6 +71,7 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
   SimulateOptions opt;
   opt.workers = k;
   opt.rounds = rounds;
+  opt.corrupt = corruptions;
   opt.mode = baseline.empty() ? Mode::diloco : baseline == "single" ? Mode::single : Mode::ddp;
   // The job file's workers.local_ranks, as a cluster runs it, unless --local-ranks says.
   opt.local_ranks = local_ranks > 0            ? local_ranks
@@ -205,7 +220,7 @@ int main(int argc, char** argv) {
   auto* tr =
       app.add_subcommand("train", "train a job; --simulate K runs K workers in this process");
   std::string job, baseline, out, resume, init;
-  std::vector<std::string> sets, fresh_feedback;
+  std::vector<std::string> sets, fresh_feedback, corrupt;
   int k = 0, rounds = 0, threads = 0, local_ranks = 0;
   tr->add_option("job", job, "job file (YAML)")->required()->check(CLI::ExistingFile);
   tr->add_option("--simulate", k, "number of simulated workers K")
@@ -221,6 +236,10 @@ int main(int argc, char** argv) {
   tr->add_option("--fresh-feedback", fresh_feedback,
                  "ROUND:WORKER: compression topk: that worker's error feedback set to zero after "
                  "that round, as a worker that joins starts it (repeatable)");
+  tr->add_option("--corrupt", corrupt,
+                 "ROUND:WORKER:KIND: that worker's pseudo-gradient corrupted from that round on "
+                 "(KIND: nan, scale (x100), flip (sign), noise (of its norm)), to see what the "
+                 "job's guard does (repeatable)");
   tr->add_option("--local-ranks", local_ranks,
                  "G: each worker's inner steps data-parallel over G CPU ranks (threads over "
                  "Gloo), each rank averaging and stepping 1/G of the pseudo-gradient "
@@ -284,7 +303,7 @@ int main(int argc, char** argv) {
   try {
     if (tr->parsed())
       return train(job, k, baseline, rounds, out, threads, resume, init, local_ranks, sets,
-                   fresh_feedback);
+                   fresh_feedback, corrupt);
     if (ex->parsed()) return export_model(ex_checkpoint, ex_out, ex_dtype, ex_force);
     if (lo->parsed()) {
       if (lo_checkpoint.empty() && lo_job.empty())

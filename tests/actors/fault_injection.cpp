@@ -15,6 +15,9 @@
 //                                its all-reduce returned (the others took their outer step)
 //   worker=I,delay_ms=D          worker I sleeps D ms after each of its inner steps, in every
 //                                round (a slower worker); no `at` needed
+//   worker=I,round=R,corrupt=KIND   worker I's Δ corrupted (diloco::guard::corrupt: nan, scale,
+//                                flip, noise) in every average from round R on: a broken or
+//                                hostile worker, for the guard's tests
 //
 // A kill, stall or SIGTERM appends the moment (unix ms) to $LOCO_FAULT_LOG, so that a test can
 // time the detection; with $LOCO_FAULT_LOG set, a fault fires once in the whole test (not
@@ -28,12 +31,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
 
 #include "actors/round_hooks.hpp"
+#include "diloco/guard.hpp"
 #include "runtime/collective/types.hpp"
 #include "runtime/core/util.hpp"
 
@@ -50,6 +55,7 @@ struct FaultPlan {
   double stall_s = 20;
   int delay_ms = 0;
   bool sigterm = false;
+  std::optional<diloco::guard::Fault> corrupt;
 
   static FaultPlan parse(const std::string& s) {
     FaultPlan p;
@@ -65,6 +71,7 @@ struct FaultPlan {
         if (k == "stall_s") p.stall_s = std::stod(val);
         if (k == "delay_ms") p.delay_ms = std::stoi(val);
         if (k == "signal") p.sigterm = val == "term";
+        if (k == "corrupt") p.corrupt = diloco::guard::parse_fault(val);
       }
       if (end == std::string::npos) break;
       at = end + 1;
@@ -122,6 +129,12 @@ class FaultInjection : public actors::RoundHooks {
         if (hits(c, "after_allreduce") && !fired_.exchange(true))
           throw std::runtime_error("injected fault: after the all-reduce of round " +
                                    std::to_string(c.round + 1));
+        return;
+      case RoundPoint::pseudo_gradient:
+        if (plan_.corrupt && c.round + 1 >= plan_.round)
+          diloco::guard::corrupt(c.delta, *plan_.corrupt,
+                                 (uint64_t(c.round) << 32) ^ (uint64_t(c.step) << 16) ^
+                                     uint64_t(c.worker));
         return;
     }
   }

@@ -38,6 +38,7 @@ struct TestJob {
   std::string tokenizer = "byte";  // data.tokenizer: byte | bpe | a tokenizer.json
   int vocab = 0;                   // model.vocab; 0: not in the file (from the tokenizer)
   std::string lr = "0.003";        // inner.lr, as written in the file
+  std::string guard;               // the `guard:` mapping, e.g. "{evict_after: 2}"; "": none
 
   std::string yaml() const {
     return "name: test\nseed: " + std::to_string(seed) + "\nthreads: 1\n" +
@@ -70,7 +71,8 @@ struct TestJob {
            "eval: {every: " +
            std::to_string(eval_every ? eval_every : steps) +
            ", batches: " + std::to_string(eval_batches) + "}\n" +
-           (sync.empty() ? "" : "sync: " + sync + "\n");
+           (sync.empty() ? "" : "sync: " + sync + "\n") +
+           (guard.empty() ? "" : "guard: " + guard + "\n");
   }
 };
 

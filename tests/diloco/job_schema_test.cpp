@@ -28,6 +28,8 @@ Report full_report() {
   r.utilization = 0.9683;
   r.workers = 4;
   r.late = 1;
+  r.left_out = 1;
+  r.left_out_total = 3;
   r.round_tokens = 4096;
   r.round_time = 2.25;
   r.job_time = 12.5;
@@ -198,6 +200,15 @@ TEST(JobSchema, AJobsLineRoundTripsAndRoundZeroHasNoMembersLateOrSteps) {
   EXPECT_EQ(j["late"], json::array({2}));
   EXPECT_TRUE(j["steps"][1]["mfu"].is_null());
   EXPECT_EQ(from_json<JobMetricsLine>(j), l);
+  // The guard's left-outs and its exchange time, when there are any.
+  EXPECT_FALSE(j.contains("left_out"));
+  l.left_out = std::vector<LeftOutLine>{{1, 0, "norm", "its norm 41 is 96 x the median"}};
+  l.guard_time = 0.25;
+  const json g = json::parse(to_json(l).dump());
+  EXPECT_EQ(g["left_out"][0]["rule"], "norm");
+  EXPECT_EQ(g["left_out"][0]["worker"], 1);
+  EXPECT_EQ(g["guard_time"], 0.25);
+  EXPECT_EQ(from_json<JobMetricsLine>(g), l);
   // A line of the simulator's read as a job's: the job's fields at their defaults.
   const JobMetricsLine sim = from_json<JobMetricsLine>(json::parse(MetricsLine{}.to_json()));
   EXPECT_EQ(sim, JobMetricsLine{});
@@ -231,9 +242,9 @@ TEST(JobSchema, EachKeyIsListedOnceAndKeyFindsItsField) {
   EXPECT_STREQ(key(&Step::memory_gb), "memory_gb");
   for (const auto& ks : {keys<Report>(), keys<Step>(), keys<JobMetricsLine>(), keys<Member>()})
     EXPECT_EQ(std::set<std::string>(ks.begin(), ks.end()).size(), ks.size());
-  EXPECT_EQ(keys<Report>().size(), 16u);
+  EXPECT_EQ(keys<Report>().size(), 18u);
   EXPECT_EQ(keys<JobMetricsLine>().front(), "round");
-  EXPECT_EQ(keys<JobMetricsLine>().back(), "steps");
+  EXPECT_EQ(keys<JobMetricsLine>().back(), "guard_time");
 }
 
 }  // namespace

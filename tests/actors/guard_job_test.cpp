@@ -1,0 +1,114 @@
+// The guard (diloco/guard.hpp) in a job on a cluster: a worker that sends a broken or hostile
+// pseudo-gradient (the fault-injection plugin's corrupt=KIND) is left out of the average by
+// every member alike (θ stays the same everywhere: the aggregator checks its hash every
+// round), recorded in metrics.jsonl, the log and the reports, and removed from the job after
+// guard.evict_after rounds in a row.
+#include <cmath>
+#include <cstdlib>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/actors/job_util.hpp"
+
+namespace loco::testing {
+namespace {
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+// metrics.jsonl's lines by round (the last line of each).
+std::map<int, nlohmann::json> metrics_by_round(const std::string& folder) {
+  std::map<int, nlohmann::json> out;
+  for (const std::string& l : jsonl(folder + "/metrics.jsonl")) {
+    auto j = nlohmann::json::parse(l);
+    out[j["round"].get<int>()] = j;
+  }
+  return out;
+}
+
+// The (worker, rule) pairs of a metrics line's "left_out" (none: empty).
+std::set<std::pair<int, std::string>> left_out(const nlohmann::json& line) {
+  std::set<std::pair<int, std::string>> out;
+  if (!line.contains("left_out")) return out;
+  for (const auto& e : line["left_out"]) out.emplace(e["worker"].get<int>(), e["rule"].get<std::string>());
+  return out;
+}
+
+using Guard = DilocoJob;
+
+// Worker 1 of 3 sends Δ × 100 from round 2 on. Rounds 2 and 3 leave it out (rule norm); after
+// guard.evict_after = 2 it is removed, named with the round and the rule, and the other two
+// finish the job; the job's loss falls as a healthy one's does.
+TEST_F(Guard, AScaledUpdateIsLeftOutAndItsWorkerRemoved) {
+  ScopedEnv fault("LOCO_FAULT", "worker=1,round=2,corrupt=scale");
+  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
+  Client client(c.head_address());
+  TestJob t = job(3, 1, 5);
+  t.guard = "{evict_after: 2}";
+  JobHandle j = client.submit(JobSpec::from_yaml(t.yaml()));
+  for (const RoundReport& r : j.watch()) (void)r;  // to the job's end (bounded by its rounds)
+  const JobInfo end = j.wait(Millis(60000));
+  const std::string log = log_text(j);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  EXPECT_TRUE(contains(log, "the guard left worker 1 out of the average (norm)")) << log;
+  EXPECT_TRUE(contains(log, "worker 1 removed from the job: the guard left it out of 2 rounds "
+                            "in a row, the last round 3 (rule norm")) << log;
+  EXPECT_FALSE(contains(log, "holds a different")) << log;
+  const auto m = metrics_by_round(dir_ + "/ckpt/" + j.id());
+  ASSERT_EQ(m.size(), 6u);
+  EXPECT_TRUE(left_out(m.at(1)).empty()) << m.at(1);
+  for (int r : {2, 3})
+    EXPECT_EQ(left_out(m.at(r)), (std::set<std::pair<int, std::string>>{{1, "norm"}})) << m.at(r);
+  for (int r : {4, 5}) {
+    EXPECT_TRUE(left_out(m.at(r)).empty()) << m.at(r);
+    EXPECT_EQ(m.at(r)["workers"], 2) << m.at(r);
+  }
+  const double v0 = m.at(0)["val_loss"].get<double>(), v5 = m.at(5)["val_loss"].get<double>();
+  EXPECT_TRUE(std::isfinite(v5));
+  EXPECT_LT(v5, v0 - 0.3) << "the job trained on without the broken update";
+}
+
+// Streaming (2 fragments): worker 2 of 3 flips the sign of its Δ from round 2 on; every
+// fragment's average leaves it out (rule direction), it is never removed (evict_after 0), and
+// the members agree on θ every round.
+TEST_F(Guard, AFlippedUpdateIsLeftOutOfEveryFragmentInStreamingMode) {
+  ScopedEnv fault("LOCO_FAULT", "worker=2,round=2,corrupt=flip");
+  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
+  Client client(c.head_address());
+  TestJob t = job(3, 3, 4);
+  t.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  t.guard = "{evict_after: 0}";
+  JobHandle j = client.submit(JobSpec::from_yaml(t.yaml()));
+  for (const RoundReport& r : j.watch()) (void)r;  // to the job's end (bounded by its rounds)
+  const JobInfo end = j.wait(Millis(60000));
+  const std::string log = log_text(j);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  EXPECT_TRUE(contains(log, "the guard left worker 2 out of the average of fragment")) << log;
+  EXPECT_FALSE(contains(log, "removed from the job")) << log;
+  const auto m = metrics_by_round(dir_ + "/ckpt/" + j.id());
+  ASSERT_EQ(m.size(), 5u);
+  EXPECT_TRUE(left_out(m.at(1)).empty()) << m.at(1);
+  // Rounds 3 and 4: both fragments' averages of the round (round 2's last fragment may land
+  // in round 3's report, which is why round 2 is not asserted on).
+  for (int r : {3, 4}) {
+    EXPECT_EQ(left_out(m.at(r)), (std::set<std::pair<int, std::string>>{{2, "direction"}}))
+        << m.at(r);
+    EXPECT_EQ(m.at(r)["left_out"].size(), 2u) << m.at(r);
+    EXPECT_EQ(m.at(r)["workers"], 3) << m.at(r);
+  }
+}
+
+}  // namespace
+}  // namespace loco::testing
