@@ -49,7 +49,7 @@ class GuardLog {
   std::vector<LeftOut> take();
   // How close the members averaged since the last call came to the guard's bounds: the largest
   // norm ratio and the smallest relative agreement (guard::Verdict) among those not left out
-  // (0 and none when nothing was judged). What `guard.max_norm_ratio` and `min_agreement`
+  // (0 and none when nothing was judged). What `guard.max_norm_ratio` and `guard.opposed`
   // should keep clear of in fault-free runs (metrics.jsonl "guard_norm_ratio", "guard_agreement").
   struct Margins {
     double norm_ratio = 0;

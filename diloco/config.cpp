@@ -523,9 +523,9 @@ const std::vector<Field>& fields() {
                     "leave broken or hostile pseudo-gradients out of the average"),
         finite("guard", "max_norm_ratio", at(&JobConfig::guard, &GuardConfig::max_norm_ratio),
                "c: a Δ whose norm is above c x the group's median is left out"),
-        finite("guard", "min_agreement", at(&JobConfig::guard, &GuardConfig::min_agreement),
-               "a Δ whose direction agrees less than this x the group's median is left out; 0: "
-               "no direction rule"),
+        finite("guard", "opposed", at(&JobConfig::guard, &GuardConfig::opposed),
+               "a Δ whose agreement with the others is below -opposed x the group's median "
+               "(less the noise) is left out; 0: no direction rule"),
         ranged("guard", "sketch", at(&JobConfig::guard, &GuardConfig::sketch), 16, 65536,
                "sampled values of Δ in each member's summary"),
         ranged("guard", "evict_after", at(&JobConfig::guard, &GuardConfig::evict_after), 0,
@@ -769,8 +769,8 @@ void JobConfig::validate() const {
   }
   require(guard.max_norm_ratio > 1, "guard.max_norm_ratio", "> 1 (the median's own norm passes)",
           guard.max_norm_ratio);
-  require(guard.min_agreement >= 0 && guard.min_agreement <= 1, "guard.min_agreement",
-          "in [0, 1]", guard.min_agreement);
+  require(guard.opposed >= 0 && guard.opposed <= 1, "guard.opposed", "in [0, 1]",
+          guard.opposed);
   require(inner.grad_accum >= 1, "inner.grad_accum", ">= 1", inner.grad_accum);
   require(inner.batch_size % inner.grad_accum == 0, "inner.grad_accum",
           "a divisor of inner.batch_size (" + show(inner.batch_size) + ")", inner.grad_accum);

@@ -227,13 +227,13 @@ struct CheckpointConfig {
 // diloco/guard.hpp has the rule). Before each average, the members exchange a summary of their
 // Δ (finite or not, its norm, a sketch of `sketch` sampled values) and every member leaves out
 // the same ones: Δ that is not finite, a norm above max_norm_ratio × the group's median, a
-// direction that disagrees with the rest's (agreement below min_agreement × the group's
-// median agreement, less the sketch's noise). The others are averaged. A worker left out
+// direction opposed to the rest's (agreement below −opposed × the group's median agreement,
+// less the sketch's noise). The others are averaged. A worker left out
 // `evict_after` rounds in a row is removed from the job.
 struct GuardConfig {
   bool on = true;
   double max_norm_ratio = 3.0;  // c
-  double min_agreement = 0.5;   // 0: no direction rule
+  double opposed = 0.25;        // 0: no direction rule
   int sketch = 2048;            // sampled values per fragment in the summary
   int evict_after = 3;          // 0: never removed
 };

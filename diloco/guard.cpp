@@ -207,10 +207,21 @@ Facts sparse_facts(std::span<const std::span<const std::uint8_t>> codes,
       }
     f.norms[i] = std::sqrt(sq);
   }
+  // Two codes share few of their entries (each keeps its own top k of a chunk, out of its own
+  // error feedback), so their cosine over all of θ is small even between honest members and
+  // tells little. Their direction is judged where both sent something: the cosine over the
+  // shared entries, whose noise is 3/√(shared entries) (the members' median count of them).
   f.gram.assign(k * k, 0.0);
-  for (std::size_t i = 0; i < k; ++i)
-    for (std::size_t j = i; j < k; ++j) {
-      double s = 0;
+  f.cosine.assign(k * k, 0.0);
+  std::vector<double> shared;
+  for (std::size_t i = 0; i < k; ++i) {
+    double aa = 0;
+    for (const auto& e : entries[i]) aa += double(e.second) * e.second;
+    f.gram[i * k + i] = aa;
+    f.cosine[i * k + i] = aa > 0 ? 1.0 : 0.0;
+    for (std::size_t j = i + 1; j < k; ++j) {
+      double ab = 0, sa = 0, sb = 0;
+      std::size_t n_shared = 0;
       const auto& a = entries[i];
       const auto& b = entries[j];
       for (std::size_t x = 0, y = 0; x < a.size() && y < b.size();) {
@@ -219,12 +230,19 @@ Facts sparse_facts(std::span<const std::span<const std::uint8_t>> codes,
         } else if (b[y].first < a[x].first) {
           ++y;
         } else {
-          s += double(a[x].second) * b[y].second;
-          ++x, ++y;
+          ab += double(a[x].second) * b[y].second;
+          sa += double(a[x].second) * a[x].second;
+          sb += double(b[y].second) * b[y].second;
+          ++n_shared, ++x, ++y;
         }
       }
-      f.gram[i * k + j] = f.gram[j * k + i] = s;
+      f.gram[i * k + j] = f.gram[j * k + i] = ab;
+      f.cosine[i * k + j] = f.cosine[j * k + i] = sa > 0 && sb > 0 ? ab / std::sqrt(sa * sb) : 0.0;
+      if (!a.empty() && !b.empty()) shared.push_back(double(n_shared));
     }
+  }
+  const double m = median(shared);
+  f.noise = m > 0 ? 3.0 / std::sqrt(m) : 1.0;
   return f;
 }
 
@@ -271,7 +289,7 @@ std::vector<Verdict> judge(const Facts& facts, const GuardConfig& cfg) {
   std::vector<std::size_t> judged;
   for (std::size_t i : rest)
     if (g(i, i) > 0) judged.push_back(i);
-  if (judged.size() >= 3 && cfg.min_agreement > 0) {
+  if (judged.size() >= 3 && cfg.opposed > 0) {
     // Each member's agreement: the upper median of its cosines with the others. While the
     // honest members are a majority, an honest one agrees with most others (a flipped or noisy
     // one among them does not pull it down), and a faulty one with none.
@@ -279,25 +297,30 @@ std::vector<Verdict> judge(const Facts& facts, const GuardConfig& cfg) {
     for (std::size_t i : judged) {
       std::vector<double> cos;
       for (std::size_t j : judged)
-        if (j != i) cos.push_back(g(i, j) / std::sqrt(g(i, i) * g(j, j)));
+        if (j != i)
+          cos.push_back(facts.cosine.empty() ? g(i, j) / std::sqrt(g(i, i) * g(j, j))
+                                             : facts.cosine[i * k + j]);
       std::sort(cos.begin(), cos.end());
       const double a = cos[cos.size() / 2];
       agree.push_back(a);
       v[i].agreement = a;
     }
-    // Only where the members agree clearly above the sketch's noise is there a direction to
-    // hold a member to: otherwise (their updates unrelated, or opposed, as small fragments of
-    // a small model can be) the rule does not guess.
+    // Only where the members agree clearly (their median at least twice the noise) is there a
+    // direction to hold a member to: otherwise (their updates unrelated, or opposed, as small
+    // fragments of a small model can be) the rule does not guess.
     const double med = median(agree);
-    const double floor = cfg.min_agreement * med - facts.noise;
-    for (std::size_t t = 0; t < judged.size() && med > facts.noise; ++t) {
+    // Left out: clearly opposed to the others, not merely unaligned (an honest worker's
+    // fragment sometimes agrees little, or a little negatively; a flipped one as negatively as
+    // the honest ones agree positively).
+    const double floor = -cfg.opposed * med - facts.noise;
+    for (std::size_t t = 0; t < judged.size() && med > 2 * facts.noise; ++t) {
       if (med > 0) v[judged[t]].relative_agreement = agree[t] / med;
       if (agree[t] >= floor) continue;
       Verdict& x = v[judged[t]];
       x.left_out = true;
       x.rule = "direction";
       x.why = "its agreement with the others " + fixed(agree[t]) + " is below " +
-              fixed(cfg.min_agreement) + " x their median " + fixed(med) + " less the noise " +
+              "-" + fixed(cfg.opposed) + " x their median " + fixed(med) + " less the noise " +
               fixed(facts.noise);
     }
   }

@@ -16,12 +16,14 @@
 //      "norm";
 //   3. among the rest that have a direction (a nonzero Δ), with at least 3 of them: each
 //      member's agreement, the upper median of its cosines with the others (from the sketches'
-//      Gram matrix: sampled values, the same indices on every member), below min_agreement ×
+//      Gram matrix: sampled values, the same indices on every member), below −opposed ×
 //      the members' median agreement less the sketch's noise (3/√m for m sampled values):
-//      "direction"; only where that median is above the noise (the members agree on a
-//      direction at all). A flipped sign agrees negatively, noise about zero, honest members as
-//      much as their data does; while the honest ones are a majority, one faulty member cannot
-//      pull an honest one's upper median down.
+//      "direction"; only where that median is above twice the noise (the members agree on a
+//      direction at all). A flipped sign agrees as negatively as the honest members agree
+//      positively: it is left out; noise of an honest norm agrees about zero: it is not (it
+//      pushes nowhere, and its share is diluted by K); an honest member that agrees little, or
+//      a little negatively (a small fragment sometimes does), is not either. While the honest
+//      ones are a majority, one faulty member cannot pull an honest one's upper median down.
 // With fewer than 3 members the norm and direction rules cannot tell who is wrong and apply to
 // nobody. The rest are averaged with equal weights (collective::Group::left_out).
 #pragma once
@@ -79,7 +81,7 @@ struct Verdict {
   std::string why;           // for logs: "norm 41.3 is 96.2 x the median 0.43 (at most 3)"
   double norm_ratio = 0;     // its norm over the median (0 where not computed)
   double agreement = 0;      // its agreement (0 where not computed)
-  // Its agreement over the members' median agreement (what min_agreement bounds, before the
+  // Its agreement over the members' median agreement (what −opposed bounds, before the
   // noise; 0 where not computed).
   double relative_agreement = 0;
 };
@@ -93,6 +95,9 @@ struct Facts {
   std::vector<bool> finite;
   std::vector<double> norms;
   std::vector<double> gram;
+  // K × K cosines to judge directions by, when not those of `gram` (compression topk: over the
+  // entries both codes sent); empty: from `gram`.
+  std::vector<double> cosine;
   double noise = 0;
 };
 Facts facts_of(std::span<const Summary> summaries);
@@ -100,8 +105,10 @@ Facts facts_of(std::span<const Summary> summaries);
 // not decode for a sketch of m values is malformed (its member is left out, named).
 Facts facts_of(std::span<const std::vector<std::uint8_t>> summaries, std::size_t m);
 // compression topk: from the members' codes (an empty one: the member abstains), exact: each
-// code decoded once into a scratch of n floats, its nonzeros kept, then the norms and the
-// pairwise dot products over those (noise 0). A code that does not decode is malformed.
+// code decoded once into a scratch of n floats, its nonzeros kept, then the norms, and the
+// pairwise cosines over the entries both codes sent (two codes share few entries: over all of
+// θ their cosine is small even between honest members), with noise 3/√(shared entries, the
+// pairs' median). A code that does not decode is malformed.
 Facts sparse_facts(std::span<const std::span<const std::uint8_t>> codes,
                    const collective::sparse::Params& p, std::size_t n);
 

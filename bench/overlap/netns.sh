@@ -27,6 +27,12 @@
 #   MODES="blocking blocking-int8 blocking-topk streaming streaming-int8 streaming-topk" \
 #     TORCHFT_MODES= bench/overlap/netns.sh         # fp32, int8 and the sparse codec
 #
+# MODE-noguard is MODE with the guard off (guard: {on: false}); every mode prints the guard's
+# summary exchange time (metrics.jsonl "guard_time", a member's, median over rounds 1..) and its
+# share of the median round time: what robust averaging costs a round.
+#   MODES="blocking blocking-noguard streaming streaming-noguard" TORCHFT_MODES= bench/overlap/netns.sh
+#   RATE=1gbit MODES="blocking blocking-noguard" TORCHFT_MODES= bench/overlap/netns.sh
+#
 # A mode named MODE-ckpt is MODE with a checkpoint after every CKPT_EVERY rounds (default 1;
 # the others write final.pt only): what checkpoints cost a round, side by side with MODE.
 # MODE-int8 and MODE-topk run MODE with compression int8, or TOPK (default the sparse codec's
@@ -74,7 +80,7 @@ for h in 1 2 3 4; do
 done
 cluster_corpus
 
-job_file() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION
+job_file() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION GUARD
   cat <<JOB
 name: overlap-$1
 seed: 1
@@ -90,13 +96,14 @@ checkpoint: {every: ${3:-0}, dir: checkpoints}
 eval: {every: 100000, batches: $EVAL_BATCHES}
 ${2:+sync: $2}
 ${ALLREDUCE:+allreduce: $ALLREDUCE}
+${5:+guard: $5}
 JOB
 }
 
-declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW MID TWALL TFAIL TSUM LFAIL NCPU TCPU CPUS
-run_mode() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION
+declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW MID TWALL TFAIL TSUM LFAIL NCPU TCPU CPUS GTIME
+run_mode() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION GUARD
   local mode=$1 file="$WORK/$1.yaml"
-  job_file "$mode" "$2" "${3:-0}" "${4:-fp32}" >"$file"
+  job_file "$mode" "$2" "${3:-0}" "${4:-fp32}" "${5:-}" >"$file"
   local t0=$SECONDS c0
   c0=$(cpu_seconds "${NODE_PIDS[@]}")
   submit "$file"
@@ -127,13 +134,17 @@ run_mode() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {printf "%.1f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2) * 100}')
   RTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | grep -o '"round_time":[0-9.]*' |
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {printf "%.2f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
+  # The guard's summary exchanges (a member's seconds in a round), median over rounds 1..; "-"
+  # where none ran (guard off, or topk: judged on the gathered codes, nothing extra sent).
+  GTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | grep -o '"guard_time":[0-9.e-]*' |
+    cut -d: -f2 | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else printf "%.4f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
   read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ MID[$mode] CPUS[$mode] \
     <<<"$("$TORCHFT_PY" "$SUMMARY" loco "$folder/metrics.jsonl" "$H")"
   say "$mode: wall ${WALL[$mode]} s, job utilization ${UTIL[$mode]} %, rounds: median utilization" \
     "${RUTIL[$mode]} %, median round ${RTIME[$mode]} s; final validation loss ${LOSS[$mode]};" \
     "per worker: ${STEPS[$mode]} s in $H inner steps, ${WUTIL[$mode]} % of the round;" \
     "the slowest worker's $H steps: ${SLOW[$mode]} s; rounds 2 to $((ROUNDS - 1)) together:" \
-    "${MID[$mode]} % in inner steps"
+    "${MID[$mode]} % in inner steps; the guard's exchange ${GTIME[$mode]} s a round"
 }
 
 TOGETHER_DONE=""
@@ -160,17 +171,21 @@ torchft_mode() {  # MODE: torchft's run of it, then its figures
 
 for m in $MODES; do
   every=0
-  base=${m%-ckpt}
-  [ "$base" != "$m" ] && every=$CKPT_EVERY
+  guard=""
+  base=${m%-noguard}
+  [ "$base" != "$m" ] && guard="{on: false}"
+  b=${base%-ckpt}
+  [ "$b" != "$base" ] && every=$CKPT_EVERY
+  base=$b
   codec=fp32
   case "$base" in
     *-int8) codec=int8; base=${base%-int8} ;;
     *-topk) codec=$TOPK; base=${base%-topk} ;;
   esac
   case "$base" in
-    blocking) run_mode "$m" "" "$every" "$codec" ;;
-    streaming) run_mode "$m" "$STREAMING" "$every" "$codec" ;;
-    eager) run_mode "$m" "$EAGER" "$every" "$codec" ;;
+    blocking) run_mode "$m" "" "$every" "$codec" "$guard" ;;
+    streaming) run_mode "$m" "$STREAMING" "$every" "$codec" "$guard" ;;
+    eager) run_mode "$m" "$EAGER" "$every" "$codec" "$guard" ;;
     *) fail "unknown mode $m" ;;
   esac
 done
@@ -190,12 +205,17 @@ echo "# mid_util_%: rounds 2 to R-1 (no start, no final landing), inner seconds 
 echo "# added up over workers and rounds"
 echo "# cpu_s: a worker's process's CPU seconds in its $H inner steps (median over workers and"
 echo "# rounds): the work in steps_s, the rest waiting (for a core, when the machine is shared)"
-row() { printf '%-18s %7s %11s %13s %13s %9s %8s %14s %10s %11s %6s\n' "$@"; }
-row mode wall_s job_util_% round_util_% round_time_s val_loss steps_s worker_util_% slowest_s mid_util_% cpu_s
+echo "# guard_s: the guard's summary exchange, a member's seconds a round (median over rounds"
+echo "# 1..), guard_%: that over the median round time (-: none, guard off or topk)"
+row() { printf '%-22s %7s %11s %13s %13s %9s %8s %14s %10s %11s %6s %8s %8s\n' "$@"; }
+row mode wall_s job_util_% round_util_% round_time_s val_loss steps_s worker_util_% slowest_s \
+  mid_util_% cpu_s guard_s guard_%
 for m in $MODES; do
   if [ -n "${LFAIL[$m]:-}" ]; then echo "$m: ${LFAIL[$m]}"; continue; fi
+  share=-
+  [ "${GTIME[$m]}" != "-" ] && share=$(awk -v g="${GTIME[$m]}" -v r="${RTIME[$m]}" 'BEGIN {printf "%.3f", 100 * g / r}')
   row "$m" "${WALL[$m]}" "${UTIL[$m]}" "${RUTIL[$m]}" "${RTIME[$m]}" "${LOSS[$m]}" "${STEPS[$m]}" \
-    "${WUTIL[$m]}" "${SLOW[$m]}" "${MID[$m]}" "${CPUS[$m]:--}"
+    "${WUTIL[$m]}" "${SLOW[$m]}" "${MID[$m]}" "${CPUS[$m]:--}" "${GTIME[$m]}" "$share"
 done
 for m in $TORCHFT_MODES; do
   t=torchft-$m

@@ -55,10 +55,7 @@ TEST(Guard, EachFaultIsLeftOutByItsRule) {
   const struct {
     Fault fault;
     const char* rule;
-  } cases[] = {{Fault::nan, "non-finite"},
-               {Fault::scale, "norm"},
-               {Fault::flip, "direction"},
-               {Fault::noise, "direction"}};
+  } cases[] = {{Fault::nan, "non-finite"}, {Fault::scale, "norm"}, {Fault::flip, "direction"}};
   for (const auto& c : cases) {
     auto d = honest(4, 0.5);
     corrupt(d[2], c.fault, 3);
@@ -67,13 +64,24 @@ TEST(Guard, EachFaultIsLeftOutByItsRule) {
   }
 }
 
-TEST(Guard, NoiseOfTheSameNormIsCaughtOnlyWhenTheMembersAgree) {
-  // Honest members that share a direction agree far above the sketch's noise; noise agrees
-  // with nothing. Members that share nothing (shared 0) give the rule nothing to go by: it
-  // leaves nobody out rather than guess.
-  auto d = honest(4, 0.0);
-  corrupt(d[1], Fault::noise, 5);
-  for (const auto& x : judged(d)) EXPECT_FALSE(x.left_out) << x.why;
+TEST(Guard, NoiseOfAnHonestNormIsKeptAndAnUnalignedHonestMemberToo) {
+  // Noise agrees about zero with everyone, however well the honest members agree: not opposed,
+  // it is kept (the direction rule leaves out what pushes against the others).
+  for (double shared : {0.0, 0.5, 0.9}) {
+    auto d = honest(4, shared);
+    corrupt(d[1], Fault::noise, 5);
+    const auto v = judged(d);
+    for (const auto& x : v) EXPECT_FALSE(x.left_out) << shared << ": " << x.why;
+    EXPECT_LT(std::abs(v[1].agreement), 0.1);
+  }
+  // An honest member that shares nothing with the others (agreement about 0) among members
+  // that agree well is kept too; one that opposes them is not.
+  auto d = honest(4, 0.8);
+  d[3] = honest(1, 0.0, 99)[0];
+  EXPECT_FALSE(judged(d)[3].left_out);
+  corrupt(d[3], Fault::flip, 1);
+  for (float& v : d[3]) v = 0.5f * v - 0.5f * d[0][&v - d[3].data()];
+  EXPECT_EQ(judged(d)[3].rule, "direction");
 }
 
 TEST(Guard, FewerThanThreeMembersOnlyLoseNonFinite) {
@@ -177,7 +185,11 @@ TEST(Guard, SparseCodesAreJudgedExactly) {
   codes[1].clear();  // abstains
   std::vector<std::span<const std::uint8_t>> views(codes.begin(), codes.end());
   const Facts f = sparse_facts(views, p, kN);
-  EXPECT_EQ(f.noise, 0.0);
+  // Judged on the entries both codes sent: the honest codes agree there far more than over
+  // all of θ, and the noise is that of the entries shared.
+  EXPECT_GT(f.cosine[0 * 4 + 2], 2 * f.gram[0 * 4 + 2] / std::sqrt(f.gram[0] * f.gram[2 * 4 + 2]));
+  EXPECT_GT(f.noise, 3.0 / std::sqrt(20 * 64.0));
+  EXPECT_LT(f.noise, 1.0);
   const auto v = judge(f, GuardConfig{});
   // With one abstaining, 3 remain: the flipped one disagrees with the other two.
   EXPECT_EQ(rules(v), (std::vector<std::string>{"", "abstained", "", "direction"}));
