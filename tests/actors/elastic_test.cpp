@@ -21,18 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Sets an environment variable for the node processes started while it lives.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 // Per round: the number of workers, from the job's reports.
 std::map<int, int> workers_by_round(JobHandle& job) {
   std::map<int, int> out;
@@ -47,10 +35,6 @@ std::map<int, int> workers_by_round(JobHandle& job) {
     }
   }
   return out;
-}
-
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
 }
 
 // The first log line that contains `needle`, with its time (unix ms).

@@ -14,21 +14,6 @@
 namespace loco::testing {
 namespace {
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
-
 // metrics.jsonl's lines by round (the last line of each).
 std::map<int, nlohmann::json> metrics_by_round(const std::string& folder) {
   std::map<int, nlohmann::json> out;

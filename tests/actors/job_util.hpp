@@ -76,6 +76,22 @@ struct TestJob {
   }
 };
 
+// Sets an environment variable for the node processes started while it lives.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+inline bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
 // n nodes with one cpu each, loading the DiLoCo plugin: one worker per node.
 inline ClusterOptions one_worker_per_node(int n) {
   ClusterOptions co;
