@@ -46,7 +46,8 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
     if (results[i]) {
       std::vector<StepHealth> health;
       for (const StepFigures& f : results[i]->per_step) health.push_back({f.loss, f.grad_norm});
-      if (std::string why = non_finite_inner(members[i], results[i]->mean_loss, health);
+      if (std::string why = non_finite_inner(members[i], results[i]->mean_loss, health,
+                                             budget > 0 ? 0 : cfg.inner.steps);
           !why.empty()) {
         // Its Δ is not finite: it leaves the round (the collective would refuse it), and
         // comes back with the outer state before the next.

@@ -11,10 +11,12 @@ AfterInner after_inner(int finished, int min) {
   return finished == 0 || finished < min ? AfterInner::redo : AfterInner::reduce;
 }
 
-std::string non_finite_inner(int member, double mean_loss, const std::vector<StepHealth>& steps) {
+std::string non_finite_inner(int member, double mean_loss, const std::vector<StepHealth>& steps,
+                             int of_steps) {
   auto show = [](double v) { return std::isnan(v) ? std::string("nan") : v > 0 ? "inf" : "-inf"; };
   const std::string who = "worker " + std::to_string(member) + "'s ";
-  const std::string of = " of " + std::to_string(steps.size());
+  const std::string of =
+      " of " + std::to_string(of_steps > 0 ? size_t(of_steps) : steps.size());
   for (size_t i = 0; i < steps.size(); ++i) {
     const std::string at = " at step " + std::to_string(i + 1) + of;
     if (!std::isfinite(steps[i].loss))

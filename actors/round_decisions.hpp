@@ -30,8 +30,10 @@ struct StepHealth {
 };
 // "" when the mean loss and every step's loss and gradient norm are finite; else what went
 // wrong first, for the job's log: "worker 1's inner loss became non-finite (nan) at step 2 of
-// 10". `steps` are the member's inner steps of the round, in order.
-std::string non_finite_inner(int member, double mean_loss, const std::vector<StepHealth>& steps);
+// 10". `steps` are the member's inner steps of the round, in order (a member stops at the step
+// that diverged: InnerStats::diverged); `of_steps` the round's H (0: as many as `steps`).
+std::string non_finite_inner(int member, double mean_loss, const std::vector<StepHealth>& steps,
+                             int of_steps = 0);
 
 // A round that does not complete is done again: at once (fewer than workers.min members
 // finished their inner steps, some of them because their loss became non-finite), or after

@@ -136,7 +136,7 @@ run_mode() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION GUARD
     cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {printf "%.2f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
   # The guard's summary exchanges (a member's seconds in a round), median over rounds 1..; "-"
   # where none ran (guard off, or topk: judged on the gathered codes, nothing extra sent).
-  GTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | grep -o '"guard_time":[0-9.e-]*' |
+  GTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | { grep -o '"guard_time":[0-9.e-]*' || true; } |
     cut -d: -f2 | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else printf "%.4f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
   read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ MID[$mode] CPUS[$mode] \
     <<<"$("$TORCHFT_PY" "$SUMMARY" loco "$folder/metrics.jsonl" "$H")"

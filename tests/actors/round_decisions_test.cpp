@@ -38,6 +38,9 @@ TEST(RoundDecisions, TheFirstNonFiniteStepOfAMemberIsNamed) {
   EXPECT_EQ(non_finite_inner(2, -inf, {{-inf, 1.0}}),
             "worker 2's inner loss became non-finite (-inf) at step 1 of 1");
   EXPECT_EQ(non_finite_inner(3, nan, {}), "worker 3's mean inner loss is non-finite (nan)");
+  // A member stops at the step that diverged: "of" the round's H, not of the steps it took.
+  EXPECT_EQ(non_finite_inner(1, nan, {{5.5, 1.0}, {nan, nan}}, 10),
+            "worker 1's inner loss became non-finite (nan) at step 2 of 10");
 }
 
 TEST(RoundDecisions, ARoundThatKeepsFailingFailsTheJobAfterBoundedRedosSayingWhy) {
