@@ -277,7 +277,8 @@ InnerResult InnerWorker::inner(int64_t round) {
     std::vector<StepFigures> mine;
     for (int i = 0; i < h; ++i) {
       mine.push_back(s_->one_step(k));
-      s_->hook(RoundPoint::after_inner_step, round, i + 1, "inner");
+      s_->hook(RoundPoint::after_inner_step, round, i + 1, "inner", nullptr, {},
+               &mine.back().loss);
       // Diverged (the step was not taken; every rank sees the same averaged loss and norm):
       // the round's steps stop here, and the worker sends nothing (the aggregator leaves it
       // out of the round on the non-finite figure it reports).

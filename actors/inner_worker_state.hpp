@@ -436,11 +436,13 @@ struct InnerWorker::State {
   // The test hooks installed in this process at `point` (actors/round_hooks.hpp; none in
   // production), and the seconds they took.
   double hook(RoundPoint point, int64_t round, int64_t step, const char* method,
-              collective::detail::Hooks* comm_hooks = nullptr, std::span<float> delta = {}) {
+              collective::detail::Hooks* comm_hooks = nullptr, std::span<float> delta = {},
+              double* step_loss = nullptr) {
     RoundHooks* hooks = round_hooks();
     if (!hooks) return 0;
     const int64_t t = loco::now_ms();
-    hooks->at(point, {index, round, step, cfg.inner.steps, method, &stopping, comm_hooks, delta});
+    hooks->at(point,
+              {index, round, step, cfg.inner.steps, method, &stopping, comm_hooks, delta, step_loss});
     return seconds_since(t);
   }
 
@@ -481,10 +483,11 @@ struct InnerWorker::State {
     std::vector<StepFigures> per_step;
     while (steps < cap && (seconds <= 0 || steps == 0 || seconds_since(t0) < seconds)) {
       per_step.push_back(one_step(k));
-      loss += per_step.back().loss;
       stepping += per_step.back().seconds;
       ++steps;
-      stepping += hook(RoundPoint::after_inner_step, round, steps, "inner_timed");
+      stepping += hook(RoundPoint::after_inner_step, round, steps, "inner_timed", nullptr, {},
+                       &per_step.back().loss);
+      loss += per_step.back().loss;
       // Diverged: the step was not taken; the round stops, and the worker sends nothing.
       if (!std::isfinite(per_step.back().loss) || !std::isfinite(per_step.back().grad_norm)) {
         diverged_round = round;

@@ -219,11 +219,12 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       int taken = 0;
       for (int i = 0; i < n; ++i) {
         out.inner.per_step.push_back(s.one_step(s.lead()));
-        const StepFigures& f = out.inner.per_step.back();
+        StepFigures& f = out.inner.per_step.back();
+        // A test hook's delay counts as inner time, as in timed_steps.
+        s.hook(RoundPoint::after_inner_step, req.round, now - start + i + 1, "stream", nullptr, {},
+               &f.loss);
         chunk += f.loss;
         ++taken;
-        // A test hook's delay counts as inner time, as in timed_steps.
-        s.hook(RoundPoint::after_inner_step, req.round, now - start + i + 1, "stream");
         if (!std::isfinite(f.loss) || !std::isfinite(f.grad_norm)) {
           // The step was not taken; the rest of the round's are not either, and the worker
           // abstains from the round's averages from here on.

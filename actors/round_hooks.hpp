@@ -44,6 +44,10 @@ struct RoundContext {
   const std::atomic<bool>* stopping = nullptr;
   collective::detail::Hooks* collective = nullptr;  // before_allreduce only
   std::span<float> delta;                           // pseudo_gradient only
+  // after_inner_step: the step's loss as the worker reports it. A hook may make it non-finite
+  // (a test's diverging worker: the worker then stops its round, as after a step the trainer
+  // refused to take).
+  double* step_loss = nullptr;
 };
 
 // Called from the worker's threads (several at once with several local ranks).

@@ -15,6 +15,8 @@
 //                                its all-reduce returned (the others took their outer step)
 //   worker=I,delay_ms=D          worker I sleeps D ms after each of its inner steps, in every
 //                                round (a slower worker); no `at` needed
+//   worker=I,round=R,at=diverge  worker I's inner loss reads NaN at step H/2 of round R (as a
+//                                step the trainer refused to take): it stops the round there
 //   worker=I,round=R,corrupt=KIND   worker I's Δ corrupted (diloco::guard::corrupt: nan, scale,
 //                                flip, noise) in every average from round R on: a broken or
 //                                hostile worker, for the guard's tests
@@ -31,6 +33,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -104,6 +107,10 @@ class FaultInjection : public actors::RoundHooks {
         std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(plan_.stall_s * 1000)));
         return;
       case RoundPoint::after_inner_step:
+        if (c.step_loss && c.step == std::max(1, c.steps_per_round / 2) && hits(c, "diverge")) {
+          *c.step_loss = std::numeric_limits<double>::quiet_NaN();
+          return;
+        }
         if (plan_.delay_ms > 0) {
           std::this_thread::sleep_for(std::chrono::milliseconds(plan_.delay_ms));
           return;  // a slower worker is not killed in inner()

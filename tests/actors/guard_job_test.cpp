@@ -115,5 +115,63 @@ TEST_F(Guard, AFlippedUpdateIsLeftOutInStreamingModeAsTheSimulatorLeavesItOut) {
   std::printf("worker 2 (flipped) left out of %zu of 6 fragment averages\n", job_notes);
 }
 
+// A worker whose inner loss turns NaN (the fault plugin's at=diverge, round 2, step 5 of 10)
+// stops its round there and sends nothing: in a blocking round the aggregator leaves it out of
+// the round (recorded as `abstained`), the others average without it, and it comes back with
+// the outer state for round 3; nothing is redone and nobody is removed (one round only).
+TEST_F(Guard, AWorkerWhoseLossTurnsNaNStopsItsRoundAndSendsNothing) {
+  ScopedEnv fault("LOCO_FAULT", "worker=1,round=2,at=diverge");
+  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
+  Client client(c.head_address());
+  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 1, 4).yaml()));
+  for (const RoundReport& r : j.watch()) (void)r;
+  const JobInfo end = j.wait(Millis(60000));
+  const std::string log = log_text(j);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  EXPECT_TRUE(contains(log, "worker 1's inner loss became non-finite (nan) at step 5 of 10"))
+      << log;
+  EXPECT_FALSE(contains(log, "redone")) << log;
+  EXPECT_FALSE(contains(log, "removed from the job")) << log;
+  const auto m = metrics_by_round(dir_ + "/ckpt/" + j.id());
+  ASSERT_EQ(m.size(), 5u);
+  EXPECT_EQ(left_out(m.at(2)), (std::set<std::pair<int, std::string>>{{1, "abstained"}}))
+      << m.at(2);
+  EXPECT_EQ(m.at(2)["workers"], 2) << m.at(2);
+  for (int r : {1, 3, 4}) {
+    EXPECT_TRUE(left_out(m.at(r)).empty()) << m.at(r);
+    EXPECT_EQ(m.at(r)["workers"], 3) << m.at(r);
+  }
+  EXPECT_TRUE(std::isfinite(m.at(4)["val_loss"].get<double>()));
+}
+
+// Streaming: the diverging worker stops its steps at step 5 of round 2 and abstains from the
+// round's two fragment averages (rule `abstained`), which the others finish; θ stays the same
+// on every member.
+TEST_F(Guard, AStreamingWorkerWhoseLossTurnsNaNAbstainsFromTheRestOfItsRound) {
+  ScopedEnv fault("LOCO_FAULT", "worker=2,round=2,at=diverge");
+  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
+  Client client(c.head_address());
+  TestJob t = job(3, 3, 4);
+  t.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  JobHandle j = client.submit(JobSpec::from_yaml(t.yaml()));
+  for (const RoundReport& r : j.watch()) (void)r;
+  const JobInfo end = j.wait(Millis(60000));
+  const std::string log = log_text(j);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  EXPECT_TRUE(contains(log, "it stopped its steps and sent nothing more in round 2")) << log;
+  EXPECT_FALSE(contains(log, "holds a different")) << log;
+  const auto m = metrics_by_round(dir_ + "/ckpt/" + j.id());
+  ASSERT_EQ(m.size(), 5u);
+  size_t notes = 0;
+  for (int r = 1; r <= 4; ++r) {
+    for (const auto& [worker, rule] : left_out(m.at(r))) {
+      EXPECT_EQ(worker, 2) << m.at(r);
+      EXPECT_EQ(rule, "abstained") << m.at(r);
+    }
+    if (m.at(r).contains("left_out")) notes += m.at(r)["left_out"].size();
+  }
+  EXPECT_EQ(notes, 2u) << "round 2's two fragments";
+}
+
 }  // namespace
 }  // namespace loco::testing
