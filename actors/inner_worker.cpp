@@ -329,6 +329,72 @@ InnerResult InnerWorker::inner_timed(int64_t round, double seconds) {
   return s_->timed_steps(round, seconds, t0);
 }
 
+// Rank k's part of reduce(): its slice of Δ averaged with rank k of every other member (topk:
+// the whole Δ's code gathered), the guard's verdicts first (dense: the members' summaries of
+// their slices; topk: the gathered codes), into `averaged`.
+InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k, const ReduceRequest& req,
+                                                                 double scale) {
+  const size_t g = ranks.size();
+  const size_t r = size_t(&k - ranks.data());
+  collective::Group group;
+  for (size_t i = 0; i < req.names.size(); ++i)
+    group.members.push_back({g == 1 ? req.names[i] : req.names[i] + "/rank" + std::to_string(r),
+                             req.endpoints[i][r]});
+  group.rank = req.rank;
+  group.round_id = data_round(req.op_id);
+  const dl::Slice sl = slice_of(k);
+  const std::span<const float> mine{delta.data() + sl.begin, size_t(sl.size())};
+  const std::span<float> out{averaged.data() + sl.begin, size_t(sl.size())};
+  const dl::GuardConfig& guard = cfg.guard;
+  std::vector<dl::guard::Verdict> verdicts;
+  RankAverage result;
+  if (feedback) {
+    // compression topk (one rank, no token weights: config.cpp): the code of this round's Δ,
+    // made once; every member's gathered, judged by the guard and decoded in member order.
+    if (coded_round != req.round) {
+      code = feedback->encode(0, 0, delta);
+      coded_round = req.round;
+    }
+    const auto codes = k.comm->allgather(group, code, feedback->bytes(0));
+    const std::vector<std::span<const uint8_t>> views(codes.begin(), codes.end());
+    verdicts = dl::judge_codes(*feedback, 0, views, guard);
+    feedback->mean(0, views, averaged, dl::guard::mask_of(verdicts));
+  } else {
+    // The guard: this rank's slice summarized, the members' summaries judged (each rank judges
+    // its own slice, in its own group).
+    if (guard.on) {
+      verdicts = exchange_summaries(*k.comm, group, req.op_id, summary_of(mine, false, guard),
+                                    std::min<size_t>(mine.size(), size_t(guard.sketch)), guard,
+                                    result.guard_bytes, result.guard_seconds);
+      group.left_out = dl::guard::mask_of(verdicts);
+    }
+    double weight = scale;
+    if (!req.tokens.empty() && !group.left_out.empty()) {
+      // Weighted by the tokens of the members averaged.
+      std::vector<int64_t> in;
+      int rank = -1;
+      for (size_t i = 0; i < req.tokens.size(); ++i) {
+        if (group.left_out[i]) continue;
+        if (int(i) == req.rank) rank = int(in.size());
+        in.push_back(req.tokens[i]);
+      }
+      weight = rank < 0 ? 0.0 : member_scale(in, rank);
+    }
+    if (weight == 1.0) {
+      k.comm->allreduce(group, mine, out);
+    } else {
+      // Weighted by tokens: the plain mean of the members' scaled Δ. Scaled into `averaged`
+      // (Δ stays as it was for a retry), reduced in place there.
+      for (size_t i = 0; i < mine.size(); ++i) out[i] = float(double(mine[i]) * weight);
+      k.comm->allreduce(group, out);
+    }
+  }
+  dl::GuardLog log;
+  log.add(0, names_of(group), verdicts);
+  result.left_out = log.take();
+  return result;
+}
+
 ReduceResult InnerWorker::reduce(ReduceRequest req) {
   const int64_t t0 = loco::now_ms();
   const size_t g = s_->ranks.size();
@@ -348,69 +414,9 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
   // attempt can succeed for this member and fail for another, and the retry (the same round,
   // perhaps fewer members) must start from the outer state that every member of it holds:
   // the one before this member's step.
-  const dl::GuardConfig& guard = s_->cfg.guard;
-  std::vector<std::vector<dl::LeftOut>> left(g);
-  std::vector<uint64_t> guard_bytes(g, 0);
-  std::vector<double> guard_seconds(g, 0.0);
+  std::vector<State::RankAverage> ranks(g);
   s_->for_ranks([&](Rank& k) {
-    const size_t r = size_t(&k - s_->ranks.data());
-    collective::Group group;
-    for (size_t i = 0; i < req.names.size(); ++i)
-      group.members.push_back({g == 1 ? req.names[i] : req.names[i] + "/rank" + std::to_string(r),
-                               req.endpoints[i][r]});
-    group.rank = req.rank;
-    group.round_id = data_round(req.op_id);
-    const dl::Slice sl = s_->slice_of(k);
-    const std::span<const float> delta{s_->delta.data() + sl.begin, size_t(sl.size())};
-    std::vector<dl::guard::Verdict> verdicts;
-    uint64_t bytes = 0;
-    if (s_->feedback) {
-      // compression topk (one rank, no token weights: config.cpp): the code of this round's Δ,
-      // made once; every member's gathered, judged by the guard and decoded in member order.
-      if (s_->coded_round != req.round) {
-        s_->code = s_->feedback->encode(0, 0, s_->delta);
-        s_->coded_round = req.round;
-      }
-      const auto codes = k.comm->allgather(group, s_->code, s_->feedback->bytes(0));
-      const std::vector<std::span<const uint8_t>> views(codes.begin(), codes.end());
-      verdicts = dl::judge_codes(*s_->feedback, 0, views, guard);
-      s_->feedback->mean(0, views, s_->averaged, dl::guard::mask_of(verdicts));
-    } else {
-      // The guard: this rank's slice summarized, the members' summaries judged (each rank
-      // judges its own slice, in its own group).
-      if (guard.on) {
-        verdicts = exchange_summaries(*k.comm, group, req.op_id, summary_of(delta, false, guard),
-                                      std::min<size_t>(delta.size(), size_t(guard.sketch)), guard,
-                                      bytes, guard_seconds[r]);
-        group.left_out = dl::guard::mask_of(verdicts);
-      }
-      double weight = scale;
-      if (!req.tokens.empty() && !group.left_out.empty()) {
-        // Weighted by the tokens of the members averaged.
-        std::vector<int64_t> in;
-        int rank = -1;
-        for (size_t i = 0; i < req.tokens.size(); ++i) {
-          if (group.left_out[i]) continue;
-          if (int(i) == req.rank) rank = int(in.size());
-          in.push_back(req.tokens[i]);
-        }
-        weight = rank < 0 ? 0.0 : member_scale(in, rank);
-      }
-      if (weight == 1.0) {
-        k.comm->allreduce(group, delta, {s_->averaged.data() + sl.begin, size_t(sl.size())});
-      } else {
-        // Weighted by tokens: the plain mean of the members' scaled Δ. Scaled into `averaged`
-        // (Δ stays as it was for a retry), reduced in place there.
-        for (int64_t i = sl.begin; i < sl.end; ++i)
-          s_->averaged[size_t(i)] = float(double(s_->delta[size_t(i)]) * weight);
-        k.comm->allreduce(group,
-                          std::span<float>(s_->averaged.data() + sl.begin, size_t(sl.size())));
-      }
-    }
-    dl::GuardLog log;
-    log.add(0, names_of(group), verdicts);
-    left[r] = log.take();
-    guard_bytes[r] = bytes;
+    ranks[size_t(&k - s_->ranks.data())] = s_->average_rank(k, req, scale);
   });
   s_->hook(RoundPoint::after_allreduce, req.round, 0, "reduce");
   // Each rank steps its slice of θ and the momentum, then the ranks gather the slices: θ
@@ -429,10 +435,12 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
   ReduceResult r;
   r.theta_hash = s_->lead().outer->theta_hash();
   for (const Rank& k : s_->ranks) r.bytes_sent += k.comm->last_stats().bytes_sent;
-  for (uint64_t b : guard_bytes) r.bytes_sent += b;
-  for (const auto& rank : left)
-    for (const dl::LeftOut& l : rank) r.left_out.push_back({l.member, l.fragment, l.rule, l.why});
-  r.guard_seconds = *std::max_element(guard_seconds.begin(), guard_seconds.end());
+  for (const State::RankAverage& a : ranks) {
+    r.bytes_sent += a.guard_bytes;
+    r.guard_seconds = std::max(r.guard_seconds, a.guard_seconds);
+    for (const dl::LeftOut& l : a.left_out)
+      r.left_out.push_back({l.member, l.fragment, l.rule, l.why});
+  }
   r.seconds = seconds_since(t0);
   return r;
 }

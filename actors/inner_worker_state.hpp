@@ -270,6 +270,14 @@ struct InnerWorker::State {
   int64_t diverged_round = -1;
   // The guard's left-outs of the averages that ended since the last stream() returned.
   dl::GuardLog guard_log;
+  // reduce()'s work on one local rank (inner_worker.cpp): what the guard left out and what
+  // its summary exchange cost.
+  struct RankAverage {
+    std::vector<dl::LeftOut> left_out;
+    uint64_t guard_bytes = 0;
+    double guard_seconds = 0;
+  };
+  RankAverage average_rank(Rank& k, const ReduceRequest& req, double scale);
   // compression topk: this worker's error feedback (one buffer per fragment; blocking: one),
   // and in blocking rounds the code of round `coded_round`'s Δ, made once: an attempt retried
   // sends the same bytes, and the buffer takes each round's Δ once.

@@ -246,6 +246,74 @@ Facts sparse_facts(std::span<const std::span<const std::uint8_t>> codes,
   return f;
 }
 
+namespace {
+
+// Rule 2 over `rest` (at least 3): a norm above max_norm_ratio × their median. Returns those
+// kept.
+std::vector<std::size_t> by_norm(const Facts& facts, const GuardConfig& cfg,
+                                 const std::vector<std::size_t>& rest, std::vector<Verdict>& v) {
+  std::vector<double> norms;
+  for (std::size_t i : rest) norms.push_back(facts.norms[i]);
+  const double med = median(norms);
+  std::vector<std::size_t> kept;
+  for (std::size_t i : rest) {
+    const double r = med > 0 ? facts.norms[i] / med
+                             : (facts.norms[i] > 0 ? std::numeric_limits<double>::infinity() : 1);
+    v[i].norm_ratio = r;
+    if (r <= cfg.max_norm_ratio) {
+      kept.push_back(i);
+      continue;
+    }
+    v[i].left_out = true;
+    v[i].rule = "norm";
+    v[i].why = "its norm " + fixed(facts.norms[i]) + " is " + fixed(r) + " x the median " +
+               fixed(med) + " (at most " + fixed(cfg.max_norm_ratio) + ")";
+  }
+  return kept;
+}
+
+// Rule 3 over `judged` (at least 3, each with a direction). Each member's agreement: the upper
+// median of its cosines with the others. While the honest members are a majority, an honest
+// one agrees with most others (a flipped or noisy one among them does not pull it down), and a
+// faulty one with none.
+void by_direction(const Facts& facts, const GuardConfig& cfg,
+                  const std::vector<std::size_t>& judged, std::vector<Verdict>& v) {
+  const std::size_t k = facts.norms.size();
+  const auto g = [&](std::size_t i, std::size_t j) { return facts.gram[i * k + j]; };
+  std::vector<double> agree;
+  for (std::size_t i : judged) {
+    std::vector<double> cos;
+    for (std::size_t j : judged)
+      if (j != i)
+        cos.push_back(facts.cosine.empty() ? g(i, j) / std::sqrt(g(i, i) * g(j, j))
+                                           : facts.cosine[i * k + j]);
+    std::sort(cos.begin(), cos.end());
+    agree.push_back(cos[cos.size() / 2]);
+    v[i].agreement = agree.back();
+  }
+  // Only where the members agree clearly (their median at least twice the noise) is there a
+  // direction to hold a member to: otherwise (their updates unrelated, or opposed, as small
+  // fragments of a small model can be) the rule does not guess.
+  const double med = median(agree);
+  if (med <= 2 * facts.noise) return;
+  // Left out: clearly opposed to the others, not merely unaligned (an honest worker's fragment
+  // sometimes agrees little, or a little negatively; a flipped one as negatively as the honest
+  // ones agree positively).
+  const double floor = -cfg.opposed * med - facts.noise;
+  for (std::size_t t = 0; t < judged.size(); ++t) {
+    Verdict& x = v[judged[t]];
+    x.relative_agreement = agree[t] / med;
+    if (agree[t] >= floor) continue;
+    x.left_out = true;
+    x.rule = "direction";
+    x.why = "its agreement with the others " + fixed(agree[t]) + " is below -" +
+            fixed(cfg.opposed) + " x their median " + fixed(med) + " less the noise " +
+            fixed(facts.noise);
+  }
+}
+
+}  // namespace
+
 std::vector<Verdict> judge(const Facts& facts, const GuardConfig& cfg) {
   const std::size_t k = facts.norms.size();
   std::vector<Verdict> v(k);
@@ -263,67 +331,13 @@ std::vector<Verdict> judge(const Facts& facts, const GuardConfig& cfg) {
       rest.push_back(i);
     }
   }
-  if (rest.size() >= 3) {
-    std::vector<double> norms;
-    for (std::size_t i : rest) norms.push_back(facts.norms[i]);
-    const double med = median(norms);
-    std::vector<std::size_t> kept;
-    for (std::size_t i : rest) {
-      const double r = med > 0 ? facts.norms[i] / med
-                               : (facts.norms[i] > 0 ? std::numeric_limits<double>::infinity() : 1);
-      v[i].norm_ratio = r;
-      if (r > cfg.max_norm_ratio) {
-        v[i].left_out = true;
-        v[i].rule = "norm";
-        v[i].why = "its norm " + fixed(facts.norms[i]) + " is " + fixed(r) + " x the median " +
-                   fixed(med) + " (at most " + fixed(cfg.max_norm_ratio) + ")";
-      } else {
-        kept.push_back(i);
-      }
-    }
-    rest = std::move(kept);
-  }
+  if (rest.size() >= 3) rest = by_norm(facts, cfg, rest, v);
   // Direction: only members with a direction (a zero Δ, a joiner's first fragment, has none
   // and adds nothing).
-  const auto g = [&](std::size_t i, std::size_t j) { return facts.gram[i * k + j]; };
   std::vector<std::size_t> judged;
   for (std::size_t i : rest)
-    if (g(i, i) > 0) judged.push_back(i);
-  if (judged.size() >= 3 && cfg.opposed > 0) {
-    // Each member's agreement: the upper median of its cosines with the others. While the
-    // honest members are a majority, an honest one agrees with most others (a flipped or noisy
-    // one among them does not pull it down), and a faulty one with none.
-    std::vector<double> agree;
-    for (std::size_t i : judged) {
-      std::vector<double> cos;
-      for (std::size_t j : judged)
-        if (j != i)
-          cos.push_back(facts.cosine.empty() ? g(i, j) / std::sqrt(g(i, i) * g(j, j))
-                                             : facts.cosine[i * k + j]);
-      std::sort(cos.begin(), cos.end());
-      const double a = cos[cos.size() / 2];
-      agree.push_back(a);
-      v[i].agreement = a;
-    }
-    // Only where the members agree clearly (their median at least twice the noise) is there a
-    // direction to hold a member to: otherwise (their updates unrelated, or opposed, as small
-    // fragments of a small model can be) the rule does not guess.
-    const double med = median(agree);
-    // Left out: clearly opposed to the others, not merely unaligned (an honest worker's
-    // fragment sometimes agrees little, or a little negatively; a flipped one as negatively as
-    // the honest ones agree positively).
-    const double floor = -cfg.opposed * med - facts.noise;
-    for (std::size_t t = 0; t < judged.size() && med > 2 * facts.noise; ++t) {
-      if (med > 0) v[judged[t]].relative_agreement = agree[t] / med;
-      if (agree[t] >= floor) continue;
-      Verdict& x = v[judged[t]];
-      x.left_out = true;
-      x.rule = "direction";
-      x.why = "its agreement with the others " + fixed(agree[t]) + " is below " +
-              "-" + fixed(cfg.opposed) + " x their median " + fixed(med) + " less the noise " +
-              fixed(facts.noise);
-    }
-  }
+    if (facts.gram[i * k + i] > 0) judged.push_back(i);
+  if (judged.size() >= 3 && cfg.opposed > 0) by_direction(facts, cfg, judged, v);
   return v;
 }
 
