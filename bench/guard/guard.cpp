@@ -32,24 +32,6 @@ double seconds_of(auto&& f) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// Roughly normal values around 1e-3, a different stream per member.
-std::vector<float> delta_like(size_t n, uint64_t member) {
-  std::vector<float> x(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t z = mix(i * 0x9e3779b97f4a7c15ull + 12345 + member * 0x51ed27ull);
-    float s = 0;
-    for (int q = 0; q < 4; ++q) s += static_cast<float>((z >> (16 * q)) & 0xffff) / 65536.0f;
-    x[i] = (s - 2.0f) * 1.7e-3f;
-  }
-  return x;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -62,7 +44,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const GuardConfig cfg;
   std::vector<std::vector<float>> d;
-  for (int k = 0; k < members; ++k) d.push_back(delta_like(floats, uint64_t(k)));
+  for (int k = 0; k < members; ++k) d.push_back(loco::bench::gradient_like(floats, uint64_t(k)));
   std::vector<std::vector<uint8_t>> summaries;
   for (const auto& x : d) summaries.push_back(guard::encode(guard::summarize(x, size_t(cfg.sketch))));
   loco::collective::sparse::Params p;  // the topk defaults: 4,096 / 64 / 2 bits

@@ -24,6 +24,7 @@ using namespace loco::collective;
 
 namespace {
 
+using loco::bench::gradient_like;
 using loco::bench::median;
 using Clock = std::chrono::steady_clock;
 
@@ -31,24 +32,6 @@ double seconds_of(auto&& f) {
   const auto t0 = Clock::now();
   f();
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// Roughly normal values of standard deviation ~1e-3, reproducible.
-std::vector<float> gradient_like(size_t n) {
-  std::vector<float> x(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t z = mix(i * 0x9e3779b97f4a7c15ull + 12345);
-    float s = 0;
-    for (int q = 0; q < 4; ++q) s += static_cast<float>((z >> (16 * q)) & 0xffff) / 65536.0f;
-    x[i] = (s - 2.0f) * 1.7e-3f;
-  }
-  return x;
 }
 
 }  // namespace
