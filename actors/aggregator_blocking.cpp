@@ -44,17 +44,13 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
   std::string non_finite;
   for (size_t i = 0; i < members.size(); ++i) {
     if (results[i]) {
-      std::vector<StepHealth> health;
-      for (const StepFigures& f : results[i]->per_step) health.push_back({f.loss, f.grad_norm});
-      if (std::string why = non_finite_inner(members[i], results[i]->mean_loss, health,
-                                             budget > 0 ? 0 : cfg.inner.steps);
+      if (std::string why = non_finite_of(members[i], *results[i], budget > 0 ? 0 : cfg.inner.steps);
           !why.empty()) {
-        // Its Δ is not finite: it leaves the round (the collective would refuse it), and
-        // comes back with the outer state before the next.
+        // It stopped its steps at the one that diverged and sends nothing: it leaves the round,
+        // and comes back with the outer state before the next. With the guard, it is recorded
+        // as left out (and counts toward guard.evict_after).
         release(members[i], why);
         if (non_finite.empty()) non_finite = why;
-        // It stopped its steps there and sends nothing: with the guard, it is left out of the
-        // round (and counts toward guard.evict_after).
         if (cfg.guard.on) round_left_out.push_back({members[i], 0, "abstained", why});
         continue;
       }

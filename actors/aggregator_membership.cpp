@@ -258,6 +258,20 @@ void OuterAggregator::State::deal_shards() {
   dealt = members;
 }
 
+// The slot leaves the job for good (scaled down, or removed by the guard): its actor is
+// stopped, and its shards are not counted as lost (it left).
+void OuterAggregator::State::stop_slot(int i) {
+  Slot& s = slots[size_t(i)];
+  s.active = false;
+  try {
+    if (s.handle) rt.kill(s.handle->id());
+  } catch (const std::exception& e) {
+    log_warn(job_id + ": stopping " + s.name + ": " + e.what());
+  }
+  s.handle.reset();
+  std::erase(dealt, i);
+}
+
 // The slot leaves the round's members; its actor stays (the head may restart it).
 void OuterAggregator::State::release(int i, const std::string& why) {
   slots[size_t(i)].active = false;
@@ -295,14 +309,7 @@ void OuterAggregator::State::evict_left_out(int64_t r, const std::vector<int>& m
     s.removed = "the guard left it out of " + std::to_string(s.left_out_streak) +
                 " rounds in a row, the last round " + std::to_string(r + 1) + " (rule " +
                 it->second + "; guard.evict_after = " + std::to_string(cfg.guard.evict_after) + ")";
-    s.active = false;
-    try {
-      if (s.handle) rt.kill(s.handle->id());
-    } catch (const std::exception& e) {
-      log_warn(job_id + ": stopping " + s.name + ": " + e.what());
-    }
-    s.handle.reset();
-    std::erase(dealt, m);
+    stop_slot(m);
     log("worker " + std::to_string(m) + " removed from the job: " + s.removed);
   }
 }
@@ -314,15 +321,7 @@ bool OuterAggregator::State::reconcile(int64_t r) {
   // Surplus workers leave, the highest slots first.
   std::vector<int> members = active();
   for (size_t k = members.size(); k-- > size_t(target);) {
-    Slot& s = slots[size_t(members[k])];
-    s.active = false;
-    try {
-      rt.kill(s.handle->id());
-    } catch (const std::exception& e) {
-      log_warn(job_id + ": stopping " + s.name + ": " + e.what());
-    }
-    s.handle.reset();
-    std::erase(dealt, members[k]);  // left, not lost
+    stop_slot(members[k]);
     log("worker " + std::to_string(members[k]) + " left: scaled down to " + std::to_string(target));
   }
   const double deadline = now_s() + cfg.workers.wait_s;

@@ -252,10 +252,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::finish_stream(Strea
   for (size_t i = 0; i < members.size(); ++i) {
     if (!res[i]) continue;
     const InnerResult& in = res[i]->inner;
-    std::vector<StepHealth> health;
-    for (const StepFigures& f : in.per_step) health.push_back({f.loss, f.grad_norm});
-    if (std::string why = non_finite_inner(members[i], in.mean_loss, health, cfg.inner.steps);
-        !why.empty()) {
+    if (std::string why = non_finite_of(members[i], in, cfg.inner.steps); !why.empty()) {
       // It stopped its steps there and abstained from the round's averages since (with the
       // guard: the verdicts of those averages say so).
       log(why + "; it stopped its steps and sent nothing more in round " + std::to_string(r + 1));

@@ -279,10 +279,9 @@ InnerResult InnerWorker::inner(int64_t round) {
       mine.push_back(s_->one_step(k));
       s_->hook(RoundPoint::after_inner_step, round, i + 1, "inner", nullptr, {},
                &mine.back().loss);
-      // Diverged (the step was not taken; every rank sees the same averaged loss and norm):
-      // the round's steps stop here, and the worker sends nothing (the aggregator leaves it
-      // out of the round on the non-finite figure it reports).
-      if (!std::isfinite(mine.back().loss) || !std::isfinite(mine.back().grad_norm)) break;
+      // Every rank sees the same averaged loss and norm, so all stop at the same step; the
+      // aggregator leaves the worker out of the round on the non-finite figure it reports.
+      if (State::diverged(mine.back())) break;
     }
     if (&k == &s_->lead()) per_step = std::move(mine);
     const dl::Slice sl = s_->slice_of(k);
@@ -290,15 +289,8 @@ InnerResult InnerWorker::inner(int64_t round) {
                                sl.begin);
   });
   s_->delta_round = round;
-  if (!per_step.empty() &&
-      (!std::isfinite(per_step.back().loss) || !std::isfinite(per_step.back().grad_norm))) {
-    s_->diverged_round = round;
-    log_warn("worker " + std::to_string(s_->index) + ": inner loss " +
-             std::to_string(per_step.back().loss) + ", gradient norm " +
-             std::to_string(per_step.back().grad_norm) + " at step " +
-             std::to_string(per_step.size()) + " of round " + std::to_string(round + 1) +
-             ": its round stops there, and it sends nothing");
-  }
+  if (!per_step.empty() && State::diverged(per_step.back()))
+    s_->note_diverged(round, int64_t(per_step.size()), per_step.back());
   s_->hook(RoundPoint::pseudo_gradient, round, 0, "inner", nullptr, s_->delta);
   InnerResult r;
   r.round = round;
@@ -332,8 +324,8 @@ InnerResult InnerWorker::inner_timed(int64_t round, double seconds) {
 // Rank k's part of reduce(): its slice of Δ averaged with rank k of every other member (topk:
 // the whole Δ's code gathered), the guard's verdicts first (dense: the members' summaries of
 // their slices; topk: the gathered codes), into `averaged`.
-InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k, const ReduceRequest& req,
-                                                                 double scale) {
+InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k,
+                                                                 const ReduceRequest& req) {
   const size_t g = ranks.size();
   const size_t r = size_t(&k - ranks.data());
   collective::Group group;
@@ -364,22 +356,12 @@ InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k, const 
     // its own slice, in its own group).
     if (guard.on) {
       verdicts = exchange_summaries(*k.comm, group, req.op_id, summary_of(mine, false, guard),
-                                    std::min<size_t>(mine.size(), size_t(guard.sketch)), guard,
-                                    result.guard_bytes, result.guard_seconds);
+                                    mine.size(), guard, result.guard_bytes, result.guard_seconds);
       group.left_out = dl::guard::mask_of(verdicts);
     }
-    double weight = scale;
-    if (!req.tokens.empty() && !group.left_out.empty()) {
-      // Weighted by the tokens of the members averaged.
-      std::vector<int64_t> in;
-      int rank = -1;
-      for (size_t i = 0; i < req.tokens.size(); ++i) {
-        if (group.left_out[i]) continue;
-        if (int(i) == req.rank) rank = int(in.size());
-        in.push_back(req.tokens[i]);
-      }
-      weight = rank < 0 ? 0.0 : member_scale(in, rank);
-    }
+    // Weighted by the tokens of the members averaged (inner.budget: time).
+    const double weight =
+        req.tokens.empty() ? 1.0 : member_scale(req.tokens, req.rank, group.left_out);
     if (weight == 1.0) {
       k.comm->allreduce(group, mine, out);
     } else {
@@ -389,9 +371,7 @@ InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k, const 
       k.comm->allreduce(group, out);
     }
   }
-  dl::GuardLog log;
-  log.add(0, names_of(group), verdicts);
-  result.left_out = log.take();
+  result.left_out = notes_of(dl::left_outs(0, names_of(group), verdicts));
   return result;
 }
 
@@ -408,7 +388,8 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
     throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": reduce with " +
                                 std::to_string(req.tokens.size()) + " token counts for " +
                                 std::to_string(req.names.size()) + " members");
-  const double scale = req.tokens.empty() ? 1.0 : member_scale(req.tokens, req.rank);
+  // Token counts that member_scale refuses fail the call before anything is sent.
+  if (!req.tokens.empty()) (void)member_scale(req.tokens, req.rank);
   // Rank r averages slice r of Δ with rank r of every other member. Out of place: Δ stays
   // intact if a member is lost, for the re-formed group. Δ is kept after a success too: an
   // attempt can succeed for this member and fail for another, and the retry (the same round,
@@ -416,7 +397,7 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
   // the one before this member's step.
   std::vector<State::RankAverage> ranks(g);
   s_->for_ranks([&](Rank& k) {
-    ranks[size_t(&k - s_->ranks.data())] = s_->average_rank(k, req, scale);
+    ranks[size_t(&k - s_->ranks.data())] = s_->average_rank(k, req);
   });
   s_->hook(RoundPoint::after_allreduce, req.round, 0, "reduce");
   // Each rank steps its slice of θ and the momentum, then the ranks gather the slices: θ
@@ -438,8 +419,7 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
   for (const State::RankAverage& a : ranks) {
     r.bytes_sent += a.guard_bytes;
     r.guard_seconds = std::max(r.guard_seconds, a.guard_seconds);
-    for (const dl::LeftOut& l : a.left_out)
-      r.left_out.push_back({l.member, l.fragment, l.rule, l.why});
+    r.left_out.insert(r.left_out.end(), a.left_out.begin(), a.left_out.end());
   }
   r.seconds = seconds_since(t0);
   return r;

@@ -89,6 +89,33 @@ struct Rank {
   std::unique_ptr<collective::Communicator> comm;  // for the worker's life: failures leave it ready
 };
 
+// The round ids of a fragment's (or a blocking round's) operation `op`: the guard's summaries
+// (an all-gather) and then the data (the all-reduce, or topk's all-gather): ids of their own,
+// in that order (collective/allreduce.hpp).
+inline uint64_t summary_round(uint64_t op) { return 2 * op; }
+inline uint64_t data_round(uint64_t op) { return 2 * op + 1; }
+// The members' names, in rank order (the guard's verdicts name them).
+std::vector<std::string> names_of(const collective::Group& g);
+// The guard's left-outs as a worker reports them to the aggregator.
+inline std::vector<LeftOutNote> notes_of(const std::vector<dl::LeftOut>& left) {
+  std::vector<LeftOutNote> out;
+  for (const dl::LeftOut& l : left) out.push_back({l.member, l.fragment, l.rule, l.why});
+  return out;
+}
+// This worker's summary of Δ for the guard (diloco/guard.hpp), as sent; `abstain`: its inner
+// steps diverged this round, it sends nothing.
+std::vector<uint8_t> summary_of(std::span<const float> delta, bool abstain,
+                                const dl::GuardConfig& guard);
+// The guard's verdicts on a dense average of operation `op` over `g`: the members' summaries
+// (`mine` this one's, summary_of a Δ of n values) all-gathered under summary_round(op) and
+// judged, the same on every member. None for a group of one. Adds the bytes sent to `bytes`,
+// and the exchange's seconds to `seconds`.
+std::vector<dl::guard::Verdict> exchange_summaries(collective::Communicator& comm,
+                                                   collective::Group g, uint64_t op,
+                                                   const std::vector<uint8_t>& mine, size_t n,
+                                                   const dl::GuardConfig& guard, uint64_t& bytes,
+                                                   double& seconds);
+
 // The group a stream() call's fragments reduce over: the request's members, less those a
 // fragment's all-reduce lost on the way, plus a worker admitted mid-round. Every survivor drops
 // the member the failed operation names and runs it again without it (the collective lets a
@@ -98,27 +125,6 @@ struct Rank {
 // same θ (after_overlapped_round). A member admitted at a fragment boundary takes part in the
 // operations from that fragment's on (`from_op`); its first one counts with weight zero, since
 // it has taken no inner step yet (its Δ is zero): the others' mean is the sum over n − 1.
-// The round ids of a fragment's (or a blocking round's) operation `op`: the guard's summaries
-// (an all-gather) and then the data (the all-reduce, or topk's all-gather): ids of their own,
-// in that order (collective/allreduce.hpp).
-inline uint64_t summary_round(uint64_t op) { return 2 * op; }
-inline uint64_t data_round(uint64_t op) { return 2 * op + 1; }
-// The members' names, in rank order (the guard's verdicts name them).
-std::vector<std::string> names_of(const collective::Group& g);
-// This worker's summary of Δ for the guard (diloco/guard.hpp), as sent; `abstain`: its inner
-// steps diverged this round, it sends nothing.
-std::vector<uint8_t> summary_of(std::span<const float> delta, bool abstain,
-                                const dl::GuardConfig& guard);
-// The guard's verdicts on a dense average of operation `op` over `g`: the members' summaries
-// (`mine` this one's; sketches of `sketch` values) all-gathered under summary_round(op) and
-// judged, the same on every member. None for a group of one. Adds the bytes sent to `bytes`,
-// and the exchange's seconds to `seconds`.
-std::vector<dl::guard::Verdict> exchange_summaries(collective::Communicator& comm,
-                                                   collective::Group g, uint64_t op,
-                                                   const std::vector<uint8_t>& mine,
-                                                   size_t sketch, const dl::GuardConfig& guard,
-                                                   uint64_t& bytes, double& seconds);
-
 struct StreamGroup {
   std::mutex mu;
   std::vector<collective::Member> members;  // in rank order
@@ -167,9 +173,8 @@ struct StreamGroup {
     zero_member = name;
     zero_op = op;
   }
-  // The factor that turns the collective's mean over `g` into the mean over the members whose
-  // Δ counts: n / (n − 1) when operation g.round_id has a member of weight zero, else 1.
-  // With the guard on: the joiner's zero Δ in operation `op` is left out of g's mean instead.
+  // With the guard on: the joiner's zero Δ in operation `op` is left out of g's mean (the
+  // others' mean, exactly), instead of weight_correction's factor.
   void leave_out_zero(collective::Group& g, uint64_t op) {
     std::lock_guard<std::mutex> lock(mu);
     if (op != zero_op || zero_member.empty()) return;
@@ -179,6 +184,8 @@ struct StreamGroup {
         g.left_out[i] = 1;
       }
   }
+  // The factor that turns the collective's mean over `g` into the mean over the members whose
+  // Δ counts: n / (n − 1) when operation g.round_id has a member of weight zero, else 1.
   float weight_correction(const collective::Group& g) {
     std::lock_guard<std::mutex> lock(mu);
     if (g.round_id != zero_op || g.members.size() < 2) return 1.0f;
@@ -273,11 +280,11 @@ struct InnerWorker::State {
   // reduce()'s work on one local rank (inner_worker.cpp): what the guard left out and what
   // its summary exchange cost.
   struct RankAverage {
-    std::vector<dl::LeftOut> left_out;
+    std::vector<LeftOutNote> left_out;
     uint64_t guard_bytes = 0;
     double guard_seconds = 0;
   };
-  RankAverage average_rank(Rank& k, const ReduceRequest& req, double scale);
+  RankAverage average_rank(Rank& k, const ReduceRequest& req);
   // compression topk: this worker's error feedback (one buffer per fragment; blocking: one),
   // and in blocking rounds the code of round `coded_round`'s Δ, made once: an attempt retried
   // sends the same bytes, and the buffer takes each round's Δ once.
@@ -479,6 +486,21 @@ struct InnerWorker::State {
     return f;
   }
 
+  // A step whose loss or gradient norm is not finite: the trainer did not take it (or a test
+  // hook made its loss NaN); the round's steps stop there and the worker abstains from the
+  // round's averages.
+  static bool diverged(const StepFigures& f) {
+    return !std::isfinite(f.loss) || !std::isfinite(f.grad_norm);
+  }
+  // Round `round` diverged at its inner step `step` (figures `f`): noted, and said in the log.
+  void note_diverged(int64_t round, int64_t step, const StepFigures& f) {
+    diverged_round = round;
+    log_warn("worker " + std::to_string(index) + ": inner loss " + std::to_string(f.loss) +
+             ", gradient norm " + std::to_string(f.grad_norm) + " at step " +
+             std::to_string(step) + " of round " + std::to_string(round + 1) +
+             ": it stops its steps there and sends nothing more in that round");
+  }
+
   // Inner steps one at a time until `seconds` are spent since `t0` (at least one step, at most
   // 4·H; with seconds 0, exactly H), then Δ. One rank.
   InnerResult timed_steps(int64_t round, double seconds, int64_t t0) {
@@ -496,9 +518,8 @@ struct InnerWorker::State {
       stepping += hook(RoundPoint::after_inner_step, round, steps, "inner_timed", nullptr, {},
                        &per_step.back().loss);
       loss += per_step.back().loss;
-      // Diverged: the step was not taken; the round stops, and the worker sends nothing.
-      if (!std::isfinite(per_step.back().loss) || !std::isfinite(per_step.back().grad_norm)) {
-        diverged_round = round;
+      if (diverged(per_step.back())) {
+        note_diverged(round, steps, per_step.back());
         break;
       }
     }

@@ -53,10 +53,9 @@ class GroupAverager final : public dl::FragmentAverager {
     else if (guard.on)
       summary = std::make_shared<const std::vector<uint8_t>>(summary_of(in, abstain, guard));
     dl::GuardLog* log = &s_.log;
-    const size_t sketch = std::min<size_t>(in.size(), size_t(guard.sketch));
     s_.last_op = std::async(std::launch::async, [comm, group = group_, op, in, out,
                                                  before = s_.last_op, code, summary, feedback,
-                                                 fragment, guard, sketch, log, copy] {
+                                                 fragment, guard, log, copy] {
                    if (before.valid()) before.get();
                    uint64_t bytes = 0;
                    for (;;) {
@@ -75,7 +74,7 @@ class GroupAverager final : public dl::FragmentAverager {
                          verdicts = dl::judge_codes(*feedback, fragment, views, guard);
                        } else if (summary) {
                          double seconds = 0;
-                         verdicts = exchange_summaries(*comm, g, op, *summary, sketch, guard,
+                         verdicts = exchange_summaries(*comm, g, op, *summary, in.size(), guard,
                                                        bytes, seconds);
                          log->add_seconds(seconds);
                        }
@@ -131,10 +130,11 @@ std::vector<uint8_t> summary_of(std::span<const float> delta, bool abstain,
 
 std::vector<dl::guard::Verdict> exchange_summaries(collective::Communicator& comm,
                                                    collective::Group g, uint64_t op,
-                                                   const std::vector<uint8_t>& mine,
-                                                   size_t sketch, const dl::GuardConfig& guard,
-                                                   uint64_t& bytes, double& seconds) {
+                                                   const std::vector<uint8_t>& mine, size_t n,
+                                                   const dl::GuardConfig& guard, uint64_t& bytes,
+                                                   double& seconds) {
   if (g.members.size() < 2) return {};
+  const size_t sketch = dl::guard::sketch_size(n, size_t(guard.sketch));
   g.round_id = summary_round(op);
   const auto t0 = std::chrono::steady_clock::now();
   const auto all = comm.allgather(g, mine, dl::guard::encoded_bytes(sketch));
@@ -225,15 +225,8 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                &f.loss);
         chunk += f.loss;
         ++taken;
-        if (!std::isfinite(f.loss) || !std::isfinite(f.grad_norm)) {
-          // The step was not taken; the rest of the round's are not either, and the worker
-          // abstains from the round's averages from here on.
-          s.diverged_round = req.round;
-          log_warn("worker " + std::to_string(s.index) + ": inner loss " +
-                   std::to_string(f.loss) + ", gradient norm " + std::to_string(f.grad_norm) +
-                   " at step " + std::to_string(now - start + i + 1) + " of round " +
-                   std::to_string(req.round + 1) + ": it stops its steps and sends nothing more " +
-                   "in this round");
+        if (State::diverged(f)) {
+          s.note_diverged(req.round, now - start + i + 1, f);
           break;
         }
       }
@@ -272,8 +265,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   out.inner.mean_loss = out.inner.steps > 0 ? worker.loss / out.inner.steps : 0.0;
   out.theta_hash = k.outer->theta_hash();
   out.group = group->names();
-  for (const dl::LeftOut& l : s_->guard_log.take())
-    out.left_out.push_back({l.member, l.fragment, l.rule, l.why});
+  out.left_out = notes_of(s_->guard_log.take());
   out.guard_seconds = s_->guard_log.take_seconds();
   if (!checkpoint_file.empty() || !inner_file.empty())
     s_->start_checkpoint(checkpoint_file, inner_file);

@@ -107,6 +107,13 @@ struct StreamCalls {
   double sent = 0;  // now_s() when they went out
 };
 
+// non_finite_inner (round_decisions.hpp) of a member's inner steps as it reported them.
+inline std::string non_finite_of(int member, const InnerResult& r, int of_steps) {
+  std::vector<StepHealth> health;
+  for (const StepFigures& f : r.per_step) health.push_back({f.loss, f.grad_norm});
+  return non_finite_inner(member, r.mean_loss, health, of_steps);
+}
+
 struct OuterAggregator::State {
   // The job file read, its folder and checkpoint.resume resolved under the node's roots
   // (refused naming the field); the actor's constructor validates the rest.
@@ -286,6 +293,7 @@ struct OuterAggregator::State {
   void check_memory();
   void deal_shards();
   void release(int i, const std::string& why);
+  void stop_slot(int i);
   // The guard's notes of round r (as every member reports them: the first's), recorded by slot.
   void note_left_out(int64_t r, const std::vector<LeftOutNote>& notes, double guard_seconds);
   // After round r completed: each member's streak of rounds left out; those at

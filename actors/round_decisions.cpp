@@ -224,16 +224,25 @@ bool inner_phase_closed(int reported, int members, int min, double grace_max_s, 
   return now >= quorum_at + window;
 }
 
-double member_scale(const std::vector<int64_t>& tokens, int rank) {
+double member_scale(const std::vector<int64_t>& tokens, int rank,
+                    std::span<const uint8_t> left_out) {
   if (rank < 0 || size_t(rank) >= tokens.size())
     throw std::invalid_argument("member_scale: rank " + std::to_string(rank) + " of " +
                                 std::to_string(tokens.size()) + " members");
+  if (!left_out.empty() && left_out.size() != tokens.size())
+    throw std::invalid_argument("member_scale: " + std::to_string(left_out.size()) +
+                                " flags for " + std::to_string(tokens.size()) + " members");
+  const auto out = [&](size_t i) { return !left_out.empty() && left_out[i] != 0; };
   int64_t total = 0;
-  for (int64_t t : tokens) {
-    if (t <= 0) throw std::invalid_argument("member_scale: a member processed no tokens");
-    total += t;
+  size_t counted = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] <= 0) throw std::invalid_argument("member_scale: a member processed no tokens");
+    if (out(i)) continue;
+    total += tokens[i];
+    ++counted;
   }
-  return double(tokens.size()) * double(tokens[size_t(rank)]) / double(total);
+  if (out(size_t(rank))) return 0.0;
+  return double(counted) * double(tokens[size_t(rank)]) / double(total);
 }
 
 }  // namespace loco::actors

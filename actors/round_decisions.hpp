@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -202,7 +203,10 @@ bool inner_phase_closed(int reported, int members, int min, double grace_max_s, 
 // The factor member `rank` scales its Δ by before the all-reduce so that the plain mean over
 // the group is the mean weighted by the tokens each member processed:
 // K · tokens[rank] / Σ tokens. Exactly 1 when every member processed as many tokens (the mean
-// is then today's, bit for bit: the worker skips the scaling).
-double member_scale(const std::vector<int64_t>& tokens, int rank);
+// is then today's, bit for bit: the worker skips the scaling). With `left_out`
+// (collective::Group::left_out: the guard's), over the members not left out only (K and Σ
+// theirs); 0 for a member left out.
+double member_scale(const std::vector<int64_t>& tokens, int rank,
+                    std::span<const uint8_t> left_out = {});
 
 }  // namespace loco::actors

@@ -1,6 +1,7 @@
 #include "diloco/averager.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -15,15 +16,24 @@ std::uint64_t allreduce_bytes_per_member(std::size_t n, int k, collective::Codec
   return collective::allreduce_payload_bytes(n, k, c);
 }
 
+std::vector<LeftOut> left_outs(int fragment, std::span<const std::string> names,
+                               std::span<const guard::Verdict> verdicts) {
+  std::vector<LeftOut> out;
+  for (std::size_t i = 0; i < verdicts.size(); ++i)
+    if (verdicts[i].left_out)
+      out.push_back({i < names.size() ? names[i] : std::to_string(i), fragment, verdicts[i].rule,
+                     verdicts[i].why});
+  return out;
+}
+
 void GuardLog::add(int fragment, std::span<const std::string> names,
                    std::span<const guard::Verdict> verdicts) {
+  std::vector<LeftOut> left = left_outs(fragment, names, verdicts);
   std::lock_guard<std::mutex> lock(mu_);
-  for (std::size_t i = 0; i < verdicts.size(); ++i) {
-    const guard::Verdict& v = verdicts[i];
-    if (v.left_out) {
-      items_.push_back({i < names.size() ? names[i] : std::to_string(i), fragment, v.rule, v.why});
-      continue;
-    }
+  items_.insert(items_.end(), std::make_move_iterator(left.begin()),
+                std::make_move_iterator(left.end()));
+  for (const guard::Verdict& v : verdicts) {
+    if (v.left_out) continue;
     margins_.norm_ratio = std::max(margins_.norm_ratio, v.norm_ratio);
     if (v.relative_agreement != 0)
       margins_.agreement = std::min(margins_.agreement.value_or(v.relative_agreement),
@@ -78,14 +88,11 @@ AverageStats LocalAverager::average(std::span<const std::span<float>> locals, co
   if (guard_.on) {
     // What each worker's summary says, exchanged and judged as the workers do.
     std::vector<guard::Summary> summaries;
-    std::vector<std::string> names;
-    for (int i = 0; i < k; ++i) {
-      summaries.push_back(guard::summarize(inputs[std::size_t(i)], std::size_t(guard_.sketch)));
-      names.push_back(std::to_string(i));
-    }
+    for (const auto& in : inputs)
+      summaries.push_back(guard::summarize(in, std::size_t(guard_.sketch)));
     const auto verdicts = guard::judge(guard::facts_of(summaries), guard_);
     mask = guard::mask_of(verdicts);
-    if (log_) log_->add(fragment, names, verdicts);
+    if (log_) log_->add(fragment, {}, verdicts);  // members named by their index
   }
   collective::local_allreduce(inputs, mean_, options_, mask);
   for (const auto& l : locals) std::copy(mean_.begin(), mean_.end(), l.begin());

@@ -38,10 +38,15 @@ struct LeftOut {
   std::string why;
 };
 
+// Those of `verdicts` that left their member out, as LeftOuts of `fragment`; names[i] is member
+// i's (none: its index).
+std::vector<LeftOut> left_outs(int fragment, std::span<const std::string> names,
+                               std::span<const guard::Verdict> verdicts);
+
 // The left-outs of a round's averages, from whichever threads ran them.
 class GuardLog {
  public:
-  // Those of `verdicts` that left their member out; names[i] is member i's.
+  // Those of `verdicts` that left their member out; names[i] is member i's (none: its index).
   void add(int fragment, std::span<const std::string> names,
            std::span<const guard::Verdict> verdicts);
   void add(LeftOut l);

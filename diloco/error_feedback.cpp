@@ -4,6 +4,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "runtime/collective/local.hpp"
+
 namespace loco::diloco {
 
 ErrorFeedback::ErrorFeedback(const TopkConfig& cfg, std::vector<std::size_t> sizes,
@@ -52,12 +54,12 @@ void ErrorFeedback::mean(int fragment, std::span<const std::span<const std::uint
                                 std::to_string(left_out.size()) + " for " +
                                 std::to_string(codes.size()) + " members");
   std::fill(out.begin(), out.end(), 0.0f);
-  std::size_t in = codes.size();
-  for (std::uint8_t l : left_out) in -= l ? 1 : 0;
+  std::size_t in = 0;
+  for (std::size_t k = 0; k < codes.size(); ++k) in += collective::is_left_out(left_out, k) ? 0 : 1;
   if (in == 0) return;
   const float scale = 1.0f / static_cast<float>(in);
   for (std::size_t k = 0; k < codes.size(); ++k) {
-    if (!left_out.empty() && left_out[k]) continue;
+    if (collective::is_left_out(left_out, k)) continue;
     try {
       collective::sparse::decode_add(codes[k], params_, scale, out);
     } catch (const collective::sparse::CodecError& e) {
@@ -108,14 +110,11 @@ std::shared_future<std::uint64_t> LocalSparseAverager::start(
                                 " inputs for " + std::to_string(means.size()) + " outputs");
   // Every member's code first: a mean may be written over its own Δ (the blocking round's).
   std::vector<std::vector<std::uint8_t>> codes;
-  std::vector<std::string> names;
-  for (std::size_t k = 0; k < deltas.size(); ++k) {
+  for (std::size_t k = 0; k < deltas.size(); ++k)
     codes.push_back(feedback_.encode(k, fragment, deltas[k]));
-    names.push_back(std::to_string(k));
-  }
   std::vector<std::span<const std::uint8_t>> views(codes.begin(), codes.end());
   const auto verdicts = judge_codes(feedback_, fragment, views, guard_);
-  if (log_) log_->add(fragment, names, verdicts);
+  if (log_) log_->add(fragment, {}, verdicts);  // members named by their index
   feedback_.mean(fragment, views, means[0], guard::mask_of(verdicts));
   for (std::size_t k = 1; k < means.size(); ++k)
     std::copy(means[0].begin(), means[0].end(), means[k].begin());

@@ -7,6 +7,8 @@
 #include <limits>
 #include <random>
 
+#include "diloco/data.hpp"
+
 namespace loco::diloco::guard {
 
 static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
@@ -17,13 +19,6 @@ constexpr std::uint8_t kMagic[4] = {'L', 'O', 'G', 'S'};
 constexpr std::uint8_t kVersion = 1;
 constexpr std::uint8_t kAbstain = 1, kFinite = 2;
 constexpr std::size_t kHeader = 20;
-
-std::uint64_t splitmix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -51,7 +46,7 @@ std::vector<std::size_t> sketch_indices(std::size_t n, std::size_t m) {
   for (std::size_t j = 0; j < m; ++j) {
     // Stride j is [j n / m, (j+1) n / m): not empty since n > m.
     const std::size_t lo = j * n / m, hi = (j + 1) * n / m;
-    out[j] = lo + static_cast<std::size_t>(splitmix(j) % (hi - lo));
+    out[j] = lo + static_cast<std::size_t>(splitmix64(j) % (hi - lo));
   }
   return out;
 }
@@ -79,7 +74,7 @@ Summary abstaining(std::size_t n, std::size_t m) {
   Summary s;
   s.abstain = true;
   s.finite = false;
-  s.sketch.assign(std::min(n, m), 0.0f);
+  s.sketch.assign(sketch_size(n, m), 0.0f);
   return s;
 }
 
@@ -370,7 +365,7 @@ void corrupt(std::span<float> delta, Fault fault, std::uint64_t seed) {
     case Fault::noise: {
       double sq = 0;
       for (float v : delta) sq += double(v) * v;
-      std::mt19937_64 rng(splitmix(seed));
+      std::mt19937_64 rng(splitmix64(seed));
       // Box–Muller on the generator's bits by hand: the standard distributions' values may
       // differ between libraries.
       const auto u = [](std::mt19937_64& r) { return double(r() >> 11) * 0x1.0p-53; };

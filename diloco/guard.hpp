@@ -54,6 +54,9 @@ struct Summary {
   std::vector<float> sketch;  // Δ at sketch_indices(n, m) (zeros when not finite)
 };
 
+// The values a summary of n values samples when asked for m: min(n, m).
+inline std::size_t sketch_size(std::size_t n, std::size_t m) { return n < m ? n : m; }
+
 // The m indices of n that a summary samples: one in each of m equal strides, at a fixed
 // pseudo-random offset inside it (all of 0..n-1 when n <= m). The same on every member.
 std::vector<std::size_t> sketch_indices(std::size_t n, std::size_t m);

@@ -164,13 +164,23 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
   return stats;
 }
 
+namespace {
+
+// `model`'s loss in the job's arithmetic: with precision bf16 the forward under autocast, as
+// torch.autocast advises (the backward then runs each op in the dtype its forward ran in:
+// bf16 matmuls, fp32 norms and loss, and the gradients of the fp32 parameters come out fp32
+// through the casts).
+torch::Tensor model_loss(Gpt& model, Precision precision, torch::DeviceType device,
+                         const torch::Tensor& idx, const torch::Tensor& targets) {
+  if (precision == Precision::fp32) return model->loss(idx, targets);
+  AutocastGuard autocast(device, true, at::kBFloat16);
+  return model->loss(idx, targets);
+}
+
+}  // namespace
+
 torch::Tensor InnerTrainer::forward_loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  if (cfg_.precision == Precision::fp32) return model_->loss(idx, targets);
-  // Autocast covers the forward only, as torch.autocast advises: the backward runs each op
-  // in the dtype its forward ran in (bf16 matmuls, fp32 norms and loss), and the gradients
-  // of the fp32 parameters come out fp32 through the casts.
-  AutocastGuard autocast(params_.device().type(), true, at::kBFloat16);
-  return model_->loss(idx, targets);
+  return model_loss(model_, cfg_.precision, params_.device().type(), idx, targets);
 }
 
 void InnerTrainer::pseudo_gradient(const torch::Tensor& theta_global, std::span<float> out,
@@ -236,13 +246,8 @@ double mean_loss(Gpt& model, const JobConfig& cfg, torch::Device device,
   double sum = 0;
   for (std::int64_t b = 0; b < n; b += cfg.inner.batch_size) {
     auto w = windows.slice(0, b, std::min<std::int64_t>(n, b + cfg.inner.batch_size)).to(device);
-    torch::Tensor loss;
-    if (cfg.precision == Precision::fp32) {
-      loss = model->loss(w.slice(1, 0, ctx), w.slice(1, 1, ctx + 1));
-    } else {
-      AutocastGuard autocast(device.type(), true, at::kBFloat16);
-      loss = model->loss(w.slice(1, 0, ctx), w.slice(1, 1, ctx + 1));
-    }
+    const torch::Tensor loss =
+        model_loss(model, cfg.precision, device.type(), w.slice(1, 0, ctx), w.slice(1, 1, ctx + 1));
     sum += loss.item<double>() * static_cast<double>(w.size(0));
   }
   return sum / static_cast<double>(n);

@@ -32,27 +32,48 @@ std::set<std::pair<int, std::string>> left_out(const nlohmann::json& line) {
   return out;
 }
 
+// How many left-outs a metrics line records (its "left_out" entries).
+size_t left_out_count(const nlohmann::json& line) {
+  return line.contains("left_out") ? line["left_out"].size() : 0;
+}
+
+// A job `t` on 3 one-worker nodes that load the fault plugin with $LOCO_FAULT = `fault`, run to
+// its end (bounded): whether it succeeded (with why not), its log and its metrics by round.
+struct Finished {
+  bool succeeded = false;
+  std::string why, log;
+  std::map<int, nlohmann::json> metrics;
+};
+Finished run_with_fault(const std::string& fault, const TestJob& t) {
+  ScopedEnv env("LOCO_FAULT", fault);
+  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
+  Client client(c.head_address());
+  JobHandle j = client.submit(JobSpec::from_yaml(t.yaml()));
+  const JobInfo end = j.wait(Millis(300000));
+  Finished f;
+  f.succeeded = end.state == JobState::succeeded;
+  f.log = log_text(j);
+  f.why = end.message + "\n" + f.log;
+  f.metrics = metrics_by_round(t.ckpt + "/" + j.id());
+  return f;
+}
+
 using Guard = DilocoJob;
 
 // Worker 1 of 3 sends Δ × 100 from round 2 on. Rounds 2 and 3 leave it out (rule norm); after
 // guard.evict_after = 2 it is removed, named with the round and the rule, and the other two
 // finish the job; the job's loss falls as a healthy one's does.
 TEST_F(Guard, AScaledUpdateIsLeftOutAndItsWorkerRemoved) {
-  ScopedEnv fault("LOCO_FAULT", "worker=1,round=2,corrupt=scale");
-  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
-  Client client(c.head_address());
   TestJob t = job(3, 1, 5);
   t.guard = "{evict_after: 2}";
-  JobHandle j = client.submit(JobSpec::from_yaml(t.yaml()));
-  for (const RoundReport& r : j.watch()) (void)r;  // to the job's end (bounded by its rounds)
-  const JobInfo end = j.wait(Millis(60000));
-  const std::string log = log_text(j);
-  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  const Finished f = run_with_fault("worker=1,round=2,corrupt=scale", t);
+  ASSERT_TRUE(f.succeeded) << f.why;
+  const std::string& log = f.log;
   EXPECT_TRUE(contains(log, "the guard left worker 1 out of the average (norm)")) << log;
   EXPECT_TRUE(contains(log, "worker 1 removed from the job: the guard left it out of 2 rounds "
                             "in a row, the last round 3 (rule norm")) << log;
   EXPECT_FALSE(contains(log, "holds a different")) << log;
-  const auto m = metrics_by_round(dir_ + "/ckpt/" + j.id());
+  const auto& m = f.metrics;
   ASSERT_EQ(m.size(), 6u);
   EXPECT_TRUE(left_out(m.at(1)).empty()) << m.at(1);
   for (int r : {2, 3})
@@ -72,7 +93,6 @@ TEST_F(Guard, AScaledUpdateIsLeftOutAndItsWorkerRemoved) {
 // (evict_after 0), and the job is the simulator's with the same fault bit for bit: θ's hash
 // every round, and the same left-outs (`loco-train --corrupt 1:2:flip`).
 TEST_F(Guard, AFlippedUpdateIsLeftOutInStreamingModeAsTheSimulatorLeavesItOut) {
-  ScopedEnv fault("LOCO_FAULT", "worker=2,round=2,corrupt=flip");
   TestJob t = job(3, 3, 4);
   t.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
   t.guard = "{evict_after: 0}";
@@ -82,16 +102,11 @@ TEST_F(Guard, AFlippedUpdateIsLeftOutInStreamingModeAsTheSimulatorLeavesItOut) {
                   dir_ + "/sim", "--corrupt", "1:2:flip"},
                  Subprocess::Options{.log_path = dir_ + "/sim.log"});
   ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
-  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
-  Client client(c.head_address());
-  JobHandle j = client.submit(JobSpec::from_yaml(t.yaml()));
-  for (const RoundReport& r : j.watch()) (void)r;
-  const JobInfo end = j.wait(Millis(60000));
-  const std::string log = log_text(j);
-  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
-  EXPECT_TRUE(contains(log, "the guard left worker 2 out of the average of fragment")) << log;
-  EXPECT_FALSE(contains(log, "removed from the job")) << log;
-  const auto m = metrics_by_round(dir_ + "/ckpt/" + j.id());
+  const Finished f = run_with_fault("worker=2,round=2,corrupt=flip", t);
+  ASSERT_TRUE(f.succeeded) << f.why;
+  EXPECT_TRUE(contains(f.log, "the guard left worker 2 out of the average of fragment")) << f.log;
+  EXPECT_FALSE(contains(f.log, "removed from the job")) << f.log;
+  const auto& m = f.metrics;
   const auto s = metrics_by_round(dir_ + "/sim");
   ASSERT_EQ(m.size(), 5u);
   ASSERT_EQ(s.size(), 5u);
@@ -105,8 +120,8 @@ TEST_F(Guard, AFlippedUpdateIsLeftOutInStreamingModeAsTheSimulatorLeavesItOut) {
       EXPECT_EQ(worker, 2) << m.at(r);
       EXPECT_EQ(rule, "direction") << m.at(r);
     }
-    if (m.at(r).contains("left_out")) job_notes += m.at(r)["left_out"].size();
-    if (s.at(r).contains("left_out")) sim_notes += s.at(r)["left_out"].size();
+    job_notes += left_out_count(m.at(r));
+    sim_notes += left_out_count(s.at(r));
     EXPECT_EQ(m.at(r)["workers"], 3) << m.at(r);
   }
   EXPECT_EQ(job_notes, sim_notes);
@@ -120,19 +135,13 @@ TEST_F(Guard, AFlippedUpdateIsLeftOutInStreamingModeAsTheSimulatorLeavesItOut) {
 // the round (recorded as `abstained`), the others average without it, and it comes back with
 // the outer state for round 3; nothing is redone and nobody is removed (one round only).
 TEST_F(Guard, AWorkerWhoseLossTurnsNaNStopsItsRoundAndSendsNothing) {
-  ScopedEnv fault("LOCO_FAULT", "worker=1,round=2,at=diverge");
-  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
-  Client client(c.head_address());
-  JobHandle j = client.submit(JobSpec::from_yaml(job(3, 1, 4).yaml()));
-  for (const RoundReport& r : j.watch()) (void)r;
-  const JobInfo end = j.wait(Millis(60000));
-  const std::string log = log_text(j);
-  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
-  EXPECT_TRUE(contains(log, "worker 1's inner loss became non-finite (nan) at step 5 of 10"))
-      << log;
-  EXPECT_FALSE(contains(log, "redone")) << log;
-  EXPECT_FALSE(contains(log, "removed from the job")) << log;
-  const auto m = metrics_by_round(dir_ + "/ckpt/" + j.id());
+  const Finished f = run_with_fault("worker=1,round=2,at=diverge", job(3, 1, 4));
+  ASSERT_TRUE(f.succeeded) << f.why;
+  EXPECT_TRUE(contains(f.log, "worker 1's inner loss became non-finite (nan) at step 5 of 10"))
+      << f.log;
+  EXPECT_FALSE(contains(f.log, "redone")) << f.log;
+  EXPECT_FALSE(contains(f.log, "removed from the job")) << f.log;
+  const auto& m = f.metrics;
   ASSERT_EQ(m.size(), 5u);
   EXPECT_EQ(left_out(m.at(2)), (std::set<std::pair<int, std::string>>{{1, "abstained"}}))
       << m.at(2);
@@ -148,19 +157,13 @@ TEST_F(Guard, AWorkerWhoseLossTurnsNaNStopsItsRoundAndSendsNothing) {
 // round's two fragment averages (rule `abstained`), which the others finish; θ stays the same
 // on every member.
 TEST_F(Guard, AStreamingWorkerWhoseLossTurnsNaNAbstainsFromTheRestOfItsRound) {
-  ScopedEnv fault("LOCO_FAULT", "worker=2,round=2,at=diverge");
-  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
-  Client client(c.head_address());
   TestJob t = job(3, 3, 4);
   t.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
-  JobHandle j = client.submit(JobSpec::from_yaml(t.yaml()));
-  for (const RoundReport& r : j.watch()) (void)r;
-  const JobInfo end = j.wait(Millis(60000));
-  const std::string log = log_text(j);
-  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
-  EXPECT_TRUE(contains(log, "it stopped its steps and sent nothing more in round 2")) << log;
-  EXPECT_FALSE(contains(log, "holds a different")) << log;
-  const auto m = metrics_by_round(dir_ + "/ckpt/" + j.id());
+  const Finished f = run_with_fault("worker=2,round=2,at=diverge", t);
+  ASSERT_TRUE(f.succeeded) << f.why;
+  EXPECT_TRUE(contains(f.log, "it stopped its steps and sent nothing more in round 2")) << f.log;
+  EXPECT_FALSE(contains(f.log, "holds a different")) << f.log;
+  const auto& m = f.metrics;
   ASSERT_EQ(m.size(), 5u);
   size_t notes = 0;
   for (int r = 1; r <= 4; ++r) {
@@ -168,7 +171,7 @@ TEST_F(Guard, AStreamingWorkerWhoseLossTurnsNaNAbstainsFromTheRestOfItsRound) {
       EXPECT_EQ(worker, 2) << m.at(r);
       EXPECT_EQ(rule, "abstained") << m.at(r);
     }
-    if (m.at(r).contains("left_out")) notes += m.at(r)["left_out"].size();
+    notes += left_out_count(m.at(r));
   }
   EXPECT_EQ(notes, 2u) << "round 2's two fragments";
 }

@@ -286,6 +286,13 @@ TEST(Stragglers, TokenWeightsAreExactlyOneWhenEqual) {
   EXPECT_DOUBLE_EQ(member_scale(t, 1), 1.5);
   EXPECT_THROW(member_scale(t, 3), std::invalid_argument);
   EXPECT_THROW(member_scale({0, 5}, 0), std::invalid_argument);
+  // The guard left member 1 out: the others' weights are over the two of them, its own 0.
+  const std::vector<uint8_t> out = {0, 1, 0};
+  EXPECT_DOUBLE_EQ(member_scale(t, 0, out), 2.0 * 100 / 300);
+  EXPECT_DOUBLE_EQ(member_scale(t, 2, out), 2.0 * 200 / 300);
+  EXPECT_EQ(member_scale(t, 1, out), 0.0);
+  EXPECT_EQ(member_scale(t, 1, std::vector<uint8_t>{0, 0, 0}), member_scale(t, 1));
+  EXPECT_THROW(member_scale(t, 0, std::vector<uint8_t>{0, 1}), std::invalid_argument);
 }
 
 }  // namespace
