@@ -22,17 +22,7 @@
 #include "runtime/collective/sparse.hpp"
 
 using namespace loco::diloco;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-
-double seconds_of(auto&& f) {
-  const auto t0 = Clock::now();
-  f();
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-}  // namespace
+using loco::bench::seconds_of;
 
 int main(int argc, char** argv) {
   CLI::App app{"bench/guard: the guard's CPU work on one core"};

@@ -22,19 +22,9 @@
 
 using namespace loco::collective;
 
-namespace {
-
 using loco::bench::gradient_like;
 using loco::bench::median;
-using Clock = std::chrono::steady_clock;
-
-double seconds_of(auto&& f) {
-  const auto t0 = Clock::now();
-  f();
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-}  // namespace
+using loco::bench::seconds_of;
 
 int main(int argc, char** argv) {
   CLI::App app{"bench/sparse_codec: the sparse top-k codec against int8, one core"};
