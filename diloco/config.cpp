@@ -309,7 +309,7 @@ Field compression_field() {
   Field f{"",
           "compression",
           "the pseudo-gradients' numerics: fp32|fp16|bf16|int8, or {kind: topk, chunk, k, bits, "
-          "error_feedback, outer: sparseloco|nesterov}",
+          "error_feedback, outer: sparseloco|nesterov, mean: members|senders}",
           {},
           {},
           {},
@@ -325,18 +325,18 @@ Field compression_field() {
     }
     for (const auto& kv : node) {
       const std::string name = kv.first.as<std::string>();
-      static const std::set<std::string> known = {"kind",           "chunk", "k", "bits",
-                                                  "error_feedback", "outer"};
+      static const std::set<std::string> known = {"kind", "chunk",          "k",     "bits",
+                                                  "error_feedback",  "outer", "mean"};
       if (!known.count(name))
         throw ConfigError(key + "." + name + ": unknown field (kind, chunk, k, bits, " +
-                          "error_feedback, outer)");
+                          "error_feedback, outer, mean)");
     }
     std::string kind;
     read(node, key, "kind", kind);
     if (kind != "topk") {
       read_codec(node, "kind", c.compression);
       c.topk.on = false;
-      for (const char* only : {"chunk", "k", "bits", "error_feedback", "outer"})
+      for (const char* only : {"chunk", "k", "bits", "error_feedback", "outer", "mean"})
         if (node[only])
           throw ConfigError(key + "." + only + ": only with kind: topk, not " + quoted(kind));
       return;
@@ -350,6 +350,9 @@ Field compression_field() {
     read_enum(node, key, "outer", c.topk.outer,
               std::array<std::pair<const char*, OuterRule>, 2>{
                   {{"sparseloco", OuterRule::sparseloco}, {"nesterov", OuterRule::nesterov}}});
+    read_enum(node, key, "mean", c.topk.mean,
+              std::array<std::pair<const char*, SparseMean>, 2>{
+                  {{"members", SparseMean::members}, {"senders", SparseMean::senders}}});
   };
   f.write = [](YAML::Emitter& out, const JobConfig& c) {
     if (!c.topk.on) {
@@ -361,7 +364,9 @@ Field compression_field() {
         << c.topk.k << YAML::Key << "bits" << YAML::Value << c.topk.bits << YAML::Key
         << "error_feedback" << YAML::Value << c.topk.error_feedback << YAML::Key << "outer"
         << YAML::Value
-        << (c.topk.outer == OuterRule::sparseloco ? "sparseloco" : "nesterov") << YAML::EndMap;
+        << (c.topk.outer == OuterRule::sparseloco ? "sparseloco" : "nesterov") << YAML::Key
+        << "mean" << YAML::Value << (c.topk.mean == SparseMean::members ? "members" : "senders")
+        << YAML::EndMap;
   };
   f.check = [](const JobConfig& c, const std::string& path) {
     if (!c.topk.on) return;

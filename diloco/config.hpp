@@ -179,7 +179,12 @@ struct OuterConfig {
 //   outer: sparseloco: the error feedback takes the outer momentum's place (the outer step is
 //          θ ← θ − outer.lr · mean, momentum unused; SparseLoCo runs outer.lr 1.0, β 0.95);
 //          nesterov: the job's outer SGD with Nesterov momentum, on the sparse mean.
+//   mean: members: each entry of the mean is the members' sum over K (SparseLoCo's rule: an entry
+//         one member sent arrives divided by K); senders: over the members that sent that entry
+//         (Templar's "average the overlapping indices"), so an entry one member sent arrives
+//         whole.
 enum class OuterRule { sparseloco, nesterov };
+enum class SparseMean { members, senders };
 struct TopkConfig {
   bool on = false;  // compression.kind is topk; otherwise `compression` is a dense codec
   int chunk = 4096;
@@ -187,6 +192,7 @@ struct TopkConfig {
   int bits = 2;
   double error_feedback = 0.95;  // β
   OuterRule outer = OuterRule::sparseloco;
+  SparseMean mean = SparseMean::members;
 };
 
 // How a round's pseudo-gradients are synchronized (docs/design.md, Decisions, Overlap).

@@ -10,7 +10,9 @@ namespace loco::diloco {
 
 ErrorFeedback::ErrorFeedback(const TopkConfig& cfg, std::vector<std::size_t> sizes,
                              std::size_t replicas)
-    : beta_(static_cast<float>(cfg.error_feedback)), sizes_(std::move(sizes)) {
+    : beta_(static_cast<float>(cfg.error_feedback)),
+      over_senders_(cfg.mean == SparseMean::senders),
+      sizes_(std::move(sizes)) {
   params_.chunk = static_cast<std::uint32_t>(cfg.chunk);
   params_.k = static_cast<std::uint32_t>(cfg.k);
   params_.bits = static_cast<std::uint32_t>(cfg.bits);
@@ -57,17 +59,21 @@ void ErrorFeedback::mean(int fragment, std::span<const std::span<const std::uint
   std::size_t in = 0;
   for (std::size_t k = 0; k < codes.size(); ++k) in += collective::is_left_out(left_out, k) ? 0 : 1;
   if (in == 0) return;
-  const float scale = 1.0f / static_cast<float>(in);
+  // members: Σ/K as it goes; senders: Σ first, then each entry over the members that sent it.
+  std::vector<std::uint16_t> senders(over_senders_ ? out.size() : 0, 0);
+  const float scale = over_senders_ ? 1.0f : 1.0f / static_cast<float>(in);
   for (std::size_t k = 0; k < codes.size(); ++k) {
     if (collective::is_left_out(left_out, k)) continue;
     try {
-      collective::sparse::decode_add(codes[k], params_, scale, out);
+      collective::sparse::decode_add(codes[k], params_, scale, out, senders);
     } catch (const collective::sparse::CodecError& e) {
       throw collective::sparse::CodecError("the sparse code of member " + std::to_string(k) +
                                            " of fragment " + std::to_string(fragment) + ": " +
                                            e.what());
     }
   }
+  for (std::size_t i = 0; i < senders.size(); ++i)
+    if (senders[i] > 1) out[i] /= static_cast<float>(senders[i]);
 }
 
 void ErrorFeedback::save(torch::serialize::OutputArchive& ar, const std::string& prefix,

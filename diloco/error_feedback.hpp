@@ -36,7 +36,8 @@ class ErrorFeedback {
   std::vector<std::uint8_t> encode(std::size_t replica, int fragment,
                                    std::span<const float> delta);
   // out = (1/K)·Σ_k decode(codes[k]), k in member order, over the K members that `left_out`
-  // (one byte each, or empty: none) does not name. A code that is not fragment f's
+  // (one byte each, or empty: none) does not name; with mean: senders, each entry's sum over
+  // the members whose code sent it instead of K. A code that is not fragment f's
   // (collective::sparse::CodecError) is named by its member's position. All left out: zeros.
   void mean(int fragment, std::span<const std::span<const std::uint8_t>> codes,
             std::span<float> out, std::span<const std::uint8_t> left_out = {}) const;
@@ -51,6 +52,7 @@ class ErrorFeedback {
  private:
   collective::sparse::Params params_;
   float beta_;
+  bool over_senders_;  // TopkConfig::mean is senders
   std::vector<std::size_t> sizes_;
   std::vector<std::vector<std::vector<float>>> buffers_;  // [replica][fragment]
   std::vector<float> sent_;                               // scratch

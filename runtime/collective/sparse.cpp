@@ -374,7 +374,8 @@ struct BitReader {
 // Walks the chunks of a payload whose total size has been checked: kCheck checks every field
 // and touches nothing; otherwise it adds (and checks nothing).
 template <bool kCheck>
-void walk(const uint8_t* src, const Params& p, float scale, float* acc, size_t n) {
+void walk(const uint8_t* src, const Params& p, float scale, float* acc, size_t n,
+          uint16_t* senders) {
   const uint32_t ib = index_bits(p), w = ib + p.bits;
   const uint32_t index_mask = (1u << ib) - 1;
   float rep[kMaxLevels];
@@ -412,6 +413,7 @@ void walk(const uint8_t* src, const Params& p, float scale, float* acc, size_t n
         prev = i;
       } else {
         acc[o + i] += rep[level];
+        if (senders) ++senders[o + i];
       }
     }
     if constexpr (kCheck) {
@@ -500,7 +502,7 @@ std::vector<uint8_t> encode(std::span<const float> x, const Params& p, std::span
 }
 
 void decode_add(std::span<const uint8_t> bytes, const Params& p, float scale,
-                std::span<float> acc) {
+                std::span<float> acc, std::span<uint16_t> senders) {
   p.validate();
   const size_t n = acc.size();
   const uint8_t* b = bytes.data();
@@ -527,8 +529,12 @@ void decode_add(std::span<const uint8_t> bytes, const Params& p, float scale,
   if (bytes.size() > expected)
     fail("trailing bytes: " + std::to_string(bytes.size()) + " bytes, expected " +
          std::to_string(expected));
-  walk<true>(b + kHeaderBytes, p, scale, acc.data(), n);
-  walk<false>(b + kHeaderBytes, p, scale, acc.data(), n);
+  if (!senders.empty() && senders.size() != n)
+    throw std::invalid_argument("decode_add: " + std::to_string(senders.size()) +
+                                " sender counts for " + std::to_string(n) + " values");
+  walk<true>(b + kHeaderBytes, p, scale, acc.data(), n, nullptr);
+  walk<false>(b + kHeaderBytes, p, scale, acc.data(), n,
+              senders.empty() ? nullptr : senders.data());
 }
 
 }  // namespace loco::collective::sparse

@@ -62,7 +62,9 @@ size_t encoded_bytes(size_t n, const Params& p);
 // acc[i] += scale * decoded[i] where something was sent (n = acc.size()). `bytes` are checked
 // whole before acc is touched: on a throw (CodecError; std::invalid_argument for bad local
 // params) acc is unchanged. Allocates nothing; every size it uses comes from n and p.
-void decode_add(std::span<const uint8_t> bytes, const Params& p, float scale, std::span<float> acc);
+// `senders`, when not empty (n counters), counts each entry this code sent: senders[i] += 1.
+void decode_add(std::span<const uint8_t> bytes, const Params& p, float scale, std::span<float> acc,
+                std::span<uint16_t> senders = {});
 
 namespace detail {
 // encode() with the AVX2 selection off (use_simd = false) or on where the CPU has it: the

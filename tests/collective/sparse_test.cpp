@@ -358,6 +358,26 @@ TEST(SparseCodec, DecodeAddScalesAndAddsInOrder) {
   EXPECT_TRUE(same_bits(acc, want));
 }
 
+// compression.mean: senders counts, per entry, the codes that sent it; decoding is unchanged.
+TEST(SparseCodec, DecodeAddCountsTheSendersOfEachEntry) {
+  const Params p{512, 32, 2};
+  const size_t n = 2000;
+  std::vector<float> plain(n, 0.0f), counted(n, 0.0f);
+  std::vector<uint16_t> senders(n, 0), want(n, 0);
+  for (int member = 0; member < 3; ++member) {
+    const Encoded e = encode_of(normal_data(200 + member, n), p);
+    for (size_t i = 0; i < n; ++i) want[i] += e.sent[i] != 0.0f ? 1 : 0;
+    decode_add(e.bytes, p, 1.0f, plain);
+    decode_add(e.bytes, p, 1.0f, counted, senders);
+  }
+  EXPECT_TRUE(same_bits(plain, counted));
+  EXPECT_EQ(senders, want);
+  EXPECT_GT(*std::max_element(want.begin(), want.end()), 1);  // some entries overlap
+  std::vector<uint16_t> short_counts(n - 1, 0);
+  const Encoded e = encode_of(normal_data(7, n), p);
+  EXPECT_THROW(decode_add(e.bytes, p, 1.0f, counted, short_counts), std::invalid_argument);
+}
+
 TEST(SparseCodec, ParamsAndInputsAreValidated) {
   auto names = [](const Params& p, const char* field) {
     try {

@@ -159,7 +159,7 @@ TEST(Config, TopkCompressionParsesValidatesAndRoundTrips) {
   const std::string topk =
       replace(kJob, "compression: int8",
               "compression: {kind: topk, chunk: 1024, k: 16, bits: 3, error_feedback: 0.9, "
-              "outer: nesterov}");
+              "outer: nesterov, mean: senders}");
   const auto c = JobConfig::from_yaml(topk);
   EXPECT_TRUE(c.topk.on);
   EXPECT_EQ(c.topk.chunk, 1024);
@@ -167,12 +167,14 @@ TEST(Config, TopkCompressionParsesValidatesAndRoundTrips) {
   EXPECT_EQ(c.topk.bits, 3);
   EXPECT_DOUBLE_EQ(c.topk.error_feedback, 0.9);
   EXPECT_EQ(c.topk.outer, OuterRule::nesterov);
+  EXPECT_EQ(c.topk.mean, SparseMean::senders);
   EXPECT_EQ(c.compression, Codec::fp32);
   EXPECT_DOUBLE_EQ(c.outer_step().momentum, c.outer.momentum);  // nesterov keeps it
   const auto again = JobConfig::from_yaml(c.to_yaml());
   EXPECT_TRUE(again.topk.on);
   EXPECT_EQ(again.topk.k, 16);
   EXPECT_EQ(again.topk.outer, OuterRule::nesterov);
+  EXPECT_EQ(again.topk.mean, SparseMean::senders);
   EXPECT_EQ(again.to_yaml(), c.to_yaml());
   // Defaults: SparseLoCo's, whose error feedback replaces the outer momentum.
   const auto d = JobConfig::from_yaml(replace(kJob, "compression: int8", "compression: {kind: topk}"));
@@ -181,6 +183,7 @@ TEST(Config, TopkCompressionParsesValidatesAndRoundTrips) {
   EXPECT_EQ(d.topk.bits, 2);
   EXPECT_DOUBLE_EQ(d.topk.error_feedback, 0.95);
   EXPECT_EQ(d.topk.outer, OuterRule::sparseloco);
+  EXPECT_EQ(d.topk.mean, SparseMean::members);
   EXPECT_EQ(d.outer_step().momentum, 0.0);
   // About 0.031 bytes a value gathered against int8's 2 (K-1)/K: 63 for a large model, a few
   // fewer for this one, whose chunks' headers weigh more.
@@ -203,6 +206,8 @@ TEST(Config, TopkCompressionParsesValidatesAndRoundTrips) {
             std::string::npos);
   EXPECT_NE(bad("{kind: topk, outer: adam}").find("compression.outer: expected one of sparseloco|nesterov"),
             std::string::npos) << bad("{kind: topk, outer: adam}");
+  EXPECT_NE(bad("{kind: topk, mean: median}").find("compression.mean: expected one of members|senders"),
+            std::string::npos) << bad("{kind: topk, mean: median}");
   EXPECT_NE(bad("{kind: topk, topk: 3}").find("compression.topk: unknown field"), std::string::npos);
   EXPECT_NE(bad("{kind: int8, k: 3}").find("compression.k: only with kind: topk"), std::string::npos);
   EXPECT_NE(bad("{kind: int4}").find("expected one of fp32|fp16|bf16|int8"), std::string::npos);

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "diloco/error_feedback.hpp"
 #include "diloco/memory.hpp"
 #include "diloco/simulator.hpp"
 #include "diloco/streaming_round.hpp"
@@ -17,6 +18,7 @@
 
 using namespace loco::diloco;
 using loco::collective::Codec;
+namespace collective = loco::collective;
 
 namespace {
 
@@ -884,6 +886,51 @@ TEST_F(DilocoTest, TopkCheckpointResumesBitIdenticallyInEverySyncMode) {
   a.run_round();
   b.run_round();
   EXPECT_NE(a.theta_hash(), b.theta_hash());
+}
+
+// compression.mean: senders divides each entry's sum by the members whose code sent it, not by
+// K: an entry one member sent arrives whole, one that several sent is their mean.
+TEST(ErrorFeedbackMean, SendersDividesEachEntryByItsSenders) {
+  TopkConfig cfg;
+  cfg.on = true;
+  cfg.chunk = 64;
+  cfg.k = 8;
+  const std::size_t n = 640, members = 3;
+  TopkConfig senders_cfg = cfg;
+  senders_cfg.mean = SparseMean::senders;
+  ErrorFeedback by_members(cfg, {n}, members), by_senders(senders_cfg, {n}, members);
+  std::vector<std::vector<std::uint8_t>> codes;
+  std::vector<std::vector<float>> decoded;
+  for (std::size_t m = 0; m < members; ++m) {
+    std::vector<float> delta(n);
+    for (std::size_t i = 0; i < n; ++i)
+      delta[i] = std::sin(0.37f * float(i)) * float(1 + (i * 7) % 5) +  // shared by all
+                 2.0f * std::sin(1.3f * float(i) + float(m));          // each member's own
+    codes.push_back(by_members.encode(m, 0, delta));
+    EXPECT_EQ(by_senders.encode(m, 0, delta), codes.back());  // the same codes either way
+    decoded.emplace_back(n, 0.0f);
+    collective::sparse::decode_add(codes.back(), by_members.params(), 1.0f, decoded.back());
+  }
+  std::vector<std::span<const std::uint8_t>> views(codes.begin(), codes.end());
+  std::vector<float> over_k(n), over_senders(n);
+  by_members.mean(0, views, over_k);
+  by_senders.mean(0, views, over_senders);
+  int alone = 0, shared = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    float sum = 0;
+    int count = 0;
+    for (std::size_t m = 0; m < members; ++m)
+      if (decoded[m][i] != 0.0f) sum += decoded[m][i], ++count;
+    if (count == 0) {
+      EXPECT_EQ(over_senders[i], 0.0f);
+      continue;
+    }
+    (count == 1 ? alone : shared) += 1;
+    EXPECT_FLOAT_EQ(over_senders[i], sum / float(count)) << "entry " << i;
+    EXPECT_FLOAT_EQ(over_k[i], sum / float(members)) << "entry " << i;
+  }
+  EXPECT_GT(alone, 0);
+  EXPECT_GT(shared, 0);
 }
 
 // ---- The guard (diloco/guard.hpp): broken or hostile pseudo-gradients ---------------------
