@@ -155,7 +155,13 @@ std::string via_of(const std::string& peer) {
 void Core::attach_as(const std::string& node_id) {
   std::lock_guard<std::mutex> lock(calls_mu_);
   attached_as_ = node_id;
+  attach_confirmed_ = false;
   last_attach_ = 0;  // the I/O thread's next tick says so
+}
+
+bool Core::wait_attached(Millis timeout) {
+  std::unique_lock<std::mutex> lock(calls_mu_);
+  return attach_cv_.wait_for(lock, timeout, [&] { return attach_confirmed_; });
 }
 
 Core::~Core() { shutdown(); }
@@ -334,7 +340,7 @@ void Core::await(CallState& st, Millis timeout) {
       !st.ref->fixed) {
     // Next call through any copy of the handle asks the head where the actor is now.
     std::lock_guard<std::mutex> lock(st.ref->mu);
-    if (st.ref->address == st.peer) st.ref->address.clear();
+    if (route(st.ref->address) == st.peer) st.ref->address.clear();
   }
   throw_error(st.error_type, st.error_message);
 }
@@ -462,7 +468,15 @@ void Core::on_reply(const std::string& peer, std::vector<zmq::message_t>&& frame
     PeerState& ps = peers_[peer];
     ps.last_heard = now;
     dead_peers_.erase(peer);
-    if (d.env.k() == Kind::Pong) return;
+    if (d.env.k() == Kind::Pong) {
+      // The head's answer to an attach names the node it forwards to now.
+      if (!d.env.via.empty() && d.env.via == attached_as_ && peer == opts_.head_address &&
+          !attach_confirmed_) {
+        attach_confirmed_ = true;
+        attach_cv_.notify_all();
+      }
+      return;
+    }
     // A node reached through the head takes calls from it on this connection, and only from it.
     if (call) {
       takes_calls = !attached_as_.empty() && peer == opts_.head_address;
@@ -1239,6 +1253,7 @@ void Core::attach(zmq::message_t&& rid, const Envelope& env, const security::Ide
                                   "flight");
   Envelope pong;
   pong.kind = static_cast<uint8_t>(Kind::Pong);
+  pong.via = node;  // the node learns that the head forwards to it now
   transport_->reply(std::move(rid), encode(pong));
 }
 

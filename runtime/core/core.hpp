@@ -106,6 +106,10 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   // head now and every heartbeat that the connection to it serves `node_id`, and takes the
   // calls the head forwards on it. Called again when the node joins under a new id.
   void attach_as(const std::string& node_id);
+  // Whether the head has confirmed, within `timeout`, that it forwards to the node of the last
+  // attach_as: a node joins only then, so that the head never places an actor on it that it
+  // cannot reach yet.
+  bool wait_attached(Millis timeout);
   // The head, on declaring `node_id` dead: the calls it forwards there fail at once with
   // ActorDiedError saying `why`, and its connection serves it no more.
   void drop_route(const std::string& node_id, const std::string& why);
@@ -218,6 +222,8 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   // last said so (both under calls_mu_).
   std::string attached_as_;
   int64_t last_attach_ = 0;
+  bool attach_confirmed_ = false;
+  std::condition_variable attach_cv_;
 
   std::atomic<uint64_t> inbound_messages_{0};
   std::unique_ptr<Transport> transport_;

@@ -192,7 +192,15 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
                    "head (every call to its actors crosses the head twice)",
                    node_id, rec.address);
   }
-  if (rec.reachability == Reachability::reverse) core->attach_as(node_id);
+  if (rec.reachability == Reachability::reverse) {
+    core->attach_as(node_id);
+    if (!core->wait_attached(Millis(cfg.connect_timeout_ms))) {
+      spdlog::error("node: the head at {} did not take this node's connection for calls within {}",
+                    cfg.head_address, human_ms(cfg.connect_timeout_ms));
+      core->shutdown();
+      return 1;
+    }
+  }
   rec.resources = cfg.resources;
   if (rec.resources.empty()) rec.resources["cpu"] = std::thread::hardware_concurrency();
   // What a job's size is held against at submission (a DiLoCo job's memory estimate).
@@ -278,7 +286,12 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
             core->unhost("@node");
             node_id = random_id("n");
             rec.id = node_id;
-            if (rec.reachability == Reachability::reverse) core->attach_as(node_id);
+            if (rec.reachability == Reachability::reverse) {
+              core->attach_as(node_id);
+              if (!core->wait_attached(period * 16))
+                spdlog::warn("node {}: the head has not confirmed yet that it forwards calls here",
+                             node_id);
+            }
             rec.started_unix_ms = unix_ms();
             spdlog::warn(
                 "node {}: the head declared this node dead ({}); dropped its actors and "
