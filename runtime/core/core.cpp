@@ -459,8 +459,8 @@ void Core::on_reply(const std::string& peer, std::vector<zmq::message_t>&& frame
                    escape_remote(e.what(), 400));
     return;
   }
-  const bool call = d.env.k() == Kind::Request || d.env.k() == Kind::Tell ||
-                    d.env.k() == Kind::Ping;
+  const bool call =
+      d.env.k() == Kind::Request || d.env.k() == Kind::Tell || d.env.k() == Kind::Ping;
   std::shared_ptr<CallState> st;
   bool takes_calls = false;
   {
@@ -526,8 +526,10 @@ void Core::on_tick(int64_t now) {
         if (now - r.last_heard >= opts_.detect_ms) silent.emplace_back(node, now - r.last_heard);
     }
     for (auto& [node, quiet] : silent)
-      drop_route(node, "node " + node + " is reached only through the head, and its connection "
-                       "to the head has been silent for " + human_ms(quiet));
+      drop_route(node, "node " + node +
+                           " is reached only through the head, and its connection "
+                           "to the head has been silent for " +
+                           human_ms(quiet));
   }
   {
     std::lock_guard<std::mutex> lock(calls_mu_);
@@ -1084,7 +1086,6 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
   tl_core = nullptr;
 }
 
-
 // ---- The head's forwarding to nodes reached only through it ----------------------------------
 
 namespace {
@@ -1099,7 +1100,8 @@ constexpr size_t kMaxRoutes = size_t(1) << 16;
 bool Core::route_live(const std::string& node, int64_t now) {
   std::lock_guard<std::mutex> lock(routes_mu_);
   auto r = routes_.find(node);
-  return r != routes_.end() && now - r->second.last_heard < std::max<int64_t>(1, opts_.detect_ms / 2);
+  return r != routes_.end() &&
+         now - r->second.last_heard < std::max<int64_t>(1, opts_.detect_ms / 2);
 }
 
 void Core::forward(zmq::message_t&& rid, Decoded&& d, const security::Identity& who) {
@@ -1213,7 +1215,8 @@ void Core::attach(zmq::message_t&& rid, const Envelope& env, const security::Ide
     return;
   }
   if (node.empty() || node.size() > kMaxNodeIdBytes || node.find('/') != std::string::npos) {
-    warn_bad_input("refused an attach naming node '" + escape_remote(node, 80) + "': not a node id");
+    warn_bad_input("refused an attach naming node '" + escape_remote(node, 80) +
+                   "': not a node id");
     return;
   }
   const std::string id = bytes_of(rid);
@@ -1246,11 +1249,13 @@ void Core::attach(zmq::message_t&& rid, const Envelope& env, const security::Ide
     return;
   }
   if (fresh)
-    spdlog::info("{}: node {} is reached over the connection it opened (it is behind NAT or not "
-                 "listening): calls to its actors go through here",
-                 opts_.self_name, escape_remote(node));
-  fail_forwarded(std::move(lost), "its connection to the head was replaced while the call was in "
-                                  "flight");
+    spdlog::info(
+        "{}: node {} is reached over the connection it opened (it is behind NAT or not "
+        "listening): calls to its actors go through here",
+        opts_.self_name, escape_remote(node));
+  fail_forwarded(std::move(lost),
+                 "its connection to the head was replaced while the call was in "
+                 "flight");
   Envelope pong;
   pong.kind = static_cast<uint8_t>(Kind::Pong);
   pong.via = node;  // the node learns that the head forwards to it now

@@ -52,7 +52,7 @@ struct CoreOptions {
   // on the connections those nodes opened to it, at most this many requests at once.
   bool forward = false;
   size_t max_forwarded_calls = size_t(1) << 16;
-  security::Settings security;         // CURVE, or plain TCP when security.curve is false
+  security::Settings security;  // CURVE, or plain TCP when security.curve is false
 };
 
 class Core final : public Caller, public std::enable_shared_from_this<Core> {

@@ -612,7 +612,8 @@ class HeadService {
         store_->hput(keys::kNodes, n.id, pack_str(n));
         detector_.forget(n.id);
         if (n.reachability == Reachability::reverse)
-          detail::current_core()->drop_route(n.id, "node " + n.id + " was declared dead: " + v.reason);
+          detail::current_core()->drop_route(n.id,
+                                             "node " + n.id + " was declared dead: " + v.reason);
         event({{"type", "death"}, {"node", n.id}, {"reason", v.reason}});
         spdlog::warn("head: node {} ({}) {}: declared dead", n.id, n.address, v.reason);
       }

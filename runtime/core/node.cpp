@@ -169,14 +169,14 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   // Whether the head reaches us at that address, or only over our connection to it.
   if (!cfg.listen) {
     rec.reachability = Reachability::reverse;
-    spdlog::info("node {}: --no-listen: not reachable from the head: reverse connections through "
-                 "the head",
-                 node_id);
+    spdlog::info(
+        "node {}: --no-listen: not reachable from the head: reverse connections through "
+        "the head",
+        node_id);
   } else {
     try {
-      rec.reachability = core->head_call<Reachability>("reachability",
-                                                       Millis(cfg.connect_timeout_ms), node_id,
-                                                       rec.address);
+      rec.reachability = core->head_call<Reachability>(
+          "reachability", Millis(cfg.connect_timeout_ms), node_id, rec.address);
     } catch (const MethodNotFoundError&) {
       rec.reachability = Reachability::direct;  // a head from before the probe: as it was
     } catch (const Error& e) {
@@ -188,9 +188,10 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
     if (rec.reachability == Reachability::direct)
       spdlog::info("node {}: reachable at {}", node_id, rec.address);
     else
-      spdlog::warn("node {}: not reachable from the head at {}: reverse connections through the "
-                   "head (every call to its actors crosses the head twice)",
-                   node_id, rec.address);
+      spdlog::warn(
+          "node {}: not reachable from the head at {}: reverse connections through the "
+          "head (every call to its actors crosses the head twice)",
+          node_id, rec.address);
   }
   if (rec.reachability == Reachability::reverse) {
     core->attach_as(node_id);

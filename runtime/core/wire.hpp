@@ -59,8 +59,8 @@ struct Envelope {
   // Set by the head on a call it forwards: who the original caller's key proved it is
   // (security::user_id_of), which the node believes only of what arrives from its head.
   std::string origin;
-  MSGPACK_DEFINE(version, kind, corr, sender, target, method, error_type, error_message,
-                 from_actor, sender_job, sender_owner, via, origin)
+  MSGPACK_DEFINE(version, kind, corr, sender, target, method, error_type, error_message, from_actor,
+                 sender_job, sender_owner, via, origin)
 
   Kind k() const { return static_cast<Kind>(kind); }
 };

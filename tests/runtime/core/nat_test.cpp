@@ -76,7 +76,9 @@ TEST(Nat, ANoListenNodeIsReverseAndItsActorsAreCalledThroughTheHead) {
   EXPECT_EQ(rt.locate(brief.id()).node_id, far_node);
   rt.kill(brief.id());
   EXPECT_TRUE(eventually(
-      [&] { return contains(read_file(c.log_dir() + "/node-0.log"), "killed actor " + brief.id()); },
+      [&] {
+        return contains(read_file(c.log_dir() + "/node-0.log"), "killed actor " + brief.id());
+      },
       std::chrono::seconds(5)));
   c.add_node();
   ASSERT_TRUE(c.wait_alive_nodes(2));
@@ -141,8 +143,6 @@ TEST(Nat, ANoListenNodeIsReverseAndItsActorsAreCalledThroughTheHead) {
   // The node dies: a caller waiting on it learns so within the detection time, and the actor
   // moves to the live node.
   auto in_flight = far.call(&Counter::sleep_ms, 30000);
-  auto in_flight_near = near.call(&Counter::add_to, std::string("far"), 1, 0);
-  (void)in_flight_near;
   const auto t0 = Clock::now();
   c.node(far_addr).kill();
   try {
@@ -177,8 +177,8 @@ TEST(Nat, ANodeWhoseAnnouncedAddressDoesNotAnswerTheProbeIsReverse) {
   ASSERT_EQ(st.nodes.size(), 1u);
   EXPECT_EQ(st.nodes[0].node.address, announced);
   EXPECT_EQ(st.nodes[0].node.reachability, Reachability::reverse);
-  EXPECT_TRUE(contains(read_file(c.log_dir() + "/node-0.log"), "not reachable from the head at " +
-                                                                    announced));
+  EXPECT_TRUE(contains(read_file(c.log_dir() + "/node-0.log"),
+                       "not reachable from the head at " + announced));
   // Its actors work all the same, through the head.
   auto a = rt.spawn<Counter>(ActorOptions(), 1);
   EXPECT_EQ(a.call(&Counter::add, 1).get(Millis(5000)), 2);
