@@ -34,6 +34,7 @@ struct StartArgs {
   int port = -1;
   std::string host = "0.0.0.0";
   std::string advertise;
+  bool no_listen = false;
   std::string redis;
   std::string address;
   std::string resources;
@@ -109,6 +110,7 @@ int start_blocking(const StartArgs& a) {
   cfg.head_address = head_address(a.address);
   cfg.bind = "tcp://" + a.host + ":" + std::to_string(a.port < 0 ? 0 : a.port);
   cfg.advertise = advertise;
+  cfg.listen = !a.no_listen;
   try {
     cfg.resources = parse_resources(a.resources);
   } catch (const std::exception& e) {
@@ -232,7 +234,12 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
   start->add_flag("--head", sa->head, "start the head (scheduler and job table)");
   start->add_option("--port", sa->port, "port to serve at (head default 7070, node: any free)");
   start->add_option("--host", sa->host, "interface to bind (default 0.0.0.0)");
-  start->add_option("--advertise", sa->advertise, "host name or IP others reach this process at");
+  start->add_option("--advertise", sa->advertise,
+                    "host name or IP others reach this process at (a node: HOST:PORT when a NAT "
+                    "forwards another port to it)");
+  start->add_flag("--no-listen", sa->no_listen,
+                  "node: bind no port; reached only over its own connection to the head, which "
+                  "forwards the calls to its actors (for a host behind NAT)");
   start
       ->add_option("--redis", sa->redis,
                    "Redis for the head: redis://HOST:PORT, redis://:PASSWORD@HOST:PORT (or "

@@ -13,8 +13,8 @@ namespace {
 
 void print_status(const ClusterStatus& st) {
   std::printf("head %s   redis %s\n\n", st.head_address.c_str(), st.redis_url.c_str());
-  std::printf("%-20s %-22s %-6s %-28s %s\n", "NODE", "ADDRESS", "STATE", "RESOURCES (used/total)",
-              "HOST");
+  std::printf("%-20s %-22s %-6s %-8s %-28s %s\n", "NODE", "ADDRESS", "STATE", "REACH",
+              "RESOURCES (used/total)", "HOST");
   for (const NodeStatus& n : st.nodes) {
     std::string res;
     for (auto& [k, total] : n.node.resources) {
@@ -28,8 +28,12 @@ void print_status(const ClusterStatus& st) {
                       total);
       res += buf;
     }
-    std::printf("%-20s %-22s %-6s %-28s %s%s\n", n.node.id.c_str(), n.node.address.c_str(),
-                to_string(n.node.state).c_str(), res.c_str(), n.node.hostname.c_str(),
+    // REACH: direct (the head dialled it), reverse (only over its own connection to the head),
+    // relayed (the collective reaches it through a relay).
+    std::printf("%-20s %-22s %-6s %-8s %-28s %s%s\n", n.node.id.c_str(),
+                n.node.address.empty() ? "-" : n.node.address.c_str(),
+                to_string(n.node.state).c_str(), to_string(n.node.reachability).c_str(),
+                res.c_str(), n.node.hostname.c_str(),
                 n.node.reason.empty() ? "" : ("  (" + n.node.reason + ")").c_str());
   }
   std::printf("\n%-20s %-16s %-14s %-20s %-10s %-8s %s\n", "ACTOR", "NAME", "CLASS", "NODE",

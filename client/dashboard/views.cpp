@@ -178,6 +178,7 @@ json cluster_json(const ClusterStatus& st) {
                      {"hostname", n.node.hostname},
                      {"pid", n.node.pid},
                      {"state", to_string(n.node.state)},
+                     {"reachability", to_string(n.node.reachability)},
                      {"alive", n.node.state == NodeState::alive},
                      {"reason", n.node.reason},
                      {"started_unix_ms", n.node.started_unix_ms},

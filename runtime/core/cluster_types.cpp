@@ -38,7 +38,28 @@ const std::array<std::string, 4>& job_states() {
   return names;
 }
 
+const std::array<std::string, 3>& reachabilities() {
+  static const std::array<std::string, 3> names = {"direct", "reverse", "relayed"};
+  return names;
+}
+
 }  // namespace
+
+const std::string& to_string(Reachability r) { return name_of(reachabilities(), r); }
+Reachability parse_reachability(std::string_view name) {
+  return parse_state<Reachability>(reachabilities(), "reachability", name);
+}
+std::ostream& operator<<(std::ostream& os, Reachability r) { return os << to_string(r); }
+
+std::string call_address(const NodeRecord& node) {
+  if (node.reachability == Reachability::reverse) return std::string(kThroughHead) + node.id;
+  return node.address;
+}
+
+std::string through_head_node(std::string_view address) {
+  if (address.substr(0, kThroughHead.size()) != kThroughHead) return {};
+  return std::string(address.substr(kThroughHead.size()));
+}
 
 const std::string& to_string(NodeState s) { return name_of(node_states(), s); }
 const std::string& to_string(ActorState s) { return name_of(actor_states(), s); }

@@ -22,20 +22,28 @@ using Resources = std::map<std::string, double>;
 enum class NodeState : uint8_t { alive, dead, left };
 enum class ActorState : uint8_t { pending, alive, restarting, dead };
 enum class JobState : uint8_t { running, succeeded, failed, cancelled };
+// How a node is reached (docs/design.md, "Nodes behind NAT"): `direct`, at its address (the
+// head dialled it when it joined); `reverse`, only over the connection it opened to the head,
+// which forwards calls to its actors; `relayed`, what the collective reports of a member that
+// reaches its peers only through a relay.
+enum class Reachability : uint8_t { direct, reverse, relayed };
 
 // "alive", "dead", ...
 const std::string& to_string(NodeState s);
 const std::string& to_string(ActorState s);
 const std::string& to_string(JobState s);
+const std::string& to_string(Reachability r);
 // The state called `name`; throws std::invalid_argument naming it and the known
 // states. A record or message with an unknown state does not decode.
 NodeState parse_node_state(std::string_view name);
 ActorState parse_actor_state(std::string_view name);
 JobState parse_job_state(std::string_view name);
+Reachability parse_reachability(std::string_view name);
 // The name, for test failures and logs.
 std::ostream& operator<<(std::ostream& os, NodeState s);
 std::ostream& operator<<(std::ostream& os, ActorState s);
 std::ostream& operator<<(std::ostream& os, JobState s);
+std::ostream& operator<<(std::ostream& os, Reachability r);
 
 }  // namespace loco
 
@@ -66,6 +74,7 @@ MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS) {
   LOCO_STATE_ADAPTOR(loco::NodeState, parse_node_state)
   LOCO_STATE_ADAPTOR(loco::ActorState, parse_actor_state)
   LOCO_STATE_ADAPTOR(loco::JobState, parse_job_state)
+  LOCO_STATE_ADAPTOR(loco::Reachability, parse_reachability)
 #undef LOCO_STATE_ADAPTOR
 
   }  // namespace adaptor
@@ -92,8 +101,20 @@ struct NodeRecord {
   // Classes a client may spawn here (`loco start --spawnable`): names, or prefixes ending in
   // '*' ("wordcount.*"). Empty: none; a member spawns anything the node offers.
   std::vector<std::string> spawnable;
-  MSGPACK_DEFINE(id, address, resources, state, hostname, pid, started_unix_ms, reason, spawnable)
+  // Whether the head reached `address` when the node joined (an appended field: an older
+  // record decodes as direct). A `reverse` node's address may be empty (`--no-listen`).
+  Reachability reachability = Reachability::direct;
+  MSGPACK_DEFINE(id, address, resources, state, hostname, pid, started_unix_ms, reason, spawnable,
+                 reachability)
 };
+
+// Where calls to a node's actors go: its address, or, for a node reached only through the
+// head, "head/<node id>": each process sends those to the head it is connected to, which
+// forwards them on the node's own connection (detail::Core::route). Nodes ids hold no '/'.
+inline constexpr std::string_view kThroughHead = "head/";
+std::string call_address(const NodeRecord& node);
+// The node id of a "head/<node id>" address; "" for any other.
+std::string through_head_node(std::string_view address);
 
 struct ActorInfo {
   std::string id;

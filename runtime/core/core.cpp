@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "runtime/core/runtime.hpp"
+#include "runtime/security/curve.hpp"
 
 namespace loco::detail {
 
@@ -122,9 +123,45 @@ Core::Core(CoreOptions opts) : opts_(std::move(opts)) {
       },
       [this](int64_t now) { on_tick(now); });
   address_ = transport_->bound_address();
+  // --advertise HOST keeps the bound port; HOST:PORT names both (a port forwarded by a NAT).
   if (!address_.empty() && !opts_.advertise.empty())
-    address_ = opts_.advertise + address_.substr(address_.rfind(':'));
+    address_ = opts_.advertise.find(':') != std::string::npos
+                   ? opts_.advertise
+                   : opts_.advertise + address_.substr(address_.rfind(':'));
+  if (opts_.forward && opts_.head_address.empty()) {
+    // The head's own calls to nodes reached through it go through its ROUTER like anyone's:
+    // over loopback when it is bound to every interface.
+    std::string local = transport_->bound_address();
+    const std::string host = local.substr(0, local.rfind(':'));
+    if (host == "0.0.0.0" || host == "*") local = "127.0.0.1" + local.substr(local.rfind(':'));
+    opts_.head_address = local;
+  }
   if (head_ref_->address.empty()) head_ref_->address = address_;
+}
+
+std::string Core::route(const std::string& address) const {
+  const std::string node = through_head_node(address);
+  return node.empty() ? address : opts_.head_address + "/" + node;
+}
+
+namespace {
+// The node a routed peer "HOST:PORT/NODE" names ("" for a plain "HOST:PORT").
+std::string via_of(const std::string& peer) {
+  const size_t slash = peer.find('/');
+  return slash == std::string::npos ? std::string() : peer.substr(slash + 1);
+}
+}  // namespace
+
+void Core::attach_as(const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  attached_as_ = node_id;
+  attach_confirmed_ = false;
+  last_attach_ = 0;  // the I/O thread's next tick says so
+}
+
+bool Core::wait_attached(Millis timeout) {
+  std::unique_lock<std::mutex> lock(calls_mu_);
+  return attach_cv_.wait_for(lock, timeout, [&] { return attach_confirmed_; });
 }
 
 Core::~Core() { shutdown(); }
@@ -176,15 +213,16 @@ void Core::resolve(ActorRef& ref) {
     if (info.state == ActorState::dead)
       throw ActorDiedError(ref.describe() + " is dead: " + info.reason);
     bool usable = info.state == ActorState::alive;
+    const std::string address = route(info.address);
     if (usable) {
       std::lock_guard<std::mutex> lock(calls_mu_);
-      auto it = dead_peers_.find(info.address);
+      auto it = dead_peers_.find(address);
       // The head has not noticed the death we saw yet: wait for it to catch up.
       if (it != dead_peers_.end()) usable = false;
     }
     if (usable) {
       std::lock_guard<std::mutex> lock(ref.mu);
-      ref.address = info.address;
+      ref.address = address;
       ref.node_id = info.node_id;
       if (ref.class_name.empty()) ref.class_name = info.class_name;
       return;
@@ -228,6 +266,7 @@ std::shared_ptr<CallState> Core::send_call(std::shared_ptr<CallState> st,
     std::lock_guard<std::mutex> lock(ref->mu);
     addr = ref->address;
   }
+  addr = route(addr);  // a fixed ref of a node reached through the head ("head/<node>")
   st->peer = addr;
   Envelope env;
   env.kind = static_cast<uint8_t>(oneway ? Kind::Tell : Kind::Request);
@@ -239,6 +278,7 @@ std::shared_ptr<CallState> Core::send_call(std::shared_ptr<CallState> st,
   }
   env.target = ref->id;
   env.method = method;
+  env.via = via_of(addr);
   if (!oneway) {
     std::lock_guard<std::mutex> lock(calls_mu_);
     env.corr = st->corr = next_corr_++;
@@ -300,7 +340,7 @@ void Core::await(CallState& st, Millis timeout) {
       !st.ref->fixed) {
     // Next call through any copy of the handle asks the head where the actor is now.
     std::lock_guard<std::mutex> lock(st.ref->mu);
-    if (st.ref->address == st.peer) st.ref->address.clear();
+    if (route(st.ref->address) == st.peer) st.ref->address.clear();
   }
   throw_error(st.error_type, st.error_message);
 }
@@ -419,18 +459,50 @@ void Core::on_reply(const std::string& peer, std::vector<zmq::message_t>&& frame
                    escape_remote(e.what(), 400));
     return;
   }
+  const bool call =
+      d.env.k() == Kind::Request || d.env.k() == Kind::Tell || d.env.k() == Kind::Ping;
   std::shared_ptr<CallState> st;
+  bool takes_calls = false;
   {
     std::lock_guard<std::mutex> lock(calls_mu_);
     PeerState& ps = peers_[peer];
     ps.last_heard = now;
     dead_peers_.erase(peer);
-    if (d.env.k() == Kind::Pong) return;
-    auto it = pending_.find(d.env.corr);
-    if (it == pending_.end()) return;  // timed out earlier, or a stale duplicate
-    st = std::move(it->second);
-    pending_.erase(it);
-    if (ps.pending > 0) --ps.pending;
+    if (d.env.k() == Kind::Pong) {
+      // The head's answer to an attach names the node it forwards to now.
+      if (!d.env.via.empty() && d.env.via == attached_as_ && peer == opts_.head_address &&
+          !attach_confirmed_) {
+        attach_confirmed_ = true;
+        attach_cv_.notify_all();
+      }
+      return;
+    }
+    // A node reached through the head takes calls from it on this connection, and only from it.
+    if (call) {
+      takes_calls = !attached_as_.empty() && peer == opts_.head_address;
+    } else {
+      auto it = pending_.find(d.env.corr);
+      if (it == pending_.end()) return;  // timed out earlier, or a stale duplicate
+      st = std::move(it->second);
+      pending_.erase(it);
+      if (ps.pending > 0) --ps.pending;
+    }
+  }
+  if (call) {
+    if (!takes_calls) {
+      warn_bad_input("dropped a call that came on the connection to " + escape_remote(peer) +
+                     ": only a node reached through its head takes calls, from its head");
+      return;
+    }
+    // The head names who the original caller's key proved it is; without that, the least.
+    security::Identity who;
+    if (d.env.origin.empty())
+      who.role = security::Role::client;
+    else
+      who = security::parse_user_id(d.env.origin.c_str());
+    if (!opts_.security.curve) who = security::Identity{};  // plain TCP: as the ROUTER does
+    dispatch(Transport::on_dealer(peer), std::move(d), who);
+    return;
   }
   if (d.env.k() == Kind::Error) {
     std::string type = d.env.error_type.empty() ? "RemoteError" : d.env.error_type;
@@ -443,8 +515,28 @@ void Core::on_reply(const std::string& peer, std::vector<zmq::message_t>&& frame
 void Core::on_tick(int64_t now) {
   std::vector<std::pair<std::shared_ptr<CallState>, int64_t>> died;
   std::vector<std::string> dead, to_ping;
+  std::string attach;  // a node reached through the head: says so again
+  if (opts_.forward) {
+    // Nodes whose connection went silent for the detection time: the calls forwarded to them
+    // fail now, as a direct caller's would.
+    std::vector<std::pair<std::string, int64_t>> silent;
+    {
+      std::lock_guard<std::mutex> lock(routes_mu_);
+      for (auto& [node, r] : routes_)
+        if (now - r.last_heard >= opts_.detect_ms) silent.emplace_back(node, now - r.last_heard);
+    }
+    for (auto& [node, quiet] : silent)
+      drop_route(node, "node " + node +
+                           " is reached only through the head, and its connection "
+                           "to the head has been silent for " +
+                           human_ms(quiet));
+  }
   {
     std::lock_guard<std::mutex> lock(calls_mu_);
+    if (!attached_as_.empty() && now - last_attach_ >= opts_.heartbeat_ms) {
+      attach = attached_as_;
+      last_attach_ = now;
+    }
     for (auto& [peer, ps] : peers_) {
       if (ps.pending == 0) continue;
       int64_t silent = now - ps.last_heard;
@@ -485,10 +577,18 @@ void Core::on_tick(int64_t now) {
            {});
   }
   for (const std::string& peer : dead) transport_->drop_peer(peer);
+  if (!attach.empty()) {
+    Envelope env;
+    env.kind = static_cast<uint8_t>(Kind::Attach);
+    env.sender = opts_.self_name;
+    env.via = attach;
+    transport_->send_to_peer(opts_.head_address, encode(env));
+  }
   for (const std::string& peer : to_ping) {
     Envelope ping;
     ping.kind = static_cast<uint8_t>(Kind::Ping);
     ping.sender = opts_.self_name;
+    ping.via = via_of(peer);
     transport_->send_to_peer(peer, encode(ping));
   }
 }
@@ -592,6 +692,32 @@ void Core::on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames
     send_error(std::move(rid), corr, "ProtocolError", e.what());
     return;
   }
+  switch (d.env.k()) {
+    case Kind::Attach:
+      attach(std::move(rid), d.env, who);
+      return;
+    case Kind::Reply:
+    case Kind::Error:
+      if (opts_.forward) {
+        forward_back(std::move(rid), std::move(d));
+        return;
+      }
+      break;
+    case Kind::Request:
+    case Kind::Tell:
+    case Kind::Ping:
+      if (!d.env.via.empty()) {
+        forward(std::move(rid), std::move(d), who);
+        return;
+      }
+      break;
+    default:
+      break;
+  }
+  dispatch(std::move(rid), std::move(d), who);
+}
+
+void Core::dispatch(zmq::message_t&& rid, Decoded&& d, const security::Identity& who) {
   switch (d.env.k()) {
     case Kind::Ping: {
       Envelope pong;
@@ -958,6 +1084,207 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
   }
   refuse_queued(*box);
   tl_core = nullptr;
+}
+
+// ---- The head's forwarding to nodes reached only through it ----------------------------------
+
+namespace {
+std::string bytes_of(const zmq::message_t& m) { return std::string(m.data<char>(), m.size()); }
+zmq::message_t message_of(const std::string& s) { return zmq::message_t(s.data(), s.size()); }
+// Node ids are short ("n-" and hex); anything longer is not one.
+constexpr size_t kMaxNodeIdBytes = 64;
+// Nodes the head forwards to at most (a bound on what attaches may make it hold).
+constexpr size_t kMaxRoutes = size_t(1) << 16;
+}  // namespace
+
+bool Core::route_live(const std::string& node, int64_t now) {
+  std::lock_guard<std::mutex> lock(routes_mu_);
+  auto r = routes_.find(node);
+  return r != routes_.end() &&
+         now - r->second.last_heard < std::max<int64_t>(1, opts_.detect_ms / 2);
+}
+
+void Core::forward(zmq::message_t&& rid, Decoded&& d, const security::Identity& who) {
+  const int64_t now = now_ms();
+  const Kind kind = d.env.k();
+  const std::string& node = d.env.via;
+  if (kind == Kind::Ping) {
+    // A caller waits on an actor of `node`: it hears from the node's connection only while that
+    // is alive, so it learns of the node's death as it would of a node it calls directly.
+    if (opts_.forward && route_live(node, now)) {
+      Envelope pong;
+      pong.kind = static_cast<uint8_t>(Kind::Pong);
+      pong.corr = d.env.corr;
+      transport_->reply(std::move(rid), encode(pong));
+    }
+    return;
+  }
+  const bool request = kind == Kind::Request;
+  const std::string what = escape_remote(d.env.method, 64) + " on actor " +
+                           escape_remote(d.env.target, 64) + " of node " +
+                           escape_remote(node, kMaxNodeIdBytes);
+  auto refuse = [&](const std::string& type, const std::string& message) {
+    if (request)
+      send_error(std::move(rid), d.env.corr, type, message);
+    else
+      warn_bad_input("dropped a one-way call " + message);
+  };
+  if (!opts_.forward) {
+    refuse("ClusterError", "call " + what + ": " + opts_.self_name +
+                               " forwards no calls; only the head reaches nodes behind NAT");
+    return;
+  }
+  std::string node_rid;
+  {
+    std::lock_guard<std::mutex> lock(routes_mu_);
+    auto r = routes_.find(node);
+    if (r == routes_.end() || now - r->second.last_heard >= opts_.detect_ms) {
+      const std::string why =
+          r == routes_.end()
+              ? "it is reached only through the head and has no connection to the head now"
+              : "its connection to the head has been silent for " +
+                    human_ms(now - r->second.last_heard);
+      refuse("ActorDiedError", "actor " + escape_remote(d.env.target, 64) + " on node " +
+                                   escape_remote(node, kMaxNodeIdBytes) +
+                                   " died or is unreachable: " + why + " (call " +
+                                   escape_remote(d.env.method, 64) + ")");
+      return;
+    }
+    if (request) {
+      if (forwarded_.size() >= opts_.max_forwarded_calls) {
+        refuse("RemoteError", "call " + what + " refused: the head forwards at most " +
+                                  std::to_string(opts_.max_forwarded_calls) +
+                                  " calls at once to nodes behind NAT; try again later");
+        return;
+      }
+      const uint64_t corr = next_forward_++;
+      forwarded_.emplace(corr, Forwarded{bytes_of(rid), d.env.corr, node, r->second.rid,
+                                         d.env.target, d.env.method});
+      d.env.corr = corr;
+    }
+    node_rid = r->second.rid;
+  }
+  d.env.via.clear();
+  d.env.origin = security::user_id_of(who);
+  transport_->reply(message_of(node_rid), encode(d.env, std::move(d.payload)));
+}
+
+void Core::forward_back(zmq::message_t&& rid, Decoded&& d) {
+  Forwarded f;
+  std::string refused;
+  {
+    std::lock_guard<std::mutex> lock(routes_mu_);
+    auto it = forwarded_.find(d.env.corr);
+    // Only the connection a call was forwarded on may answer it: a node cannot answer (or
+    // forge the answers of) calls it was not given.
+    if (it == forwarded_.end())
+      refused = "to no call the head forwarded";
+    else if (it->second.node_rid != bytes_of(rid))
+      refused = "that came on another connection than the call went out on";
+    if (refused.empty()) {
+      f = std::move(it->second);
+      forwarded_.erase(it);
+      auto r = routes_.find(f.node);
+      if (r != routes_.end() && r->second.rid == f.node_rid) r->second.last_heard = now_ms();
+    }
+  }
+  if (!refused.empty()) {
+    warn_bad_input("dropped a reply (corr " + std::to_string(d.env.corr) + ", from " +
+                   escape_remote(d.env.sender, 64) + ") " + refused);
+    return;
+  }
+  d.env.corr = f.caller_corr;
+  d.env.via.clear();
+  d.env.origin.clear();
+  if (d.env.k() == Kind::Error)
+    transport_->reply(message_of(f.caller_rid), encode(d.env));
+  else
+    transport_->reply(message_of(f.caller_rid), encode(d.env, std::move(d.payload)));
+}
+
+void Core::attach(zmq::message_t&& rid, const Envelope& env, const security::Identity& who) {
+  const std::string& node = env.via;
+  if (!opts_.forward) {
+    warn_bad_input("dropped an attach from " + escape_remote(env.sender, 64) + ": " +
+                   opts_.self_name + " forwards no calls");
+    return;
+  }
+  if (!who.member()) {
+    warn_bad_input("refused an attach from client " + escape_remote(who.name, 64) +
+                   ": only nodes (holders of the cluster key) are reached through the head");
+    return;
+  }
+  if (node.empty() || node.size() > kMaxNodeIdBytes || node.find('/') != std::string::npos) {
+    warn_bad_input("refused an attach naming node '" + escape_remote(node, 80) +
+                   "': not a node id");
+    return;
+  }
+  const std::string id = bytes_of(rid);
+  std::vector<Forwarded> lost;  // calls that went out on the connection this one replaces
+  bool fresh = false, full = false;
+  {
+    std::lock_guard<std::mutex> lock(routes_mu_);
+    if (!routes_.count(node) && routes_.size() >= kMaxRoutes) {
+      full = true;
+    } else {
+      Route& route = routes_[node];
+      fresh = route.rid != id;
+      if (fresh && !route.rid.empty()) {
+        for (auto it = forwarded_.begin(); it != forwarded_.end();) {
+          if (it->second.node == node) {
+            lost.push_back(std::move(it->second));
+            it = forwarded_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+      route.rid = id;
+      route.last_heard = now_ms();
+    }
+  }
+  if (full) {
+    warn_bad_input("refused an attach of node " + escape_remote(node) + ": the head forwards to " +
+                   std::to_string(kMaxRoutes) + " nodes at most");
+    return;
+  }
+  if (fresh)
+    spdlog::info(
+        "{}: node {} is reached over the connection it opened (it is behind NAT or not "
+        "listening): calls to its actors go through here",
+        opts_.self_name, escape_remote(node));
+  fail_forwarded(std::move(lost),
+                 "its connection to the head was replaced while the call was in "
+                 "flight");
+  Envelope pong;
+  pong.kind = static_cast<uint8_t>(Kind::Pong);
+  pong.via = node;  // the node learns that the head forwards to it now
+  transport_->reply(std::move(rid), encode(pong));
+}
+
+void Core::fail_forwarded(std::vector<Forwarded>&& calls, const std::string& why) {
+  for (Forwarded& f : calls)
+    send_error(message_of(f.caller_rid), f.caller_corr, "ActorDiedError",
+               "actor " + escape_remote(f.target, 64) + " on node " + f.node +
+                   " died or is unreachable: " + why + " (call " + escape_remote(f.method, 64) +
+                   ", forwarded by the head)");
+}
+
+void Core::drop_route(const std::string& node_id, const std::string& why) {
+  std::vector<Forwarded> lost;
+  {
+    std::lock_guard<std::mutex> lock(routes_mu_);
+    routes_.erase(node_id);
+    for (auto it = forwarded_.begin(); it != forwarded_.end();) {
+      if (it->second.node == node_id) {
+        lost.push_back(std::move(it->second));
+        it = forwarded_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  fail_forwarded(std::move(lost), why);
 }
 
 }  // namespace loco::detail

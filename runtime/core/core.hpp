@@ -48,7 +48,11 @@ struct CoreOptions {
   int max_concurrent_calls = 8;
   size_t max_waiting_concurrent_calls = 1024;
   int64_t resolve_timeout_ms = 15000;  // how long a handle waits for a restarting actor
-  security::Settings security;         // CURVE, or plain TCP when security.curve is false
+  // The head: forwards calls for actors of nodes reached only through it (Reachability::reverse)
+  // on the connections those nodes opened to it, at most this many requests at once.
+  bool forward = false;
+  size_t max_forwarded_calls = size_t(1) << 16;
+  security::Settings security;  // CURVE, or plain TCP when security.curve is false
 };
 
 class Core final : public Caller, public std::enable_shared_from_this<Core> {
@@ -94,6 +98,22 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   std::shared_ptr<ActorRef> head_ref() const { return head_ref_; }
   void shutdown();
 
+  // Where this process sends calls for `address`: itself, or, for "head/<node>" (a node reached
+  // only through the head: call_address()), "<its head's address>/<node>", a connection of its
+  // own to the head, whose calls name the node (Envelope::via).
+  std::string route(const std::string& address) const;
+  // A node reached only through the head (no ROUTER, or one the head cannot dial): tells the
+  // head now and every heartbeat that the connection to it serves `node_id`, and takes the
+  // calls the head forwards on it. Called again when the node joins under a new id.
+  void attach_as(const std::string& node_id);
+  // Whether the head has confirmed, within `timeout`, that it forwards to the node of the last
+  // attach_as: a node joins only then, so that the head never places an actor on it that it
+  // cannot reach yet.
+  bool wait_attached(Millis timeout);
+  // The head, on declaring `node_id` dead: the calls it forwards there fail at once with
+  // ActorDiedError saying `why`, and its connection serves it no more.
+  void drop_route(const std::string& node_id, const std::string& why);
+
  private:
   struct Inbound {
     zmq::message_t routing_id;
@@ -111,6 +131,23 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   // Decodes, checks the caller's rights (a client may not call an internal method) and queues.
   void on_inbound(zmq::message_t&& rid, std::vector<zmq::message_t>&& frames,
                   security::Identity who);
+  // A decoded request, tell or ping for this process (from the ROUTER, or from the head on the
+  // DEALER to it): answered, queued in its actor's mailbox, or refused.
+  void dispatch(zmq::message_t&& rid, Decoded&& d, const security::Identity& who);
+  // The head's part for nodes reached through it. A call for node `d.env.via`: sent on that
+  // node's connection under a correlation id of the head's (`forwarded_`), or refused.
+  void forward(zmq::message_t&& rid, Decoded&& d, const security::Identity& who);
+  // A reply that came on the ROUTER: the answer of a node to a call forwarded on that same
+  // connection, sent back to its caller; anything else is dropped.
+  void forward_back(zmq::message_t&& rid, Decoded&& d);
+  // A node says that the connection `rid` serves it (Kind::Attach).
+  void attach(zmq::message_t&& rid, const Envelope& env, const security::Identity& who);
+  // Whether the connection of `node` was heard from within half the detection time: the head
+  // answers a caller's pings for the node's actors only then.
+  bool route_live(const std::string& node, int64_t now);
+  // Fails the forwarded calls for `nodes` (their connections lost) with ActorDiedError.
+  struct Forwarded;
+  void fail_forwarded(std::vector<Forwarded>&& calls, const std::string& why);
   // Why the caller may not make this call to an actor of `box` ("" when it may): a client's
   // call to an internal method or to an actor another key owns, an actor's call to an internal
   // method of another job's actor.
@@ -164,6 +201,29 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
 
   mutable std::mutex actors_mu_;
   std::map<std::string, std::shared_ptr<Mailbox>> actors_;
+
+  // The head's forwarding (opts_.forward): each node reached through it, by id, with the routing
+  // id of its connection and when it was last heard; the requests forwarded and not answered,
+  // by the correlation id the head gave them.
+  struct Route {
+    std::string rid;
+    int64_t last_heard = 0;
+  };
+  struct Forwarded {
+    std::string caller_rid;
+    uint64_t caller_corr = 0;
+    std::string node, node_rid, target, method;
+  };
+  std::mutex routes_mu_;
+  std::map<std::string, Route> routes_;
+  std::unordered_map<uint64_t, Forwarded> forwarded_;
+  uint64_t next_forward_ = 1;
+  // A node reached through the head: the id its connection serves ("" : none), and when it
+  // last said so (both under calls_mu_).
+  std::string attached_as_;
+  int64_t last_attach_ = 0;
+  bool attach_confirmed_ = false;
+  std::condition_variable attach_cv_;
 
   std::atomic<uint64_t> inbound_messages_{0};
   std::unique_ptr<Transport> transport_;

@@ -12,7 +12,9 @@
 #include "runtime/core/core.hpp"
 #include "runtime/core/decisions.hpp"
 #include "runtime/core/server.hpp"
+#include "runtime/core/wire.hpp"
 #include "runtime/membership/store.hpp"
+#include "runtime/security/curve.hpp"
 
 namespace loco {
 namespace {
@@ -53,6 +55,69 @@ constexpr int64_t kCreateTimeoutMs = 60000;
 // Actors a tick starts or declares dead at most; the others wait for the next tick.
 constexpr int64_t kMaxStartsPerTick = 64;
 
+// How long the head waits for a joining node to answer its probe, and how many probes run at
+// once (each on a thread of its own, never the head's).
+constexpr int64_t kProbeTimeoutMs = 2000;
+constexpr int kMaxProbes = 64;
+
+// Whether a ping sent on a fresh connection to `address` ("HOST:PORT") is answered within
+// `timeout_ms`: the handshake (CURVE with `security`) and the node's I/O thread both work.
+// Blocks up to the timeout: run off the head's thread.
+bool answers_ping(const std::string& address, const security::Settings& security,
+                  int64_t timeout_ms) {
+  try {
+    zmq::context_t ctx(1);
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    security::make_client(s, security);
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(detail::kMaxEnvelopeBytes));
+    s.connect("tcp://" + address);
+    detail::Envelope ping;
+    ping.kind = static_cast<uint8_t>(detail::Kind::Ping);
+    ping.corr = 1;
+    ping.sender = "head (probe)";
+    auto frames = detail::encode(ping);
+    for (size_t i = 0; i < frames.size(); ++i)
+      s.send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    const int64_t deadline = now_ms() + timeout_ms;
+    for (int64_t left = timeout_ms; left > 0; left = deadline - now_ms()) {
+      zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, Millis(left));
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      std::vector<zmq::message_t> got;
+      while (true) {
+        zmq::message_t m;
+        if (!s.recv(m, zmq::recv_flags::dontwait)) break;
+        const bool more = m.more();
+        if (got.size() < 8) got.push_back(std::move(m));
+        if (!more) break;
+      }
+      try {
+        if (detail::decode(std::move(got), detail::kMaxEnvelopeBytes).env.k() == detail::Kind::Pong)
+          return true;
+      } catch (const ProtocolError&) {
+        return false;  // something answers there, not a node of ours
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    spdlog::warn("head: probe of {}: {}", escape_remote(address), e.what());
+  }
+  return false;
+}
+
+// "HOST:PORT" with a numeric port, at most 256 bytes: what a node may ask the head to dial.
+bool plausible_address(const std::string& a) {
+  const size_t colon = a.rfind(':');
+  if (a.size() > 256 || colon == std::string::npos || colon == 0 || colon + 1 == a.size() ||
+      colon + 6 < a.size())
+    return false;
+  for (size_t i = colon + 1; i < a.size(); ++i)
+    if (a[i] < '0' || a[i] > '9') return false;
+  for (char c : a)
+    if (c == '/' || c <= ' ' || c > '~') return false;
+  return std::stoi(a.substr(colon + 1)) > 0 && std::stoi(a.substr(colon + 1)) < 65536;
+}
+
 class HeadService {
  public:
   HeadService(HeadConfig cfg, std::shared_ptr<membership::Store> store, std::string address)
@@ -65,6 +130,40 @@ class HeadService {
   ClusterInfo hello() const {
     return ClusterInfo{detail::current_caller().member() ? cfg_.redis_url : std::string(),
                        cfg_.detect_ms, std::max<int64_t>(20, cfg_.detect_ms / 5)};
+  }
+
+  // A joining node asks whether the head reaches it at the address it announces. Answered once
+  // a probe has tried (at most kProbeTimeoutMs), from the probe's own thread: the head never
+  // waits on a node. `direct` when the node answered a ping on a fresh connection, `reverse`
+  // when not (the node is then reached over the connection it opened: Core::attach_as).
+  Reachability reachability(std::string node_id, std::string address) {
+    if (!plausible_address(address))
+      throw ClusterError("reachability: '" + escape_remote(address, 64) +
+                         "' is not a HOST:PORT the head can dial");
+    if (probes_->fetch_add(1) >= kMaxProbes) {
+      probes_->fetch_sub(1);
+      throw ClusterError("reachability: the head is probing " + std::to_string(kMaxProbes) +
+                         " nodes already; try again");
+    }
+    auto reply = detail::defer_reply();
+    try {
+      // Owns what it uses: the head may stop while a probe runs.
+      std::thread([probes = probes_, security = cfg_.security, reply,
+                   node_id = escape_remote(node_id, 64), address] {
+        const bool direct = answers_ping(address, security, kProbeTimeoutMs);
+        probes->fetch_sub(1);
+        spdlog::info("head: node {} at {}: {}", node_id, address,
+                     direct ? "reached (direct)"
+                            : "no answer within " + human_ms(kProbeTimeoutMs) +
+                                  " (reverse: calls to it go through the head)");
+        if (reply)
+          reply->ok(detail::pack_payload(direct ? Reachability::direct : Reachability::reverse));
+      }).detach();
+    } catch (const std::system_error& e) {
+      probes_->fetch_sub(1);
+      throw ClusterError(std::string("reachability: cannot start a probe: ") + e.what());
+    }
+    return Reachability::direct;  // dropped: the probe answers
   }
 
   ActorInfo spawn(SpawnRequest req) {
@@ -512,6 +611,9 @@ class HeadService {
         n.reason = v.reason;
         store_->hput(keys::kNodes, n.id, pack_str(n));
         detector_.forget(n.id);
+        if (n.reachability == Reachability::reverse)
+          detail::current_core()->drop_route(n.id,
+                                             "node " + n.id + " was declared dead: " + v.reason);
         event({{"type", "death"}, {"node", n.id}, {"reason", v.reason}});
         spdlog::warn("head: node {} ({}) {}: declared dead", n.id, n.address, v.reason);
       }
@@ -901,7 +1003,7 @@ class HeadService {
     ref->id = "@node";
     ref->class_name = "node";
     ref->fixed = true;
-    ref->address = node.address;
+    ref->address = call_address(node);  // "head/<id>" for a node reached through the head
     ref->node_id = node.id;
     return ref;
   }
@@ -921,7 +1023,7 @@ class HeadService {
                 bool restart, Started done) {
     rec.info.state = ActorState::pending;
     rec.info.node_id = node.id;
-    rec.info.address = node.address;
+    rec.info.address = call_address(node);
     rec.info.gpus = gpus;
     save(rec);
     const uint64_t seq = ++creations_;
@@ -1044,10 +1146,13 @@ class HeadService {
   JobsIndex jobs_;
   bool jobs_valid_ = false;
   SubmissionLimits limits_{cfg_.max_jobs_per_key, cfg_.max_submissions_per_minute};
+  // Reachability probes running (shared with their threads).
+  std::shared_ptr<std::atomic<int>> probes_ = std::make_shared<std::atomic<int>>(0);
 };
 
 LOCO_REGISTER(HeadService, loco::ActorClass<HeadService>("loco.Head")
                                .method("hello", &HeadService::hello)
+                               .internal_method("reachability", &HeadService::reachability)
                                .method("spawn", &HeadService::spawn)
                                .method("locate", &HeadService::locate)
                                .method("lookup", &HeadService::lookup)
@@ -1089,6 +1194,7 @@ int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
   co.heartbeat_ms = std::max<int64_t>(20, cfg.detect_ms / 5);
   co.max_message_bytes = cfg.max_message_bytes;
   co.security = cfg.security;
+  co.forward = true;  // calls to the actors of nodes behind NAT go through the head
   std::shared_ptr<detail::Core> core;
   try {
     core = std::make_shared<detail::Core>(co);

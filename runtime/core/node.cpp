@@ -128,7 +128,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
                roots.checkpoints);
   std::string node_id = random_id("n");
   detail::CoreOptions co;
-  co.bind = cfg.bind;
+  co.bind = cfg.listen ? cfg.bind : std::string();
   co.advertise = cfg.advertise;
   co.head_address = cfg.head_address;
   co.self_name = "node " + node_id;
@@ -166,6 +166,42 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   NodeRecord rec;
   rec.id = node_id;
   rec.address = core->address();
+  // Whether the head reaches us at that address, or only over our connection to it.
+  if (!cfg.listen) {
+    rec.reachability = Reachability::reverse;
+    spdlog::info(
+        "node {}: --no-listen: not reachable from the head: reverse connections through "
+        "the head",
+        node_id);
+  } else {
+    try {
+      rec.reachability = core->head_call<Reachability>(
+          "reachability", Millis(cfg.connect_timeout_ms), node_id, rec.address);
+    } catch (const MethodNotFoundError&) {
+      rec.reachability = Reachability::direct;  // a head from before the probe: as it was
+    } catch (const Error& e) {
+      spdlog::error("node: the head could not tell whether it reaches {}: {}", rec.address,
+                    e.what());
+      core->shutdown();
+      return 1;
+    }
+    if (rec.reachability == Reachability::direct)
+      spdlog::info("node {}: reachable at {}", node_id, rec.address);
+    else
+      spdlog::warn(
+          "node {}: not reachable from the head at {}: reverse connections through the "
+          "head (every call to its actors crosses the head twice)",
+          node_id, rec.address);
+  }
+  if (rec.reachability == Reachability::reverse) {
+    core->attach_as(node_id);
+    if (!core->wait_attached(Millis(cfg.connect_timeout_ms))) {
+      spdlog::error("node: the head at {} did not take this node's connection for calls within {}",
+                    cfg.head_address, human_ms(cfg.connect_timeout_ms));
+      core->shutdown();
+      return 1;
+    }
+  }
   rec.resources = cfg.resources;
   if (rec.resources.empty()) rec.resources["cpu"] = std::thread::hardware_concurrency();
   // What a job's size is held against at submission (a DiLoCo job's memory estimate).
@@ -205,9 +241,11 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
     core->shutdown();
     return 1;
   }
-  spdlog::info("node {} serving at {} with {} ({} plugins known, {} loaded)", node_id, rec.address,
+  spdlog::info("node {} serving at {} with {} ({} plugins known, {} loaded)", node_id,
+               rec.address.empty() ? "no port of its own (--no-listen)" : rec.address,
                format_resources(rec.resources), plugins->known(), plugins->loaded().size());
-  if (on_ready) on_ready(rec.address);
+  // A node without a port is named by where its calls go ("head/<id>").
+  if (on_ready) on_ready(rec.address.empty() ? call_address(rec) : rec.address);
 
   const Millis period(std::max<int64_t>(20, info.heartbeat_ms));
   Backoff backoff(Millis(100), Millis(2000));
@@ -249,6 +287,12 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
             core->unhost("@node");
             node_id = random_id("n");
             rec.id = node_id;
+            if (rec.reachability == Reachability::reverse) {
+              core->attach_as(node_id);
+              if (!core->wait_attached(period * 16))
+                spdlog::warn("node {}: the head has not confirmed yet that it forwards calls here",
+                             node_id);
+            }
             rec.started_unix_ms = unix_ms();
             spdlog::warn(
                 "node {}: the head declared this node dead ({}); dropped its actors and "

@@ -37,7 +37,11 @@ struct HeadConfig {
 struct NodeConfig {
   std::string head_address;  // "HOST:PORT"
   std::string bind = "tcp://0.0.0.0:0";
-  std::string advertise;  // host others reach this node at; "" = the bound host
+  // Host (or HOST:PORT, a port a NAT forwards) others reach this node at; "" = the bound host.
+  std::string advertise;
+  // false (`loco start --no-listen`): binds no port at all; the node is reached only over the
+  // connection it opens to the head (Reachability::reverse), without a probe.
+  bool listen = true;
   // Default: cpu = number of cores; `memory` (bytes) is MemTotal of /proc/meminfo unless given.
   Resources resources;
   // Classes a client may spawn on this node (`--spawnable A,B,prefix.*`); default none.

@@ -105,6 +105,22 @@ void Transport::drop_peer(const std::string& peer) {
   enqueue(Outgoing{Outgoing::Op::Drop, peer, zmq::message_t(), {}});
 }
 
+namespace {
+constexpr std::string_view kOnDealer{"\0loco-dealer:", 13};
+}  // namespace
+
+zmq::message_t Transport::on_dealer(const std::string& peer) {
+  std::string id(kOnDealer);
+  id += peer;
+  return zmq::message_t(id.data(), id.size());
+}
+
+std::string Transport::dealer_of(const zmq::message_t& routing_id) {
+  std::string_view id(static_cast<const char*>(routing_id.data()), routing_id.size());
+  if (id.size() <= kOnDealer.size() || id.substr(0, kOnDealer.size()) != kOnDealer) return {};
+  return std::string(id.substr(kOnDealer.size()));
+}
+
 Transport::Dealer::~Dealer() {
   // ZeroMQ stops reporting before the reader closes (see runtime/collective/zmq_transport.cpp).
   if (monitor) (void)zmq_socket_monitor(socket.handle(), nullptr, 0);
@@ -135,7 +151,8 @@ zmq::socket_t& Transport::dealer_for(const std::string& peer) {
   s.set(zmq::sockopt::reconnect_ivl, 100);
   s.set(zmq::sockopt::reconnect_ivl_max, 1000);
   s.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opts_.max_frame_bytes));
-  s.connect("tcp://" + peer);
+  // "HOST:PORT/NODE": a connection of its own to HOST:PORT, the head that forwards to NODE.
+  s.connect("tcp://" + peer.substr(0, peer.find('/')));
   dealers_changed_ = true;
   return dealers_.emplace(peer, std::move(d)).first->second->socket;
 }
@@ -172,6 +189,11 @@ void Transport::flush_outgoing() {
           send_frames(dealer_for(out.peer), out.frames);
           break;
         case Outgoing::Op::Reply: {
+          if (std::string peer = dealer_of(out.routing_id); !peer.empty()) {
+            out.peer = peer;
+            send_frames(dealer_for(peer), out.frames);
+            break;
+          }
           if (!router_) break;
           // ROUTER_MANDATORY: an unknown routing id raises EHOSTUNREACH here.
           if (!router_->send(out.routing_id, zmq::send_flags::sndmore | zmq::send_flags::dontwait))

@@ -55,14 +55,22 @@ class Transport {
   // "HOST:PORT" the ROUTER is bound to (the real port when 0 was asked for).
   std::string bound_address() const { return bound_address_; }
 
-  // Thread-safe. Sends on the DEALER for "HOST:PORT" (connecting it if needed).
+  // Thread-safe. Sends on the DEALER for "HOST:PORT" (connecting it if needed). A peer
+  // "HOST:PORT/NODE" has a DEALER of its own to HOST:PORT (calls the head forwards to NODE).
   void send_to_peer(const std::string& peer, std::vector<zmq::message_t>&& frames);
-  // Thread-safe. Sends on the ROUTER to the caller `routing_id`.
+  // Thread-safe. Sends on the ROUTER to the caller `routing_id`, or, for a routing id made by
+  // on_dealer(peer), on the DEALER to `peer` (a request that came on it: a node behind NAT
+  // answers its head over the connection it opened).
   void reply(zmq::message_t&& routing_id, std::vector<zmq::message_t>&& frames);
   // Thread-safe. Closes the DEALER to `peer`, discarding what it still queues.
   void drop_peer(const std::string& peer);
 
   void stop();
+
+  // A routing id that reply() sends on the DEALER to `peer`. ZeroMQ's routing ids are 5 bytes
+  // starting with a zero byte, or chosen by the peer and never starting with one: this one
+  // starts with a zero byte and is longer, so it is never a ROUTER's.
+  static zmq::message_t on_dealer(const std::string& peer);
 
   // Handshakes the ZAP handler admitted and refused (0 without CURVE).
   uint64_t handshakes_admitted() const { return zap_ ? zap_->admitted() : 0; }
@@ -77,6 +85,8 @@ class Transport {
   };
 
   void enqueue(Outgoing&& out);
+  // The peer of a routing id made by on_dealer ("" for a ROUTER's).
+  static std::string dealer_of(const zmq::message_t& routing_id);
   void run();
   void flush_outgoing();
   struct Dealer {

@@ -76,7 +76,7 @@ Decoded decode(std::vector<zmq::message_t>&& frames, size_t max_bytes) {
     throw ProtocolError(std::string("malformed envelope: ") + e.what());
   }
   auto k = d.env.kind;
-  if (k < static_cast<uint8_t>(Kind::Request) || k > static_cast<uint8_t>(Kind::Pong))
+  if (k < static_cast<uint8_t>(Kind::Request) || k > static_cast<uint8_t>(Kind::Attach))
     throw ProtocolError("malformed envelope: unknown message kind " + std::to_string(k));
   if (frames.size() >= 2)
     d.payload.body.assign(static_cast<const char*>(frames[1].data()), frames[1].size());

@@ -26,7 +26,17 @@ constexpr uint32_t kProtocolVersion = 1;
 constexpr size_t kMaxEnvelopeBytes = size_t(64) << 10;
 constexpr size_t kMaxErrorMessageBytes = size_t(16) << 10;
 
-enum class Kind : uint8_t { Request = 1, Tell = 2, Reply = 3, Error = 4, Ping = 5, Pong = 6 };
+// Attach: a node reached only through the head (Reachability::reverse) says, every heartbeat,
+// that its connection to the head serves node `via`; the head answers with a Pong.
+enum class Kind : uint8_t {
+  Request = 1,
+  Tell = 2,
+  Reply = 3,
+  Error = 4,
+  Ping = 5,
+  Pong = 6,
+  Attach = 7
+};
 
 struct Envelope {
   uint32_t version = kProtocolVersion;
@@ -43,8 +53,14 @@ struct Envelope {
   bool from_actor = false;
   std::string sender_job;
   std::string sender_owner;
-  MSGPACK_DEFINE(version, kind, corr, sender, target, method, error_type, error_message,
-                 from_actor, sender_job, sender_owner)
+  // A call (or ping) for an actor of a node reached through the head: that node's id; the head
+  // forwards it on the node's connection (Core::forward). Attach: the node the connection serves.
+  std::string via;
+  // Set by the head on a call it forwards: who the original caller's key proved it is
+  // (security::user_id_of), which the node believes only of what arrives from its head.
+  std::string origin;
+  MSGPACK_DEFINE(version, kind, corr, sender, target, method, error_type, error_message, from_actor,
+                 sender_job, sender_owner, via, origin)
 
   Kind k() const { return static_cast<Kind>(kind); }
 };

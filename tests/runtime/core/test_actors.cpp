@@ -81,6 +81,7 @@ LOCO_REGISTER(Counter, loco::ActorClass<Counter>("test.Counter")
                            .method("wait_for_stop", &Counter::wait_for_stop)
                            .method("wait_for_poke", &Counter::wait_for_poke)
                            .concurrent_method("poke", &Counter::poke)
+                           .method("add_to", &Counter::add_to)
                            .internal_method("reset", &Counter::reset));
 
 }  // namespace loco::testing
@@ -151,5 +152,17 @@ FakeJob::~FakeJob() {
 LOCO_REGISTER(FakeJob, loco::ActorClass<FakeJob>("test.FakeJob")
                            .constructor<std::string, std::string>()
                            .method("rounds_done", &FakeJob::rounds_done));
+
+int Counter::add_to(std::string name, int n, int blob_floats) {
+  auto other = Runtime::current().get_actor<Counter>(name);
+  other.tell(&Counter::add, n);
+  const int value = other.call(&Counter::add, n).get(Millis(30000));
+  std::vector<float> v(size_t(std::max(0, blob_floats)), 0.5f);
+  Blob back = other.call(&Counter::echo, Blob::from_values(std::move(v))).get(Millis(30000));
+  if (back.as<float>().size() != size_t(std::max(0, blob_floats))) return -1;
+  for (float x : back.as<float>())
+    if (x != 0.5f) return -1;
+  return value;
+}
 
 }  // namespace loco::testing

@@ -46,6 +46,10 @@ class Counter {
   // beside wait_for_poke, which holds the mailbox.
   bool wait_for_poke(int max_ms);
   int poke();
+  // Calls the actor named `name` from this actor: tells it add(n), asks it add(n) and echoes a
+  // blob of `blob_floats` floats through it; returns the value add returned, or -1 when the
+  // blob came back changed.
+  int add_to(std::string name, int n, int blob_floats);
 
  private:
   int value_ = 0;

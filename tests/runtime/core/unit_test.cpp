@@ -193,6 +193,15 @@ TEST(States, RecordsKeepTheirWireFormat) {
     msgpack::pack(b, repack<NodeRecordV0>(node));
     EXPECT_EQ(std::string(a.data(), a.size()), std::string(b.data(), b.size()));
     EXPECT_TRUE(repack<NodeRecord>(old_node).spawnable.empty());
+    // A record from before reachability reads as direct; reachability travels as its name.
+    EXPECT_EQ(repack<NodeRecord>(old_node).reachability, Reachability::direct);
+    node.reachability = Reachability::reverse;
+    EXPECT_EQ(repack<NodeRecord>(node).reachability, Reachability::reverse);
+    EXPECT_EQ(parse_reachability("relayed"), Reachability::relayed);
+    EXPECT_THROW(parse_reachability("sideways"), std::invalid_argument);
+    EXPECT_EQ(call_address(node), "head/" + node.id);
+    EXPECT_EQ(through_head_node(call_address(node)), node.id);
+    EXPECT_EQ(through_head_node("10.0.0.2:7071"), "");
   }
 
   JobInfoV0 old_job;
