@@ -56,6 +56,7 @@ struct StartArgs {
   int dashboard_port = -1;
   std::string dashboard_host = "127.0.0.1";
   std::string dashboard_token_file;
+  std::string relay, relay_public_key;
 };
 
 int start_blocking(const StartArgs& a) {
@@ -104,6 +105,17 @@ int start_blocking(const StartArgs& a) {
     if (!a.job_entry_classes.empty()) cfg.job_entry_classes = a.job_entry_classes;
     cfg.max_message_bytes = a.max_message_bytes;
     cfg.security = security::resolve("", false);
+    if (!a.relay.empty() && !a.relay.starts_with("tcp://")) {
+      spdlog::error("--relay: expected tcp://HOST:PORT, got '{}'", a.relay);
+      return 2;
+    }
+    if (!a.relay.empty() && cfg.security.curve && a.relay_public_key.size() != 40) {
+      spdlog::error("--relay-public-key: the relay's CURVE public key (40 Z85 characters, "
+                    "printed by `loco relay`) is needed with --relay, got {} characters",
+                    a.relay_public_key.size());
+      return 2;
+    }
+    cfg.relay = RelayInfo{a.relay, a.relay_public_key};
     return run_head(cfg, stop_requested(), ready);
   }
   NodeConfig cfg;
@@ -237,6 +249,11 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
   start->add_option("--advertise", sa->advertise,
                     "host name or IP others reach this process at (a node: HOST:PORT when a NAT "
                     "forwards another port to it)");
+  start->add_option("--relay", sa->relay,
+                    "head: tcp://HOST:PORT of a `loco relay` through which workers on two nodes "
+                    "behind NAT exchange (handed to every node)");
+  start->add_option("--relay-public-key", sa->relay_public_key,
+                    "head: that relay's public key (Z85, as `loco relay` prints it)");
   start->add_flag("--no-listen", sa->no_listen,
                   "node: bind no port; reached only over its own connection to the head, which "
                   "forwards the calls to its actors (for a host behind NAT)");

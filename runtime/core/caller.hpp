@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime/core/cluster_types.hpp"
 #include "runtime/core/codec.hpp"
 #include "runtime/core/util.hpp"
 #include "runtime/security/keys.hpp"
@@ -98,6 +99,8 @@ class Caller {
   virtual std::string address() const = 0;
   // What this process's sockets use (the cluster key, or plain TCP).
   virtual const security::Settings& security() const = 0;
+  // The node's reachability and the cluster's relay (a driver's: direct, none).
+  virtual NodeNetwork network() const { return {}; }
 
   template <class R, class... A>
   R head_call(const std::string& method, Millis timeout, const A&... args) {

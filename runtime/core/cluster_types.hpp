@@ -159,12 +159,30 @@ struct SpawnRequest {
   MSGPACK_DEFINE(class_name, ctor_args, name, resources, max_restarts, share_gpus)
 };
 
-// What a node learns from the head when it joins.
+// The cluster's relay (`loco relay`): where two members of a job's collective that are both
+// behind NAT exchange (runtime/collective/relay.hpp). The head's `--relay` and
+// `--relay-public-key`, handed to nodes when they join; empty: none.
+struct RelayInfo {
+  std::string endpoint;    // "tcp://HOST:PORT"
+  std::string public_key;  // the relay's own CURVE public key (Z85), not the cluster's
+  MSGPACK_DEFINE(endpoint, public_key)
+};
+
+// What a node knows of its own network, for its actors' sockets (a job's collective): whether
+// others can dial it, and the cluster's relay.
+struct NodeNetwork {
+  Reachability reachability = Reachability::direct;
+  RelayInfo relay;
+};
+
+// What a node learns from the head when it joins. (`relay` is appended: a head from before it
+// sends none.)
 struct ClusterInfo {
   std::string redis_url;
   int64_t detect_ms = 0;
   int64_t heartbeat_ms = 0;
-  MSGPACK_DEFINE(redis_url, detect_ms, heartbeat_ms)
+  RelayInfo relay;
+  MSGPACK_DEFINE(redis_url, detect_ms, heartbeat_ms, relay)
 };
 
 struct NodeStatus {

@@ -79,6 +79,15 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
               const std::string& error_message, Payload&& result);
   std::string address() const override;
   const security::Settings& security() const override { return opts_.security; }
+  NodeNetwork network() const override {
+    std::lock_guard lock(network_mu_);
+    return network_;
+  }
+  // A node, once it knows its reachability and the head's relay (run_node).
+  void set_network(NodeNetwork n) {
+    std::lock_guard lock(network_mu_);
+    network_ = std::move(n);
+  }
 
   // Messages that reached the decoder, and handshakes the ZAP handler admitted and refused.
   uint64_t inbound_messages() const { return inbound_messages_.load(); }
@@ -185,6 +194,8 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
                                        bool oneway, std::function<void(CallState&)> done = {});
 
   CoreOptions opts_;
+  mutable std::mutex network_mu_;
+  NodeNetwork network_;
   std::string address_;
   std::shared_ptr<ActorRef> head_ref_;
 

@@ -128,8 +128,10 @@ class HeadService {
 
   // Nodes learn where Redis is (with its password); a client learns only the timings.
   ClusterInfo hello() const {
-    return ClusterInfo{detail::current_caller().member() ? cfg_.redis_url : std::string(),
-                       cfg_.detect_ms, std::max<int64_t>(20, cfg_.detect_ms / 5)};
+    const bool member = detail::current_caller().member();
+    return ClusterInfo{member ? cfg_.redis_url : std::string(), cfg_.detect_ms,
+                       std::max<int64_t>(20, cfg_.detect_ms / 5),
+                       member ? cfg_.relay : RelayInfo{}};
   }
 
   // A joining node asks whether the head reaches it at the address it announces. Answered once

@@ -202,6 +202,14 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
       return 1;
     }
   }
+  // What this node's actors need for their own sockets: a job's collective behind NAT binds
+  // nothing and meets its peers behind NAT at the head's relay.
+  core->set_network(NodeNetwork{rec.reachability, info.relay});
+  if (rec.reachability != Reachability::direct && info.relay.endpoint.empty())
+    spdlog::warn(
+        "node {}: behind NAT and the head names no relay (loco start --head --relay): a job's "
+        "workers here reach workers on other nodes behind NAT not at all",
+        node_id);
   rec.resources = cfg.resources;
   if (rec.resources.empty()) rec.resources["cpu"] = std::thread::hardware_concurrency();
   // What a job's size is held against at submission (a DiLoCo job's memory estimate).

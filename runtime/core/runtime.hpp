@@ -94,6 +94,9 @@ class Runtime {
   std::shared_ptr<detail::Caller> core() const { return core_; }
   // What this process's sockets use; an actor's own sockets (a job's collective) use it too.
   const security::Settings& security() const { return core_->security(); }
+  // Inside an actor: whether its node accepts connections (direct) or is behind NAT
+  // (reverse), and the cluster's relay; what a job's collective sockets need to know.
+  NodeNetwork network() const { return core_->network(); }
 
  private:
   explicit Runtime(std::shared_ptr<detail::Caller> core, std::shared_ptr<void> owner = nullptr)

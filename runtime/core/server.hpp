@@ -32,6 +32,8 @@ struct HeadConfig {
   // Entry classes a client may submit a job with (members: any).
   std::vector<std::string> job_entry_classes = {"diloco.OuterAggregator"};
   security::Settings security;  // `loco start` resolves --key / --insecure into this
+  // The relay nodes behind NAT use for their actors' collectives (`--relay`, `--relay-public-key`).
+  RelayInfo relay;
 };
 
 struct NodeConfig {

@@ -172,6 +172,25 @@ To repack(const From& v) {
   return msgpack::unpack(b.data(), b.size()).get().as<To>();
 }
 
+// What a node learns on joining, as a head from before the relay sent it: no relay. A head with
+// one hands it to nodes as it was given.
+struct ClusterInfoV0 {
+  std::string redis_url;
+  int64_t detect_ms = 0, heartbeat_ms = 0;
+  MSGPACK_DEFINE(redis_url, detect_ms, heartbeat_ms)
+};
+TEST(States, ClusterInfoFromAHeadWithoutARelayNamesNone) {
+  const ClusterInfo old = repack<ClusterInfo>(ClusterInfoV0{"redis://h:1", 1500, 300});
+  EXPECT_EQ(old.redis_url, "redis://h:1");
+  EXPECT_EQ(old.heartbeat_ms, 300);
+  EXPECT_TRUE(old.relay.endpoint.empty());
+  ClusterInfo with{"redis://h:1", 1500, 300, RelayInfo{"tcp://10.0.0.9:7300", std::string(40, 'k')}};
+  const ClusterInfo again = repack<ClusterInfo>(with);
+  EXPECT_EQ(again.relay.endpoint, "tcp://10.0.0.9:7300");
+  EXPECT_EQ(again.relay.public_key, std::string(40, 'k'));
+  EXPECT_EQ(repack<ClusterInfoV0>(with).detect_ms, 1500);  // an older node reads the rest
+}
+
 TEST(States, RecordsKeepTheirWireFormat) {
   NodeRecordV0 old_node;
   old_node.id = "n-1";
