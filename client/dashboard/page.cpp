@@ -17,6 +17,7 @@ h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.4em; } h3 { font-
 table { border-collapse: collapse; } td, th { padding: 2px 10px; text-align: left; }
 th { border-bottom: 1px solid #aaa; } tr:nth-child(even) td { background: #f4f4f4; }
 .state-alive, .state-running, .state-succeeded { color: #17702a; }
+.reach-reverse, .reach-relayed { color: #8a5a00; }
 .state-dead, .state-failed { color: #b3261e; } .state-left, .state-cancelled { color: #777; }
 .bar { display: inline-block; width: 80px; height: 8px; background: #ddd; vertical-align: middle; }
 .bar > span { display: block; height: 8px; background: #3b6fb6; }
@@ -32,7 +33,7 @@ tr.job { cursor: pointer; } tr.selected td { background: #dde7f5; }
 <body>
 <header><h1>loco</h1><span>head <b id="head">…</b></span><span id="updated"></span><span id="error"></span></header>
 <h2>Nodes</h2>
-<table id="nodes"><thead><tr><th>node</th><th>address</th><th>host</th><th>state</th><th>load</th><th>resources (used/total)</th><th>actors</th><th>up</th></tr></thead><tbody></tbody></table>
+<table id="nodes"><thead><tr><th>node</th><th>address</th><th>host</th><th>state</th><th>reach</th><th>load</th><th>resources (used/total)</th><th>actors</th><th>up</th></tr></thead><tbody></tbody></table>
 <h2>Actors</h2>
 <table id="actors"><thead><tr><th>actor</th><th>name</th><th>class</th><th>node</th><th>state</th><th>GPUs</th><th>restarts</th></tr></thead><tbody></tbody></table>
 <h2>Jobs</h2>
@@ -132,6 +133,7 @@ function renderCluster(c) {
   document.getElementById('head').textContent = c.head;
   fill('nodes', c.nodes.map(n => row([
     n.id, n.address, n.hostname, el('span', n.state + (n.reason ? ' (' + n.reason + ')' : ''), 'state-' + n.state),
+    el('span', n.reachability || 'direct', 'reach-' + (n.reachability || 'direct')),
     bar(n.load),
     Object.entries(n.resources).map(([k, r]) => k + '=' + r.used + '/' + r.total).join(', '),
     n.actors, ago(n.started_unix_ms)], {'data-node': n.id, 'data-state': n.state})));

@@ -215,6 +215,7 @@ TEST_F(DashboardTest, ChromiumRendersTheNodesAndOneLossPointPerRound) {
   EXPECT_NE(dom.find("data-loaded=\"yes\""), std::string::npos) << dom;
   EXPECT_EQ(count(dom, "data-node=\""), 2) << dom;
   EXPECT_EQ(count(dom, "data-state=\"alive\""), 2);
+  EXPECT_EQ(count(dom, "class=\"reach-direct\""), 2) << dom;  // both nodes listen on loopback
   EXPECT_NE(dom.find("data-job=\"" + job_id_ + "\""), std::string::npos);
   std::smatch m;
   ASSERT_TRUE(std::regex_search(dom, m, std::regex(R"re(id="chart-loss" data-points="(\d+)")re")))
