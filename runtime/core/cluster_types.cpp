@@ -52,7 +52,7 @@ Reachability parse_reachability(std::string_view name) {
 std::ostream& operator<<(std::ostream& os, Reachability r) { return os << to_string(r); }
 
 std::string call_address(const NodeRecord& node) {
-  if (node.reachability == Reachability::reverse) return std::string(kThroughHead) + node.id;
+  if (behind_nat(node.reachability)) return std::string(kThroughHead) + node.id;
   return node.address;
 }
 

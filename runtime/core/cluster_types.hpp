@@ -24,9 +24,12 @@ enum class ActorState : uint8_t { pending, alive, restarting, dead };
 enum class JobState : uint8_t { running, succeeded, failed, cancelled };
 // How a node is reached (docs/design.md, "Nodes behind NAT"): `direct`, at its address (the
 // head dialled it when it joined); `reverse`, only over the connection it opened to the head,
-// which forwards calls to its actors; `relayed`, what the collective reports of a member that
-// reaches its peers only through a relay.
+// which forwards calls to its actors; `relayed`, as reverse, and the cluster has a relay (the
+// head's --relay): what its actors' collectives exchange with members behind NAT on other
+// nodes goes through that relay, sealed end to end.
 enum class Reachability : uint8_t { direct, reverse, relayed };
+// reverse or relayed: nobody dials it; calls reach it through the head.
+inline bool behind_nat(Reachability r) { return r != Reachability::direct; }
 
 // "alive", "dead", ...
 const std::string& to_string(NodeState s);

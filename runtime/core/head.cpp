@@ -613,7 +613,7 @@ class HeadService {
         n.reason = v.reason;
         store_->hput(keys::kNodes, n.id, pack_str(n));
         detector_.forget(n.id);
-        if (n.reachability == Reachability::reverse)
+        if (behind_nat(n.reachability))
           detail::current_core()->drop_route(n.id,
                                              "node " + n.id + " was declared dead: " + v.reason);
         event({{"type", "death"}, {"node", n.id}, {"reason", v.reason}});

@@ -193,7 +193,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
           "head (every call to its actors crosses the head twice)",
           node_id, rec.address);
   }
-  if (rec.reachability == Reachability::reverse) {
+  if (behind_nat(rec.reachability)) {
     core->attach_as(node_id);
     if (!core->wait_attached(Millis(cfg.connect_timeout_ms))) {
       spdlog::error("node: the head at {} did not take this node's connection for calls within {}",
@@ -204,8 +204,13 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   }
   // What this node's actors need for their own sockets: a job's collective behind NAT binds
   // nothing and meets its peers behind NAT at the head's relay.
+  if (behind_nat(rec.reachability) && !info.relay.endpoint.empty()) {
+    rec.reachability = Reachability::relayed;
+    spdlog::info("node {}: its actors meet peers behind NAT at the relay {}", node_id,
+                 info.relay.endpoint);
+  }
   core->set_network(NodeNetwork{rec.reachability, info.relay});
-  if (rec.reachability != Reachability::direct && info.relay.endpoint.empty())
+  if (behind_nat(rec.reachability) && info.relay.endpoint.empty())
     spdlog::warn(
         "node {}: behind NAT and the head names no relay (loco start --head --relay): a job's "
         "workers here reach workers on other nodes behind NAT not at all",
@@ -295,7 +300,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
             core->unhost("@node");
             node_id = random_id("n");
             rec.id = node_id;
-            if (rec.reachability == Reachability::reverse) {
+            if (behind_nat(rec.reachability)) {
               core->attach_as(node_id);
               if (!core->wait_attached(period * 16))
                 spdlog::warn("node {}: the head has not confirmed yet that it forwards calls here",
