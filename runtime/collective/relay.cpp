@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <deque>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <zmq.hpp>
@@ -57,28 +59,31 @@ struct Relay::Impl {
 
   void drop(const std::string& why) {
     const uint64_t n = dropped.fetch_add(1) + 1;
-    if ((n & (n - 1)) == 0) spdlog::warn("relay {}: dropped a message ({}); {} so far", endpoint, why, n);
+    if ((n & (n - 1)) == 0)
+      spdlog::warn("relay {}: dropped a message ({}); {} so far", endpoint, why, n);
   }
 
-  // Forwards [dst, src, rest...]; false when it was dropped.
-  bool forward(std::vector<zmq::message_t>& out) {
-    const auto until = std::chrono::steady_clock::now() + options.send_patience;
-    while (true) {
-      try {
-        if (router->send(out[0], zmq::send_flags::dontwait | zmq::send_flags::sndmore)) break;
-      } catch (const zmq::error_t& e) {
-        if (e.num() == EHOSTUNREACH) {
-          drop("its destination is not connected");
-          return false;
-        }
-        throw;
-      }
-      if (stop.load() || std::chrono::steady_clock::now() > until) {
-        drop("its destination's queue stayed full");
-        return false;
-      }
-      zmq::pollitem_t item{static_cast<void*>(*router), 0, ZMQ_POLLOUT, 0};
-      zmq::poll(&item, 1, std::chrono::milliseconds(10));
+  // Messages whose destination is not connected yet, or whose queue is full: members enter an
+  // operation at different times, and a member's first messages must wait for a peer that has
+  // not connected to the relay yet. Per destination, in order; bounded in bytes (the relay
+  // reads nothing more while over the bound, so ZeroMQ and TCP push back on the senders) and
+  // in time (what waits longer than hold_ttl is dropped and counted).
+  struct Held {
+    std::vector<zmq::message_t> frames;
+    std::chrono::steady_clock::time_point since;
+    size_t bytes;
+  };
+  std::map<std::string, std::deque<Held>> held;
+  size_t held_bytes = 0;
+
+  // Sends [dst, src, rest...] without waiting: false when the destination cannot take it now
+  // (not connected, or its queue is full); nothing is sent then.
+  bool try_forward(std::vector<zmq::message_t>& out) {
+    try {
+      if (!router->send(out[0], zmq::send_flags::dontwait | zmq::send_flags::sndmore)) return false;
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EHOSTUNREACH) return false;
+      throw;
     }
     for (size_t i = 1; i < out.size(); ++i)
       (void)router->send(out[i], i + 1 < out.size() ? zmq::send_flags::sndmore
@@ -87,12 +92,45 @@ struct Relay::Impl {
     return true;
   }
 
+  void hold(std::string destination, std::vector<zmq::message_t>&& frames, size_t bytes) {
+    held_bytes += bytes;
+    held[std::move(destination)].push_back(
+        Held{std::move(frames), std::chrono::steady_clock::now(), bytes});
+  }
+
+  // Sends what waits, in order per destination; drops what waited past hold_ttl.
+  void flush_held() {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = held.begin(); it != held.end();) {
+      auto& q = it->second;
+      while (!q.empty()) {
+        Held& h = q.front();
+        if (now - h.since > options.hold_ttl) {
+          drop("its destination did not take it within " +
+               std::to_string(options.hold_ttl.count()) + " ms");
+        } else {
+          // Routing ids are kept in their own frame; ZeroMQ may have consumed it on a failed
+          // try, so rebuild it from the key.
+          h.frames[0] = zmq::message_t(it->first);
+          if (!try_forward(h.frames)) break;
+        }
+        held_bytes -= h.bytes;
+        q.pop_front();
+      }
+      it = q.empty() ? held.erase(it) : std::next(it);
+    }
+  }
+
   void run() {
     zmq::pollitem_t item{static_cast<void*>(*router), 0, ZMQ_POLLIN, 0};
     std::vector<zmq::message_t> frames;
     while (!stop.load()) {
-      zmq::poll(&item, 1, std::chrono::milliseconds(50));
-      for (int i = 0; i < 256 && !stop.load(); ++i) {
+      // Over the bound on held bytes, read nothing: the senders wait in ZeroMQ and TCP.
+      const bool room = held_bytes < options.max_held_bytes;
+      item.events = room ? ZMQ_POLLIN : 0;
+      zmq::poll(&item, 1, std::chrono::milliseconds(held.empty() ? 50 : 5));
+      flush_held();
+      for (int i = 0; i < 256 && !stop.load() && held_bytes < options.max_held_bytes; ++i) {
         frames.clear();
         frames.emplace_back();
         if (!router->recv(frames[0], zmq::recv_flags::dontwait)) break;
@@ -120,7 +158,14 @@ struct Relay::Impl {
           for (size_t k = 0; k < kFrames; ++k) frames[k] = zmq::message_t(copy[k]);
         }
         take_tokens(bytes);
-        (void)forward(frames);
+        std::string destination = frames[0].to_string();
+        // Behind what already waits for that destination, in order.
+        auto waiting = held.find(destination);
+        if (waiting == held.end() || waiting->second.empty()) {
+          if (try_forward(frames)) continue;
+          frames[0] = zmq::message_t(destination);
+        }
+        hold(std::move(destination), std::move(frames), bytes);
       }
     }
   }

@@ -10,8 +10,11 @@
 //   members seal end to end (seal.hpp); whatever it changes fails to authenticate.
 // - Bounded: frames over `max_message_bytes` close their connection before they are allocated;
 //   `hwm` messages queued per connection each way; a token bucket of `rate_mbit` on the bytes
-//   it forwards; a destination that is not connected, or whose queue stays full for
-//   `send_patience`, has the message dropped and counted (the members' liveness judges).
+//   it forwards; a destination that is not connected, or whose queue stays full, for
+//   `hold_ttl`, has the message dropped and counted (the members' liveness judges). Until then
+//   it waits at the relay (members enter an operation at different times), at most
+//   `max_held_bytes` in all: over that the relay reads nothing more, and ZeroMQ and TCP push
+//   back on the senders.
 #pragma once
 
 #include <chrono>
@@ -35,7 +38,8 @@ struct RelayOptions {
   double rate_mbit = 0;  // forwarded bytes per second, in Mbit/s; 0: unbounded
   size_t max_message_bytes = size_t(64) << 20;
   int hwm = 64;
-  std::chrono::milliseconds send_patience{2000};
+  std::chrono::milliseconds hold_ttl{10000};
+  size_t max_held_bytes = size_t(256) << 20;
   // Test hook: sees each message before it is forwarded, as frames (destination routing id,
   // source routing id, then the member's frames: header, sender, sealed payload), and may
   // change them (a hostile relay). Empty in production.
