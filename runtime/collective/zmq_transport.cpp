@@ -247,6 +247,9 @@ void ZmqTransport::set_linger_on_close(std::chrono::milliseconds linger) {
 }
 
 bool ZmqTransport::releases_sent_payloads(const std::string& peer) const {
+  // Behind NAT our connections stay open after a failure (drop_all): nothing may point into
+  // the caller's input.
+  if (!reachable_) return route_of(peer) == Route::relay;
   switch (route_of(peer)) {
     case Route::relay:
       return true;  // sealed into a copy before try_send returns
@@ -722,6 +725,14 @@ void ZmqTransport::wait(std::span<const std::string> writable, std::chrono::mill
 void ZmqTransport::drop_all() {
   // Linger 0: ZeroMQ drops the queues and the message it was writing within milliseconds,
   // even towards a frozen peer.
+  if (!reachable_) {
+    // Behind NAT, peers send to us over these connections, by routing id: one closed and
+    // opened again would race with what they send meanwhile (a ROUTER may still route to the
+    // closing one, and that is lost while keepalives on the new one say all is well). So they
+    // stay; what is queued on them are copies (releases_sent_payloads), of an operation that
+    // its receivers will drop as past.
+    return;
+  }
   set_linger_on_close(std::chrono::milliseconds(0));
   peers_.clear();
   relay_.reset();
