@@ -33,6 +33,8 @@ void add_up_command(CLI::App& app, Commands& out);
 void add_job_commands(CLI::App& app, Commands& out);
 // dashboard: the web page, JSON API and Prometheus metrics of a cluster.
 void add_dashboard_command(CLI::App& app, Commands& out);
+// relay: forwards the collective's messages between members behind NAT.
+void add_relay_command(CLI::App& app, Commands& out);
 // plot: a job's loss curves and per-step figures as PNGs, outside the job's actors.
 void add_plot_command(CLI::App& app, Commands& out);
 

@@ -55,12 +55,14 @@ struct detail::CommunicatorImpl {
   void run(const Group& group, const float* in, float* out, size_t n) {
     std::lock_guard lock(mu);
     receiver_options = options;
+    transport->describe(group);
     butterfly_allreduce(*transport, ws, options, group, in, out, n);
   }
   std::vector<std::vector<uint8_t>> gather(const Group& group, std::span<const uint8_t> mine,
                                            size_t max_bytes) {
     std::lock_guard lock(mu);
     receiver_options = options;
+    transport->describe(group);
     return gather_blobs(*transport, ws, options, group, mine, max_bytes);
   }
 };
@@ -87,7 +89,8 @@ Communicator::Communicator(const std::string& bind_endpoint, Options options,
   impl_->receiver_options = options;
   if (!context) context = std::make_shared<zmq::context_t>(std::max(1, options.io_threads));
   impl_->transport = std::make_unique<detail::ZmqTransport>(
-      bind_endpoint, std::move(context), options.security, detail::max_payload_bytes(options));
+      bind_endpoint, std::move(context), options.security, detail::max_payload_bytes(options),
+      options.outbound_only);
   impl_->ws.configure(options);
   impl_->receiver = std::thread([impl = impl_.get()] { impl->receive_between_operations_loop(); });
 }
@@ -107,6 +110,12 @@ Communicator::~Communicator() {
 }
 
 const std::string& Communicator::endpoint() const { return impl_->transport->endpoint(); }
+std::string Communicator::kx_public() const { return impl_->transport->kx_public(); }
+
+uint64_t Communicator::unauthentic_messages() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->transport->unauthentic();
+}
 Options& Communicator::options() { return impl_->options; }
 detail::Hooks& Communicator::hooks() { return impl_->ws.hooks; }
 const Stats& Communicator::last_stats() const { return impl_->ws.stats; }

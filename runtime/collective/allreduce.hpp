@@ -57,6 +57,9 @@ struct CommunicatorImpl;
 
 class Communicator {
  public:
+  // Members behind NAT (Options::outbound_only, Member::reachable, Group::relay): see
+  // docs/design.md, "Members behind NAT: reverse connections and the relay".
+  //
   // Binds the data socket (CollectiveError if it cannot). "tcp://HOST:0" picks a free port;
   // endpoint() reports the result. Bound to a wildcard ("tcp://0.0.0.0:0"), publish a routable
   // address with the same port.
@@ -71,8 +74,14 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  // The endpoint peers connect to (publish it as Member::endpoint).
+  // The endpoint peers connect to (publish it as Member::endpoint). With
+  // Options::outbound_only nothing is bound: a name, "nat://" and kx_public().
   const std::string& endpoint() const;
+  // This communicator's ephemeral key-exchange public key (publish it as Member::kx_public):
+  // what a peer that reaches it only through a relay seals its messages with (seal.hpp).
+  std::string kx_public() const;
+  // Messages that came through a relay and failed to authenticate (dropped undecoded).
+  uint64_t unauthentic_messages() const;
   Options& options();
   detail::Hooks& hooks();
 

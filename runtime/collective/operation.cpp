@@ -212,6 +212,20 @@ void Operation::handle_abort(const Message& m) {
 
 void Operation::handle(Message& m) {
   const Header& h = m.header;
+  if (m.forged) {
+    // Through a relay, sealed by its sender; it did not open: nothing in it is decoded. Only
+    // the relay (or someone on its path) could have changed it, but the member it claims to
+    // come from is the one this round cannot go on with.
+    ws_.drop(m, "it failed to authenticate");
+    const int s = rank_of(m.sender);
+    if (s < 0 || s == me_) return;
+    throw OpFailure{AbortKind::error, m.sender,
+                    "a message from member " + who(s) + " through the relay " +
+                        (g_.relay.endpoint.empty() ? std::string("?") : g_.relay.endpoint) +
+                        " failed to authenticate in round " + std::to_string(g_.round_id) +
+                        " (changed, forged or replayed on its way); dropped undecoded",
+                    true};
+  }
   if (std::string bad = check_message(h, m.sender.size(), m.payload.size); !bad.empty()) {
     ws_.drop(m, "malformed: " + bad);
     return;
@@ -415,8 +429,8 @@ void Operation::linger_until_delivered() {
     Message m;
     while (t_.try_receive(m)) {
       const Header& h = m.header;
-      if (!check_message(h, m.sender.size(), m.payload.size).empty()) {
-        ws_.drop(m, "malformed");
+      if (m.forged || !check_message(h, m.sender.size(), m.payload.size).empty()) {
+        ws_.drop(m, m.forged ? "it failed to authenticate" : "malformed");
       } else if ((h.round_id > g_.round_id || (h.round_id == g_.round_id && h.group_fp != fp_)) &&
                  h.type != MsgType::keepalive) {
         ws_.stash_message(std::move(m), g_.round_id, rank_of(m.sender) < 0, Clock::now());
@@ -469,7 +483,7 @@ void abandon(Transport& t, Workspace& ws, Operation& op) {
     const bool later =
         m.header.round_id > op.round_id() ||
         (m.header.round_id == op.round_id() && m.header.group_fp != op.group_fingerprint());
-    if (later && m.header.type != MsgType::keepalive &&
+    if (later && !m.forged && m.header.type != MsgType::keepalive &&
         check_message(m.header, m.sender.size(), m.payload.size).empty())
       ws.stash_message(std::move(m), op.round_id(), !op.is_member(m.sender), Clock::now());
     m = Message{};
@@ -595,7 +609,10 @@ size_t receive_between_operations(Transport& t, Workspace& ws, const Options& op
     const Header& h = m.header;
     const bool past = ws.begun && (h.round_id < ws.last_round ||
                                    (h.round_id == ws.last_round && h.group_fp == ws.last_fp));
-    if (std::string bad = check_message(h, m.sender.size(), m.payload.size); !bad.empty()) {
+    if (m.forged) {
+      ws.drop(m, "it failed to authenticate");
+    } else if (std::string bad = check_message(h, m.sender.size(), m.payload.size);
+               !bad.empty()) {
       ws.drop(m, "malformed: " + bad);
     } else if (h.type != MsgType::keepalive && !past) {
       // Of a later operation (as any operation would keep it). Before the first one, nobody

@@ -32,6 +32,9 @@ struct Message {
   std::string sender;  // the sender's member name, as it says
   Buffer payload;
   uint64_t link = 0;   // the connection it came on, for link_bytes(); 0: not known
+  // It came through a relay and failed to authenticate (or was replayed): nothing in it was
+  // decoded; `sender` names the member it claims to come from, the payload is empty.
+  bool forged = false;
 };
 
 // data: chunks, in order behind each other. control: keepalives and aborts, on a connection

@@ -21,6 +21,23 @@ namespace loco::collective {
 struct Member {
   std::string name;      // for error messages and logs, e.g. "w3"
   std::string endpoint;  // the member's Communicator::endpoint(), e.g. "tcp://10.0.0.3:7201"
+  // Members behind NAT (docs/design.md, "Members behind NAT"). false: nobody can connect to
+  // this member (Options::outbound_only; its endpoint is then a name, "nat://..."). A member
+  // sends to a reachable member B over its own connection to B; to an unreachable one A, when
+  // it is reachable itself, over A's connection to it; and when neither is, through the
+  // group's relay, sealed end to end. Defaults: reachable, as before.
+  bool reachable = true;
+  // The member's Communicator::kx_public(): its ephemeral key-exchange public key, 64 hex
+  // characters. Needed only for a pair that exchanges through the relay ("" otherwise).
+  std::string kx_public;
+};
+
+// A reachable process that forwards between members that cannot reach each other
+// (runtime/collective/relay.hpp, `loco relay`). Sees routing ids, sizes and timing, never
+// plaintext; cannot forge.
+struct RelayEndpoint {
+  std::string endpoint;    // e.g. "tcp://relay.example:7300"
+  std::string public_key;  // the relay's own CURVE public key (Z85); unused without CURVE
 };
 
 struct Group {
@@ -45,6 +62,9 @@ struct Group {
   // One flag per member or none, else CollectiveError before anything is sent. allgather()
   // gathers every member's blob whatever it says (its caller skips what it leaves out).
   std::vector<uint8_t> left_out;
+  // Where two unreachable members (Member::reachable false) exchange; needed only when the
+  // group has two of them. Not part of the group's fingerprint.
+  RelayEndpoint relay;
 };
 
 struct Options {
@@ -82,6 +102,10 @@ struct Options {
   // benches that compare both; a job's workers use their node's settings
   // (loco::Runtime::security()).
   security::Settings security;
+  // Behind NAT: bind nothing that peers would dial. The communicator's endpoint() is then a
+  // name ("nat://" and its key-exchange public key), its Member has reachable = false, and it
+  // connects out to reachable peers and to the group's relay. Set before construction.
+  bool outbound_only = false;
 };
 
 // Any failure of an operation. member() names the member at fault, when one is known.

@@ -68,12 +68,39 @@ struct Monitored {
   }
 };
 
+// How a DEALER of a member behind NAT also receives: it names itself (`routing_id`) so that
+// the ROUTER at its other end (a reachable peer's, or the relay's) can address it, and it takes
+// frames of at most `max_frame_bytes` (0: no bound), `rcvhwm` of them queued. Empty routing id:
+// a DEALER that only sends, as every DEALER of a reachable member.
+struct Receiving {
+  std::string routing_id;
+  size_t max_frame_bytes = 0;
+  int rcvhwm = 0;
+  const std::string* server_key = nullptr;  // the relay's CURVE key; nullptr: the cluster's
+};
+
+// ZeroMQ checks a frame's size as it travels: under CURVE, encrypted in a MESSAGE command, a
+// few dozen bytes longer; through a relay, sealed (seal.hpp), 48 bytes longer.
+constexpr size_t kFrameSlack = 4096;
+
 Monitored open_dealer(zmq::context_t& ctx, const std::string& endpoint, int sndhwm, bool thin,
-                      const std::string& monitor_endpoint, const security::Settings& security) {
+                      const std::string& monitor_endpoint, const security::Settings& security,
+                      const Receiving& receiving = {}) {
   Monitored d;
   d.thin = thin;
   d.socket = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
-  security::make_client(*d.socket, security);
+  if (receiving.server_key)
+    security::make_client_of(*d.socket, security, *receiving.server_key);
+  else
+    security::make_client(*d.socket, security);
+  if (!receiving.routing_id.empty()) {
+    d.socket->set(zmq::sockopt::routing_id, zmq::buffer(receiving.routing_id));
+    if (receiving.max_frame_bytes > 0) {
+      d.socket->set(zmq::sockopt::maxmsgsize,
+                    static_cast<int64_t>(receiving.max_frame_bytes + kFrameSlack));
+    }
+    d.socket->set(zmq::sockopt::rcvhwm, receiving.rcvhwm);
+  }
   d.socket->set(zmq::sockopt::linger, 0);
   // No limit on ZeroMQ's handshake: on a saturated link of 1 Mbit/s the few bytes of a new
   // connection's handshake can wait behind data for more than its default 30 s, and ZeroMQ
@@ -138,6 +165,25 @@ int unacknowledged(const Monitored& d) {
 
 }  // namespace
 
+// The two DEALERs to the group's relay, shared by every relayed peer.
+struct ZmqTransport::Relayed {
+  Monitored data;
+  Monitored control;
+  zmq::socket_t& socket(Channel c) { return *(c == Channel::data ? data : control).socket; }
+  void set_linger(std::chrono::milliseconds linger) {
+    data.socket->set(zmq::sockopt::linger, static_cast<int>(linger.count()));
+    control.socket->set(zmq::sockopt::linger, static_cast<int>(linger.count()));
+  }
+};
+
+namespace {
+// Bounds on the relayed messages kept until their sender's key is known.
+constexpr size_t kMaxPending = 1024;
+constexpr size_t kMaxPendingBytes = size_t(64) << 20;
+// Routing ids: a letter per channel, then the member's endpoint (ZeroMQ allows 255 bytes).
+constexpr size_t kMaxRoutingId = 255;
+}  // namespace
+
 struct ZmqTransport::Peer {
   Monitored data;
   Monitored control;
@@ -153,25 +199,35 @@ struct ZmqTransport::Peer {
 
 ZmqTransport::ZmqTransport(const std::string& bind_endpoint,
                            std::shared_ptr<zmq::context_t> context, security::Settings security,
-                           size_t max_frame_bytes)
+                           size_t max_frame_bytes, bool outbound_only)
     : ctx_(std::move(context)),
       security_(std::move(security)),
-      zap_(security::zap_handler_for(*ctx_, security_, security::Admit::members)),
-      router_(std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::router)) {
+      outbound_only_(outbound_only),
+      reachable_(!outbound_only),
+      max_frame_bytes_(max_frame_bytes),
+      kx_(KxKeyPair::generate()) {
+  if (max_frame_bytes > 0)
+    rcvhwm_ = static_cast<int>(std::clamp<size_t>((size_t(64) << 20) / max_frame_bytes, 16, 4096));
+  if (outbound_only_) {
+    // Nothing to bind: peers know this member by a name, and reach it over its connections.
+    endpoint_ = "nat://" + kx_.public_hex();
+    return;
+  }
+  zap_ = security::zap_handler_for(*ctx_, security_, security::Admit::members);
+  router_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::router);
   security::make_server(*router_, security_);
   router_->set(zmq::sockopt::linger, 0);
   router_->set(zmq::sockopt::handshake_ivl, 0);  // as for the DEALERs (open_dealer)
-  int rcvhwm = 4096;
-  if (max_frame_bytes > 0) {
-    // ZeroMQ checks the frame as it travels: under CURVE, encrypted in a MESSAGE command, a
-    // few dozen bytes longer.
-    constexpr size_t kCurveOverhead = 4096;
-    router_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_frame_bytes + kCurveOverhead));
-    rcvhwm = static_cast<int>(std::clamp<size_t>((size_t(64) << 20) / max_frame_bytes, 16, 4096));
-  }
-  router_->set(zmq::sockopt::rcvhwm, rcvhwm);
-  // The ROUTER only receives; should it ever route, an unknown peer must be an error.
+  if (max_frame_bytes > 0)
+    router_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_frame_bytes + kFrameSlack));
+  router_->set(zmq::sockopt::rcvhwm, rcvhwm_);
+  // The ROUTER sends only to members behind NAT, over their connections: an unknown one (not
+  // connected yet) must be an error that try_send reports as a full queue, not a silent drop.
   router_->set(zmq::sockopt::router_mandatory, true);
+  // Such a member that reconnects (after a failed operation closed its DEALERs) takes its
+  // routing id over from the connection it left.
+  router_->set(zmq::sockopt::router_handover, true);
+  router_->set(zmq::sockopt::sndhwm, 16);
   std::string ep = bind_endpoint;
   if (ep.starts_with("tcp://") && ep.ends_with(":0")) ep = ep.substr(0, ep.size() - 1) + "*";
   try {
@@ -187,11 +243,123 @@ ZmqTransport::~ZmqTransport() = default;
 
 void ZmqTransport::set_linger_on_close(std::chrono::milliseconds linger) {
   for (auto& [ep, p] : peers_) p->set_linger(linger);
+  if (relay_) relay_->set_linger(linger);
 }
 
 bool ZmqTransport::releases_sent_payloads(const std::string& peer) const {
+  // Behind NAT our connections stay open after a failure (drop_all): nothing may point into
+  // the caller's input.
+  if (!reachable_) return route_of(peer) == Route::relay;
+  switch (route_of(peer)) {
+    case Route::relay:
+      return true;  // sealed into a copy before try_send returns
+    case Route::reverse:
+      return false;  // the ROUTER's queue is not dropped with our connections (drop_all)
+    case Route::direct:
+      break;
+  }
   // Over inproc the receiving socket itself would hold our message until it is read.
   return peer.starts_with("tcp://") || peer.starts_with("ipc://");
+}
+
+ZmqTransport::Route ZmqTransport::route_of(const std::string& endpoint) const {
+  auto it = info_.find(endpoint);
+  return it == info_.end() ? Route::direct : it->second.route;
+}
+
+std::string ZmqTransport::routing_id(Channel c, const std::string& endpoint) const {
+  return (c == Channel::data ? "D" : "C") + endpoint;
+}
+
+void ZmqTransport::describe(const Group& group) {
+  const int k = static_cast<int>(group.members.size());
+  if (group.rank < 0 || group.rank >= k) return;  // the operation's own check names it
+  const Member& self = group.members[group.rank];
+  if (outbound_only_ && self.reachable) {
+    throw CollectiveError("collective: member " + self.name +
+                          " is outbound-only (Options::outbound_only) but the group describes it "
+                          "as reachable; set Member::reachable = false for it");
+  }
+  const bool reachable = self.reachable && !outbound_only_;
+  if (reachable != reachable_) {
+    // Our DEALERs name themselves only when we are unreachable: open them anew.
+    set_linger_on_close(std::chrono::milliseconds(0));
+    peers_.clear();
+    relay_.reset();
+    reachable_ = reachable;
+  }
+  if (!reachable_ && routing_id(Channel::data, endpoint_).size() > kMaxRoutingId) {
+    throw CollectiveError("collective: endpoint " + endpoint_ +
+                          " is too long to name a member behind NAT (at most 254 bytes)");
+  }
+  if (group.relay.endpoint != relay_at_.endpoint || group.relay.public_key != relay_at_.public_key) {
+    if (relay_) relay_->set_linger(std::chrono::milliseconds(0));
+    relay_.reset();
+    relay_at_ = group.relay;
+  }
+  for (int p = 0; p < k; ++p) {
+    if (p == group.rank) continue;
+    const Member& m = group.members[p];
+    const Route route = m.reachable ? Route::direct : reachable_ ? Route::reverse : Route::relay;
+    PeerInfo& info = info_[m.endpoint];
+    info.name = m.name;
+    info.route = route;
+    if (route == Route::direct) {
+      continue;
+    }
+    if (routing_id(Channel::data, m.endpoint).size() > kMaxRoutingId) {
+      throw CollectiveError("collective: member " + m.name + "'s endpoint " + m.endpoint +
+                                " is too long to name a member behind NAT (at most 254 bytes)",
+                            m.name);
+    }
+    if (route == Route::reverse) continue;
+    if (group.relay.endpoint.empty()) {
+      throw CollectiveError("collective: members " + self.name + " and " + m.name +
+                                " are both unreachable (Member::reachable false) and the group "
+                                "names no relay (Group::relay); start one with `loco relay`",
+                            m.name);
+    }
+    if (security_.curve && group.relay.public_key.size() != 40) {
+      throw CollectiveError("collective: the group's relay " + group.relay.endpoint +
+                            " has no CURVE public key (Group::relay.public_key, 40 Z85 characters)");
+    }
+    if (info.keys && info.kx_public == m.kx_public) continue;
+    auto theirs = parse_kx_public(m.kx_public);
+    std::optional<SessionKeys> keys;
+    if (theirs) keys = session_keys(kx_, *theirs);
+    if (!keys) {
+      throw CollectiveError("collective: member " + m.name +
+                                " has no usable key-exchange key (Member::kx_public, 64 hex "
+                                "characters of its Communicator::kx_public()), needed to "
+                                "exchange through the relay",
+                            m.name);
+    }
+    info.keys = keys;
+    info.kx_public = m.kx_public;
+    info.sent[0] = info.sent[1] = 0;
+    info.opened[0] = info.opened[1] = 0;
+    pending_dirty_ = true;
+  }
+}
+
+ZmqTransport::Relayed& ZmqTransport::relay() {
+  if (relay_) return *relay_;
+  auto monitor_ep = [&] {
+    return "inproc://loco-collective-monitor-" + std::to_string(reinterpret_cast<uintptr_t>(this)) +
+           "-" + std::to_string(++monitor_serial_);
+  };
+  auto receiving = [&](Channel c) {
+    return Receiving{.routing_id = routing_id(c, endpoint_),
+                     .max_frame_bytes = max_frame_bytes_,
+                     .rcvhwm = rcvhwm_,
+                     .server_key = &relay_at_.public_key};
+  };
+  relay_ = std::make_unique<Relayed>(
+      Relayed{.data = open_dealer(*ctx_, relay_at_.endpoint, 4, false, monitor_ep(), security_,
+                                  receiving(Channel::data)),
+              .control = open_dealer(*ctx_, relay_at_.endpoint, 64, true, monitor_ep(), security_,
+                                     receiving(Channel::control))});
+  return *relay_;
 }
 
 ZmqTransport::Peer& ZmqTransport::peer(const std::string& endpoint) {
@@ -201,28 +369,84 @@ ZmqTransport::Peer& ZmqTransport::peer(const std::string& endpoint) {
     return "inproc://loco-collective-monitor-" + std::to_string(reinterpret_cast<uintptr_t>(this)) +
            "-" + std::to_string(++monitor_serial_);
   };
+  // Behind NAT, the peer answers over these connections: they name themselves.
+  auto receiving = [&](Channel c) {
+    if (reachable_) return Receiving{};
+    return Receiving{
+        .routing_id = routing_id(c, endpoint_), .max_frame_bytes = max_frame_bytes_, .rcvhwm = rcvhwm_};
+  };
   // A short data queue in ZeroMQ (the kernel's socket buffer holds more): what waits, waits
   // in the schedule's outbox, where all-gather results overtake reduce-scatter chunks.
   auto p = std::make_unique<Peer>(
-      Peer{.data = open_dealer(*ctx_, endpoint, 4, false, monitor_ep(), security_),
-           .control = open_dealer(*ctx_, endpoint, 64, true, monitor_ep(), security_)});
+      Peer{.data = open_dealer(*ctx_, endpoint, 4, false, monitor_ep(), security_,
+                               receiving(Channel::data)),
+           .control = open_dealer(*ctx_, endpoint, 64, true, monitor_ep(), security_,
+                                  receiving(Channel::control))});
   return *peers_.emplace(endpoint, std::move(p)).first->second;
 }
 
 void ZmqTransport::keep_only(std::span<const std::string> keep, std::chrono::milliseconds linger) {
   for (auto it = peers_.begin(); it != peers_.end();) {
-    if (std::find(keep.begin(), keep.end(), it->first) == keep.end()) {
+    if (std::find(keep.begin(), keep.end(), it->first) == keep.end() ||
+        route_of(it->first) != Route::direct) {
       it->second->set_linger(linger);
       it = peers_.erase(it);
     } else {
       ++it;
     }
   }
-  for (const std::string& ep : keep) (void)peer(ep);
+  for (const std::string& ep : keep) {
+    switch (route_of(ep)) {
+      case Route::direct:
+        (void)peer(ep);
+        break;
+      case Route::relay:
+        (void)relay();
+        break;
+      case Route::reverse:
+        break;  // the peer connects to us
+    }
+  }
 }
 
 bool ZmqTransport::try_send(const std::string& to, Channel channel, const Header& header,
                             const std::string& sender, Buffer payload) {
+  const Route route = route_of(to);
+  if (route == Route::reverse) {
+    // Over the peer's own connection. Not connected yet (or gone): EHOSTUNREACH, which waits
+    // like a full queue; liveness judges a peer that never connects.
+    const std::string id = routing_id(channel, to);
+    try {
+      if (!router_ || !router_->send(zmq::buffer(id), zmq::send_flags::dontwait |
+                                                          zmq::send_flags::sndmore)) {
+        return false;
+      }
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EHOSTUNREACH) return false;
+      throw;
+    }
+    (void)router_->send(zmq::buffer(&header, sizeof header), zmq::send_flags::sndmore);
+    (void)router_->send(zmq::buffer(sender), zmq::send_flags::sndmore);
+    (void)router_->send(frame_of(std::move(payload)), zmq::send_flags::none);
+    return true;
+  }
+  if (route == Route::relay) {
+    PeerInfo& info = info_[to];
+    const int c = channel == Channel::data ? 0 : 1;
+    std::vector<uint8_t> sealed =
+        seal(*info.keys, info.sent[c], static_cast<uint8_t>(c),
+             {reinterpret_cast<const uint8_t*>(&header), sizeof header}, sender, payload.bytes());
+    zmq::socket_t& s = relay().socket(channel);
+    if (!s.send(zmq::buffer(routing_id(channel, to)),
+                zmq::send_flags::dontwait | zmq::send_flags::sndmore)) {
+      return false;
+    }
+    ++info.sent[c];
+    (void)s.send(zmq::buffer(&header, sizeof header), zmq::send_flags::sndmore);
+    (void)s.send(zmq::buffer(sender), zmq::send_flags::sndmore);
+    (void)s.send(zmq::message_t(sealed.data(), sealed.size()), zmq::send_flags::none);
+    return true;
+  }
   Peer& p = peer(to);
   zmq::socket_t& s = p.socket(channel);
   // All frames or none: once ZeroMQ took the first frame of a multipart message, it takes the
@@ -244,38 +468,159 @@ bool ZmqTransport::try_send(const std::string& to, Channel channel, const Header
   return true;
 }
 
-bool ZmqTransport::try_receive(Message& out) {
+void ZmqTransport::note_link(const void* frame, Message& out) {
+  // The connection it came on: ZeroMQ tells its file descriptor (-1 for inproc).
+  out.link = 0;
+  const int fd = zmq_msg_get(const_cast<zmq_msg_t*>(static_cast<const zmq_msg_t*>(frame)),
+                             ZMQ_SRCFD);
+  if (fd < 0) return;
+  auto it = links_.find(fd);
+  if (it == links_.end()) {
+    std::string a = peer_address(fd);
+    if (!a.empty()) it = links_.emplace(fd, std::move(a)).first;
+  }
+  if (it != links_.end()) out.link = static_cast<uint64_t>(fd) + 1;
+}
+
+// One message from `s`: [routing id,] header, sender, payload; through the relay the routing
+// id is the sender's, as the relay says, and the payload is sealed. False when none is waiting.
+bool ZmqTransport::take_from(zmq::socket_t& s, bool has_routing_id, bool relayed, Message& out) {
+  constexpr size_t kMaxFrames = 8;
+  const size_t want = has_routing_id ? 4 : 3;
   while (true) {
-    zmq::message_t id;
-    if (!router_->recv(id, zmq::recv_flags::dontwait)) return false;
-    std::vector<zmq::message_t> frames;
-    while (router_->get(zmq::sockopt::rcvmore)) {
+    std::vector<zmq::message_t> frames(1);
+    if (!s.recv(frames[0], zmq::recv_flags::dontwait)) return false;
+    while (s.get(zmq::sockopt::rcvmore)) {
       zmq::message_t f;
-      (void)router_->recv(f, zmq::recv_flags::none);  // the rest of a multipart is already here
-      frames.push_back(std::move(f));
+      (void)s.recv(f, zmq::recv_flags::none);  // the rest of a multipart is already here
+      if (frames.size() < kMaxFrames) frames.push_back(std::move(f));
     }
-    if (frames.size() != 3) continue;
-    // The connection it came on: ZeroMQ tells its file descriptor (-1 for inproc).
-    out.link = 0;
-    const int fd = zmq_msg_get(id.handle(), ZMQ_SRCFD);  // -1 (EINVAL) for inproc
-    if (fd >= 0) {
-      auto it = links_.find(fd);
-      if (it == links_.end()) {
-        std::string a = peer_address(fd);
-        if (!a.empty()) it = links_.emplace(fd, std::move(a)).first;
-      }
-      if (it != links_.end()) out.link = static_cast<uint64_t>(fd) + 1;
+    if (frames.size() != want) continue;
+    if (relayed) {
+      std::vector<std::string> parts;
+      for (auto& f : frames) parts.push_back(f.to_string());
+      if (open_relayed(parts, true, out)) return true;
+      continue;
     }
-    auto header = parse_header({static_cast<const uint8_t*>(frames[0].data()), frames[0].size()});
+    note_link(frames[0].handle(), out);
+    const size_t h = has_routing_id ? 1 : 0;
+    auto header = parse_header({static_cast<const uint8_t*>(frames[h].data()), frames[h].size()});
     if (!header) continue;
     out.header = *header;
-    out.sender = frames[1].to_string();
-    auto body = std::make_shared<zmq::message_t>(std::move(frames[2]));
+    out.sender = frames[h + 1].to_string();
+    out.forged = false;
+    auto body = std::make_shared<zmq::message_t>(std::move(frames[h + 2]));
     out.payload.data = static_cast<const uint8_t*>(body->data());
     out.payload.size = body->size();
     out.payload.owner = std::move(body);
     return true;
   }
+}
+
+// frames: the sender's routing id (as the relay says), header, sender name, sealed payload.
+bool ZmqTransport::open_relayed(std::vector<std::string>& frames, bool queue_if_unknown,
+                                Message& out) {
+  const std::string& id = frames[0];
+  if (id.size() < 2 || (id[0] != 'D' && id[0] != 'C')) {
+    ++unauthentic_;
+    return false;
+  }
+  const int c = id[0] == 'D' ? 0 : 1;
+  auto it = info_.find(id.substr(1));
+  if (it == info_.end() || it->second.route != Route::relay || !it->second.keys) {
+    // Perhaps a peer that began an operation we have not been told of yet: kept, bounded.
+    size_t bytes = 0;
+    for (const auto& f : frames) bytes += f.size();
+    if (queue_if_unknown && pending_.size() < kMaxPending &&
+        pending_bytes_ + bytes <= kMaxPendingBytes) {
+      pending_bytes_ += bytes;
+      pending_.push_back(std::move(frames));
+    } else {
+      ++unauthentic_;
+    }
+    return false;
+  }
+  PeerInfo& info = it->second;
+  const std::string& hdr = frames[1];
+  const std::span<const uint8_t> header_bytes{reinterpret_cast<const uint8_t*>(hdr.data()),
+                                              hdr.size()};
+  const std::span<const uint8_t> sealed{reinterpret_cast<const uint8_t*>(frames[3].data()),
+                                        frames[3].size()};
+  auto plain = std::make_shared<std::vector<uint8_t>>();
+  uint64_t sequence = 0;
+  const bool ok = frames[2] == info.name &&
+                  open(*info.keys, static_cast<uint8_t>(c), header_bytes, frames[2], sealed,
+                       sequence, *plain) &&
+                  sequence >= info.opened[c];
+  auto header = parse_header(header_bytes);
+  out = Message{};
+  out.sender = info.name;
+  if (!ok || !header) {
+    // Forged, tampered with or replayed on its way: never decoded, and the operation that
+    // gets it fails naming the member it claims to come from.
+    ++unauthentic_;
+    out.forged = true;
+    if (header) out.header = *header;
+    return true;
+  }
+  info.opened[c] = sequence + 1;
+  out.header = *header;
+  out.payload.data = plain->data();
+  out.payload.size = plain->size();
+  out.payload.owner = std::move(plain);
+  return true;
+}
+
+bool ZmqTransport::try_receive(Message& out) {
+  if (pending_dirty_) {
+    // Relayed messages that waited for their sender's key, in their order.
+    std::deque<std::vector<std::string>> waiting;
+    waiting.swap(pending_);
+    pending_bytes_ = 0;
+    pending_dirty_ = false;
+    bool got = false;
+    while (!waiting.empty()) {
+      std::vector<std::string> frames = std::move(waiting.front());
+      waiting.pop_front();
+      if (!got) {
+        got = open_relayed(frames, true, out);
+      } else {
+        size_t bytes = 0;
+        for (const auto& f : frames) bytes += f.size();
+        pending_bytes_ += bytes;
+        pending_.push_back(std::move(frames));
+        pending_dirty_ = true;  // more may open now
+      }
+    }
+    if (got) return true;
+  }
+  // Every socket that receives, taking turns so that none starves the others: the ROUTER, the
+  // DEALERs to reachable peers when we are behind NAT, the relay's.
+  struct Source {
+    zmq::socket_t* s;
+    bool has_routing_id;
+    bool relayed;
+  };
+  std::vector<Source> sources;
+  if (router_) sources.push_back({router_.get(), true, false});
+  if (!reachable_) {
+    for (auto& [ep, p] : peers_) {
+      sources.push_back({p->data.socket.get(), false, false});
+      sources.push_back({p->control.socket.get(), false, false});
+    }
+  }
+  if (relay_) {
+    sources.push_back({relay_->data.socket.get(), true, true});
+    sources.push_back({relay_->control.socket.get(), true, true});
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const Source& src = sources[(next_receiver_ + i) % sources.size()];
+    if (take_from(*src.s, src.has_routing_id, src.relayed, out)) {
+      next_receiver_ = (next_receiver_ + i + 1) % sources.size();
+      return true;
+    }
+  }
+  return false;
 }
 
 uint64_t ZmqTransport::link_bytes(uint64_t link) {
@@ -295,7 +640,32 @@ uint64_t ZmqTransport::link_bytes(uint64_t link) {
   return info.tcpi_bytes_received;
 }
 
+void ZmqTransport::drain_relay_events() {
+  if (!relay_) return;
+  drain_monitor(relay_->data);
+  drain_monitor(relay_->control);
+  const PeerEvent a = std::exchange(relay_->data.seen, PeerEvent::none);
+  const PeerEvent b = std::exchange(relay_->control.seen, PeerEvent::none);
+  const PeerEvent e = a == PeerEvent::closed || b == PeerEvent::closed ? PeerEvent::closed
+                      : a != PeerEvent::none                          ? a
+                                                                      : b;
+  if (e == PeerEvent::none) return;
+  // The relay's connection carries every relayed peer: what happens to it happens to them all.
+  for (auto& [ep, info] : info_) {
+    if (info.route == Route::relay && info.relay_event != PeerEvent::closed) info.relay_event = e;
+  }
+}
+
 PeerEvent ZmqTransport::take_event(const std::string& endpoint) {
+  switch (route_of(endpoint)) {
+    case Route::reverse:
+      return PeerEvent::none;  // its connections are its own: only its silence tells
+    case Route::relay:
+      drain_relay_events();
+      return std::exchange(info_[endpoint].relay_event, PeerEvent::none);
+    case Route::direct:
+      break;
+  }
   auto it = peers_.find(endpoint);
   if (it == peers_.end()) return PeerEvent::none;
   Monitored& data = it->second->data;
@@ -310,6 +680,7 @@ PeerEvent ZmqTransport::take_event(const std::string& endpoint) {
 }
 
 bool ZmqTransport::undelivered(const std::string& endpoint) {
+  if (route_of(endpoint) != Route::direct) return false;  // cannot tell
   auto it = peers_.find(endpoint);
   if (it == peers_.end()) return false;
   Peer& p = *it->second;
@@ -320,21 +691,51 @@ bool ZmqTransport::undelivered(const std::string& endpoint) {
 
 void ZmqTransport::wait(std::span<const std::string> writable, std::chrono::milliseconds limit) {
   std::vector<zmq_pollitem_t> items;
-  items.push_back({static_cast<void*>(*router_), 0, ZMQ_POLLIN, 0});
+  if (router_) items.push_back({static_cast<void*>(*router_), 0, ZMQ_POLLIN, 0});
   for (auto& [ep, p] : peers_) {
-    for (Monitored* d : {&p->data, &p->control})
+    for (Monitored* d : {&p->data, &p->control}) {
       if (d->monitor) items.push_back({static_cast<void*>(*d->monitor), 0, ZMQ_POLLIN, 0});
+      if (!reachable_) items.push_back({static_cast<void*>(*d->socket), 0, ZMQ_POLLIN, 0});
+    }
   }
-  for (const std::string& ep : writable)
-    items.push_back({static_cast<void*>(peer(ep).socket(Channel::data)), 0, ZMQ_POLLOUT, 0});
+  if (relay_) {
+    for (Monitored* d : {&relay_->data, &relay_->control}) {
+      if (d->monitor) items.push_back({static_cast<void*>(*d->monitor), 0, ZMQ_POLLIN, 0});
+      items.push_back({static_cast<void*>(*d->socket), 0, ZMQ_POLLIN, 0});
+    }
+  }
+  for (const std::string& ep : writable) {
+    switch (route_of(ep)) {
+      case Route::direct:
+        items.push_back({static_cast<void*>(peer(ep).socket(Channel::data)), 0, ZMQ_POLLOUT, 0});
+        break;
+      case Route::relay:
+        items.push_back({static_cast<void*>(relay().socket(Channel::data)), 0, ZMQ_POLLOUT, 0});
+        break;
+      case Route::reverse:
+        // A ROUTER cannot say whether one peer's queue has room: look again soon.
+        limit = std::min(limit, std::chrono::milliseconds(5));
+        break;
+    }
+  }
+  if (pending_dirty_) limit = std::chrono::milliseconds(0);
   zmq::poll(items.data(), items.size(), limit);
 }
 
 void ZmqTransport::drop_all() {
   // Linger 0: ZeroMQ drops the queues and the message it was writing within milliseconds,
   // even towards a frozen peer.
+  if (!reachable_) {
+    // Behind NAT, peers send to us over these connections, by routing id: one closed and
+    // opened again would race with what they send meanwhile (a ROUTER may still route to the
+    // closing one, and that is lost while keepalives on the new one say all is well). So they
+    // stay; what is queued on them are copies (releases_sent_payloads), of an operation that
+    // its receivers will drop as past.
+    return;
+  }
   set_linger_on_close(std::chrono::milliseconds(0));
   peers_.clear();
+  relay_.reset();
 }
 
 }  // namespace loco::collective::detail

@@ -49,6 +49,21 @@ void make_client(zmq::socket_t& socket, const Settings& s) {
   socket.set(zmq::sockopt::curve_secretkey, s.own().secret_key);
 }
 
+void make_server_with(zmq::socket_t& socket, const KeyPair& own) {
+  if (own.secret_key.empty()) throw KeyError("a CURVE server needs a secret key of its own");
+  socket.set(zmq::sockopt::zap_domain, kDomain);
+  socket.set(zmq::sockopt::curve_server, true);
+  socket.set(zmq::sockopt::curve_secretkey, own.secret_key);
+}
+
+void make_client_of(zmq::socket_t& socket, const Settings& s,
+                    const std::string& server_public_key) {
+  if (!s.curve) return;
+  socket.set(zmq::sockopt::curve_serverkey, server_public_key);
+  socket.set(zmq::sockopt::curve_publickey, s.own().public_key);
+  socket.set(zmq::sockopt::curve_secretkey, s.own().secret_key);
+}
+
 std::string user_id_of(const Identity& who) {
   if (who.member()) return kMemberId;
   return std::string(who.admin ? "admin:" : "client:") + who.key + ":" + who.name;

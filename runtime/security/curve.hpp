@@ -17,6 +17,13 @@ void make_server(zmq::socket_t& socket, const Settings& s);
 // Before connect(): the socket handshakes with CURVE, expecting the server to hold the
 // cluster's key and presenting s.own(). Nothing when `s.curve` is false.
 void make_client(zmq::socket_t& socket, const Settings& s);
+// A server with a key pair of its own, not the cluster's (the collective's relay: it must not
+// be able to pass for the head). Its context's ZAP handler still decides who is admitted
+// (zap_handler_for with Settings whose cluster key holds only the public half).
+void make_server_with(zmq::socket_t& socket, const KeyPair& own);
+// A client of such a server: presents s.own() and expects the server to hold
+// `server_public_key`. Nothing when `s.curve` is false.
+void make_client_of(zmq::socket_t& socket, const Settings& s, const std::string& server_public_key);
 
 // Who sent a received frame, from the user id the ZAP handler gave its connection (ZeroMQ
 // attaches it to every frame): a member without CURVE, a client with no key or name for a
