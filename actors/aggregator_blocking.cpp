@@ -179,6 +179,11 @@ void OuterAggregator::State::all_reduce(int64_t r, RoundOutcome& o) {
       log("round " + std::to_string(r + 1) + " re-formed with " +
           std::to_string(d.next_group.size()) + " workers: " + join_ints(d.next_group));
     group = d.next_group;
+    if (d.backoff_ms > 0) {
+      log("round " + std::to_string(r + 1) + ": the all-reduce is tried again in " +
+          std::to_string(d.backoff_ms) + " ms");
+      std::this_thread::sleep_for(std::chrono::milliseconds(d.backoff_ms));  // a backoff
+    }
   }
   if (!agreed) {
     // The group could not agree: its members' θ may differ now. Drop them all;

@@ -105,11 +105,17 @@ InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
   s_->flops_per_token = dl::training_flops_per_token(
       s_->cfg.model, s_->cfg.model.parameter_count(s_->cfg.vocab_size()));
   s_->ranks.resize(size_t(g));
+  // Behind NAT (its node is reverse or relayed) a worker's collective binds nothing: it dials
+  // its reachable peers and meets the others at the cluster's relay (design.md, "Members
+  // behind NAT").
+  const NodeNetwork network = Runtime::current().network();
+  s_->relay = {network.relay.endpoint, network.relay.public_key};
   for (int r = 0; r < g; ++r) {
     Rank& k = s_->ranks[size_t(r)];
     k.device = devices[size_t(r)];
     auto options = State::collective_options(s_->cfg);
     options.security = Runtime::current().security();  // the node's cluster key
+    options.outbound_only = behind_nat(network.reachability);
     k.comm = std::make_unique<collective::Communicator>("tcp://" + node_host() + ":0", options);
   }
   if (g > 1) {
@@ -330,8 +336,9 @@ InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k,
   const size_t r = size_t(&k - ranks.data());
   collective::Group group;
   for (size_t i = 0; i < req.names.size(); ++i)
-    group.members.push_back({g == 1 ? req.names[i] : req.names[i] + "/rank" + std::to_string(r),
-                             req.endpoints[i][r]});
+    group.members.push_back(collective::member_at(
+        g == 1 ? req.names[i] : req.names[i] + "/rank" + std::to_string(r), req.endpoints[i][r]));
+  group.relay = relay;
   group.rank = req.rank;
   group.round_id = data_round(req.op_id);
   const dl::Slice sl = slice_of(k);

@@ -128,6 +128,7 @@ std::vector<dl::guard::Verdict> exchange_summaries(collective::Communicator& com
 struct StreamGroup {
   std::mutex mu;
   std::vector<collective::Member> members;  // in rank order
+  collective::RelayEndpoint relay;
   std::vector<uint64_t> from_op;            // each one's first operation (0: all of the call's)
   std::string self;
   std::string zero_member;  // whose Δ counts with weight zero in operation `zero_op`
@@ -135,10 +136,12 @@ struct StreamGroup {
 
   // The group of a stream() call, `first` the operation a joiner takes part from (its Δ of
   // weight zero).
-  static std::shared_ptr<StreamGroup> of(const StreamRequest& req, std::optional<uint64_t> first) {
+  static std::shared_ptr<StreamGroup> of(const StreamRequest& req, std::optional<uint64_t> first,
+                                         collective::RelayEndpoint relay) {
     auto g = std::make_shared<StreamGroup>();
+    g->relay = std::move(relay);
     for (size_t i = 0; i < req.names.size(); ++i) {
-      g->members.push_back({req.names[i], req.endpoints[i][0]});
+      g->members.push_back(collective::member_at(req.names[i], req.endpoints[i][0]));
       g->from_op.push_back(0);
     }
     g->self = req.names[size_t(req.rank)];
@@ -153,6 +156,7 @@ struct StreamGroup {
     std::lock_guard<std::mutex> lock(mu);
     collective::Group g;
     g.round_id = op;
+    g.relay = relay;
     for (size_t i = 0; i < members.size(); ++i) {
       if (from_op[i] > op) continue;
       if (members[i].name == self) g.rank = int(g.members.size());
@@ -168,7 +172,7 @@ struct StreamGroup {
   }
   void add(const std::string& name, const std::string& endpoint, uint64_t op) {
     std::lock_guard<std::mutex> lock(mu);
-    members.push_back({name, endpoint});
+    members.push_back(collective::member_at(name, endpoint));
     from_op.push_back(op);
     zero_member = name;
     zero_op = op;
@@ -270,6 +274,9 @@ struct InnerWorker::State {
   dl::JobConfig cfg;
   dl::TokenStore store;
   std::vector<Rank> ranks;  // rank 0 answers for the worker: θ's hash, evaluation, checkpoints
+  // Where members behind NAT meet (the head's --relay, through this worker's node): every
+  // group this worker builds names it.
+  collective::RelayEndpoint relay;
   std::vector<float> delta, averaged;  // whole; rank r writes and averages its slice
   int64_t delta_round = -1;            // the round whose Δ `delta` holds
   // The round whose inner steps diverged (a step's loss or gradient norm not finite): the

@@ -191,7 +191,8 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                                       : ", which is not a fragment boundary inside the round"));
 
   auto group = StreamGroup::of(
-      req, joining ? std::optional<uint64_t>(req.op_id + uint64_t(*first)) : std::nullopt);
+      req, joining ? std::optional<uint64_t>(req.op_id + uint64_t(*first)) : std::nullopt,
+      s_->relay);
   const JoinDesk::Open desk = s_->desk.open(req.round, joining ? req.from_step : start);
 
   StreamResult out;

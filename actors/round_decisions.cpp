@@ -100,6 +100,8 @@ AttemptDecision after_attempt(const std::vector<int>& group,
   d.kind = attempt >= kMaxReduceRetries || d.next_group.empty() ? AttemptDecision::Kind::give_up
                                                                 : AttemptDecision::Kind::retry;
   if (d.kind == AttemptDecision::Kind::give_up) d.next_group.clear();
+  if (d.kind == AttemptDecision::Kind::retry && d.lost.empty())
+    d.backoff_ms = int64_t(1000) << std::min<uint64_t>(attempt, 2);
   return d;
 }
 

@@ -100,6 +100,11 @@ struct AttemptDecision {
   int diverged_member = -1;     // diverged: the first member whose hash differs from the first's
   std::vector<int> lost;        // members gone during the attempt: release them
   std::vector<int> next_group;  // retry: the members that are still there, in order
+  // retry: how long to wait first. Nobody's actor is gone, so what failed was the network
+  // between them (a link down, the relay of members behind NAT restarting): the retries back
+  // off, 1, 2, 4 s, so that an outage of a few seconds does not use them all up. A retry
+  // without a member that is gone starts at once.
+  int64_t backoff_ms = 0;
 };
 
 // `group[i]` answered `outcomes[i]` in attempt number `attempt` (0-based) of a round.

@@ -32,6 +32,19 @@ struct Member {
   std::string kx_public;
 };
 
+// A member as its endpoint describes it: a member behind NAT publishes "nat://" and its
+// key-exchange public key (Communicator::endpoint() with Options::outbound_only), which says both
+// that it is unreachable and how to seal for it; any other endpoint is reachable.
+inline Member member_at(std::string name, std::string endpoint) {
+  constexpr std::string_view kNat = "nat://";
+  Member m{std::move(name), std::move(endpoint)};
+  if (m.endpoint.starts_with(kNat)) {
+    m.reachable = false;
+    m.kx_public = m.endpoint.substr(kNat.size());
+  }
+  return m;
+}
+
 // A reachable process that forwards between members that cannot reach each other
 // (runtime/collective/relay.hpp, `loco relay`). Sees routing ids, sizes and timing, never
 // plaintext; cannot forge.

@@ -112,6 +112,17 @@ TEST(RoundDecisions, RetriesAreBoundedAndAnEmptyGroupGivesUp) {
   EXPECT_EQ(d.lost, (std::vector<int>{0, 1}));
 }
 
+// A retry with everyone still there (the network failed them: a link, the relay) backs off,
+// 1, 2, 4 s; one without a member that is gone starts at once.
+TEST(RoundDecisions, RetriesOfTheSameGroupBackOffAndThoseWithoutTheGoneDoNot) {
+  EXPECT_EQ(after_attempt({0, 1}, {failed(), failed()}, 0).backoff_ms, 1000);
+  EXPECT_EQ(after_attempt({0, 1}, {failed(), ok(3)}, 1).backoff_ms, 2000);
+  EXPECT_EQ(after_attempt({0, 1}, {failed(), failed()}, 2).backoff_ms, 4000);
+  EXPECT_EQ(after_attempt({0, 1}, {failed(), failed()}, kMaxReduceRetries).backoff_ms, 0);
+  EXPECT_EQ(after_attempt({0, 1, 2}, {failed(), gone(), failed()}, 0).backoff_ms, 0);
+  EXPECT_EQ(after_attempt({0, 1}, {ok(3), ok(3)}, 0).backoff_ms, 0);
+}
+
 TEST(RoundDecisions, OutcomesMustMatchTheGroup) {
   EXPECT_THROW(after_attempt({0, 1}, {ok(1)}, 0), std::invalid_argument);
   EXPECT_THROW(after_overlapped_round({0, 1}, {ok(1)}), std::invalid_argument);

@@ -65,7 +65,7 @@ start_relay() {
   RELAY_PID=$!
   PIDS+=($RELAY_PID)
   for _ in $(seq 1 100); do
-    grep -q "relay: forwarding" "$WORK/relay.log" 2>/dev/null && return 0
+    grep -q ": forwarding" "$WORK/relay.log" 2>/dev/null && return 0
     sleep 0.1
   done
   fail "the relay did not start: $(tail -3 "$WORK/relay.log")"
@@ -107,9 +107,9 @@ start_node 2
 start_node 3 --no-listen
 start_node 4
 start_node 5
-nodes_alive 4 reverse 60 || fail "the 4 nodes behind NAT did not join as reverse: $("$LOCO_BIN/loco" status --address "$HEAD" | head -12)"
+nodes_alive 4 relayed 60 || fail "the 4 nodes behind NAT did not join as relayed: $("$LOCO_BIN/loco" status --address "$HEAD" | head -12)"
 grep -q "not reachable from the head" "$WORK/node2.log" || fail "node 2 was not found unreachable by the probe"
-say "4 nodes behind NAT joined, all reverse:"
+say "4 nodes behind NAT joined, all relayed (behind NAT, the cluster has a relay):"
 "$LOCO_BIN/loco" status --address "$HEAD" | grep ' alive ' | sed 's/^/    /'
 
 cluster_corpus
@@ -156,8 +156,8 @@ start_node 2
 start_node 3 --no-listen
 start_node 4
 start_node 5
-nodes_alive 4 reverse 60 || fail "the nodes behind NAT did not join again"
-job_file faults 3 14
+nodes_alive 4 relayed 60 || fail "the nodes behind NAT did not join again"
+job_file faults 3 40
 submit "$WORK/faults.yaml"
 round_reached() {  # R SECS
   for _ in $(seq 1 $(($2 * 5))); do
@@ -186,4 +186,8 @@ start_node "$V"
 wait_log "worker 1 joined at round" 120 || fail "the killed node's worker did not rejoin"
 wait_job_end 300
 case "$STATE" in *succeeded*) ;; *) fail "the job with faults did not succeed: $STATE" ;; esac
+# The relay's death was felt (an all-reduce failed and was tried again), and outlived.
+"$LOCO_BIN/loco" logs "$JOB" --address "$HEAD" >"$WORK/faults.log"
+grep -q "tried again" "$WORK/faults.log" || fail "no all-reduce failed while the relay was down"
+say "while the relay was down: $(grep -c 'tried again' "$WORK/faults.log") retries; $(grep -m1 'worker 1 joined' "$WORK/faults.log")"
 say "PASSED: behind NAT = flat (θ hashes of $(hashes "$NAT_JOB" | wc -l) rounds); relay killed and back, node killed and back, job finished"
