@@ -6,7 +6,8 @@
 # relay, sealed end to end.
 #   1. The nodes behind NAT are found reverse (one by the head's probe, one --no-listen).
 #   2. A 4-worker job there reaches, round by round, the θ hashes of the same job on a flat
-#      network (4 public hosts that dial each other directly).
+#      network (4 public hosts that dial each other directly), and so does a mixed one (2
+#      workers behind NAT, one per site, and 2 public ones).
 #   3. A second job: the relay is killed mid-round and started again on the same address; a
 #      node behind NAT is killed and started again, joins as a new node (reverse) and its worker
 #      rejoins; the job finishes.
@@ -136,20 +137,31 @@ submit "$WORK/nat.yaml"
 NAT_JOB=$JOB
 wait_job_end 300
 case "$STATE" in *succeeded*) ;; *) fail "the job behind NAT did not succeed: $STATE" ;; esac
-for h in 2 3 4 5; do kill -TERM "${NODE_PID[$h]}" 2>/dev/null || true; done
-for h in 2 3 4 5; do wait "${NODE_PID[$h]}" 2>/dev/null || true; done
-for h in 6 7 8 9; do start_node "$h"; done
+stop_nodes() { for h in "$@"; do kill -TERM "${NODE_PID[$h]}" 2>/dev/null || true; done
+  for h in "$@"; do wait "${NODE_PID[$h]}" 2>/dev/null || true; done; }
+# Mixed: 2 workers behind NAT (one per site) and 2 public ones, which the NATed ones reach over
+# connections they open themselves (reverse); the NATed pair goes through the relay.
+stop_nodes 3 5
+for h in 6 7; do start_node "$h"; done
+nodes_alive 2 direct 60 || fail "the 2 public nodes did not join as direct"
+submit "$WORK/nat.yaml"
+MIXED_JOB=$JOB
+wait_job_end 300
+case "$STATE" in *succeeded*) ;; *) fail "the mixed job did not succeed: $STATE" ;; esac
+stop_nodes 2 4
+for h in 8 9; do start_node "$h"; done
 nodes_alive 4 direct 60 || fail "the 4 flat nodes did not join as direct"
 submit "$WORK/nat.yaml"
 FLAT_JOB=$JOB
 wait_job_end 300
 case "$STATE" in *succeeded*) ;; *) fail "the job on the flat network did not succeed: $STATE" ;; esac
 say "behind NAT:   $(hashes "$NAT_JOB" | tr '\n' ' ')"
+say "mixed:        $(hashes "$MIXED_JOB" | tr '\n' ' ')"
 say "flat network: $(hashes "$FLAT_JOB" | tr '\n' ' ')"
 [ "$(hashes "$NAT_JOB")" = "$(hashes "$FLAT_JOB")" ] || fail "θ hashes differ between NAT and flat"
+[ "$(hashes "$MIXED_JOB")" = "$(hashes "$FLAT_JOB")" ] || fail "θ hashes differ between mixed and flat"
 [ "$(hashes "$NAT_JOB" | wc -l)" -ge 4 ] || fail "too few rounds reported"
-for h in 6 7 8 9; do kill -TERM "${NODE_PID[$h]}" 2>/dev/null || true; done
-for h in 6 7 8 9; do wait "${NODE_PID[$h]}" 2>/dev/null || true; done
+stop_nodes 6 7 8 9
 
 # 3. The relay killed mid-round and started again; a node behind NAT killed and started again.
 start_node 2
@@ -190,4 +202,4 @@ case "$STATE" in *succeeded*) ;; *) fail "the job with faults did not succeed: $
 "$LOCO_BIN/loco" logs "$JOB" --address "$HEAD" >"$WORK/faults.log"
 grep -q "tried again" "$WORK/faults.log" || fail "no all-reduce failed while the relay was down"
 say "while the relay was down: $(grep -c 'tried again' "$WORK/faults.log") retries; $(grep -m1 'worker 1 joined' "$WORK/faults.log")"
-say "PASSED: behind NAT = flat (θ hashes of $(hashes "$NAT_JOB" | wc -l) rounds); relay killed and back, node killed and back, job finished"
+say "PASSED: behind NAT = mixed = flat (θ hashes of $(hashes "$NAT_JOB" | wc -l) rounds); relay killed and back, node killed and back, job finished"
