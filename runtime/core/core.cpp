@@ -1229,16 +1229,7 @@ void Core::attach(zmq::message_t&& rid, const Envelope& env, const security::Ide
     } else {
       Route& route = routes_[node];
       fresh = route.rid != id;
-      if (fresh && !route.rid.empty()) {
-        for (auto it = forwarded_.begin(); it != forwarded_.end();) {
-          if (it->second.node == node) {
-            lost.push_back(std::move(it->second));
-            it = forwarded_.erase(it);
-          } else {
-            ++it;
-          }
-        }
-      }
+      if (fresh && !route.rid.empty()) lost = take_forwarded_locked(node);
       route.rid = id;
       route.last_heard = now_ms();
     }
@@ -1270,19 +1261,25 @@ void Core::fail_forwarded(std::vector<Forwarded>&& calls, const std::string& why
                    ", forwarded by the head)");
 }
 
+std::vector<Core::Forwarded> Core::take_forwarded_locked(const std::string& node) {
+  std::vector<Forwarded> taken;
+  for (auto it = forwarded_.begin(); it != forwarded_.end();) {
+    if (it->second.node == node) {
+      taken.push_back(std::move(it->second));
+      it = forwarded_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return taken;
+}
+
 void Core::drop_route(const std::string& node_id, const std::string& why) {
   std::vector<Forwarded> lost;
   {
     std::lock_guard<std::mutex> lock(routes_mu_);
     routes_.erase(node_id);
-    for (auto it = forwarded_.begin(); it != forwarded_.end();) {
-      if (it->second.node == node_id) {
-        lost.push_back(std::move(it->second));
-        it = forwarded_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    lost = take_forwarded_locked(node_id);
   }
   fail_forwarded(std::move(lost), why);
 }

@@ -14,6 +14,7 @@
 #include "runtime/core/wire.hpp"
 #include "runtime/security/curve.hpp"
 #include "tests/runtime/core/cluster.hpp"
+#include "tests/runtime/core/raw_peer.hpp"
 #include "tests/runtime/core/test_actors.hpp"
 #include "tests/support/eventually.hpp"
 
@@ -185,37 +186,6 @@ TEST(Nat, ANodeWhoseAnnouncedAddressDoesNotAnswerTheProbeIsReverse) {
   EXPECT_EQ(rt.locate(a.id()).address, std::string(kThroughHead) + st.nodes[0].node.id);
 }
 
-// A member of the cluster (it holds the cluster key) speaking the wire by hand: a hostile node.
-class RawMember {
- public:
-  explicit RawMember(const std::string& address) : sock_(ctx_, zmq::socket_type::dealer) {
-    sock_.set(zmq::sockopt::linger, 0);
-    security::make_client(sock_, security::resolve("", false));
-    sock_.set(zmq::sockopt::rcvtimeo, 5000);
-    sock_.connect("tcp://" + address);
-  }
-  void send(std::vector<zmq::message_t>&& frames) {
-    for (size_t i = 0; i < frames.size(); ++i)
-      sock_.send(frames[i],
-                 i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-  }
-  detail::Envelope receive() {
-    std::vector<zmq::message_t> frames;
-    zmq::message_t m;
-    if (!sock_.recv(m)) throw std::runtime_error("nothing within 5 s");
-    frames.push_back(std::move(m));
-    while (frames.back().more()) {
-      zmq::message_t n;
-      (void)sock_.recv(n);
-      frames.push_back(std::move(n));
-    }
-    return detail::decode(std::move(frames), size_t(1) << 30).env;
-  }
-
- private:
-  zmq::context_t ctx_;
-  zmq::socket_t sock_;
-};
 
 TEST(Nat, ANodeCannotAnswerCallsForwardedToAnotherNode) {
   ClusterOptions o;
@@ -229,12 +199,12 @@ TEST(Nat, ANodeCannotAnswerCallsForwardedToAnotherNode) {
 
   // A member attaches as a node of its own, then answers every correlation id the head may have
   // given the call above: none of its replies reaches the caller.
-  RawMember hostile(c.head_address());
+  RawPeer hostile(c.head_address());
   detail::Envelope attach;
   attach.kind = static_cast<uint8_t>(detail::Kind::Attach);
   attach.via = "n-hostile";
   hostile.send(detail::encode(attach));
-  detail::Envelope pong = hostile.receive();
+  detail::Envelope pong = hostile.reply();
   EXPECT_EQ(pong.k(), detail::Kind::Pong);
   EXPECT_EQ(pong.via, "n-hostile");
   for (uint64_t corr = 0; corr < 2000; ++corr) {
@@ -252,7 +222,7 @@ TEST(Nat, ANodeCannotAnswerCallsForwardedToAnotherNode) {
   lost.method = "get";
   lost.via = "n-nowhere";
   hostile.send(detail::encode(lost, detail::pack_payload(std::tuple<>())));
-  detail::Envelope refused = hostile.receive();
+  detail::Envelope refused = hostile.reply();
   EXPECT_EQ(refused.k(), detail::Kind::Error);
   EXPECT_EQ(refused.corr, 7u);
   EXPECT_EQ(refused.error_type, "ActorDiedError");
