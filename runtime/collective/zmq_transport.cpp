@@ -297,49 +297,48 @@ void ZmqTransport::describe(const Group& group) {
     relay_.reset();
     relay_at_ = group.relay;
   }
-  for (int p = 0; p < k; ++p) {
-    if (p == group.rank) continue;
-    const Member& m = group.members[p];
-    const Route route = m.reachable ? Route::direct : reachable_ ? Route::reverse : Route::relay;
-    PeerInfo& info = info_[m.endpoint];
-    info.name = m.name;
-    info.route = route;
-    if (route == Route::direct) {
-      continue;
-    }
-    if (routing_id(Channel::data, m.endpoint).size() > kMaxRoutingId) {
-      throw CollectiveError("collective: member " + m.name + "'s endpoint " + m.endpoint +
-                                " is too long to name a member behind NAT (at most 254 bytes)",
-                            m.name);
-    }
-    if (route == Route::reverse) continue;
-    if (group.relay.endpoint.empty()) {
-      throw CollectiveError("collective: members " + self.name + " and " + m.name +
-                                " are both unreachable (Member::reachable false) and the group "
-                                "names no relay (Group::relay); start one with `loco relay`",
-                            m.name);
-    }
-    if (security_.curve && group.relay.public_key.size() != 40) {
-      throw CollectiveError("collective: the group's relay " + group.relay.endpoint +
-                            " has no CURVE public key (Group::relay.public_key, 40 Z85 characters)");
-    }
-    if (info.keys && info.kx_public == m.kx_public) continue;
-    auto theirs = parse_kx_public(m.kx_public);
-    std::optional<SessionKeys> keys;
-    if (theirs) keys = session_keys(kx_, *theirs);
-    if (!keys) {
-      throw CollectiveError("collective: member " + m.name +
-                                " has no usable key-exchange key (Member::kx_public, 64 hex "
-                                "characters of its Communicator::kx_public()), needed to "
-                                "exchange through the relay",
-                            m.name);
-    }
-    info.keys = keys;
-    info.kx_public = m.kx_public;
-    info.sent[0] = info.sent[1] = 0;
-    info.opened[0] = info.opened[1] = 0;
-    pending_dirty_ = true;
+  for (int p = 0; p < k; ++p)
+    if (p != group.rank) describe_peer(group, self, group.members[p]);
+}
+
+void ZmqTransport::describe_peer(const Group& group, const Member& self, const Member& m) {
+  const Route route = m.reachable ? Route::direct : reachable_ ? Route::reverse : Route::relay;
+  PeerInfo& info = info_[m.endpoint];
+  info.name = m.name;
+  info.route = route;
+  if (route == Route::direct) return;
+  if (routing_id(Channel::data, m.endpoint).size() > kMaxRoutingId) {
+    throw CollectiveError("collective: member " + m.name + "'s endpoint " + m.endpoint +
+                              " is too long to name a member behind NAT (at most 254 bytes)",
+                          m.name);
   }
+  if (route == Route::reverse) return;
+  if (group.relay.endpoint.empty()) {
+    throw CollectiveError("collective: members " + self.name + " and " + m.name +
+                              " are both unreachable (Member::reachable false) and the group "
+                              "names no relay (Group::relay); start one with `loco relay`",
+                          m.name);
+  }
+  if (security_.curve && group.relay.public_key.size() != 40) {
+    throw CollectiveError("collective: the group's relay " + group.relay.endpoint +
+                          " has no CURVE public key (Group::relay.public_key, 40 Z85 characters)");
+  }
+  if (info.keys && info.kx_public == m.kx_public) return;
+  auto theirs = parse_kx_public(m.kx_public);
+  std::optional<SessionKeys> keys;
+  if (theirs) keys = session_keys(kx_, *theirs);
+  if (!keys) {
+    throw CollectiveError("collective: member " + m.name +
+                              " has no usable key-exchange key (Member::kx_public, 64 hex "
+                              "characters of its Communicator::kx_public()), needed to "
+                              "exchange through the relay",
+                          m.name);
+  }
+  info.keys = keys;
+  info.kx_public = m.kx_public;
+  info.sent[0] = info.sent[1] = 0;
+  info.opened[0] = info.opened[1] = 0;
+  pending_dirty_ = true;
 }
 
 ZmqTransport::Relayed& ZmqTransport::relay() {

@@ -71,6 +71,8 @@ class ZmqTransport final : public Transport {
   // unreachable members and no relay, a bad key) or this member's description contradicts
   // this transport (reachable though outbound-only).
   void describe(const Group& group);
+  // describe()'s work for one peer: its route, and for a relayed one its session keys.
+  void describe_peer(const Group& group, const Member& self, const Member& m);
   // Our key-exchange public key, in hex (Member::kx_public).
   std::string kx_public() const { return kx_.public_hex(); }
   // Relayed messages dropped undecoded: they failed to authenticate, or came from a sender
