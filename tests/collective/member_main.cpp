@@ -22,10 +22,12 @@
 //   LOCO_MEMBER_RENDEZVOUS=DIR  writes its endpoint to DIR/NAME; a peer given as "name=?" is
 //                               read from DIR/name, waited for (at most 60 s)
 //   LOCO_MEMBER_TIMES=1         after each operation's result line, "seconds S": the time
-//                               allreduce()/allgather() took on this member
+//                               allreduce()/allgather() took on this member; in repeat mode,
+//                               at the end, "cpu S": the process's CPU seconds (user + system)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -208,6 +210,13 @@ int main(int argc, char** argv) {
     try {
       comm.allreduce(g, std::span<float>(&one, 1));
     } catch (const CollectiveError&) {
+    }
+    if (print_times) {
+      rusage u{};
+      getrusage(RUSAGE_SELF, &u);
+      auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+      std::printf("cpu %.3f\n", secs(u.ru_utime) + secs(u.ru_stime));
+      std::fflush(stdout);
     }
     return 0;
   }
