@@ -5,7 +5,10 @@
 #   mixed    2 public hosts + 2 hosts behind NAT, one in each NAT site: public to NATed goes
 #            over the NATed member's own connection (reverse), NATed to NATed through the relay;
 #   relayed  4 hosts behind NAT (2 sites × 2 hosts): every pair through the relay.
-# Then relayed again with no shaping anywhere: how fast the relay forwards at all.
+# Then relayed again with no shaping anywhere: how fast the relay forwards at all. First, a
+# reference without the collective (tcp): the 4 public hosts each send E/2 bytes to each of the
+# 3 others at once over plain TCP (bench/nat/tcp_mesh.py), the bytes a member's link sends in
+# one all-reduce: what TCP through the shaper achieves against the same bound.
 # The relay (`loco relay`) runs on a public host of its own. Every host's egress, each NAT
 # router's WAN egress and the relay host's egress are shaped by tc tbf to RATE_MBIT; members
 # and relay use CURVE with a cluster key (loco keygen), and relayed payloads are sealed end to
@@ -40,7 +43,7 @@ OPS="${OPS:-5}"
 FLOATS="${FLOATS:-6400000}"
 TIMEOUT_MS="${TIMEOUT_MS:-10000}"  # the members' peer_timeout
 CHUNK="${CHUNK:-524288}"
-TOPOLOGIES="${TOPOLOGIES:-direct mixed relayed unshaped}"
+TOPOLOGIES="${TOPOLOGIES:-tcp direct mixed relayed unshaped}"
 K=4
 t0=$SECONDS
 say() { echo "bench/nat: [$((SECONDS - t0)) s] $*"; }
@@ -159,6 +162,15 @@ run_topology() {
     read -r ns addr <<<"$m"
     local outbound=0 bind="tcp://127.0.0.1:0"
     if [ "$addr" = nat ]; then outbound=1; else bind="tcp://$addr:7300"; fi
+    if [ "$name" = tcp ]; then  # the raw TCP reference: every public host sends to the others
+      local others=() h
+      for h in 11 12 13 14; do [ "$BASE.$h" = "$addr" ] || others+=("$BASE.$h"); done
+      ip netns exec "$ns" python3 "$LOCO_ROOT/bench/nat/tcp_mesh.py" "$addr" 7301 $((E / 2)) \
+        "$OPS" "${others[@]}" >"$dir/w$i.out" 2>"$dir/w$i.err" &
+      pids+=($!)
+      PIDS+=($!)
+      continue
+    fi
     ip netns exec "$ns" env LOCO_MEMBER_BIND="$bind" LOCO_MEMBER_OUTBOUND=$outbound \
       LOCO_MEMBER_KEY="$KEY" LOCO_MEMBER_RELAY="$RELAY_EP" LOCO_MEMBER_RELAY_KEY="$RELAY_PUBLIC" \
       LOCO_MEMBER_RENDEZVOUS="$dir" LOCO_MEMBER_TIMES=1 \
@@ -220,6 +232,9 @@ run_topology() {
 PUB=("${TAG}h1 $BASE.11" "${TAG}h2 $BASE.12" "${TAG}h3 $BASE.13" "${TAG}h4 $BASE.14")
 for topo in $TOPOLOGIES; do
   case "$topo" in
+    tcp)
+      BOUND[$topo]=$BOUND_LINK
+      run_topology tcp "${PUB[@]}" ;;
     direct)
       BOUND[$topo]=$BOUND_LINK
       run_topology direct "${PUB[@]}" ;;
@@ -248,6 +263,7 @@ echo "bounds: direct/mixed 2(K-1)/K·E on each member's link = $BOUND_LINK s; re
 printf '%-9s %-34s %6s %9s %9s %9s %8s %7s\n' topology members ok "median s" "min s" "max s" "bound s" ratio
 for topo in $TOPOLOGIES; do
   case "$topo" in
+    tcp) who="4 public, raw TCP, no collective" ;;
     direct) who="4 public" ;;
     mixed) who="2 public + 2 NAT (1 per site)" ;;
     relayed) who="4 NAT (2 sites × 2), via relay" ;;
