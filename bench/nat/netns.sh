@@ -224,7 +224,10 @@ run_topology() {
   RCPU[$name]=$(awk -v a="$c0" -v b="$c1" 'BEGIN {printf "%.2f", b - a}')
   RGBIT[$name]=$(awk -v a="${b0[0]}" -v b="${b1[0]}" 'BEGIN {printf "%.3f", (b - a) * 8 / 1e9}')
   RGBIT_IN[$name]=$(awk -v a="${b0[1]}" -v b="${b1[1]}" 'BEGIN {printf "%.3f", (b - a) * 8 / 1e9}')
-  say "$name: ${OK[$name]} ok in $wall s; per operation (s): $(printf '%s ' "${times[@]}");" \
+  local barrier
+  barrier=$(cat "$dir"/w*.out | awk '$1 == "barrier" {if ($2 > m) m = $2; if ($3 != "ok") e++}
+    END {printf "final barrier %.2f s%s", m, (e ? ", " e " failed" : "")}')
+  say "$name: ${OK[$name]} ok in $wall s ($barrier); per operation (s): $(printf '%s ' "${times[@]}");" \
     "relay ${RCPU[$name]} CPU s, sent ${RGBIT[$name]} Gbit, received ${RGBIT_IN[$name]} Gbit;" \
     "members ${MCPU[$name]} CPU s; the machine (every process, others' too) ${BUSY[$name]} cores busy"
 }

@@ -23,7 +23,8 @@
 //                               read from DIR/name, waited for (at most 60 s)
 //   LOCO_MEMBER_TIMES=1         after each operation's result line, "seconds S": the time
 //                               allreduce()/allgather() took on this member; in repeat mode,
-//                               at the end, "cpu S": the process's CPU seconds (user + system)
+//                               at the end, "barrier S ok|error ..." (the last operation, as a
+//                               barrier) and "cpu S": the process's CPU seconds (user + system)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -207,11 +208,16 @@ int main(int argc, char** argv) {
     // result is not reported.
     Group g = group_of(round + times, peers);
     float one = 1;
+    const auto b0 = std::chrono::steady_clock::now();
+    std::string barrier = "ok";
     try {
       comm.allreduce(g, std::span<float>(&one, 1));
-    } catch (const CollectiveError&) {
+    } catch (const CollectiveError& e) {
+      barrier = std::string("error ") + e.what();
     }
     if (print_times) {
+      const std::chrono::duration<double> d = std::chrono::steady_clock::now() - b0;
+      std::printf("barrier %.4f %s\n", d.count(), barrier.c_str());
       rusage u{};
       getrusage(RUSAGE_SELF, &u);
       auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
