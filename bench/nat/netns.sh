@@ -144,7 +144,7 @@ secs_for() { awk -v b="$1" -v r="$RATE_MBIT" 'BEGIN {printf "%.3f", b * 8 / (r *
 BOUND_LINK=$(secs_for $((2 * (K - 1) * E / K)))
 BOUND_RELAY=$(secs_for $((2 * (K - 1) * E)))
 
-declare -A MED MIN MAX OK BOUND BUSY RCPU RGBIT RGBIT_IN RSUM MCPU
+declare -A MED MIN MAX OK BOUND BUSY RCPU RGBIT RGBIT_IN RSUM MCPU RHWM
 # run_topology NAME MEMBER...: MEMBER is "NS ADDR" (reachable, binds tcp://ADDR:7300) or
 # "NS nat" (outbound-only). Runs the members until they end (bounded) and fills the tables.
 run_topology() {
@@ -220,6 +220,9 @@ run_topology() {
   RSUM[$name]=$(printf '%s\n' "${times[@]}" | awk '{s += $1} END {printf "%.3f", s}')
   BUSY[$name]=$(awk -v a="${busy0[0]}" -v b="${busy1[0]}" -v c="${busy0[1]}" -v d="${busy1[1]}" \
     -v n="$(nproc)" 'BEGIN {printf "%.2f", (d > c ? (b - a) / (d - c) * n : 0)}')
+  # The relay's peak RSS so far (VmHWM: since it started, so a topology's own peak only where it
+  # is above the ones before).
+  RHWM[$name]=$(awk '/^VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$RELAY_PID/status" 2>/dev/null)
   MCPU[$name]=$(cat "$dir"/w*.out | awk '$1 == "cpu" {s += $2} END {printf "%.2f", s}')
   RCPU[$name]=$(awk -v a="$c0" -v b="$c1" 'BEGIN {printf "%.2f", b - a}')
   RGBIT[$name]=$(awk -v a="${b0[0]}" -v b="${b1[0]}" 'BEGIN {printf "%.3f", (b - a) * 8 / 1e9}')
@@ -280,18 +283,24 @@ for topo in $TOPOLOGIES; do
 done
 echo
 echo "the relay (loco relay, CURVE, members' payloads sealed end to end), per topology:"
-printf '%-9s %8s %10s %10s %11s %12s %13s %14s %14s\n' topology "CPU s" "Gbit out" "Gbit in" "Gbit/s out" "relay cores" "CPU s / Gbit" "members cores" "machine cores"
+printf '%-9s %8s %10s %10s %11s %12s %13s %8s %14s %14s\n' topology "CPU s" "Gbit out" "Gbit in" "Gbit/s out" "relay cores" "CPU s / Gbit" "peak MB" "members cores" "machine cores"
 for topo in $TOPOLOGIES; do
   # Gbit/s and cores over the operations' time (the sum of their times: they run back to back).
   awk -v t="$topo" -v c="${RCPU[$topo]}" -v g="${RGBIT[$topo]}" -v gi="${RGBIT_IN[$topo]}" \
-    -v s="${RSUM[$topo]}" -v m="${BUSY[$topo]}" -v mc="${MCPU[$topo]}" 'BEGIN {
-      printf "%-9s %8.2f %10.3f %10.3f %11s %12s %13s %14s %14.2f\n", t, c, g, gi,
+    -v s="${RSUM[$topo]}" -v m="${BUSY[$topo]}" -v mc="${MCPU[$topo]}" -v h="${RHWM[$topo]:--}" 'BEGIN {
+      printf "%-9s %8.2f %10.3f %10.3f %11s %12s %13s %8s %14s %14.2f\n", t, c, g, gi,
         (s > 0 ? sprintf("%.3f", g / s) : "-"), (s > 0 ? sprintf("%.2f", c / s) : "-"),
-        (g > 0.01 ? sprintf("%.2f", c / g) : "-"), (s > 0 ? sprintf("%.2f", mc / s) : "-"), m }'
+        (g > 0.01 ? sprintf("%.2f", c / g) : "-"), h, (s > 0 ? sprintf("%.2f", mc / s) : "-"), m }'
 done
 echo "(Gbit/s out, relay cores and members cores (the 4 members' CPU, whole process): over the sum of"
 echo " the operations' times; CPU s / Gbit: the relay's core-seconds per Gbit its host sent, i.e. cores"
-echo " per Gbit/s; machine cores: every process on the machine, other users' too, over the whole run)"
+echo " per Gbit/s; peak MB: the relay's VmHWM after the topology (since it started); machine cores:"
+echo " every process on the machine, other users' too, over the whole run)"
+# The relay's own count of what it forwarded and dropped (it prints them when stopped).
+kill -TERM "$RELAY_PID" 2>/dev/null
+for _ in $(seq 1 50); do kill -0 "$RELAY_PID" 2>/dev/null || break; sleep 0.1; done
+echo "$(grep 'relay: stopping' "$WORK/relay.log" || echo 'relay: did not report') ;" \
+  "$(grep -c 'dropped a message' "$WORK/relay.log") drop warnings in its log"
 fail=0
 for topo in $TOPOLOGIES; do [ "${OK[$topo]}" = "$OPS/$OPS" ] || fail=1; done
 exit $fail
