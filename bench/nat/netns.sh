@@ -136,6 +136,14 @@ relay_bytes() {  # tx rx of the relay host's interface
 machine_busy() {  # "busy total" jiffies of all CPUs (/proc/stat)
   awk '/^cpu / {t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t}' /proc/stat
 }
+tbf_drops() {  # NS DEV...: packets the shapers dropped so far (queue full), summed
+  local d total=0 n
+  for d in "$@"; do
+    n=$(ip netns exec ${d% *} tc -s qdisc show dev ${d#* } 2>/dev/null | grep -o 'dropped [0-9]*' | head -1 | awk '{print $2}')
+    total=$((total + ${n:-0}))
+  done
+  echo $total
+}
 median() { sort -g | awk '{a[NR] = $1} END {if (NR == 0) print "-"; else printf "%.3f", (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
 
 E=$((4 * FLOATS))
@@ -144,7 +152,7 @@ secs_for() { awk -v b="$1" -v r="$RATE_MBIT" 'BEGIN {printf "%.3f", b * 8 / (r *
 BOUND_LINK=$(secs_for $((2 * (K - 1) * E / K)))
 BOUND_RELAY=$(secs_for $((2 * (K - 1) * E)))
 
-declare -A MED MIN MAX OK BOUND BUSY RCPU RGBIT RGBIT_IN RSUM MCPU RHWM
+declare -A MED MIN MAX OK BOUND BUSY RCPU RGBIT RGBIT_IN RSUM MCPU RHWM DROPS RDROPS
 # run_topology NAME MEMBER...: MEMBER is "NS ADDR" (reachable, binds tcp://ADDR:7300) or
 # "NS nat" (outbound-only). Runs the members until they end (bounded) and fills the tables.
 run_topology() {
@@ -155,6 +163,9 @@ run_topology() {
   read -r -a busy0 <<<"$(machine_busy)"
   c0=$(cpu_seconds "$RELAY_PID")
   read -r -a b0 <<<"$(relay_bytes)"
+  local d0 rd0
+  d0=$(tbf_drops "${SHAPED[@]}")
+  rd0=$(tbf_drops "$RELAY_NS $RELAY_IF")
   local start=$SECONDS
   i=0
   for m in "$@"; do
@@ -198,6 +209,8 @@ run_topology() {
   local wall=$((SECONDS - start))
   c1=$(cpu_seconds "$RELAY_PID")
   read -r -a b1 <<<"$(relay_bytes)"
+  DROPS[$name]=$(($(tbf_drops "${SHAPED[@]}") - d0))
+  RDROPS[$name]=$(($(tbf_drops "$RELAY_NS $RELAY_IF") - rd0))
   read -r -a busy1 <<<"$(machine_busy)"
   # Operation j's time: the slowest member's; ok when every member has "ok" with one hash.
   local j ok=0 times=()
@@ -232,6 +245,7 @@ run_topology() {
     END {printf "final barrier %.2f s%s", m, (e ? ", " e " failed" : "")}')
   say "$name: ${OK[$name]} ok in $wall s ($barrier); per operation (s): $(printf '%s ' "${times[@]}");" \
     "relay ${RCPU[$name]} CPU s, sent ${RGBIT[$name]} Gbit, received ${RGBIT_IN[$name]} Gbit;" \
+    "tbf dropped ${DROPS[$name]} packets (${RDROPS[$name]} at the relay's link);" \
     "members ${MCPU[$name]} CPU s; the machine (every process, others' too) ${BUSY[$name]} cores busy"
 }
 
