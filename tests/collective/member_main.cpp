@@ -14,9 +14,21 @@
 // A mode after "gather:" (gather:normal, gather:stall:N) runs an all-gather instead: its blob is
 // N bytes by (SEED, RANK) (make_blob), and it prints "ok HASH" of all blobs (hash_blobs).
 // LOCO_MEMBER_BIND, if set, is the endpoint to bind instead of tcp://127.0.0.1:0.
+// Members behind NAT, and production's security, for benchmarks (bench/nat/netns.sh):
+//   LOCO_MEMBER_OUTBOUND=1      outbound-only (Options::outbound_only): binds nothing, its
+//                               endpoint is "nat://KX"; peers' endpoints are read with member_at
+//   LOCO_MEMBER_RELAY=tcp://H:P and LOCO_MEMBER_RELAY_KEY=Z85: the groups' relay
+//   LOCO_MEMBER_KEY=FILE        CURVE with the cluster key file FILE (else plain TCP)
+//   LOCO_MEMBER_RENDEZVOUS=DIR  writes its endpoint to DIR/NAME; a peer given as "name=?" is
+//                               read from DIR/name, waited for (at most 60 s)
+//   LOCO_MEMBER_TIMES=1         after each operation's result line, "seconds S": the time
+//                               allreduce()/allgather() took on this member; in repeat mode,
+//                               at the end, "barrier S ok|error ..." (the last operation, as a
+//                               barrier) and "cpu S": the process's CPU seconds (user + system)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -24,12 +36,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
 
 #include "runtime/collective/allreduce.hpp"
+#include "runtime/security/keys.hpp"
 #include "tests/collective/test_util.hpp"
 
 using namespace loco::collective;
@@ -59,6 +74,33 @@ bool wait_for_peers(const std::vector<std::string>& peers, std::chrono::seconds 
   return true;
 }
 
+// LOCO_MEMBER_RENDEZVOUS: publishes this member's endpoint as DIR/NAME (written aside, then
+// renamed: a reader never sees half of it).
+void publish_endpoint(const std::string& dir, const std::string& name, const std::string& ep) {
+  const std::string tmp = dir + "/." + name + ".tmp";
+  std::ofstream(tmp) << ep << "\n";
+  std::filesystem::rename(tmp, dir + "/" + name);
+}
+
+// Replaces each "name=?" by "name=ENDPOINT" read from DIR/name, waiting for the file (bounded
+// by `limit`). False on timeout.
+bool resolve_peers(const std::string& dir, std::vector<std::string>& peers,
+                   std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (std::string& p : peers) {
+    const auto eq = p.find('=');
+    if (p.substr(eq + 1) != "?") continue;
+    const std::string file = dir + "/" + p.substr(0, eq);
+    std::string ep;
+    while (!(std::ifstream(file) >> ep) || ep.empty()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a file, bounded
+    }
+    p = p.substr(0, eq + 1) + ep;
+  }
+  return true;
+}
+
 int main(int argc, char** argv) {
   if (argc < 10 || (argc < 11 && std::string(argv[9]) != "serve")) {
     std::cerr
@@ -76,18 +118,33 @@ int main(int argc, char** argv) {
   opts.chunk_bytes = std::strtoull(argv[8], nullptr, 10);
   std::string mode = argv[9];
 
+  const char* env_outbound = getenv("LOCO_MEMBER_OUTBOUND");
+  opts.outbound_only = env_outbound && std::string(env_outbound) == "1";
+  if (const char* key = getenv("LOCO_MEMBER_KEY"); key && *key) {
+    opts.security = loco::security::read_key_file(key);
+  }
+  RelayEndpoint relay;
+  if (const char* r = getenv("LOCO_MEMBER_RELAY")) relay.endpoint = r;
+  if (const char* r = getenv("LOCO_MEMBER_RELAY_KEY")) relay.public_key = r;
+  const char* env_times = getenv("LOCO_MEMBER_TIMES");
+  const bool print_times = env_times && std::string(env_times) == "1";
+  const char* env_rendezvous = getenv("LOCO_MEMBER_RENDEZVOUS");
+  const std::string rendezvous = env_rendezvous ? env_rendezvous : "";
+
   const char* bind = getenv("LOCO_MEMBER_BIND");
   Communicator comm(bind ? bind : "tcp://127.0.0.1:0", opts);
   std::cout << "endpoint " << comm.endpoint() << std::endl;
+  if (!rendezvous.empty()) publish_endpoint(rendezvous, name, comm.endpoint());
 
   auto group_of = [&](uint64_t round_id, const std::vector<std::string>& peers) {
     Group g;
     g.round_id = round_id;
+    g.relay = relay;
     for (const std::string& a : peers) {
       auto eq = a.find('=');
       std::string ep = a.substr(eq + 1);
       if (a.substr(0, eq) == name) g.rank = static_cast<int>(g.members.size());
-      g.members.push_back({a.substr(0, eq), ep == "self" ? comm.endpoint() : ep});
+      g.members.push_back(member_at(a.substr(0, eq), ep == "self" ? comm.endpoint() : ep));
     }
     return g;
   };
@@ -111,22 +168,36 @@ int main(int argc, char** argv) {
         std::getline(std::cin, line);
       };
     }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto seconds = [&] {
+      if (!print_times) return;
+      const std::chrono::duration<double> d = std::chrono::steady_clock::now() - t0;
+      std::printf("seconds %.4f\n", d.count());
+      std::fflush(stdout);
+    };
     try {
       if (gather) {
         const auto blobs = comm.allgather(g, testing::make_blob(seed, rank, n), size_t(1) << 30);
         std::cout << "ok " << testing::hash_blobs(blobs) << std::endl;
+        seconds();
         return;
       }
       comm.allreduce(g, std::span<float>(data));
       std::cout << "ok " << testing::hash_floats(data) << std::endl;
+      seconds();
     } catch (const CollectiveError& e) {
       std::cout << "error " << e.member() << " " << e.what() << std::endl;
+      seconds();
     }
   };
 
   if (mode.rfind("repeat:", 0) == 0) {
     const uint64_t times = std::strtoull(mode.c_str() + 7, nullptr, 10);
     std::vector<std::string> peers(argv + 10, argv + argc);
+    if (!rendezvous.empty() && !resolve_peers(rendezvous, peers, std::chrono::seconds(60))) {
+      std::cout << "error peers' endpoints not in " << rendezvous << " after 60 s" << std::endl;
+      return 1;
+    }
     if (!wait_for_peers(peers, std::chrono::seconds(30))) {
       std::cout << "error peers not listening after 30 s" << std::endl;
       return 1;
@@ -137,14 +208,31 @@ int main(int argc, char** argv) {
     // result is not reported.
     Group g = group_of(round + times, peers);
     float one = 1;
+    const auto b0 = std::chrono::steady_clock::now();
+    std::string barrier = "ok";
     try {
       comm.allreduce(g, std::span<float>(&one, 1));
-    } catch (const CollectiveError&) {
+    } catch (const CollectiveError& e) {
+      barrier = std::string("error ") + e.what();
+    }
+    if (print_times) {
+      const std::chrono::duration<double> d = std::chrono::steady_clock::now() - b0;
+      std::printf("barrier %.4f %s\n", d.count(), barrier.c_str());
+      rusage u{};
+      getrusage(RUSAGE_SELF, &u);
+      auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+      std::printf("cpu %.3f\n", secs(u.ru_utime) + secs(u.ru_stime));
+      std::fflush(stdout);
     }
     return 0;
   }
   if (mode != "serve") {
-    run_op(round, mode, std::vector<std::string>(argv + 10, argv + argc));
+    std::vector<std::string> peers(argv + 10, argv + argc);
+    if (!rendezvous.empty() && !resolve_peers(rendezvous, peers, std::chrono::seconds(60))) {
+      std::cout << "error peers' endpoints not in " << rendezvous << " after 60 s" << std::endl;
+      return 1;
+    }
+    run_op(round, mode, peers);
     return 0;
   }
   std::string line;
