@@ -58,8 +58,8 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
       o.loss += results[i]->mean_loss;
       o.inner_secs += results[i]->seconds;
       tokens_of[members[i]] = results[i]->tokens;
-      round_members.push_back({members[i], results[i]->steps, results[i]->tokens,
-                               results[i]->seconds, cpu_seconds_of(results[i]->per_step)});
+      round_members.push_back(member_figures(members[i], results[i]->steps, results[i]->tokens,
+                                             results[i]->seconds, results[i]->per_step));
       round_steps.push_back(results[i]->per_step);
       if (results[i]->steps > 0) step_seconds.push_back(results[i]->seconds / results[i]->steps);
       steps_line += (steps_line.empty() ? "" : ", ") + std::to_string(members[i]) + ": " +

@@ -263,8 +263,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::finish_stream(Strea
     o.inner_secs += in.seconds;
     int64_t tokens = 0;
     for (const StepFigures& f : in.per_step) tokens += f.tokens;
-    round_members.push_back(
-        {members[i], in.steps, tokens, in.seconds, cpu_seconds_of(in.per_step)});
+    round_members.push_back(member_figures(members[i], in.steps, tokens, in.seconds, in.per_step));
     round_steps.push_back(in.per_step);
   }
   o.loss = losses > 0 ? o.loss / losses : std::numeric_limits<double>::quiet_NaN();

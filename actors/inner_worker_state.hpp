@@ -475,11 +475,12 @@ struct InnerWorker::State {
       throw std::runtime_error("InnerWorker " + std::to_string(index) +
                                ": stopped between two inner steps (its node is stopping)");
     const int64_t t = loco::now_ms();
-    const double cpu = loco::process_cpu_seconds();
+    const double cpu = loco::process_cpu_seconds(), thread_cpu = loco::thread_cpu_seconds();
     const dl::InnerStats st = k.trainer->run_inner_steps(1);
     StepFigures f{st.mean_loss, st.last_lr, st.grad_norm, seconds_since(t),
                   int64_t(cfg.tokens_per_inner_step())};
     f.cpu_seconds = loco::process_cpu_seconds() - cpu;
+    f.step_cpu_seconds = loco::thread_cpu_seconds() - thread_cpu;
     f.flops = flops_per_token * double(f.tokens);
     if (peak_flops > 0 && f.seconds > 0) f.mfu = f.flops / f.seconds / peak_flops;
     if (k.device.is_cuda()) {

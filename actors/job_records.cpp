@@ -62,12 +62,14 @@ std::vector<StepFigures> per_step_means(const std::vector<std::vector<StepFigure
       out[i].mfu += m[i].mfu;
       out[i].memory_bytes = std::max(out[i].memory_bytes, m[i].memory_bytes);
       out[i].cpu_seconds += m[i].cpu_seconds;
+      out[i].step_cpu_seconds += m[i].step_cpu_seconds;
     }
     out[i].loss /= n;
     out[i].lr /= n;
     out[i].grad_norm /= n;
     out[i].mfu /= n;
     out[i].cpu_seconds /= n;
+    out[i].step_cpu_seconds /= n;
   }
   return out;
 }
@@ -88,10 +90,14 @@ schema::Step step_report(const StepFigures& s) {
   return out;
 }
 
-double cpu_seconds_of(const std::vector<StepFigures>& steps) {
-  double s = 0;
-  for (const StepFigures& f : steps) s += f.cpu_seconds;
-  return s;
+MemberFigures member_figures(int worker, int steps, int64_t tokens, double seconds,
+                             const std::vector<StepFigures>& per_step) {
+  MemberFigures m{worker, steps, tokens, seconds};
+  for (const StepFigures& f : per_step) {
+    m.cpu_seconds += f.cpu_seconds;
+    m.step_cpu_seconds += f.step_cpu_seconds;
+  }
+  return m;
 }
 
 JobRecords::JobRecords(std::string folder, int64_t from)
@@ -193,7 +199,7 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
     l.members.emplace();
     for (const MemberFigures& x : f.members)
       l.members->push_back({x.worker, x.steps, x.tokens, x.seconds, x.cpu_seconds,
-                            std::max(0.0, round_time - x.seconds)});
+                            std::max(0.0, round_time - x.seconds), x.step_cpu_seconds});
     l.late = f.late;
     l.steps.emplace();
     for (const StepFigures& s : f.steps) l.steps->push_back(step_report(s));

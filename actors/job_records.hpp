@@ -77,9 +77,11 @@ struct MemberFigures {
   double seconds = 0;      // in inner steps; the rest of the round ("wait" in metrics.jsonl) it
                            // waited on the others, the network and the aggregator
   double cpu_seconds = 0;  // CPU time its process used in those steps (StepFigures::cpu_seconds)
+  double step_cpu_seconds = 0;  // of which its stepping thread (StepFigures::step_cpu_seconds)
 };
-// The CPU seconds of a member's steps, summed.
-double cpu_seconds_of(const std::vector<StepFigures>& steps);
+// A member's figures from its steps' (the CPU seconds summed).
+MemberFigures member_figures(int worker, int steps, int64_t tokens, double seconds,
+                             const std::vector<StepFigures>& per_step);
 
 struct RoundFigures {
   double utilization = 0;

@@ -93,7 +93,12 @@ struct StepFigures {
   // and nothing else running in it, `seconds` minus this is the time the step waited: for a
   // core on a shared machine, or on something else.
   double cpu_seconds = 0;
-  MSGPACK_DEFINE(loss, lr, grad_norm, seconds, tokens, flops, mfu, memory_bytes, cpu_seconds)
+  // Of which the thread that ran the step: with one torch thread, the step's own compute;
+  // cpu_seconds minus this is what the process's other threads used meanwhile (the collective's
+  // operation and ZeroMQ's I/O threads while a streaming round's fragments are on the wire).
+  double step_cpu_seconds = 0;
+  MSGPACK_DEFINE(loss, lr, grad_norm, seconds, tokens, flops, mfu, memory_bytes, cpu_seconds,
+                 step_cpu_seconds)
 };
 
 struct InnerResult {

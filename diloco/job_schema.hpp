@@ -197,6 +197,9 @@ struct Member {
   double seconds = 0;      // in inner steps
   double cpu_seconds = 0;  // its process's CPU time in those steps
   double wait = 0;         // the rest of the round: on the others, the network, the aggregator
+  // Of cpu_seconds, its stepping thread's (the rest: the process's other threads, e.g. the
+  // collective's while fragments are on the wire). 0 from a worker that does not report it.
+  double step_cpu_seconds = 0;
 
   friend bool operator==(const Member&, const Member&) = default;
 
@@ -208,6 +211,7 @@ struct Member {
     f("seconds", &Member::seconds);
     f("cpu_seconds", &Member::cpu_seconds);
     f("wait", &Member::wait);
+    f("step_cpu_seconds", &Member::step_cpu_seconds);
   }
 };
 

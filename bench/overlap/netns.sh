@@ -100,7 +100,7 @@ ${5:+guard: $5}
 JOB
 }
 
-declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW MID TWALL TFAIL TSUM LFAIL NCPU TCPU CPUS GTIME
+declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW MID TWALL TFAIL TSUM LFAIL NCPU TCPU CPUS THRS GTIME
 run_mode() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION GUARD
   local mode=$1 file="$WORK/$1.yaml"
   job_file "$mode" "$2" "${3:-0}" "${4:-fp32}" "${5:-}" >"$file"
@@ -138,7 +138,7 @@ run_mode() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION GUARD
   # where none ran (guard off, or topk: judged on the gathered codes, nothing extra sent).
   GTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | { grep -o '"guard_time":[0-9.e-]*' || true; } |
     cut -d: -f2 | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else printf "%.4f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
-  read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ MID[$mode] CPUS[$mode] \
+  read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ MID[$mode] CPUS[$mode] THRS[$mode] \
     <<<"$("$TORCHFT_PY" "$SUMMARY" loco "$folder/metrics.jsonl" "$H")"
   say "$mode: wall ${WALL[$mode]} s, job utilization ${UTIL[$mode]} %, rounds: median utilization" \
     "${RUTIL[$mode]} %, median round ${RTIME[$mode]} s; final validation loss ${LOSS[$mode]};" \
@@ -205,17 +205,18 @@ echo "# mid_util_%: rounds 2 to R-1 (no start, no final landing), inner seconds 
 echo "# added up over workers and rounds"
 echo "# cpu_s: a worker's process's CPU seconds in its $H inner steps (median over workers and"
 echo "# rounds): the work in steps_s, the rest waiting (for a core, when the machine is shared)"
+echo "# step_cpu_s: of cpu_s, the stepping thread's (loco); the rest the process's other threads"
 echo "# guard_s: the guard's summary exchange, a member's seconds a round (median over rounds"
 echo "# 1..), guard_%: that over the median round time (-: none, guard off or topk)"
-row() { printf '%-22s %7s %11s %13s %13s %9s %8s %14s %10s %11s %6s %8s %8s\n' "$@"; }
+row() { printf '%-22s %7s %11s %13s %13s %9s %8s %14s %10s %11s %6s %10s %8s %8s\n' "$@"; }
 row mode wall_s job_util_% round_util_% round_time_s val_loss steps_s worker_util_% slowest_s \
-  mid_util_% cpu_s guard_s guard_%
+  mid_util_% cpu_s step_cpu_s guard_s guard_%
 for m in $MODES; do
   if [ -n "${LFAIL[$m]:-}" ]; then echo "$m: ${LFAIL[$m]}"; continue; fi
   share=-
   [ "${GTIME[$m]}" != "-" ] && share=$(awk -v g="${GTIME[$m]}" -v r="${RTIME[$m]}" 'BEGIN {printf "%.3f", 100 * g / r}')
   row "$m" "${WALL[$m]}" "${UTIL[$m]}" "${RUTIL[$m]}" "${RTIME[$m]}" "${LOSS[$m]}" "${STEPS[$m]}" \
-    "${WUTIL[$m]}" "${SLOW[$m]}" "${MID[$m]}" "${CPUS[$m]:--}" "${GTIME[$m]}" "$share"
+    "${WUTIL[$m]}" "${SLOW[$m]}" "${MID[$m]}" "${CPUS[$m]:--}" "${THRS[$m]:--}" "${GTIME[$m]}" "$share"
 done
 for m in $TORCHFT_MODES; do
   t=torchft-$m
@@ -223,7 +224,7 @@ for m in $TORCHFT_MODES; do
     read -r RTIME[$t] STEPS[$t] WUTIL[$t] SLOW[$t] LOSS[$t] _ MID[$t] CPUS[$t] <<<"${TSUM[$t]}"
     WALL[$t]=${TWALL[$t]}
     row "$t" "${WALL[$t]}" - - "${RTIME[$t]}" "${LOSS[$t]}" "${STEPS[$t]}" "${WUTIL[$t]}" \
-      "${SLOW[$t]}" "${MID[$t]}" "${CPUS[$t]:--}"
+      "${SLOW[$t]}" "${MID[$t]}" "${CPUS[$t]:--}" -
   else
     echo "$t: failed: ${TFAIL[$t]:-}"
   fi

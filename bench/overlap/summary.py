@@ -20,9 +20,12 @@ JSONL, over the training rounds (1..; loco's round 0 is the evaluation before tr
                  its H inner steps (loco: the members' "cpu_seconds"; torchft: "step_cpu_seconds"):
                  next to steps_s, the work in them apart from the waiting for a core on a shared
                  machine ("-" for records without them)
+    step_cpu_s   loco: of cpu_s, the stepping thread's (the members' "step_cpu_seconds"; with one
+                 torch thread the steps' own compute): cpu_s minus this is what the process's
+                 other threads (the collective's) used during the steps ("-" without them)
 
     summary.py loco|torchft FILE H
-        prints "round_time steps_s util_% slowest_s val_loss rounds mid_util_% cpu_s"
+        prints "round_time steps_s util_% slowest_s val_loss rounds mid_util_% cpu_s step_cpu_s"
 """
 import json
 import statistics
@@ -33,7 +36,7 @@ from collections import defaultdict
 def main() -> None:
     kind, path, h = sys.argv[1], sys.argv[2], int(sys.argv[3])
     rows = [json.loads(line) for line in open(path) if line.strip()]
-    times, steps, utils, slowest, cpu, loss = [], [], [], [], [], None
+    times, steps, utils, slowest, cpu, step_cpu, loss = [], [], [], [], [], [], None
     last = max((r["round"] for r in rows), default=0)
     mid_inner = mid_time = 0.0  # rounds 2..last-1
     per_round = defaultdict(list)  # torchft: round -> each worker's step_seconds
@@ -50,6 +53,8 @@ def main() -> None:
                     utils.append(m["seconds"] / r["round_time"])
                     if m.get("cpu_seconds"):
                         cpu.append(m["cpu_seconds"] * h / m["steps"])
+                    if m.get("step_cpu_seconds"):
+                        step_cpu.append(m["step_cpu_seconds"] * h / m["steps"])
                 if 2 <= r["round"] < last:
                     mid_inner += m["seconds"]
                     mid_time += r["round_time"]
@@ -72,7 +77,7 @@ def main() -> None:
     rounds = len({r["round"] for r in rows if r["round"] >= 1})
     print(med(times), med(steps), med(utils, 100, 1), med(slowest),
           f"{loss:.4f}" if loss is not None else "-", rounds,
-          f"{100 * mid_inner / mid_time:.1f}" if mid_time > 0 else "-", med(cpu))
+          f"{100 * mid_inner / mid_time:.1f}" if mid_time > 0 else "-", med(cpu), med(step_cpu))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ double process_cpu_seconds() {
   return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
 }
 
+double thread_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
 int64_t unix_ms() {
   return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch())
       .count();

@@ -23,6 +23,8 @@ int64_t unix_ms();
 // duration on the steady clock it tells work from waiting: on a shared machine a step that
 // took 2 s of wall time and 0.6 s of CPU waited for a core (or on something) the rest.
 double process_cpu_seconds();
+// The calling thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID).
+double thread_cpu_seconds();
 
 // Exponential backoff with jitter, for every retry loop in loco
 // (heartbeats, reconnecting to Redis or the head, waiting for a restart).

@@ -214,12 +214,16 @@ TEST_F(JobRecordsTest, LinesAreJsonWithThePerStepFigures) {
   f.steps = per_step_means({{{3.0, 0.001, 2.0, 0.5, 100, 4e12, 0.2, 0, 0.25},
                               {2.0, 0.002, 1.0, 0.5, 100, 4e12, 0, 0}},
                              {{5.0, 0.001, 4.0, 1.0, 100, 4e12, 0.4, int64_t(3e9), 0.75}}});
-  f.members = {{0, 2, 200, 1.0, cpu_seconds_of({{.cpu_seconds = 0.25}, {}})},
+  f.members = {member_figures(0, 2, 200, 1.0,
+                              {{.cpu_seconds = 0.25, .step_cpu_seconds = 0.125},
+                               {.cpu_seconds = 0.5, .step_cpu_seconds = 0.25}}),
                {1, 1, 100, 1.0, 0.75}};
   const std::string l1 = rec.round(round(1), f);
   const auto j = nlohmann::json::parse(l1);
-  EXPECT_DOUBLE_EQ(j["members"][0]["cpu_seconds"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(j["members"][0]["cpu_seconds"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(j["members"][0]["step_cpu_seconds"].get<double>(), 0.375);  // the steppers'
   EXPECT_DOUBLE_EQ(j["members"][1]["cpu_seconds"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(j["members"][1]["step_cpu_seconds"].get<double>(), 0.0);  // not reported
   ASSERT_EQ(j["steps"].size(), 2u);
   EXPECT_DOUBLE_EQ(j["steps"][0]["loss"].get<double>(), 4.0);            // the mean of 3 and 5
   EXPECT_DOUBLE_EQ(j["steps"][0]["grad_norm"].get<double>(), 3.0);       // of 2 and 4
