@@ -7,7 +7,8 @@
 #   1. The nodes behind NAT are found reverse (one by the head's probe, one --no-listen).
 #   2. A 4-worker job there reaches, round by round, the θ hashes of the same job on a flat
 #      network (4 public hosts that dial each other directly), and so does a mixed one (2
-#      workers behind NAT, one per site, and 2 public ones).
+#      workers behind NAT, one per site, and 2 public ones); and so does a streaming job
+#      (2 fragments, the fragments' all-reduces overlapping the steps) in all three.
 #   3. A second job: the relay is killed mid-round and started again on the same address; a
 #      node behind NAT is killed and started again, joins as a new node (reverse) and its worker
 #      rejoins; the job finishes.
@@ -114,15 +115,16 @@ say "4 nodes behind NAT joined, all relayed (behind NAT, the cluster has a relay
 "$LOCO_BIN/loco" status --address "$HEAD" | grep ' alive ' | sed 's/^/    /'
 
 cluster_corpus
-job_file() {  # NAME WORKERS_MIN ROUNDS
+job_file() {  # NAME WORKERS_MIN ROUNDS [SYNC [INNER_STEPS]]
   cat >"$WORK/$1.yaml" <<YAML
+sync: ${4:-{mode: blocking\}}
 name: $1
 seed: 11
 threads: 1
 model: {layers: 2, width: 64, heads: 2, context: 32}
 data: {dir: $WORK/data, tokenizer: byte, shards: 12, val_fraction: 0.05}
 workers: {count: 4, min: $2, max_restarts: 5}
-inner: {steps: 5, batch_size: 8, lr: 0.003, warmup: 5}
+inner: {steps: ${5:-5}, batch_size: 8, lr: 0.003, warmup: 5}
 compression: fp32
 rounds: $3
 checkpoint: {every: 0, dir: $WORK/ckpt}
@@ -133,10 +135,19 @@ hashes() { grep -o '"round":[0-9]*\|"theta_hash":"[0-9a-f]*"' "$WORK/ckpt/$1/met
 
 # 2. θ hashes behind NAT against a flat network.
 job_file nat 4 4
-submit "$WORK/nat.yaml"
-NAT_JOB=$JOB
-wait_job_end 300
-case "$STATE" in *succeeded*) ;; *) fail "the job behind NAT did not succeed: $STATE" ;; esac
+job_file stream 4 4 "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}" 6
+# run_both TOPOLOGY: the blocking and the streaming job, their job ids in TOPOLOGY_JOB, _STREAM
+run_both() {
+  submit "$WORK/nat.yaml"
+  wait_job_end 300
+  case "$STATE" in *succeeded*) ;; *) fail "the blocking job ($1) did not succeed: $STATE" ;; esac
+  printf -v "${1}_JOB" '%s' "$JOB"
+  submit "$WORK/stream.yaml"
+  wait_job_end 300
+  case "$STATE" in *succeeded*) ;; *) fail "the streaming job ($1) did not succeed: $STATE" ;; esac
+  printf -v "${1}_STREAM" '%s' "$JOB"
+}
+run_both NAT
 stop_nodes() { for h in "$@"; do kill -TERM "${NODE_PID[$h]}" 2>/dev/null || true; done
   for h in "$@"; do wait "${NODE_PID[$h]}" 2>/dev/null || true; done; }
 # Mixed: 2 workers behind NAT (one per site) and 2 public ones, which the NATed ones reach over
@@ -144,23 +155,22 @@ stop_nodes() { for h in "$@"; do kill -TERM "${NODE_PID[$h]}" 2>/dev/null || tru
 stop_nodes 3 5
 for h in 6 7; do start_node "$h"; done
 nodes_alive 2 direct 60 || fail "the 2 public nodes did not join as direct"
-submit "$WORK/nat.yaml"
-MIXED_JOB=$JOB
-wait_job_end 300
-case "$STATE" in *succeeded*) ;; *) fail "the mixed job did not succeed: $STATE" ;; esac
+run_both MIXED
 stop_nodes 2 4
 for h in 8 9; do start_node "$h"; done
 nodes_alive 4 direct 60 || fail "the 4 flat nodes did not join as direct"
-submit "$WORK/nat.yaml"
-FLAT_JOB=$JOB
-wait_job_end 300
-case "$STATE" in *succeeded*) ;; *) fail "the job on the flat network did not succeed: $STATE" ;; esac
+run_both FLAT
 say "behind NAT:   $(hashes "$NAT_JOB" | tr '\n' ' ')"
 say "mixed:        $(hashes "$MIXED_JOB" | tr '\n' ' ')"
 say "flat network: $(hashes "$FLAT_JOB" | tr '\n' ' ')"
 [ "$(hashes "$NAT_JOB")" = "$(hashes "$FLAT_JOB")" ] || fail "θ hashes differ between NAT and flat"
 [ "$(hashes "$MIXED_JOB")" = "$(hashes "$FLAT_JOB")" ] || fail "θ hashes differ between mixed and flat"
 [ "$(hashes "$NAT_JOB" | wc -l)" -ge 4 ] || fail "too few rounds reported"
+say "streaming, behind NAT: $(hashes "$NAT_STREAM" | tr '\n' ' ')"
+say "streaming, flat:       $(hashes "$FLAT_STREAM" | tr '\n' ' ')"
+[ "$(hashes "$NAT_STREAM")" = "$(hashes "$FLAT_STREAM")" ] || fail "streaming θ hashes differ between NAT and flat"
+[ "$(hashes "$MIXED_STREAM")" = "$(hashes "$FLAT_STREAM")" ] || fail "streaming θ hashes differ between mixed and flat"
+[ "$(hashes "$NAT_STREAM")" != "$(hashes "$NAT_JOB")" ] || fail "the streaming job gave the blocking one's hashes"
 stop_nodes 6 7 8 9
 
 # 3. The relay killed mid-round and started again; a node behind NAT killed and started again.
