@@ -88,10 +88,6 @@ class ScopedEnv {
   const char* name_;
 };
 
-inline bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
-
 // n nodes with one cpu each, loading the DiLoCo plugin: one worker per node.
 inline ClusterOptions one_worker_per_node(int n) {
   ClusterOptions co;

@@ -23,13 +23,6 @@ using namespace std::chrono_literals;
 namespace loco::testing {
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // Debian's headless Chromium, or its full one; "" when neither is installed.
 std::string browser() {
   for (const char* name : {"chromium-headless-shell", "chromium"})

@@ -8,6 +8,10 @@
 // A real local cluster for multi-process tests: redis-server on a free port,
 // a head and N nodes as `loco start --block` processes on loopback. Every wait
 // is bounded; the destructor kills whatever is still running.
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -79,5 +83,20 @@ class LocalCluster {
 
 // `loco` in the build tree.
 std::string loco_binary();
+
+// Small helpers the cluster tests share.
+inline bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+// The whole file ("" when it cannot be read).
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+inline int64_t ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               t)
+      .count();
+}
 
 }  // namespace loco::testing

@@ -27,14 +27,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int64_t ms_since(Clock::time_point t) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - t).count();
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 TEST(Cluster, SpawnCallTellNamedLookupAndStatus) {
   LocalCluster c;
   Runtime& rt = c.runtime();
@@ -871,11 +863,6 @@ TEST(Cluster, RedisLostWhileRunningNodesRetryAndCarryOn) {
 
 namespace loco::testing {
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
 
 // Polls `path` until it contains `needle` or `timeout` passes.
 bool wait_for_text(const std::string& path, const std::string& needle, Millis timeout) {

@@ -23,19 +23,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int64_t ms_since(Clock::time_point t) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - t).count();
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
-
 // The node of `id` as the head records it.
 NodeRecord node_of(Runtime& rt, const std::string& id) {
   for (const NodeStatus& n : rt.status().nodes)

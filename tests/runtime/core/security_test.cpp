@@ -18,15 +18,6 @@
 namespace loco::testing {
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
-
 // Runs `cmd` through the shell, bounded by timeout(1); returns what it printed.
 std::string run(const std::string& cmd, int* rc) {
   const std::string out = "/tmp/loco-security-" + std::to_string(::getpid()) + ".out";
