@@ -341,12 +341,13 @@ void ZmqTransport::describe_peer(const Group& group, const Member& self, const M
   pending_dirty_ = true;
 }
 
+std::string ZmqTransport::monitor_endpoint() {
+  return "inproc://loco-collective-monitor-" + std::to_string(reinterpret_cast<uintptr_t>(this)) +
+         "-" + std::to_string(++monitor_serial_);
+}
+
 ZmqTransport::Relayed& ZmqTransport::relay() {
   if (relay_) return *relay_;
-  auto monitor_ep = [&] {
-    return "inproc://loco-collective-monitor-" + std::to_string(reinterpret_cast<uintptr_t>(this)) +
-           "-" + std::to_string(++monitor_serial_);
-  };
   auto receiving = [&](Channel c) {
     return Receiving{.routing_id = routing_id(c, endpoint_),
                      .max_frame_bytes = max_frame_bytes_,
@@ -354,9 +355,9 @@ ZmqTransport::Relayed& ZmqTransport::relay() {
                      .server_key = &relay_at_.public_key};
   };
   relay_ = std::make_unique<Relayed>(
-      Relayed{.data = open_dealer(*ctx_, relay_at_.endpoint, 4, false, monitor_ep(), security_,
+      Relayed{.data = open_dealer(*ctx_, relay_at_.endpoint, 4, false, monitor_endpoint(), security_,
                                   receiving(Channel::data)),
-              .control = open_dealer(*ctx_, relay_at_.endpoint, 64, true, monitor_ep(), security_,
+              .control = open_dealer(*ctx_, relay_at_.endpoint, 64, true, monitor_endpoint(), security_,
                                      receiving(Channel::control))});
   return *relay_;
 }
@@ -364,10 +365,6 @@ ZmqTransport::Relayed& ZmqTransport::relay() {
 ZmqTransport::Peer& ZmqTransport::peer(const std::string& endpoint) {
   auto it = peers_.find(endpoint);
   if (it != peers_.end()) return *it->second;
-  auto monitor_ep = [&] {
-    return "inproc://loco-collective-monitor-" + std::to_string(reinterpret_cast<uintptr_t>(this)) +
-           "-" + std::to_string(++monitor_serial_);
-  };
   // Behind NAT, the peer answers over these connections: they name themselves.
   auto receiving = [&](Channel c) {
     if (reachable_) return Receiving{};
@@ -377,9 +374,9 @@ ZmqTransport::Peer& ZmqTransport::peer(const std::string& endpoint) {
   // A short data queue in ZeroMQ (the kernel's socket buffer holds more): what waits, waits
   // in the schedule's outbox, where all-gather results overtake reduce-scatter chunks.
   auto p = std::make_unique<Peer>(
-      Peer{.data = open_dealer(*ctx_, endpoint, 4, false, monitor_ep(), security_,
+      Peer{.data = open_dealer(*ctx_, endpoint, 4, false, monitor_endpoint(), security_,
                                receiving(Channel::data)),
-           .control = open_dealer(*ctx_, endpoint, 64, true, monitor_ep(), security_,
+           .control = open_dealer(*ctx_, endpoint, 64, true, monitor_endpoint(), security_,
                                   receiving(Channel::control))});
   return *peers_.emplace(endpoint, std::move(p)).first->second;
 }

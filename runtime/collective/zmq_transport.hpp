@@ -93,6 +93,8 @@ class ZmqTransport final : public Transport {
     PeerEvent relay_event = PeerEvent::none;
   };
   Peer& peer(const std::string& endpoint);
+  // A fresh inproc endpoint for a DEALER's monitor.
+  std::string monitor_endpoint();
   Route route_of(const std::string& endpoint) const;
   Relayed& relay();
   std::string routing_id(Channel c, const std::string& endpoint) const;
@@ -108,7 +110,7 @@ class ZmqTransport final : public Transport {
   std::unique_ptr<zmq::socket_t> router_;
   std::string endpoint_;
   std::map<std::string, std::unique_ptr<Peer>> peers_;  // by endpoint
-  uint64_t monitor_serial_ = 0;
+  uint64_t monitor_serial_ = 0;  // monitor_endpoint()'s, each DEALER's own
   // Remote address of each TCP connection a message came on, by file descriptor.
   std::map<int, std::string> links_;
   bool outbound_only_ = false;
