@@ -166,7 +166,8 @@ def parquet_documents(path, field, limit, counts):
     except ImportError:
         fail(f"{path}: reading Parquet needs pyarrow (scripts/setup installs it)")
     try:
-        # buffer_size streams a column chunk page by page; pre_buffer would read it whole.
+        # buffer_size reads a row group's column chunk page by page, not whole; pre_buffer (on
+        # by default) would read every row group's chunk ahead.
         pf = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
         rows = parquet_batch_rows(pf, path, field, pa)
         row = 0

@@ -197,13 +197,15 @@ class PrepareData(unittest.TestCase):
                 f.write(doc)
         write_jsonl(self.path("all.jsonl"), d)
         write_jsonl(self.path("all.jsonl.gz"), d)
+        shutil.copyfile(self.path("all.jsonl"), self.path("all.json"))  # named: JSON Lines
         write_parquet(self.path("all.parquet"), d, 13)
         write_jsonl(self.path("mix", "b.jsonl"), d[30:60])
         write_parquet(self.path("mix", "c.parquet"), d[60:], 9)
         mix = [self.path("txt", f"doc_{i:03d}.txt") for i in range(30)]
         mix += [self.path("mix", "b.jsonl"), self.path("mix", "c.parquet")]
         runs = {"text": [self.path("txt")], "jsonl": [self.path("all.jsonl")],
-                "gzip": [self.path("all.jsonl.gz")], "parquet": [self.path("all.parquet")],
+                "gzip": [self.path("all.jsonl.gz")], "json": [self.path("all.json")],
+                "parquet": [self.path("all.parquet")],
                 "mix": mix}
         outputs = {}
         for name, inputs in runs.items():
@@ -244,7 +246,8 @@ class PrepareData(unittest.TestCase):
         pq.write_table(pa.table({"text": ["a", "b"], "id": [1, 2], "raw": [b"x", b"y"]}), src)
         self.assertIn(f"{src}: no column 'body' (--field); its columns: 'text', 'id', 'raw'",
                       self.refused([src], "--field", "body"))
-        self.assertIn(f"{src}: column 'id' is int64, not strings", self.refused([src], "--field", "id"))
+        self.assertIn(f"{src}: column 'id' is int64, not strings",
+                      self.refused([src], "--field", "id"))
         self.assertIn(f"{src}: column 'raw' is binary, not strings",
                       self.refused([src], "--field", "raw"))
         big = self.path("big.parquet")
@@ -272,11 +275,13 @@ class PrepareData(unittest.TestCase):
         cases = [
             ("a.jsonl", ok + "{not json\n", ":2: not JSON"),
             ("b.jsonl", ok + '["text"]\n', ":2: not a JSON object"),
-            ("c.jsonl", ok + ok + '{"txt": "x", "n": 1}\n', ":3: no field 'text' (--field); its fields: 'txt', 'n'"),
+            ("c.jsonl", ok + ok + '{"txt": "x", "n": 1}\n',
+             ":3: no field 'text' (--field); its fields: 'txt', 'n'"),
             ("d.jsonl", '{"text": 5}\n', ":1: field 'text' is a number, not a string"),
             ("e.jsonl", '{"text": ["a"]}\n', ":1: field 'text' is an array, not a string"),
             ("f.jsonl", '{"text": "\\ud800"}\n', ":1: field 'text' holds a lone surrogate"),
-            ("g.jsonl", ok + '{"text": "' + "x" * (1 << 20) + '"}\n' + ok, ":2: a line over 1048576 bytes"),
+            ("g.jsonl", ok + '{"text": "' + "x" * (1 << 20) + '"}\n' + ok,
+             ":2: a line over 1048576 bytes"),
         ]
         for name, text, error in cases:
             path = jsonl(name, text)
@@ -371,8 +376,9 @@ class Streaming(unittest.TestCase):
     def run_script(self, path, *args):
         """scripts/prepare-data's main in a child; its output and its peak resident set."""
         out = os.path.join(self.dir, "out-" + os.path.basename(path))
-        p = subprocess.run([sys.executable, "-c", SCRIPT, os.path.join(SCRIPTS, "prepare_data.py"),
-                            "--input", path, "--out", out, *args],
+        script = os.path.join(SCRIPTS, "prepare_data.py")
+        p = subprocess.run([sys.executable, "-c", SCRIPT, script, "--input", path, "--out", out,
+                            *args],
                            capture_output=True, text=True, timeout=TIMEOUT)
         self.assertEqual(p.returncode, 0, p.stderr)
         return p.stdout, int(p.stderr.split("peak")[-1])
