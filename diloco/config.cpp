@@ -672,8 +672,9 @@ namespace {
 void check_torchscript_model(const JobConfig& c) {
   const ModelConfig& m = c.model;
   if (!m.is_torchscript())
-    throw ConfigError("model.torchscript_hash and model.torchscript_parameters: only with "
-                      "model.torchscript");
+    throw ConfigError(
+        "model.torchscript_hash and model.torchscript_parameters: only with "
+        "model.torchscript");
   require_text(m.torchscript, kMaxPathBytes, "model.torchscript");
   ModelConfig builtin = m;
   builtin.torchscript.clear();
@@ -687,13 +688,10 @@ void check_torchscript_model(const JobConfig& c) {
     throw ConfigError(d.substr(0, d.find(' ')) + ": not with model.torchscript (the module is " +
                       "the architecture; of the model's fields only context and vocab apply)");
   const std::string& h = m.torchscript_hash;
-  require(h.empty() || (h.size() == 16 && std::all_of(h.begin(), h.end(), [](char ch) {
-                          return std::isdigit(static_cast<unsigned char>(ch)) ||
-                                 (ch >= 'a' && ch <= 'f');
-                        })),
+  const auto hex = [](char ch) { return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'); };
+  require(h.empty() || (h.size() == 16 && std::all_of(h.begin(), h.end(), hex)),
           "model.torchscript_hash", "16 lowercase hex digits (XXH3-64 of the file)", quoted(h));
-  require_in<std::int64_t>(m.torchscript_parameters, 0,
-                           static_cast<std::int64_t>(kMaxParameters),
+  require_in<std::int64_t>(m.torchscript_parameters, 0, static_cast<std::int64_t>(kMaxParameters),
                            "model.torchscript_parameters");
   if (!c.init.empty())
     throw ConfigError("init: " + quoted(c.init) + " is a Hugging Face folder of the built-in " +
@@ -868,12 +866,12 @@ void JobConfig::validate() const {
           "at most " + show(kMaxParameters) + " parameters (ModelConfig::parameter_count)", params);
   // One micro-batch's activations: per layer, context x width values and heads x context^2
   // attention weights per sequence (a TorchScript module's are its own: not counted).
-  const double activations =
-      model.is_torchscript()
-          ? 0.0
-          : static_cast<double>(inner.batch_size / inner.grad_accum) * model.layers *
-                model.context *
-                (static_cast<double>(model.d_model) + static_cast<double>(model.heads) * model.context);
+  const double activations = model.is_torchscript()
+                                 ? 0.0
+                                 : static_cast<double>(inner.batch_size / inner.grad_accum) *
+                                       model.layers * model.context *
+                                       (static_cast<double>(model.d_model) +
+                                        static_cast<double>(model.heads) * model.context);
   require(activations <= kMaxActivationValues, "model.context",
           "small enough that batch_size / grad_accum x layers x context x (width + heads x "
           "context) <= " +

@@ -48,9 +48,7 @@ class TorchScriptModel final : public TrainableModel {
   // Throws std::invalid_argument naming model.torchscript, the file and what is wrong.
   TorchScriptModel(const ModelConfig& m, int vocab);
 
-  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() override {
-    return params_;
-  }
+  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() override { return params_; }
   // forward(tokens, targets), checked: a scalar floating-point tensor, which needs a gradient
   // while grad mode is on.
   torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets) override;

@@ -413,8 +413,10 @@ TEST(Config, ModelDifferenceNamesTheFirstFieldThatChangesTheParameters) {
 // two models apart.
 TEST(Config, ATorchScriptModelTakesContextAndVocabAloneAndRecordsItsFile) {
   const std::string ts = "model: {torchscript: lm.pt, context: 16}";
-  const std::string job = replace(kJob, "model: {layers: 2, width: 32, heads: 2, context: 16, "
-                                        "tied_embeddings: true}", ts);
+  const std::string job = replace(kJob,
+                                  "model: {layers: 2, width: 32, heads: 2, context: 16, "
+                                  "tied_embeddings: true}",
+                                  ts);
   auto c = JobConfig::from_yaml(job);
   EXPECT_TRUE(c.model.is_torchscript());
   EXPECT_EQ(c.model.parameter_count(c.vocab_size()), 0);  // not yet described
@@ -425,8 +427,8 @@ TEST(Config, ATorchScriptModelTakesContextAndVocabAloneAndRecordsItsFile) {
   EXPECT_EQ(error_of(replace(job, "context: 16}", "context: 16, activation_checkpointing: true}")),
             "model.activation_checkpointing: not with model.torchscript (the module is the "
             "architecture; of the model's fields only context and vocab apply)");
-  EXPECT_NE(error_of(job + "init: hf:pretrained\n").find("init: 'hf:pretrained' is a Hugging "
-                                                         "Face folder of the built-in model"),
+  EXPECT_NE(error_of(job + "init: hf:pretrained\n")
+                .find("init: 'hf:pretrained' is a Hugging Face folder of the built-in model"),
             std::string::npos);
   EXPECT_EQ(error_of(replace(job, "context: 16}", "context: 16, torchscript_hash: abc}")),
             "model.torchscript_hash: must be 16 lowercase hex digits (XXH3-64 of the file), got "

@@ -25,8 +25,7 @@ class TorchScriptTest : public ::testing::Test {
     at::set_num_threads(1);
     dir_ = new std::string(loco::diloco::testing::make_corpus_dir("torchscript"));
     const std::string cmd = std::string(LOCO_PYTHON) + " " + LOCO_SOURCE_DIR +
-                            "/tests/diloco/torchscript_models.py " + *dir_ +
-                            "/models --context 16";
+                            "/tests/diloco/torchscript_models.py " + *dir_ + "/models --context 16";
     made_ = std::system(cmd.c_str()) == 0;
   }
   static void TearDownTestSuite() {
@@ -95,7 +94,8 @@ TEST_F(TorchScriptTest, ThetaZeroIsTheFilesParametersAndEveryOneTrains) {
   for (const auto& [name, p] : t.model().named_parameters()) {
     EXPECT_TRUE(p.grad().defined()) << name;
     const auto k = p.numel();
-    EXPECT_FALSE(torch::equal(t.flat_parameters().slice(0, at, at + k), theta0.slice(0, at, at + k)))
+    EXPECT_FALSE(
+        torch::equal(t.flat_parameters().slice(0, at, at + k), theta0.slice(0, at, at + k)))
         << name << " did not move";
     EXPECT_EQ(p.data_ptr<float>(), t.flat_parameters().data_ptr<float>() + at) << name;
     at += k;
@@ -169,9 +169,8 @@ TEST_F(TorchScriptTest, StreamingFragmentsAreRunsOfWholeTensors) {
   c.inner.steps = 8;
   c.sync.fragments = 8;
   c.validate();
-  const std::string e = error_of([&] {
-    Simulator s(c, SimulateOptions{.workers = 2, .rounds = 1});
-  });
+  const std::string e =
+      error_of([&] { Simulator s(c, SimulateOptions{.workers = 2, .rounds = 1}); });
   EXPECT_NE(e.find("sync.fragments: 8 fragments of a module of 7 parameter tensors"),
             std::string::npos)
       << e;
@@ -224,8 +223,9 @@ TEST_F(TorchScriptTest, WhatLocoCannotTrainIsRefusedNamingTheFileAndTheReason) {
       << e;
   JobConfig size = job("gru.pt");
   size.model.torchscript_parameters = 5;
-  EXPECT_NE(error_of([&] { describe_torchscript(size); })
-                .find("22976 parameters, but the job records model.torchscript_parameters 5"),
+  EXPECT_NE(error_of([&] {
+              describe_torchscript(size);
+            }).find("22976 parameters, but the job records model.torchscript_parameters 5"),
             std::string::npos);
 }
 
