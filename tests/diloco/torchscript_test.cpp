@@ -243,4 +243,19 @@ TEST_F(TorchScriptTest, Bf16AutocastReachesTheModulesOps) {
   EXPECT_EQ(bf16.flat_parameters().scalar_type(), torch::kFloat32);
 }
 
+// On a GPU (skipped without CUDA): θ0 is the file's there too, and the module's steps follow
+// the CPU's to float rounding (cuDNN's GRU against the CPU kernels).
+TEST_F(TorchScriptTest, OnACudaDeviceTheModuleTrainsAsOnTheCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA";
+  JobConfig c = job("gru.pt");
+  const auto store = TokenStore::open(c.data, c.vocab_size());
+  InnerTrainer cpu(c, store, {0}, 0, 4);
+  InnerTrainer gpu(c, store, {0}, 0, 4, torch::Device(torch::kCUDA, 0));
+  ASSERT_TRUE(gpu.flat_parameters().is_cuda());
+  EXPECT_TRUE(torch::equal(gpu.flat_parameters().cpu(), cpu.flat_parameters()));
+  const double a = cpu.run_inner_steps(3).last_loss, b = gpu.run_inner_steps(3).last_loss;
+  std::printf("loss of step 3: cpu %.6f, cuda %.6f\n", a, b);
+  EXPECT_NEAR(a, b, 1e-2);
+}
+
 }  // namespace
