@@ -205,6 +205,7 @@ void TorchScriptModel::probe(int context) {
 void describe_torchscript(JobConfig& cfg) {
   TorchScriptModel m(cfg.model, cfg.vocab_size());
   m.probe(cfg.model.context);
+  if (cfg.sync.mode == SyncMode::streaming) m.fragments(cfg.sync.fragments);  // cut, or refused
   cfg.model.torchscript_hash = m.hash();
   cfg.model.torchscript_parameters = m.parameter_count();
   cfg.validate();  // the bounds on a count that is now known

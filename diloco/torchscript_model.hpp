@@ -77,7 +77,7 @@ class TorchScriptModel final : public TrainableModel {
 };
 
 // Describes cfg.model's TorchScript module in the job: loads it (TorchScriptModel), probes it
-// with cfg's context and vocabulary, and writes its hash and parameter count into cfg.model,
+// with cfg's context and vocabulary, cuts it into sync.fragments (streaming), and writes its hash and parameter count into cfg.model,
 // or, where the job already records them (a job file written at submission, a resumed job),
 // checks that the file has them. The simulator does this before it builds its workers, the
 // aggregator at submission; the workers then load the file the job describes.

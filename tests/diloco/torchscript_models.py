@@ -14,6 +14,7 @@ writes into OUT_DIR:
   dropout.pt          dropout in training: refused (it draws random numbers)
   batchnorm.pt        BatchNorm: refused (forward changes its running statistics)
   float64.pt          float64 parameters: refused
+  vocab64.pt          an embedding of 64 ids, smaller than the job's vocabulary: refused
 Run by the ctest diloco_torchscript_python and by the C++ tests that need a module.
 """
 
@@ -120,6 +121,7 @@ def write_all(out: str, vocab: int = 256, width: int = 32, context: int = 32) ->
     save(Dropout(vocab, width), out, "dropout.pt")
     save(BatchNormLm(vocab, width), out, "batchnorm.pt")
     save(GruLm(vocab, width).double(), out, "float64.pt")
+    save(GruLm(64, width), out, "vocab64.pt")
 
 
 if __name__ == "__main__":

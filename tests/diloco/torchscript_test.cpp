@@ -169,6 +169,10 @@ TEST_F(TorchScriptTest, StreamingFragmentsAreRunsOfWholeTensors) {
   c.inner.steps = 8;
   c.sync.fragments = 8;
   c.validate();
+  // Refused as the job is described (at submission on a cluster), and by the simulator.
+  JobConfig described = c;
+  EXPECT_NE(error_of([&] { describe_torchscript(described); }).find("sync.fragments: 8"),
+            std::string::npos);
   const std::string e =
       error_of([&] { Simulator s(c, SimulateOptions{.workers = 2, .rounds = 1}); });
   EXPECT_NE(e.find("sync.fragments: 8 fragments of a module of 7 parameter tensors"),
@@ -202,6 +206,7 @@ TEST_F(TorchScriptTest, WhatLocoCannotTrainIsRefusedNamingTheFileAndTheReason) {
       {"batchnorm.pt", "forward changed the buffer bn.running_mean"},
       {"float64.pt", "parameter embed.weight is Double"},
       {"missing.pt", "no such file"},
+      {"vocab64.pt", "forward(tokens [1, 16], targets) failed: "},
   };
   for (const auto& [file, expected] : cases) {
     JobConfig c = job(file);
