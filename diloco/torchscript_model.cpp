@@ -21,8 +21,16 @@ std::string hex64(std::uint64_t h) {
   return b;
 }
 
-// The first line of a torch error (its TorchScript traceback follows).
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+// A torch error in one line: its first, or, for an error inside the TorchScript interpreter
+// (whose first line says only that, its tracebacks following), its last, which names it
+// ("RuntimeError: index out of range in self").
+std::string error_line(const std::string& s) {
+  const std::string first = s.substr(0, s.find('\n'));
+  if (first.find("failed in the TorchScript interpreter") == std::string::npos) return first;
+  const auto end = s.find_last_not_of("\n ");    // not npos: the first line is there
+  const auto begin = s.find_last_of('\n', end);  // npos + 1 == 0: the whole text is one line
+  return s.substr(begin + 1, end - begin);
+}
 
 std::string shape_of(const torch::Tensor& t) {
   std::ostringstream s;
@@ -101,7 +109,7 @@ TorchScriptModel::TorchScriptModel(const ModelConfig& m, int vocab)
     module_ = torch::jit::load(in, torch::Device(torch::kCPU));
   } catch (const std::exception& e) {
     throw std::invalid_argument(what_ + ": not a TorchScript module (what torch.jit.save " +
-                                "writes): " + first_line(e.what()));
+                                "writes): " + error_line(e.what()));
   }
   check_forward(module_, what_);
   std::set<const c10::TensorImpl*> seen;  // a tied parameter is listed under each name
@@ -146,7 +154,7 @@ torch::Tensor TorchScriptModel::loss(const torch::Tensor& tokens, const torch::T
     out = module_.forward({tokens, targets});
   } catch (const std::exception& e) {
     throw std::runtime_error(what_ + ": forward(tokens " + shape_of(tokens) + ", targets) " +
-                             "failed: " + first_line(e.what()));
+                             "failed: " + error_line(e.what()));
   }
   if (!out.isTensor())
     throw std::invalid_argument(what_ + ": forward returned " + out.tagKind() +
