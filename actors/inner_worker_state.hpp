@@ -371,7 +371,7 @@ struct InnerWorker::State {
     streaming.reset();
     if (!overlapped()) return;
     streaming = std::make_unique<dl::StreamingRound>(
-        cfg, dl::parameter_fragments(lead().trainer->model(), cfg.sync.fragments),
+        cfg, lead().trainer->model().fragments(cfg.sync.fragments),
         std::vector<dl::Replica>{{lead().trainer.get(), lead().outer.get()}});
   }
   // compression topk: the error feedback at zero (a worker that joins starts with nothing
@@ -552,7 +552,17 @@ struct InnerWorker::State {
         index(idx),
         cfg(dl::JobConfig::from_yaml(spec)),
         store(dl::TokenStore::open(data_under_root(cfg.data), cfg.vocab_size())),
-        roots(this_actor().roots) {}
+        roots(this_actor().roots) {
+    if (cfg.model.is_torchscript()) {
+      // The aggregator described the module at submission: every worker's file must be that.
+      if (cfg.model.torchscript_hash.empty() || cfg.model.torchscript_parameters == 0)
+        throw std::invalid_argument(
+            "model.torchscript: the job does not record the module's hash and size (the "
+            "aggregator writes them at submission)");
+      cfg.model.torchscript_file =
+          resolve_data_path(roots, cfg.model.torchscript, "model.torchscript");
+    }
+  }
 
   // The job's data folder (and tokenizer.json) as this node allows them: under its data root.
   static dl::DataConfig data_under_root(dl::DataConfig d) {

@@ -16,6 +16,7 @@
 #include "diloco/hf_format.hpp"
 #include "diloco/job_schema.hpp"
 #include "diloco/simulator.hpp"
+#include "diloco/torchscript_model.hpp"
 
 namespace loco::actors {
 
@@ -598,6 +599,13 @@ OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
   if (!s_->cfg.init.empty())
     dl::check_hf_folder(resolve_data_path(s_->roots, dl::hf_init_dir(s_->cfg.init), "init"),
                         s_->cfg.model, s_->cfg.vocab_size());
+  // A TorchScript module is loaded and probed here, and its hash and size written into the job
+  // the workers get (each checks its own file against them) and into its checkpoints.
+  if (s_->cfg.model.is_torchscript()) {
+    s_->cfg.model.torchscript_file =
+        resolve_data_path(s_->roots, s_->cfg.model.torchscript, "model.torchscript");
+    dl::describe_torchscript(s_->cfg);
+  }
   s_->check_memory();
   auto s = s_;
   s_->thread = std::thread([s] {

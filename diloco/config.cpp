@@ -427,6 +427,18 @@ const std::vector<Field>& fields() {
         plain<bool>("model", "activation_checkpointing",
                     at(&JobConfig::model, &ModelConfig::activation_checkpointing),
                     "recompute each block in the backward pass"),
+        only_when(plain<std::string>("model", "torchscript",
+                                     at(&JobConfig::model, &ModelConfig::torchscript),
+                                     "a TorchScript module's file: a model of the user's own"),
+                  [](const JobConfig& c) { return c.model.is_torchscript(); }),
+        only_when(plain<std::string>("model", "torchscript_hash",
+                                     at(&JobConfig::model, &ModelConfig::torchscript_hash),
+                                     "XXH3-64 of the module's file (written at submission)"),
+                  [](const JobConfig& c) { return !c.model.torchscript_hash.empty(); }),
+        only_when(plain<std::int64_t>("model", "torchscript_parameters",
+                                      at(&JobConfig::model, &ModelConfig::torchscript_parameters),
+                                      "the module's parameters (written at submission)"),
+                  [](const JobConfig& c) { return c.model.torchscript_parameters != 0; }),
         // data
         with_alias(plain<std::string>("data", "dir", at(&JobConfig::data, &DataConfig::dir),
                                       "the corpus or token files' folder"),
@@ -639,6 +651,9 @@ std::string JobConfig::compression_name() const {
 
 int JobConfig::topk_max_workers() const {
   const auto n = static_cast<std::size_t>(model.parameter_count(vocab_size()));
+  // A TorchScript module not yet described: no bound until its size is known (the aggregator
+  // and the simulator validate again once it is).
+  if (n == 0) return kMaxWorkers;
   collective::sparse::Params p;
   p.chunk = static_cast<std::uint32_t>(topk.chunk);
   p.k = static_cast<std::uint32_t>(topk.k);
@@ -648,6 +663,42 @@ int JobConfig::topk_max_workers() const {
   // (K − 1)·b < 2 (K − 1)/K · int8  ⇔  K < 2·int8 / b.
   return std::max(1, static_cast<int>(std::ceil(2 * int8 / b)) - 1);
 }
+
+namespace {
+
+// model.torchscript: the module is the architecture, so the built-in decoder's fields must stay
+// at their defaults (a job file that sets them meant another model), and what describes the
+// file must look like what describe_torchscript writes.
+void check_torchscript_model(const JobConfig& c) {
+  const ModelConfig& m = c.model;
+  if (!m.is_torchscript())
+    throw ConfigError(
+        "model.torchscript_hash and model.torchscript_parameters: only with "
+        "model.torchscript");
+  require_text(m.torchscript, kMaxPathBytes, "model.torchscript");
+  ModelConfig builtin = m;
+  builtin.torchscript.clear();
+  builtin.torchscript_hash.clear();
+  builtin.torchscript_parameters = 0;
+  builtin.context = ModelConfig{}.context;
+  builtin.vocab = ModelConfig{}.vocab;
+  std::string d = model_difference(builtin, ModelConfig{});
+  if (d.empty() && m.activation_checkpointing) d = "model.activation_checkpointing";
+  if (!d.empty())
+    throw ConfigError(d.substr(0, d.find(' ')) + ": not with model.torchscript (the module is " +
+                      "the architecture; of the model's fields only context and vocab apply)");
+  const std::string& h = m.torchscript_hash;
+  const auto hex = [](char ch) { return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'); };
+  require(h.empty() || (h.size() == 16 && std::all_of(h.begin(), h.end(), hex)),
+          "model.torchscript_hash", "16 lowercase hex digits (XXH3-64 of the file)", quoted(h));
+  require_in<std::int64_t>(m.torchscript_parameters, 0, static_cast<std::int64_t>(kMaxParameters),
+                           "model.torchscript_parameters");
+  if (!c.init.empty())
+    throw ConfigError("init: " + quoted(c.init) + " is a Hugging Face folder of the built-in " +
+                      "model, not of model.torchscript (the module's file holds its initial θ)");
+}
+
+}  // namespace
 
 void JobConfig::validate() const {
   // Each field's own checks first (kFields: non-finite numbers, which fail every comparison
@@ -662,6 +713,9 @@ void JobConfig::validate() const {
   require_text(init, kMaxPathBytes, "init");
   require(init.empty() || (init.rfind("hf:", 0) == 0 && init.size() > 3), "init",
           "hf:DIR, a Hugging Face folder of the job's model (or unset)", quoted(init));
+  if (model.is_torchscript() || !model.torchscript_hash.empty() ||
+      model.torchscript_parameters != 0)
+    check_torchscript_model(*this);
   require(threads >= 0, "threads", ">= 0", threads);
   require(threads <= kMaxThreads, "threads", "<= " + show(kMaxThreads), threads);
   require(model.layers <= kMaxLayers, "model.layers", "<= " + show(kMaxLayers), model.layers);
@@ -811,10 +865,13 @@ void JobConfig::validate() const {
   require(params <= kMaxParameters, "model",
           "at most " + show(kMaxParameters) + " parameters (ModelConfig::parameter_count)", params);
   // One micro-batch's activations: per layer, context x width values and heads x context^2
-  // attention weights per sequence.
-  const double activations =
-      static_cast<double>(inner.batch_size / inner.grad_accum) * model.layers * model.context *
-      (static_cast<double>(model.d_model) + static_cast<double>(model.heads) * model.context);
+  // attention weights per sequence (a TorchScript module's are its own: not counted).
+  const double activations = model.is_torchscript()
+                                 ? 0.0
+                                 : static_cast<double>(inner.batch_size / inner.grad_accum) *
+                                       model.layers * model.context *
+                                       (static_cast<double>(model.d_model) +
+                                        static_cast<double>(model.heads) * model.context);
   require(activations <= kMaxActivationValues, "model.context",
           "small enough that batch_size / grad_accum x layers x context x (width + heads x "
           "context) <= " +
@@ -829,8 +886,13 @@ void JobConfig::validate() const {
                       " is accepted)");
   require(static_cast<double>(total_rounds()) <= kMaxRounds, "token_budget",
           "at most " + show(kMaxRounds) + " rounds' worth of tokens", token_budget);
-  require(sync.fragments >= 1 && sync.fragments <= model.layers, "sync.fragments",
-          "in [1, model.layers = " + show(model.layers) + "]", sync.fragments);
+  // A TorchScript module's fragments are runs of its parameter tensors: at most as many as it
+  // has tensors, checked when it is loaded (TorchScriptModel::fragments).
+  if (model.is_torchscript())
+    require(sync.fragments >= 1, "sync.fragments", ">= 1", sync.fragments);
+  else
+    require(sync.fragments >= 1 && sync.fragments <= model.layers, "sync.fragments",
+            "in [1, model.layers = " + show(model.layers) + "]", sync.fragments);
   require(inner.steps % sync.fragments == 0, "sync.fragments",
           "a divisor of inner.steps (" + show(inner.steps) + ")", sync.fragments);
   require(sync.overlap_steps >= 0 && sync.overlap_steps < inner.steps, "sync.overlap_steps",
@@ -862,6 +924,7 @@ int ModelConfig::mlp_width() const {
 }
 
 std::int64_t ModelConfig::parameter_count(int vocab) const {
+  if (is_torchscript()) return torchscript_parameters;
   const std::int64_t d = d_model, v = vocab, m = mlp_width();
   const std::int64_t embeddings = v * d * (tied_embeddings ? 1 : 2);
   if (arch == Arch::gpt2) {
@@ -1012,6 +1075,7 @@ std::string with_overrides(const std::string& yaml, const std::vector<std::strin
 }
 
 double training_flops_per_token(const ModelConfig& m, std::int64_t parameters) {
+  if (m.is_torchscript()) return 6.0 * double(parameters);  // its attention, if any, unknown
   return 6.0 * double(parameters) + 12.0 * m.layers * double(m.d_model) * m.context;
 }
 
@@ -1037,17 +1101,22 @@ double peak_flops(const std::string& device, Precision precision) {
 }
 
 std::string model_difference(const ModelConfig& a, const ModelConfig& b) {
-  // Through the job file's own emitter, so that every field (and any added later) is compared.
+  // Through the job file's own emitter, so that every field (and any added later) is compared;
+  // a field that one writes and the other does not (torchscript_hash) is "unset" there.
   JobConfig ja, jb;
   ja.model = a;
   jb.model = b;
   const YAML::Node ma = YAML::Load(ja.to_yaml())["model"], mb = YAML::Load(jb.to_yaml())["model"];
-  for (const auto& kv : ma) {
-    const auto key = kv.first.as<std::string>();
-    if (key == "activation_checkpointing") continue;
-    const std::string va = YAML::Dump(kv.second), vb = YAML::Dump(mb[key]);
-    if (va != vb) return "model." + key + " (" + va + " against " + vb + ")";
-  }
+  const auto value = [](const YAML::Node& m, const std::string& key) {
+    return m[key] ? YAML::Dump(m[key]) : std::string("unset");
+  };
+  for (const YAML::Node& m : {ma, mb})
+    for (const auto& kv : m) {
+      const auto key = kv.first.as<std::string>();
+      if (key == "activation_checkpointing" || key == "torchscript") continue;
+      const std::string va = value(ma, key), vb = value(mb, key);
+      if (va != vb) return "model." + key + " (" + va + " against " + vb + ")";
+    }
   return "";
 }
 

@@ -96,11 +96,29 @@ struct ModelConfig {
   double norm_eps = 1e-5;     // LayerNorm (gpt2) or RMSNorm (llama) epsilon
   // Recompute each block in the backward pass instead of keeping its activations.
   bool activation_checkpointing = false;
+  // A model of the user's own (docs/design.md, "The model interface"): the file of a TorchScript
+  // module (torch.jit.save) whose forward(tokens, targets) returns the loss; "" for the built-in
+  // decoder. With it only `context` and `vocab` of the fields above apply (the others must stay
+  // at their defaults). A relative path is taken from the data root on a cluster, from the
+  // working directory in the simulator.
+  std::string torchscript;
+  // What the file held when the job was described (torchscript_model.hpp,
+  // describe_torchscript): XXH3-64 of its bytes, 16 hex digits, and its parameter count.
+  // Written into the job at submission (by the aggregator, or the simulator) and into its
+  // checkpoints; every worker and every resume checks its file against them. 0 / "": not yet.
+  std::string torchscript_hash;
+  std::int64_t torchscript_parameters = 0;
+  // Not in the job file: where this process reads `torchscript` (a worker's or the
+  // aggregator's path under its node's data root); "": `torchscript` as written.
+  std::string torchscript_file;
+
+  bool is_torchscript() const { return !torchscript.empty(); }
 
   int head_dim() const { return d_model / heads; }
   int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
   int mlp_width() const;
-  // The exact number of parameters of the model with a vocabulary of `vocab`.
+  // The exact number of parameters of the model with a vocabulary of `vocab` (a TorchScript
+  // model's: torchscript_parameters, 0 until it is described).
   std::int64_t parameter_count(int vocab) const;
 };
 
@@ -341,7 +359,8 @@ std::string with_overrides(const std::string& yaml, const std::vector<std::strin
 
 // Model FLOPs of training on one token, forward and backward: 6 per parameter, plus
 // attention's scores and weighted sums, 12 · layers · width · context (the count of PaLM's
-// appendix B, as nanoGPT's MFU uses). For per-step TFLOP/s and MFU.
+// appendix B, as nanoGPT's MFU uses). For per-step TFLOP/s and MFU. A TorchScript module's:
+// 6 per parameter alone (loco does not know its layers).
 double training_flops_per_token(const ModelConfig& m, std::int64_t parameters);
 
 // The dense peak FLOP/s of a GPU named `device` (as CUDA names it, e.g. "NVIDIA H100 80GB
@@ -352,7 +371,8 @@ double peak_flops(const std::string& device, Precision precision);
 
 // The first field of the model (as `model.NAME`) in which `a` and `b` differ, or "" when
 // they build the same parameters (activation_checkpointing is not compared: it changes no
-// parameter). For a job that resumes or starts from another job's weights.
+// parameter; nor is a TorchScript file's path: its hash is). For a job that resumes or starts
+// from another job's weights.
 std::string model_difference(const ModelConfig& a, const ModelConfig& b);
 
 // The device a worker trains on, decided from the job's `device`, the GPU indices

@@ -26,6 +26,7 @@ double micro_batch(const JobConfig& cfg, bool cuda) {
 // Bytes of what autograd keeps for one rank's micro-batch: the blocks and the logits.
 double block_activations(const JobConfig& cfg, bool cuda) {
   const ModelConfig& m = cfg.model;
+  if (m.is_torchscript()) return 0;  // the module's own: loco does not know its layers
   const double tokens = micro_batch(cfg, cuda) * m.context;
   const double per_block =
       10.0 * m.d_model + 4.0 * m.mlp_width() + 2.0 * double(m.heads) * m.context;
@@ -112,6 +113,8 @@ std::string memory_field(const JobConfig& cfg, bool cuda) {
     return "inner.batch_size (" + std::to_string(cfg.inner.batch_size) + " sequences of " +
            std::to_string(m.context) + " tokens; lower it, raise inner.grad_accum, or set " +
            "model.activation_checkpointing: true)";
+  if (m.is_torchscript())
+    return "model.torchscript (" + m.torchscript + "): " + count(p) + " parameters";
   const double embeddings = double(cfg.vocab_size()) * m.d_model * (m.tied_embeddings ? 1.0 : 2.0);
   if (embeddings > p / 2)
     return "model.vocab (" + std::to_string(cfg.vocab_size()) + ") and model.width (" +

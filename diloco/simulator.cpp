@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "diloco/hf_format.hpp"
+#include "diloco/torchscript_model.hpp"
 
 namespace loco::diloco {
 
@@ -38,6 +39,9 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
       averager_(averager_options(cfg), cfg.guard, &guard_log_) {
   if (opt_.workers < 1)
     throw std::invalid_argument("--simulate: K must be >= 1, got " + std::to_string(opt_.workers));
+  // A TorchScript module's hash and size go into the job (and its checkpoints) before the
+  // workers load it.
+  if (cfg_.model.is_torchscript()) describe_torchscript(cfg_);
   rounds_ = opt_.rounds > 0 ? opt_.rounds : cfg_.total_rounds();
   const std::int64_t total_steps = static_cast<std::int64_t>(rounds_) * cfg_.inner.steps;
   if (cfg_.data.shards < opt_.workers)
@@ -131,7 +135,7 @@ void Simulator::make_streaming() {
   for (std::size_t k = 0; k < trainers_.size(); ++k)
     replicas.push_back({trainers_[k].get(), outers_[k].get()});
   streaming_ = std::make_unique<StreamingRound>(
-      cfg_, parameter_fragments(trainers_[0]->model(), cfg_.sync.fragments), replicas);
+      cfg_, trainers_[0]->model().fragments(cfg_.sync.fragments), replicas);
 }
 
 bool Simulator::corrupts() const {
@@ -408,6 +412,10 @@ void Simulator::load_checkpoint(const std::string& path) {
   torch::serialize::InputArchive ar;
   ar.load_from(path, torch::kCPU);
   c10::IValue v;
+  ar.read("config", v);
+  const ModelConfig model = JobConfig::from_yaml(v.toStringRef()).model;
+  if (const std::string d = model_difference(model, cfg_.model); !d.empty())
+    throw std::runtime_error("checkpoint " + path + " is of another model: " + d);
   ar.read("mode", v);
   const auto mode = v.toInt();
   ar.read("workers", v);
@@ -453,6 +461,14 @@ torch::Tensor read_theta(torch::serialize::InputArchive& ar, const std::string& 
 
 }  // namespace
 
+void refuse_torchscript(const JobConfig& cfg, const std::string& what) {
+  if (cfg.model.is_torchscript())
+    throw std::invalid_argument(
+        what + ": the model is a TorchScript module (model.torchscript " + cfg.model.torchscript +
+        "): Hugging Face export, generate and logits know the built-in decoder only; θ is the " +
+        "checkpoint's outer.theta, the module's parameters flat in named_parameters() order");
+}
+
 JobConfig checkpoint_config(const std::string& path) {
   torch::serialize::InputArchive ar;
   ar.load_from(path, torch::kCPU);
@@ -480,6 +496,9 @@ torch::Tensor checkpoint_theta(const std::string& path) {
 torch::Tensor initial_theta(const std::string& init, const JobConfig& cfg) {
   const std::string dir = hf_init_dir(init);
   if (dir.empty()) return checkpoint_theta(init);
+  if (cfg.model.is_torchscript())
+    throw std::invalid_argument("--init " + init + ": a Hugging Face folder holds the built-in " +
+                                "model, not model.torchscript's module (its file holds its θ0)");
   auto values = import_hf(dir, cfg.model, cfg.vocab_size());
   return torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())},
                           torch::kFloat32)
@@ -490,6 +509,7 @@ Gpt load_model_from_checkpoint(const std::string& path, JobConfig* cfg_out) {
   torch::serialize::InputArchive ar;
   ar.load_from(path, torch::kCPU);
   const JobConfig cfg = read_config(ar);
+  refuse_torchscript(cfg, "checkpoint " + path);
   Gpt model(cfg.model, cfg.vocab_size());
   const torch::Tensor theta = read_theta(ar, path);
   torch::NoGradGuard no_grad;

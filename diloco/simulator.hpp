@@ -142,7 +142,10 @@ torch::Tensor checkpoint_theta(const std::string& path);
 // θ to start a job of `cfg` from: "hf:DIR" read with import_hf (hf_format.hpp: config.json
 // must describe cfg.model), anything else a loco checkpoint (checkpoint_theta).
 torch::Tensor initial_theta(const std::string& init, const JobConfig& cfg);
-// Loads θ from a checkpoint into a model built from its config.
+// Throws std::invalid_argument naming `what` when cfg's model is a TorchScript module: for the
+// commands that know the built-in decoder only (export, generate, logits).
+void refuse_torchscript(const JobConfig& cfg, const std::string& what);
+// Loads θ from a checkpoint into a model built from its config (the built-in decoder's only).
 Gpt load_model_from_checkpoint(const std::string& path, JobConfig* cfg_out = nullptr);
 
 }  // namespace loco::diloco

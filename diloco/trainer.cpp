@@ -50,7 +50,7 @@ InnerTrainer::InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::v
     : cfg_(cfg),
       device_(device),
       group_(group),
-      model_(Gpt(cfg.model, cfg.vocab_size())),
+      model_(make_model(cfg, ModelInit::seed)),
       sampler_(store, std::move(shards), cfg.model.context, cfg.seed, stream),
       total_steps_(total_steps) {
   const int g = group_ ? group_->size() : 1;
@@ -61,8 +61,7 @@ InnerTrainer::InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::v
         " micro-batches (inner.grad_accum); make it a multiple of workers.gpus × inner.grad_accum");
   local_batch_ = cfg.inner.batch_size / g;
   torch::NoGradGuard no_grad;
-  model_->init_weights(cfg.seed);  // on the CPU: the same weights on every device
-  if (!device_.is_cpu()) model_->to(device_);
+  if (!device_.is_cpu()) model_->to(device_);  // initialised on the CPU: the same everywhere
   auto ps = model_->parameters();
   std::int64_t n = 0;
   for (const auto& p : ps) n += p.numel();
@@ -96,7 +95,7 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
   const int first = group_ ? group_->rank() * local_batch_ : 0;
   const int ctx = cfg_.model.context;
   double loss_sum = 0;
-  model_->train();
+  model_->train(true);
   for (int s = 0; s < h; ++s) {
     sampler_.next(local_batch_,
                   {batch_.data_ptr<std::int64_t>(), static_cast<std::size_t>(batch_.numel())},
@@ -141,6 +140,7 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
       stats.diverged = true;
       stats.steps = s + 1;
       stats.mean_loss = loss_sum / (s + 1);
+      model_->check_after_steps();
       return stats;
     }
     if (ic.grad_clip > 0) {
@@ -161,6 +161,7 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
   }
   stats.steps = h;
   stats.mean_loss = h > 0 ? loss_sum / h : 0.0;
+  model_->check_after_steps();
   return stats;
 }
 
@@ -170,17 +171,17 @@ namespace {
 // torch.autocast advises (the backward then runs each op in the dtype its forward ran in:
 // bf16 matmuls, fp32 norms and loss, and the gradients of the fp32 parameters come out fp32
 // through the casts).
-torch::Tensor model_loss(Gpt& model, Precision precision, torch::DeviceType device,
+torch::Tensor model_loss(TrainableModel& model, Precision precision, torch::DeviceType device,
                          const torch::Tensor& idx, const torch::Tensor& targets) {
-  if (precision == Precision::fp32) return model->loss(idx, targets);
+  if (precision == Precision::fp32) return model.loss(idx, targets);
   AutocastGuard autocast(device, true, at::kBFloat16);
-  return model->loss(idx, targets);
+  return model.loss(idx, targets);
 }
 
 }  // namespace
 
 torch::Tensor InnerTrainer::forward_loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  return model_loss(model_, cfg_.precision, params_.device().type(), idx, targets);
+  return model_loss(*model_, cfg_.precision, params_.device().type(), idx, targets);
 }
 
 void InnerTrainer::pseudo_gradient(const torch::Tensor& theta_global, std::span<float> out,
@@ -238,7 +239,7 @@ namespace {
 
 // The mean validation loss of `model` over `windows`, batch by batch (InnerTrainer::evaluate's
 // loop, for any model).
-double mean_loss(Gpt& model, const JobConfig& cfg, torch::Device device,
+double mean_loss(TrainableModel& model, const JobConfig& cfg, torch::Device device,
                  const torch::Tensor& windows) {
   torch::NoGradGuard no_grad;
   const int ctx = cfg.model.context;
@@ -253,20 +254,12 @@ double mean_loss(Gpt& model, const JobConfig& cfg, torch::Device device,
   return sum / static_cast<double>(n);
 }
 
-Gpt built_without_rng(const JobConfig& cfg) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  const torch::Tensor state = gen.get_state();
-  Gpt model(cfg.model, cfg.vocab_size());
-  gen.set_state(state);
-  return model;
-}
-
 }  // namespace
 
 Evaluator::Evaluator(const JobConfig& cfg, torch::Device device)
-    : cfg_(cfg), device_(device), model_(built_without_rng(cfg)) {
+    : cfg_(cfg), device_(device), model_(make_model(cfg, ModelInit::keep_rng)) {
   if (!device_.is_cpu()) model_->to(device_);
-  model_->eval();
+  model_->train(false);
 }
 
 double Evaluator::evaluate(const torch::Tensor& theta, const torch::Tensor& windows) {
@@ -280,7 +273,7 @@ double Evaluator::evaluate(const torch::Tensor& theta, const torch::Tensor& wind
     off += k;
   }
   TORCH_CHECK(off == t.numel(), "Evaluator: θ has ", t.numel(), " values, the model ", off);
-  return mean_loss(model_, cfg_, device_, windows);
+  return mean_loss(*model_, cfg_, device_, windows);
 }
 
 void InnerTrainer::gather_outer_state(OuterOptimizer& outer, bool momentum) {
@@ -301,9 +294,9 @@ void InnerTrainer::gather_outer_state(OuterOptimizer& outer, bool momentum) {
 }
 
 double InnerTrainer::evaluate(const torch::Tensor& windows) {
-  model_->eval();
-  const double loss = mean_loss(model_, cfg_, device_, windows);
-  model_->train();
+  model_->train(false);
+  const double loss = mean_loss(*model_, cfg_, device_, windows);
+  model_->train(true);
   return loss;
 }
 

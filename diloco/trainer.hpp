@@ -45,6 +45,7 @@
 #include "diloco/data.hpp"
 #include "diloco/local_group.hpp"
 #include "diloco/model.hpp"
+#include "diloco/trainable_model.hpp"
 
 namespace loco::diloco {
 
@@ -83,8 +84,9 @@ class OuterOptimizer;
 
 class InnerTrainer {
  public:
-  // Builds the model from cfg.model with deterministic weights from cfg.seed,
-  // and puts every parameter into one flat fp32 buffer (views: no copies),
+  // Builds the model from cfg.model with deterministic weights from cfg.seed (a TorchScript
+  // module: the file's; make_model), and puts every parameter into one flat fp32 buffer
+  // (views: no copies, in the model's named_parameters() order),
   // and packs the gradients into another after each backward, so that
   // pseudo-gradients, AdamW and clipping each run over one contiguous vector. `stream` separates
   // the data streams of workers; `total_steps` is the length of the learning-rate schedule.
@@ -147,7 +149,7 @@ class InnerTrainer {
   const torch::Tensor& flat_gradients() const { return grads_; }
   const torch::Tensor& exp_avg() const { return exp_avg_; }
   const torch::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
-  Gpt& model() { return model_; }
+  TrainableModel& model() { return *model_; }
   std::int64_t parameter_count() const { return params_.numel(); }
   std::int64_t step() const { return step_; }
   // A worker that joins mid-job takes the job's place in the learning-rate
@@ -183,7 +185,7 @@ class InnerTrainer {
   torch::Device device_;
   LocalGroup* group_ = nullptr;  // local ranks (not owned), or none
   int local_batch_ = 0;          // sequences this rank reads per step: batch_size / G
-  Gpt model_{nullptr};
+  std::unique_ptr<TrainableModel> model_;
   ShardSampler sampler_;
   std::int64_t total_steps_;
   std::int64_t step_ = 0;                  // place in the learning-rate schedule
@@ -213,7 +215,7 @@ class Evaluator {
  private:
   JobConfig cfg_;
   torch::Device device_;
-  Gpt model_;
+  std::unique_ptr<TrainableModel> model_;
 };
 
 class OuterOptimizer {

@@ -162,6 +162,7 @@ int generate(const std::string& checkpoint, const std::string& prompt, int token
 int export_model(const std::string& checkpoint, const std::string& out, const std::string& dtype,
                  bool force) {
   const JobConfig cfg = checkpoint_config(checkpoint);
+  refuse_torchscript(cfg, "export " + checkpoint);
   const torch::Tensor theta = checkpoint_theta(checkpoint);
   export_hf(cfg.model, cfg.vocab_size(), theta.data_ptr<float>(),
             static_cast<std::size_t>(theta.numel()), out,
@@ -183,6 +184,7 @@ int logits(const std::string& checkpoint, const std::string& job, const std::str
     model = load_model_from_checkpoint(checkpoint, &cfg);
   } else {
     cfg = JobConfig::from_yaml_file(job);
+    refuse_torchscript(cfg, "logits --job " + job);
     model = Gpt(cfg.model, cfg.vocab_size());
     const torch::Tensor theta = initial_theta(init, cfg);
     torch::NoGradGuard no_grad;

@@ -288,6 +288,77 @@ TEST_P(DilocoParity, EagerOuterStepHoldsTheSimulatorsThetaBitForBit) {
   EXPECT_EQ(again.at(3), expected.at(3));
 }
 
+// A model of the user's own (model: {torchscript: FILE}: a GRU language model that
+// tests/diloco/torchscript_models.py scripts with the venv's torch): 2 workers on 2 nodes hold
+// the simulator's θ round for round, bit for bit, blocking and streaming (fragments of whole
+// tensors). The aggregator describes the file at submission (its hash and size go into the job
+// every worker gets and checks its own file against, and into the job file beside the
+// checkpoints), and refuses a file outside the data root, a module that returns no scalar loss
+// and a file whose hash is not the one the job records, naming each.
+TEST_F(DilocoJob, ATorchScriptModelHoldsTheSimulatorsThetaBitForBit) {
+  const std::string models = dir_ + "/models";
+  const std::string make = std::string(LOCO_PYTHON) + " " + LOCO_SOURCE_DIR +
+                           "/tests/diloco/torchscript_models.py " + models + " --context 32";
+  if (std::system(make.c_str()) != 0) GTEST_SKIP() << "no torch in " << LOCO_PYTHON;
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  TestJob j = job(2, 2, 3);
+  j.torchscript = models + "/gru.pt";
+  for (const std::string sync : {"", "{mode: streaming, fragments: 2, overlap_steps: 1}"}) {
+    j.sync = sync;
+    const std::string name = sync.empty() ? "blocking" : "streaming";
+    const std::string file = dir_ + "/" + name + ".yaml";
+    std::ofstream(file) << j.yaml();
+    ASSERT_TRUE(simulate(dir_, file, 2, name));
+    const auto expected = theta_hashes(dir_ + "/" + name + "/metrics.jsonl");
+    ASSERT_EQ(expected.size(), 4u);  // rounds 0..3
+    JobHandle handle = client.submit(JobSpec::from_yaml_file(file));
+    JobInfo end = handle.wait(Millis(300000));
+    ASSERT_EQ(end.state, JobState::succeeded) << end.message;
+    const std::string folder = dir_ + "/ckpt/" + handle.id();
+    const auto got = theta_hashes(folder + "/metrics.jsonl");
+    std::printf("%s: θ hash of round 3 distributed %s, simulated %s\n", name.c_str(),
+                got.count(3) ? got.at(3).c_str() : "-", expected.at(3).c_str());
+    EXPECT_EQ(got, expected);
+    const auto written = diloco::JobConfig::from_yaml_file(folder + "/job.yaml");
+    EXPECT_EQ(written.model.torchscript, j.torchscript);
+    EXPECT_EQ(written.model.torchscript_hash.size(), 16u);
+    EXPECT_EQ(written.model.torchscript_parameters, 22976);
+  }
+  const auto refused = [&](const TestJob& t) -> std::string {
+    try {
+      client.submit(JobSpec::from_yaml(t.yaml()));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  TestJob bad = j;
+  bad.sync.clear();
+  bad.torchscript = "/var/tmp/loco-escape-" + std::to_string(::getpid()) + ".pt";
+  std::string e = refused(bad);
+  EXPECT_NE(e.find("model.torchscript: '" + bad.torchscript + "' is outside this node's data root"),
+            std::string::npos)
+      << e;
+  bad.torchscript = models + "/per_token.pt";
+  e = refused(bad);
+  EXPECT_NE(e.find("model.torchscript " + bad.torchscript + ": forward returned a Float tensor"),
+            std::string::npos)
+      << e;
+  bad.torchscript = models + "/gru.pt";
+  std::string text = bad.yaml();
+  text.replace(text.find("context: 32"), 11, "context: 32, torchscript_hash: 0123456789abcdef");
+  try {
+    client.submit(JobSpec::from_yaml(text));
+    e = "accepted";
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find("but the job records model.torchscript_hash 0123456789abcdef"),
+            std::string::npos)
+      << e;
+}
+
 TEST_F(DilocoJob, AWorkerNodeKilledMidJobTheOthersFinishItWithItsShards) {
   LocalCluster c(one_worker_per_node(4));
   Client client(c.head_address());

@@ -39,11 +39,14 @@ struct TestJob {
   int vocab = 0;                   // model.vocab; 0: not in the file (from the tokenizer)
   std::string lr = "0.003";        // inner.lr, as written in the file
   std::string guard;               // the `guard:` mapping, e.g. "{evict_after: 2}"; "": none
+  std::string torchscript;         // model.torchscript (then the model is that module); "": the GPT
 
   std::string yaml() const {
     return "name: test\nseed: " + std::to_string(seed) + "\nthreads: 1\n" +
            (device.empty() ? "" : "device: " + device + "\n") +
-           "model: {layers: " + std::to_string(layers) + ", width: 64, heads: 2, context: 32" +
+           (torchscript.empty()
+                ? "model: {layers: " + std::to_string(layers) + ", width: 64, heads: 2, context: 32"
+                : "model: {torchscript: " + torchscript + ", context: 32") +
            (vocab ? ", vocab: " + std::to_string(vocab) : "") +
            "}\n"
            "data: {dir: " +

@@ -408,6 +408,60 @@ TEST(Config, ModelDifferenceNamesTheFirstFieldThatChangesTheParameters) {
   EXPECT_EQ(model_difference(a, b), "model.heads (4 against 8)");
 }
 
+// model: {torchscript: FILE}: only context and vocab beside it; what describes the file
+// round-trips, the path where this process reads it does not; the hash, not the path, tells
+// two models apart.
+TEST(Config, ATorchScriptModelTakesContextAndVocabAloneAndRecordsItsFile) {
+  const std::string ts = "model: {torchscript: lm.pt, context: 16}";
+  const std::string job = replace(kJob,
+                                  "model: {layers: 2, width: 32, heads: 2, context: 16, "
+                                  "tied_embeddings: true}",
+                                  ts);
+  auto c = JobConfig::from_yaml(job);
+  EXPECT_TRUE(c.model.is_torchscript());
+  EXPECT_EQ(c.model.parameter_count(c.vocab_size()), 0);  // not yet described
+  EXPECT_EQ(c.topk_max_workers(), kMaxWorkers);
+  EXPECT_EQ(error_of(replace(job, "context: 16}", "context: 16, layers: 8}")),
+            "model.layers: not with model.torchscript (the module is the architecture; of the "
+            "model's fields only context and vocab apply)");
+  EXPECT_EQ(error_of(replace(job, "context: 16}", "context: 16, activation_checkpointing: true}")),
+            "model.activation_checkpointing: not with model.torchscript (the module is the "
+            "architecture; of the model's fields only context and vocab apply)");
+  EXPECT_NE(error_of(job + "init: hf:pretrained\n")
+                .find("init: 'hf:pretrained' is a Hugging Face folder of the built-in model"),
+            std::string::npos);
+  EXPECT_EQ(error_of(replace(job, "context: 16}", "context: 16, torchscript_hash: abc}")),
+            "model.torchscript_hash: must be 16 lowercase hex digits (XXH3-64 of the file), got "
+            "'abc'");
+  EXPECT_EQ(error_of(replace(kJob, "tied_embeddings: true}",
+                             "tied_embeddings: true, torchscript_parameters: 5}")),
+            "model.torchscript_hash and model.torchscript_parameters: only with "
+            "model.torchscript");
+  // Streaming fragments are runs of its tensors, not blocks: more than model.layers pass here.
+  EXPECT_EQ(error_of(replace(job, "rounds: 3", "rounds: 3\nsync: {mode: streaming, fragments: 5}")),
+            "");
+  c.model.torchscript_hash = "0123456789abcdef";
+  c.model.torchscript_parameters = 1234;
+  c.model.torchscript_file = "/root/of/this/node/lm.pt";
+  const auto back = JobConfig::from_yaml(c.to_yaml());
+  EXPECT_EQ(back.model.torchscript, "lm.pt");
+  EXPECT_EQ(back.model.torchscript_hash, "0123456789abcdef");
+  EXPECT_EQ(back.model.torchscript_parameters, 1234);
+  EXPECT_EQ(back.model.torchscript_file, "");
+  EXPECT_EQ(back.model.parameter_count(back.vocab_size()), 1234);
+  EXPECT_EQ(training_flops_per_token(back.model, 1234), 6.0 * 1234);
+  ModelConfig moved = back.model;
+  moved.torchscript = "elsewhere/lm.pt";
+  EXPECT_EQ(model_difference(back.model, moved), "");
+  moved.torchscript_hash = "fedcba9876543210";
+  EXPECT_EQ(model_difference(back.model, moved),
+            "model.torchscript_hash (0123456789abcdef against fedcba9876543210)");
+  ModelConfig builtin;
+  builtin.context = 16;
+  EXPECT_EQ(model_difference(back.model, builtin),
+            "model.torchscript_hash (0123456789abcdef against unset)");
+}
+
 TEST(Config, TrainingFlopsPerTokenAndThePeaksOfKnownGpus) {
   ModelConfig m;
   m.layers = 12;

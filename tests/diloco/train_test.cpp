@@ -136,7 +136,7 @@ TEST_F(DilocoTest, MemoryEstimateMatchesTheTrainersBuffers) {
   EXPECT_EQ(t.flat_parameters().nbytes(), size_t(4 * c.model.parameter_count(c.vocab_size())));
   EXPECT_DOUBLE_EQ(term("θ_local"), double(t.flat_parameters().nbytes()));
   size_t autograd = 0;
-  for (const auto& p : t.model()->parameters()) autograd += p.grad().nbytes();
+  for (const auto& p : t.model().parameters()) autograd += p.grad().nbytes();
   EXPECT_DOUBLE_EQ(term("gradients"), double(t.flat_gradients().nbytes() + autograd));
   EXPECT_DOUBLE_EQ(term("AdamW's two moments"),
                    double(t.exp_avg().nbytes() + t.exp_avg_sq().nbytes()));
@@ -157,7 +157,7 @@ TEST_F(DilocoTest, InnerTrainingLowersTheLossAndKeepsGradientsFlat) {
   // Every parameter is still a view of the flat buffer.
   std::int64_t off = 0;
   const auto* base = t.flat_parameters().data_ptr<float>();
-  for (const auto& p : t.model()->parameters()) {
+  for (const auto& p : t.model().parameters()) {
     EXPECT_EQ(p.data_ptr<float>(), base + off);
     ASSERT_TRUE(p.grad().defined());
     off += p.numel();
@@ -187,7 +187,7 @@ TEST_F(DilocoTest, Bf16TrainsWithFp32MasterWeightsGradientsAndMoments) {
     EXPECT_EQ(t->scalar_type(), torch::kFloat32);
   std::int64_t off = 0;
   const auto* base = bf16.flat_parameters().data_ptr<float>();
-  for (const auto& p : bf16.model()->parameters()) {
+  for (const auto& p : bf16.model().parameters()) {
     EXPECT_EQ(p.scalar_type(), torch::kFloat32);
     EXPECT_EQ(p.data_ptr<float>(), base + off);
     ASSERT_TRUE(p.grad().defined());
@@ -535,7 +535,7 @@ TEST_F(DilocoTest, GradientAccumulationMatchesOneLargeBatch) {
   const auto a = whole.run_inner_steps(1), b = accum.run_inner_steps(1);
   EXPECT_NEAR(a.mean_loss, b.mean_loss, 1e-5);
   EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-4 * a.grad_norm);
-  auto pa = whole.model()->parameters(), pb = accum.model()->parameters();
+  auto pa = whole.model().parameters(), pb = accum.model().parameters();
   for (std::size_t i = 0; i < pa.size(); ++i)
     EXPECT_TRUE(torch::allclose(pa[i].grad(), pb[i].grad(), 1e-3, 1e-6)) << i;
 }
