@@ -119,7 +119,7 @@ TEST(Arch, LlamaParsesValidatesAndRoundTrips) {
 
 TEST(Arch, BadFieldsAreRefusedNamingThem) {
   EXPECT_EQ(error_of(replace(kLlama, "arch: llama", "arch: mamba")),
-            "model.arch: expected one of gpt2|llama, got 'mamba'");
+            "model.arch: expected one of gpt2|llama|mistral|qwen2, got 'mamba'");
   EXPECT_EQ(error_of(replace(kLlama, "kv_heads: 2", "kv_heads: 3")),
             "model.kv_heads: must be a divisor of model.heads (4), got 3");
   EXPECT_EQ(error_of(replace(kLlama, "kv_heads: 2", "kv_heads: 8")),
