@@ -19,9 +19,12 @@ using nlohmann::json;
 namespace {
 
 // A double as its shortest round-trip text, so that two values print alike only when equal.
+// Plain digits where that reads well (100000, 0.00001), else the exponent form.
 std::string number_text(double v) {
-  char b[32];
-  const auto r = std::to_chars(b, b + sizeof b, v);
+  char b[64];
+  const bool plain = v == 0 || (std::abs(v) >= 1e-5 && std::abs(v) < 1e15);
+  const auto r = plain ? std::to_chars(b, b + sizeof b, v, std::chars_format::fixed)
+                       : std::to_chars(b, b + sizeof b, v);
   return std::string(b, r.ptr);
 }
 
@@ -257,10 +260,14 @@ bool wanted(const std::vector<std::string>* only, const std::string& field) {
   return !only || std::find(only->begin(), only->end(), field) != only->end();
 }
 
+// `given`: the job file gave the field beside model.hf (resolve_hf_model), rather than the
+// whole model (an init: hf:DIR of exactly the job's model).
 [[noreturn]] void differ(const std::string& where, const std::string& hf, const std::string& got,
-                         const std::string& job, const std::string& want) {
+                         const std::string& job, const std::string& want, bool given) {
   throw ConfigError(where + ": " + hf + " is " + got + ", but the job's model." + job + " is " +
-                    want + " (the job file's model must describe the model in " + where + ")");
+                    want +
+                    (given ? " (leave model." + job + " out of the job file to take the folder's)"
+                           : " (the job file's model must describe the model in " + where + ")"));
 }
 
 }  // namespace
@@ -327,16 +334,16 @@ void compare(const HfModel& folder, const ModelConfig& job, int vocab, const std
     const bool ratio = !m.rotary() && std::string(r.job) == "mlp_hidden" && wanted(only, "mlp_ratio");
     if (!wanted(only, r.job) && !ratio) continue;
     const std::string got = r.value(m, folder.vocab), want = r.value(job, vocab);
-    if (got != want) differ(where, r.hf, got, r.job, want);
+    if (got != want) differ(where, r.hf, got, r.job, want, only != nullptr);
   }
   if (!m.rotary()) return;
   // Rotary positions extend to any length: the job's context needs only to fit.
   if (wanted(only, "context") && job.context > m.max_positions)
     differ(where, "max_position_embeddings", std::to_string(m.max_positions), "context",
-           std::to_string(job.context) + " (more than the model was made for)");
+           std::to_string(job.context) + " (more than the model was made for)", only != nullptr);
   if (job.max_positions != 0 && job.max_positions != m.max_positions)
     differ(where, "max_position_embeddings", std::to_string(m.max_positions), "max_positions",
-           std::to_string(job.max_positions));
+           std::to_string(job.max_positions), only != nullptr);
 }
 
 namespace {
