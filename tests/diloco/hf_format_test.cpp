@@ -14,6 +14,7 @@
 
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
+#include "diloco/memory.hpp"
 #include "diloco/safetensors.hpp"
 #include "tests/diloco/config_util.hpp"
 
@@ -907,4 +908,23 @@ rounds: 1
     for (const char* field : {"head_dim", "rope_scaling", "sliding_window", "max_positions", "hf:"})
       EXPECT_EQ(text.find(field), std::string::npos) << example << " writes " << field;
   }
+}
+
+// examples/smollm2-continue.yaml parses without its folder (CI has no download), and with
+// SmolLM2-135M's config.json it is the model the docs describe and needs the memory they give
+// (docs/design.md, "Continuing a pretrained model": computed, not measured).
+TEST(HfFamilies, TheSmolLm2ExampleNeedsTheMemoryItsDocsSay) {
+  JobConfig c = JobConfig::from_yaml_file(LOCO_SOURCE_DIR "/examples/smollm2-continue.yaml");
+  EXPECT_EQ(c.model.hf, "data/smollm2-135m");
+  TempDir dir;
+  write_text(dir / "config.json", kSmolLm2);
+  resolve_hf_model(c, (dir / "").string());
+  EXPECT_EQ(c.parameter_estimate(), 134515008);
+  EXPECT_EQ(c.model.context, 2048);
+  const MemoryEstimate e = worker_memory(c, true);
+  for (const auto& t : e.device) std::printf("device %-40s %14.0f\n", t.what.c_str(), t.bytes);
+  for (const auto& t : e.host) std::printf("host   %-40s %14.0f\n", t.what.c_str(), t.bytes);
+  std::printf("device %s, host %s\n", gib(e.device_bytes()).c_str(), gib(e.host_bytes()).c_str());
+  EXPECT_EQ(gib(e.device_bytes()), "10.3 GiB");
+  EXPECT_EQ(gib(e.host_bytes()), "6.6 GiB");
 }
