@@ -316,8 +316,7 @@ Field rope_scaling_field() {
           {},
           {},
           {}};
-  f.read = [](const YAML::Node& m, const std::string& where, const std::string& key,
-              JobConfig& c) {
+  f.read = [](const YAML::Node& m, const std::string& where, const std::string& key, JobConfig& c) {
     if (!m || !m[key]) return;
     const YAML::Node node = m[key];
     const std::string path = join(where, key);
@@ -327,8 +326,10 @@ Field rope_scaling_field() {
     std::string type;
     read(node, path, "rope_type", type);
     if (type != "llama3")
-      throw ConfigError(path + ".rope_type: expected llama3 (the only rope scaling loco computes), "
-                        "got " + quoted(type));
+      throw ConfigError(path +
+                        ".rope_type: expected llama3 (the only rope scaling loco computes), "
+                        "got " +
+                        quoted(type));
     RopeScaling& r = c.model.rope_scaling;
     r.llama3 = true;
     read(node, path, "factor", r.factor);
@@ -342,8 +343,7 @@ Field rope_scaling_field() {
         << (r.llama3 ? "llama3" : "none") << YAML::Key << "factor" << YAML::Value << r.factor
         << YAML::Key << "low_freq_factor" << YAML::Value << r.low_freq_factor << YAML::Key
         << "high_freq_factor" << YAML::Value << r.high_freq_factor << YAML::Key
-        << "original_max_position_embeddings" << YAML::Value << r.original_context
-        << YAML::EndMap;
+        << "original_max_position_embeddings" << YAML::Value << r.original_context << YAML::EndMap;
   };
   f.written = [](const JobConfig& c) { return c.model.rope_scaling.llama3; };
   f.check = [](const JobConfig& c, const std::string& path) {
@@ -487,19 +487,19 @@ const std::vector<Field>& fields() {
         only_when(finite("model", "rope_theta", at(&JobConfig::model, &ModelConfig::rope_theta),
                          "rotary archs: the RoPE base"),
                   [](const JobConfig& c) { return c.model.rotary(); }),
-        only_when(ranged("model", "head_dim",
-                         at(&JobConfig::model, &ModelConfig::explicit_head_dim), 0, kMaxWidth,
-                         "rotary archs: an attention head's width; 0: width / heads"),
-                  [](const JobConfig& c) { return c.model.explicit_head_dim != 0; }),
+        only_when(
+            ranged("model", "head_dim", at(&JobConfig::model, &ModelConfig::explicit_head_dim), 0,
+                   kMaxWidth, "rotary archs: an attention head's width; 0: width / heads"),
+            [](const JobConfig& c) { return c.model.explicit_head_dim != 0; }),
         rope_scaling_field(),
         only_when(ranged("model", "sliding_window",
                          at(&JobConfig::model, &ModelConfig::sliding_window), 0, kMaxContext,
                          "mistral: tokens a token attends to, itself included; 0: all before it"),
                   [](const JobConfig& c) { return c.model.sliding_window != 0; }),
-        only_when(ranged("model", "max_positions",
-                         at(&JobConfig::model, &ModelConfig::max_positions), 0, kMaxContext,
-                         "rotary archs: an export's max_position_embeddings; 0: context"),
-                  [](const JobConfig& c) { return c.model.max_positions != 0; }),
+        only_when(
+            ranged("model", "max_positions", at(&JobConfig::model, &ModelConfig::max_positions), 0,
+                   kMaxContext, "rotary archs: an export's max_position_embeddings; 0: context"),
+            [](const JobConfig& c) { return c.model.max_positions != 0; }),
         plain<bool>("model", "activation_checkpointing",
                     at(&JobConfig::model, &ModelConfig::activation_checkpointing),
                     "recompute each block in the backward pass"),
@@ -739,10 +739,10 @@ void validate_rotary(const ModelConfig& m) {
   if (m.explicit_head_dim == 0) {
     require(m.d_model % m.heads == 0, "model.heads",
             "a divisor of model.d_model (" + show(m.d_model) + ")", m.heads);
-    require(m.head_dim() % 2 == 0, "model.heads",
-            "such that d_model / heads is even for rotary positions (d_model " +
-                show(m.d_model) + ")",
-            m.heads);
+    require(
+        m.head_dim() % 2 == 0, "model.heads",
+        "such that d_model / heads is even for rotary positions (d_model " + show(m.d_model) + ")",
+        m.heads);
   } else {
     require(m.head_dim() % 2 == 0, "model.head_dim", "even for rotary positions",
             m.explicit_head_dim);
@@ -765,15 +765,13 @@ void validate_gpt2(const ModelConfig& m) {
   require(m.d_model % m.heads == 0, "model.heads",
           "a divisor of model.d_model (" + show(m.d_model) + ")", m.heads);
   require(m.kv_heads == 0 || m.kv_heads == m.heads, "model.kv_heads",
-          "0 or model.heads for arch gpt2 (grouped-query attention is arch: llama's)",
-          m.kv_heads);
+          "0 or model.heads for arch gpt2 (grouped-query attention is arch: llama's)", m.kv_heads);
   require(m.rope_theta == ModelConfig{}.rope_theta, "model.rope_theta",
           "unset for arch gpt2 (learned positions; rotary positions are arch: llama's)",
           m.rope_theta);
-  for (const auto& [field, value] :
-       {std::pair{"model.head_dim", m.explicit_head_dim},
-        std::pair{"model.sliding_window", m.sliding_window},
-        std::pair{"model.max_positions", m.max_positions}})
+  for (const auto& [field, value] : {std::pair{"model.head_dim", m.explicit_head_dim},
+                                     std::pair{"model.sliding_window", m.sliding_window},
+                                     std::pair{"model.max_positions", m.max_positions}})
     require(value == 0, field, "unset for arch gpt2 (a rotary arch's field)", value);
   if (m.rope_scaling.llama3)
     throw ConfigError("model.rope_scaling: unset for arch gpt2 (learned positions)");
@@ -785,8 +783,7 @@ void validate_model(const JobConfig& c) {
   require(m.d_model <= kMaxWidth, "model.d_model", "<= " + show(kMaxWidth), m.d_model);
   require(m.heads <= kMaxHeads, "model.heads", "<= " + show(kMaxHeads), m.heads);
   require(m.context <= kMaxContext, "model.context", "<= " + show(kMaxContext), m.context);
-  require(m.mlp_ratio <= kMaxMlpRatio, "model.mlp_ratio", "<= " + show(kMaxMlpRatio),
-          m.mlp_ratio);
+  require(m.mlp_ratio <= kMaxMlpRatio, "model.mlp_ratio", "<= " + show(kMaxMlpRatio), m.mlp_ratio);
   require(m.layers >= 1, "model.layers", ">= 1", m.layers);
   require(m.d_model >= 1, "model.d_model", ">= 1", m.d_model);
   require(m.heads >= 1, "model.heads", ">= 1", m.heads);
@@ -821,7 +818,8 @@ void validate_sizes(const JobConfig& c) {
   // One micro-batch's activations: per layer, context x width values and heads x context^2
   // attention weights per sequence.
   const double activations =
-      static_cast<double>(c.inner.batch_size / c.inner.grad_accum) * c.model.layers * c.model.context *
+      static_cast<double>(c.inner.batch_size / c.inner.grad_accum) * c.model.layers *
+      c.model.context *
       (static_cast<double>(c.model.d_model) + static_cast<double>(c.model.heads) * c.model.context);
   require(activations <= kMaxActivationValues, "model.context",
           "small enough that batch_size / grad_accum x layers x context x (width + heads x "

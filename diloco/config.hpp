@@ -329,8 +329,8 @@ struct JobConfig {
   std::vector<std::string> model_given;
 
   // Parses and validates. With model.hf set (not resolved), the rules that need the model's
-  // shape wait for resolve_hf_model, which validates again. Throws ConfigError naming the field on any problem,
-  // including unknown keys (a typo must not silently fall back to a default).
+  // shape wait for resolve_hf_model, which validates again. Throws ConfigError naming the field on
+  // any problem, including unknown keys (a typo must not silently fall back to a default).
   static JobConfig from_yaml(const std::string& text);
   static JobConfig from_yaml_file(const std::string& path);
   std::string to_yaml() const;

@@ -64,8 +64,8 @@ class Fields {
     if (!integral) refuse(field, "expected an integer");
     const double d = v.get<double>();
     if (d < double(lo) || d > double(hi))
-      refuse(field, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                        "]");
+      refuse(field,
+             "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
     return static_cast<std::int64_t>(d);
   }
 
@@ -112,7 +112,8 @@ ModelConfig parse_gpt2(const Fields& f) {
   m.layers = static_cast<int>(f.integer("n_layer", {}, 1, kMaxLayers));
   m.heads = static_cast<int>(f.integer("n_head", {}, 1, kMaxHeads));
   m.context = static_cast<int>(f.integer("n_positions", {}, 1, kMaxContext));
-  m.mlp_hidden = static_cast<int>(f.integer("n_inner", 4 * std::int64_t(m.d_model), 1, kMaxIntermediate));
+  m.mlp_hidden =
+      static_cast<int>(f.integer("n_inner", 4 * std::int64_t(m.d_model), 1, kMaxIntermediate));
   m.norm_eps = f.number("layer_norm_epsilon", 1e-5);
   m.tied_embeddings = f.flag("tie_word_embeddings", true);
   const std::string act = f.text("activation_function", "gelu_new");
@@ -138,7 +139,8 @@ void parse_rope(const Fields& f, const json& c, ModelConfig& m, int max_pos) {
   const std::string type = rf.text(type_key, "default");
   if (type != "default" && type != "llama3")
     rf.refuse(type_key, "loco computes the default rotary embedding and Llama 3's scaling only");
-  m.rope_theta = rf.has("rope_theta") ? rf.number("rope_theta", {}) : f.number("rope_theta", 10000.0);
+  m.rope_theta =
+      rf.has("rope_theta") ? rf.number("rope_theta", {}) : f.number("rope_theta", 10000.0);
   for (const Fields* g : {&rf, &f})
     if (g->number("partial_rotary_factor", 1.0) != 1.0)
       g->refuse("partial_rotary_factor", "loco rotates whole heads");
@@ -150,7 +152,8 @@ void parse_rope(const Fields& f, const json& c, ModelConfig& m, int max_pos) {
   s.high_freq_factor = rf.number("high_freq_factor", {});
   // As transformers: a top-level original_max_position_embeddings first, then the mapping's,
   // then max_position_embeddings.
-  const std::int64_t inner = rf.integer("original_max_position_embeddings", max_pos, 1, kMaxContext);
+  const std::int64_t inner =
+      rf.integer("original_max_position_embeddings", max_pos, 1, kMaxContext);
   s.original_context =
       static_cast<int>(f.integer("original_max_position_embeddings", inner, 1, kMaxContext));
 }
@@ -164,7 +167,8 @@ void parse_rotary_options(const Fields& f, const json& c, ModelConfig& m) {
     f.refuse("attention_dropout", "loco's model has no dropout");
   f.require_flag("rope_interleaved", false, "loco rotates the halves of a head (rotate_half)");
   if (m.arch == Arch::llama) {
-    f.require_flag("attention_bias", false, "loco's llama has no attention biases (qwen2 has q, k and v's)");
+    f.require_flag("attention_bias", false,
+                   "loco's llama has no attention biases (qwen2 has q, k and v's)");
     f.require_flag("mlp_bias", false, "loco's MLP has no biases");
   }
   if (m.arch == Arch::mistral)
@@ -175,8 +179,8 @@ void parse_rotary_options(const Fields& f, const json& c, ModelConfig& m) {
     if (f.has("layer_types") && c["layer_types"].is_array())
       for (std::size_t i = 0; i < c["layer_types"].size(); ++i)
         if (c["layer_types"][i] != "full_attention")
-          throw ConfigError(f.where() + ": layer_types[" + std::to_string(i) + "]: " +
-                            value_text(c["layer_types"][i]) +
+          throw ConfigError(f.where() + ": layer_types[" + std::to_string(i) +
+                            "]: " + value_text(c["layer_types"][i]) +
                             ": loco's qwen2 attends to the whole context in every layer");
   }
 }
@@ -219,16 +223,13 @@ struct Row {
 std::string scaling_text(const RopeScaling& s) {
   if (!s.llama3) return "none";
   return "llama3 (factor " + number_text(s.factor) + ", low_freq_factor " +
-         number_text(s.low_freq_factor) + ", high_freq_factor " +
-         number_text(s.high_freq_factor) + ", original_max_position_embeddings " +
-         std::to_string(s.original_context) + ")";
+         number_text(s.low_freq_factor) + ", high_freq_factor " + number_text(s.high_freq_factor) +
+         ", original_max_position_embeddings " + std::to_string(s.original_context) + ")";
 }
 
 std::vector<Row> rows(Arch arch) {
   using M = const ModelConfig&;
-  auto integer = [](int ModelConfig::*f) {
-    return [f](M m, int) { return std::to_string(m.*f); };
-  };
+  auto integer = [](int ModelConfig::*f) { return [f](M m, int) { return std::to_string(m.*f); }; };
   const bool gpt2 = arch == Arch::gpt2;
   std::vector<Row> out = {
       {"arch", "model_type", [](M m, int) { return std::string(to_string(m.arch)); }},
@@ -251,7 +252,8 @@ std::vector<Row> rows(Arch arch) {
                  [](M m, int) { return std::to_string(m.kv_head_count()); }});
   out.push_back({"head_dim", "head_dim", [](M m, int) { return std::to_string(m.head_dim()); }});
   out.push_back({"rope_theta", "rope_theta", [](M m, int) { return number_text(m.rope_theta); }});
-  out.push_back({"rope_scaling", "rope_scaling", [](M m, int) { return scaling_text(m.rope_scaling); }});
+  out.push_back(
+      {"rope_scaling", "rope_scaling", [](M m, int) { return scaling_text(m.rope_scaling); }});
   out.push_back({"sliding_window", "sliding_window", integer(&ModelConfig::sliding_window)});
   return out;
 }
@@ -331,7 +333,8 @@ void compare(const HfModel& folder, const ModelConfig& job, int vocab, const std
   const ModelConfig& m = folder.model;
   for (const Row& r : rows(m.arch)) {
     // gpt2's MLP width is mlp_hidden, or mlp_ratio × d_model.
-    const bool ratio = !m.rotary() && std::string(r.job) == "mlp_hidden" && wanted(only, "mlp_ratio");
+    const bool ratio =
+        !m.rotary() && std::string(r.job) == "mlp_hidden" && wanted(only, "mlp_ratio");
     if (!wanted(only, r.job) && !ratio) continue;
     const std::string got = r.value(m, folder.vocab), want = r.value(job, vocab);
     if (got != want) differ(where, r.hf, got, r.job, want, only != nullptr);
@@ -438,15 +441,17 @@ namespace {
 void compare_rest(const ModelConfig& job, const ModelConfig& folder,
                   const std::vector<std::string>& given, const std::string& where) {
   static const std::set<std::string> covered = {
-      "arch",     "vocab",      "d_model",         "layers",        "heads",
-      "mlp_hidden", "mlp_ratio", "norm_eps",       "tied_embeddings", "context",
-      "kv_heads", "head_dim",   "rope_theta",      "rope_scaling",  "sliding_window",
-      "max_positions", "hf",    "activation_checkpointing"};
+      "arch",          "vocab",        "d_model",
+      "layers",        "heads",        "mlp_hidden",
+      "mlp_ratio",     "norm_eps",     "tied_embeddings",
+      "context",       "kv_heads",     "head_dim",
+      "rope_theta",    "rope_scaling", "sliding_window",
+      "max_positions", "hf",           "activation_checkpointing"};
   const auto mine = model_fields(job), theirs = model_fields(folder);
   for (std::size_t i = 0; i < mine.size(); ++i) {
     const std::string& name = mine[i].first;
-    if (covered.count(name) ||
-        std::find(given.begin(), given.end(), name) == given.end() || mine[i].second == theirs[i].second)
+    if (covered.count(name) || std::find(given.begin(), given.end(), name) == given.end() ||
+        mine[i].second == theirs[i].second)
       continue;
     throw ConfigError("model." + name + ": " + mine[i].second + " in the job file, but " + where +
                       " gives " + theirs[i].second + " (leave it out to take the folder's)");

@@ -254,7 +254,8 @@ std::vector<WeightFile> index_files(const std::string& dir, const std::string& i
       throw std::runtime_error(index + ": more than " + std::to_string(kMaxHfShards) + " files");
   }
   std::vector<WeightFile> out;
-  for (auto& [file, tensors] : by_file) out.push_back({hf::folder_file(dir, file), std::move(tensors)});
+  for (auto& [file, tensors] : by_file)
+    out.push_back({hf::folder_file(dir, file), std::move(tensors)});
   return out;
 }
 
@@ -315,9 +316,9 @@ std::string first_names(const std::vector<std::string>& names) {
 // What the weight files held, against the model: every piece once, nothing else.
 struct ImportState {
   std::vector<float> theta;
-  std::vector<bool> seen;                  // by piece
-  std::optional<StTensor> tied_head;       // lm_head.weight of a tied model, checked at the end
-  std::vector<std::string> extra;          // tensors the model does not have
+  std::vector<bool> seen;             // by piece
+  std::optional<StTensor> tied_head;  // lm_head.weight of a tied model, checked at the end
+  std::vector<std::string> extra;     // tensors the model does not have
 };
 
 void take_file(std::map<std::string, StTensor>& file, const std::string& path,
@@ -364,9 +365,9 @@ void check_import(const std::string& dir, const std::vector<Piece>& pieces,
                                "config.json ties them (tie_word_embeddings)");
   }
   if (!st.extra.empty())
-    throw std::runtime_error(dir + ": " + std::to_string(st.extra.size()) +
-                             " tensor(s) that the job's model does not have: " +
-                             first_names(st.extra));
+    throw std::runtime_error(
+        dir + ": " + std::to_string(st.extra.size()) +
+        " tensor(s) that the job's model does not have: " + first_names(st.extra));
 }
 
 }  // namespace

@@ -86,7 +86,8 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
 std::pair<torch::Tensor, torch::Tensor> rope_tables(int t, const ModelConfig& m,
                                                     const torch::Device& device) {
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  const auto freqs = torch::arange(t, f32).unsqueeze(1) * inverse_frequencies(m, device).unsqueeze(0);
+  const auto freqs =
+      torch::arange(t, f32).unsqueeze(1) * inverse_frequencies(m, device).unsqueeze(0);
   const auto emb = torch::cat({freqs, freqs}, -1);
   return {emb.cos(), emb.sin()};
 }
@@ -145,8 +146,8 @@ LlamaAttentionImpl::LlamaAttentionImpl(const ModelConfig& cfg)
     : heads_(cfg.heads), kv_heads_(cfg.kv_head_count()), head_dim_(cfg.head_dim()) {
   const int d = cfg.d_model, q = heads_ * head_dim_;
   qkv = register_module(
-      "qkv", torch::nn::Linear(torch::nn::LinearOptions(d, q + 2 * kv_heads_ * head_dim_)
-                                   .bias(cfg.qkv_bias())));
+      "qkv", torch::nn::Linear(
+                 torch::nn::LinearOptions(d, q + 2 * kv_heads_ * head_dim_).bias(cfg.qkv_bias())));
   proj = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(q, d).bias(false)));
 }
 

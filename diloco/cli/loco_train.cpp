@@ -299,9 +299,11 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> lo_tokens;
   auto* lo_ck =
       lo->add_option("--checkpoint", lo_checkpoint, "checkpoint file")->check(CLI::ExistingFile);
-  auto* lo_jb = lo->add_option("--job", lo_job, "job file: the model's shape (and θ from its init, model.hf or --init)")
-                    ->check(CLI::ExistingFile)
-                    ->excludes(lo_ck);
+  auto* lo_jb =
+      lo->add_option("--job", lo_job,
+                     "job file: the model's shape (and θ from its init, model.hf or --init)")
+          ->check(CLI::ExistingFile)
+          ->excludes(lo_ck);
   lo->add_option("--init", lo_init,
                  "hf:DIR or a checkpoint: the job's starting θ (default: the job's init, or "
                  "its model.hf)")

@@ -500,7 +500,8 @@ HfModel read_config_text(const TempDir& dir, const std::string& text) {
   return read_hf_config((dir / "").string());
 }
 
-std::string config_error(const std::string& text, const std::function<void(nlohmann::json&)>& edit) {
+std::string config_error(const std::string& text,
+                         const std::function<void(nlohmann::json&)>& edit) {
   TempDir dir;
   auto c = nlohmann::json::parse(text);
   edit(c);
@@ -537,8 +538,9 @@ std::vector<float> sharded_folder(const fs::path& out, const ModelConfig& m) {
     shards[s].emplace_back(name, t);
   }
   for (std::size_t s = 0; s < 3; ++s)
-    write_safetensors((out / ("model-0000" + std::to_string(s + 1) + "-of-00003.safetensors")).string(),
-                      shards[s], StDtype::f32);
+    write_safetensors(
+        (out / ("model-0000" + std::to_string(s + 1) + "-of-00003.safetensors")).string(),
+        shards[s], StDtype::f32);
   write_text(out / "model.safetensors.index.json",
              nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", map}}.dump());
   return theta;
@@ -613,12 +615,19 @@ TEST(HfFamilies, WhatLocoDoesNotComputeIsRefusedNamingTheFieldAndValue) {
       {kSmolLm2, [](J& c) { c.erase("model_type"); }, "model_type missing"},
       {kLlama32, [](J& c) { c["rope_scaling"]["rope_type"] = "yarn"; },
        "rope_scaling.rope_type: yarn: "},
-      {kLlama32, [](J& c) { c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}}; },
+      {kLlama32,
+       [](J& c) {
+         c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+       },
        "rope_scaling.type: dynamic: "},
-      {kLlama32, [](J& c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
+      {kLlama32,
+       [](J& c) {
+         c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+       },
        "rope_scaling.type: linear: "},
       {kLlama32, [](J& c) { c["rope_scaling"].erase("factor"); }, "rope_scaling.factor missing"},
-      {kLlama32, [](J& c) { c["rope_scaling"] = "llama3"; }, "rope_scaling: llama3: expected a mapping"},
+      {kLlama32, [](J& c) { c["rope_scaling"] = "llama3"; },
+       "rope_scaling: llama3: expected a mapping"},
       {kSmolLm2, [](J& c) { c["hidden_act"] = "gelu"; }, "hidden_act: gelu: "},
       {kSmolLm2, [](J& c) { c["attention_bias"] = true; }, "attention_bias: true: "},
       {kSmolLm2, [](J& c) { c["mlp_bias"] = true; }, "mlp_bias: true: "},
@@ -626,13 +635,19 @@ TEST(HfFamilies, WhatLocoDoesNotComputeIsRefusedNamingTheFieldAndValue) {
       {kSmolLm2, [](J& c) { c["partial_rotary_factor"] = 0.5; }, "partial_rotary_factor: 0.5: "},
       {kSmolLm2, [](J& c) { c["attention_dropout"] = 0.1; }, "attention_dropout: 0.1: "},
       {kQwen25, [](J& c) { c["use_sliding_window"] = true; }, "use_sliding_window: true: "},
-      {kQwen25, [](J& c) { c["layer_types"] = {"full_attention", "sliding_attention"}; },
+      {kQwen25,
+       [](J& c) {
+         c["layer_types"] = {"full_attention", "sliding_attention"};
+       },
        "layer_types[1]: sliding_attention: "},
-      {kSmolLm2, [](J& c) { c["hidden_size"] = 1e12; }, "hidden_size: 1000000000000.0: expected an integer in"},
-      {kSmolLm2, [](J& c) { c["num_hidden_layers"] = "30"; }, "num_hidden_layers: 30: expected an integer"},
+      {kSmolLm2, [](J& c) { c["hidden_size"] = 1e12; },
+       "hidden_size: 1000000000000.0: expected an integer in"},
+      {kSmolLm2, [](J& c) { c["num_hidden_layers"] = "30"; },
+       "num_hidden_layers: 30: expected an integer"},
       {kSmolLm2, [](J& c) { c["vocab_size"] = -1; }, "vocab_size: -1: expected an integer in"},
       {kSmolLm2, [](J& c) { c.erase("intermediate_size"); }, "intermediate_size missing"},
-      {kSmolLm2, [](J& c) { c["rms_norm_eps"] = "tiny"; }, "rms_norm_eps: tiny: expected a finite number"},
+      {kSmolLm2, [](J& c) { c["rms_norm_eps"] = "tiny"; },
+       "rms_norm_eps: tiny: expected a finite number"},
       {kMistral7b, [](J& c) { c["sliding_window"] = 1 << 30; }, "sliding_window: 1073741824: "},
   };
   for (const auto& [text, edit, want] : cases) {
@@ -656,8 +671,8 @@ TEST(HfFamilies, WhatLocoDoesNotComputeIsRefusedNamingTheFieldAndValue) {
 // transformers needs to build each.
 TEST(HfFamilies, ExportThenImportIsBitExactAndConfigJsonIsTheFamilys) {
   auto c = JobConfig::from_yaml(kQwenJob);
-  EXPECT_EQ(c.model.parameter_count(256),
-            parameter_layout(c.model, 256).back().offset + parameter_layout(c.model, 256).back().numel);
+  EXPECT_EQ(c.model.parameter_count(256), parameter_layout(c.model, 256).back().offset +
+                                              parameter_layout(c.model, 256).back().numel);
   for (Arch a : {Arch::llama, Arch::mistral, Arch::qwen2}) {
     SCOPED_TRACE(to_string(a));
     c.model.arch = a;
@@ -676,11 +691,12 @@ TEST(HfFamilies, ExportThenImportIsBitExactAndConfigJsonIsTheFamilys) {
     EXPECT_EQ(j["head_dim"], 12);
     EXPECT_EQ(j["max_position_embeddings"], 64);
     const HfModel back = read_hf_config(out);
-    EXPECT_EQ(model_difference(back.model, [&] {
-                ModelConfig m = c.model;
-                m.context = 64;  // the folder's positions
-                return m;
-              }()),
+    EXPECT_EQ(model_difference(back.model,
+                               [&] {
+                                 ModelConfig m = c.model;
+                                 m.context = 64;  // the folder's positions
+                                 return m;
+                               }()),
               "");
     const auto st = read_safetensors((dir / "hf" / "model.safetensors").string());
     EXPECT_EQ(st.count("model.layers.1.self_attn.k_proj.bias"), a == Arch::qwen2 ? 1u : 0u);
@@ -719,17 +735,19 @@ TEST(HfFamilies, ShardsAreReadWithTheirIndexAndHostileIndexesRefused) {
     return import_error(out.string(), c.model, 256);
   };
   const std::string some = original["weight_map"].begin().key();
-  EXPECT_NE(error_with([&](auto& j) { j["weight_map"][some] = "../model-00001-of-00003.safetensors"; })
-                .find("which is not a *.safetensors file name inside the folder"),
+  EXPECT_NE(error_with([&](auto& j) {
+              j["weight_map"][some] = "../model-00001-of-00003.safetensors";
+            }).find("which is not a *.safetensors file name inside the folder"),
             std::string::npos);
-  EXPECT_NE(error_with([&](auto& j) { j["weight_map"][some] = "/etc/model.safetensors"; })
-                .find("not a *.safetensors file name inside the folder"),
+  EXPECT_NE(error_with([&](auto& j) {
+              j["weight_map"][some] = "/etc/model.safetensors";
+            }).find("not a *.safetensors file name inside the folder"),
             std::string::npos);
   EXPECT_NE(error_with([&](auto& j) { j["weight_map"][some] = ".."; }).find("inside the folder"),
             std::string::npos);
-  EXPECT_NE(error_with([&](auto& j) { j["weight_map"][some] = "config.json"; })
-                .find("inside the folder"),
-            std::string::npos);
+  EXPECT_NE(
+      error_with([&](auto& j) { j["weight_map"][some] = "config.json"; }).find("inside the folder"),
+      std::string::npos);
   EXPECT_NE(error_with([&](auto& j) { j["weight_map"][some] = 7; }).find("no file name"),
             std::string::npos);
   EXPECT_NE(error_with([&](auto& j) { j.erase("weight_map"); }).find("no weight_map"),
@@ -807,8 +825,9 @@ TEST(HfFamilies, AJobTakesItsModelFromTheFolderOnce) {
     check_hf_folder(folder, sent.model, sent.vocab_size());
     ADD_FAILURE() << "a folder without weights passed";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("no model.safetensors and no model.safetensors.index.json"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("no model.safetensors and no model.safetensors.index.json"),
+        std::string::npos)
         << e.what();
   }
   // Without a context, the folder's positions.
@@ -847,8 +866,9 @@ TEST(HfFamilies, AJobTakesItsModelFromTheFolderOnce) {
                 .find("max_position_embeddings is 8192, but the job's model.context is 9000"),
             std::string::npos);
   // The folder's model must also fit the job: 6 fragments of 30 layers do, 31 do not.
-  const std::string e = resolve_error("{mode: streaming, fragments: 6, overlap_steps: 1}\ninner: {steps: 12}",
-                                      "{mode: streaming, fragments: 31, overlap_steps: 1}\ninner: {steps: 31}");
+  const std::string e =
+      resolve_error("{mode: streaming, fragments: 6, overlap_steps: 1}\ninner: {steps: 12}",
+                    "{mode: streaming, fragments: 31, overlap_steps: 1}\ninner: {steps: 31}");
   EXPECT_NE(e.find("config.json gives a model this job cannot run: sync.fragments: must be in "
                    "[1, model.layers = 30]"),
             std::string::npos)
@@ -891,16 +911,19 @@ rounds: 1
   EXPECT_NE(error_of(replace(yaml, "high_freq_factor: 4", "high_freq_factor: 1"))
                 .find("model.rope_scaling.high_freq_factor: must be > low_freq_factor"),
             std::string::npos);
-  EXPECT_NE(error_of(replace(yaml, "factor: 8,", "factor: 8, beta: 1,")).find("model.rope_scaling.beta: unknown field"),
+  EXPECT_NE(error_of(replace(yaml, "factor: 8,", "factor: 8, beta: 1,"))
+                .find("model.rope_scaling.beta: unknown field"),
             std::string::npos);
   EXPECT_EQ(error_of(replace(yaml, "head_dim: 16", "head_dim: 15")),
             "model.head_dim: must be even for rotary positions, got 15");
-  EXPECT_NE(error_of(replace(yaml, "arch: mistral", "arch: llama")).find("model.sliding_window: must be 0 except for arch mistral"),
+  EXPECT_NE(error_of(replace(yaml, "arch: mistral", "arch: llama"))
+                .find("model.sliding_window: must be 0 except for arch mistral"),
             std::string::npos);
   EXPECT_EQ(error_of(replace(yaml, "max_positions: 4096", "max_positions: 8")),
             "model.max_positions: must be 0 or at least model.context (16), got 8");
   const std::string gpt2 = "name: t\nmodel: {head_dim: 8}\ndata: {dir: /tmp/x}\nrounds: 1\n";
-  EXPECT_EQ(error_of(gpt2), "model.head_dim: must be unset for arch gpt2 (a rotary arch's field), got 8");
+  EXPECT_EQ(error_of(gpt2),
+            "model.head_dim: must be unset for arch gpt2 (a rotary arch's field), got 8");
   for (const char* example : {"tiny-lm.yaml", "small-lm.yaml", "gpt2-small.yaml", "llama-tiny.yaml",
                               "llama-150m.yaml", "tokens-lm.yaml"}) {
     const auto e = JobConfig::from_yaml_file(std::string(LOCO_SOURCE_DIR "/examples/") + example);
