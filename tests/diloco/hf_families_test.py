@@ -3,7 +3,7 @@
 For Llama 2 (llama), Llama 3 (llama with rope_scaling llama3, GQA, rope_theta 500000),
 Mistral (mistral, a head_dim that is not hidden / heads; sliding_window null, and one shorter
 than the job's context), Qwen2 tied and untied (qwen2: biases on q, k and v) and SmolLM2 (llama,
-tied, saved in shards with model.safetensors.index.json): a tiny random model made with
+tied, saved as bf16 shards with model.safetensors.index.json): a tiny random model made with
 transformers' config classes and saved with save_pretrained is the whole model of a job file
 (`model: {hf: DIR, context: 16}`), and
   - loco's logits on fixed tokens equal transformers' within 1e-4;
@@ -167,12 +167,18 @@ class HfFamilies(unittest.TestCase):
         config_class, model_class, fields, sharded = CASES[name]
         model = random_model(config_class, model_class, fields)
         hf = os.path.join(self.tmp, name, "hf")
-        model.save_pretrained(hf, max_shard_size="20KB" if sharded else "5GB")
-        shards = glob.glob(os.path.join(hf, "model-*-of-*.safetensors"))
-        self.assertEqual(os.path.exists(os.path.join(hf, "model.safetensors.index.json")), sharded)
-        if sharded:
-            self.assertGreater(len(shards), 2)
-        return model, hf
+        if not sharded:
+            model.save_pretrained(hf)
+            return model, hf
+        # Shards of bf16 tensors, as pretrained checkpoints are published; the reference is
+        # transformers' model of those bf16 values, computed in fp32 as loco computes.
+        model.to(torch.bfloat16).save_pretrained(hf, max_shard_size="10KB")
+        self.assertTrue(os.path.exists(os.path.join(hf, "model.safetensors.index.json")))
+        self.assertFalse(os.path.exists(os.path.join(hf, "model.safetensors")))
+        self.assertGreater(len(glob.glob(os.path.join(hf, "model-*-of-*.safetensors"))), 2)
+        with open(os.path.join(hf, "config.json")) as f:
+            self.assertEqual(json.load(f)["dtype"], "bfloat16")
+        return AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32), hf
 
     def check_family(self, name):
         config_class, model_class, fields, _ = CASES[name]
