@@ -281,7 +281,7 @@ std::string folder_file(const std::string& dir, const std::string& name) {
                              " is a symbolic link, which could leave the node's data root: "
                              "copy the file into the folder");
   if (!fs::is_regular_file(p, ec))
-    throw std::runtime_error("hf:" + dir + ": no " + name + " in that folder (or not a file)");
+    throw std::runtime_error(dir + ": no " + name + " in that folder (or not a file)");
   return p.string();
 }
 
@@ -461,7 +461,14 @@ void compare_rest(const ModelConfig& job, const ModelConfig& folder,
 
 void resolve_hf_model(JobConfig& job, const std::string& dir) {
   const std::string where = (std::filesystem::path(dir) / "config.json").string();
-  const HfModel f = read_hf_config(dir);
+  HfModel f;
+  try {
+    f = read_hf_config(dir);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::runtime_error& e) {  // the file: missing, a link, too large, not JSON
+    throw ConfigError("model.hf: " + std::string(e.what()));
+  }
   ModelConfig m = f.model;
   m.vocab = f.vocab;
   const auto& given = job.model_given;

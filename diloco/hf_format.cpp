@@ -266,7 +266,7 @@ std::vector<WeightFile> weight_files(const std::string& dir) {
   if (fs::exists(d / "model.safetensors", ec) || fs::is_symlink(d / "model.safetensors", ec))
     return {{hf::folder_file(dir, "model.safetensors"), {}}};
   if (!fs::exists(d / "model.safetensors.index.json", ec))
-    throw std::runtime_error("hf:" + dir +
+    throw std::runtime_error(dir +
                              ": no model.safetensors and no model.safetensors.index.json in "
                              "that folder");
   return index_files(dir, hf::folder_file(dir, "model.safetensors.index.json"));
