@@ -37,6 +37,10 @@ OuterAggregator::State::State(std::string id, const std::string& spec)
       cfg(dl::JobConfig::from_yaml(spec)),
       rt(Runtime::current()),
       roots(this_actor().roots) {
+  // A model from a Hugging Face folder is read here, once, under this node's data root: the
+  // workers get every field (and init: hf:DIR) in the job this aggregator hands them.
+  if (!cfg.model.hf.empty())
+    dl::resolve_hf_model(cfg, resolve_data_path(roots, cfg.model.hf, "model.hf"));
   resolve_checkpoint_path(roots, cfg.checkpoint.dir, "checkpoint.dir");
   folder = resolve_checkpoint_path(roots, (fs::path(cfg.checkpoint.dir) / job_id).string(),
                                    "checkpoint.dir/" + job_id);

@@ -303,6 +303,64 @@ Field betas_field() {
   return f;
 }
 
+// model.rope_scaling: {rope_type: llama3, factor, low_freq_factor, high_freq_factor,
+// original_max_position_embeddings}, config.json's names (RopeScaling). Any other rope_type is
+// refused: loco computes no other scaling.
+Field rope_scaling_field() {
+  Field f{"model",
+          "rope_scaling",
+          "rotary archs: Llama 3's rope scaling, {rope_type: llama3, factor, low_freq_factor, "
+          "high_freq_factor, original_max_position_embeddings}",
+          {},
+          {},
+          {},
+          {},
+          {}};
+  f.read = [](const YAML::Node& m, const std::string& where, const std::string& key, JobConfig& c) {
+    if (!m || !m[key]) return;
+    const YAML::Node node = m[key];
+    const std::string path = join(where, key);
+    check_keys(node, path,
+               {"rope_type", "factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings"});
+    std::string type;
+    read(node, path, "rope_type", type);
+    if (type != "llama3")
+      throw ConfigError(path +
+                        ".rope_type: expected llama3 (the only rope scaling loco computes), "
+                        "got " +
+                        quoted(type));
+    RopeScaling& r = c.model.rope_scaling;
+    r.llama3 = true;
+    read(node, path, "factor", r.factor);
+    read(node, path, "low_freq_factor", r.low_freq_factor);
+    read(node, path, "high_freq_factor", r.high_freq_factor);
+    read(node, path, "original_max_position_embeddings", r.original_context);
+  };
+  f.write = [](YAML::Emitter& out, const JobConfig& c) {
+    const RopeScaling& r = c.model.rope_scaling;
+    out << YAML::Flow << YAML::BeginMap << YAML::Key << "rope_type" << YAML::Value
+        << (r.llama3 ? "llama3" : "none") << YAML::Key << "factor" << YAML::Value << r.factor
+        << YAML::Key << "low_freq_factor" << YAML::Value << r.low_freq_factor << YAML::Key
+        << "high_freq_factor" << YAML::Value << r.high_freq_factor << YAML::Key
+        << "original_max_position_embeddings" << YAML::Value << r.original_context << YAML::EndMap;
+  };
+  f.written = [](const JobConfig& c) { return c.model.rope_scaling.llama3; };
+  f.check = [](const JobConfig& c, const std::string& path) {
+    const RopeScaling& r = c.model.rope_scaling;
+    if (!r.llama3) return;
+    require_finite(r.factor, path + ".factor");
+    require_finite(r.low_freq_factor, path + ".low_freq_factor");
+    require_finite(r.high_freq_factor, path + ".high_freq_factor");
+    require(r.factor >= 1, path + ".factor", ">= 1", r.factor);
+    require(r.low_freq_factor > 0, path + ".low_freq_factor", "> 0", r.low_freq_factor);
+    require(r.high_freq_factor > r.low_freq_factor, path + ".high_freq_factor",
+            "> low_freq_factor (" + show(r.low_freq_factor) + ")", r.high_freq_factor);
+    require_in(r.original_context, 1, kMaxContext, path + ".original_max_position_embeddings");
+  };
+  return f;
+}
+
 // compression: a dense codec by its name (the collective's), or a mapping with `kind`: a codec's
 // name, or topk with its settings (TopkConfig).
 Field compression_field() {
@@ -397,9 +455,14 @@ const std::vector<Field>& fields() {
                "where workers train: cpu, cuda, or auto (cuda where the node offers gpus)"),
         // model
         choice("model", "arch", at(&JobConfig::model, &ModelConfig::arch),
-               std::array<std::pair<const char*, Arch>, 2>{
-                   {{"gpt2", Arch::gpt2}, {"llama", Arch::llama}}},
+               std::array<std::pair<const char*, Arch>, 4>{{{"gpt2", Arch::gpt2},
+                                                            {"llama", Arch::llama},
+                                                            {"mistral", Arch::mistral},
+                                                            {"qwen2", Arch::qwen2}}},
                "the decoder's block type"),
+        only_when(plain<std::string>("model", "hf", at(&JobConfig::model, &ModelConfig::hf),
+                                     "a Hugging Face folder whose config.json gives the model"),
+                  [](const JobConfig& c) { return !c.model.hf.empty(); }),
         plain<int>("model", "layers", at(&JobConfig::model, &ModelConfig::layers), "blocks"),
         with_alias(plain<int>("model", "d_model", at(&JobConfig::model, &ModelConfig::d_model),
                               "the model's width"),
@@ -419,11 +482,24 @@ const std::vector<Field>& fields() {
         finite("model", "norm_eps", at(&JobConfig::model, &ModelConfig::norm_eps),
                "LayerNorm or RMSNorm epsilon"),
         only_when(plain<int>("model", "kv_heads", at(&JobConfig::model, &ModelConfig::kv_heads),
-                             "llama: key/value heads; 0: heads"),
-                  [](const JobConfig& c) { return c.model.arch == Arch::llama; }),
+                             "rotary archs: key/value heads; 0: heads"),
+                  [](const JobConfig& c) { return c.model.rotary(); }),
         only_when(finite("model", "rope_theta", at(&JobConfig::model, &ModelConfig::rope_theta),
-                         "llama: the RoPE base"),
-                  [](const JobConfig& c) { return c.model.arch == Arch::llama; }),
+                         "rotary archs: the RoPE base"),
+                  [](const JobConfig& c) { return c.model.rotary(); }),
+        only_when(
+            ranged("model", "head_dim", at(&JobConfig::model, &ModelConfig::explicit_head_dim), 0,
+                   kMaxWidth, "rotary archs: an attention head's width; 0: width / heads"),
+            [](const JobConfig& c) { return c.model.explicit_head_dim != 0; }),
+        rope_scaling_field(),
+        only_when(ranged("model", "sliding_window",
+                         at(&JobConfig::model, &ModelConfig::sliding_window), 0, kMaxContext,
+                         "mistral: tokens a token attends to, itself included; 0: all before it"),
+                  [](const JobConfig& c) { return c.model.sliding_window != 0; }),
+        only_when(
+            ranged("model", "max_positions", at(&JobConfig::model, &ModelConfig::max_positions), 0,
+                   kMaxContext, "rotary archs: an export's max_position_embeddings; 0: context"),
+            [](const JobConfig& c) { return c.model.max_positions != 0; }),
         plain<bool>("model", "activation_checkpointing",
                     at(&JobConfig::model, &ModelConfig::activation_checkpointing),
                     "recompute each block in the backward pass"),
@@ -603,6 +679,11 @@ void read_fields(const YAML::Node& root, JobConfig& c) {
       f.read(node, f.section, f.name, c);
     else
       for (const std::string& key : f.also) f.read(node, f.section, key, c);
+    if (std::string(f.section) == "model" && node) {
+      bool given = node[f.name].IsDefined();
+      for (const std::string& key : f.also) given = given || node[key].IsDefined();
+      if (given) c.model_given.push_back(f.name);
+    }
   }
 }
 
@@ -676,6 +757,9 @@ void check_torchscript_model(const JobConfig& c) {
         "model.torchscript_hash and model.torchscript_parameters: only with "
         "model.torchscript");
   require_text(m.torchscript, kMaxPathBytes, "model.torchscript");
+  if (!m.hf.empty())
+    throw ConfigError("model.hf: not with model.torchscript (a Hugging Face folder is a model of "
+                      "the built-in decoder; the module's file is the architecture)");
   ModelConfig builtin = m;
   builtin.torchscript.clear();
   builtin.torchscript_hash.clear();
@@ -698,6 +782,114 @@ void check_torchscript_model(const JobConfig& c) {
                       "model, not of model.torchscript (the module's file holds its initial θ)");
 }
 
+// The rules between the model's fields, and the vocabulary's.
+void validate_rotary(const ModelConfig& m) {
+  require(m.heads % m.kv_head_count() == 0, "model.kv_heads",
+          "a divisor of model.heads (" + show(m.heads) + ")", m.kv_heads);
+  if (m.explicit_head_dim == 0) {
+    require(m.d_model % m.heads == 0, "model.heads",
+            "a divisor of model.d_model (" + show(m.d_model) + ")", m.heads);
+    require(
+        m.head_dim() % 2 == 0, "model.heads",
+        "such that d_model / heads is even for rotary positions (d_model " + show(m.d_model) + ")",
+        m.heads);
+  } else {
+    require(m.head_dim() % 2 == 0, "model.head_dim", "even for rotary positions",
+            m.explicit_head_dim);
+    require(std::int64_t(m.heads) * m.head_dim() <= kMaxWidth, "model.head_dim",
+            "such that heads x head_dim <= " + show(kMaxWidth), m.explicit_head_dim);
+  }
+  require(m.rope_theta > 1, "model.rope_theta", "> 1", m.rope_theta);
+  // Positions past max_position_embeddings are not what the model was made for.
+  require(m.max_positions == 0 || m.max_positions >= m.context, "model.max_positions",
+          "0 or at least model.context (" + show(m.context) + ")", m.max_positions);
+  require(m.sliding_window == 0 || m.arch == Arch::mistral, "model.sliding_window",
+          "0 except for arch mistral (transformers' Llama and Qwen2 configs have no such "
+          "window here)",
+          m.sliding_window);
+}
+
+// gpt2 refuses the rotary archs' fields rather than ignoring them: a job file that asks for
+// them wants another model.
+void validate_gpt2(const ModelConfig& m) {
+  require(m.d_model % m.heads == 0, "model.heads",
+          "a divisor of model.d_model (" + show(m.d_model) + ")", m.heads);
+  require(m.kv_heads == 0 || m.kv_heads == m.heads, "model.kv_heads",
+          "0 or model.heads for arch gpt2 (grouped-query attention is arch: llama's)", m.kv_heads);
+  require(m.rope_theta == ModelConfig{}.rope_theta, "model.rope_theta",
+          "unset for arch gpt2 (learned positions; rotary positions are arch: llama's)",
+          m.rope_theta);
+  for (const auto& [field, value] : {std::pair{"model.head_dim", m.explicit_head_dim},
+                                     std::pair{"model.sliding_window", m.sliding_window},
+                                     std::pair{"model.max_positions", m.max_positions}})
+    require(value == 0, field, "unset for arch gpt2 (a rotary arch's field)", value);
+  if (m.rope_scaling.llama3)
+    throw ConfigError("model.rope_scaling: unset for arch gpt2 (learned positions)");
+}
+
+void validate_model(const JobConfig& c) {
+  const ModelConfig& m = c.model;
+  require(m.layers <= kMaxLayers, "model.layers", "<= " + show(kMaxLayers), m.layers);
+  require(m.d_model <= kMaxWidth, "model.d_model", "<= " + show(kMaxWidth), m.d_model);
+  require(m.heads <= kMaxHeads, "model.heads", "<= " + show(kMaxHeads), m.heads);
+  require(m.context <= kMaxContext, "model.context", "<= " + show(kMaxContext), m.context);
+  require(m.mlp_ratio <= kMaxMlpRatio, "model.mlp_ratio", "<= " + show(kMaxMlpRatio), m.mlp_ratio);
+  require(m.layers >= 1, "model.layers", ">= 1", m.layers);
+  require(m.d_model >= 1, "model.d_model", ">= 1", m.d_model);
+  require(m.heads >= 1, "model.heads", ">= 1", m.heads);
+  require(m.context >= 2, "model.context", ">= 2", m.context);
+  require(m.vocab >= 0 && m.vocab <= kMaxVocab, "model.vocab",
+          "in [0, " + show(kMaxVocab) + "] (0: from the tokenizer)", m.vocab);
+  if (c.data.tokenizer == TokenizerKind::json && m.vocab == 0)
+    throw ConfigError(
+        "model.vocab: required with data.tokenizer: " + quoted(c.data.tokenizer_json) +
+        " (every node builds the same model; scripts/prepare-data prints the vocabulary size)");
+  if (c.data.format == DataFormat::tokens && m.vocab == 0)
+    throw ConfigError(
+        "model.vocab: required with data.format: tokens (the ids in the token files are checked "
+        "against it; scripts/prepare-data prints the vocabulary size)");
+  require(m.mlp_ratio >= 1, "model.mlp_ratio", ">= 1", m.mlp_ratio);
+  require(m.norm_eps > 0 && m.norm_eps <= 1, "model.norm_eps", "in (0, 1]", m.norm_eps);
+  require_in(m.kv_heads, 0, m.heads, "model.kv_heads");
+  if (m.rotary())
+    validate_rotary(m);
+  else
+    validate_gpt2(m);
+  if (c.data.tokenizer == TokenizerKind::byte)
+    require(m.vocab == 0 || m.vocab >= 256, "model.vocab", ">= 256 for the byte tokenizer",
+            m.vocab);
+}
+
+// Bounds on sizes together, once each is sane: what one worker must hold.
+void validate_sizes(const JobConfig& c) {
+  const double params = c.parameter_estimate();
+  require(params <= kMaxParameters, "model",
+          "at most " + show(kMaxParameters) + " parameters (ModelConfig::parameter_count)", params);
+  // One micro-batch's activations: per layer, context x width values and heads x context^2
+  // attention weights per sequence (a TorchScript module's are its own: not counted).
+  const double activations =
+      c.model.is_torchscript()
+          ? 0.0
+          : static_cast<double>(c.inner.batch_size / c.inner.grad_accum) * c.model.layers *
+                c.model.context *
+                (static_cast<double>(c.model.d_model) +
+                 static_cast<double>(c.model.heads) * c.model.context);
+  require(activations <= kMaxActivationValues, "model.context",
+          "small enough that batch_size / grad_accum x layers x context x (width + heads x "
+          "context) <= " +
+              show(kMaxActivationValues) + " (one micro-batch's activations)",
+          c.model.context);
+  // What one worker holds, all terms together (diloco/memory.hpp): no node holds more. The
+  // cluster compares the estimate with its largest node at submission (check_fits).
+  const double worker_bytes = worker_memory_bytes(c);
+  if (worker_bytes > kMaxWorkerBytes)
+    throw ConfigError(memory_field(c, false) + ": needs about " + gib(worker_bytes) +
+                      " per worker, more than any node holds (at most " + gib(kMaxWorkerBytes) +
+                      " is accepted)");
+  require(static_cast<double>(c.total_rounds()) <= kMaxRounds, "token_budget",
+          "at most " + show(kMaxRounds) + " rounds' worth of tokens", c.token_budget);
+}
+
 }  // namespace
 
 void JobConfig::validate() const {
@@ -718,58 +910,17 @@ void JobConfig::validate() const {
     check_torchscript_model(*this);
   require(threads >= 0, "threads", ">= 0", threads);
   require(threads <= kMaxThreads, "threads", "<= " + show(kMaxThreads), threads);
-  require(model.layers <= kMaxLayers, "model.layers", "<= " + show(kMaxLayers), model.layers);
-  require(model.d_model <= kMaxWidth, "model.d_model", "<= " + show(kMaxWidth), model.d_model);
-  require(model.heads <= kMaxHeads, "model.heads", "<= " + show(kMaxHeads), model.heads);
-  require(model.context <= kMaxContext, "model.context", "<= " + show(kMaxContext), model.context);
-  require(model.mlp_ratio <= kMaxMlpRatio, "model.mlp_ratio", "<= " + show(kMaxMlpRatio),
-          model.mlp_ratio);
-  require(model.layers >= 1, "model.layers", ">= 1", model.layers);
-  require(model.d_model >= 1, "model.d_model", ">= 1", model.d_model);
-  require(model.heads >= 1, "model.heads", ">= 1", model.heads);
-  require(model.d_model % model.heads == 0, "model.heads",
-          "a divisor of model.d_model (" + show(model.d_model) + ")", model.heads);
-  require(model.context >= 2, "model.context", ">= 2", model.context);
-  require(model.vocab >= 0 && model.vocab <= kMaxVocab, "model.vocab",
-          "in [0, " + show(kMaxVocab) + "] (0: from the tokenizer)", model.vocab);
-  if (data.tokenizer == TokenizerKind::json) {
+  require_text(model.hf, kMaxPathBytes, "model.hf");
+  if (data.tokenizer == TokenizerKind::json)
     require_text(data.tokenizer_json, kMaxPathBytes, "data.tokenizer");
-    if (model.vocab == 0)
-      throw ConfigError(
-          "model.vocab: required with data.tokenizer: " + quoted(data.tokenizer_json) +
-          " (every node builds the same model; scripts/prepare-data prints the vocabulary size)");
-  }
-  if (data.format == DataFormat::tokens && model.vocab == 0)
-    throw ConfigError(
-        "model.vocab: required with data.format: tokens (the ids in the token files are checked "
-        "against it; scripts/prepare-data prints the vocabulary size)");
   if (data.format == DataFormat::tokens && data.tokenizer == TokenizerKind::bpe)
     throw ConfigError(
         "data.tokenizer: bpe trains on DIR/corpus, which data.format: tokens has not; name the "
         "tokenizer.json of the token files (or byte)");
-  require(model.mlp_ratio >= 1, "model.mlp_ratio", ">= 1", model.mlp_ratio);
-  require(model.norm_eps > 0 && model.norm_eps <= 1, "model.norm_eps", "in (0, 1]", model.norm_eps);
-  require_in(model.kv_heads, 0, model.heads, "model.kv_heads");
-  if (model.arch == Arch::gpt2) {
-    // Refused rather than ignored: a job file that asks for them wants another model.
-    require(model.kv_heads == 0 || model.kv_heads == model.heads, "model.kv_heads",
-            "0 or model.heads for arch gpt2 (grouped-query attention is arch: llama's)",
-            model.kv_heads);
-    require(model.rope_theta == ModelConfig{}.rope_theta, "model.rope_theta",
-            "unset for arch gpt2 (learned positions; rotary positions are arch: llama's)",
-            model.rope_theta);
-  } else {
-    require(model.heads % model.kv_head_count() == 0, "model.kv_heads",
-            "a divisor of model.heads (" + show(model.heads) + ")", model.kv_heads);
-    require(model.head_dim() % 2 == 0, "model.heads",
-            "such that d_model / heads is even for rotary positions (d_model " +
-                show(model.d_model) + ")",
-            model.heads);
-    require(model.rope_theta > 1, "model.rope_theta", "> 1", model.rope_theta);
-  }
-  if (data.tokenizer == TokenizerKind::byte)
-    require(model.vocab == 0 || model.vocab >= 256, "model.vocab", ">= 256 for the byte tokenizer",
-            model.vocab);
+  // A model from a Hugging Face folder has its shape once resolve_hf_model has read the
+  // folder (on the node that has it); until then the rules that need the shape wait.
+  const bool shaped = model.hf.empty();
+  if (shaped) validate_model(*this);
   // 256 byte-fallback pieces + the corpus characters + the control pieces.
   require(!data.dir.empty(), "data.dir", "a folder", "''");
   require(data.val_fraction > 0 && data.val_fraction < 0.5, "data.val_fraction", "in (0, 0.5)",
@@ -816,7 +967,7 @@ void JobConfig::validate() const {
       throw ConfigError(
           "compression: topk runs one local rank per worker for now (workers.local_ranks and "
           "workers.gpus must be 1)");
-    const int most = topk_max_workers();
+    const int most = shaped ? topk_max_workers() : kMaxWorkers;
     for (const auto& [field, n] : {std::pair{"workers.count", workers.count},
                                    std::pair{"workers.max", workers.max}})
       if (n > most)
@@ -860,38 +1011,13 @@ void JobConfig::validate() const {
           outer.lr);
   require(outer.momentum >= 0 && outer.momentum < 1, "outer.momentum", "in [0, 1)", outer.momentum);
   require(rounds > 0 || token_budget > 0, "rounds", "> 0 (or set token_budget)", rounds);
-  // Bounds on sizes together, once each is sane: what one worker must hold.
-  const double params = parameter_estimate();
-  require(params <= kMaxParameters, "model",
-          "at most " + show(kMaxParameters) + " parameters (ModelConfig::parameter_count)", params);
-  // One micro-batch's activations: per layer, context x width values and heads x context^2
-  // attention weights per sequence (a TorchScript module's are its own: not counted).
-  const double activations = model.is_torchscript()
-                                 ? 0.0
-                                 : static_cast<double>(inner.batch_size / inner.grad_accum) *
-                                       model.layers * model.context *
-                                       (static_cast<double>(model.d_model) +
-                                        static_cast<double>(model.heads) * model.context);
-  require(activations <= kMaxActivationValues, "model.context",
-          "small enough that batch_size / grad_accum x layers x context x (width + heads x "
-          "context) <= " +
-              show(kMaxActivationValues) + " (one micro-batch's activations)",
-          model.context);
-  // What one worker holds, all terms together (diloco/memory.hpp): no node holds more. The
-  // cluster compares the estimate with its largest node at submission (check_fits).
-  const double worker_bytes = worker_memory_bytes(*this);
-  if (worker_bytes > kMaxWorkerBytes)
-    throw ConfigError(memory_field(*this, false) + ": needs about " + gib(worker_bytes) +
-                      " per worker, more than any node holds (at most " + gib(kMaxWorkerBytes) +
-                      " is accepted)");
-  require(static_cast<double>(total_rounds()) <= kMaxRounds, "token_budget",
-          "at most " + show(kMaxRounds) + " rounds' worth of tokens", token_budget);
+  if (shaped) validate_sizes(*this);
   // A TorchScript module's fragments are runs of its parameter tensors: at most as many as it
   // has tensors, checked when it is loaded (TorchScriptModel::fragments).
   if (model.is_torchscript())
     require(sync.fragments >= 1, "sync.fragments", ">= 1", sync.fragments);
   else
-    require(sync.fragments >= 1 && sync.fragments <= model.layers, "sync.fragments",
+    require(sync.fragments >= 1 && (!shaped || sync.fragments <= model.layers), "sync.fragments",
             "in [1, model.layers = " + show(model.layers) + "]", sync.fragments);
   require(inner.steps % sync.fragments == 0, "sync.fragments",
           "a divisor of inner.steps (" + show(inner.steps) + ")", sync.fragments);
@@ -912,7 +1038,19 @@ void JobConfig::validate() const {
           "allreduce.entry_timeout_s", "in [0, 3600]", allreduce.entry_timeout_s);
 }
 
-const char* to_string(Arch a) { return a == Arch::gpt2 ? "gpt2" : "llama"; }
+const char* to_string(Arch a) {
+  switch (a) {
+    case Arch::gpt2:
+      return "gpt2";
+    case Arch::llama:
+      return "llama";
+    case Arch::mistral:
+      return "mistral";
+    case Arch::qwen2:
+      return "qwen2";
+  }
+  return "?";
+}
 
 int ModelConfig::mlp_width() const {
   if (mlp_hidden > 0) return mlp_hidden;
@@ -933,9 +1071,11 @@ std::int64_t ModelConfig::parameter_count(int vocab) const {
         4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * m + m) + (m * d + d);
     return embeddings + static_cast<std::int64_t>(context) * d + layers * block + 2 * d;
   }
-  // ln1, ln2 (weight only), q, k, v, o without biases, gate/up and down without biases.
+  // ln1, ln2 (weight only), q, k, v (qwen2: with biases), o, gate/up and down without biases.
+  const std::int64_t q = static_cast<std::int64_t>(heads) * head_dim();
   const std::int64_t kv = static_cast<std::int64_t>(kv_head_count()) * head_dim();
-  const std::int64_t block = 2 * d + (d * d + 2 * kv * d) + d * d + 3 * d * m;
+  const std::int64_t biases = qkv_bias() ? q + 2 * kv : 0;
+  const std::int64_t block = 2 * d + (q * d + 2 * kv * d) + biases + d * q + 3 * d * m;
   return embeddings + layers * block + d;
 }
 
@@ -1100,23 +1240,42 @@ double peak_flops(const std::string& device, Precision precision) {
   return 0;
 }
 
+namespace {
+
+// A model field's value as the job file writes it.
+std::string field_text(const Field& f, const ModelConfig& m) {
+  JobConfig c;
+  c.model = m;
+  YAML::Emitter e;
+  f.write(e, c);
+  return e.c_str();
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> model_fields(const ModelConfig& m) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Field& f : fields())
+    if (std::string(f.section) == "model") out.emplace_back(f.name, field_text(f, m));
+  return out;
+}
+
 std::string model_difference(const ModelConfig& a, const ModelConfig& b) {
-  // Through the job file's own emitter, so that every field (and any added later) is compared;
-  // a field that one writes and the other does not (torchscript_hash) is "unset" there.
+  // Through the job file's own table, so that every field (and any added later) is compared;
+  // a field that neither writes (llama's kv_heads for two gpt2 models) is not. A TorchScript
+  // module is compared by its hash (torchscript_hash), not its path.
   JobConfig ja, jb;
   ja.model = a;
   jb.model = b;
-  const YAML::Node ma = YAML::Load(ja.to_yaml())["model"], mb = YAML::Load(jb.to_yaml())["model"];
-  const auto value = [](const YAML::Node& m, const std::string& key) {
-    return m[key] ? YAML::Dump(m[key]) : std::string("unset");
-  };
-  for (const YAML::Node& m : {ma, mb})
-    for (const auto& kv : m) {
-      const auto key = kv.first.as<std::string>();
-      if (key == "activation_checkpointing" || key == "torchscript") continue;
-      const std::string va = value(ma, key), vb = value(mb, key);
-      if (va != vb) return "model." + key + " (" + va + " against " + vb + ")";
-    }
+  for (const Field& f : fields()) {
+    const std::string name = f.name;
+    if (std::string(f.section) != "model" || name == "activation_checkpointing" || name == "hf" ||
+        name == "torchscript")
+      continue;
+    if (f.written && !f.written(ja) && !f.written(jb)) continue;
+    const std::string va = field_text(f, a), vb = field_text(f, b);
+    if (va != vb) return "model." + name + " (" + va + " against " + vb + ")";
+  }
   return "";
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/collective/compression.hpp"
@@ -70,11 +71,26 @@ inline constexpr std::int64_t kMaxTokenBudget = std::int64_t(1) << 50;
 inline constexpr int kMaxEvalBatches = 1 << 16;
 
 // The decoder's block type (docs/design.md, The model).
-//   gpt2:  learned positions, LayerNorm with biases, GELU (tanh) MLP, biases everywhere.
-//   llama: rotary positions (RoPE), RMSNorm, SwiGLU MLP, no biases, optional grouped-query
-//          attention (kv_heads < heads).
-enum class Arch { gpt2, llama };
+//   gpt2:    learned positions, LayerNorm with biases, GELU (tanh) MLP, biases everywhere.
+//   llama:   rotary positions (RoPE, optionally Llama 3's scaling), RMSNorm, SwiGLU MLP, no
+//            biases, optional grouped-query attention (kv_heads < heads).
+//   mistral: llama's blocks, with an optional sliding window of attention (sliding_window).
+//   qwen2:   llama's blocks with biases on the q, k and v projections (Qwen2, Qwen2.5).
+// The last three share one skeleton (rotary()); they differ in the Hugging Face model_type a
+// folder is read from and exported as (diloco/hf_format.hpp), and in those details.
+enum class Arch { gpt2, llama, mistral, qwen2 };
 const char* to_string(Arch a);
+
+// Llama 3's rope scaling (config.json's rope_scaling with rope_type llama3): the inverse
+// frequencies of wavelengths above original_context / low_freq_factor divided by `factor`,
+// those below original_context / high_freq_factor kept, those between interpolated.
+struct RopeScaling {
+  bool llama3 = false;  // off: the plain rotary embedding
+  double factor = 8;
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
+  int original_context = 8192;  // original_max_position_embeddings
+};
 
 struct ModelConfig {
   Arch arch = Arch::gpt2;
@@ -91,9 +107,25 @@ struct ModelConfig {
   // The MLP's hidden width; 0: gpt2 mlp_ratio × d_model, llama Llama's rule, 8/3 × d_model
   // rounded up to a multiple of 256.
   int mlp_hidden = 0;
-  int kv_heads = 0;           // llama: key/value heads, a divisor of heads; 0: heads (no GQA)
-  double rope_theta = 10000;  // llama: the RoPE base
+  int kv_heads = 0;           // rotary archs: key/value heads, a divisor of heads; 0: heads
+  double rope_theta = 10000;  // rotary archs: the RoPE base
   double norm_eps = 1e-5;     // LayerNorm (gpt2) or RMSNorm (llama) epsilon
+  // Rotary archs: the width of an attention head (YAML `head_dim`); 0: d_model / heads.
+  // Mistral's and Qwen3-style configs may give one that is not.
+  int explicit_head_dim = 0;
+  RopeScaling rope_scaling;  // rotary archs
+  // mistral: a token attends to itself and the sliding_window − 1 tokens before it
+  // (transformers' sliding-window causal mask); 0: to every token before it.
+  int sliding_window = 0;
+  // Rotary archs: the max_position_embeddings an exported config.json says (a pretrained
+  // model's, kept through training); 0: context.
+  int max_positions = 0;
+  // A Hugging Face folder whose config.json gives the model (YAML `model.hf`; relative to the
+  // node's data root on a cluster). Resolved once where the job is loaded (loco-train) or
+  // submitted (the OuterAggregator) by resolve_hf_model (hf_format.hpp): the fields are filled
+  // from config.json, `init` becomes hf:DIR, and `hf` is cleared, so the job that travels to
+  // the workers and into checkpoints names every field. Non-empty: not resolved yet.
+  std::string hf;
   // Recompute each block in the backward pass instead of keeping its activations.
   bool activation_checkpointing = false;
   // A model of the user's own (docs/design.md, "The model interface"): the file of a TorchScript
@@ -114,7 +146,9 @@ struct ModelConfig {
 
   bool is_torchscript() const { return !torchscript.empty(); }
 
-  int head_dim() const { return d_model / heads; }
+  bool rotary() const { return arch != Arch::gpt2; }
+  bool qkv_bias() const { return arch == Arch::qwen2; }
+  int head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : d_model / heads; }
   int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
   int mlp_width() const;
   // The exact number of parameters of the model with a vocabulary of `vocab` (a TorchScript
@@ -307,9 +341,14 @@ struct JobConfig {
   // model: a pretrained start. On a cluster DIR is under each node's data root and every worker
   // reads it; a resumed job or a joining worker takes θ from its checkpoint or a live worker.
   std::string init;
+  // The model fields the job file wrote, by their names in the table ("d_model" for `width`):
+  // with model.hf those must agree with the folder's config.json (resolve_hf_model). Not
+  // written by to_yaml.
+  std::vector<std::string> model_given;
 
-  // Parses and validates. Throws ConfigError naming the field on any problem,
-  // including unknown keys (a typo must not silently fall back to a default).
+  // Parses and validates. With model.hf set (not resolved), the rules that need the model's
+  // shape wait for resolve_hf_model, which validates again. Throws ConfigError naming the field on
+  // any problem, including unknown keys (a typo must not silently fall back to a default).
   static JobConfig from_yaml(const std::string& text);
   static JobConfig from_yaml_file(const std::string& path);
   std::string to_yaml() const;
@@ -374,6 +413,10 @@ double peak_flops(const std::string& device, Precision precision);
 // parameter; nor is a TorchScript file's path: its hash is). For a job that resumes or starts
 // from another job's weights.
 std::string model_difference(const ModelConfig& a, const ModelConfig& b);
+
+// Every field of the model section (hf and activation_checkpointing too) with its value as the
+// job file writes it, in the table's order: {"arch", "llama"}, {"layers", "2"}, ...
+std::vector<std::pair<std::string, std::string>> model_fields(const ModelConfig& m);
 
 // The device a worker trains on, decided from the job's `device`, the GPU indices
 // the runtime gave its actor (this_actor().gpus), and what this process's torch

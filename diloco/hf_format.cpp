@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "diloco/data.hpp"
+#include "diloco/hf_config.hpp"
 
 namespace loco::diloco {
 
@@ -16,6 +17,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::vector<ParamSpec> parameter_layout(const ModelConfig& m, int vocab) {
+  if (!m.hf.empty())
+    throw std::logic_error("model.hf " + m.hf + " is not resolved (resolve_hf_model first)");
   std::vector<ParamSpec> out;
   std::int64_t at = 0;
   auto add = [&](std::string name, std::vector<std::int64_t> shape) {
@@ -48,6 +51,7 @@ std::vector<ParamSpec> parameter_layout(const ModelConfig& m, int vocab) {
       const std::int64_t kv = static_cast<std::int64_t>(m.kv_head_count()) * m.head_dim();
       add(b + "ln1.weight", {d});
       add(b + "attn.qkv.weight", {q + 2 * kv, d});
+      if (m.qkv_bias()) add(b + "attn.qkv.bias", {q + 2 * kv});
       add(b + "attn.proj.weight", {d, q});
       add(b + "ln2.weight", {d});
       add(b + "fc.weight", {2 * mlp, d});
@@ -62,7 +66,7 @@ std::vector<ParamSpec> parameter_layout(const ModelConfig& m, int vocab) {
 
 namespace {
 
-// One HF tensor: rows [row0, row0 + rows) of a loco parameter (all of a 1-D one),
+// One HF tensor: rows [row0, row0 + rows) of a loco parameter (of a 1-D one: entries),
 // transposed for GPT-2's Conv1D.
 struct Piece {
   std::string hf;
@@ -112,6 +116,11 @@ std::vector<Piece> hf_pieces(const ModelConfig& m, const std::vector<ParamSpec>&
       add(h + "self_attn.q_proj.weight", b + "attn.qkv.weight", false, 0, q);
       add(h + "self_attn.k_proj.weight", b + "attn.qkv.weight", false, q, kv);
       add(h + "self_attn.v_proj.weight", b + "attn.qkv.weight", false, q + kv, kv);
+      if (m.qkv_bias()) {
+        add(h + "self_attn.q_proj.bias", b + "attn.qkv.bias", false, 0, q);
+        add(h + "self_attn.k_proj.bias", b + "attn.qkv.bias", false, q, kv);
+        add(h + "self_attn.v_proj.bias", b + "attn.qkv.bias", false, q + kv, kv);
+      }
       add(h + "self_attn.o_proj.weight", b + "attn.proj.weight");
       add(h + "post_attention_layernorm.weight", b + "ln2.weight");
       add(h + "mlp.gate_proj.weight", b + "fc.weight", false, 0, mlp);
@@ -124,17 +133,20 @@ std::vector<Piece> hf_pieces(const ModelConfig& m, const std::vector<ParamSpec>&
   return out;
 }
 
-// The HF tensor's shape, and its values from θ (export) or into θ (import).
+// The HF tensor's shape, and its values from θ (export) or into θ (import). A 1-D parameter
+// is a column: its pieces are runs of entries.
 std::vector<std::int64_t> piece_shape(const Piece& p, const ParamSpec& s) {
-  if (s.shape.size() == 1) return s.shape;
-  const std::int64_t rows = p.rows < 0 ? s.shape[0] : p.rows, cols = s.shape[1];
+  const std::int64_t rows = p.rows < 0 ? s.shape[0] : p.rows;
+  if (s.shape.size() == 1) return {rows};
+  const std::int64_t cols = s.shape[1];
   return p.transpose ? std::vector<std::int64_t>{cols, rows}
                      : std::vector<std::int64_t>{rows, cols};
 }
 
+std::int64_t columns(const ParamSpec& s) { return s.shape.size() == 1 ? 1 : s.shape[1]; }
+
 std::vector<float> take(const Piece& p, const ParamSpec& s, const float* theta) {
-  if (s.shape.size() == 1) return {theta + s.offset, theta + s.offset + s.numel};
-  const std::int64_t rows = p.rows < 0 ? s.shape[0] : p.rows, cols = s.shape[1];
+  const std::int64_t rows = p.rows < 0 ? s.shape[0] : p.rows, cols = columns(s);
   const float* src = theta + s.offset + p.row0 * cols;
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
   for (std::int64_t r = 0; r < rows; ++r)
@@ -144,11 +156,7 @@ std::vector<float> take(const Piece& p, const ParamSpec& s, const float* theta) 
 }
 
 void put(const Piece& p, const ParamSpec& s, const std::vector<float>& values, float* theta) {
-  if (s.shape.size() == 1) {
-    std::copy(values.begin(), values.end(), theta + s.offset);
-    return;
-  }
-  const std::int64_t rows = p.rows < 0 ? s.shape[0] : p.rows, cols = s.shape[1];
+  const std::int64_t rows = p.rows < 0 ? s.shape[0] : p.rows, cols = columns(s);
   float* dst = theta + s.offset + p.row0 * cols;
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c)
@@ -160,150 +168,6 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-json hf_config(const ModelConfig& m, int vocab, StDtype dtype) {
-  const char* dt = dtype == StDtype::bf16 ? "bfloat16" : "float32";
-  if (m.arch == Arch::gpt2)
-    return {{"architectures", {"GPT2LMHeadModel"}},
-            {"model_type", "gpt2"},
-            {"vocab_size", vocab},
-            {"n_positions", m.context},
-            {"n_embd", m.d_model},
-            {"n_layer", m.layers},
-            {"n_head", m.heads},
-            {"n_inner", m.mlp_width()},
-            {"activation_function", "gelu_new"},
-            {"layer_norm_epsilon", m.norm_eps},
-            {"resid_pdrop", 0.0},
-            {"embd_pdrop", 0.0},
-            {"attn_pdrop", 0.0},
-            {"scale_attn_weights", true},
-            {"scale_attn_by_inverse_layer_idx", false},
-            {"reorder_and_upcast_attn", false},
-            {"tie_word_embeddings", m.tied_embeddings},
-            {"torch_dtype", dt},
-            {"dtype", dt}};
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"vocab_size", vocab},
-          {"hidden_size", m.d_model},
-          {"intermediate_size", m.mlp_width()},
-          {"num_hidden_layers", m.layers},
-          {"num_attention_heads", m.heads},
-          {"num_key_value_heads", m.kv_head_count()},
-          {"head_dim", m.head_dim()},
-          {"max_position_embeddings", m.context},
-          {"rms_norm_eps", m.norm_eps},
-          {"rope_theta", m.rope_theta},
-          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", m.rope_theta}}},
-          {"hidden_act", "silu"},
-          {"attention_bias", false},
-          {"mlp_bias", false},
-          {"attention_dropout", 0.0},
-          {"tie_word_embeddings", m.tied_embeddings},
-          {"torch_dtype", dt},
-          {"dtype", dt}};
-}
-
-// config.json of `where` against the job's model, field by field.
-void check_hf_config(const json& c, const ModelConfig& m, int vocab, const std::string& where) {
-  auto differ = [&](const std::string& field, const std::string& got, const std::string& job_field,
-                    const std::string& want) {
-    throw ConfigError(where + ": " + field + " is " + got + ", but the job's " + job_field +
-                      " is " + want + " (the job file's model must describe the model in " + where +
-                      ")");
-  };
-  auto integer = [&](const std::string& field, std::int64_t want, const std::string& job_field,
-                     std::optional<std::int64_t> fallback = std::nullopt) {
-    std::int64_t got;
-    if (c.contains(field) && c[field].is_number_integer()) {
-      got = c[field].get<std::int64_t>();
-    } else if ((!c.contains(field) || c[field].is_null()) && fallback) {
-      got = *fallback;
-    } else {
-      throw ConfigError(where + ": " + field + " missing or not an integer (" +
-                        (c.contains(field) ? c[field].dump() : "absent") + ")");
-    }
-    if (got != want) differ(field, std::to_string(got), job_field, std::to_string(want));
-  };
-  auto number = [&](const json& node, const std::string& field, double want,
-                    const std::string& job_field, std::optional<double> fallback) {
-    double got;
-    if (node.contains(field) && node[field].is_number()) {
-      got = node[field].get<double>();
-    } else if ((!node.contains(field) || node[field].is_null()) && fallback) {
-      got = *fallback;
-    } else {
-      throw ConfigError(where + ": " + field + " missing or not a number");
-    }
-    std::ostringstream g, w;
-    g << got;
-    w << want;
-    if (got != want) differ(field, g.str(), job_field, w.str());
-  };
-  auto boolean = [&](const std::string& field, bool want, const std::string& job_field,
-                     bool fallback) {
-    const bool got = c.contains(field) && c[field].is_boolean() ? c[field].get<bool>() : fallback;
-    if (got != want) differ(field, got ? "true" : "false", job_field, want ? "true" : "false");
-  };
-  auto text = [&](const std::string& field, const std::set<std::string>& allowed,
-                  const std::string& fallback) {
-    const std::string got =
-        c.contains(field) && c[field].is_string() ? c[field].get<std::string>() : fallback;
-    if (!allowed.count(got)) {
-      std::string list;
-      for (const auto& a : allowed) list += (list.empty() ? "" : " or ") + a;
-      throw ConfigError(where + ": " + field + " is '" + got + "', loco's model has " + list);
-    }
-  };
-  const std::string type = c.contains("model_type") && c["model_type"].is_string()
-                               ? c["model_type"].get<std::string>()
-                               : "(none)";
-  if (type != to_string(m.arch)) differ("model_type", type, "model.arch", to_string(m.arch));
-  integer("vocab_size", vocab, "vocabulary (model.vocab or the tokenizer's)");
-  if (m.arch == Arch::gpt2) {
-    integer("n_embd", m.d_model, "model.d_model");
-    integer("n_layer", m.layers, "model.layers");
-    integer("n_head", m.heads, "model.heads");
-    integer("n_positions", m.context, "model.context");
-    integer("n_inner", m.mlp_width(), "MLP width (model.mlp_hidden, or mlp_ratio × d_model)",
-            4 * static_cast<std::int64_t>(m.d_model));
-    number(c, "layer_norm_epsilon", m.norm_eps, "model.norm_eps", 1e-5);
-    text("activation_function", {"gelu_new", "gelu_pytorch_tanh"}, "gelu_new");
-    boolean("tie_word_embeddings", m.tied_embeddings, "model.tied_embeddings", true);
-    boolean("scale_attn_by_inverse_layer_idx", false, "attention scale (1 / sqrt(head dim))",
-            false);
-    boolean("scale_attn_weights", true, "attention scale (1 / sqrt(head dim))", true);
-    return;
-  }
-  integer("hidden_size", m.d_model, "model.d_model");
-  integer("num_hidden_layers", m.layers, "model.layers");
-  integer("num_attention_heads", m.heads, "model.heads");
-  integer("num_key_value_heads", m.kv_head_count(), "model.kv_heads", m.heads);
-  integer("intermediate_size", m.mlp_width(), "MLP width (model.mlp_hidden or Llama's rule)");
-  integer("head_dim", m.head_dim(), "model.d_model / model.heads", m.head_dim());
-  number(c, "rms_norm_eps", m.norm_eps, "model.norm_eps", 1e-6);
-  // Rotary positions extend to any length: the job's context needs only to fit.
-  if (c.contains("max_position_embeddings") && c["max_position_embeddings"].is_number_integer() &&
-      c["max_position_embeddings"].get<std::int64_t>() < m.context)
-    differ("max_position_embeddings", c["max_position_embeddings"].dump(), "model.context",
-           std::to_string(m.context) + " (more than the model was made for)");
-  const json rope = c.contains("rope_parameters") && c["rope_parameters"].is_object()
-                        ? c["rope_parameters"]
-                        : json::object();
-  if (rope.contains("rope_type") && rope["rope_type"] != "default")
-    throw ConfigError(where + ": rope_parameters.rope_type " + rope["rope_type"].dump() +
-                      ": loco's llama has the default rotary embedding only");
-  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
-    throw ConfigError(where + ": rope_scaling " + c["rope_scaling"].dump() +
-                      ": loco's llama has the default rotary embedding only");
-  number(rope.contains("rope_theta") ? rope : c, "rope_theta", m.rope_theta, "model.rope_theta",
-         10000.0);
-  text("hidden_act", {"silu"}, "silu");
-  boolean("attention_bias", false, "attention (no biases)", false);
-  boolean("mlp_bias", false, "MLP (no biases)", false);
-  boolean("tie_word_embeddings", m.tied_embeddings, "model.tied_embeddings", false);
 }
 
 }  // namespace
@@ -339,7 +203,7 @@ void export_hf(const ModelConfig& model, int vocab, const float* theta, std::siz
   write_safetensors((tmp / "model.safetensors").string(), tensors, dtype);
   {
     std::ofstream f(tmp / "config.json", std::ios::trunc);
-    f << hf_config(model, vocab, dtype).dump(2) << "\n";
+    f << hf::config_json(model, vocab, dtype).dump(2) << "\n";
     if (!f.flush())
       throw std::runtime_error("export: cannot write " + (tmp / "config.json").string());
   }
@@ -352,33 +216,158 @@ void export_hf(const ModelConfig& model, int vocab, const float* theta, std::siz
 
 namespace {
 
-// DIR/config.json, checked against the job's model; returns DIR/model.safetensors.
-std::string checked_folder(const std::string& dir, const ModelConfig& model, int vocab) {
-  const fs::path d(dir);
-  const std::string cfg_path = (d / "config.json").string();
-  json c;
-  {
-    std::ifstream f(cfg_path);
-    if (!f) throw std::runtime_error("hf:" + dir + ": no config.json in that folder");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    if (ss.str().size() > kMaxJobFileBytes)
-      throw std::runtime_error(cfg_path + ": larger than " + std::to_string(kMaxJobFileBytes) +
-                               " bytes");
-    try {
-      c = json::parse(ss.str());
-    } catch (const json::exception& e) {
-      throw std::runtime_error(cfg_path + ": not JSON (" + e.what() + ")");
-    }
-    if (!c.is_object()) throw std::runtime_error(cfg_path + ": not a JSON object");
+// One weight file of a folder, and the tensors the index puts in it (none listed: a folder of
+// one model.safetensors, whose tensors are whatever it holds).
+struct WeightFile {
+  std::string path;
+  std::set<std::string> tensors;
+};
+
+// A shard's name as the index gives it: a plain file name inside the folder.
+void check_shard_name(const std::string& index, const std::string& tensor,
+                      const std::string& file) {
+  const bool plain = !file.empty() && file.size() <= 255 && file != "." && file != ".." &&
+                     file.find('/') == std::string::npos && file.find('\\') == std::string::npos &&
+                     std::none_of(file.begin(), file.end(),
+                                  [](unsigned char ch) { return ch < 0x20 || ch == 0x7f; }) &&
+                     file.ends_with(".safetensors");
+  if (!plain)
+    throw std::runtime_error(index + ": weight_map gives tensor " + tensor.substr(0, 200) +
+                             " the file '" + file.substr(0, 200) +
+                             "', which is not a *.safetensors file name inside the folder "
+                             "(no '/', no '..')");
+}
+
+// The shards of model.safetensors.index.json: its weight_map, tensor -> file, file by file.
+std::vector<WeightFile> index_files(const std::string& dir, const std::string& index) {
+  const json c = hf::read_json_object(index, kMaxHfIndexBytes);
+  if (!c.contains("weight_map") || !c["weight_map"].is_object() || c["weight_map"].empty())
+    throw std::runtime_error(index + ": no weight_map (a mapping of tensor names to files)");
+  std::map<std::string, std::set<std::string>> by_file;
+  for (const auto& [tensor, file] : c["weight_map"].items()) {
+    if (!file.is_string())
+      throw std::runtime_error(index + ": weight_map gives tensor " + tensor.substr(0, 200) +
+                               " no file name");
+    check_shard_name(index, tensor, file.get<std::string>());
+    by_file[file.get<std::string>()].insert(tensor);
+    if (by_file.size() > kMaxHfShards)
+      throw std::runtime_error(index + ": more than " + std::to_string(kMaxHfShards) + " files");
   }
-  check_hf_config(c, model, vocab, cfg_path);
-  const std::string st_path = (d / "model.safetensors").string();
-  if (!fs::is_regular_file(st_path))
-    throw std::runtime_error("hf:" + dir +
-                             ": no model.safetensors in that folder (a sharded "
-                             "model.safetensors.index.json is not supported)");
-  return st_path;
+  std::vector<WeightFile> out;
+  for (auto& [file, tensors] : by_file)
+    out.push_back({hf::folder_file(dir, file), std::move(tensors)});
+  return out;
+}
+
+// The folder's weight files: model.safetensors, else the shards of its index.
+std::vector<WeightFile> weight_files(const std::string& dir) {
+  const fs::path d(dir);
+  std::error_code ec;
+  if (fs::exists(d / "model.safetensors", ec) || fs::is_symlink(d / "model.safetensors", ec))
+    return {{hf::folder_file(dir, "model.safetensors"), {}}};
+  if (!fs::exists(d / "model.safetensors.index.json", ec))
+    throw std::runtime_error(dir +
+                             ": no model.safetensors and no model.safetensors.index.json in "
+                             "that folder");
+  return index_files(dir, hf::folder_file(dir, "model.safetensors.index.json"));
+}
+
+// config.json against the job's model, and the weight files (not read).
+std::vector<WeightFile> checked_folder(const std::string& dir, const ModelConfig& model,
+                                       int vocab) {
+  const HfModel folder = read_hf_config(dir);
+  hf::compare(folder, model, vocab, (fs::path(dir) / "config.json").string(), nullptr);
+  return weight_files(dir);
+}
+
+// A weight file's tensors, read whole, against what the index says it holds; GPT-2 files of
+// older transformers renamed ("transformer." prefixed, the attention's causal-mask buffers
+// dropped).
+std::map<std::string, StTensor> read_weight_file(const WeightFile& w, bool gpt2) {
+  auto file = read_safetensors(w.path);
+  if (!w.tensors.empty()) {
+    for (const auto& name : w.tensors)
+      if (!file.count(name))
+        throw std::runtime_error(w.path + ": no tensor " + name +
+                                 ", which model.safetensors.index.json puts in this file");
+    for (const auto& [name, t] : file)
+      if (!w.tensors.count(name))
+        throw std::runtime_error(w.path + ": tensor " + name +
+                                 ", which model.safetensors.index.json does not put in this file");
+  }
+  if (!gpt2) return file;
+  std::map<std::string, StTensor> named;
+  for (auto& [name, t] : file) {
+    if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")) continue;
+    const bool bare = name.rfind("transformer.", 0) != 0 && name != "lm_head.weight";
+    named.emplace(bare ? "transformer." + name : name, std::move(t));
+  }
+  return named;
+}
+
+// "a, b, c and 4 more"
+std::string first_names(const std::vector<std::string>& names) {
+  std::string list;
+  for (std::size_t i = 0; i < names.size() && i < 5; ++i) list += (i ? ", " : "") + names[i];
+  if (names.size() > 5) list += " and " + std::to_string(names.size() - 5) + " more";
+  return list;
+}
+
+// What the weight files held, against the model: every piece once, nothing else.
+struct ImportState {
+  std::vector<float> theta;
+  std::vector<bool> seen;             // by piece
+  std::optional<StTensor> tied_head;  // lm_head.weight of a tied model, checked at the end
+  std::vector<std::string> extra;     // tensors the model does not have
+};
+
+void take_file(std::map<std::string, StTensor>& file, const std::string& path,
+               const std::vector<Piece>& pieces, const std::map<std::string, std::size_t>& by_name,
+               const std::vector<ParamSpec>& layout, bool tied, ImportState& st) {
+  for (auto& [name, t] : file) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      if (tied && name == "lm_head.weight" && !st.tied_head)
+        st.tied_head = std::move(t);
+      else
+        st.extra.push_back(name);
+      continue;
+    }
+    const Piece& p = pieces[it->second];
+    const auto want = piece_shape(p, layout[p.param]);
+    if (t.shape != want)
+      throw std::runtime_error(path + ": tensor " + name + " has shape " + shape_text(t.shape) +
+                               ", the job's model needs " + shape_text(want));
+    if (st.seen[it->second])
+      throw std::runtime_error(path + ": tensor " + name + " is in two of the folder's files");
+    put(p, layout[p.param], t.values, st.theta.data());
+    st.seen[it->second] = true;
+  }
+}
+
+// The end of an import: nothing missing, a tied head equal to the embeddings, nothing extra.
+void check_import(const std::string& dir, const std::vector<Piece>& pieces,
+                  const std::vector<ParamSpec>& layout, const ImportState& st) {
+  std::vector<std::string> missing;
+  for (std::size_t i = 0; i < pieces.size(); ++i)
+    if (!st.seen[i]) missing.push_back(pieces[i].hf);
+  if (!missing.empty())
+    throw std::runtime_error(dir + ": missing " + std::to_string(missing.size()) +
+                             " tensor(s) of the job's model: " + first_names(missing));
+  if (st.tied_head) {
+    // A tied model saved with its head: only the same values as the embeddings are accepted.
+    const auto& wte = layout.front();
+    if (st.tied_head->values.size() != static_cast<std::size_t>(wte.numel) ||
+        !std::equal(st.tied_head->values.begin(), st.tied_head->values.end(),
+                    st.theta.begin() + wte.offset))
+      throw std::runtime_error(dir +
+                               ": lm_head.weight differs from the embeddings, but "
+                               "config.json ties them (tie_word_embeddings)");
+  }
+  if (!st.extra.empty())
+    throw std::runtime_error(
+        dir + ": " + std::to_string(st.extra.size()) +
+        " tensor(s) that the job's model does not have: " + first_names(st.extra));
 }
 
 }  // namespace
@@ -388,67 +377,21 @@ void check_hf_folder(const std::string& dir, const ModelConfig& model, int vocab
 }
 
 std::vector<float> import_hf(const std::string& dir, const ModelConfig& model, int vocab) {
-  const std::string st_path = checked_folder(dir, model, vocab);
-  auto file = read_safetensors(st_path);
-  const bool gpt2 = model.arch == Arch::gpt2;
-  if (gpt2) {
-    // Older GPT-2 files: names without "transformer.", and the attention's causal-mask buffers.
-    std::map<std::string, StTensor> named;
-    for (auto& [name, t] : file) {
-      if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")) continue;
-      const bool bare = name.rfind("transformer.", 0) != 0 && name != "lm_head.weight";
-      named.emplace(bare ? "transformer." + name : name, std::move(t));
-    }
-    file = std::move(named);
-  }
+  const auto files = checked_folder(dir, model, vocab);
   const auto layout = parameter_layout(model, vocab);
-  std::vector<float> theta(static_cast<std::size_t>(layout.back().offset + layout.back().numel));
-  std::vector<std::string> missing;
-  for (const auto& p : hf_pieces(model, layout)) {
-    const auto& s = layout[p.param];
-    auto it = file.find(p.hf);
-    if (it == file.end()) {
-      missing.push_back(p.hf);
-      continue;
-    }
-    const auto want = piece_shape(p, s);
-    if (it->second.shape != want)
-      throw std::runtime_error(st_path + ": tensor " + p.hf + " has shape " +
-                               shape_text(it->second.shape) + ", the job's model needs " +
-                               shape_text(want));
-    put(p, s, it->second.values, theta.data());
-    file.erase(it);
+  const auto pieces = hf_pieces(model, layout);
+  std::map<std::string, std::size_t> by_name;
+  for (std::size_t i = 0; i < pieces.size(); ++i) by_name[pieces[i].hf] = i;
+  ImportState st;
+  st.theta.assign(static_cast<std::size_t>(layout.back().offset + layout.back().numel), 0.f);
+  st.seen.assign(pieces.size(), false);
+  for (const WeightFile& w : files) {
+    auto file = read_weight_file(w, model.arch == Arch::gpt2);
+    take_file(file, w.path, pieces, by_name, layout, model.tied_embeddings, st);
   }
-  if (!missing.empty()) {
-    std::string list;
-    for (std::size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
-    if (missing.size() > 5) list += " and " + std::to_string(missing.size() - 5) + " more";
-    throw std::runtime_error(st_path + ": missing " + std::to_string(missing.size()) +
-                             " tensor(s) of the job's model: " + list);
-  }
-  if (model.tied_embeddings && file.count("lm_head.weight")) {
-    // A tied model saved with its head: only the same values as the embeddings are accepted.
-    const auto& head = file.at("lm_head.weight").values;
-    const auto& wte = layout.front();
-    if (head.size() != static_cast<std::size_t>(wte.numel) ||
-        !std::equal(head.begin(), head.end(), theta.begin() + wte.offset))
-      throw std::runtime_error(st_path +
-                               ": lm_head.weight differs from the embeddings, but "
-                               "config.json ties them (tie_word_embeddings)");
-    file.erase("lm_head.weight");
-  }
-  if (!file.empty()) {
-    std::string list;
-    std::size_t i = 0;
-    for (const auto& [name, t] : file) {
-      if (i++ == 5) break;
-      list += (list.empty() ? "" : ", ") + name;
-    }
-    if (file.size() > 5) list += " and " + std::to_string(file.size() - 5) + " more";
-    throw std::runtime_error(st_path + ": " + std::to_string(file.size()) +
-                             " tensor(s) that the job's model does not have: " + list);
-  }
-  return theta;
+  const std::string where = files.size() == 1 ? files.front().path : dir;
+  check_import(where, pieces, layout, st);
+  return std::move(st.theta);
 }
 
 std::string hf_init_dir(const std::string& init) {

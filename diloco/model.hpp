@@ -1,9 +1,10 @@
-// A decoder-only transformer of one of two block types (ModelConfig::arch):
+// A decoder-only transformer of one of two skeletons (ModelConfig::arch):
 //   gpt2:  token + learned position embeddings, pre-norm blocks of causal self-attention
 //          (fused qkv, biases) and a GELU-tanh MLP, LayerNorm.
-//   llama: token embeddings only, pre-norm blocks of causal self-attention with rotary
-//          positions (HF Llama's convention: rotate_half, cos/sin in fp32) and optional
-//          grouped-query attention, and a SwiGLU MLP; RMSNorm; no biases.
+//   llama, mistral, qwen2: token embeddings only, pre-norm blocks of causal self-attention
+//          with rotary positions (HF Llama's convention: rotate_half, cos/sin in fp32; Llama 3's
+//          rope scaling optional) and optional grouped-query attention, and a SwiGLU MLP;
+//          RMSNorm; no biases but qwen2's on q, k and v; mistral's optional sliding window.
 // Then a final norm and a language-model head (optionally tied to the token embedding).
 // Both keep their blocks' parameters under "blocks.N." in the flat order (parameter_fragments,
 // hf_export.hpp). No dropout anywhere, so a forward pass is a deterministic function of its
@@ -37,13 +38,24 @@ class AutocastGuard {
   at::ScalarType was_dtype_;
 };
 
-// A block of either arch, as the forward loop and activation checkpointing see it. `cos` and
-// `sin` are the rotary tables [T, head_dim] (fp32) for llama, undefined for gpt2.
+// What the blocks of one forward pass share: the rotary tables [T, head_dim] (fp32; undefined
+// for gpt2) and, for a sliding window shorter than T, the attention mask [T, T] (true: the
+// query attends to the key; undefined: plain causal attention).
+struct BlockInputs {
+  torch::Tensor cos, sin, mask;
+};
+
+// A block of either skeleton, as the forward loop and activation checkpointing see it.
 class DecoderBlock : public torch::nn::Module {
  public:
-  virtual torch::Tensor run(const torch::Tensor& x, const torch::Tensor& cos,
-                            const torch::Tensor& sin) = 0;
+  virtual torch::Tensor run(const torch::Tensor& x, const BlockInputs& in) = 0;
 };
+
+// The rotary embedding's inverse frequencies [head_dim / 2] (fp32) of a rotary model: HF's
+// 1 / θ^(2i / head_dim), and with rope_scaling llama3 transformers' Llama 3 rule, computed with
+// the operations its Python runs, in fp32 as it does, so that the tables are its own bit for
+// bit.
+torch::Tensor inverse_frequencies(const ModelConfig& m, const torch::Device& device);
 
 // Root-mean-square norm with a learned scale, computed in fp32 (as HF's LlamaRMSNorm).
 class RmsNormImpl : public torch::nn::Module {
@@ -72,9 +84,7 @@ class BlockImpl : public DecoderBlock {
  public:
   explicit BlockImpl(const ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::Tensor run(const torch::Tensor& x, const torch::Tensor&, const torch::Tensor&) override {
-    return forward(x);
-  }
+  torch::Tensor run(const torch::Tensor& x, const BlockInputs&) override { return forward(x); }
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
   torch::nn::Linear fc{nullptr}, fc_proj{nullptr};
@@ -82,16 +92,17 @@ class BlockImpl : public DecoderBlock {
 TORCH_MODULE(Block);
 
 // Llama attention: qkv is the fused [q; k; v] projection, heads × head_dim rows of q then
-// kv_heads × head_dim rows each of k and v; no biases. Key/value head j serves query heads
-// j·g … j·g + g − 1 (g = heads / kv_heads), as HF's repeat_kv.
+// kv_heads × head_dim rows each of k and v (with biases for qwen2, none otherwise); proj maps
+// heads × head_dim back to d_model. Key/value head j serves query heads j·g … j·g + g − 1
+// (g = heads / kv_heads), as HF's repeat_kv.
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  LlamaAttentionImpl(int d_model, int heads, int kv_heads);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  explicit LlamaAttentionImpl(const ModelConfig& cfg);
+  torch::Tensor forward(const torch::Tensor& x, const BlockInputs& in);
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
 
  private:
-  int heads_, kv_heads_;
+  int heads_, kv_heads_, head_dim_;
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -100,8 +111,7 @@ TORCH_MODULE(LlamaAttention);
 class LlamaBlockImpl : public DecoderBlock {
  public:
   explicit LlamaBlockImpl(const ModelConfig& cfg);
-  torch::Tensor run(const torch::Tensor& x, const torch::Tensor& cos,
-                    const torch::Tensor& sin) override;
+  torch::Tensor run(const torch::Tensor& x, const BlockInputs& in) override;
   RmsNorm ln1{nullptr}, ln2{nullptr};
   LlamaAttention attn{nullptr};
   torch::nn::Linear fc{nullptr}, fc_proj{nullptr};
@@ -129,7 +139,7 @@ class GptImpl : public torch::nn::Module {
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // wpe: gpt2 only
   torch::nn::ModuleList blocks{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};  // gpt2's final norm
-  RmsNorm rms_f{nullptr};              // llama's, registered as "ln_f" too
+  RmsNorm rms_f{nullptr};              // the rotary archs', registered as "ln_f" too
   torch::nn::Linear lm_head{nullptr};  // null when embeddings are tied
 
  private:

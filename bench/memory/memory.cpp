@@ -20,6 +20,7 @@
 #include <fstream>
 #include <string>
 
+#include "diloco/hf_format.hpp"
 #include "diloco/trainer.hpp"
 
 using namespace loco::diloco;
@@ -62,6 +63,9 @@ int main(int argc, char** argv) {
   at::set_num_interop_threads(1);
 
   auto cfg = JobConfig::from_yaml_file(job);
+  // A model from a Hugging Face folder (model.hf): its shape from config.json; the weights
+  // are not read (the trainer starts from the job's seed, which costs the same memory).
+  if (!cfg.model.hf.empty()) resolve_hf_model(cfg, cfg.model.hf);
   cfg.inner.batch_size = batch;
   cfg.inner.grad_accum = 1;
   cfg.model.activation_checkpointing = checkpointing;

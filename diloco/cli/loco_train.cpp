@@ -22,6 +22,22 @@ using namespace loco::diloco;
 
 namespace {
 
+// The job file with `sets` applied (`--set`), its model.hf read from the folder (here, the
+// simulator's node).
+JobConfig load_job(const std::string& job, const std::vector<std::string>& sets) {
+  JobConfig cfg;
+  std::ifstream f(job);
+  std::stringstream text;
+  text << f.rdbuf();
+  try {
+    cfg = JobConfig::from_yaml(sets.empty() ? text.str() : with_overrides(text.str(), sets));
+    if (!cfg.model.hf.empty()) resolve_hf_model(cfg, cfg.model.hf);
+  } catch (const ConfigError& e) {
+    throw ConfigError(job + ": " + e.what());
+  }
+  return cfg;
+}
+
 int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out,
           int threads, const std::string& resume, std::string init, int local_ranks,
           const std::vector<std::string>& sets, const std::vector<std::string>& fresh_feedback,
@@ -50,19 +66,7 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
                                   c + "'");
     }
   }
-  JobConfig cfg;
-  if (sets.empty()) {
-    cfg = JobConfig::from_yaml_file(job);
-  } else {
-    std::ifstream f(job);
-    std::stringstream text;
-    text << f.rdbuf();
-    try {
-      cfg = JobConfig::from_yaml(with_overrides(text.str(), sets));
-    } catch (const ConfigError& e) {
-      throw ConfigError(job + ": " + e.what());
-    }
-  }
+  JobConfig cfg = load_job(job, sets);
   // The job file's `init`, unless --init says otherwise (a resumed run has its own θ).
   if (init.empty() && resume.empty()) init = cfg.init;
   if (threads > 0) cfg.threads = threads;
@@ -183,10 +187,14 @@ int logits(const std::string& checkpoint, const std::string& job, const std::str
   if (!checkpoint.empty()) {
     model = load_model_from_checkpoint(checkpoint, &cfg);
   } else {
-    cfg = JobConfig::from_yaml_file(job);
+    cfg = load_job(job, {});
     refuse_torchscript(cfg, "logits --job " + job);
     model = Gpt(cfg.model, cfg.vocab_size());
-    const torch::Tensor theta = initial_theta(init, cfg);
+    const std::string from = init.empty() ? cfg.init : init;
+    if (from.empty())
+      throw std::invalid_argument("logits: --job " + job +
+                                  " has no init or model.hf; give --init hf:DIR or CKPT");
+    const torch::Tensor theta = initial_theta(from, cfg);
     torch::NoGradGuard no_grad;
     std::int64_t off = 0;
     for (auto& p : model->parameters()) {
@@ -293,11 +301,15 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> lo_tokens;
   auto* lo_ck =
       lo->add_option("--checkpoint", lo_checkpoint, "checkpoint file")->check(CLI::ExistingFile);
-  auto* lo_jb = lo->add_option("--job", lo_job, "job file (with --init): the model's shape")
-                    ->check(CLI::ExistingFile)
-                    ->excludes(lo_ck);
-  lo->add_option("--init", lo_init, "hf:DIR or a checkpoint: the job's starting θ")->needs(lo_jb);
-  lo_jb->needs("--init");
+  auto* lo_jb =
+      lo->add_option("--job", lo_job,
+                     "job file: the model's shape (and θ from its init, model.hf or --init)")
+          ->check(CLI::ExistingFile)
+          ->excludes(lo_ck);
+  lo->add_option("--init", lo_init,
+                 "hf:DIR or a checkpoint: the job's starting θ (default: the job's init, or "
+                 "its model.hf)")
+      ->needs(lo_jb);
   lo->add_option("--tokens", lo_tokens, "token ids, comma-separated")->required()->delimiter(',');
   lo->add_option("--out", lo_out, "JSON file: {arch, tokens, shape [T, vocab], logits}")
       ->required();

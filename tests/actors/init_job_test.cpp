@@ -1,7 +1,7 @@
-// A cluster job that starts from a Hugging Face folder (`init: hf:DIR` in the job file): every
-// worker reads the folder, the job holds the simulator's θ round for round (the simulator reads
-// the same field), and a folder that is missing or of another model fails the submission,
-// naming what is wrong.
+// A cluster job that starts from a Hugging Face folder (`init: hf:DIR` in the job file, or the
+// whole model from one, `model: {hf: DIR}`): every worker reads the folder, the job holds the
+// simulator's θ round for round (the simulator reads the same field), and a folder that is
+// missing or of another model fails the submission, naming what is wrong.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -78,6 +78,77 @@ TEST_F(DilocoJob, AJobStartsFromAnExportedFolderAsTheSimulatorDoes) {
   other.replace(other.find("width: 64"), 9, "width: 32");
   e = refused(other + "init: hf:" + hf + "\n");
   EXPECT_NE(e.find("n_embd is 64, but the job's model.d_model is 32"), std::string::npos) << e;
+}
+
+// `model: {hf: DIR}`: the aggregator reads the folder's config.json under its node's data root
+// once, at submission, and hands the workers the whole model (and init: hf:DIR); the job holds
+// the simulator's θ round for round, the simulator resolving the same file. A qwen2 folder (a
+// rotary arch with q/k/v biases), written by `loco export` from a pretrained job.
+TEST_F(DilocoJob, AJobTakesItsWholeModelFromAFolderAsTheSimulatorDoes) {
+  TestJob j = job(2, 2, 2);
+  const std::string shape = "model: {layers: 2, width: 64, heads: 2, context: 32}";
+  TestJob pre = j;
+  pre.ckpt = dir_ + "/pre-ckpt";
+  std::string pre_yaml = pre.yaml();
+  ASSERT_NE(pre_yaml.find(shape), std::string::npos);
+  pre_yaml.replace(pre_yaml.find(shape), shape.size(),
+                   "model: {arch: qwen2, layers: 2, width: 64, heads: 2, kv_heads: 1, context: 32, "
+                   "max_positions: 128}");
+  const std::string pre_file = dir_ + "/pre.yaml";
+  std::ofstream(pre_file) << pre_yaml;
+  ASSERT_EQ(loco(dir_ + "/pre.log",
+                 {"train", "--simulate", "1", pre_file, "--rounds", "1", "--out", dir_ + "/pre"}),
+            0)
+      << "see " << dir_ << "/pre.log";
+  const std::string hf = dir_ + "/qwen2-hf";
+  ASSERT_EQ(loco(dir_ + "/export.log",
+                 {"export", dir_ + "/pre-ckpt/latest.pt", "--format", "hf", "--out", hf}),
+            0)
+      << "see " << dir_ << "/export.log";
+  const std::string pretrained = theta_hashes(dir_ + "/pre/metrics.jsonl").at(1);
+
+  std::string yaml = j.yaml();
+  yaml.replace(yaml.find(shape), shape.size(), "model: {hf: " + hf + ", context: 32}");
+  const std::string file = dir_ + "/job.yaml";
+  std::ofstream(file) << yaml;
+  ASSERT_EQ(loco(dir_ + "/sim.log", {"train", "--simulate", "2", file, "--out", dir_ + "/sim"}), 0)
+      << "see " << dir_ << "/sim.log";
+  const auto expected = theta_hashes(dir_ + "/sim/metrics.jsonl");
+  ASSERT_EQ(expected.size(), 3u);  // rounds 0..2
+  EXPECT_EQ(expected.at(0), pretrained);
+
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  JobHandle handle = client.submit(JobSpec::from_yaml_file(file));
+  JobInfo end = handle.wait(Millis(300000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message;
+  const std::string folder = dir_ + "/ckpt/" + handle.id();
+  EXPECT_EQ(theta_hashes(folder + "/metrics.jsonl"), expected);
+  // The job that travelled names every field, and starts from the folder.
+  std::ifstream in(folder + "/job.yaml");
+  const std::string written((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* field : {"arch: qwen2", "kv_heads: 1", "max_positions: 128", "vocab: 256"})
+    EXPECT_NE(written.find(field), std::string::npos) << field << " in\n" << written;
+  EXPECT_NE(written.find("init: hf:" + hf), std::string::npos) << written;
+  EXPECT_EQ(written.find("hf: " + hf), std::string::npos) << written;
+
+  // A field of the job that disagrees with the folder, or a folder that is not there, fails the
+  // submission naming it.
+  auto refused = [&](const std::string& model) -> std::string {
+    std::string y = j.yaml();
+    y.replace(y.find(shape), shape.size(), model);
+    try {
+      client.submit(JobSpec::from_yaml(y));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  std::string e = refused("model: {hf: " + hf + ", context: 32, layers: 3}");
+  EXPECT_NE(e.find("num_hidden_layers is 2, but the job's model.layers is 3"), std::string::npos)
+      << e;
+  e = refused("model: {hf: " + dir_ + "/nowhere}");
+  EXPECT_NE(e.find("no config.json"), std::string::npos) << e;
 }
 
 }  // namespace

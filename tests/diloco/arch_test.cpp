@@ -47,16 +47,18 @@ torch::Tensor flat(Gpt& m) {
 }  // namespace
 
 // parameter_layout (torch-free: what export and import use) is the model's parameters, name
-// by name, shape by shape, for both archs, tied or not, with and without GQA.
+// by name, shape by shape, for every arch, tied or not, with and without GQA, and for the
+// rotary archs with a head_dim other than width / heads (qwen2: with its q/k/v bias).
 TEST_F(ArchTest, LayoutIsTheModelsParameters) {
   auto c = llama_job();
-  for (Arch a : {Arch::gpt2, Arch::llama})
+  for (Arch a : {Arch::gpt2, Arch::llama, Arch::mistral, Arch::qwen2})
     for (bool tied : {true, false})
       for (int kv : {0, 2}) {
         if (a == Arch::gpt2 && kv) continue;
         c.model.arch = a;
         c.model.tied_embeddings = tied;
         c.model.kv_heads = kv;
+        c.model.explicit_head_dim = a == Arch::gpt2 || a == Arch::llama ? 0 : 12;
         SCOPED_TRACE(std::string(to_string(a)) + (tied ? " tied" : " untied") + " kv " +
                      std::to_string(kv));
         Gpt m(c.model, 256);
@@ -136,35 +138,72 @@ TEST_F(ArchTest, GroupedQueryAttentionIsMultiHeadWithRepeatedKeyValueHeads) {
       << "max |difference| " << (a - b).abs().max().item<double>();
 }
 
-TEST_F(ArchTest, LlamaActivationCheckpointingGivesTheSameGradients) {
+// mistral's sliding window: a token attends to itself and the w − 1 before it, so through 2
+// layers position i sees tokens i − 2(w − 1) … i: a change at token 0 reaches positions up to
+// 2(w − 1) and no further. Without the window it reaches every position.
+TEST_F(ArchTest, MistralsSlidingWindowLimitsWhatEachLayerSees) {
   auto c = llama_job();
-  auto idx = torch::randint(0, 256, {3, 17}, torch::kInt64);
-  for (const bool bf16 : {false, true}) {
-    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
-    std::vector<std::vector<torch::Tensor>> grads;
-    std::vector<double> losses;
-    for (const bool ckpt : {false, true}) {
-      c.model.activation_checkpointing = ckpt;
-      Gpt m(c.model, 256);
-      m->init_weights(7);
-      torch::Tensor loss;
-      {
-        AutocastGuard autocast(at::kCPU, bf16);
-        loss = m->loss(idx.slice(1, 0, 16), idx.slice(1, 1, 17));
-      }
-      loss.backward();
-      losses.push_back(loss.item<double>());
-      grads.emplace_back();
-      for (const auto& p : m->parameters()) {
-        ASSERT_TRUE(p.grad().defined());
-        grads.back().push_back(p.grad().clone());
-      }
-    }
-    EXPECT_EQ(losses[0], losses[1]);
-    for (std::size_t i = 0; i < grads[0].size(); ++i)
-      EXPECT_TRUE(torch::allclose(grads[0][i], grads[1][i], 1e-6, 1e-9))
-          << i << ": max |difference| " << (grads[0][i] - grads[1][i]).abs().max().item<double>();
+  c.model.arch = Arch::mistral;
+  c.model.sliding_window = 4;
+  c.validate();
+  for (const int window : {4, 0}) {
+    c.model.sliding_window = window;
+    Gpt m(c.model, 256);
+    m->init_weights(3);
+    torch::NoGradGuard no_grad;
+    auto idx = torch::randint(1, 256, {1, 16}, torch::kInt64);
+    const auto before = m->forward(idx);
+    idx[0][0] = 0;
+    const auto moved = (m->forward(idx) - before).abs().amax(-1)[0];  // per position
+    const int reach = window ? 2 * (window - 1) : 15;
+    for (int i = 0; i < 16; ++i)
+      if (i <= reach)
+        EXPECT_GT(moved[i].item<double>(), 0) << "window " << window << " position " << i;
+      else
+        EXPECT_EQ(moved[i].item<double>(), 0) << "window " << window << " position " << i;
   }
+}
+
+// For llama, and for mistral with a sliding window shorter than the sequence (its mask goes
+// through the recomputation too), with a head_dim of its own and Llama 3's rope scaling.
+TEST_F(ArchTest, LlamaActivationCheckpointingGivesTheSameGradients) {
+  auto idx = torch::randint(0, 256, {3, 17}, torch::kInt64);
+  for (const bool bf16 : {false, true})
+    for (const Arch arch : {Arch::llama, Arch::mistral}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16 " : "fp32 ") + to_string(arch));
+      auto c = llama_job();
+      c.model.arch = arch;
+      if (arch == Arch::mistral) {
+        c.model.sliding_window = 5;
+        c.model.explicit_head_dim = 12;
+        c.model.rope_scaling.llama3 = true;
+        c.model.rope_scaling.original_context = 16;
+        c.validate();
+      }
+      std::vector<std::vector<torch::Tensor>> grads;
+      std::vector<double> losses;
+      for (const bool ckpt : {false, true}) {
+        c.model.activation_checkpointing = ckpt;
+        Gpt m(c.model, 256);
+        m->init_weights(7);
+        torch::Tensor loss;
+        {
+          AutocastGuard autocast(at::kCPU, bf16);
+          loss = m->loss(idx.slice(1, 0, 16), idx.slice(1, 1, 17));
+        }
+        loss.backward();
+        losses.push_back(loss.item<double>());
+        grads.emplace_back();
+        for (const auto& p : m->parameters()) {
+          ASSERT_TRUE(p.grad().defined());
+          grads.back().push_back(p.grad().clone());
+        }
+      }
+      EXPECT_EQ(losses[0], losses[1]);
+      for (std::size_t i = 0; i < grads[0].size(); ++i)
+        EXPECT_TRUE(torch::allclose(grads[0][i], grads[1][i], 1e-6, 1e-9))
+            << i << ": max |difference| " << (grads[0][i] - grads[1][i]).abs().max().item<double>();
+    }
 }
 
 TEST_F(ArchTest, LlamaFragmentsCoverTheVectorOnce) {

@@ -14,6 +14,7 @@
 
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
+#include "diloco/memory.hpp"
 #include "diloco/safetensors.hpp"
 #include "tests/diloco/config_util.hpp"
 
@@ -119,7 +120,7 @@ TEST(Arch, LlamaParsesValidatesAndRoundTrips) {
 
 TEST(Arch, BadFieldsAreRefusedNamingThem) {
   EXPECT_EQ(error_of(replace(kLlama, "arch: llama", "arch: mamba")),
-            "model.arch: expected one of gpt2|llama, got 'mamba'");
+            "model.arch: expected one of gpt2|llama|mistral|qwen2, got 'mamba'");
   EXPECT_EQ(error_of(replace(kLlama, "kv_heads: 2", "kv_heads: 3")),
             "model.kv_heads: must be a divisor of model.heads (4), got 3");
   EXPECT_EQ(error_of(replace(kLlama, "kv_heads: 2", "kv_heads: 8")),
@@ -447,4 +448,506 @@ TEST(HfFormat, ImportTakesOlderGpt2NamingAndARepeatedTiedHead) {
 TEST(HfFormat, InitNamesAFolderWithHfColon) {
   EXPECT_EQ(hf_init_dir("hf:/models/gpt2"), "/models/gpt2");
   EXPECT_EQ(hf_init_dir("runs/x/checkpoints/latest.pt"), "");
+}
+
+// ---- The Hugging Face families: config.json of each, shards, `model: {hf: DIR}` ----
+
+namespace {
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::trunc);
+  out << text;
+}
+
+// config.json files as the public checkpoints have them (transformers 4.x's fields; the real
+// models' shapes).
+const char* kSmolLm2 = R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false,
+ "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu",
+ "hidden_size": 576, "initializer_range": 0.041666666666666664, "intermediate_size": 1536,
+ "is_llama_config": true, "max_position_embeddings": 8192, "model_type": "llama",
+ "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3,
+ "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_interleaved": false, "rope_scaling": null,
+ "rope_theta": 100000, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+ "transformers_version": "4.40.1", "use_cache": true, "vocab_size": 49152})";
+const char* kLlama32 = R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false,
+ "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64,
+ "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+ "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false,
+ "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16,
+ "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+ "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+ "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+ "use_cache": true, "vocab_size": 128256})";
+const char* kMistral7b = R"({"architectures": ["MistralForCausalLM"], "bos_token_id": 1,
+ "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+ "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+ "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+ "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+ "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+ "vocab_size": 32000})";
+const char* kQwen25 = R"({"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+ "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
+ "initializer_range": 0.02, "intermediate_size": 4864, "max_position_embeddings": 32768,
+ "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+ "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+ "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+ "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false,
+ "vocab_size": 151936})";
+
+HfModel read_config_text(const TempDir& dir, const std::string& text) {
+  write_text(dir / "config.json", text);
+  return read_hf_config((dir / "").string());
+}
+
+std::string config_error(const std::string& text,
+                         const std::function<void(nlohmann::json&)>& edit) {
+  TempDir dir;
+  auto c = nlohmann::json::parse(text);
+  edit(c);
+  write_text(dir / "config.json", c.dump());
+  try {
+    read_hf_config((dir / "").string());
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kQwenJob = R"(
+name: t
+model: {arch: qwen2, layers: 2, width: 32, heads: 4, kv_heads: 2, head_dim: 12, context: 16, tied_embeddings: false, mlp_hidden: 48}
+data: {dir: /tmp/x}
+rounds: 1
+)";
+
+// θ of kQwenJob exported, and its model.safetensors cut into shards with an index, as
+// save_pretrained(max_shard_size=...) writes them; returns θ.
+std::vector<float> sharded_folder(const fs::path& out, const ModelConfig& m) {
+  const auto theta = random_theta(m, 256, 9);
+  export_hf(m, 256, theta.data(), theta.size(), out.string(), StDtype::f32, true);
+  auto tensors = read_safetensors((out / "model.safetensors").string());
+  fs::remove(out / "model.safetensors");
+  std::vector<std::vector<std::pair<std::string, StTensor>>> shards(3);
+  nlohmann::json map;
+  std::size_t i = 0;
+  for (auto& [name, t] : tensors) {
+    const std::size_t s = i++ % 3;
+    const std::string file = "model-0000" + std::to_string(s + 1) + "-of-00003.safetensors";
+    map[name] = file;
+    shards[s].emplace_back(name, t);
+  }
+  for (std::size_t s = 0; s < 3; ++s)
+    write_safetensors(
+        (out / ("model-0000" + std::to_string(s + 1) + "-of-00003.safetensors")).string(),
+        shards[s], StDtype::f32);
+  write_text(out / "model.safetensors.index.json",
+             nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", map}}.dump());
+  return theta;
+}
+
+}  // namespace
+
+// Each family's config.json as transformers reads it, down to the exact parameter count (as
+// transformers counts the public models: 134,515,008 for SmolLM2-135M, 1,235,814,400 for
+// Llama-3.2-1B, 7,241,732,096 for Mistral-7B, 494,032,768 for Qwen2.5-0.5B).
+TEST(HfFamilies, EachFamilysConfigIsReadAsTransformersReadsIt) {
+  TempDir dir;
+  HfModel smol = read_config_text(dir, kSmolLm2);
+  EXPECT_EQ(smol.model.arch, Arch::llama);
+  EXPECT_EQ(smol.vocab, 49152);
+  EXPECT_EQ(smol.model.d_model, 576);
+  EXPECT_EQ(smol.model.kv_head_count(), 3);
+  EXPECT_EQ(smol.model.head_dim(), 64);
+  EXPECT_EQ(smol.model.explicit_head_dim, 0);
+  EXPECT_EQ(smol.model.rope_theta, 100000);
+  EXPECT_EQ(smol.model.norm_eps, 1e-5);
+  EXPECT_TRUE(smol.model.tied_embeddings);
+  EXPECT_FALSE(smol.model.rope_scaling.llama3);
+  EXPECT_EQ(smol.model.max_positions, 8192);
+  EXPECT_EQ(smol.model.parameter_count(smol.vocab), 134515008);
+
+  HfModel llama = read_config_text(dir, kLlama32);
+  EXPECT_TRUE(llama.model.rope_scaling.llama3);
+  EXPECT_EQ(llama.model.rope_scaling.factor, 32);
+  EXPECT_EQ(llama.model.rope_scaling.low_freq_factor, 1);
+  EXPECT_EQ(llama.model.rope_scaling.high_freq_factor, 4);
+  EXPECT_EQ(llama.model.rope_scaling.original_context, 8192);
+  EXPECT_EQ(llama.model.rope_theta, 500000);
+  EXPECT_EQ(llama.model.parameter_count(llama.vocab), 1235814400);
+
+  HfModel mistral = read_config_text(dir, kMistral7b);
+  EXPECT_EQ(mistral.model.arch, Arch::mistral);
+  EXPECT_EQ(mistral.model.sliding_window, 4096);
+  EXPECT_FALSE(mistral.model.tied_embeddings);
+  EXPECT_EQ(mistral.model.parameter_count(mistral.vocab), 7241732096);
+
+  HfModel qwen = read_config_text(dir, kQwen25);
+  EXPECT_EQ(qwen.model.arch, Arch::qwen2);
+  EXPECT_TRUE(qwen.model.qkv_bias());
+  EXPECT_EQ(qwen.model.sliding_window, 0);  // use_sliding_window: false
+  EXPECT_EQ(qwen.model.head_dim(), 64);
+  EXPECT_EQ(qwen.model.parameter_count(qwen.vocab), 494032768);
+
+  // transformers 5's own files: rope_parameters instead of rope_theta and rope_scaling.
+  auto v5 = nlohmann::json::parse(kLlama32);
+  v5["rope_parameters"] = v5["rope_scaling"];
+  v5["rope_parameters"]["rope_theta"] = 250000.0;
+  v5.erase("rope_scaling");
+  v5.erase("rope_theta");
+  HfModel again = read_config_text(dir, v5.dump());
+  EXPECT_EQ(again.model.rope_theta, 250000);
+  EXPECT_EQ(again.model.rope_scaling.factor, 32);
+  // A head_dim that is not hidden / heads (Mistral NeMo's, 5120 / 32 = 160 against 128).
+  auto nemo = nlohmann::json::parse(kMistral7b);
+  nemo["hidden_size"] = 5120;
+  nemo["head_dim"] = 128;
+  nemo["sliding_window"] = nullptr;
+  HfModel wide = read_config_text(dir, nemo.dump());
+  EXPECT_EQ(wide.model.explicit_head_dim, 128);
+  EXPECT_EQ(wide.model.sliding_window, 0);
+}
+
+TEST(HfFamilies, WhatLocoDoesNotComputeIsRefusedNamingTheFieldAndValue) {
+  using J = nlohmann::json;
+  const std::vector<std::tuple<const char*, std::function<void(J&)>, std::string>> cases = {
+      {kSmolLm2, [](J& c) { c["model_type"] = "gemma2"; }, "config.json: model_type: gemma2: "},
+      {kSmolLm2, [](J& c) { c.erase("model_type"); }, "model_type missing"},
+      {kLlama32, [](J& c) { c["rope_scaling"]["rope_type"] = "yarn"; },
+       "rope_scaling.rope_type: yarn: "},
+      {kLlama32,
+       [](J& c) {
+         c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+       },
+       "rope_scaling.type: dynamic: "},
+      {kLlama32,
+       [](J& c) {
+         c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+       },
+       "rope_scaling.type: linear: "},
+      {kLlama32, [](J& c) { c["rope_scaling"].erase("factor"); }, "rope_scaling.factor missing"},
+      {kLlama32, [](J& c) { c["rope_scaling"] = "llama3"; },
+       "rope_scaling: llama3: expected a mapping"},
+      {kSmolLm2, [](J& c) { c["hidden_act"] = "gelu"; }, "hidden_act: gelu: "},
+      {kSmolLm2, [](J& c) { c["attention_bias"] = true; }, "attention_bias: true: "},
+      {kSmolLm2, [](J& c) { c["mlp_bias"] = true; }, "mlp_bias: true: "},
+      {kSmolLm2, [](J& c) { c["rope_interleaved"] = true; }, "rope_interleaved: true: "},
+      {kSmolLm2, [](J& c) { c["partial_rotary_factor"] = 0.5; }, "partial_rotary_factor: 0.5: "},
+      {kSmolLm2, [](J& c) { c["attention_dropout"] = 0.1; }, "attention_dropout: 0.1: "},
+      {kQwen25, [](J& c) { c["use_sliding_window"] = true; }, "use_sliding_window: true: "},
+      {kQwen25,
+       [](J& c) {
+         c["layer_types"] = {"full_attention", "sliding_attention"};
+       },
+       "layer_types[1]: sliding_attention: "},
+      {kSmolLm2, [](J& c) { c["hidden_size"] = 1e12; },
+       "hidden_size: 1000000000000.0: expected an integer in"},
+      {kSmolLm2, [](J& c) { c["num_hidden_layers"] = "30"; },
+       "num_hidden_layers: 30: expected an integer"},
+      {kSmolLm2, [](J& c) { c["vocab_size"] = -1; }, "vocab_size: -1: expected an integer in"},
+      {kSmolLm2, [](J& c) { c.erase("intermediate_size"); }, "intermediate_size missing"},
+      {kSmolLm2, [](J& c) { c["rms_norm_eps"] = "tiny"; },
+       "rms_norm_eps: tiny: expected a finite number"},
+      {kMistral7b, [](J& c) { c["sliding_window"] = 1 << 30; }, "sliding_window: 1073741824: "},
+  };
+  for (const auto& [text, edit, want] : cases) {
+    const std::string e = config_error(text, edit);
+    EXPECT_NE(e.find(want), std::string::npos) << "want '" << want << "', got '" << e << "'";
+  }
+  TempDir dir;
+  write_text(dir / "config.json", "[1, 2]");
+  EXPECT_THROW(read_hf_config((dir / "").string()), std::runtime_error);
+  write_text(dir / "config.json", std::string(kMaxJobFileBytes + 1, ' '));
+  try {
+    read_hf_config((dir / "").string());
+    ADD_FAILURE() << "an oversize config.json was read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than the 1048576 allowed"), std::string::npos)
+        << e.what();
+  }
+}
+
+// export_hf then import_hf is bit-exact for the rotary families too, and config.json says what
+// transformers needs to build each.
+TEST(HfFamilies, ExportThenImportIsBitExactAndConfigJsonIsTheFamilys) {
+  auto c = JobConfig::from_yaml(kQwenJob);
+  EXPECT_EQ(c.model.parameter_count(256), parameter_layout(c.model, 256).back().offset +
+                                              parameter_layout(c.model, 256).back().numel);
+  for (Arch a : {Arch::llama, Arch::mistral, Arch::qwen2}) {
+    SCOPED_TRACE(to_string(a));
+    c.model.arch = a;
+    c.model.sliding_window = a == Arch::mistral ? 6 : 0;
+    c.model.rope_scaling.llama3 = a == Arch::llama;
+    c.model.max_positions = 64;
+    c.validate();
+    TempDir dir;
+    const auto theta = random_theta(c.model, 256, 11);
+    const auto out = (dir / "hf").string();
+    export_hf(c.model, 256, theta.data(), theta.size(), out, StDtype::f32, false);
+    EXPECT_EQ(import_hf(out, c.model, 256), theta);
+    std::ifstream in(dir / "hf" / "config.json");
+    const auto j = nlohmann::json::parse(in);
+    EXPECT_EQ(j["model_type"], to_string(a));
+    EXPECT_EQ(j["head_dim"], 12);
+    EXPECT_EQ(j["max_position_embeddings"], 64);
+    const HfModel back = read_hf_config(out);
+    EXPECT_EQ(model_difference(back.model,
+                               [&] {
+                                 ModelConfig m = c.model;
+                                 m.context = 64;  // the folder's positions
+                                 return m;
+                               }()),
+              "");
+    const auto st = read_safetensors((dir / "hf" / "model.safetensors").string());
+    EXPECT_EQ(st.count("model.layers.1.self_attn.k_proj.bias"), a == Arch::qwen2 ? 1u : 0u);
+    if (a == Arch::qwen2) {
+      EXPECT_EQ(st.at("model.layers.1.self_attn.k_proj.bias").shape,
+                (std::vector<std::int64_t>{24}));
+      EXPECT_EQ(j["use_sliding_window"], false);
+    }
+    if (a == Arch::mistral) {
+      EXPECT_EQ(j["sliding_window"], 6);
+    }
+    if (a == Arch::llama) {
+      EXPECT_EQ(j["rope_scaling"]["rope_type"], "llama3");
+    }
+  }
+}
+
+TEST(HfFamilies, ShardsAreReadWithTheirIndexAndHostileIndexesRefused) {
+  const auto c = JobConfig::from_yaml(kQwenJob);
+  TempDir dir;
+  const fs::path out = dir / "hf";
+  const auto theta = sharded_folder(out, c.model);
+  EXPECT_FALSE(fs::exists(out / "model.safetensors"));
+  EXPECT_EQ(import_hf(out.string(), c.model, 256), theta);
+  EXPECT_NO_THROW(check_hf_folder(out.string(), c.model, 256));
+
+  const fs::path index = out / "model.safetensors.index.json";
+  const auto original = [&] {
+    std::ifstream in(index);
+    return nlohmann::json::parse(in);
+  }();
+  const auto error_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    auto j = original;
+    edit(j);
+    write_text(index, j.dump());
+    return import_error(out.string(), c.model, 256);
+  };
+  const std::string some = original["weight_map"].begin().key();
+  EXPECT_NE(error_with([&](auto& j) {
+              j["weight_map"][some] = "../model-00001-of-00003.safetensors";
+            }).find("which is not a *.safetensors file name inside the folder"),
+            std::string::npos);
+  EXPECT_NE(error_with([&](auto& j) {
+              j["weight_map"][some] = "/etc/model.safetensors";
+            }).find("not a *.safetensors file name inside the folder"),
+            std::string::npos);
+  EXPECT_NE(error_with([&](auto& j) { j["weight_map"][some] = ".."; }).find("inside the folder"),
+            std::string::npos);
+  EXPECT_NE(
+      error_with([&](auto& j) { j["weight_map"][some] = "config.json"; }).find("inside the folder"),
+      std::string::npos);
+  EXPECT_NE(error_with([&](auto& j) { j["weight_map"][some] = 7; }).find("no file name"),
+            std::string::npos);
+  EXPECT_NE(error_with([&](auto& j) { j.erase("weight_map"); }).find("no weight_map"),
+            std::string::npos);
+  // A shard that is not there; a tensor the index puts in a file that lacks it; a tensor in a
+  // file that the index does not put there.
+  std::string e =
+      error_with([&](auto& j) { j["weight_map"][some] = "model-00009-of-00009.safetensors"; });
+  EXPECT_NE(e.find("no model-00009-of-00009.safetensors in that folder"), std::string::npos) << e;
+  e = error_with([&](auto& j) {
+    j["weight_map"]["model.layers.9.mlp.up_proj.weight"] = "model-00001-of-00003.safetensors";
+  });
+  EXPECT_NE(e.find("no tensor model.layers.9.mlp.up_proj.weight, which "
+                   "model.safetensors.index.json puts in this file"),
+            std::string::npos)
+      << e;
+  e = error_with([&](auto& j) { j["weight_map"].erase(some); });
+  EXPECT_NE(e.find("tensor " + some + ", which model.safetensors.index.json does not put"),
+            std::string::npos)
+      << e;
+  // An index of more than 16 MiB is refused before it is read (a sparse file: no disk used).
+  write_text(index, "{}");
+  fs::resize_file(index, kMaxHfIndexBytes + 1);
+  e = import_error(out.string(), c.model, 256);
+  EXPECT_NE(e.find("more than the 16777216 allowed"), std::string::npos) << e;
+  // A shard that is a symbolic link could leave the node's data root.
+  write_text(index, original.dump());
+  const fs::path shard = out / "model-00002-of-00003.safetensors";
+  fs::rename(shard, dir / "elsewhere.safetensors");
+  fs::create_symlink(dir / "elsewhere.safetensors", shard);
+  e = import_error(out.string(), c.model, 256);
+  EXPECT_NE(e.find("is a symbolic link"), std::string::npos) << e;
+  fs::remove(shard);
+  fs::rename(dir / "elsewhere.safetensors", shard);
+  EXPECT_EQ(import_hf(out.string(), c.model, 256), theta);
+  // Neither a model.safetensors nor an index.
+  fs::remove(index);
+  e = import_error(out.string(), c.model, 256);
+  EXPECT_NE(e.find("no model.safetensors and no model.safetensors.index.json"), std::string::npos)
+      << e;
+}
+
+// `model: {hf: DIR}` parses and validates without the folder (a client without it); resolving
+// fills every field from config.json, keeps the job's context, and refuses a field of the job
+// that disagrees, naming both.
+TEST(HfFamilies, AJobTakesItsModelFromTheFolderOnce) {
+  TempDir dir;
+  write_text(dir / "config.json", kSmolLm2);
+  const std::string folder = (dir / "").string();
+  const std::string yaml = "name: t\nmodel: {hf: " + folder +
+                           ", context: 2048}\ndata: {dir: /tmp/x, format: tokens}\n"
+                           "sync: {mode: streaming, fragments: 6, overlap_steps: 1}\n"
+                           "inner: {steps: 12}\nrounds: 1\n";
+  // Unresolved: the rules that need the shape (model.vocab with tokens, fragments <= layers)
+  // wait for the folder.
+  JobConfig c = JobConfig::from_yaml(yaml);
+  EXPECT_EQ(c.model.hf, folder);
+  EXPECT_EQ(c.model_given, (std::vector<std::string>{"hf", "context"}));
+  resolve_hf_model(c, folder);
+  EXPECT_TRUE(c.model.hf.empty());
+  EXPECT_EQ(c.init, "hf:" + folder);
+  EXPECT_EQ(c.model.arch, Arch::llama);
+  EXPECT_EQ(c.model.context, 2048);
+  EXPECT_EQ(c.model.max_positions, 8192);
+  EXPECT_EQ(c.model.vocab, 49152);
+  EXPECT_EQ(c.model.layers, 30);
+  EXPECT_EQ(c.parameter_estimate(), 134515008);
+  // What travels to the workers names every field and reads back as the same model.
+  const JobConfig sent = JobConfig::from_yaml(c.to_yaml());
+  EXPECT_EQ(model_difference(sent.model, c.model), "");
+  EXPECT_EQ(sent.init, c.init);
+  EXPECT_EQ(c.to_yaml().find("hf: "), std::string::npos);
+  // config.json agrees with what travelled; the weights are what this folder lacks.
+  try {
+    check_hf_folder(folder, sent.model, sent.vocab_size());
+    ADD_FAILURE() << "a folder without weights passed";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("no model.safetensors and no model.safetensors.index.json"),
+        std::string::npos)
+        << e.what();
+  }
+  // Without a context, the folder's positions.
+  c = JobConfig::from_yaml(replace(yaml, ", context: 2048", ""));
+  resolve_hf_model(c, folder);
+  EXPECT_EQ(c.model.context, 8192);
+  // Fields the job file gives must agree; the same values (width for d_model) pass.
+  const auto resolve_error = [&](const std::string& from, const std::string& to) {
+    JobConfig j = JobConfig::from_yaml(replace(yaml, from, to));
+    try {
+      resolve_hf_model(j, folder);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const auto with = [&](const std::string& fields) {
+    return resolve_error(", context: 2048", ", context: 2048" + fields);
+  };
+  EXPECT_EQ(with(", width: 576, kv_heads: 3, tied_embeddings: true, arch: llama, "
+                 "norm_eps: 0.00001, mlp_hidden: 1536"),
+            "");
+  EXPECT_NE(with(", layers: 12")
+                .find("config.json: num_hidden_layers is 30, but the job's model.layers is 12 "
+                      "(leave model.layers out of the job file to take the folder's)"),
+            std::string::npos)
+      << with(", layers: 12");
+  EXPECT_NE(with(", arch: qwen2").find("model_type is llama, but the job's model.arch is qwen2"),
+            std::string::npos);
+  EXPECT_NE(with(", vocab: 50000").find("vocab_size is 49152, but the job's model.vocab is 50000"),
+            std::string::npos);
+  EXPECT_NE(with(", rope_theta: 10000")
+                .find("rope_theta is 100000, but the job's model.rope_theta is 10000"),
+            std::string::npos);
+  EXPECT_NE(resolve_error("context: 2048", "context: 9000")
+                .find("max_position_embeddings is 8192, but the job's model.context is 9000"),
+            std::string::npos);
+  // The folder's model must also fit the job: 6 fragments of 30 layers do, 31 do not.
+  const std::string e =
+      resolve_error("{mode: streaming, fragments: 6, overlap_steps: 1}\ninner: {steps: 12}",
+                    "{mode: streaming, fragments: 31, overlap_steps: 1}\ninner: {steps: 31}");
+  EXPECT_NE(e.find("config.json gives a model this job cannot run: sync.fragments: must be in "
+                   "[1, model.layers = 30]"),
+            std::string::npos)
+      << e;
+  // A model without the folder is refused where it would be built.
+  JobConfig unresolved = JobConfig::from_yaml(yaml);
+  EXPECT_THROW(parameter_layout(unresolved.model, 256), std::logic_error);
+}
+
+// The new fields parse, validate, round-trip, and default to what they were: the examples'
+// job files write none of them.
+TEST(HfFamilies, NewModelFieldsRoundTripAndDefaultToTodays) {
+  const std::string yaml = R"(
+name: t
+model: {arch: mistral, layers: 2, width: 32, heads: 4, kv_heads: 2, head_dim: 16, context: 16, sliding_window: 8, max_positions: 4096,
+        rope_scaling: {rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192}}
+data: {dir: /tmp/x}
+rounds: 1
+)";
+  const auto c = JobConfig::from_yaml(yaml);
+  EXPECT_EQ(c.model.arch, Arch::mistral);
+  EXPECT_EQ(c.model.head_dim(), 16);
+  EXPECT_EQ(c.model.sliding_window, 8);
+  EXPECT_TRUE(c.model.rope_scaling.llama3);
+  const auto again = JobConfig::from_yaml(c.to_yaml());
+  EXPECT_EQ(again.to_yaml(), c.to_yaml());
+  EXPECT_EQ(model_difference(again.model, c.model), "");
+  auto other = c.model;
+  other.rope_scaling.factor = 4;
+  EXPECT_NE(model_difference(other, c.model).find("model.rope_scaling"), std::string::npos);
+  other = c.model;
+  other.sliding_window = 0;
+  EXPECT_EQ(model_difference(other, c.model), "model.sliding_window (0 against 8)");
+
+  EXPECT_NE(error_of(replace(yaml, "rope_type: llama3", "rope_type: yarn"))
+                .find("model.rope_scaling.rope_type: expected llama3"),
+            std::string::npos);
+  EXPECT_EQ(error_of(replace(yaml, "factor: 8", "factor: 0.5")),
+            "model.rope_scaling.factor: must be >= 1, got 0.5");
+  EXPECT_NE(error_of(replace(yaml, "high_freq_factor: 4", "high_freq_factor: 1"))
+                .find("model.rope_scaling.high_freq_factor: must be > low_freq_factor"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace(yaml, "factor: 8,", "factor: 8, beta: 1,"))
+                .find("model.rope_scaling.beta: unknown field"),
+            std::string::npos);
+  EXPECT_EQ(error_of(replace(yaml, "head_dim: 16", "head_dim: 15")),
+            "model.head_dim: must be even for rotary positions, got 15");
+  EXPECT_NE(error_of(replace(yaml, "arch: mistral", "arch: llama"))
+                .find("model.sliding_window: must be 0 except for arch mistral"),
+            std::string::npos);
+  EXPECT_EQ(error_of(replace(yaml, "max_positions: 4096", "max_positions: 8")),
+            "model.max_positions: must be 0 or at least model.context (16), got 8");
+  const std::string gpt2 = "name: t\nmodel: {head_dim: 8}\ndata: {dir: /tmp/x}\nrounds: 1\n";
+  EXPECT_EQ(error_of(gpt2),
+            "model.head_dim: must be unset for arch gpt2 (a rotary arch's field), got 8");
+  for (const char* example : {"tiny-lm.yaml", "small-lm.yaml", "gpt2-small.yaml", "llama-tiny.yaml",
+                              "llama-150m.yaml", "tokens-lm.yaml"}) {
+    const auto e = JobConfig::from_yaml_file(std::string(LOCO_SOURCE_DIR "/examples/") + example);
+    const std::string text = e.to_yaml();
+    for (const char* field : {"head_dim", "rope_scaling", "sliding_window", "max_positions", "hf:"})
+      EXPECT_EQ(text.find(field), std::string::npos) << example << " writes " << field;
+  }
+}
+
+// examples/smollm2-continue.yaml parses without its folder (CI has no download), and with
+// SmolLM2-135M's config.json it is the model the docs describe and needs the memory they give
+// (docs/design.md, "Continuing a pretrained model": computed, not measured).
+TEST(HfFamilies, TheSmolLm2ExampleNeedsTheMemoryItsDocsSay) {
+  JobConfig c = JobConfig::from_yaml_file(LOCO_SOURCE_DIR "/examples/smollm2-continue.yaml");
+  EXPECT_EQ(c.model.hf, "data/smollm2-135m");
+  TempDir dir;
+  write_text(dir / "config.json", kSmolLm2);
+  resolve_hf_model(c, (dir / "").string());
+  EXPECT_EQ(c.parameter_estimate(), 134515008);
+  EXPECT_EQ(c.model.context, 2048);
+  const MemoryEstimate e = worker_memory(c, true);
+  for (const auto& t : e.device) std::printf("device %-40s %14.0f\n", t.what.c_str(), t.bytes);
+  for (const auto& t : e.host) std::printf("host   %-40s %14.0f\n", t.what.c_str(), t.bytes);
+  std::printf("device %s, host %s\n", gib(e.device_bytes()).c_str(), gib(e.host_bytes()).c_str());
+  EXPECT_EQ(gib(e.device_bytes()), "10.3 GiB");
+  EXPECT_EQ(gib(e.host_bytes()), "6.6 GiB");
 }
