@@ -1,0 +1,265 @@
+#include "diloco/tokenizer_regex.hpp"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <cctype>
+#include <stdexcept>
+
+namespace loco::diloco::detail {
+
+namespace {
+
+[[noreturn]] void refuse(const std::string& what) {
+  throw std::invalid_argument(what + " (Oniguruma, which `tokenizers` uses, reads it otherwise "
+                                     "than PCRE2 or loco does not translate it)");
+}
+
+bool is_hex(char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; }
+
+// Copies p[from] (a '{') through the next '}' to out; returns the index of the '}'.
+std::size_t copy_braces(std::string_view p, std::size_t from, std::string& out) {
+  const std::size_t close = p.find('}', from);
+  if (close == std::string_view::npos) refuse("an unclosed { after an escape");
+  out.append(p.substr(from, close - from + 1));
+  return close;
+}
+
+// The escape at p[i] ('\\'); returns the index of its last character.
+std::size_t translate_escape(std::string_view p, std::size_t i, bool in_class, std::string& out) {
+  if (i + 1 >= p.size()) refuse("a trailing backslash");
+  const char e = p[i + 1];
+  switch (e) {
+    case 's':  // Oniguruma's \s is Unicode's White_Space: PCRE2's and U+0085
+      out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
+      return i + 1;
+    case 'S':
+      if (in_class) refuse("\\S inside a class");
+      out += "[^\\s\\x{85}]";
+      return i + 1;
+    case 'v':  // the vertical tab; PCRE2's \v is a class of line breaks
+      out += "\\x{0B}";
+      return i + 1;
+    case 'u':
+      if (i + 5 >= p.size() || !is_hex(p[i + 2]) || !is_hex(p[i + 3]) || !is_hex(p[i + 4]) ||
+          !is_hex(p[i + 5]))
+        refuse("\\u without four hex digits");
+      out += "\\x{" + std::string(p.substr(i + 2, 4)) + "}";
+      return i + 5;
+    case 'x':
+    case 'p':
+    case 'P':
+      out += '\\';
+      out += e;
+      if (i + 2 < p.size() && p[i + 2] == '{') return copy_braces(p, i + 2, out);
+      return i + 1;  // \xHH, \pL: the characters that follow are copied as they are
+    default:
+      break;
+  }
+  static constexpr std::string_view kShared = "dDtnrfaezZA";
+  if (std::isalnum(static_cast<unsigned char>(e)) && kShared.find(e) == std::string_view::npos)
+    refuse(std::string("the escape \\") + e);
+  out += '\\';
+  out += e;
+  return i + 1;
+}
+
+// The group opening at p[i] ("(?"): only the kinds both engines read alike.
+void check_group(std::string_view p, std::size_t i) {
+  const std::string_view rest = p.substr(i + 2);
+  for (std::string_view ok : {":", "=", "!", ">", "#", "<=", "<!", "i)", "i:", "-i)", "-i:"})
+    if (rest.substr(0, ok.size()) == ok) return;
+  if (rest.size() >= 2 && rest[0] == '<' && std::isalpha(static_cast<unsigned char>(rest[1])))
+    return;  // a named group
+  refuse("the group (?" + std::string(rest.substr(0, 2)));
+}
+
+}  // namespace
+
+std::string onig_to_pcre2(std::string_view p) {
+  std::string out;
+  bool in_class = false;
+  std::size_t class_body = 0;  // where the open class's first member is
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    const char next = i + 1 < p.size() ? p[i + 1] : '\0';
+    if (c == '\\') {
+      i = translate_escape(p, i, in_class, out);
+      continue;
+    }
+    if (in_class) {
+      if (c == '[') refuse(next == ':' ? "a POSIX bracket [:...:]" : "a class inside a class");
+      if (c == '&' && next == '&') refuse("the class intersection &&");
+      if (c == ']' && i != class_body) in_class = false;
+      out += c;
+      continue;
+    }
+    if (c == '[') {
+      in_class = true;
+      out += c;
+      if (next == '^') out += p[++i];
+      class_body = i + 1;
+      continue;
+    }
+    if (c == '(' && next == '?') check_group(p, i);
+    if ((c == '*' || c == '+' || c == '?' || c == '}') && next == '+')
+      refuse(std::string("the quantifier ") + c + "+ (possessive in PCRE2, nested in Oniguruma)");
+    if (c == '{' && next == ',') {  // Oniguruma's {,n} is {0,n}
+      std::size_t j = i + 2;
+      while (j < p.size() && std::isdigit(static_cast<unsigned char>(p[j]))) ++j;
+      if (j > i + 2 && j < p.size() && p[j] == '}') {
+        out += "{0";
+        continue;
+      }
+    }
+    out += c;
+  }
+  if (in_class) refuse("an unclosed class [");
+  return out;
+}
+
+struct Pattern::Code {
+  pcre2_code* code = nullptr;
+  pcre2_match_context* match_context = nullptr;
+  ~Code() {
+    pcre2_match_context_free(match_context);
+    pcre2_code_free(code);
+  }
+};
+
+namespace {
+
+std::string pcre2_message(int err) {
+  PCRE2_UCHAR msg[256];
+  pcre2_get_error_message(err, msg, sizeof msg);
+  return reinterpret_cast<const char*>(msg);
+}
+
+}  // namespace
+
+Pattern::Pattern(std::unique_ptr<Code> code) : code_(std::move(code)) {}
+Pattern::~Pattern() = default;
+Pattern::Pattern(Pattern&&) noexcept = default;
+Pattern& Pattern::operator=(Pattern&&) noexcept = default;
+
+std::unique_ptr<Pattern::Code> Pattern::compile(std::string_view pattern, std::uint32_t extra) {
+  pcre2_compile_context* ctx = pcre2_compile_context_create(nullptr);
+  pcre2_set_newline(ctx, PCRE2_NEWLINE_LF);
+  pcre2_set_bsr(ctx, PCRE2_BSR_UNICODE);
+  int err = 0;
+  PCRE2_SIZE off = 0;
+  pcre2_code* code = pcre2_compile(
+      reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | extra, &err, &off, ctx);
+  pcre2_compile_context_free(ctx);
+  if (!code)
+    throw std::invalid_argument("PCRE2 cannot compile it at offset " + std::to_string(off) + ": " +
+                                pcre2_message(err));
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter
+  auto c = std::make_unique<Code>();
+  c->code = code;
+  // Explicit limits (a hostile pattern backtracking without end is an error, not a hang).
+  c->match_context = pcre2_match_context_create(nullptr);
+  pcre2_set_match_limit(c->match_context, 10'000'000);
+  pcre2_set_depth_limit(c->match_context, 10'000'000);
+  return c;
+}
+
+Pattern Pattern::regex(std::string_view onig) {
+  return Pattern(compile(onig_to_pcre2(onig), PCRE2_MULTILINE));
+}
+
+Pattern Pattern::literal(std::string_view text) {
+  if (text.empty()) throw std::invalid_argument("an empty string");
+  return Pattern(compile(text, PCRE2_LITERAL));
+}
+
+namespace {
+
+std::size_t utf8_length(unsigned char c) {
+  return c < 0xc0 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+}
+
+}  // namespace
+
+void Pattern::find_matches(std::string_view text,
+                           const std::function<void(const Match&)>& fn) const {
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_->code, nullptr);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  std::size_t from = 0, prev = 0;
+  bool matched_before = false;
+  std::size_t last_match_end = 0;
+  while (from <= text.size()) {
+    const int rc = pcre2_match(code_->code, subject, text.size(), from, 0, md, code_->match_context);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      pcre2_match_data_free(md);
+      throw std::runtime_error("the pattern failed at byte " + std::to_string(from) + ": " +
+                               pcre2_message(rc));
+    }
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    const std::size_t b = ov[0], e = ov[1];
+    if (b == e && matched_before && last_match_end == e) {
+      // Oniguruma's iterator: no empty match right after a match; on by one character.
+      from += from < text.size() ? utf8_length(static_cast<unsigned char>(text[from])) : 1;
+      continue;
+    }
+    if (b > prev) fn({prev, b, false});
+    fn({b, e, true});
+    prev = from = last_match_end = e;
+    matched_before = true;
+  }
+  pcre2_match_data_free(md);
+  if (prev < text.size()) fn({prev, text.size(), false});
+}
+
+void split_pieces(const Pattern& p, std::string_view text, SplitBehavior behavior, bool invert,
+                  const std::function<void(std::size_t, std::size_t)>& emit) {
+  // Each stretch either starts a piece or joins the one before (NormalizedString::split's
+  // folds, read forwards); Removed drops the matches.
+  bool first = true, prev_match = false;
+  std::size_t begin = 0, end = 0;
+  bool open = false;
+  p.find_matches(text, [&](const Match& m) {
+    const bool is_match = m.is_match != invert;
+    bool joins = false;
+    if (!first) {
+      switch (behavior) {
+        case SplitBehavior::merged_with_previous: joins = is_match && !prev_match; break;
+        case SplitBehavior::merged_with_next: joins = prev_match && !is_match; break;
+        case SplitBehavior::contiguous: joins = is_match == prev_match; break;
+        default: break;
+      }
+    }
+    first = false;
+    prev_match = is_match;
+    if (behavior == SplitBehavior::removed && is_match) {
+      if (open && end > begin) emit(begin, end);
+      open = false;
+      return;
+    }
+    if (joins && open) {
+      end = m.end;
+      return;
+    }
+    if (open && end > begin) emit(begin, end);
+    begin = m.begin;
+    end = m.end;
+    open = true;
+  });
+  if (open && end > begin) emit(begin, end);
+}
+
+std::string replace_all(std::string_view text, const Pattern& p, std::string_view content) {
+  std::string out;
+  out.reserve(text.size());
+  p.find_matches(text, [&](const Match& m) {
+    if (m.is_match)
+      out.append(content);
+    else
+      out.append(text.substr(m.begin, m.end - m.begin));
+  });
+  return out;
+}
+
+}  // namespace loco::diloco::detail
