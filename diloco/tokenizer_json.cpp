@@ -561,16 +561,14 @@ class JsonTokenizer final : public Tokenizer {
 };
 
 // Added tokens get the id `tokenizers` gives them, which it does not read from the file: the
-// model's id of the same text, else the next after the model's entries and the added ones.
-// A file that says otherwise is refused rather than encoded with ids it does not show.
+// model's id of the same text, else the next after the model's entries. A file that says
+// otherwise is refused rather than encoded with ids it does not show.
 void JsonTokenizer::read_added(const Reader& r, const Json& at, const Json& vocab) {
   if (at.is_null()) return;
   if (!at.is_array()) r.fail("added_tokens", "expected an array");
   if (at.size() > kMaxAddedTokens)
     r.fail("added_tokens", "more than " + std::to_string(kMaxAddedTokens));
-  std::unordered_map<std::string, std::uint32_t> ids;
-  std::optional<std::uint32_t> max_added;
-  const auto model_entries = static_cast<std::uint32_t>(vocab.size());
+  auto next_id = static_cast<std::uint32_t>(vocab.size());
   for (std::size_t i = 0; i < at.size(); ++i) {
     const auto& t = at[i];
     const std::string field = "added_tokens[" + std::to_string(i) + "]";
@@ -580,26 +578,21 @@ void JsonTokenizer::read_added(const Reader& r, const Json& at, const Json& voca
       if (r.boolean(t, k, field, false)) r.fail(field + "." + k, "not supported (only false)");
     const auto content = r.string(t, "content", field);
     if (content.empty()) r.fail(field + ".content", "empty");
-    std::uint32_t id;
-    if (const auto it = ids.find(content); it != ids.end())
-      id = it->second;
-    else if (vocab.contains(content))
-      id = vocab[content].get<std::uint32_t>();
-    else
-      id = max_added && (*max_added >= model_entries || model_entries == 0) ? *max_added + 1
-                                                                            : model_entries;
+    const bool known = vocab.contains(content);
+    const std::uint32_t id = known ? vocab[content].get<std::uint32_t>() : next_id++;
     if (t["id"].get<std::uint64_t>() != id)
       r.fail(field + ".id", t["id"].dump() + ", but `tokenizers` gives \"" +
                                 content.substr(0, 40) + "\" the id " + std::to_string(id));
-    ids.emplace(content, id);
-    max_added = std::max(max_added.value_or(0), id);
-    const bool normalized = r.boolean(t, "normalized", field, !r.boolean(t, "special", field, false));
-    // Matched after the normalizer, in each stretch between the others, as their normalized text.
-    if (normalized)
+    if (!added_text_.emplace(id, content).second)
+      r.fail(field + ".content", "\"" + content.substr(0, 40) + "\" given twice");
+    // Matched after the normalizer, in each stretch between the others, as their normalized
+    // text, which is also what they decode to.
+    if (r.boolean(t, "normalized", field, !r.boolean(t, "special", field, false))) {
       normalized_.push_back({normalizer_.apply(content), id});
-    else
+      added_text_[id] = normalized_.back().content;
+    } else {
       raw_.push_back({content, id});
-    added_text_[id] = content;
+    }
     vocab_size_ = std::max(vocab_size_, id + 1);
   }
 }

@@ -4,7 +4,10 @@
 #include <pcre2.h>
 
 #include <cctype>
+#include <cstdio>
 #include <stdexcept>
+
+#include "diloco/tokenizer_text.hpp"
 
 namespace loco::diloco::detail {
 
@@ -25,17 +28,22 @@ std::size_t copy_braces(std::string_view p, std::size_t from, std::string& out) 
   return close;
 }
 
+// Unicode's White_Space, which Oniguruma's \s is (PCRE2's also has U+180E).
+constexpr std::string_view kWhiteSpace =
+    "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}"
+    "\\x{3000}";
+
 // The escape at p[i] ('\\'); returns the index of its last character.
 std::size_t translate_escape(std::string_view p, std::size_t i, bool in_class, std::string& out) {
   if (i + 1 >= p.size()) refuse("a trailing backslash");
   const char e = p[i + 1];
   switch (e) {
-    case 's':  // Oniguruma's \s is Unicode's White_Space: PCRE2's and U+0085
-      out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
+    case 's':
+      out += in_class ? std::string(kWhiteSpace) : "[" + std::string(kWhiteSpace) + "]";
       return i + 1;
     case 'S':
       if (in_class) refuse("\\S inside a class");
-      out += "[^\\s\\x{85}]";
+      out += "[^" + std::string(kWhiteSpace) + "]";
       return i + 1;
     case 'v':  // the vertical tab; PCRE2's \v is a class of line breaks
       out += "\\x{0B}";
@@ -137,12 +145,13 @@ std::string pcre2_message(int err) {
 
 }  // namespace
 
-Pattern::Pattern(std::unique_ptr<Code> code) : code_(std::move(code)) {}
+Pattern::Pattern(std::unique_ptr<Code> code, std::string literal)
+    : code_(std::move(code)), literal_(std::move(literal)) {}
 Pattern::~Pattern() = default;
 Pattern::Pattern(Pattern&&) noexcept = default;
 Pattern& Pattern::operator=(Pattern&&) noexcept = default;
 
-std::unique_ptr<Pattern::Code> Pattern::compile(std::string_view pattern, std::uint32_t extra) {
+std::unique_ptr<Pattern::Code> Pattern::compile(std::string_view pattern) {
   pcre2_compile_context* ctx = pcre2_compile_context_create(nullptr);
   pcre2_set_newline(ctx, PCRE2_NEWLINE_LF);
   pcre2_set_bsr(ctx, PCRE2_BSR_UNICODE);
@@ -150,7 +159,7 @@ std::unique_ptr<Pattern::Code> Pattern::compile(std::string_view pattern, std::u
   PCRE2_SIZE off = 0;
   pcre2_code* code = pcre2_compile(
       reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | extra, &err, &off, ctx);
+      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_MULTILINE, &err, &off, ctx);
   pcre2_compile_context_free(ctx);
   if (!code)
     throw std::invalid_argument("PCRE2 cannot compile it at offset " + std::to_string(off) + ": " +
@@ -165,13 +174,11 @@ std::unique_ptr<Pattern::Code> Pattern::compile(std::string_view pattern, std::u
   return c;
 }
 
-Pattern Pattern::regex(std::string_view onig) {
-  return Pattern(compile(onig_to_pcre2(onig), PCRE2_MULTILINE));
-}
+Pattern Pattern::regex(std::string_view onig) { return Pattern(compile(onig_to_pcre2(onig)), ""); }
 
 Pattern Pattern::literal(std::string_view text) {
   if (text.empty()) throw std::invalid_argument("an empty string");
-  return Pattern(compile(text, PCRE2_LITERAL));
+  return Pattern(nullptr, std::string(text));
 }
 
 namespace {
@@ -184,6 +191,18 @@ std::size_t utf8_length(unsigned char c) {
 
 void Pattern::find_matches(std::string_view text,
                            const std::function<void(const Match&)>& fn) const {
+  if (!code_) {  // a literal: its non-overlapping occurrences, left to right
+    std::size_t prev = 0;
+    for (std::size_t at = text.find(literal_); at != std::string_view::npos;
+         at = text.find(literal_, prev)) {
+      if (at > prev) fn({prev, at, false});
+      fn({at, at + literal_.size(), true});
+      prev = at + literal_.size();
+    }
+    if (prev < text.size()) fn({prev, text.size(), false});
+    return;
+  }
+  check_known(text);
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_->code, nullptr);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   std::size_t from = 0, prev = 0;
@@ -211,6 +230,25 @@ void Pattern::find_matches(std::string_view text,
   }
   pcre2_match_data_free(md);
   if (prev < text.size()) fn({prev, text.size(), false});
+}
+
+void Pattern::check_known(std::string_view text) {
+  static const Pattern unknown(compile(R"(\p{Cn})"), "");
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(unknown.code_->code, nullptr);
+  const int rc = pcre2_match(unknown.code_->code, reinterpret_cast<PCRE2_SPTR>(text.data()),
+                             text.size(), 0, 0, md, nullptr);
+  const std::size_t at = rc > 0 ? pcre2_get_ovector_pointer(md)[0] : 0;
+  pcre2_match_data_free(md);
+  if (rc <= 0) return;
+  std::size_t i = at;
+  char cp[16];
+  std::snprintf(cp, sizeof cp, "U+%04X", static_cast<unsigned>(next_code_point(text, i)));
+  char version[32] = {};
+  pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, version);
+  throw std::runtime_error(std::string("the text has ") + cp +
+                           ", a character that PCRE2's Unicode tables (" + version +
+                           ") lack and that `tokenizers`' newer ones may class otherwise: "
+                           "loco does not split it rather than split it differently");
 }
 
 void split_pieces(const Pattern& p, std::string_view text, SplitBehavior behavior, bool invert,

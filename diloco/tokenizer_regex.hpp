@@ -44,14 +44,19 @@ class Pattern {
   // `tokenizers`' find_matches: the text cut into its matches (as Oniguruma's iterator finds
   // them: an empty match right after the previous match is skipped) and the stretches
   // between them, handed to `fn` in order; nothing for an empty text. Throws
-  // std::runtime_error on a PCRE2 matching error (a limit): never a silently different split.
+  // std::runtime_error on a PCRE2 matching error (a limit), and for a regex on a text with a
+  // character PCRE2's Unicode tables lack (\p{Cn}: assigned after them, as Oniguruma's
+  // tables in `tokenizers` may have it, or never assigned): never a silently different split.
   void find_matches(std::string_view text, const std::function<void(const Match&)>& fn) const;
 
  private:
   struct Code;
-  explicit Pattern(std::unique_ptr<Code> code);
-  static std::unique_ptr<Code> compile(std::string_view pattern, std::uint32_t options);
-  std::unique_ptr<Code> code_;
+  Pattern(std::unique_ptr<Code> code, std::string literal);
+  static std::unique_ptr<Code> compile(std::string_view pattern);
+  // Throws when `text` has a character PCRE2's Unicode tables lack.
+  static void check_known(std::string_view text);
+  std::unique_ptr<Code> code_;  // null: a literal
+  std::string literal_;
 };
 
 enum class SplitBehavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
