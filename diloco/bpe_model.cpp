@@ -84,9 +84,9 @@ void BpeModel::read_vocab(const Json& m, const std::string& name) {
              std::to_string(kMaxTokenizerEntries));
   for (const auto& [tok, idj] : vocab.items()) {
     if (!idj.is_number_unsigned() || idj.get<std::uint64_t>() >= kMaxTokenizerEntries)
-      fail(name, "model.vocab[" + tok.substr(0, 40) + "]",
-           "expected an id in [0, " + std::to_string(kMaxTokenizerEntries) + "), got " +
-               idj.dump());
+      fail(
+          name, "model.vocab[" + tok.substr(0, 40) + "]",
+          "expected an id in [0, " + std::to_string(kMaxTokenizerEntries) + "), got " + idj.dump());
     if (tok.size() > kMaxTokenBytes)
       fail(name, "model.vocab", "a token longer than " + std::to_string(kMaxTokenBytes) + " bytes");
     const auto id = idj.get<std::uint32_t>();
@@ -94,7 +94,8 @@ void BpeModel::read_vocab(const Json& m, const std::string& name) {
       tokens_.resize(id + 1);
       known_.resize(id + 1, false);
     }
-    if (known_[id]) fail(name, "model.vocab[" + tok.substr(0, 40) + "]", "id " + idj.dump() + " given twice");
+    if (known_[id])
+      fail(name, "model.vocab[" + tok.substr(0, 40) + "]", "id " + idj.dump() + " given twice");
     tokens_[id] = tok;
     known_[id] = true;
     vocab_.emplace(tok, id);
@@ -128,8 +129,26 @@ void BpeModel::read_symbols(const Json& m, const std::string& name) {
   }
 }
 
+namespace {
+
+// A merge as "a b" or [a, b].
+std::pair<std::string, std::string> merge_parts(const Json& e, const std::string& name,
+                                                const std::string& field) {
+  if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string())
+    return {e[0].get<std::string>(), e[1].get<std::string>()};
+  if (!e.is_string()) fail(name, field, "expected \"a b\" or [a, b], got " + shown(e));
+  const auto s = e.get<std::string>();
+  const auto sp = s.find(' ');
+  if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+    fail(name, field, "expected \"a b\", got " + shown(e));
+  return {s.substr(0, sp), s.substr(sp + 1)};
+}
+
+}  // namespace
+
 void BpeModel::read_merges(const Json& m, const std::string& name) {
-  if (!m.contains("merges") || !m["merges"].is_array()) fail(name, "model.merges", "expected an array");
+  if (!m.contains("merges") || !m["merges"].is_array())
+    fail(name, "model.merges", "expected an array");
   const auto& merges = m["merges"];
   if (merges.size() > kMaxTokenizerEntries)
     fail(name, "model.merges",
@@ -137,22 +156,8 @@ void BpeModel::read_merges(const Json& m, const std::string& name) {
              std::to_string(kMaxTokenizerEntries));
   merges_.reserve(merges.size());
   for (std::size_t r = 0; r < merges.size(); ++r) {
-    const auto& e = merges[r];
     const std::string field = "model.merges[" + std::to_string(r) + "]";
-    std::string a, b;
-    if (e.is_string()) {
-      const auto s = e.get<std::string>();
-      const auto sp = s.find(' ');
-      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-        fail(name, field, "expected \"a b\", got " + shown(e));
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-      a = e[0].get<std::string>();
-      b = e[1].get<std::string>();
-    } else {
-      fail(name, field, "expected \"a b\" or [a, b], got " + shown(e));
-    }
+    const auto [a, b] = merge_parts(merges[r], name, field);
     const auto ia = vocab_.find(a), ib = vocab_.find(b), ab = vocab_.find(a + b);
     if (a.empty() || b.empty() || ia == vocab_.end() || ib == vocab_.end() || ab == vocab_.end())
       fail(name, field,
@@ -186,7 +191,8 @@ std::vector<std::uint32_t> BpeModel::symbols(std::string_view word) const {
       unk_pending = false;
       ids.push_back(*id);
     } else if (byte_fallback_) {  // every <0xNN> is there (checked): no unk is pending
-      for (std::size_t k = at; k < i; ++k) ids.push_back(byte_id_[static_cast<unsigned char>(word[k])]);
+      for (std::size_t k = at; k < i; ++k)
+        ids.push_back(byte_id_[static_cast<unsigned char>(word[k])]);
     } else if (has_unk_) {
       if (unk_pending && !fuse_unk_) ids.push_back(unk_id_);
       unk_pending = true;
@@ -196,48 +202,84 @@ std::vector<std::uint32_t> BpeModel::symbols(std::string_view word) const {
   return ids;
 }
 
-// Repeatedly merges the adjacent pair of lowest rank (the leftmost on ties) over a linked
-// list with a heap of candidates; a candidate is stale when its pair no longer makes the id
-// it was queued with (`tokenizers`' Word::merge_all).
-std::vector<std::uint32_t> BpeModel::merge(std::vector<std::uint32_t> ids) const {
-  const std::size_t n = ids.size();
-  if (n > UINT32_MAX - 1) throw std::runtime_error("tokenizer.json: a word of more than 4 GiB");
-  constexpr std::uint32_t kNone = UINT32_MAX;
-  std::vector<std::uint32_t> prev(n), next(n);
-  std::vector<bool> alive(n, true);
-  for (std::uint32_t i = 0; i < n; ++i) {
-    prev[i] = i == 0 ? kNone : i - 1;
-    next[i] = i + 1 == n ? kNone : i + 1;
+namespace {
+
+// A word's symbols as a linked list, with a heap of the merges its adjacent pairs allow.
+class Merger {
+ public:
+  static constexpr std::uint32_t kNone = UINT32_MAX;
+  template <class Find>
+  Merger(std::vector<std::uint32_t> ids, Find find) : ids_(std::move(ids)) {
+    const std::size_t n = ids_.size();
+    if (n > kNone - 1) throw std::runtime_error("tokenizer.json: a word of more than 4 GiB");
+    prev_.resize(n);
+    next_.resize(n);
+    alive_.assign(n, true);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      prev_[i] = i == 0 ? kNone : i - 1;
+      next_[i] = i + 1 == n ? kNone : i + 1;
+    }
+    for (std::uint32_t i = 0; i + 1 < n; ++i) push(i, find);
   }
+
+  // Pops candidates until one still applies and merges it; false when none is left.
+  template <class Find>
+  bool step(Find find) {
+    while (!heap_.empty()) {
+      const Cand c = heap_.top();
+      heap_.pop();
+      const std::uint32_t i = c.pos;
+      if (!alive_[i] || next_[i] == kNone) continue;
+      const std::uint32_t j = next_[i];
+      const auto* m = find(ids_[i], ids_[j]);
+      if (!m || m->id != c.id) continue;  // stale: the pair makes another id now, or none
+      ids_[i] = c.id;
+      alive_[j] = false;
+      next_[i] = next_[j];
+      if (next_[j] != kNone) prev_[next_[j]] = i;
+      push(prev_[i], find);
+      push(i, find);
+      return true;
+    }
+    return false;
+  }
+
+  std::vector<std::uint32_t> result() const {
+    std::vector<std::uint32_t> out;
+    for (std::uint32_t i = 0; !ids_.empty() && i != kNone; i = next_[i]) out.push_back(ids_[i]);
+    return out;
+  }
+
+ private:
   struct Cand {
     std::uint32_t rank, pos, id;
     bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
-  std::priority_queue<Cand, std::vector<Cand>, std::greater<>> heap;
-  auto push = [&](std::uint32_t i) {
-    if (i == kNone || next[i] == kNone) return;
-    const auto it = merges_.find(pair_key(ids[i], ids[next[i]]));
-    if (it != merges_.end()) heap.push({it->second.rank, i, it->second.id});
-  };
-  for (std::uint32_t i = 0; i + 1 < n; ++i) push(i);
-  while (!heap.empty()) {
-    const Cand c = heap.top();
-    heap.pop();
-    const std::uint32_t i = c.pos;
-    if (!alive[i] || next[i] == kNone) continue;
-    const std::uint32_t j = next[i];
-    const auto it = merges_.find(pair_key(ids[i], ids[j]));
-    if (it == merges_.end() || it->second.id != c.id) continue;
-    ids[i] = c.id;
-    alive[j] = false;
-    next[i] = next[j];
-    if (next[j] != kNone) prev[next[j]] = i;
-    push(prev[i]);
-    push(i);
+  template <class Find>
+  void push(std::uint32_t i, Find find) {
+    if (i == kNone || next_[i] == kNone) return;
+    if (const auto* m = find(ids_[i], ids_[next_[i]])) heap_.push({m->rank, i, m->id});
   }
-  std::vector<std::uint32_t> out;
-  for (std::uint32_t i = 0; n > 0 && i != kNone; i = next[i]) out.push_back(ids[i]);
-  return out;
+
+  std::vector<std::uint32_t> ids_, prev_, next_;
+  std::vector<bool> alive_;
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<>> heap_;
+};
+
+}  // namespace
+
+// Repeatedly merges the adjacent pair of lowest rank (the leftmost on ties); a candidate is
+// stale when its pair no longer makes the id it was queued with (`tokenizers`'
+// Word::merge_all).
+std::vector<std::uint32_t> BpeModel::merge(std::vector<std::uint32_t> ids) const {
+  auto find = [this](std::uint32_t a, std::uint32_t b) -> const Merge* {
+    const auto it = merges_.find(pair_key(a, b));
+    return it == merges_.end() ? nullptr : &it->second;
+  };
+  Merger m(std::move(ids), find);
+  while (m.step(find)) {
+  }
+  return m.result();
 }
 
 std::vector<std::uint32_t> BpeModel::bpe(std::string_view word) const {

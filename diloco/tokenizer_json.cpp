@@ -23,7 +23,7 @@ using detail::Pattern;
 using detail::SplitBehavior;
 
 constexpr std::size_t kMaxPatternBytes = std::size_t(1) << 16;
-constexpr int kMaxDepth = 8;        // Sequences inside Sequences
+constexpr int kMaxDepth = 8;           // Sequences inside Sequences
 constexpr std::size_t kMaxSteps = 64;  // parts of one Sequence
 constexpr std::size_t kMaxStrip = 1024;
 
@@ -95,7 +95,8 @@ class Reader {
       fail(field + "." + key, "expected an array of at most " + std::to_string(kMaxSteps));
     std::vector<std::pair<const Json*, std::string>> out;
     for (std::size_t i = 0; i < o[key].size(); ++i) {
-      auto sub = parts(o[key][i], key, field + "." + key + "[" + std::to_string(i) + "]", depth + 1);
+      auto sub =
+          parts(o[key][i], key, field + "." + key + "[" + std::to_string(i) + "]", depth + 1);
       out.insert(out.end(), sub.begin(), sub.end());
     }
     return out;
@@ -191,7 +192,7 @@ class PreTokenizer {
   // prepend_scheme first).
   void run(std::string_view text, bool at_start,
            const std::function<void(std::string_view)>& emit) const {
-    run(0, text, at_start, emit);
+    run(std::size_t{0}, text, at_start, emit);
   }
 
  private:
@@ -237,37 +238,52 @@ class PreTokenizer {
     stages_.push_back(std::move(s));
   }
 
-  void run(std::size_t stage, std::string_view text, bool at_start,
-           const std::function<void(std::string_view)>& emit) const {
+  using Emit = std::function<void(std::string_view)>;
+
+  void run(std::size_t stage, std::string_view text, bool at_start, const Emit& emit) const {
     if (stage == stages_.size()) {
       if (!text.empty()) emit(text);
       return;
     }
     const Stage& s = stages_[stage];
-    auto split = [&](std::string_view t, SplitBehavior behavior, bool invert) {
-      detail::split_pieces(*s.pattern, t, behavior, invert, [&](std::size_t b, std::size_t e) {
-        run(stage + 1, t.substr(b, e - b), at_start && b == 0, emit);
-      });
-    };
-    if (s.kind == Kind::split) return split(text, s.behavior, s.invert);
-    std::string changed;
-    if (s.kind == Kind::byte_level) {
-      if (s.add_prefix_space && !text.starts_with(' ')) text = changed = " " + std::string(text);
-      if (s.pattern) return split(text, SplitBehavior::isolated, false);
-      return run(stage + 1, text, at_start, emit);
-    }
+    if (s.kind == Kind::split) return split(stage, text, at_start, s.behavior, s.invert, emit);
+    if (s.kind == Kind::byte_level) return byte_level(stage, text, at_start, emit);
+    metaspace(stage, text, at_start, emit);
+  }
+
+  // The pieces of the stage's pattern, each through the stages after it.
+  void split(std::size_t stage, std::string_view text, bool at_start, SplitBehavior behavior,
+             bool invert, const Emit& emit) const {
+    detail::split_pieces(*stages_[stage].pattern, text, behavior, invert,
+                         [&](std::size_t b, std::size_t e) {
+                           run(stage + 1, text.substr(b, e - b), at_start && b == 0, emit);
+                         });
+  }
+
+  // A space in front unless there is one; GPT-2's split with use_regex.
+  void byte_level(std::size_t stage, std::string_view text, bool at_start, const Emit& emit) const {
+    const Stage& s = stages_[stage];
+    std::string prefixed;
+    if (s.add_prefix_space && !text.starts_with(' ')) text = prefixed = " " + std::string(text);
+    if (s.pattern) return split(stage, text, at_start, SplitBehavior::isolated, false, emit);
+    run(stage + 1, text, at_start, emit);
+  }
+
+  // Spaces to the replacement, which the scheme may put in front; split before each with
+  // split.
+  void metaspace(std::size_t stage, std::string_view text, bool at_start, const Emit& emit) const {
+    const Stage& s = stages_[stage];
+    std::string t;
     for (char c : text) {
       if (c == ' ')
-        changed += s.replacement;
+        t += s.replacement;
       else
-        changed += c;
+        t += c;
     }
-    const bool prepend =
-        s.scheme == Scheme::always || (s.scheme == Scheme::first && at_start);
-    if (prepend && !std::string_view(changed).starts_with(s.replacement))
-      changed.insert(0, s.replacement);
-    if (s.pattern) return split(changed, SplitBehavior::merged_with_next, false);
-    run(stage + 1, changed, at_start, emit);
+    const bool prepend = s.scheme == Scheme::always || (s.scheme == Scheme::first && at_start);
+    if (prepend && !std::string_view(t).starts_with(s.replacement)) t.insert(0, s.replacement);
+    if (s.pattern) return split(stage, t, at_start, SplitBehavior::merged_with_next, false, emit);
+    run(stage + 1, t, at_start, emit);
   }
 
   std::vector<Stage> stages_;
@@ -302,8 +318,9 @@ class Decoder {
         s = {Kind::metaspace, std::nullopt, r.character(*o, "replacement", field)};
         s.scheme = prepend_scheme(r, *o, field);
       } else {
-        r.fail(field, type + " is not supported (only ByteLevel, Replace, ByteFallback, Fuse, "
-                             "Strip, Metaspace and Sequence)");
+        r.fail(field, type +
+                          " is not supported (only ByteLevel, Replace, ByteFallback, Fuse, "
+                          "Strip, Metaspace and Sequence)");
       }
       steps_.push_back(std::move(s));
     }
@@ -339,16 +356,21 @@ class Decoder {
 
   static std::vector<std::string> apply(const Step& s, std::vector<std::string> tokens) {
     switch (s.kind) {
-      case Kind::byte_level: return {byte_level(tokens)};
-      case Kind::byte_fallback: return byte_fallback(tokens);
-      case Kind::fuse: return {fuse(tokens)};
-      default: break;
+      case Kind::byte_level:
+        return {byte_level(tokens)};
+      case Kind::byte_fallback:
+        return byte_fallback(tokens);
+      case Kind::fuse:
+        return {fuse(tokens)};
+      default:
+        break;
     }
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       auto& t = tokens[i];
       if (s.kind == Kind::replace) t = detail::replace_all(t, *s.pattern, s.content);
       if (s.kind == Kind::strip) t = strip(t, s.content, s.start, s.stop);
-      if (s.kind == Kind::metaspace) t = metaspace(t, s.content, i == 0 && s.scheme != Scheme::never);
+      if (s.kind == Kind::metaspace)
+        t = metaspace(t, s.content, i == 0 && s.scheme != Scheme::never);
     }
     return tokens;
   }
@@ -409,9 +431,8 @@ class Decoder {
                            std::size_t stop) {
     std::size_t b = 0, e = t.size();
     for (std::size_t k = 0; k < start && t.compare(b, c.size(), c) == 0; ++k) b += c.size();
-    for (std::size_t k = 0; k < stop && e >= b + c.size() &&
-                            t.compare(e - c.size(), c.size(), c) == 0;
-         ++k)
+    for (std::size_t k = 0;
+         k < stop && e >= b + c.size() && t.compare(e - c.size(), c.size(), c) == 0; ++k)
       e -= c.size();
     return t.substr(b, e - b);
   }
@@ -535,8 +556,7 @@ class JsonTokenizer final : public Tokenizer {
   void encode_segment(std::string_view segment, bool at_start,
                       std::vector<std::uint32_t>& out) const {
     auto words = [&](std::string_view text, bool start) {
-      pre_.run(text, start,
-               [&](std::string_view word) { model_->encode_word(word, out); });
+      pre_.run(text, start, [&](std::string_view word) { model_->encode_word(word, out); });
     };
     if (normalizer_.empty() && normalized_.empty()) return words(segment, at_start);
     const std::string normalized = normalizer_.apply(segment);
@@ -554,8 +574,9 @@ class JsonTokenizer final : public Tokenizer {
   PreTokenizer pre_;
   std::unique_ptr<detail::BpeModel> model_;
   Decoder decoder_;
-  std::vector<AddedToken> raw_;         // matched in the raw text
-  std::vector<AddedToken> normalized_;  // normalized=true: their normalized text, in normalized text
+  std::vector<AddedToken> raw_;  // matched in the raw text
+  std::vector<AddedToken>
+      normalized_;  // normalized=true: their normalized text, in normalized text
   std::unordered_map<std::uint32_t, std::string> added_text_;
   std::uint32_t vocab_size_ = 0;
 };
@@ -581,8 +602,8 @@ void JsonTokenizer::read_added(const Reader& r, const Json& at, const Json& voca
     const bool known = vocab.contains(content);
     const std::uint32_t id = known ? vocab[content].get<std::uint32_t>() : next_id++;
     if (t["id"].get<std::uint64_t>() != id)
-      r.fail(field + ".id", t["id"].dump() + ", but `tokenizers` gives \"" +
-                                content.substr(0, 40) + "\" the id " + std::to_string(id));
+      r.fail(field + ".id", t["id"].dump() + ", but `tokenizers` gives \"" + content.substr(0, 40) +
+                                "\" the id " + std::to_string(id));
     if (!added_text_.emplace(id, content).second)
       r.fail(field + ".content", "\"" + content.substr(0, 40) + "\" given twice");
     // Matched after the normalizer, in each stretch between the others, as their normalized

@@ -3,6 +3,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <stdexcept>
@@ -14,8 +15,9 @@ namespace loco::diloco::detail {
 namespace {
 
 [[noreturn]] void refuse(const std::string& what) {
-  throw std::invalid_argument(what + " (Oniguruma, which `tokenizers` uses, reads it otherwise "
-                                     "than PCRE2 or loco does not translate it)");
+  throw std::invalid_argument(what +
+                              " (Oniguruma, which `tokenizers` uses, reads it otherwise "
+                              "than PCRE2 or loco does not translate it)");
 }
 
 bool is_hex(char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; }
@@ -33,42 +35,49 @@ constexpr std::string_view kWhiteSpace =
     "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}"
     "\\x{3000}";
 
-// The escape at p[i] ('\\'); returns the index of its last character.
-std::size_t translate_escape(std::string_view p, std::size_t i, bool in_class, std::string& out) {
-  if (i + 1 >= p.size()) refuse("a trailing backslash");
-  const char e = p[i + 1];
-  switch (e) {
+// Escapes both engines read alike: letters here, and any punctuation.
+constexpr std::string_view kSharedEscapes = "dDtnrfaezZA";
+
+// The escapes spelled otherwise in PCRE2 (\s, \S, \v, \u) at p[i] ('\\'); returns the index
+// of the last character used, or npos for the others.
+std::size_t rewrite_escape(std::string_view p, std::size_t i, bool in_class, std::string& out) {
+  const std::string ws(kWhiteSpace);
+  switch (p[i + 1]) {
     case 's':
-      out += in_class ? std::string(kWhiteSpace) : "[" + std::string(kWhiteSpace) + "]";
+      out += in_class ? ws : "[" + ws + "]";
       return i + 1;
     case 'S':
       if (in_class) refuse("\\S inside a class");
-      out += "[^" + std::string(kWhiteSpace) + "]";
+      out += "[^" + ws + "]";
       return i + 1;
     case 'v':  // the vertical tab; PCRE2's \v is a class of line breaks
       out += "\\x{0B}";
       return i + 1;
     case 'u':
-      if (i + 5 >= p.size() || !is_hex(p[i + 2]) || !is_hex(p[i + 3]) || !is_hex(p[i + 4]) ||
-          !is_hex(p[i + 5]))
+      if (i + 5 >= p.size() || !std::all_of(p.begin() + i + 2, p.begin() + i + 6, is_hex))
         refuse("\\u without four hex digits");
       out += "\\x{" + std::string(p.substr(i + 2, 4)) + "}";
       return i + 5;
-    case 'x':
-    case 'p':
-    case 'P':
-      out += '\\';
-      out += e;
-      if (i + 2 < p.size() && p[i + 2] == '{') return copy_braces(p, i + 2, out);
-      return i + 1;  // \xHH, \pL: the characters that follow are copied as they are
     default:
-      break;
+      return std::string_view::npos;
   }
-  static constexpr std::string_view kShared = "dDtnrfaezZA";
-  if (std::isalnum(static_cast<unsigned char>(e)) && kShared.find(e) == std::string_view::npos)
-    refuse(std::string("the escape \\") + e);
+}
+
+// The escape at p[i] ('\\'); returns the index of its last character.
+std::size_t translate_escape(std::string_view p, std::size_t i, bool in_class, std::string& out) {
+  if (i + 1 >= p.size()) refuse("a trailing backslash");
+  if (const auto end = rewrite_escape(p, i, in_class, out); end != std::string_view::npos)
+    return end;
+  const char e = p[i + 1];
   out += '\\';
   out += e;
+  if (e == 'x' || e == 'p' || e == 'P') {
+    if (i + 2 < p.size() && p[i + 2] == '{') return copy_braces(p, i + 2, out);
+    return i + 1;  // \xHH, \pL: the characters that follow are copied as they are
+  }
+  if (std::isalnum(static_cast<unsigned char>(e)) &&
+      kSharedEscapes.find(e) == std::string_view::npos)
+    refuse(std::string("the escape \\") + e);
   return i + 1;
 }
 
@@ -84,45 +93,57 @@ void check_group(std::string_view p, std::size_t i) {
 
 }  // namespace
 
+namespace {
+
+// Copies the class that opens at p[i] ('[') to out, refusing what PCRE2 reads otherwise;
+// returns the index of its closing ']'.
+std::size_t translate_class(std::string_view p, std::size_t i, std::string& out) {
+  out += '[';
+  if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+  const std::size_t body = i + 1;  // a ']' here is a member
+  for (++i; i < p.size(); ++i) {
+    const char c = p[i];
+    const char next = i + 1 < p.size() ? p[i + 1] : '\0';
+    if (c == '\\') {
+      i = translate_escape(p, i, true, out);
+      continue;
+    }
+    if (c == '[') refuse(next == ':' ? "a POSIX bracket [:...:]" : "a class inside a class");
+    if (c == '&' && next == '&') refuse("the class intersection &&");
+    out += c;
+    if (c == ']' && i != body) return i;
+  }
+  refuse("an unclosed class [");
+}
+
+// Oniguruma's {,n} at p[i] ('{'): whether it is one (then PCRE2's {0,n} is written).
+bool zero_to_n(std::string_view p, std::size_t i, std::string& out) {
+  if (i + 1 >= p.size() || p[i + 1] != ',') return false;
+  std::size_t j = i + 2;
+  while (j < p.size() && std::isdigit(static_cast<unsigned char>(p[j]))) ++j;
+  if (j == i + 2 || j >= p.size() || p[j] != '}') return false;
+  out += "{0";
+  return true;
+}
+
+}  // namespace
+
 std::string onig_to_pcre2(std::string_view p) {
   std::string out;
-  bool in_class = false;
-  std::size_t class_body = 0;  // where the open class's first member is
   for (std::size_t i = 0; i < p.size(); ++i) {
     const char c = p[i];
     const char next = i + 1 < p.size() ? p[i + 1] : '\0';
     if (c == '\\') {
-      i = translate_escape(p, i, in_class, out);
-      continue;
+      i = translate_escape(p, i, false, out);
+    } else if (c == '[') {
+      i = translate_class(p, i, out);
+    } else {
+      if (c == '(' && next == '?') check_group(p, i);
+      if ((c == '*' || c == '+' || c == '?' || c == '}') && next == '+')
+        refuse(std::string("the quantifier ") + c + "+ (possessive in PCRE2, nested in Oniguruma)");
+      if (!(c == '{' && zero_to_n(p, i, out))) out += c;
     }
-    if (in_class) {
-      if (c == '[') refuse(next == ':' ? "a POSIX bracket [:...:]" : "a class inside a class");
-      if (c == '&' && next == '&') refuse("the class intersection &&");
-      if (c == ']' && i != class_body) in_class = false;
-      out += c;
-      continue;
-    }
-    if (c == '[') {
-      in_class = true;
-      out += c;
-      if (next == '^') out += p[++i];
-      class_body = i + 1;
-      continue;
-    }
-    if (c == '(' && next == '?') check_group(p, i);
-    if ((c == '*' || c == '+' || c == '?' || c == '}') && next == '+')
-      refuse(std::string("the quantifier ") + c + "+ (possessive in PCRE2, nested in Oniguruma)");
-    if (c == '{' && next == ',') {  // Oniguruma's {,n} is {0,n}
-      std::size_t j = i + 2;
-      while (j < p.size() && std::isdigit(static_cast<unsigned char>(p[j]))) ++j;
-      if (j > i + 2 && j < p.size() && p[j] == '}') {
-        out += "{0";
-        continue;
-      }
-    }
-    out += c;
   }
-  if (in_class) refuse("an unclosed class [");
   return out;
 }
 
@@ -181,14 +202,6 @@ Pattern Pattern::literal(std::string_view text) {
   return Pattern(nullptr, std::string(text));
 }
 
-namespace {
-
-std::size_t utf8_length(unsigned char c) {
-  return c < 0xc0 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
-}
-
-}  // namespace
-
 void Pattern::find_matches(std::string_view text,
                            const std::function<void(const Match&)>& fn) const {
   if (!code_) {  // a literal: its non-overlapping occurrences, left to right
@@ -209,7 +222,8 @@ void Pattern::find_matches(std::string_view text,
   bool matched_before = false;
   std::size_t last_match_end = 0;
   while (from <= text.size()) {
-    const int rc = pcre2_match(code_->code, subject, text.size(), from, 0, md, code_->match_context);
+    const int rc =
+        pcre2_match(code_->code, subject, text.size(), from, 0, md, code_->match_context);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       pcre2_match_data_free(md);
@@ -220,7 +234,9 @@ void Pattern::find_matches(std::string_view text,
     const std::size_t b = ov[0], e = ov[1];
     if (b == e && matched_before && last_match_end == e) {
       // Oniguruma's iterator: no empty match right after a match; on by one character.
-      from += from < text.size() ? utf8_length(static_cast<unsigned char>(text[from])) : 1;
+      std::size_t next = from;
+      if (from < text.size()) next_code_point(text, next);
+      from = from < text.size() ? next : from + 1;
       continue;
     }
     if (b > prev) fn({prev, b, false});
@@ -251,41 +267,49 @@ void Pattern::check_known(std::string_view text) {
                            "loco does not split it rather than split it differently");
 }
 
+namespace {
+
+// Whether a stretch joins the piece before it (NormalizedString::split's folds, read
+// forwards).
+bool joins_previous(SplitBehavior behavior, bool prev_match, bool is_match) {
+  switch (behavior) {
+    case SplitBehavior::merged_with_previous:
+      return is_match && !prev_match;
+    case SplitBehavior::merged_with_next:
+      return prev_match && !is_match;
+    case SplitBehavior::contiguous:
+      return is_match == prev_match;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 void split_pieces(const Pattern& p, std::string_view text, SplitBehavior behavior, bool invert,
                   const std::function<void(std::size_t, std::size_t)>& emit) {
-  // Each stretch either starts a piece or joins the one before (NormalizedString::split's
-  // folds, read forwards); Removed drops the matches.
-  bool first = true, prev_match = false;
+  bool first = true, prev_match = false, open = false;
   std::size_t begin = 0, end = 0;
-  bool open = false;
+  auto flush = [&] {
+    if (open && end > begin) emit(begin, end);
+    open = false;
+  };
   p.find_matches(text, [&](const Match& m) {
     const bool is_match = m.is_match != invert;
-    bool joins = false;
-    if (!first) {
-      switch (behavior) {
-        case SplitBehavior::merged_with_previous: joins = is_match && !prev_match; break;
-        case SplitBehavior::merged_with_next: joins = prev_match && !is_match; break;
-        case SplitBehavior::contiguous: joins = is_match == prev_match; break;
-        default: break;
-      }
-    }
+    const bool joins = !first && joins_previous(behavior, prev_match, is_match);
     first = false;
     prev_match = is_match;
-    if (behavior == SplitBehavior::removed && is_match) {
-      if (open && end > begin) emit(begin, end);
-      open = false;
-      return;
-    }
+    if (behavior == SplitBehavior::removed && is_match) return flush();
     if (joins && open) {
       end = m.end;
       return;
     }
-    if (open && end > begin) emit(begin, end);
+    flush();
     begin = m.begin;
     end = m.end;
     open = true;
   });
-  if (open && end > begin) emit(begin, end);
+  flush();
 }
 
 std::string replace_all(std::string_view text, const Pattern& p, std::string_view content) {

@@ -30,23 +30,34 @@ inline void append_utf8(std::string& out, std::uint32_t cp) {
   }
 }
 
+// The length of a well-formed UTF-8 sequence that starts with c; 0 when none does.
+inline std::size_t utf8_length(unsigned char c) {
+  if (c < 0x80) return 1;
+  if (c < 0xc2) return 0;
+  if (c < 0xe0) return 2;
+  if (c < 0xf0) return 3;
+  return c < 0xf5 ? 4 : 0;
+}
+
+// Whether cp, read from n bytes, is neither overlong nor a surrogate nor past U+10FFFF.
+inline bool well_formed(std::uint32_t cp, std::size_t n) {
+  const std::uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+  return cp >= least[n] && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
+}
+
 // The code point at s[i], advancing i past it. A byte that does not start a well-formed
 // sequence (a corpus file need not be UTF-8) reads as kInvalidByte + byte, one byte long.
 inline std::uint32_t next_code_point(std::string_view s, std::size_t& i) {
   const auto c = static_cast<unsigned char>(s[i]);
-  const std::size_t n = c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
-  std::uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1fu) : n == 3 ? (c & 0x0fu) : (c & 0x07u);
+  const std::size_t n = utf8_length(c);
+  std::uint32_t cp = n == 1 ? c : (c & (0x7fu >> n));
   bool ok = n != 0 && i + n <= s.size();
   for (std::size_t k = 1; ok && k < n; ++k) {
     const auto d = static_cast<unsigned char>(s[i + k]);
     ok = (d & 0xc0) == 0x80;
     cp = (cp << 6) | (d & 0x3fu);
   }
-  // Overlong, surrogate or past U+10FFFF: not UTF-8.
-  if (ok && ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-             (cp >= 0xd800 && cp <= 0xdfff)))
-    ok = false;
-  if (!ok) {
+  if (!ok || !well_formed(cp, n)) {
     ++i;
     return kInvalidByte + c;
   }

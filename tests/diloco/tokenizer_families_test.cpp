@@ -118,8 +118,8 @@ TEST_P(TokenizerFamilies, EncodeAndDecodeAsTokenizersDoes) {
   for (std::size_t i = 0; i < texts.size(); ++i) {
     const auto text = read_file(texts[i]);
     const auto ids = tok->encode(text);
-    std::cout << family << ": " << texts[i].filename().string() << ": " << text.size()
-              << " bytes, " << ids.size() << " ids in " << seconds[i] << " s\n";
+    std::cout << family << ": " << texts[i].filename().string() << ": " << text.size() << " bytes, "
+              << ids.size() << " ids in " << seconds[i] << " s\n";
     if (family == "llama3") {
       EXPECT_EQ(tok->decode(ids), text);  // byte-level: every text
     }
@@ -129,7 +129,8 @@ TEST_P(TokenizerFamilies, EncodeAndDecodeAsTokenizersDoes) {
   // (ids 3..258) or, without byte fallback, <unk> (id 0).
   EXPECT_EQ(tok->encode(document_end(family)).size(), 1u);
   const auto uni = tok->encode(unicode_text());
-  const auto bytes = std::count_if(uni.begin(), uni.end(), [](auto id) { return id >= 3 && id < 259; });
+  const auto bytes =
+      std::count_if(uni.begin(), uni.end(), [](auto id) { return id >= 3 && id < 259; });
   if (family == "llama2" || family == "metaspace" || family == "llama2-normalized") {
     EXPECT_GT(bytes, 20);
   }
@@ -151,7 +152,7 @@ using TokenizerVariants = FamilyFixture;
 
 struct Variant {
   std::string name;
-  std::string family;                   // the tokenizer it edits
+  std::string family;  // the tokenizer it edits
   std::function<void(Json&)> edit;
 };
 
@@ -164,7 +165,9 @@ Json split(const std::string& kind, const std::string& pattern, const std::strin
 }
 
 Json metaspace(const std::string& scheme, bool split) {
-  return {{"type", "Metaspace"}, {"replacement", "\xe2\x96\x81"}, {"prepend_scheme", scheme},
+  return {{"type", "Metaspace"},
+          {"replacement", "\xe2\x96\x81"},
+          {"prepend_scheme", scheme},
           {"split", split}};
 }
 
@@ -199,11 +202,14 @@ std::vector<Variant> variants() {
                  }});
   }
   v.push_back({"bytelevel_prefix", "llama3", [](Json& j) {
-                 j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", true},
-                                       {"trim_offsets", true}, {"use_regex", true}};
+                 j["pre_tokenizer"] = {{"type", "ByteLevel"},
+                                       {"add_prefix_space", true},
+                                       {"trim_offsets", true},
+                                       {"use_regex", true}};
                }});
   v.push_back({"split_then_prefix", "llama3", [](Json& j) {
-                 j["pre_tokenizer"]["pretokenizers"][0] = split("String", " ", "MergedWithNext", false);
+                 j["pre_tokenizer"]["pretokenizers"][0] =
+                     split("String", " ", "MergedWithNext", false);
                  j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true;
                }});
   for (const char* scheme : {"always", "never", "first"})
@@ -243,8 +249,8 @@ TEST_F(TokenizerVariants, PatternsBehavioursAndSchemesAsTokenizersDoes) {
 TEST_F(TokenizerVariants, RegexPiecesAreOnigurumas) {
   Json patterns = Json::array(
       {R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)",
-       Json::parse(read_file(*dir_ / "llama3.json"))["pre_tokenizer"]["pretokenizers"][0]
-                                                     ["pattern"]["Regex"]});
+       Json::parse(read_file(
+           *dir_ / "llama3.json"))["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]});
   for (const auto& [kind, pattern, behavior, invert] : split_cases())
     if (kind == "Regex") patterns.push_back(pattern);
   const auto text = unicode_text() + test_text("</s>");
@@ -257,9 +263,9 @@ TEST_F(TokenizerVariants, RegexPiecesAreOnigurumas) {
   const auto want = Json::parse(read_file(*dir_ / "splits.json"));
   for (const auto& p : patterns) {
     std::vector<std::string> got;
-    detail::split_pieces(detail::Pattern::regex(p.get<std::string>()), text,
-                         detail::SplitBehavior::isolated, false,
-                         [&](std::size_t b, std::size_t e) { got.push_back(text.substr(b, e - b)); });
+    detail::split_pieces(
+        detail::Pattern::regex(p.get<std::string>()), text, detail::SplitBehavior::isolated, false,
+        [&](std::size_t b, std::size_t e) { got.push_back(text.substr(b, e - b)); });
     EXPECT_EQ(Json(got), want[p.get<std::string>()]) << p;
   }
 }
@@ -268,30 +274,38 @@ TEST_F(TokenizerVariants, RegexPiecesAreOnigurumas) {
 // the last; two merges that make one token; unknown characters fused into one <unk> or not;
 // added tokens matched in the raw text before those matched after the normalizer; no decoder.
 TEST_F(TokenizerVariants, SmallVocabulariesEncodeAsTokenizersDoes) {
-  Json vocab = {{"<unk>", 0}, {"a", 1}, {"b", 2}, {"c", 3}, {"ab", 4}, {"bc", 5}, {"abc", 6}, {" ", 7}};
+  Json vocab = {{"<unk>", 0}, {"a", 1},  {"b", 2},   {"c", 3},
+                {"ab", 4},    {"bc", 5}, {"abc", 6}, {" ", 7}};
   auto model = [&](const std::vector<std::pair<std::string, std::string>>& pairs, bool fuse) {
     Json merges = Json::array();
     for (const auto& [a, b] : pairs) merges.push_back(Json::array({a, b}));
-    return Json{{"type", "BPE"},        {"dropout", nullptr},   {"unk_token", "<unk>"},
-                {"continuing_subword_prefix", nullptr},           {"end_of_word_suffix", nullptr},
-                {"fuse_unk", fuse},     {"byte_fallback", false}, {"ignore_merges", false},
-                {"vocab", vocab},       {"merges", merges}};
+    return Json{{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", "<unk>"},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", fuse},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", vocab},
+                {"merges", merges}};
   };
   auto tokenizer = [&](Json m, Json added) {
-    return Json{{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr},
-                {"added_tokens", added}, {"normalizer", nullptr}, {"pre_tokenizer", nullptr},
-                {"post_processor", nullptr}, {"decoder", nullptr}, {"model", m}};
+    return Json{{"version", "1.0"},          {"truncation", nullptr}, {"padding", nullptr},
+                {"added_tokens", added},     {"normalizer", nullptr}, {"pre_tokenizer", nullptr},
+                {"post_processor", nullptr}, {"decoder", nullptr},    {"model", m}};
   };
   auto added = [](int id, const std::string& content, bool normalized) {
-    return Json{{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
-                {"rstrip", false}, {"normalized", normalized}, {"special", !normalized}};
+    return Json{
+        {"id", id},        {"content", content},       {"single_word", false},  {"lstrip", false},
+        {"rstrip", false}, {"normalized", normalized}, {"special", !normalized}};
   };
   const std::vector<std::pair<std::string, Json>> cases = {
       {"twice", tokenizer(model({{"b", "c"}, {"a", "b"}, {"b", "c"}}, false), Json::array())},
-      {"one_token", tokenizer(model({{"a", "b"}, {"b", "c"}, {"ab", "c"}, {"a", "bc"}}, true),
-                              Json::array())},
-      {"added", tokenizer(model({{"a", "b"}}, true),
-                          {added(8, "ca", false), added(9, "abca", true)})},
+      {"one_token",
+       tokenizer(model({{"a", "b"}, {"b", "c"}, {"ab", "c"}, {"a", "bc"}}, true), Json::array())},
+      {"added",
+       tokenizer(model({{"a", "b"}}, true), {added(8, "ca", false), added(9, "abca", true)})},
   };
   std::vector<fs::path> tokenizers;
   for (const auto& [name, j] : cases) {
@@ -332,11 +346,18 @@ TEST_F(TokenizerVariants, WhatLocoDoesNotDoIsRefusedByName) {
       {pattern(R"(a{1,2}+)"), {"}+"}},
       {pattern(R"([^\S\n])"), {"\\S inside a class"}},
       {pattern(R"(\p{NoSuchProperty})"), {"PCRE2 cannot compile"}},
-      {refused(llama3, [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Kept"; }),
+      {refused(llama3,
+               [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Kept"; }),
        {"pretokenizers[0].behavior", "Kept"}},
-      {refused(llama3, [](Json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }),
+      {refused(llama3,
+               [](Json& j) {
+                 j["pre_tokenizer"] = {{"type", "Whitespace"}};
+               }),
        {"tok.json: pre_tokenizer: Whitespace is not supported"}},
-      {refused(llama3, [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Digits"}}; }),
+      {refused(llama3,
+               [](Json& j) {
+                 j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Digits"}};
+               }),
        {"pre_tokenizer.pretokenizers[0]: Digits"}},
       {refused(llama3,
                [](Json& j) {
@@ -344,9 +365,15 @@ TEST_F(TokenizerVariants, WhatLocoDoesNotDoIsRefusedByName) {
                  std::swap(p[0], p[1]);
                }),
        {"pre_tokenizer.pretokenizers[1]", "follows ByteLevel"}},
-      {refused(llama2, [](Json& j) { j["normalizer"] = {{"type", "NFKC"}}; }),
+      {refused(llama2,
+               [](Json& j) {
+                 j["normalizer"] = {{"type", "NFKC"}};
+               }),
        {"tok.json: normalizer: NFKC is not supported"}},
-      {refused(llama2, [](Json& j) { j["normalizer"]["normalizers"][1] = {{"type", "Lowercase"}}; }),
+      {refused(llama2,
+               [](Json& j) {
+                 j["normalizer"]["normalizers"][1] = {{"type", "Lowercase"}};
+               }),
        {"normalizer.normalizers[1]: Lowercase"}},
       {refused(llama2, [](Json& j) { j["model"]["type"] = "Unigram"; }), {"model.type", "Unigram"}},
       {refused(llama2, [](Json& j) { j["model"]["dropout"] = 0.1; }), {"model.dropout", "0.1"}},
@@ -354,11 +381,21 @@ TEST_F(TokenizerVariants, WhatLocoDoesNotDoIsRefusedByName) {
        {"model.vocab", "<0x41>"}},
       {refused(llama2, [](Json& j) { j["added_tokens"][1]["id"] = 7; }),
        {"added_tokens[1].id", "7", "the id 1"}},
-      {refused(llama2, [](Json& j) { j["decoder"] = {{"type", "CTC"}}; }), {"decoder: CTC"}},
-      {refused(llama2, [](Json& j) { j["post_processor"] = {{"type", "RobertaProcessing"}}; }),
+      {refused(llama2,
+               [](Json& j) {
+                 j["decoder"] = {{"type", "CTC"}};
+               }),
+       {"decoder: CTC"}},
+      {refused(llama2,
+               [](Json& j) {
+                 j["post_processor"] = {{"type", "RobertaProcessing"}};
+               }),
        {"post_processor: RobertaProcessing"}},
-      {refused(llama2, [](Json& j) { j["pre_tokenizer"] = metaspace("first", false);
-                                     j["pre_tokenizer"]["replacement"] = "ab"; }),
+      {refused(llama2,
+               [](Json& j) {
+                 j["pre_tokenizer"] = metaspace("first", false);
+                 j["pre_tokenizer"]["replacement"] = "ab";
+               }),
        {"pre_tokenizer.replacement", "one character"}},
       {refused(llama2, [](Json& j) { j["pre_tokenizer"] = metaspace("sometimes", false); }),
        {"pre_tokenizer.prepend_scheme", "sometimes"}},
