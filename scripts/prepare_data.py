@@ -13,6 +13,8 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOT = "<|endoftext|>"
+# The end of a document in the tokenizers a user brings: GPT-2's, Llama 3's, SentencePiece's.
+EOT_TOKENS = (EOT, "<|end_of_text|>", "</s>")
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 # llm.c's headers: 256 int32, [0] magic, [1] version, [2] token count.
 MAGIC_U16, VERSION_U16 = 20240520, 1
@@ -158,9 +160,10 @@ def main():
     else:
         tok.save(tok_path)
     vocab = tok.get_vocab_size(with_added_tokens=True)
-    eot = tok.token_to_id(EOT)
+    eot = next((tok.token_to_id(t) for t in EOT_TOKENS if tok.token_to_id(t) is not None), None)
     if eot is None:
-        print(f"prepare-data: the tokenizer has no {EOT}; documents are not separated")
+        print(f"prepare-data: the tokenizer has none of {', '.join(EOT_TOKENS)}; "
+              "documents are not separated")
     wide = vocab > 65536
 
     # The validation split: the first val_fraction of the text, by characters, cut at a line.

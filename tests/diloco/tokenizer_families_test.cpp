@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "diloco/config.hpp"
+#include "diloco/data.hpp"
 #include "diloco/tokenizer_json.hpp"
 #include "diloco/tokenizer_regex.hpp"
 #include "tests/diloco/tokenizer_test_util.hpp"
@@ -147,6 +149,39 @@ INSTANTIATE_TEST_SUITE_P(Families, TokenizerFamilies,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// scripts/prepare-data with a tokenizer of the family: documents separated by its end of text,
+// ids as the C++ encoder gives them.
+TEST_P(TokenizerFamilies, PrepareDataSeparatesDocumentsWithTheFamilysEndOfText) {
+  const std::string family = GetParam();
+  const fs::path in = *dir_ / (family + "_docs"), out = *dir_ / (family + "_prepared");
+  fs::create_directories(in);
+  const std::string a = "In the beginning God created the heaven and the earth.\n";
+  const std::string b = "And the earth was without form, and void.\n";
+  write_file(in / "a.txt", a);
+  write_file(in / "b.txt", b);
+  ASSERT_EQ(run(std::string(LOCO_SOURCE_DIR) + "/scripts/prepare-data --input " + in.string() +
+                " --out " + out.string() + " --tokenizer " + (*dir_ / (family + ".json")).string() +
+                " --val-fraction 0 > " + (*dir_ / (family + "_prepared.log")).string()),
+            0);
+  DataConfig d;
+  d.dir = out.string();
+  d.format = DataFormat::tokens;
+  d.shards = 1;
+  const auto tok = load_tokenizer_json((out / "tokenizer.json").string());
+  const auto store = TokenStore::open(d, tok->vocab_size());
+  const auto end = tok->encode(document_end(family));
+  ASSERT_EQ(end.size(), 1u);
+  std::vector<std::uint32_t> want;
+  for (const auto& doc : {a, b}) {
+    const auto ids = tok->encode(doc);
+    want.push_back(end[0]);
+    want.insert(want.end(), ids.begin(), ids.end());
+  }
+  std::vector<std::uint32_t> got;
+  for (std::size_t i = 0; i < store.size(); ++i) got.push_back(store.at(i));
+  EXPECT_EQ(got, want);
+}
 
 using TokenizerVariants = FamilyFixture;
 
