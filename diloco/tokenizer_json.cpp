@@ -24,7 +24,7 @@ using detail::SplitBehavior;
 
 constexpr std::size_t kMaxPatternBytes = std::size_t(1) << 16;
 constexpr int kMaxDepth = 8;           // Sequences inside Sequences
-constexpr std::size_t kMaxSteps = 64;  // parts of one Sequence
+constexpr std::size_t kMaxSteps = 64;  // parts of a Sequence, nested ones counted
 constexpr std::size_t kMaxStrip = 1024;
 
 // GPT-2's pre-tokenizer split, as the ByteLevel pre-tokenizer of `tokenizers` applies it.
@@ -40,7 +40,6 @@ class Reader {
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
     throw std::runtime_error(name_ + ": " + field + ": " + what);
   }
-  const std::string& name() const { return name_; }
   // The "type" of an object.
   std::string type(const Json& o, const std::string& field) const {
     if (!o.is_object() || !o.contains("type") || !o["type"].is_string())
@@ -98,6 +97,8 @@ class Reader {
       auto sub =
           parts(o[key][i], key, field + "." + key + "[" + std::to_string(i) + "]", depth + 1);
       out.insert(out.end(), sub.begin(), sub.end());
+      if (out.size() > kMaxSteps)
+        fail(field, "more than " + std::to_string(kMaxSteps) + " parts in all");
     }
     return out;
   }
@@ -143,7 +144,9 @@ class Normalizer {
       }
     }
   }
-  // `tokenizers`' Prepend adds to a non-empty text; Replace replaces every match.
+  // `tokenizers`' Prepend adds to a non-empty text; Replace replaces every match. Throws
+  // std::runtime_error when the text grows more than 8 times and 64 bytes (a hostile file:
+  // a real normalizer writes a character for a character and prepends one).
   std::string apply(std::string_view text) const {
     std::string s(text);
     for (const auto& step : steps_) {
@@ -151,6 +154,9 @@ class Normalizer {
         s = detail::replace_all(s, *step.pattern, step.content);
       else if (!s.empty())
         s.insert(0, step.prepend);
+      if (s.size() > 8 * text.size() + 64)
+        throw std::runtime_error("the normalizer makes a text of " + std::to_string(text.size()) +
+                                 " bytes " + std::to_string(s.size()) + " bytes long");
     }
     return s;
   }

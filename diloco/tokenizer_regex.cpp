@@ -313,6 +313,9 @@ void split_pieces(const Pattern& p, std::string_view text, SplitBehavior behavio
 }
 
 std::string replace_all(std::string_view text, const Pattern& p, std::string_view content) {
+  // A hostile Replace (a long content for every character) must not take all memory; a real
+  // one makes a character of at most 4 bytes.
+  const std::size_t limit = 8 * text.size() + 64;
   std::string out;
   out.reserve(text.size());
   p.find_matches(text, [&](const Match& m) {
@@ -320,6 +323,8 @@ std::string replace_all(std::string_view text, const Pattern& p, std::string_vie
       out.append(content);
     else
       out.append(text.substr(m.begin, m.end - m.begin));
+    if (out.size() > limit)
+      throw std::runtime_error("a Replace makes the text more than 8 times longer");
   });
   return out;
 }

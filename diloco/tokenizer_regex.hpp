@@ -67,6 +67,8 @@ void split_pieces(const Pattern& p, std::string_view text, SplitBehavior behavio
                   const std::function<void(std::size_t, std::size_t)>& emit);
 
 // Every match of `p` in `text` replaced by `content` (the Replace normalizer and decoder).
+// Throws std::runtime_error when that makes the text more than 8 times and 64 bytes longer
+// (a hostile file; a real Replace writes a character for a character).
 std::string replace_all(std::string_view text, const Pattern& p, std::string_view content);
 
 }  // namespace loco::diloco::detail

@@ -445,6 +445,18 @@ TEST_F(TokenizerVariants, WhatLocoDoesNotDoIsRefusedByName) {
   };
   for (const auto& [what, parts] : cases)
     for (const auto& part : parts) EXPECT_NE(what.find(part), std::string::npos) << what;
+
+  // A Replace that would multiply the text fails when it runs, before it takes the memory.
+  auto j = llama2;
+  j["normalizer"]["normalizers"][1] = {
+      {"type", "Replace"}, {"pattern", {{"Regex", "."}}}, {"content", std::string(100, 'x')}};
+  const auto tok = parse_tokenizer_json(j.dump(), "tok.json");
+  try {
+    tok->encode(std::string(1000, 'a'));
+    ADD_FAILURE() << "encoded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("8 times longer"), std::string::npos) << e.what();
+  }
 }
 
 // A character newer than PCRE2's Unicode tables (U+1C89, Unicode 16) could split otherwise
