@@ -352,25 +352,33 @@ TEST_F(TokenizerVariants, SmallVocabulariesEncodeAsTokenizersDoes) {
   for (const auto& tj : tokenizers) expect_as_tokenizers(tj, texts);
 }
 
-// What loco does not do is refused naming the field and the value, never encoded otherwise.
-TEST_F(TokenizerVariants, WhatLocoDoesNotDoIsRefusedByName) {
+// The error of parsing `j` after `edit`, or "(accepted)".
+std::string refusal(Json j, const std::function<void(Json&)>& edit) {
+  edit(j);
+  try {
+    parse_tokenizer_json(j.dump(), "tok.json");
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+using Refusals = std::vector<std::pair<std::string, std::vector<std::string>>>;
+
+void expect_named(const Refusals& cases) {
+  for (const auto& [what, parts] : cases)
+    for (const auto& part : parts) EXPECT_NE(what.find(part), std::string::npos) << what;
+}
+
+// Regex constructs that PCRE2 would read otherwise than Oniguruma are refused by name.
+TEST_F(TokenizerVariants, RegexConstructsPcre2ReadsOtherwiseAreRefusedByName) {
   const auto llama3 = Json::parse(read_file(*dir_ / "llama3.json"));
-  const auto llama2 = Json::parse(read_file(*dir_ / "llama2.json"));
-  auto refused = [](Json j, const std::function<void(Json&)>& edit) -> std::string {
-    edit(j);
-    try {
-      parse_tokenizer_json(j.dump(), "tok.json");
-    } catch (const std::runtime_error& e) {
-      return e.what();
-    }
-    return "(accepted)";
-  };
   auto pattern = [&](const std::string& p) {
-    return refused(llama3, [&](Json& j) {
+    return refusal(llama3, [&](Json& j) {
       j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", p}};
     });
   };
-  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+  expect_named({
       {pattern(R"(\h+)"), {"tok.json: pre_tokenizer.pretokenizers[0].pattern", "\\h"}},
       {pattern(R"(\w+)"), {"\\w"}},
       {pattern(R"((a)\1)"), {"\\1"}},
@@ -381,73 +389,85 @@ TEST_F(TokenizerVariants, WhatLocoDoesNotDoIsRefusedByName) {
       {pattern(R"(a{1,2}+)"), {"}+"}},
       {pattern(R"([^\S\n])"), {"\\S inside a class"}},
       {pattern(R"(\p{NoSuchProperty})"), {"PCRE2 cannot compile"}},
-      {refused(llama3,
-               [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Kept"; }),
+  });
+}
+
+// What loco does not do is refused naming the field and the value, never encoded otherwise.
+TEST_F(TokenizerVariants, ComponentsLocoDoesNotDoAreRefusedByName) {
+  const auto l3 = Json::parse(read_file(*dir_ / "llama3.json"));
+  const auto l2 = Json::parse(read_file(*dir_ / "llama2.json"));
+  auto pre = [](const Json& v) { return [v](Json& j) { j["pre_tokenizer"] = v; }; };
+  expect_named({
+      {refusal(l3, [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Kept"; }),
        {"pretokenizers[0].behavior", "Kept"}},
-      {refused(llama3,
-               [](Json& j) {
-                 j["pre_tokenizer"] = {{"type", "Whitespace"}};
-               }),
+      {refusal(l3, pre({{"type", "Whitespace"}})),
        {"tok.json: pre_tokenizer: Whitespace is not supported"}},
-      {refused(llama3,
+      {refusal(l3,
                [](Json& j) {
                  j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Digits"}};
                }),
        {"pre_tokenizer.pretokenizers[0]: Digits"}},
-      {refused(llama3,
+      {refusal(l3,
                [](Json& j) {
-                 auto& p = j["pre_tokenizer"]["pretokenizers"];
-                 std::swap(p[0], p[1]);
+                 std::swap(j["pre_tokenizer"]["pretokenizers"][0],
+                           j["pre_tokenizer"]["pretokenizers"][1]);
                }),
        {"pre_tokenizer.pretokenizers[1]", "follows ByteLevel"}},
-      {refused(llama2,
+      {refusal(l2,
                [](Json& j) {
                  j["normalizer"] = {{"type", "NFKC"}};
                }),
        {"tok.json: normalizer: NFKC is not supported"}},
-      {refused(llama2,
+      {refusal(l2,
                [](Json& j) {
                  j["normalizer"]["normalizers"][1] = {{"type", "Lowercase"}};
                }),
        {"normalizer.normalizers[1]: Lowercase"}},
-      {refused(llama2, [](Json& j) { j["model"]["type"] = "Unigram"; }), {"model.type", "Unigram"}},
-      {refused(llama2, [](Json& j) { j["model"]["dropout"] = 0.1; }), {"model.dropout", "0.1"}},
-      {refused(llama2, [](Json& j) { j["model"]["vocab"].erase("<0x41>"); }),
+      {refusal(l2, [](Json& j) { j["model"]["type"] = "Unigram"; }), {"model.type", "Unigram"}},
+      {refusal(l2, [](Json& j) { j["model"]["dropout"] = 0.1; }), {"model.dropout", "0.1"}},
+      {refusal(l2, [](Json& j) { j["model"]["vocab"].erase("<0x41>"); }),
        {"model.vocab", "<0x41>"}},
-      {refused(llama2, [](Json& j) { j["added_tokens"][1]["id"] = 7; }),
+      {refusal(l2, [](Json& j) { j["added_tokens"][1]["id"] = 7; }),
        {"added_tokens[1].id", "7", "the id 1"}},
-      {refused(llama2,
+      {refusal(l2,
                [](Json& j) {
                  j["decoder"] = {{"type", "CTC"}};
                }),
        {"decoder: CTC"}},
-      {refused(llama2,
+      {refusal(l2,
                [](Json& j) {
                  j["post_processor"] = {{"type", "RobertaProcessing"}};
                }),
        {"post_processor: RobertaProcessing"}},
-      {refused(llama2,
+      {refusal(l2,
                [](Json& j) {
                  j["pre_tokenizer"] = metaspace("first", false);
                  j["pre_tokenizer"]["replacement"] = "ab";
                }),
        {"pre_tokenizer.replacement", "one character"}},
-      {refused(llama2, [](Json& j) { j["pre_tokenizer"] = metaspace("sometimes", false); }),
+      {refusal(l2, pre(metaspace("sometimes", false))),
        {"pre_tokenizer.prepend_scheme", "sometimes"}},
-      {refused(llama2, [](Json& j) { j["decoder"]["decoders"][3]["start"] = 1e9; }),
+      {refusal(l2, [](Json& j) { j["decoder"]["decoders"][3]["start"] = 1e9; }),
        {"decoder.decoders[3].start"}},
-      {refused(llama2,
+      {refusal(l2,
                [](Json& j) {
                  for (int i = 0; i < 10; ++i)
                    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {j["normalizer"]}}};
                }),
        {"normalizer", "nested deeper"}},
-  };
-  for (const auto& [what, parts] : cases)
-    for (const auto& part : parts) EXPECT_NE(what.find(part), std::string::npos) << what;
+      {refusal(l2,
+               [](Json& j) {
+                 j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", Json::array()}};
+                 for (int i = 0; i < 65; ++i)
+                   j["pre_tokenizer"]["pretokenizers"].push_back(metaspace("never", false));
+               }),
+       {"pre_tokenizer.pretokenizers", "at most 64"}},
+  });
+}
 
-  // A Replace that would multiply the text fails when it runs, before it takes the memory.
-  auto j = llama2;
+// A Replace that would multiply the text fails when it runs, before it takes the memory.
+TEST_F(TokenizerVariants, ANormalizerThatMultipliesTheTextFailsWhenItRuns) {
+  auto j = Json::parse(read_file(*dir_ / "llama2.json"));
   j["normalizer"]["normalizers"][1] = {
       {"type", "Replace"}, {"pattern", {{"Regex", "."}}}, {"content", std::string(100, 'x')}};
   const auto tok = parse_tokenizer_json(j.dump(), "tok.json");
@@ -455,7 +475,7 @@ TEST_F(TokenizerVariants, WhatLocoDoesNotDoIsRefusedByName) {
     tok->encode(std::string(1000, 'a'));
     ADD_FAILURE() << "encoded";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("8 times longer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("8 times"), std::string::npos) << e.what();
   }
 }
 
