@@ -61,8 +61,9 @@ BpeModel::BpeModel(const Json& m, const std::string& name, bool byte_level)
   if (!m.is_object()) fail(name, "model", "missing");
   if (m.contains("type") && !(m["type"].is_string() && m["type"].get<std::string>() == "BPE"))
     fail(name, "model.type", "only BPE is supported, got " + shown(m["type"]));
-  if (m.contains("dropout") && !m["dropout"].is_null())
-    fail(name, "model.dropout", "not supported (only null), got " + shown(m["dropout"]));
+  if (m.contains("dropout") && !m["dropout"].is_null() &&
+      !(m["dropout"].is_number() && m["dropout"].get<double>() == 0.0))
+    fail(name, "model.dropout", "not supported (only null or 0), got " + shown(m["dropout"]));
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(k) && !m[k].is_null() && !(m[k].is_string() && m[k].get<std::string>().empty()))
       fail(name, std::string("model.") + k, "not supported (only null), got " + shown(m[k]));
@@ -155,8 +156,11 @@ void BpeModel::read_merges(const Json& m, const std::string& name) {
          std::to_string(merges.size()) + " entries, more than " +
              std::to_string(kMaxTokenizerEntries));
   merges_.reserve(merges.size());
+  std::uint32_t rank = 0;
   for (std::size_t r = 0; r < merges.size(); ++r) {
     const std::string field = "model.merges[" + std::to_string(r) + "]";
+    // merges.txt's header, which `tokenizers` skips in the "a b" form: it takes no rank.
+    if (merges[r].is_string() && merges[r].get<std::string>().starts_with("#version")) continue;
     const auto [a, b] = merge_parts(merges[r], name, field);
     const auto ia = vocab_.find(a), ib = vocab_.find(b), ab = vocab_.find(a + b);
     if (a.empty() || b.empty() || ia == vocab_.end() || ib == vocab_.end() || ab == vocab_.end())
@@ -164,8 +168,7 @@ void BpeModel::read_merges(const Json& m, const std::string& name) {
            "\"" + a.substr(0, 40) + "\", \"" + b.substr(0, 40) +
                "\" or their merge is not in model.vocab");
     // A pair given twice takes its last rank, as `tokenizers`' map of merges does.
-    merges_.insert_or_assign(pair_key(ia->second, ib->second),
-                             Merge{static_cast<std::uint32_t>(r), ab->second});
+    merges_.insert_or_assign(pair_key(ia->second, ib->second), Merge{rank++, ab->second});
     if (!byte_level_) joins_before_[first_code_point(b)].insert(last_code_point(a));
   }
 }

@@ -534,6 +534,10 @@ TEST_F(TokenizerJson, MergesAsStringsReadTheSameAndUnsupportedFieldsAreRefused) 
   const auto a = parse_tokenizer_json(j.dump(), "pairs");
   const auto b = parse_tokenizer_json(strings.dump(), "strings");
   EXPECT_EQ(a->encode(kTestText), b->encode(kTestText));
+  // merges.txt's "#version" line, which `tokenizers` skips, takes no rank.
+  strings["model"]["merges"].insert(strings["model"]["merges"].begin(), "#version: 0.2");
+  EXPECT_EQ(parse_tokenizer_json(strings.dump(), "strings")->encode(kTestText),
+            a->encode(kTestText));
 
   auto refused = [&](const std::function<void(nlohmann::json&)>& edit) -> std::string {
     auto k = j;
@@ -557,6 +561,7 @@ TEST_F(TokenizerJson, MergesAsStringsReadTheSameAndUnsupportedFieldsAreRefused) 
                   }),
                   "tok.json: pre_tokenizer"));
   EXPECT_TRUE(has(refused([](auto& k) { k["model"]["dropout"] = 0.1; }), "model.dropout"));
+  EXPECT_EQ(refused([](auto& k) { k["model"]["dropout"] = 0.0; }), "");  // none, to `tokenizers`
   EXPECT_TRUE(has(refused([](auto& k) { k["model"]["unk_token"] = 5; }), "model.unk_token"));
   EXPECT_TRUE(has(refused([](auto& k) { k["model"]["type"] = "WordPiece"; }), "model.type"));
   EXPECT_TRUE(has(refused([](auto& k) { k["decoder"] = {{"type", "WordPiece"}}; }), "decoder"));
