@@ -16,8 +16,8 @@ namespace {
 
 [[noreturn]] void refuse(const std::string& what) {
   throw std::invalid_argument(what +
-                              " (Oniguruma, which `tokenizers` uses, reads it otherwise "
-                              "than PCRE2 or loco does not translate it)");
+                              ": Oniguruma (which `tokenizers` uses) and PCRE2 (which loco "
+                              "uses) read it differently, or loco does not translate it");
 }
 
 bool is_hex(char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; }
