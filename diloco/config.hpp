@@ -17,7 +17,8 @@
 namespace loco::diloco {
 
 // byte: one token per byte. bpe: a sentencepiece BPE trained on the corpus (data.bpe_vocab).
-// json: a Hugging Face tokenizer.json (byte-level BPE) at data.tokenizer_json.
+// json: a Hugging Face tokenizer.json (byte-level BPE, Llama 3, SentencePiece-style BPE of
+// Llama 2 and Mistral: tokenizer_json.hpp) at data.tokenizer_json.
 enum class TokenizerKind { byte, bpe, json };
 
 // text: DIR/corpus/*.txt, tokenized on first use. tokens: DIR/*.bin, pre-tokenized files

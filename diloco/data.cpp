@@ -256,7 +256,12 @@ TokenStore TokenStore::open(const DataConfig& d, int vocab) {
     if (!tok) tok = make_tokenizer(d);
     std::vector<std::uint32_t> all;
     for (const auto& f : corpus_files(d.dir)) {
-      auto t = tok->encode(read_all(f));
+      std::vector<std::uint32_t> t;
+      try {
+        t = tok->encode(read_all(f));
+      } catch (const std::runtime_error& e) {
+        throw std::runtime_error(f.string() + ": " + e.what());
+      }
       all.insert(all.end(), t.begin(), t.end());
     }
     write_token_file(path, all, width);

@@ -14,6 +14,8 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOT = "<|endoftext|>"
+# The end of a document in the tokenizers a user brings: GPT-2's, Llama 3's, SentencePiece's.
+EOT_TOKENS = (EOT, "<|end_of_text|>", "</s>")
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz")
 PARQUET_SUFFIXES = (".parquet",)
@@ -312,9 +314,10 @@ def write_tokens(a, files, tok, wide):
     """Each document is the end-of-text id then its ids. The validation split: the first
     val_fraction of the text, by characters, cut at a line. Returns the writers and the
     counts per input kind."""
-    eot = tok.token_to_id(EOT)
+    eot = next((tok.token_to_id(t) for t in EOT_TOKENS if tok.token_to_id(t) is not None), None)
     if eot is None:
-        print(f"prepare-data: the tokenizer has no {EOT}; documents are not separated")
+        print(f"prepare-data: the tokenizer has none of {', '.join(EOT_TOKENS)}; "
+              "documents are not separated")
     total = sum(len(d) for _, d in documents(files, a.field, a.max_document_bytes))
     if total == 0:
         fail("the inputs hold no text")

@@ -19,8 +19,10 @@
 #include "diloco/data.hpp"
 #include "diloco/tokenizer_json.hpp"
 #include "tests/diloco/test_corpus.hpp"
+#include "tests/diloco/tokenizer_test_util.hpp"
 
 using namespace loco::diloco;
+using namespace loco::diloco::testing;
 namespace fs = std::filesystem;
 
 namespace {
@@ -348,31 +350,6 @@ rounds: 1
 
 // ---- tokenizer.json ------------------------------------------------------------------
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_file(const fs::path& p, const std::string& s) {
-  std::ofstream out(p, std::ios::binary);
-  out << s;
-}
-
-int run(const std::string& cmd) {
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-// Ids of a raw uint32 file.
-std::vector<std::uint32_t> read_ids(const fs::path& p) {
-  const auto bytes = read_file(p);
-  std::vector<std::uint32_t> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), v.size() * 4);
-  return v;
-}
-
 // scripts/prepare-data trains a byte-level BPE with `tokenizers` on the KJV (or, without the
 // bible tool, the tests' corpus); the C++ encoder must give exactly its ids.
 class TokenizerJson : public ::testing::Test {
@@ -383,17 +360,8 @@ class TokenizerJson : public ::testing::Test {
     remove_tree(dir_->string());
     fs::create_directories(*dir_);
     const fs::path corpus = *dir_ / "kjv.txt";
-    if (run("command -v bible >/dev/null 2>&1") == 0) {
-      ASSERT_EQ(run("bible -f Gen1:1-Rev22:21 </dev/null | sed -E "
-                    "'s/^[1-3]?[A-Za-z]+[0-9]+:[0-9]+ //' > " +
-                    corpus.string()),
-                0);
-    } else {
-      const auto d = loco::diloco::testing::make_corpus_dir("tokjson", 2000000);
-      fs::copy_file(fs::path(d) / "corpus" / "a.txt", corpus);
-      remove_tree(d);
-    }
-    ASSERT_GT(fs::file_size(corpus), 100000u);
+    write_kjv(corpus);
+    if (::testing::Test::HasFatalFailure()) return;
     ASSERT_EQ(run(std::string(LOCO_SOURCE_DIR) + "/scripts/prepare-data --input " +
                   corpus.string() + " --out " + (*dir_ / "out").string() +
                   " --train-tokenizer --vocab 1000 --shard-tokens 400000 > " +
@@ -416,9 +384,8 @@ class TokenizerJson : public ::testing::Test {
                ".tofile(sys.argv[3])\n");
     const fs::path out = *dir_ / "ids.bin";
     fs::remove(out);
-    EXPECT_EQ(run("bash -c 'source " + std::string(LOCO_SOURCE_DIR) +
-                  "/scripts/env.sh && \"$LOCO_VENV/bin/python\" " + script.string() + " " +
-                  tokenizer.string() + " " + text.string() + " " + out.string() + "'"),
+    EXPECT_EQ(venv_python(script.string() + " " + tokenizer.string() + " " + text.string() + " " +
+                          out.string()),
               0);
     return read_ids(out);
   }
@@ -426,18 +393,7 @@ class TokenizerJson : public ::testing::Test {
 };
 fs::path* TokenizerJson::dir_ = nullptr;
 
-const char* kTestText =
-    "In the beginning God created the heaven and the earth.\n\n"
-    "And God said, Let there be light: and there was light.   Three spaces, a tab\there,\n"
-    "digits 1234567 and 3.14159, 42nd; it's, we'll, they've, I'm, you'd, don't.\n"
-    "Unicode: caf\xc3\xa9 na\xc3\xafve \xc3\x9c"
-    "ber stra\xc3\x9f"
-    "e, \xce\xb1\xce\xb2\xce\xb3, "
-    "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e, \xf0\x9f\x99\x82 and \xe2\x80\x94 dashes\xe2\x80\xa6\n"
-    "<|endoftext|>A new document after the special token<|endoftext|><|endoftext|>\n"
-    "   leading spaces, trailing spaces   \n\n\n"
-    "\r\nwindows line\r\n!!!???...,,,;;;\"quoted\" (parens) [brackets] {braces} #$%&*+-=/\\@^_`|~\n"
-    "  \t \n";
+const std::string kTestText = test_text("<|endoftext|>");
 
 TEST_F(TokenizerJson, EncoderGivesTheIdsOfTokenizersAndRoundTrips) {
   const fs::path tj = *dir_ / "out" / "tokenizer.json";
@@ -456,13 +412,20 @@ TEST_F(TokenizerJson, EncoderGivesTheIdsOfTokenizersAndRoundTrips) {
   EXPECT_EQ(std::count(got.begin(), got.end(), eot[0]), 3);
 }
 
-// Pieces far longer than words: a megabyte of one letter, long digit and whitespace runs
-// (the split regex must match them whole, not stop at a PCRE2 limit).
+// GPT-2's split regex reads \s as Oniguruma does (U+0085 is whitespace there, not in PCRE2).
+TEST_F(TokenizerJson, UnicodeWhitespaceAndDigitsSplitAsTokenizersDoes) {
+  const fs::path tj = *dir_ / "out" / "tokenizer.json";
+  write_file(*dir_ / "unicode.txt", unicode_text());
+  const auto want = python_ids(*dir_ / "unicode.txt", tj);
+  const auto tok = load_tokenizer_json(tj.string());
+  EXPECT_EQ(tok->encode(unicode_text()), want);
+  EXPECT_EQ(tok->decode(want), unicode_text());
+}
+
+// Pieces far longer than words (the split regex must match them whole).
 TEST_F(TokenizerJson, LongRunsEncodeAsTokenizersDoes) {
   const fs::path tj = *dir_ / "out" / "tokenizer.json";
-  const std::string text = std::string(1 << 20, 'a') + " " + std::string(100000, '7') + "\n" +
-                           std::string(50000, ' ') + "x" + std::string(30000, '\n') + "end " +
-                           std::string(20000, '!');
+  const std::string text = long_runs_text();
   write_file(*dir_ / "long.txt", text);
   const auto want = python_ids(*dir_ / "long.txt", tj);
   const auto tok = load_tokenizer_json(tj.string());
@@ -475,17 +438,7 @@ TEST_F(TokenizerJson, LongRunsEncodeAsTokenizersDoes) {
 // Few repeats for the word cache: 2 MB of pseudo-random words (and numbers) still encode
 // in seconds, with the ids of `tokenizers`.
 TEST_F(TokenizerJson, DistinctWordsEncodeAsTokenizersDoesInSeconds) {
-  std::string text;
-  std::uint64_t x = 1;
-  while (text.size() < (2u << 20)) {
-    x = splitmix64(x);
-    const int len = 1 + static_cast<int>(x % 12);
-    text += (x >> 8) % 7 == 0 ? ", " : " ";
-    for (int i = 0; i < len; ++i)
-      text += static_cast<char>(((x >> 16) % 3 == 0 ? '0' : 'a') +
-                                static_cast<int>((x >> (20 + 3 * i)) % 10));
-    if ((x >> 60) == 0) text += ".\n";
-  }
+  const std::string text = distinct_words_text();
   const fs::path tj = *dir_ / "out" / "tokenizer.json";
   write_file(*dir_ / "distinct.txt", text);
   const auto want = python_ids(*dir_ / "distinct.txt", tj);
@@ -581,6 +534,10 @@ TEST_F(TokenizerJson, MergesAsStringsReadTheSameAndUnsupportedFieldsAreRefused) 
   const auto a = parse_tokenizer_json(j.dump(), "pairs");
   const auto b = parse_tokenizer_json(strings.dump(), "strings");
   EXPECT_EQ(a->encode(kTestText), b->encode(kTestText));
+  // merges.txt's "#version" line, which `tokenizers` skips, takes no rank.
+  strings["model"]["merges"].insert(strings["model"]["merges"].begin(), "#version: 0.2");
+  EXPECT_EQ(parse_tokenizer_json(strings.dump(), "strings")->encode(kTestText),
+            a->encode(kTestText));
 
   auto refused = [&](const std::function<void(nlohmann::json&)>& edit) -> std::string {
     auto k = j;
@@ -604,7 +561,8 @@ TEST_F(TokenizerJson, MergesAsStringsReadTheSameAndUnsupportedFieldsAreRefused) 
                   }),
                   "tok.json: pre_tokenizer"));
   EXPECT_TRUE(has(refused([](auto& k) { k["model"]["dropout"] = 0.1; }), "model.dropout"));
-  EXPECT_TRUE(has(refused([](auto& k) { k["model"]["unk_token"] = "<unk>"; }), "model.unk_token"));
+  EXPECT_EQ(refused([](auto& k) { k["model"]["dropout"] = 0.0; }), "");  // none, to `tokenizers`
+  EXPECT_TRUE(has(refused([](auto& k) { k["model"]["unk_token"] = 5; }), "model.unk_token"));
   EXPECT_TRUE(has(refused([](auto& k) { k["model"]["type"] = "WordPiece"; }), "model.type"));
   EXPECT_TRUE(has(refused([](auto& k) { k["decoder"] = {{"type", "WordPiece"}}; }), "decoder"));
   EXPECT_TRUE(
@@ -613,7 +571,7 @@ TEST_F(TokenizerJson, MergesAsStringsReadTheSameAndUnsupportedFieldsAreRefused) 
   EXPECT_TRUE(has(refused([](auto& k) { k["added_tokens"][0]["lstrip"] = true; }),
                   "added_tokens[0].lstrip"));
   EXPECT_TRUE(has(refused([](auto& k) {
-                    k["post_processor"] = {{"type", "TemplateProcessing"}};
+                    k["post_processor"] = {{"type", "BertProcessing"}};
                   }),
                   "post_processor"));
   try {
