@@ -1273,7 +1273,11 @@ std::string model_difference(const ModelConfig& a, const ModelConfig& b) {
         name == "torchscript")
       continue;
     if (f.written && !f.written(ja) && !f.written(jb)) continue;
-    const std::string va = field_text(f, a), vb = field_text(f, b);
+    // A field that one writes and the other does not (torchscript_hash) is "unset" there.
+    const auto text = [&f](const JobConfig& j) {
+      return f.written && !f.written(j) ? std::string("unset") : field_text(f, j.model);
+    };
+    const std::string va = text(ja), vb = text(jb);
     if (va != vb) return "model." + name + " (" + va + " against " + vb + ")";
   }
   return "";

@@ -901,7 +901,7 @@ rounds: 1
   EXPECT_NE(model_difference(other, c.model).find("model.rope_scaling"), std::string::npos);
   other = c.model;
   other.sliding_window = 0;
-  EXPECT_EQ(model_difference(other, c.model), "model.sliding_window (0 against 8)");
+  EXPECT_EQ(model_difference(other, c.model), "model.sliding_window (unset against 8)");
 
   EXPECT_NE(error_of(replace(yaml, "rope_type: llama3", "rope_type: yarn"))
                 .find("model.rope_scaling.rope_type: expected llama3"),
