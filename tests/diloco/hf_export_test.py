@@ -13,9 +13,7 @@ torch or transformers is missing.
 
 import json
 import os
-import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -28,7 +26,10 @@ except ImportError as e:  # not the venv
     print(f"skipped: {e}")
     sys.exit(77)
 
-LOCO_TRAIN = None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import loco_train_cli as cli  # noqa: E402
+from loco_train_cli import run, theta_hashes  # noqa: E402
+
 TOLERANCE = 1e-4
 TOKENS = [1, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 10, 255, 0, 7]
 
@@ -40,47 +41,18 @@ CASES = {
     "llama-tied": {"arch": "llama", "tied_embeddings": True, "rope_theta": 500.0},
 }
 
-
-def job_file(folder, data, model):
-    fields = {"layers": 2, "width": 32, "heads": 4, "context": 16}
-    fields.update(model)
-    lines = [f"  {k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in fields.items()]
-    text = "\n".join([
-        "name: hf", "seed: 5", "threads: 1", "model:", *lines,
-        "data:", f"  dir: {data}", "  shards: 4", "  val_fraction: 0.05",
-        "inner:", "  steps: 3", "  batch_size: 4", "  warmup: 2", "  lr: 0.01",
-        "rounds: 2", "eval:", "  every: 3", "  batches: 2", ""])
-    path = os.path.join(folder, "job.yaml")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
-
-def run(*args, ok=True):
-    p = subprocess.run([LOCO_TRAIN, *args], capture_output=True, text=True)
-    if ok and p.returncode != 0:
-        raise AssertionError(f"loco-train {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
-    return p
-
-
 def loco_logits(*args):
-    with tempfile.TemporaryDirectory() as folder:
-        out = os.path.join(folder, "logits.json")
-        run("logits", *args, "--tokens", ",".join(map(str, TOKENS)), "--out", out)
-        with open(out) as f:
-            j = json.load(f)
-    return np.array(j["logits"], dtype=np.float32).reshape(j["shape"])
+    return cli.loco_logits(TOKENS, *args)
 
 
 def hf_logits(model):
-    model.eval()
-    with torch.no_grad():
-        return model(torch.tensor([TOKENS])).logits[0].float().numpy()
+    return cli.hf_logits(model, TOKENS)
 
 
-def theta_hashes(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line)["theta_hash"] for line in f if line.strip()]
+
+def job_file(folder, data, model):
+    fields = {"layers": 2, "width": 32, "heads": 4, "context": 16, **model}
+    return cli.write_job(os.path.join(folder, "job.yaml"), data, fields, name="hf")
 
 
 class HfExport(unittest.TestCase):
@@ -89,12 +61,7 @@ class HfExport(unittest.TestCase):
         torch.manual_seed(0)
         cls.tmp = tempfile.mkdtemp(prefix="loco-hf-export-")
         cls.data = os.path.join(cls.tmp, "data")
-        os.makedirs(os.path.join(cls.data, "corpus"))
-        words = ("and the lord said unto moses in the beginning god created heaven and earth "
-                 "and the earth was without form and void").split()
-        rng = random.Random(3)
-        with open(os.path.join(cls.data, "corpus", "a.txt"), "w") as f:
-            f.write(" ".join(rng.choice(words) for _ in range(30000)))
+        cli.write_corpus(cls.data)
 
     @classmethod
     def tearDownClass(cls):
@@ -187,5 +154,5 @@ class HfExport(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    LOCO_TRAIN = os.path.abspath(sys.argv.pop(1))
+    cli.LOCO_TRAIN = os.path.abspath(sys.argv.pop(1))
     unittest.main(verbosity=2)

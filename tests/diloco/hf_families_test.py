@@ -23,9 +23,7 @@ torch or transformers is missing.
 import glob
 import json
 import os
-import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -39,7 +37,10 @@ except ImportError as e:  # not the venv
     print(f"skipped: {e}")
     sys.exit(77)
 
-LOCO_TRAIN = None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import loco_train_cli as cli  # noqa: E402
+from loco_train_cli import run, theta_hashes  # noqa: E402
+
 TOLERANCE = 1e-4
 TOKENS = [1, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 10, 255, 0, 7]
 CONTEXT = 16
@@ -81,41 +82,18 @@ KEPT = ["model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
         "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
         "rms_norm_eps", "tie_word_embeddings", "vocab_size"]
 
-
-def job_file(path, data, hf, model_fields=None):
-    fields = {"hf": hf, "context": CONTEXT}
-    fields.update(model_fields or {})
-    lines = [f"  {k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in fields.items()]
-    text = "\n".join([
-        "name: family", "seed: 5", "threads: 1", "model:", *lines,
-        "data:", f"  dir: {data}", "  shards: 4", "  val_fraction: 0.05",
-        "inner:", "  steps: 3", "  batch_size: 4", "  warmup: 2", "  lr: 0.01",
-        "rounds: 2", "eval:", "  every: 3", "  batches: 2", ""])
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
-
-def run(*args, ok=True):
-    p = subprocess.run([LOCO_TRAIN, *args], capture_output=True, text=True)
-    if ok and p.returncode != 0:
-        raise AssertionError(f"loco-train {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
-    return p
-
-
 def loco_logits(*args):
-    with tempfile.TemporaryDirectory() as folder:
-        out = os.path.join(folder, "logits.json")
-        run("logits", *args, "--tokens", ",".join(map(str, TOKENS)), "--out", out)
-        with open(out) as f:
-            j = json.load(f)
-    return np.array(j["logits"], dtype=np.float32).reshape(j["shape"])
+    return cli.loco_logits(TOKENS, *args)
 
 
 def hf_logits(model):
-    model.eval()
-    with torch.no_grad():
-        return model(torch.tensor([TOKENS])).logits[0].float().numpy()
+    return cli.hf_logits(model, TOKENS)
+
+
+
+def job_file(path, data, hf, model_fields=None):
+    fields = {"hf": hf, "context": CONTEXT, **(model_fields or {})}
+    return cli.write_job(path, data, fields, name="family")
 
 
 def max_diff(a, b):
@@ -136,23 +114,13 @@ def random_model(config_class, model_class, fields):
     return model
 
 
-def theta_hashes(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line)["theta_hash"] for line in f if line.strip()]
-
-
 class HfFamilies(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         torch.manual_seed(0)
         cls.tmp = tempfile.mkdtemp(prefix="loco-hf-families-")
         cls.data = os.path.join(cls.tmp, "data")
-        os.makedirs(os.path.join(cls.data, "corpus"))
-        words = ("and the lord said unto moses in the beginning god created heaven and earth "
-                 "and the earth was without form and void").split()
-        rng = random.Random(3)
-        with open(os.path.join(cls.data, "corpus", "a.txt"), "w") as f:
-            f.write(" ".join(rng.choice(words) for _ in range(30000)))
+        cli.write_corpus(cls.data)
         # A Llama 2 folder that the refusals edit.
         config_class, model_class, fields, _ = CASES["llama2"]
         cls.base = os.path.join(cls.tmp, "base")
@@ -303,5 +271,5 @@ class HfFamilies(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    LOCO_TRAIN = os.path.abspath(sys.argv.pop(1))
+    cli.LOCO_TRAIN = os.path.abspath(sys.argv.pop(1))
     unittest.main(verbosity=2)

@@ -13,11 +13,8 @@ Run by ctest (label python): python torchscript_test.py LOCO_TRAIN. Exits 77 (sk
 torch is missing.
 """
 
-import json
 import os
-import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -29,21 +26,10 @@ except ImportError as e:  # not the venv
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import loco_train_cli as cli  # noqa: E402
+from loco_train_cli import metrics, run  # noqa: E402
 import torchscript_models  # noqa: E402
 
-LOCO_TRAIN = None
-
-
-def run(*args, ok=True):
-    p = subprocess.run([LOCO_TRAIN, *args], capture_output=True, text=True)
-    if ok and p.returncode != 0:
-        raise AssertionError(f"loco-train {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
-    return p
-
-
-def metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 class TorchScriptModel(unittest.TestCase):
@@ -51,12 +37,7 @@ class TorchScriptModel(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="loco-torchscript-")
         cls.data = os.path.join(cls.tmp, "data")
-        os.makedirs(os.path.join(cls.data, "corpus"))
-        words = ("and the lord said unto moses in the beginning god created heaven and earth "
-                 "and the earth was without form and void").split()
-        rng = random.Random(3)
-        with open(os.path.join(cls.data, "corpus", "a.txt"), "w") as f:
-            f.write(" ".join(rng.choice(words) for _ in range(30000)))
+        cli.write_corpus(cls.data)
         cls.models = os.path.join(cls.tmp, "models")
         torchscript_models.write_all(cls.models, vocab=256, width=32, context=32)
 
@@ -144,5 +125,5 @@ class TorchScriptModel(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    LOCO_TRAIN = os.path.abspath(sys.argv.pop(1))
+    cli.LOCO_TRAIN = os.path.abspath(sys.argv.pop(1))
     unittest.main(verbosity=2)
