@@ -30,38 +30,55 @@ int loco(const std::string& log, std::vector<std::string> args) {
   return p.wait(Millis(300000)).value_or(-1);
 }
 
+// Trains the job `yaml` one round in the simulator and exports it to the folder `hf` (`loco
+// export --format hf`): *hash is that round's θ hash, the folder's weights.
+void pretrain_and_export(const std::string& dir, const TestJob& pre, const std::string& yaml,
+                         const std::string& hf, std::string* hash) {
+  const std::string file = dir + "/pre.yaml";
+  std::ofstream(file) << yaml;
+  ASSERT_EQ(loco(dir + "/pre.log",
+                 {"train", "--simulate", "1", file, "--rounds", "1", "--out", dir + "/pre"}),
+            0)
+      << "see " << dir << "/pre.log";
+  ASSERT_EQ(loco(dir + "/export.log",
+                 {"export", pre.ckpt + "/latest.pt", "--format", "hf", "--out", hf}),
+            0)
+      << "see " << dir << "/export.log";
+  *hash = theta_hashes(dir + "/pre/metrics.jsonl").at(1);
+}
+
+// Runs the job `file` in the simulator (2 workers) and on `client`'s cluster: the same θ hashes
+// round by round (rounds 0..2), round 0's `pretrained`. *folder: the cluster job's checkpoints.
+void expect_the_simulators_theta(const std::string& dir, const std::string& file,
+                                 const std::string& pretrained, Client& client,
+                                 std::string* folder) {
+  ASSERT_EQ(loco(dir + "/sim.log", {"train", "--simulate", "2", file, "--out", dir + "/sim"}), 0)
+      << "see " << dir << "/sim.log";
+  const auto expected = theta_hashes(dir + "/sim/metrics.jsonl");
+  ASSERT_EQ(expected.size(), 3u);  // rounds 0..2
+  EXPECT_EQ(expected.at(0), pretrained);
+  JobHandle handle = client.submit(JobSpec::from_yaml_file(file));
+  JobInfo end = handle.wait(Millis(300000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message;
+  *folder = dir + "/ckpt/" + handle.id();
+  EXPECT_EQ(theta_hashes(*folder + "/metrics.jsonl"), expected);
+}
+
 TEST_F(DilocoJob, AJobStartsFromAnExportedFolderAsTheSimulatorDoes) {
   // A "pretrained" model: one round of the test job, exported through `loco export`.
   TestJob j = job(2, 2, 2);
   TestJob pre = j;
   pre.ckpt = dir_ + "/pre-ckpt";
-  const std::string pre_file = dir_ + "/pre.yaml";
-  std::ofstream(pre_file) << pre.yaml();
-  ASSERT_EQ(loco(dir_ + "/pre.log",
-                 {"train", "--simulate", "1", pre_file, "--rounds", "1", "--out", dir_ + "/pre"}),
-            0)
-      << "see " << dir_ << "/pre.log";
   const std::string hf = dir_ + "/pretrained-hf";
-  ASSERT_EQ(loco(dir_ + "/export.log",
-                 {"export", pre.ckpt + "/latest.pt", "--format", "hf", "--out", hf}),
-            0)
-      << "see " << dir_ << "/export.log";
-  const std::string pretrained = theta_hashes(dir_ + "/pre/metrics.jsonl").at(1);
+  std::string pretrained;
+  ASSERT_NO_FATAL_FAILURE(pretrain_and_export(dir_, pre, pre.yaml(), hf, &pretrained));
 
   const std::string file = dir_ + "/job.yaml";
   std::ofstream(file) << j.yaml() << "init: hf:" << hf << "\n";
-  ASSERT_EQ(loco(dir_ + "/sim.log", {"train", "--simulate", "2", file, "--out", dir_ + "/sim"}), 0)
-      << "see " << dir_ << "/sim.log";
-  const auto expected = theta_hashes(dir_ + "/sim/metrics.jsonl");
-  ASSERT_EQ(expected.size(), 3u);  // rounds 0..2
-  EXPECT_EQ(expected.at(0), pretrained);
-
   LocalCluster c(one_worker_per_node(2));
   Client client(c.head_address());
-  JobHandle handle = client.submit(JobSpec::from_yaml_file(file));
-  JobInfo end = handle.wait(Millis(300000));
-  ASSERT_EQ(end.state, JobState::succeeded) << end.message;
-  EXPECT_EQ(theta_hashes(dir_ + "/ckpt/" + handle.id() + "/metrics.jsonl"), expected);
+  std::string folder;
+  ASSERT_NO_FATAL_FAILURE(expect_the_simulators_theta(dir_, file, pretrained, client, &folder));
 
   // A folder that is not there, or holds another model, fails the submission.
   auto refused = [&](const std::string& yaml) -> std::string {
@@ -94,36 +111,18 @@ TEST_F(DilocoJob, AJobTakesItsWholeModelFromAFolderAsTheSimulatorDoes) {
   pre_yaml.replace(pre_yaml.find(shape), shape.size(),
                    "model: {arch: qwen2, layers: 2, width: 64, heads: 2, kv_heads: 1, context: 32, "
                    "max_positions: 128}");
-  const std::string pre_file = dir_ + "/pre.yaml";
-  std::ofstream(pre_file) << pre_yaml;
-  ASSERT_EQ(loco(dir_ + "/pre.log",
-                 {"train", "--simulate", "1", pre_file, "--rounds", "1", "--out", dir_ + "/pre"}),
-            0)
-      << "see " << dir_ << "/pre.log";
   const std::string hf = dir_ + "/qwen2-hf";
-  ASSERT_EQ(loco(dir_ + "/export.log",
-                 {"export", dir_ + "/pre-ckpt/latest.pt", "--format", "hf", "--out", hf}),
-            0)
-      << "see " << dir_ << "/export.log";
-  const std::string pretrained = theta_hashes(dir_ + "/pre/metrics.jsonl").at(1);
+  std::string pretrained;
+  ASSERT_NO_FATAL_FAILURE(pretrain_and_export(dir_, pre, pre_yaml, hf, &pretrained));
 
   std::string yaml = j.yaml();
   yaml.replace(yaml.find(shape), shape.size(), "model: {hf: " + hf + ", context: 32}");
   const std::string file = dir_ + "/job.yaml";
   std::ofstream(file) << yaml;
-  ASSERT_EQ(loco(dir_ + "/sim.log", {"train", "--simulate", "2", file, "--out", dir_ + "/sim"}), 0)
-      << "see " << dir_ << "/sim.log";
-  const auto expected = theta_hashes(dir_ + "/sim/metrics.jsonl");
-  ASSERT_EQ(expected.size(), 3u);  // rounds 0..2
-  EXPECT_EQ(expected.at(0), pretrained);
-
   LocalCluster c(one_worker_per_node(2));
   Client client(c.head_address());
-  JobHandle handle = client.submit(JobSpec::from_yaml_file(file));
-  JobInfo end = handle.wait(Millis(300000));
-  ASSERT_EQ(end.state, JobState::succeeded) << end.message;
-  const std::string folder = dir_ + "/ckpt/" + handle.id();
-  EXPECT_EQ(theta_hashes(folder + "/metrics.jsonl"), expected);
+  std::string folder;
+  ASSERT_NO_FATAL_FAILURE(expect_the_simulators_theta(dir_, file, pretrained, client, &folder));
   // The job that travelled names every field, and starts from the folder.
   std::ifstream in(folder + "/job.yaml");
   const std::string written((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
