@@ -14,6 +14,7 @@
 #include "diloco/simulator.hpp"
 #include "diloco/streaming_round.hpp"
 #include "diloco/trainer.hpp"
+#include "tests/diloco/checkpointing_check.hpp"
 #include "tests/diloco/test_corpus.hpp"
 
 using namespace loco::diloco;
@@ -207,31 +208,10 @@ TEST_F(DilocoTest, ActivationCheckpointingGivesTheSameGradients) {
   auto idx = torch::randint(0, 256, {3, 17}, torch::kInt64);
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16" : "fp32");
-    std::vector<std::vector<torch::Tensor>> grads;
-    std::vector<double> losses;
-    for (const bool ckpt : {false, true}) {
-      c.model.activation_checkpointing = ckpt;
-      Gpt m(c.model, 256);
-      m->init_weights(7);
-      torch::Tensor loss;
-      {
-        AutocastGuard autocast(at::kCPU, bf16);
-        loss = m->loss(idx.slice(1, 0, 16), idx.slice(1, 1, 17));
-      }
-      EXPECT_EQ(graph_nodes_named(loss, "CheckpointedBlock"), ckpt ? 3 : 0);
-      loss.backward();
-      losses.push_back(loss.item<double>());
-      grads.emplace_back();
-      for (const auto& p : m->parameters()) {
-        ASSERT_TRUE(p.grad().defined());
-        grads.back().push_back(p.grad().clone());
-      }
-    }
-    EXPECT_EQ(losses[0], losses[1]);
-    ASSERT_EQ(grads[0].size(), grads[1].size());
-    for (std::size_t i = 0; i < grads[0].size(); ++i)
-      EXPECT_TRUE(torch::allclose(grads[0][i], grads[1][i], 1e-6, 1e-9))
-          << i << ": max |difference| " << (grads[0][i] - grads[1][i]).abs().max().item<double>();
+    const auto [kept, recomputed] =
+        loco::diloco::testing::expect_checkpointing_changes_nothing(c.model, idx, bf16);
+    EXPECT_EQ(graph_nodes_named(kept.loss, "CheckpointedBlock"), 0);
+    EXPECT_EQ(graph_nodes_named(recomputed.loss, "CheckpointedBlock"), 3);
   }
 }
 
@@ -660,8 +640,8 @@ TEST_F(DilocoTest, TheRoundEngineWaitsForEachAverageAndFailsWithIt) {
   std::vector<std::unique_ptr<OuterOptimizer>> outers;
   std::vector<Replica> replicas;
   for (int k = 0; k < 2; ++k) {
-    trainers.push_back(std::make_unique<InnerTrainer>(c, store, round_robin_shards(c.data.shards, k, 2),
-                                                      std::uint64_t(k), 3 * h));
+    trainers.push_back(std::make_unique<InnerTrainer>(
+        c, store, round_robin_shards(c.data.shards, k, 2), std::uint64_t(k), 3 * h));
     outers.push_back(std::make_unique<OuterOptimizer>(c.outer, trainers.back()->flat_parameters()));
     replicas.push_back({trainers.back().get(), outers.back().get()});
   }
@@ -905,7 +885,7 @@ TEST(ErrorFeedbackMean, SendersDividesEachEntryByItsSenders) {
     std::vector<float> delta(n);
     for (std::size_t i = 0; i < n; ++i)
       delta[i] = std::sin(0.37f * float(i)) * float(1 + (i * 7) % 5) +  // shared by all
-                 2.0f * std::sin(1.3f * float(i) + float(m));          // each member's own
+                 2.0f * std::sin(1.3f * float(i) + float(m));           // each member's own
     codes.push_back(by_members.encode(m, 0, delta));
     EXPECT_EQ(by_senders.encode(m, 0, delta), codes.back());  // the same codes either way
     decoded.emplace_back(n, 0.0f);
@@ -989,16 +969,15 @@ TEST_F(DilocoTest, TheGuardLeavesBrokenUpdatesOutInEveryModeAndCodec) {
     const GuardRun clean = guarded_run(s.cfg, std::nullopt);
     for (const auto& rounds : clean.left_out)
       for (const auto& l : rounds)
-        ADD_FAILURE() << s.name << ": fault-free, worker " << l.worker << " fragment "
-                      << l.fragment << " left out (" << l.rule << "): " << l.why;
+        ADD_FAILURE() << s.name << ": fault-free, worker " << l.worker << " fragment " << l.fragment
+                      << " left out (" << l.rule << "): " << l.why;
     JobConfig off = s.cfg;
     off.guard.on = false;
     const GuardRun clean_off = guarded_run(off, std::nullopt);
     EXPECT_EQ(clean_off.val_loss, clean.val_loss) << s.name << ": no one left out, the same θ";
     for (const auto& f : faults) {
       // With topk a Δ that is not finite is not encoded: the worker sends an empty code.
-      const std::string rule =
-          s.cfg.topk.on && f.fault == guard::Fault::nan ? "abstained" : f.rule;
+      const std::string rule = s.cfg.topk.on && f.fault == guard::Fault::nan ? "abstained" : f.rule;
       const GuardRun g = guarded_run(s.cfg, f.fault);
       // Left out from round 1 (the second) on, by the fault's rule, and nobody else: a NaN
       // and ×100 from every average; a flipped sign from those where the honest workers'
@@ -1020,10 +999,11 @@ TEST_F(DilocoTest, TheGuardLeavesBrokenUpdatesOutInEveryModeAndCodec) {
       EXPECT_TRUE(g.left_out[0].empty()) << s.name;
       EXPECT_LT(std::abs(g.val_loss / clean.val_loss - 1), 0.01)
           << s.name << " " << f.rule << ": " << g.val_loss << " against " << clean.val_loss;
-      std::printf("%-15s %-10s left out in %d of %d rounds, guarded %.4f (fault-free %.4f, "
-                  "%+.2f %%)",
-                  s.name, f.rule, rounds_caught, rounds, g.val_loss, clean.val_loss,
-                  100 * (g.val_loss / clean.val_loss - 1));
+      std::printf(
+          "%-15s %-10s left out in %d of %d rounds, guarded %.4f (fault-free %.4f, "
+          "%+.2f %%)",
+          s.name, f.rule, rounds_caught, rounds, g.val_loss, clean.val_loss,
+          100 * (g.val_loss / clean.val_loss - 1));
       // The guard off: a NaN fails the job (the collective refuses it); ×100 makes the loss
       // diverge or the inner steps blow up (the job fails); a flipped sign reaches θ (at this
       // scale it shrinks the outer step, which moves the loss by more than the guard's 1 %,
