@@ -20,6 +20,18 @@ using Json = nlohmann::json;
 
 std::string shown(const Json& v) { return v.dump().substr(0, 80); }
 
+// m[key] ("vocab", "merges"): an object or an array of at most kMaxTokenizerEntries entries.
+const Json& entries(const Json& m, const char* key, bool object, const std::string& name) {
+  const std::string field = std::string("model.") + key;
+  if (!m.contains(key) || !(object ? m[key].is_object() : m[key].is_array()))
+    fail(name, field, object ? "expected an object" : "expected an array");
+  const Json& e = m[key];
+  if (e.size() > kMaxTokenizerEntries)
+    fail(name, field,
+         std::to_string(e.size()) + " entries, more than " + std::to_string(kMaxTokenizerEntries));
+  return e;
+}
+
 bool flag(const Json& m, const char* key, const std::string& name) {
   if (!m.contains(key) || m[key].is_null()) return false;
   if (!m[key].is_boolean())
@@ -76,13 +88,7 @@ BpeModel::BpeModel(const Json& m, const std::string& name, bool byte_level)
 }
 
 void BpeModel::read_vocab(const Json& m, const std::string& name) {
-  if (!m.contains("vocab") || !m["vocab"].is_object())
-    fail(name, "model.vocab", "expected an object");
-  const auto& vocab = m["vocab"];
-  if (vocab.size() > kMaxTokenizerEntries)
-    fail(name, "model.vocab",
-         std::to_string(vocab.size()) + " entries, more than " +
-             std::to_string(kMaxTokenizerEntries));
+  const auto& vocab = entries(m, "vocab", /*object=*/true, name);
   for (const auto& [tok, idj] : vocab.items()) {
     if (!idj.is_number_unsigned() || idj.get<std::uint64_t>() >= kMaxTokenizerEntries)
       fail(
@@ -148,13 +154,7 @@ std::pair<std::string, std::string> merge_parts(const Json& e, const std::string
 }  // namespace
 
 void BpeModel::read_merges(const Json& m, const std::string& name) {
-  if (!m.contains("merges") || !m["merges"].is_array())
-    fail(name, "model.merges", "expected an array");
-  const auto& merges = m["merges"];
-  if (merges.size() > kMaxTokenizerEntries)
-    fail(name, "model.merges",
-         std::to_string(merges.size()) + " entries, more than " +
-             std::to_string(kMaxTokenizerEntries));
+  const auto& merges = entries(m, "merges", /*object=*/false, name);
   merges_.reserve(merges.size());
   std::uint32_t rank = 0;
   for (std::size_t r = 0; r < merges.size(); ++r) {

@@ -28,10 +28,9 @@ except ImportError as e:  # not the venv
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import loco_train_cli as cli  # noqa: E402
-from loco_train_cli import run, theta_hashes  # noqa: E402
+from loco_train_cli import hf_logits, loco_logits, run, theta_hashes  # noqa: E402
 
 TOLERANCE = 1e-4
-TOKENS = [1, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 10, 255, 0, 7]
 
 CASES = {
     "gpt2-tied": {"arch": "gpt2", "tied_embeddings": True},
@@ -40,14 +39,6 @@ CASES = {
                          "mlp_hidden": 48},
     "llama-tied": {"arch": "llama", "tied_embeddings": True, "rope_theta": 500.0},
 }
-
-def loco_logits(*args):
-    return cli.loco_logits(TOKENS, *args)
-
-
-def hf_logits(model):
-    return cli.hf_logits(model, TOKENS)
-
 
 
 def job_file(folder, data, model):

@@ -39,10 +39,9 @@ except ImportError as e:  # not the venv
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import loco_train_cli as cli  # noqa: E402
-from loco_train_cli import run, theta_hashes  # noqa: E402
+from loco_train_cli import hf_logits, loco_logits, run, theta_hashes  # noqa: E402
 
 TOLERANCE = 1e-4
-TOKENS = [1, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 10, 255, 0, 7]
 CONTEXT = 16
 SHAPE = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4)
@@ -81,14 +80,6 @@ CASES = {
 KEPT = ["model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
         "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
         "rms_norm_eps", "tie_word_embeddings", "vocab_size"]
-
-def loco_logits(*args):
-    return cli.loco_logits(TOKENS, *args)
-
-
-def hf_logits(model):
-    return cli.hf_logits(model, TOKENS)
-
 
 
 def job_file(path, data, hf, model_fields=None):

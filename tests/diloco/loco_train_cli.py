@@ -9,6 +9,9 @@ import subprocess
 import tempfile
 
 LOCO_TRAIN = None  # the binary: set by each test's main (sys.argv[1])
+# The tokens whose logits the tests compare: ids of the byte tokenizer, the ends of its range
+# among them.
+TOKENS = [1, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 10, 255, 0, 7]
 
 
 def run(*args, ok=True):
@@ -42,7 +45,7 @@ def write_job(path, data, model, name="test"):
     return path
 
 
-def loco_logits(tokens, *args):
+def loco_logits(*args, tokens=TOKENS):
     """`loco-train logits` of `tokens` (a checkpoint, or --job ...): a [T, vocab] array."""
     import numpy as np
     with tempfile.TemporaryDirectory() as folder:
@@ -53,7 +56,7 @@ def loco_logits(tokens, *args):
     return np.array(j["logits"], dtype=np.float32).reshape(j["shape"])
 
 
-def hf_logits(model, tokens):
+def hf_logits(model, tokens=TOKENS):
     """A transformers model's logits of `tokens`, [T, vocab], fp32."""
     import torch
     model.eval()
