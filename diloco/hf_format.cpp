@@ -135,18 +135,20 @@ std::vector<Piece> hf_pieces(const ModelConfig& m, const std::vector<ParamSpec>&
 
 // The HF tensor's shape, and its values from θ (export) or into θ (import). A 1-D parameter
 // is a column: its pieces are runs of entries.
-std::vector<std::int64_t> piece_shape(const Piece& p, const ParamSpec& s) {
-  const std::int64_t rows = p.rows < 0 ? s.shape[0] : p.rows;
-  if (s.shape.size() == 1) return {rows};
-  const std::int64_t cols = s.shape[1];
-  return p.transpose ? std::vector<std::int64_t>{cols, rows}
-                     : std::vector<std::int64_t>{rows, cols};
+std::int64_t piece_rows(const Piece& p, const ParamSpec& s) {
+  return p.rows < 0 ? s.shape[0] : p.rows;
 }
-
 std::int64_t columns(const ParamSpec& s) { return s.shape.size() == 1 ? 1 : s.shape[1]; }
 
+std::vector<std::int64_t> piece_shape(const Piece& p, const ParamSpec& s) {
+  const std::int64_t n = piece_rows(p, s);
+  if (s.shape.size() == 1) return {n};
+  const std::int64_t cols = columns(s);
+  return p.transpose ? std::vector<std::int64_t>{cols, n} : std::vector<std::int64_t>{n, cols};
+}
+
 std::vector<float> take(const Piece& p, const ParamSpec& s, const float* theta) {
-  const std::int64_t rows = p.rows < 0 ? s.shape[0] : p.rows, cols = columns(s);
+  const std::int64_t rows = piece_rows(p, s), cols = columns(s);
   const float* src = theta + s.offset + p.row0 * cols;
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
   for (std::int64_t r = 0; r < rows; ++r)
@@ -156,7 +158,7 @@ std::vector<float> take(const Piece& p, const ParamSpec& s, const float* theta) 
 }
 
 void put(const Piece& p, const ParamSpec& s, const std::vector<float>& values, float* theta) {
-  const std::int64_t rows = p.rows < 0 ? s.shape[0] : p.rows, cols = columns(s);
+  const std::int64_t rows = piece_rows(p, s), cols = columns(s);
   float* dst = theta + s.offset + p.row0 * cols;
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c)
