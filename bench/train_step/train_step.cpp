@@ -15,6 +15,16 @@
 // is their CPU time: "cpu" is the median share of a step's wall time that its process was on a
 // CPU (both sides), so that a gap from waiting (for a core, on a lock) shows apart from one in
 // the arithmetic.
+//
+// On a GPU (`--device cuda`, with `--bf16` for autocast to bfloat16 as `inner.precision: bf16`
+// runs it): both sides step on the card, each step's time taken after the card is done with
+// it; every side also prints its peak memory per step (the most allocated on the card) and its
+// MFU (6·N + attention FLOPs per token over the card's peak, diloco::peak_flops). `--compile`
+// adds a third side, the same Python loop with the model through `torch.compile`.
+// GPT-2 small (124 M) so: `bench_train_step --device cuda --bf16 --compile --layers 12
+// --d-model 768 --heads 12 --context 1024 --vocab 50257 --batch 8 --threads 4`.
+#include <c10/core/CachingDeviceAllocator.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -27,6 +37,7 @@
 
 #include "actors/inner_worker.hpp"
 #include "bench/stats.hpp"
+#include "diloco/device_info.hpp"
 #include "diloco/trainer.hpp"
 #include "runtime/core/util.hpp"
 #include "tests/runtime/core/cluster.hpp"
@@ -82,12 +93,25 @@ double field_of(const std::string& out, const std::string& name) {
 }
 double result_of(const std::string& out) { return field_of(out, "tokens_per_s"); }
 
-// One process's figures over its timed steps: tokens/s at its median step, and the median
-// share of a step's wall time it was on a CPU.
+// One process's figures over its timed steps: tokens/s at its median step, the median
+// share of a step's wall time it was on a CPU, and on a GPU the most memory allocated on it
+// in a step (bytes; 0 on the CPU).
 struct ProcFigures {
   double tokens_per_s = 0;
   double cpu_share = 0;
+  double peak_bytes = 0;
 };
+
+// The most bytes allocated on CUDA device 0 since the last call (the caching allocator's
+// peak, then reset).
+double cuda_peak_bytes() {
+  auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+  const double peak = double(allocator->getDeviceStats(0)
+                                 .allocated_bytes[size_t(c10::CachingAllocator::StatType::AGGREGATE)]
+                                 .peak);
+  allocator->resetPeakStats(0);
+  return peak;
+}
 
 // --path worker: `procs` nodes of one cpu each and an InnerWorker on each, initialized as a
 // job's workers; round() runs one round of inner steps on all of them at once.
@@ -153,10 +177,10 @@ class WorkerPath {
 
 int main(int argc, char** argv) {
   CLI::App app{"bench/train_step: loco's inner steps vs eager PyTorch, tokens/s"};
-  int layers = 4, d_model = 128, heads = 4, context = 128, batch = 16, threads = 2, steps = 30,
-      warmup = 5, repeats = 2, procs = 1;
-  bool child = false, together = false;
-  std::string path = "trainer";
+  int layers = 4, d_model = 128, heads = 4, context = 128, vocab = 256, batch = 16, threads = 2,
+      steps = 30, warmup = 5, repeats = 2, procs = 1;
+  bool child = false, together = false, bf16 = false, compile = false;
+  std::string path = "trainer", device_name = "cpu";
   const char* venv = std::getenv("LOCO_VENV");
   std::string python =
       std::string(venv ? venv : std::string(std::getenv("HOME")) + "/.cache/loco-venv") +
@@ -166,6 +190,7 @@ int main(int argc, char** argv) {
   app.add_option("--d-model", d_model);
   app.add_option("--heads", heads);
   app.add_option("--context", context);
+  app.add_option("--vocab", vocab)->check(CLI::Range(2, 65536));
   app.add_option("--batch", batch);
   app.add_option("--threads", threads);
   app.add_option("--steps", steps, "timed steps per repeat");
@@ -181,8 +206,24 @@ int main(int argc, char** argv) {
   app.add_flag("--together", together,
                "run the Python side at the same time as loco's (2 x --procs processes), so that "
                "other load on the machine hits both alike");
+  app.add_option("--device", device_name, "where both sides step")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_flag("--bf16", bf16, "autocast the forward passes to bfloat16 (both sides)");
+  app.add_flag("--compile", compile, "a third side: the Python loop with torch.compile(model)");
   app.add_flag("--child", child, "internal: one repeat of the C++ side, prints RESULT");
   CLI11_PARSE(app, argc, argv);
+  const bool cuda = device_name == "cuda";
+  if (cuda && !torch::cuda::is_available()) {
+    std::fprintf(stderr, "bench_train_step: --device cuda, but torch sees no CUDA device\n");
+    return 2;
+  }
+  if (cuda && (procs != 1 || path != "trainer" || together)) {
+    std::fprintf(stderr,
+                 "bench_train_step: --device cuda runs one trainer a side (no --procs, --path "
+                 "worker or --together)\n");
+    return 2;
+  }
+  const torch::Device device = cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
 
   at::set_num_threads(threads);
   at::set_num_interop_threads(1);
@@ -191,11 +232,12 @@ int main(int argc, char** argv) {
                .d_model = d_model,
                .heads = heads,
                .context = context,
-               .vocab = 256,
+               .vocab = vocab,
                .tied_embeddings = true,
                .mlp_ratio = 4};
   cfg.inner.batch_size = batch;
   cfg.inner.warmup = 10;
+  cfg.precision = bf16 ? Precision::bf16 : Precision::fp32;
   cfg.rounds = 1;
   cfg.validate();
   // Random tokens, as the Python side uses.
@@ -204,7 +246,7 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir / "data");
   std::vector<std::uint16_t> tokens(1 << 20);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
-  auto r = torch::randint(0, 256, {static_cast<std::int64_t>(tokens.size())}, gen, torch::kInt64);
+  auto r = torch::randint(0, vocab, {static_cast<std::int64_t>(tokens.size())}, gen, torch::kInt64);
   for (std::size_t i = 0; i < tokens.size(); ++i)
     tokens[i] = static_cast<std::uint16_t>(r[static_cast<std::int64_t>(i)].item<std::int64_t>());
   write_token_file((dir / "tokens.bin").string(), tokens);
@@ -213,40 +255,47 @@ int main(int argc, char** argv) {
   const std::string py_cmd = python + " " + script + " --layers " + std::to_string(layers) +
                              " --d-model " + std::to_string(d_model) + " --heads " +
                              std::to_string(heads) + " --context " + std::to_string(context) +
-                             " --batch " + std::to_string(batch) + " --threads " +
-                             std::to_string(threads) + " --steps " + std::to_string(steps) +
-                             " --warmup-steps " + std::to_string(warmup);
-  std::vector<ProcFigures> loco_figs, py_figs;
+                             " --vocab " + std::to_string(vocab) + " --batch " +
+                             std::to_string(batch) + " --threads " + std::to_string(threads) +
+                             " --steps " + std::to_string(steps) + " --warmup-steps " +
+                             std::to_string(warmup) + " --device " + device_name +
+                             (bf16 ? " --bf16" : "");
+  std::vector<ProcFigures> loco_figs, py_figs, compiled_figs;
   std::int64_t params = 0;
   const double tokens_per_step = static_cast<double>(batch) * context;
   auto one_repeat = [&] {
-    InnerTrainer t(cfg, store, {0}, 0, steps + warmup);
+    InnerTrainer t(cfg, store, {0}, 0, steps + warmup, device);
     params = t.parameter_count();
-    std::vector<double> seconds, shares;
+    std::vector<double> seconds, shares, peaks;
     for (int s = 0; s < warmup + steps; ++s) {
+      if (cuda) cuda_peak_bytes();  // the step's own peak from here
       const auto t0 = std::chrono::steady_clock::now();
       const double cpu0 = loco::process_cpu_seconds();
       t.run_inner_steps(1);
+      if (cuda) torch::cuda::synchronize();
       const double dt =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s < warmup) continue;
       seconds.push_back(dt);
       shares.push_back((loco::process_cpu_seconds() - cpu0) / dt);
+      if (cuda) peaks.push_back(cuda_peak_bytes());
     }
-    return ProcFigures{tokens_per_step / median(seconds), median(shares)};
+    return ProcFigures{tokens_per_step / median(seconds), median(shares),
+                       peaks.empty() ? 0.0 : *std::max_element(peaks.begin(), peaks.end())};
   };
   auto figures_of = [](const std::string& out) {
-    return ProcFigures{result_of(out), field_of(out, "cpu")};
+    return ProcFigures{result_of(out), field_of(out, "cpu"), field_of(out, "peak_bytes")};
   };
   if (child) {
     const ProcFigures f = one_repeat();
-    std::printf("RESULT tokens_per_s=%.1f cpu=%.3f\n", f.tokens_per_s, f.cpu_share);
+    std::printf("RESULT tokens_per_s=%.1f cpu=%.3f peak_bytes=%.0f\n", f.tokens_per_s,
+                f.cpu_share, f.peak_bytes);
     remove_tree(dir.string());
     return 0;
   }
   auto say = [](int rep, const char* who, const ProcFigures& f) {
-    std::fprintf(stderr, "repeat %d: %-6s tokens_per_s=%.1f cpu=%.2f\n", rep, who, f.tokens_per_s,
-                 f.cpu_share);
+    std::fprintf(stderr, "repeat %d: %-8s tokens_per_s=%.1f cpu=%.2f peak=%.0f MiB\n", rep, who,
+                 f.tokens_per_s, f.cpu_share, f.peak_bytes / (1 << 20));
   };
   std::optional<WorkerPath> workers;
   if (path == "worker") {
@@ -292,6 +341,10 @@ int main(int argc, char** argv) {
       py_figs.push_back(figures_of(out));
       say(rep, "python", py_figs.back());
     }
+    if (compile) {
+      compiled_figs.push_back(figures_of(run_all(py_cmd + " --compile", 1).front()));
+      say(rep, "compiled", compiled_figs.back());
+    }
   }
   if (procs > 1 && !workers) params = InnerTrainer(cfg, store, {0}, 0, 1).parameter_count();
   auto med = [](const std::vector<ProcFigures>& v, double ProcFigures::*f) {
@@ -302,22 +355,44 @@ int main(int argc, char** argv) {
   const double cpp = med(loco_figs, &ProcFigures::tokens_per_s);
   const double py = med(py_figs, &ProcFigures::tokens_per_s);
   std::printf(
-      "train_step: model %lld params (layers %d, d_model %d, heads %d, context %d, vocab 256), "
-      "batch %d, "
+      "train_step: model %lld params (layers %d, d_model %d, heads %d, context %d, vocab %d), "
+      "batch %d, %s%s, "
       "%d threads, %d timed steps x %d repeats, %d process(es) at once%s, loco's path: %s\n",
-      static_cast<long long>(params), layers, d_model, heads, context, batch, threads, steps,
-      repeats, procs, together ? " a side, both sides together" : "", path.c_str());
+      static_cast<long long>(params), layers, d_model, heads, context, vocab, batch,
+      cuda ? ("cuda: " + loco::diloco::cuda_device_name(0)).c_str() : "cpu",
+      bf16 ? ", bf16 autocast" : "", threads, steps, repeats, procs,
+      together ? " a side, both sides together" : "", path.c_str());
   std::printf(
       "  (tokens/s at each process's median step, the median over processes and repeats; cpu: "
       "the median share of a step's wall time its process was on a CPU)\n");
   const std::string loco_name =
       workers ? "loco (InnerWorker, a job's worker)" : "loco (C++ InnerTrainer)";
   const std::string py_name = std::string("eager PyTorch (") + TORCH_VERSION + ")";
-  std::printf("  %-36s %10.0f tokens/s  cpu %.2f\n", loco_name.c_str(), cpp,
-              med(loco_figs, &ProcFigures::cpu_share));
-  std::printf("  %-36s %10.0f tokens/s  cpu %.2f\n", py_name.c_str(), py,
-              med(py_figs, &ProcFigures::cpu_share));
+  // On a GPU: each side's MFU at its median tokens/s, and its peak memory in a step.
+  const double flops_per_token = training_flops_per_token(cfg.model, params);
+  const double peak = cuda ? peak_flops(loco::diloco::cuda_device_name(0), cfg.precision) : 0;
+  auto line = [&](const std::string& name, const std::vector<ProcFigures>& figs) {
+    const double tps = med(figs, &ProcFigures::tokens_per_s);
+    std::printf("  %-36s %10.0f tokens/s  cpu %.2f", name.c_str(), tps,
+                med(figs, &ProcFigures::cpu_share));
+    if (cuda) {
+      double most = 0;
+      for (const ProcFigures& f : figs) most = std::max(most, f.peak_bytes);
+      std::printf("  peak %.0f MiB", most / (1 << 20));
+      if (peak > 0) std::printf("  MFU %.1f %%", 100 * tps * flops_per_token / peak);
+    }
+    std::printf("\n");
+    return tps;
+  };
+  line(loco_name, loco_figs);
+  line(py_name, py_figs);
   std::printf("  %-36s %10.2fx\n", "ratio loco / python", cpp / py);
+  if (compile) {
+    const double compiled = line("torch.compile (the same loop)", compiled_figs);
+    std::printf("  %-36s %10.2fx\n", "ratio loco / torch.compile", cpp / compiled);
+  }
+  if (cuda && peak == 0)
+    std::printf("  (no MFU: this card's peak is not in diloco::peak_flops; LOCO_PEAK_TFLOPS sets it)\n");
   // Tokens per CPU second of each process: the arithmetic's cost whatever the wait for a core.
   auto per_cpu = [&](const std::vector<ProcFigures>& v) {
     std::vector<double> x;

@@ -1,9 +1,13 @@
 """Inner-step throughput of the same GPT in plain eager PyTorch, as an
 OpenDiLoCo user would write it: nn.Module, torch.optim.AdamW (defaults),
 clip_grad_norm_, warmup + cosine set per step. Called by bench/train_step
-(the C++ binary) with the same model, batch, context, threads and steps.
-Prints one line: RESULT tokens_per_s=<median> cpu=<median share of a step on a CPU> params=<n>.
+(the C++ binary) with the same model, batch, context, threads and steps, on the same
+device (--device cuda: each step timed once the card is done with it; --bf16: the forward
+pass under autocast to bfloat16; --compile: the model through torch.compile).
+Prints one line: RESULT tokens_per_s=<median> cpu=<median share of a step on a CPU>
+peak_bytes=<the most allocated on the GPU in a step, 0 on the CPU> params=<n>.
 """
+import contextlib
 import argparse
 import math
 import statistics
@@ -80,10 +84,18 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup-steps", type=int, default=5)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--compile", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = GPT(a.vocab, a.layers, a.d_model, a.heads, a.context)
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    model = GPT(a.vocab, a.layers, a.d_model, a.heads, a.context).to(dev)
+    step_model = torch.compile(model) if a.compile else model
+    autocast = (lambda: torch.autocast(a.device, dtype=torch.bfloat16)) if a.bf16 \
+        else contextlib.nullcontext
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -91,27 +103,34 @@ def main():
         lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     data = torch.randint(0, a.vocab, (1 << 20,), dtype=torch.int64)
     total = a.steps + a.warmup_steps
-    times, cpu = [], []
+    times, cpu, peaks = [], [], []
     for step in range(total):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(dev)
         t0 = time.perf_counter()
         c0 = time.process_time()
         starts = torch.randint(0, data.numel() - a.context - 1, (a.batch,))
-        batch = torch.stack([data[s:s + a.context + 1] for s in starts.tolist()])
+        batch = torch.stack([data[s:s + a.context + 1] for s in starts.tolist()]).to(dev)
         lr = a.lr * min(1.0, (step + 1) / 10) * 0.5 * (1 + math.cos(math.pi * step / total))
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = model(batch[:, :-1], batch[:, 1:])
+        with autocast():
+            loss = step_model(batch[:, :-1], batch[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss.item()
+        if cuda:
+            torch.cuda.synchronize(dev)
+            peaks.append(torch.cuda.max_memory_allocated(dev))
         times.append(time.perf_counter() - t0)
         cpu.append((time.process_time() - c0) / times[-1])  # the share of the step on a CPU
     med = statistics.median(times[a.warmup_steps:])
     n = sum(p.numel() for p in model.parameters())
+    peak = max(peaks[a.warmup_steps:]) if peaks else 0
     print(f"RESULT tokens_per_s={a.batch * a.context / med:.1f} cpu={statistics.median(cpu[a.warmup_steps:]):.3f} "
-          f"params={n} loss={loss.item():.4f} torch={torch.__version__}")
+          f"peak_bytes={peak} params={n} loss={loss.item():.4f} torch={torch.__version__}")
 
 
 if __name__ == "__main__":
