@@ -75,7 +75,8 @@ void add_job_commands(CLI::App& app, Commands& out) {
                          "actor class that runs the job (default diloco.OuterAggregator)");
   submit_cmd->add_option("--set", a->sets,
                          "PATH=VALUE: set a field of the job file, e.g. --set inner.lr=3e-4 "
-                         "--set workers.count=8 (repeatable; validated as the file is)");
+                         "--set workers.count=8 (repeatable; validated as the file is)")
+      ->allow_extra_args(false);  // one value a --set: the job file after it stays the job file
   submit_cmd->add_option("--resume", a->resume,
                          "start from this checkpoint (a ckpt-round-N.pt or final.pt of any job, "
                          "or the simulator's): its outer state, round and the workers' inner "

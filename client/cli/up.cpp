@@ -254,8 +254,10 @@ void add_up_command(CLI::App& app, Commands& out) {
   cmd->add_option("--dashboard-port", ua->dashboard_port,
                   "the head's dashboard port (default 0: any free; -1: no dashboard)")
       ->check(CLI::Range(-1, 65535));
+  // One value a --set (repeatable): else the job file after it would be taken as one more.
   cmd->add_option("--set", ua->sets,
-                  "PATH=VALUE: set a field of the job file, e.g. --set rounds=4 (repeatable)");
+                  "PATH=VALUE: set a field of the job file, e.g. --set rounds=4 (repeatable)")
+      ->allow_extra_args(false);
   cmd->add_option(
          "command", ua->command,
          "a job file to run, or a command to run with LOCO_ADDRESS set; then stop the cluster")

@@ -241,15 +241,18 @@ int main(int argc, char** argv) {
   tr->add_option("--rounds", rounds, "rounds to run (default: from the job file)");
   tr->add_option("--out", out, "output folder (default runs/NAME)");
   tr->add_option("--set", sets,
-                 "PATH=VALUE: set a field of the job file, e.g. --set inner.lr=3e-4 (repeatable)");
+                 "PATH=VALUE: set a field of the job file, e.g. --set inner.lr=3e-4 (repeatable)")
+      ->allow_extra_args(false);  // one value a --set: the job file after it stays the job file
   tr->add_option("--threads", threads, "torch threads (default: the job's `threads`)");
   tr->add_option("--fresh-feedback", fresh_feedback,
                  "ROUND:WORKER: compression topk: that worker's error feedback set to zero after "
-                 "that round, as a worker that joins starts it (repeatable)");
+                 "that round, as a worker that joins starts it (repeatable)")
+      ->allow_extra_args(false);
   tr->add_option("--corrupt", corrupt,
                  "ROUND:WORKER:KIND: that worker's pseudo-gradient corrupted from that round on "
                  "(KIND: nan, scale (x100), flip (sign), noise (of its norm)), to see what the "
-                 "job's guard does (repeatable)");
+                 "job's guard does (repeatable)")
+      ->allow_extra_args(false);
   tr->add_option("--local-ranks", local_ranks,
                  "G: each worker's inner steps data-parallel over G CPU ranks (threads over "
                  "Gloo), each rank averaging and stepping 1/G of the pseudo-gradient "
