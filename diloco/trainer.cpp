@@ -196,13 +196,22 @@ void InnerTrainer::pseudo_gradient(const torch::Tensor& theta_global, std::span<
   if (device_.is_cpu()) {
     torch::sub_out(o, theta, local);
   } else {
-    o.copy_(local);  // the one device → host copy of the round
-    torch::sub_out(o, theta, o);
+    // The one device → host copy of the round, chunk by chunk through pinned memory.
+    staging_.to_host(local, [&](std::int64_t off, const torch::Tensor& piece) {
+      const std::int64_t end = off + piece.numel();
+      auto o_piece = o.slice(0, off, end);
+      torch::sub_out(o_piece, theta.slice(0, off, end), piece);
+    });
   }
 }
 
 void InnerTrainer::load_parameters(const torch::Tensor& theta) {
   torch::NoGradGuard no_grad;
+  if (device_.is_cuda() && theta.is_cpu() && theta.scalar_type() == torch::kFloat32 &&
+      theta.is_contiguous() && theta.numel() == params_.numel()) {
+    staging_.to_device(theta.reshape({-1}), params_);  // pinned chunks, not a pageable copy
+    return;
+  }
   params_.copy_(theta);
 }
 

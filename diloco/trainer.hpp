@@ -43,6 +43,7 @@
 
 #include "diloco/config.hpp"
 #include "diloco/data.hpp"
+#include "diloco/host_staging.hpp"
 #include "diloco/local_group.hpp"
 #include "diloco/model.hpp"
 #include "diloco/trainable_model.hpp"
@@ -114,8 +115,8 @@ class InnerTrainer {
   // out[i] = theta_global[begin + i] − θ_local[begin + i], written straight into `out`
   // (host memory: the buffer that the averager then works on), for the slice
   // [begin, begin + out.size()) of the flat vector (a local rank's; all of it by
-  // default). theta_global: host, fp32, whole. On a GPU, θ_local's slice is first
-  // copied into `out`, then subtracted from on the host.
+  // default). theta_global: host, fp32, whole. On a GPU, θ_local's slice comes to the host in
+  // pinned chunks (HostStaging), each subtracted into `out` while the next is copied.
   void pseudo_gradient(const torch::Tensor& theta_global, std::span<float> out,
                        std::int64_t begin = 0) const;
   // θ_local ← theta (a flat fp32 tensor of parameter_count() elements, any device).
@@ -198,6 +199,7 @@ class InnerTrainer {
   torch::Tensor denom_;                    // scratch
   torch::Tensor batch_;         // [B, context + 1] int64, reused, host (the sampler fills it)
   torch::Tensor batch_device_;  // its copy on the device; undefined on the CPU
+  mutable HostStaging staging_;  // on a GPU: θ_local out, θ in, through pinned chunks
 };
 
 // θ_global and the momentum buffer, fp32, replicated on every worker, always in

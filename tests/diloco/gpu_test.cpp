@@ -205,3 +205,28 @@ TEST_F(CudaTest, OneRankNcclGroupFollowsNoGroup) {
   EXPECT_TRUE(outer.theta().is_cpu());
   EXPECT_TRUE(torch::equal(ranked.flat_parameters().cpu(), outer.theta()));
 }
+
+// The pinned, chunked staging of θ_local and θ (diloco/host_staging.hpp): a chunk that does
+// not divide the length, every chunk handed over once, in order, with the device's values; and
+// back onto the device bit for bit.
+TEST_F(CudaTest, HostStagingMovesEveryChunkOnceInOrderBothWays) {
+  const std::int64_t n = 10007, chunk = 1000;
+  const torch::Tensor host = torch::randn({n});
+  const torch::Tensor dev = host.to(kCuda);
+  HostStaging staging(chunk);
+  std::vector<std::int64_t> offsets;
+  torch::Tensor back = torch::full({n}, -1.0f);
+  staging.to_host(dev, [&](std::int64_t off, const torch::Tensor& piece) {
+    EXPECT_TRUE(piece.is_cpu());
+    offsets.push_back(off);
+    back.slice(0, off, off + piece.numel()).copy_(piece);
+  });
+  std::vector<std::int64_t> expected;
+  for (std::int64_t off = 0; off < n; off += chunk) expected.push_back(off);
+  EXPECT_EQ(offsets, expected);
+  EXPECT_TRUE(torch::equal(back, host));
+  torch::Tensor onto = torch::zeros({n}, torch::TensorOptions().device(kCuda));
+  staging.to_device(host * 2, onto);
+  EXPECT_TRUE(torch::equal(onto.cpu(), host * 2));
+  EXPECT_THROW(staging.to_device(torch::zeros({n - 1}), onto), std::invalid_argument);
+}
