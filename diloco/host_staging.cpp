@@ -27,7 +27,8 @@ HostStaging::Buffers& HostStaging::buffers(const torch::Device& device) {
     throw std::invalid_argument("HostStaging: " + device.str() + " is not a CUDA device");
   if (!buffers_ || buffers_->device != device) {
     const auto pinned = torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true);
-    buffers_.reset(new Buffers{device, {torch::empty({chunk_}, pinned), torch::empty({chunk_}, pinned)}, {}});
+    buffers_.reset(new Buffers{
+        device, {torch::empty({chunk_}, pinned), torch::empty({chunk_}, pinned)}, {}});
   }
   return *buffers_;
 }

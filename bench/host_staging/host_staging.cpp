@@ -15,6 +15,7 @@
 #include <cstdio>
 
 #include "bench/stats.hpp"
+#include "diloco/device_info.hpp"
 #include "diloco/host_staging.hpp"
 
 using loco::bench::median;
@@ -80,10 +81,11 @@ int main(int argc, char** argv) {
   const double allreduce_s = 2.0 * (members - 1) / members * bytes / 125e6;
   std::printf("host_staging: %lld floats (%.0f MB), chunks of %lld, %d runs, %s\n",
               static_cast<long long>(floats), bytes / 1e6, static_cast<long long>(chunk), runs,
-              torch::cuda::device_count() > 0 ? "CUDA device 0" : "");
+              loco::diloco::cuda_device_name(0).c_str());
   auto row = [&](const char* what, double pageable, double staged) {
-    std::printf("  %-34s pageable %8.1f ms (%5.1f GB/s)  pinned chunks %8.1f ms (%5.1f GB/s)  %.2fx\n",
-                what, 1e3 * pageable, bytes / pageable / 1e9, 1e3 * staged, bytes / staged / 1e9,
+    std::printf(
+        "  %-34s pageable %8.1f ms (%5.1f GB/s)  pinned chunks %8.1f ms (%5.1f GB/s)  %.2fx\n", what,
+        1e3 * pageable, bytes / pageable / 1e9, 1e3 * staged, bytes / staged / 1e9,
                 pageable / staged);
   };
   row("out: Δ = θ − θ_local to the host", median(out_pg), median(out_st));
