@@ -23,54 +23,51 @@ class LocoCli : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  // `loco ARGS` run in dir_: its exit code and what it printed.
-  std::pair<int, std::string> loco(std::vector<std::string> args) {
-    args.insert(args.begin(), {loco_binary(), "--insecure"});
+  // `argv` run in dir_: its exit code and what it printed.
+  std::pair<int, std::string> run(const std::vector<std::string>& argv) {
     const std::string log = (dir_ / "out.log").string();
-    Subprocess p(args, Subprocess::Options{.log_path = log, .cwd = dir_.string()});
+    Subprocess p(argv, Subprocess::Options{.log_path = log, .cwd = dir_.string()});
     const int rc = p.wait(std::chrono::milliseconds(60000)).value_or(-1);
     std::stringstream text;
     text << std::ifstream(log).rdbuf();
     return {rc, text.str()};
+  }
+  // `loco ARGS` must refuse job.yaml for the --set rounds=-3 among ARGS: the message names the
+  // file and the field, so both were read (not: the file taken as one more --set value, "give a
+  // job file", or `loco up` running "job.yaml" as a command). What it printed.
+  std::string refused(std::vector<std::string> args) {
+    args.insert(args.begin(), {loco_binary(), "--insecure"});
+    return refused_by(args);
+  }
+  std::string refused_by(const std::vector<std::string>& argv) {
+    auto [rc, out] = run(argv);
+    EXPECT_NE(rc, 0) << out;
+    EXPECT_TRUE(contains(out, "job.yaml: rounds: must be in")) << out;
+    return out;
   }
 
   std::filesystem::path dir_;
 };
 
 TEST_F(LocoCli, SubmitTakesSetsBeforeTheJobFile) {
-  // A --set that the job file's validation refuses: the message names the file and the field,
-  // so both were read, in this order, before any connection is tried.
-  auto [rc, out] = loco({"submit", "--set", "rounds=-3", "--set", "inner.lr=0.1", "job.yaml",
-                         "--address", "127.0.0.1:1"});
-  EXPECT_NE(rc, 0);
-  EXPECT_TRUE(contains(out, "job.yaml: rounds: must be in")) << out;
-  EXPECT_FALSE(contains(out, "give a job file")) << out;
-  // After the file, as before.
-  std::tie(rc, out) = loco({"submit", "job.yaml", "--set", "rounds=-3", "--address", "127.0.0.1:1"});
-  EXPECT_NE(rc, 0);
-  EXPECT_TRUE(contains(out, "job.yaml: rounds: must be in")) << out;
+  // Refused before any connection is tried.
+  refused({"submit", "--set", "rounds=-3", "--set", "inner.lr=0.1", "job.yaml", "--address",
+           "127.0.0.1:1"});
+  refused({"submit", "job.yaml", "--set", "rounds=-3", "--address", "127.0.0.1:1"});  // as before
 }
 
 TEST_F(LocoCli, UpTakesSetsBeforeTheJobFile) {
-  // `loco up --set ... JOB`: a cluster with no worker nodes comes up, reads the job with the
-  // --set applied, refuses it, and goes down (not: runs "job.yaml" as a command).
-  auto [rc, out] = loco({"up", "--workers", "0", "--dashboard-port", "-1", "--set",
-                         "rounds=-3", "job.yaml"});
-  EXPECT_NE(rc, 0);
-  EXPECT_TRUE(contains(out, "job.yaml: rounds: must be in")) << out;
+  // A cluster with no worker nodes comes up, reads the job with the --set applied, refuses it,
+  // and goes down.
+  const std::string out = refused(
+      {"up", "--workers", "0", "--dashboard-port", "-1", "--set", "rounds=-3", "job.yaml"});
   EXPECT_TRUE(contains(out, "stopping the cluster")) << out;
 }
 
 #ifdef LOCO_TRAIN_BIN
 TEST_F(LocoCli, LocoTrainTakesRepeatedOptionsBeforeTheJobFile) {
-  const std::string log = (dir_ / "train.log").string();
-  Subprocess p({LOCO_TRAIN_BIN, "train", "--simulate", "2", "--fresh-feedback", "1:0", "--set",
-                "rounds=-3", "job.yaml"},
-               Subprocess::Options{.log_path = log, .cwd = dir_.string()});
-  EXPECT_NE(p.wait(std::chrono::milliseconds(60000)).value_or(0), 0);
-  std::stringstream out;
-  out << std::ifstream(log).rdbuf();
-  EXPECT_TRUE(contains(out.str(), "job.yaml: rounds: must be in")) << out.str();
+  refused_by({LOCO_TRAIN_BIN, "train", "--simulate", "2", "--fresh-feedback", "1:0", "--set",
+              "rounds=-3", "job.yaml"});
 }
 #endif
 
