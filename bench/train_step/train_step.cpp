@@ -173,6 +173,55 @@ class WorkerPath {
   std::int64_t params_ = 0;
 };
 
+// One side of the comparison (loco's, eager PyTorch's, torch.compile's) and its processes'
+// figures over the repeats.
+struct Side {
+  std::string name, tag;  // tag: in the ratio's line
+  std::vector<ProcFigures> figs;
+};
+
+double median_of(const std::vector<ProcFigures>& v, double ProcFigures::*f) {
+  std::vector<double> x;
+  for (const ProcFigures& p : v) x.push_back(p.*f);
+  return median(x);
+}
+
+// A line a side (tokens/s at the median over processes and repeats, its CPU share; on a GPU
+// (`peak` >= 0: the card's FLOP/s, 0 unknown) its peak memory in a step and MFU), then loco's
+// ratio to every other side and, per CPU second, to eager PyTorch's. sides[0] is loco's.
+void print_sides(const std::vector<Side>& sides, double flops_per_token, double peak) {
+  std::printf(
+      "  (tokens/s at each process's median step, the median over processes and repeats; cpu: "
+      "the median share of a step's wall time its process was on a CPU)\n");
+  for (const Side& s : sides) {
+    const double tps = median_of(s.figs, &ProcFigures::tokens_per_s);
+    std::printf("  %-36s %10.0f tokens/s  cpu %.2f", s.name.c_str(), tps,
+                median_of(s.figs, &ProcFigures::cpu_share));
+    if (peak >= 0) {
+      double most = 0;
+      for (const ProcFigures& f : s.figs) most = std::max(most, f.peak_bytes);
+      std::printf("  peak %.0f MiB", most / (1 << 20));
+      if (peak > 0) std::printf("  MFU %.1f %%", 100 * tps * flops_per_token / peak);
+    }
+    std::printf("\n");
+  }
+  const double ours = median_of(sides[0].figs, &ProcFigures::tokens_per_s);
+  for (size_t i = 1; i < sides.size(); ++i)
+    std::printf("  %-36s %10.2fx\n", ("ratio loco / " + sides[i].tag).c_str(),
+                ours / median_of(sides[i].figs, &ProcFigures::tokens_per_s));
+  if (peak == 0)
+    std::printf("  (no MFU: this card's peak is not in diloco::peak_flops; LOCO_PEAK_TFLOPS sets it)\n");
+  // Tokens per CPU second of each process: the arithmetic's cost whatever the wait for a core.
+  auto per_cpu = [](const std::vector<ProcFigures>& v) {
+    std::vector<double> x;
+    for (const ProcFigures& p : v) x.push_back(p.tokens_per_s / p.cpu_share);
+    return median(x);
+  };
+  std::printf("  %-36s %10.2fx  (%.0f / %.0f tokens per CPU second)\n", "ratio per CPU second",
+              per_cpu(sides[0].figs) / per_cpu(sides[1].figs), per_cpu(sides[0].figs),
+              per_cpu(sides[1].figs));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -347,13 +396,6 @@ int main(int argc, char** argv) {
     }
   }
   if (procs > 1 && !workers) params = InnerTrainer(cfg, store, {0}, 0, 1).parameter_count();
-  auto med = [](const std::vector<ProcFigures>& v, double ProcFigures::*f) {
-    std::vector<double> x;
-    for (const ProcFigures& p : v) x.push_back(p.*f);
-    return median(x);
-  };
-  const double cpp = med(loco_figs, &ProcFigures::tokens_per_s);
-  const double py = med(py_figs, &ProcFigures::tokens_per_s);
   std::printf(
       "train_step: model %lld params (layers %d, d_model %d, heads %d, context %d, vocab %d), "
       "batch %d, %s%s, "
@@ -362,45 +404,13 @@ int main(int argc, char** argv) {
       cuda ? ("cuda: " + loco::diloco::cuda_device_name(0)).c_str() : "cpu",
       bf16 ? ", bf16 autocast" : "", threads, steps, repeats, procs,
       together ? " a side, both sides together" : "", path.c_str());
-  std::printf(
-      "  (tokens/s at each process's median step, the median over processes and repeats; cpu: "
-      "the median share of a step's wall time its process was on a CPU)\n");
-  const std::string loco_name =
-      workers ? "loco (InnerWorker, a job's worker)" : "loco (C++ InnerTrainer)";
-  const std::string py_name = std::string("eager PyTorch (") + TORCH_VERSION + ")";
-  // On a GPU: each side's MFU at its median tokens/s, and its peak memory in a step.
-  const double flops_per_token = training_flops_per_token(cfg.model, params);
-  const double peak = cuda ? peak_flops(loco::diloco::cuda_device_name(0), cfg.precision) : 0;
-  auto line = [&](const std::string& name, const std::vector<ProcFigures>& figs) {
-    const double tps = med(figs, &ProcFigures::tokens_per_s);
-    std::printf("  %-36s %10.0f tokens/s  cpu %.2f", name.c_str(), tps,
-                med(figs, &ProcFigures::cpu_share));
-    if (cuda) {
-      double most = 0;
-      for (const ProcFigures& f : figs) most = std::max(most, f.peak_bytes);
-      std::printf("  peak %.0f MiB", most / (1 << 20));
-      if (peak > 0) std::printf("  MFU %.1f %%", 100 * tps * flops_per_token / peak);
-    }
-    std::printf("\n");
-    return tps;
-  };
-  line(loco_name, loco_figs);
-  line(py_name, py_figs);
-  std::printf("  %-36s %10.2fx\n", "ratio loco / python", cpp / py);
-  if (compile) {
-    const double compiled = line("torch.compile (the same loop)", compiled_figs);
-    std::printf("  %-36s %10.2fx\n", "ratio loco / torch.compile", cpp / compiled);
-  }
-  if (cuda && peak == 0)
-    std::printf("  (no MFU: this card's peak is not in diloco::peak_flops; LOCO_PEAK_TFLOPS sets it)\n");
-  // Tokens per CPU second of each process: the arithmetic's cost whatever the wait for a core.
-  auto per_cpu = [&](const std::vector<ProcFigures>& v) {
-    std::vector<double> x;
-    for (const ProcFigures& p : v) x.push_back(p.tokens_per_s / p.cpu_share);
-    return median(x);
-  };
-  std::printf("  %-36s %10.2fx  (%.0f / %.0f tokens per CPU second)\n", "ratio per CPU second",
-              per_cpu(loco_figs) / per_cpu(py_figs), per_cpu(loco_figs), per_cpu(py_figs));
+  std::vector<Side> sides{
+      {workers ? "loco (InnerWorker, a job's worker)" : "loco (C++ InnerTrainer)", "loco",
+       loco_figs},
+      {std::string("eager PyTorch (") + TORCH_VERSION + ")", "python", py_figs}};
+  if (compile) sides.push_back({"torch.compile (the same loop)", "torch.compile", compiled_figs});
+  print_sides(sides, training_flops_per_token(cfg.model, params),
+              cuda ? peak_flops(loco::diloco::cuda_device_name(0), cfg.precision) : -1);
   std::fflush(stdout);  // before the nodes go
   workers.reset();
   remove_tree(dir.string());
