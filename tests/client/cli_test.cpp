@@ -65,6 +65,8 @@ TEST_F(LocoCli, UpTakesSetsBeforeTheJobFile) {
 }
 
 #ifdef LOCO_TRAIN_BIN
+// loco-train's job file is a required positional, which CLI11 kept from a greedy --set even
+// before its options took one value each: this holds the order users type working there too.
 TEST_F(LocoCli, LocoTrainTakesRepeatedOptionsBeforeTheJobFile) {
   refused_by({LOCO_TRAIN_BIN, "train", "--simulate", "2", "--fresh-feedback", "1:0", "--set",
               "rounds=-3", "job.yaml"});
