@@ -28,6 +28,12 @@ std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
+std::string hex64(std::uint64_t h) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(h));
+  return b;
+}
+
 namespace {
 
 std::vector<fs::path> corpus_files(const std::string& dir) {
@@ -241,10 +247,7 @@ TokenStore TokenStore::open(const DataConfig& d, int vocab) {
     if (!fs::is_regular_file(d.tokenizer_json))
       throw std::runtime_error("data.tokenizer: no file " + d.tokenizer_json);
     tok = make_tokenizer(d);  // first: it bounds the file's size before the hash reads it
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx",
-                  static_cast<unsigned long long>(file_hash(d.tokenizer_json)));
-    name = std::string("tokens-json-") + hex;
+    name = "tokens-json-" + hex64(file_hash(d.tokenizer_json));
     if (tok->vocab_size() > 65536) {
       width = 4;
       name += "-u32";

@@ -168,6 +168,9 @@ std::vector<int> round_robin_shards(int shards, int rank, int count);
 
 std::uint64_t splitmix64(std::uint64_t x);
 
+// A 64-bit hash as the file names and job fields that carry one write it: 16 hex digits.
+std::string hex64(std::uint64_t h);
+
 // rm -rf. Not std::filesystem::remove_all: libtorch.so exports its own copy of
 // that symbol, which crashes when a program linking LibTorch binds to it.
 void remove_tree(const std::string& path);

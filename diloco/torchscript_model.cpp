@@ -3,23 +3,18 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <xxhash.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+
+#include "diloco/data.hpp"
 
 namespace loco::diloco {
 
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string hex64(std::uint64_t h) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(h));
-  return b;
-}
 
 // A torch error in one line: its first, or, for an error inside the TorchScript interpreter
 // (whose first line says only that, its tracebacks following), its last, which names it

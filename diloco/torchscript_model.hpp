@@ -60,7 +60,7 @@ class TorchScriptModel final : public TrainableModel {
 
   // One forward, in training mode without gradients, of a [1, context] batch of the
   // vocabulary's last id: refuses a forward that fails, returns anything but a scalar, draws
-  // from the global RNG, or changes a buffer. The global RNG and the buffers are put back.
+  // from the global RNG, or changes a buffer. The global RNG is put back.
   void probe(int context);
 
   const std::string& hash() const { return hash_; }  // XXH3-64 of the file, 16 hex digits

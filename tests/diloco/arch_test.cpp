@@ -9,22 +9,18 @@
 #include "diloco/hf_format.hpp"
 #include "diloco/simulator.hpp"
 #include "tests/diloco/checkpointing_check.hpp"
+#include "tests/diloco/corpus_suite.hpp"
 #include "tests/diloco/test_corpus.hpp"
 
 using namespace loco::diloco;
 
 namespace {
 
-class ArchTest : public ::testing::Test {
+class ArchTest : public loco::diloco::testing::CorpusSuite<ArchTest> {
+ public:
+  static constexpr const char* kCorpus = "arch";
+
  protected:
-  static void SetUpTestSuite() {
-    at::set_num_threads(1);
-    dir_ = new std::string(loco::diloco::testing::make_corpus_dir("arch"));
-  }
-  static void TearDownTestSuite() {
-    remove_tree(*dir_);
-    delete dir_;
-  }
   // The tests' small job as a llama: 2 layers of width 32, 4 heads over 2 key/value heads.
   static JobConfig llama_job() {
     JobConfig c = loco::diloco::testing::small_job(*dir_);
@@ -35,9 +31,7 @@ class ArchTest : public ::testing::Test {
     c.validate();
     return c;
   }
-  static std::string* dir_;
 };
-std::string* ArchTest::dir_ = nullptr;
 
 torch::Tensor flat(Gpt& m) {
   std::vector<torch::Tensor> parts;

@@ -13,22 +13,18 @@
 #include "diloco/local_group.hpp"
 #include "diloco/simulator.hpp"
 #include "diloco/trainer.hpp"
+#include "tests/diloco/corpus_suite.hpp"
 #include "tests/diloco/test_corpus.hpp"
 
 using namespace loco::diloco;
 
 namespace {
 
-class CudaTest : public ::testing::Test {
+class CudaTest : public loco::diloco::testing::CorpusSuite<CudaTest> {
+ public:
+  static constexpr const char* kCorpus = "gpu";
+
  protected:
-  static void SetUpTestSuite() {
-    at::set_num_threads(1);
-    dir_ = new std::string(loco::diloco::testing::make_corpus_dir("gpu"));
-  }
-  static void TearDownTestSuite() {
-    remove_tree(*dir_);
-    delete dir_;
-  }
   void SetUp() override {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "torch sees no CUDA device";
   }
@@ -38,9 +34,7 @@ class CudaTest : public ::testing::Test {
     c.validate();
     return c;
   }
-  static std::string* dir_;
 };
-std::string* CudaTest::dir_ = nullptr;
 
 const torch::Device kCuda(torch::kCUDA, 0);
 

@@ -13,6 +13,7 @@
 #include "diloco/averager.hpp"
 #include "diloco/simulator.hpp"
 #include "diloco/trainer.hpp"
+#include "tests/diloco/corpus_suite.hpp"
 #include "tests/diloco/test_corpus.hpp"
 
 using namespace loco::diloco;
@@ -40,16 +41,11 @@ std::vector<std::unique_ptr<LocalGroup>> make_group(int g) {
 
 std::uint64_t hash_of(const torch::Tensor& t) { return tensor_hash(t.contiguous().cpu()); }
 
-class LocalGroupTest : public ::testing::Test {
+class LocalGroupTest : public loco::diloco::testing::CorpusSuite<LocalGroupTest> {
+ public:
+  static constexpr const char* kCorpus = "local-group";
+
  protected:
-  static void SetUpTestSuite() {
-    at::set_num_threads(1);
-    dir_ = new std::string(loco::diloco::testing::make_corpus_dir("local-group"));
-  }
-  static void TearDownTestSuite() {
-    remove_tree(*dir_);
-    delete dir_;
-  }
   static JobConfig small_job() {
     JobConfig c = loco::diloco::testing::small_job(*dir_);
     c.inner.steps = 3;
@@ -59,9 +55,7 @@ class LocalGroupTest : public ::testing::Test {
     c.validate();
     return c;
   }
-  static std::string* dir_;
 };
-std::string* LocalGroupTest::dir_ = nullptr;
 
 TEST(LocalSlice, SlicesCoverTheVectorOnceOnVectorBoundaries) {
   for (const std::int64_t n : {0L, 1L, 63L, 64L, 1000L, 123457L})

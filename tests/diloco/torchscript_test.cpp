@@ -13,24 +13,23 @@
 #include "diloco/simulator.hpp"
 #include "diloco/torchscript_model.hpp"
 #include "diloco/trainer.hpp"
+#include "tests/diloco/corpus_suite.hpp"
 #include "tests/diloco/test_corpus.hpp"
 
 using namespace loco::diloco;
 
 namespace {
 
-class TorchScriptTest : public ::testing::Test {
+class TorchScriptTest : public loco::diloco::testing::CorpusSuite<TorchScriptTest> {
+ public:
+  static constexpr const char* kCorpus = "torchscript";
+
  protected:
   static void SetUpTestSuite() {
-    at::set_num_threads(1);
-    dir_ = new std::string(loco::diloco::testing::make_corpus_dir("torchscript"));
+    CorpusSuite::SetUpTestSuite();
     const std::string cmd = std::string(LOCO_PYTHON) + " " + LOCO_SOURCE_DIR +
                             "/tests/diloco/torchscript_models.py " + *dir_ + "/models --context 16";
     made_ = std::system(cmd.c_str()) == 0;
-  }
-  static void TearDownTestSuite() {
-    remove_tree(*dir_);
-    delete dir_;
   }
   void SetUp() override {
     if (!made_) GTEST_SKIP() << "no torch in " << LOCO_PYTHON << " to script the test models";
@@ -45,10 +44,8 @@ class TorchScriptTest : public ::testing::Test {
     c.validate();
     return c;
   }
-  static std::string* dir_;
   static bool made_;
 };
-std::string* TorchScriptTest::dir_ = nullptr;
 bool TorchScriptTest::made_ = false;
 
 // The module's parameters as torch.jit.load gives them, flat, in named_parameters() order.

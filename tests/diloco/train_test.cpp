@@ -15,6 +15,7 @@
 #include "diloco/streaming_round.hpp"
 #include "diloco/trainer.hpp"
 #include "tests/diloco/checkpointing_check.hpp"
+#include "tests/diloco/corpus_suite.hpp"
 #include "tests/diloco/test_corpus.hpp"
 
 using namespace loco::diloco;
@@ -23,24 +24,17 @@ namespace collective = loco::collective;
 
 namespace {
 
-class DilocoTest : public ::testing::Test {
+class DilocoTest : public loco::diloco::testing::CorpusSuite<DilocoTest> {
+ public:
+  static constexpr const char* kCorpus = "train";
+
  protected:
-  static void SetUpTestSuite() {
-    at::set_num_threads(1);
-    dir_ = new std::string(loco::diloco::testing::make_corpus_dir("train"));
-  }
-  static void TearDownTestSuite() {
-    remove_tree(*dir_);
-    delete dir_;
-  }
   static JobConfig small_job() {
     JobConfig c = loco::diloco::testing::small_job(*dir_);
     c.validate();
     return c;
   }
-  static std::string* dir_;
 };
-std::string* DilocoTest::dir_ = nullptr;
 
 // What `save` writes into an archive, serialized and read back, as a checkpoint
 // file or a joiner's copy gives it.
