@@ -4,11 +4,11 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <optional>
 #include <set>
-#include <sstream>
+
+#include "diloco/bounded_file.hpp"
 
 namespace loco::diloco::hf {
 
@@ -286,19 +286,10 @@ std::string folder_file(const std::string& dir, const std::string& name) {
 }
 
 json read_json_object(const std::string& path, std::uintmax_t max_bytes) {
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec) throw std::runtime_error(path + ": cannot read (" + ec.message() + ")");
-  if (size > max_bytes)
-    throw std::runtime_error(path + ": " + std::to_string(size) + " bytes, more than the " +
-                             std::to_string(max_bytes) + " allowed");
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (!f || ss.str().size() > max_bytes) throw std::runtime_error(path + ": cannot read");
+  const std::string text = read_bounded(path, max_bytes);
   json c;
   try {
-    c = json::parse(ss.str());
+    c = json::parse(text);
   } catch (const json::exception& e) {
     throw std::runtime_error(path + ": not JSON (" + e.what() + ")");
   }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -10,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "diloco/bounded_file.hpp"
 #include "diloco/bpe_model.hpp"
 #include "diloco/tokenizer_regex.hpp"
 #include "diloco/tokenizer_text.hpp"
@@ -645,17 +645,8 @@ std::unique_ptr<Tokenizer> parse_tokenizer_json(const std::string& text, const s
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw std::runtime_error("data.tokenizer: cannot open " + path);
-  const auto size = static_cast<std::size_t>(in.tellg());
-  if (size > kMaxTokenizerJsonBytes)
-    throw std::runtime_error(path + ": " + std::to_string(size) +
-                             " bytes, more than the limit of " +
-                             std::to_string(kMaxTokenizerJsonBytes));
-  in.seekg(0);
-  std::string text(size, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(size));
-  return parse_tokenizer_json(text, path);
+  return parse_tokenizer_json(read_bounded(path, kMaxTokenizerJsonBytes, "data.tokenizer " + path),
+                              path);
 }
 
 }  // namespace loco::diloco

@@ -4,10 +4,10 @@
 #include <xxhash.h>
 
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 
+#include "diloco/bounded_file.hpp"
 #include "diloco/data.hpp"
 
 namespace loco::diloco {
@@ -40,16 +40,11 @@ std::string read_module_file(const std::string& path, const std::string& what) {
   if (ec || !fs::exists(status))
     throw std::invalid_argument(what + ": no such file (torch.jit.save writes one)");
   if (!fs::is_regular_file(status)) throw std::invalid_argument(what + ": not a regular file");
-  const std::uintmax_t size = fs::file_size(path, ec);
-  if (ec || size > kMaxTorchScriptBytes)
-    throw std::invalid_argument(what + ": " + std::to_string(size) + " bytes, more than " +
-                                std::to_string(kMaxTorchScriptBytes) + " (the limit)");
-  std::string bytes(static_cast<std::size_t>(size), '\0');
-  std::ifstream in(path, std::ios::binary);
-  if (!in.read(bytes.data(), static_cast<std::streamsize>(size)) ||
-      in.gcount() != static_cast<std::streamsize>(size))
-    throw std::invalid_argument(what + ": cannot read its " + std::to_string(size) + " bytes");
-  return bytes;
+  try {
+    return read_bounded(path, kMaxTorchScriptBytes, what);
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(e.what());
+  }
 }
 
 // forward(tokens, targets) -> Tensor, as the schema declares it: two more arguments than self
