@@ -65,11 +65,13 @@ double MemoryEstimate::device_bytes() const {
 MemoryEstimate worker_memory(const JobConfig& cfg, bool cuda) {
   const double p = parameters(cfg);
   const double ranks = cfg.ranks_per_worker(cuda);
+  // On CUDA the fused AdamW steps over autograd's gradients (no flat copy unless ranks
+  // average them there) and needs no scratch or decay mask (InnerTrainer).
   std::vector<MemoryTerm> rank = {
       {"θ_local", 4 * p},
-      {"gradients", 8 * p},
+      {"gradients", (cuda && ranks == 1 ? 4 : 8) * p},
       {"AdamW's two moments", 8 * p},
-      {"AdamW's scratch and decay mask", 8 * p},
+      {"AdamW's scratch and decay mask", cuda ? 0 : 8 * p},
       {"activations", block_activations(cfg, cuda)},
       {"logits", logits(cfg, cuda)},
   };
@@ -79,7 +81,7 @@ MemoryEstimate worker_memory(const JobConfig& cfg, bool cuda) {
     if (bytes > 0) to.push_back({what, bytes});
   };
   if (cuda) {
-    e.device = rank;
+    for (const MemoryTerm& t : rank) add(e.device, t.what, t.bytes);
   } else {
     for (const MemoryTerm& t : rank)
       add(e.host, ranks > 1 ? t.what + " (each rank's)" : t.what, ranks * t.bytes);
@@ -105,9 +107,9 @@ double aggregator_memory_bytes(const JobConfig& cfg) {
 std::string memory_field(const JobConfig& cfg, bool cuda) {
   const ModelConfig& m = cfg.model;
   const double p = parameters(cfg);
-  // The terms that grow with the model (per parameter: 80 bytes on the CPU in fp32, 28 on a
-  // GPU; see the header), against those that grow with the batch.
-  const double model_bytes = (cuda ? 28 : 80) * p;
+  // The terms that grow with the model (per parameter: 80 bytes on the CPU in fp32, 16 or 20
+  // on a GPU; see the header), against those that grow with the batch.
+  const double model_bytes = (cuda ? (cfg.ranks_per_worker(cuda) > 1 ? 20 : 16) : 80) * p;
   const double batch_bytes = block_activations(cfg, cuda) + logits(cfg, cuda);
   if (batch_bytes > model_bytes)
     return "inner.batch_size (" + std::to_string(cfg.inner.batch_size) + " sequences of " +

@@ -24,9 +24,12 @@ struct MemoryTerm {
 //   each rank, on its device (the host on the CPU, one GPU on CUDA):
 //     θ_local                               4P  (the flat parameter buffer the model views)
 //     gradients                             8P  (the flat buffer, and autograd's own tensors
-//                                                before they are packed into it)
+//                                                before they are packed into it; on CUDA 4P,
+//                                                autograd's alone, which the fused AdamW takes
+//                                                as they are, unless G > 1 ranks average them
+//                                                in the flat buffer)
 //     AdamW's two moments                   8P
-//     AdamW's scratch and decay mask        8P
+//     AdamW's scratch and decay mask        8P  (the CPU's flat passes; none on CUDA)
 //     bf16 copies of the weights            2P  (precision: bf16 only)
 //     activations                           4 · b · context · layers · (10·width + 4·mlp
 //                                                + 2·heads·context)  (what autograd keeps of a
@@ -48,8 +51,8 @@ struct MemoryTerm {
 //     the data loader                       64 MiB (its mapped windows, dropped every 32 MiB,
 //                                                and the batches)
 //     the process                           512 MiB (LibTorch and the runtime)
-// About 80 bytes a parameter on the CPU with one rank in fp32: an upper bound, not a
-// measurement.
+// About 80 bytes a parameter on the CPU with one rank in fp32 (16 on one GPU, 20 with G > 1):
+// an upper bound, not a measurement.
 struct MemoryEstimate {
   std::vector<MemoryTerm> host;    // the worker's process, in host memory
   std::vector<MemoryTerm> device;  // one GPU's (device: cuda); empty on the CPU

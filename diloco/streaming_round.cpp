@@ -253,8 +253,11 @@ void StreamingRound::read_in_flight(torch::serialize::InputArchive& ar) {
                                  " values, not " + std::to_string(size));
       f->mean.emplace_back(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
       if (eager()) {
-        ar.read(key + "provisional." + std::to_string(k), t);
-        f->provisional.push_back(t.to(torch::kFloat32).contiguous());
+        // A fresh tensor: read() into a defined one set_()s it onto the archive's entry, which
+        // `t` may still share (to() and contiguous() return it as it is).
+        torch::Tensor p;
+        ar.read(key + "provisional." + std::to_string(k), p);
+        f->provisional.push_back(p.to(torch::kFloat32).contiguous());
       }
     }
     f->done = done;

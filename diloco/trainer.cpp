@@ -66,26 +66,94 @@ InnerTrainer::InnerTrainer(const JobConfig& cfg, const TokenStore& store, std::v
   std::int64_t n = 0;
   for (const auto& p : ps) n += p.numel();
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
+  const bool fused = device_.is_cuda();
   params_ = torch::empty({n}, f32);
-  grads_ = torch::zeros({n}, f32);
-  decay_mask_ = torch::zeros({n}, f32);
+  exp_avg_ = torch::zeros({n}, f32);
+  exp_avg_sq_ = torch::zeros({n}, f32);
+  // The flat gradient buffer: what the CPU's passes run over, and on a GPU what a group
+  // averages (NCCL reduces one buffer); the fused kernel takes autograd's own tensors.
+  if (!fused || group_) grads_ = torch::zeros({n}, f32);
+  if (!fused) {
+    decay_mask_ = torch::zeros({n}, f32);
+    denom_ = torch::empty({n}, f32);
+  } else {
+    fused_step_ = torch::zeros({}, f32);
+  }
   std::int64_t off = 0;
-  for (auto& p : ps) {
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    auto& p = ps[i];
     const auto k = p.numel();
     auto slot = params_.slice(0, off, off + k);
     slot.copy_(p.detach().reshape({-1}));
     p.set_data(slot.view(p.sizes()));
-    if (p.dim() >= 2) decay_mask_.slice(0, off, off + k).fill_(1.0f);
+    const bool decay = p.dim() >= 2;
+    if (!fused && decay) decay_mask_.slice(0, off, off + k).fill_(1.0f);
+    if (fused) {
+      FusedGroup& g = fused_[decay ? 0 : 1];
+      g.index.push_back(i);
+      g.params.push_back(slot);
+      g.exp_avg.push_back(exp_avg_.slice(0, off, off + k));
+      g.exp_avg_sq.push_back(exp_avg_sq_.slice(0, off, off + k));
+      g.steps.push_back(fused_step_);
+    }
     off += k;
   }
   param_list_ = ps;
   grad_views_.resize(ps.size());
-  exp_avg_ = torch::zeros({n}, f32);
-  exp_avg_sq_ = torch::zeros({n}, f32);
-  denom_ = torch::empty({n}, f32);
-  batch_ = torch::empty({local_batch_, cfg.model.context + 1}, torch::kInt64);
+  // On a GPU the host batch is pinned, so that its copy to the device does not wait for the
+  // card to finish the last step's optimizer (a pageable copy synchronizes the stream).
+  batch_ = torch::empty({local_batch_, cfg.model.context + 1},
+                        torch::dtype(torch::kInt64).pinned_memory(device_.is_cuda()));
   if (!device_.is_cpu())
     batch_device_ = torch::empty(batch_.sizes(), torch::dtype(torch::kInt64).device(device_));
+}
+
+double InnerTrainer::fused_norm() {
+  if (group_) {
+    // The group's mean gradient lies in grads_: the fused kernel steps over views of it.
+    for (FusedGroup& g : fused_) {
+      g.grads.clear();
+      for (std::size_t i : g.index) {
+        const auto& p = param_list_[i];
+        const std::int64_t off = p.data_ptr<float>() - params_.data_ptr<float>();
+        g.grads.push_back(grads_.slice(0, off, off + p.numel()));
+      }
+    }
+    return grads_.norm().item<double>();
+  }
+  std::vector<torch::Tensor> all;
+  all.reserve(param_list_.size());
+  for (FusedGroup& g : fused_) {
+    g.grads.clear();
+    for (std::size_t i : g.index) {
+      const auto& p = param_list_[i];
+      torch::Tensor grad = p.grad().defined() ? p.grad().reshape({-1})
+                                              : torch::zeros({p.numel()}, params_.options());
+      g.grads.push_back(grad);
+      all.push_back(grad);
+    }
+  }
+  // The global 2-norm: each tensor's, then theirs (as clip_grad_norm_ on a GPU).
+  return torch::linalg_vector_norm(torch::stack(at::_foreach_norm(all, 2)), 2).item<double>();
+}
+
+void InnerTrainer::fused_adamw(double norm, double lr) {
+  const auto& ic = cfg_.inner;
+  std::optional<torch::Tensor> scale;  // the kernel divides the gradients by it
+  if (ic.grad_clip > 0) {
+    const double coef = ic.grad_clip / (norm + 1e-6);
+    if (coef < 1.0) scale = torch::full({}, 1.0 / coef, params_.options());
+  }
+  fused_step_.fill_(static_cast<double>(adam_steps_));
+  for (std::size_t k = 0; k < fused_.size(); ++k) {
+    FusedGroup& g = fused_[k];
+    if (g.params.empty()) continue;
+    at::_fused_adamw_(g.params, g.grads, g.exp_avg, g.exp_avg_sq, /*max_exp_avg_sqs=*/{}, g.steps,
+                      lr, ic.betas[0], ic.betas[1], k == 0 ? ic.weight_decay : 0.0, ic.eps,
+                      /*amsgrad=*/false, /*maximize=*/false, scale, /*found_inf=*/std::nullopt);
+    g.grads.clear();  // autograd's gradients go with the next line
+  }
+  for (auto& p : param_list_) p.mutable_grad().reset();  // freed before the next forward
 }
 
 InnerStats InnerTrainer::run_inner_steps(int h) {
@@ -100,7 +168,8 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
     sampler_.next(local_batch_,
                   {batch_.data_ptr<std::int64_t>(), static_cast<std::size_t>(batch_.numel())},
                   first);
-    const torch::Tensor& batch = device_.is_cpu() ? batch_ : batch_device_.copy_(batch_);
+    const torch::Tensor& batch =
+        device_.is_cpu() ? batch_ : batch_device_.copy_(batch_, /*non_blocking=*/true);
     // Gradients start undefined so that autograd hands each parameter the
     // tensor it computed (no extra accumulate pass); one cat_out then packs
     // them into the flat gradient buffer. Measured faster than keeping the
@@ -115,12 +184,19 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
       step_loss += loss.item<double>();
     }
     torch::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < param_list_.size(); ++i) {
-      const auto& g = param_list_[i].grad();
-      grad_views_[i] =
-          g.defined() ? g.reshape({-1}) : torch::zeros({param_list_[i].numel()}, grads_.options());
+    const bool fused = fused_step_.defined();
+    if (!fused || group_) {
+      for (std::size_t i = 0; i < param_list_.size(); ++i) {
+        const auto& g = param_list_[i].grad();
+        grad_views_[i] = g.defined() ? g.reshape({-1})
+                                     : torch::zeros({param_list_[i].numel()}, grads_.options());
+      }
+      torch::cat_out(grads_, grad_views_);
+      if (fused) {
+        std::fill(grad_views_.begin(), grad_views_.end(), torch::Tensor());
+        for (auto& p : param_list_) p.mutable_grad().reset();
+      }
     }
-    torch::cat_out(grads_, grad_views_);
     if (group_) {
       // The worker's gradient: the mean over its local ranks (each rank's is the mean over
       // its windows). The same bytes on every rank, so every rank takes the same step.
@@ -129,7 +205,7 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
       group_->allreduce_mean(l);
       step_loss = l.item<double>();
     }
-    const double norm = grads_.norm().item<double>();
+    const double norm = fused ? fused_norm() : grads_.norm().item<double>();
     if (!std::isfinite(step_loss) || !std::isfinite(norm)) {
       // Diverged: the step is not taken, so that θ_local and the moments stay finite (the
       // worker abstains from the round's average: diloco/guard.hpp).
@@ -143,16 +219,20 @@ InnerStats InnerTrainer::run_inner_steps(int h) {
       model_->check_after_steps();
       return stats;
     }
-    if (ic.grad_clip > 0) {
-      const double coef = ic.grad_clip / (norm + 1e-6);
-      if (coef < 1.0) grads_.mul_(coef);
-    }
-    // AdamW over the flat buffers, the same arithmetic as torch.optim.AdamW.
     const double lr = inner_lr(ic, step_, total_steps_);
     ++step_;
     ++adam_steps_;
-    adamw_flat_step(params_, grads_, exp_avg_, exp_avg_sq_, decay_mask_, denom_, ic, lr,
-                    adam_steps_);
+    if (fused) {
+      fused_adamw(norm, lr);
+    } else {
+      if (ic.grad_clip > 0) {
+        const double coef = ic.grad_clip / (norm + 1e-6);
+        if (coef < 1.0) grads_.mul_(coef);
+      }
+      // AdamW over the flat buffers, the same arithmetic as torch.optim.AdamW.
+      adamw_flat_step(params_, grads_, exp_avg_, exp_avg_sq_, decay_mask_, denom_, ic, lr,
+                      adam_steps_);
+    }
 
     loss_sum += step_loss;
     stats.last_loss = step_loss;

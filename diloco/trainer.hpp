@@ -35,6 +35,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -193,10 +194,25 @@ class InnerTrainer {
   std::int64_t adam_steps_ = 0;            // steps the AdamW moments have seen (bias correction)
   std::vector<torch::Tensor> param_list_;  // the model's parameters, views into params_
   std::vector<torch::Tensor> grad_views_;  // scratch for packing gradients
-  torch::Tensor params_, grads_;           // flat fp32
+  torch::Tensor params_, grads_;           // flat fp32 (grads_: on a GPU only with a group)
   torch::Tensor exp_avg_, exp_avg_sq_;     // AdamW moments, flat fp32
-  torch::Tensor decay_mask_;               // 1 where weight decay applies
-  torch::Tensor denom_;                    // scratch
+  torch::Tensor decay_mask_;               // 1 where weight decay applies (CPU)
+  torch::Tensor denom_;                    // scratch (CPU)
+  // On a GPU the inner AdamW is LibTorch's fused kernel (one pass over each tensor instead of
+  // seven over the flat buffers), over per-parameter views of the flat buffers in two groups:
+  // with weight decay (2+ dimensions) and without. `fused_step_` holds the bias-correction
+  // count on the device, one tensor that every view's entry names.
+  struct FusedGroup {
+    std::vector<std::size_t> index;  // into param_list_
+    std::vector<torch::Tensor> params, exp_avg, exp_avg_sq, steps, grads;
+  };
+  std::array<FusedGroup, 2> fused_;  // [0] with weight decay, [1] without; empty on the CPU
+  torch::Tensor fused_step_;
+  // One inner step's optimizer on a GPU: the gradient norm (returned) over the gradients as
+  // autograd left them (or the group's mean in grads_), then clipping folded into the fused
+  // kernel's grad_scale, unless the step diverged (the norm or `loss` not finite).
+  double fused_norm();
+  void fused_adamw(double norm, double lr);
   torch::Tensor batch_;         // [B, context + 1] int64, reused, host (the sampler fills it)
   torch::Tensor batch_device_;  // its copy on the device; undefined on the CPU
   mutable HostStaging staging_;  // on a GPU: θ_local out, θ in, through pinned chunks

@@ -21,9 +21,14 @@
 // it; every side also prints its peak memory per step (the most allocated on the card) and its
 // MFU (6·N + attention FLOPs per token over the card's peak, diloco::peak_flops). `--compile`
 // adds a third side, the same Python loop with the model through `torch.compile`.
+// `--fused-side` adds another, eager PyTorch with AdamW(fused=True) (its default is foreach).
 // GPT-2 small (124 M) so: `bench_train_step --device cuda --bf16 --compile --layers 12
 // --d-model 768 --heads 12 --context 1024 --vocab 50257 --batch 8 --threads 4`.
+// `--profile DIR`: after the last repeat, 3 more steps of each side under the PyTorch
+// profiler (Kineto: the CPU's ops and the card's kernels), their Chrome traces in DIR
+// (loco.json, python.json, ...), which trace_summary.py sums up by kind of kernel.
 #include <c10/core/CachingDeviceAllocator.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -228,8 +233,8 @@ int main(int argc, char** argv) {
   CLI::App app{"bench/train_step: loco's inner steps vs eager PyTorch, tokens/s"};
   int layers = 4, d_model = 128, heads = 4, context = 128, vocab = 256, batch = 16, threads = 2,
       steps = 30, warmup = 5, repeats = 2, procs = 1;
-  bool child = false, together = false, bf16 = false, compile = false;
-  std::string path = "trainer", device_name = "cpu";
+  bool child = false, together = false, bf16 = false, compile = false, fused_side = false;
+  std::string path = "trainer", device_name = "cpu", profile_dir;
   const char* venv = std::getenv("LOCO_VENV");
   std::string python =
       std::string(venv ? venv : std::string(std::getenv("HOME")) + "/.cache/loco-venv") +
@@ -259,6 +264,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--bf16", bf16, "autocast the forward passes to bfloat16 (both sides)");
   app.add_flag("--compile", compile, "a third side: the Python loop with torch.compile(model)");
+  app.add_flag("--fused-side", fused_side, "another: eager PyTorch with AdamW(fused=True)");
+  app.add_option("--profile", profile_dir,
+                 "after the last repeat, 3 steps of each side under the profiler: Chrome traces "
+                 "in this folder");
   app.add_flag("--child", child, "internal: one repeat of the C++ side, prints RESULT");
   CLI11_PARSE(app, argc, argv);
   const bool cuda = device_name == "cuda";
@@ -266,6 +275,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_train_step: --device cuda, but torch sees no CUDA device\n");
     return 2;
   }
+  if (!profile_dir.empty() && (procs != 1 || path != "trainer" || together)) {
+    std::fprintf(stderr, "bench_train_step: --profile traces one trainer a side\n");
+    return 2;
+  }
+  if (!profile_dir.empty()) std::filesystem::create_directories(profile_dir);
   if (cuda && (procs != 1 || path != "trainer" || together)) {
     std::fprintf(stderr,
                  "bench_train_step: --device cuda runs one trainer a side (no --procs, --path "
@@ -309,11 +323,11 @@ int main(int argc, char** argv) {
                              " --steps " + std::to_string(steps) + " --warmup-steps " +
                              std::to_string(warmup) + " --device " + device_name +
                              (bf16 ? " --bf16" : "");
-  std::vector<ProcFigures> loco_figs, py_figs, compiled_figs;
+  std::vector<ProcFigures> loco_figs, py_figs, compiled_figs, fused_figs;
   std::int64_t params = 0;
   const double tokens_per_step = static_cast<double>(batch) * context;
-  auto one_repeat = [&] {
-    InnerTrainer t(cfg, store, {0}, 0, steps + warmup, device);
+  auto one_repeat = [&](bool trace) {
+    InnerTrainer t(cfg, store, {0}, 0, steps + warmup + (trace ? 3 : 0), device);
     params = t.parameter_count();
     std::vector<double> seconds, shares, peaks;
     for (int s = 0; s < warmup + steps; ++s) {
@@ -329,6 +343,19 @@ int main(int argc, char** argv) {
       shares.push_back((loco::process_cpu_seconds() - cpu0) / dt);
       if (cuda) peaks.push_back(cuda_peak_bytes());
     }
+    if (trace) {
+      namespace prof = torch::autograd::profiler;
+      using torch::profiler::impl::ActivityType;
+      const torch::profiler::impl::ProfilerConfig config(
+          torch::profiler::impl::ProfilerState::KINETO);
+      std::set<ActivityType> activities{ActivityType::CPU};
+      if (cuda) activities.insert(ActivityType::CUDA);
+      prof::prepareProfiler(config, activities);
+      prof::enableProfiler(config, activities);
+      t.run_inner_steps(3);
+      if (cuda) torch::cuda::synchronize();
+      prof::disableProfiler()->save(profile_dir + "/loco.json");
+    }
     return ProcFigures{tokens_per_step / median(seconds), median(shares),
                        peaks.empty() ? 0.0 : *std::max_element(peaks.begin(), peaks.end())};
   };
@@ -336,7 +363,7 @@ int main(int argc, char** argv) {
     return ProcFigures{result_of(out), field_of(out, "cpu"), field_of(out, "peak_bytes")};
   };
   if (child) {
-    const ProcFigures f = one_repeat();
+    const ProcFigures f = one_repeat(false);
     std::printf("RESULT tokens_per_s=%.1f cpu=%.3f peak_bytes=%.0f\n", f.tokens_per_s,
                 f.cpu_share, f.peak_bytes);
     remove_tree(dir.string());
@@ -369,6 +396,12 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < repeats; ++rep) {
     // --together: the Python side runs while loco's does (it starts first: Python takes a few
     // seconds to import torch, about the untimed steps of loco's side).
+    const bool last = rep == repeats - 1;
+    // The Python sides' traces, after the last repeat's timed steps.
+    auto traced = [&](const std::string& cmd, const char* name) {
+      return last && !profile_dir.empty() ? cmd + " --profile " + profile_dir + "/" + name + ".json"
+                                          : cmd;
+    };
     std::optional<Running> py;
     if (together) py.emplace(py_cmd, procs);
     if (workers) {
@@ -377,7 +410,7 @@ int main(int argc, char** argv) {
         say(rep, "loco", f);
       }
     } else if (procs == 1 && !together) {
-      loco_figs.push_back(one_repeat());
+      loco_figs.push_back(one_repeat(last && !profile_dir.empty()));
       say(rep, "loco", loco_figs.back());
     } else {
       for (const std::string& out : run_all(self_cmd, procs)) {
@@ -385,13 +418,18 @@ int main(int argc, char** argv) {
         say(rep, "loco", loco_figs.back());
       }
     }
-    if (!py) py.emplace(py_cmd, procs);
+    if (!py) py.emplace(traced(py_cmd, "python"), procs);
     for (const std::string& out : py->outputs()) {
       py_figs.push_back(figures_of(out));
       say(rep, "python", py_figs.back());
     }
+    if (fused_side) {
+      fused_figs.push_back(figures_of(run_all(traced(py_cmd + " --fused", "fused"), 1).front()));
+      say(rep, "fused", fused_figs.back());
+    }
     if (compile) {
-      compiled_figs.push_back(figures_of(run_all(py_cmd + " --compile", 1).front()));
+      compiled_figs.push_back(
+          figures_of(run_all(traced(py_cmd + " --compile", "compiled"), 1).front()));
       say(rep, "compiled", compiled_figs.back());
     }
   }
@@ -408,6 +446,8 @@ int main(int argc, char** argv) {
       {workers ? "loco (InnerWorker, a job's worker)" : "loco (C++ InnerTrainer)", "loco",
        loco_figs},
       {std::string("eager PyTorch (") + TORCH_VERSION + ")", "python", py_figs}};
+  if (fused_side)
+    sides.push_back({"eager PyTorch, AdamW(fused=True)", "python fused", fused_figs});
   if (compile) sides.push_back({"torch.compile (the same loop)", "torch.compile", compiled_figs});
   print_sides(sides, training_flops_per_token(cfg.model, params),
               cuda ? peak_flops(loco::diloco::cuda_device_name(0), cfg.precision) : -1);

@@ -3,7 +3,9 @@ OpenDiLoCo user would write it: nn.Module, torch.optim.AdamW (defaults),
 clip_grad_norm_, warmup + cosine set per step. Called by bench/train_step
 (the C++ binary) with the same model, batch, context, threads and steps, on the same
 device (--device cuda: each step timed once the card is done with it; --bf16: the forward
-pass under autocast to bfloat16; --compile: the model through torch.compile).
+pass under autocast to bfloat16; --compile: the model through torch.compile; --fused:
+AdamW(fused=True) instead of its default; --profile PATH: 3 more steps under torch.profiler,
+their Chrome trace at PATH, for trace_summary.py).
 Prints one line: RESULT tokens_per_s=<median> cpu=<median share of a step on a CPU>
 peak_bytes=<the most allocated on the GPU in a step, 0 on the CPU> params=<n>.
 """
@@ -87,6 +89,10 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--fused", action="store_true",
+                    help="torch.optim.AdamW(fused=True): one kernel per step, not its default")
+    ap.add_argument("--profile", default="",
+                    help="after the timed steps, 3 more under torch.profiler: a Chrome trace here")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -100,15 +106,11 @@ def main():
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+        lr=a.lr, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if a.fused else {}))
     data = torch.randint(0, a.vocab, (1 << 20,), dtype=torch.int64)
     total = a.steps + a.warmup_steps
-    times, cpu, peaks = [], [], []
-    for step in range(total):
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(dev)
-        t0 = time.perf_counter()
-        c0 = time.process_time()
+
+    def train_step(step):
         starts = torch.randint(0, data.numel() - a.context - 1, (a.batch,))
         batch = torch.stack([data[s:s + a.context + 1] for s in starts.tolist()]).to(dev)
         lr = a.lr * min(1.0, (step + 1) / 10) * 0.5 * (1 + math.cos(math.pi * step / total))
@@ -120,17 +122,34 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        loss.item()
+        return loss.item()
+
+    times, cpu, peaks = [], [], []
+    for step in range(total):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(dev)
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        loss = train_step(step)
         if cuda:
             torch.cuda.synchronize(dev)
             peaks.append(torch.cuda.max_memory_allocated(dev))
         times.append(time.perf_counter() - t0)
         cpu.append((time.process_time() - c0) / times[-1])  # the share of the step on a CPU
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            for step in range(total, total + 3):
+                train_step(step)
+            if cuda:
+                torch.cuda.synchronize(dev)
+        prof.export_chrome_trace(a.profile)
     med = statistics.median(times[a.warmup_steps:])
     n = sum(p.numel() for p in model.parameters())
     peak = max(peaks[a.warmup_steps:]) if peaks else 0
     print(f"RESULT tokens_per_s={a.batch * a.context / med:.1f} cpu={statistics.median(cpu[a.warmup_steps:]):.3f} "
-          f"peak_bytes={peak} params={n} loss={loss.item():.4f} torch={torch.__version__}")
+          f"peak_bytes={peak} params={n} loss={loss:.4f} torch={torch.__version__}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ TEST_F(DilocoJob, TwoWorkersShareOneGpuAndFollowTheCpuSimulation) {
   Subprocess sim(
       {LOCO_BIN_DIR "/loco", "train", "--simulate", "2", cpu_file, "--out", dir_ + "/sim"},
       Subprocess::Options{.log_path = dir_ + "/sim.log"});
-  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << read_file(dir_ + "/sim.log");
   auto expected = val_losses(dir_ + "/sim/metrics.jsonl");
 
   j.device = "cuda";

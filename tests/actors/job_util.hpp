@@ -165,7 +165,7 @@ class DilocoJob : public ::testing::Test {
     dir_ = ::mkdtemp(tmpl);
   }
   void TearDown() override {
-    std::filesystem::remove_all(dir_);
+    diloco::remove_tree(dir_);  // as data_: not libtorch.so's remove_all (diloco::remove_tree)
     diloco::remove_tree(data_);
   }
   TestJob job(int workers, int min, int rounds) const {

@@ -124,11 +124,13 @@ TEST_F(CudaTest, CheckpointTakenOnTheGpuResumesOnTheCpuAndBack) {
   InnerTrainer gpu(c, store, {0, 1, 2, 3}, 3, 40, kCuda);
   gpu.run_inner_steps(5);
   auto ar = round_trip(gpu);
-  torch::Tensor saved;
-  ar.read("worker.params", saved);
-  EXPECT_TRUE(saved.is_cpu()) << "checkpoints hold CPU tensors";
-  ar.read("worker.exp_avg", saved);
-  EXPECT_TRUE(saved.is_cpu());
+  // A fresh tensor for each read: InputArchive::read into a defined tensor set_()s it onto the
+  // archive's, so reading a second key into the same one would repoint the first key's entry.
+  torch::Tensor saved_params, saved_moment;
+  ar.read("worker.params", saved_params);
+  EXPECT_TRUE(saved_params.is_cpu()) << "checkpoints hold CPU tensors";
+  ar.read("worker.exp_avg", saved_moment);
+  EXPECT_TRUE(saved_moment.is_cpu());
 
   // GPU → CPU: the same state exactly, then the same training within tolerance.
   InnerTrainer cpu(c, store, {0, 1, 2, 3}, 3, 40);
