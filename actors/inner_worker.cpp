@@ -102,6 +102,8 @@ InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
   s_->peak_flops =
       g * dl::peak_flops(s_->device.cuda ? dl::cuda_device_name(s_->device.index) : "cpu",
                          s_->cfg.precision);
+  if (s_->device.cuda)
+    for (const auto& d : devices) s_->device_key += dl::cuda_device_uuid(d.index()) + ",";
   s_->flops_per_token = dl::training_flops_per_token(
       s_->cfg.model, s_->cfg.model.parameter_count(s_->cfg.vocab_size()));
   s_->ranks.resize(size_t(g));

@@ -311,6 +311,7 @@ struct InnerWorker::State {
   // of all the worker's devices (0: not known, no MFU).
   double flops_per_token = 0;
   double peak_flops = 0;
+  std::string device_key;  // StepFigures::device: the CUDA UUIDs of the worker's GPUs
 
   PathRoots roots;  // its node's data and checkpoint roots: where it may read and write
 
@@ -483,6 +484,7 @@ struct InnerWorker::State {
     f.step_cpu_seconds = loco::thread_cpu_seconds() - thread_cpu;
     f.flops = flops_per_token * double(f.tokens);
     if (peak_flops > 0 && f.seconds > 0) f.mfu = f.flops / f.seconds / peak_flops;
+    f.device = device_key;
     if (k.device.is_cuda()) {
       // The most memory allocated on this rank's GPU since the last step's figures.
       auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -50,6 +51,11 @@ std::vector<StepFigures> per_step_means(const std::vector<std::vector<StepFigure
   std::vector<StepFigures> out(steps);
   for (size_t i = 0; i < steps; ++i) {
     int n = 0;
+    // The step's MFU: the members' model FLOP/s over the peak of the devices they ran on,
+    // each device once (workers sharing a GPU add their rates against one card's peak); with
+    // a device each and equal peaks, the members' mean.
+    double rate = 0, peak = 0;
+    std::set<std::string> devices;
     for (const auto& m : members) {
       if (i >= m.size()) continue;
       ++n;
@@ -59,7 +65,11 @@ std::vector<StepFigures> per_step_means(const std::vector<std::vector<StepFigure
       out[i].tokens += m[i].tokens;
       out[i].seconds = std::max(out[i].seconds, m[i].seconds);
       out[i].flops += m[i].flops;
-      out[i].mfu += m[i].mfu;
+      if (m[i].mfu > 0 && m[i].seconds > 0) {
+        const double r = m[i].flops / m[i].seconds;
+        rate += r;
+        if (m[i].device.empty() || devices.insert(m[i].device).second) peak += r / m[i].mfu;
+      }
       out[i].memory_bytes = std::max(out[i].memory_bytes, m[i].memory_bytes);
       out[i].cpu_seconds += m[i].cpu_seconds;
       out[i].step_cpu_seconds += m[i].step_cpu_seconds;
@@ -67,7 +77,7 @@ std::vector<StepFigures> per_step_means(const std::vector<std::vector<StepFigure
     out[i].loss /= n;
     out[i].lr /= n;
     out[i].grad_norm /= n;
-    out[i].mfu /= n;
+    out[i].mfu = peak > 0 ? rate / peak : 0;
     out[i].cpu_seconds /= n;
     out[i].step_cpu_seconds /= n;
   }

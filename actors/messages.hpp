@@ -97,8 +97,11 @@ struct StepFigures {
   // cpu_seconds minus this is what the process's other threads used meanwhile (the collective's
   // operation and ZeroMQ's I/O threads while a streaming round's fragments are on the wire).
   double step_cpu_seconds = 0;
+  // The physical devices the step ran on (their CUDA UUIDs), so that the job's MFU counts a
+  // GPU that several workers share (workers.share_gpu) once; "" on a CPU: the worker's own.
+  std::string device;
   MSGPACK_DEFINE(loss, lr, grad_norm, seconds, tokens, flops, mfu, memory_bytes, cpu_seconds,
-                 step_cpu_seconds)
+                 step_cpu_seconds, device)
 };
 
 struct InnerResult {

@@ -18,4 +18,25 @@ std::string cuda_device_name(int index) {
   return out;
 }
 
+std::string cuda_device_uuid(int index) {
+  void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!driver) return "";
+  // CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev), CUuuid 16 bytes.
+  using GetUuid = int (*)(unsigned char*, int);
+  auto get_uuid = reinterpret_cast<GetUuid>(::dlsym(driver, "cuDeviceGetUuid"));
+  std::string out;
+  unsigned char uuid[16] = {};
+  if (get_uuid && get_uuid(uuid, index) == 0) {
+    static const char* hex = "0123456789abcdef";
+    out = "GPU-";
+    for (int i = 0; i < 16; ++i) {
+      if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+      out += hex[uuid[i] >> 4];
+      out += hex[uuid[i] & 15];
+    }
+  }
+  ::dlclose(driver);
+  return out;
+}
+
 }  // namespace loco::diloco

@@ -11,4 +11,8 @@ namespace loco::diloco {
 // driver or no such device.
 std::string cuda_device_name(int index);
 
+// Device `index`'s UUID, the same in every process on the host whatever CUDA_VISIBLE_DEVICES
+// says (cuDeviceGetUuid, as hex, "GPU-" first, as nvidia-smi shows it); "" without a driver.
+std::string cuda_device_uuid(int index);
+
 }  // namespace loco::diloco

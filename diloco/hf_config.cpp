@@ -9,6 +9,7 @@
 #include <set>
 
 #include "diloco/bounded_file.hpp"
+#include "diloco/bounded_json.hpp"
 
 namespace loco::diloco::hf {
 
@@ -287,12 +288,7 @@ std::string folder_file(const std::string& dir, const std::string& name) {
 
 json read_json_object(const std::string& path, std::uintmax_t max_bytes) {
   const std::string text = read_bounded(path, max_bytes);
-  json c;
-  try {
-    c = json::parse(text);
-  } catch (const json::exception& e) {
-    throw std::runtime_error(path + ": not JSON (" + e.what() + ")");
-  }
+  const json c = parse_bounded_json(text, path);
   if (!c.is_object()) throw std::runtime_error(path + ": not a JSON object");
   return c;
 }

@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "diloco/bounded_json.hpp"
 #include "runtime/collective/compression.hpp"
 
 namespace loco::diloco {
@@ -118,9 +119,9 @@ std::map<std::string, StTensor> read_safetensors(const std::string& path) {
   if (!in) fail("cannot read the header");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(std::string("header is not JSON (") + e.what() + ")");
+    header = parse_bounded_json(text, "header");
+  } catch (const std::runtime_error& e) {
+    fail(e.what());
   }
   if (!header.is_object()) fail("header is not a JSON object");
   const std::uint64_t data_size = size - 8 - n;

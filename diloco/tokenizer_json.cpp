@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "diloco/bounded_file.hpp"
+#include "diloco/bounded_json.hpp"
 #include "diloco/bpe_model.hpp"
 #include "diloco/tokenizer_regex.hpp"
 #include "diloco/tokenizer_text.hpp"
@@ -631,12 +632,7 @@ std::unique_ptr<Tokenizer> parse_tokenizer_json(const std::string& text, const s
     throw std::runtime_error(name + ": " + std::to_string(text.size()) +
                              " bytes, more than the limit of " +
                              std::to_string(kMaxTokenizerJsonBytes));
-  Json j;
-  try {
-    j = Json::parse(text);
-  } catch (const Json::exception& e) {
-    throw std::runtime_error(name + ": not JSON: " + e.what());
-  }
+  const Json j = parse_bounded_json<Json>(text, name);
   try {
     return std::make_unique<JsonTokenizer>(j, name);
   } catch (const Json::exception& e) {

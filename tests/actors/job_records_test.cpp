@@ -231,9 +231,10 @@ TEST_F(JobRecordsTest, LinesAreJsonWithThePerStepFigures) {
   EXPECT_DOUBLE_EQ(j["steps"][0]["tokens_per_s"].get<double>(), 200.0);  // the slower's 1 s
   EXPECT_DOUBLE_EQ(j["steps"][1]["loss"].get<double>(), 2.0);            // only member 0 did step 2
   EXPECT_DOUBLE_EQ(j["steps"][1]["lr"].get<double>(), 0.002);
-  // Model TFLOP/s of both over the slower's second; their mean MFU; the larger memory.
+  // Model TFLOP/s of both over the slower's second; their model FLOP/s over their devices'
+  // peaks (8 + 4 TFLOP/s at 20 % and 40 %: peaks of 40 and 10; 12 / 50); the larger memory.
   EXPECT_DOUBLE_EQ(j["steps"][0]["tflops"].get<double>(), 8.0);
-  EXPECT_DOUBLE_EQ(j["steps"][0]["mfu"].get<double>(), 0.3);
+  EXPECT_DOUBLE_EQ(j["steps"][0]["mfu"].get<double>(), 0.24);
   EXPECT_DOUBLE_EQ(j["steps"][0]["memory_gb"].get<double>(), 3.0);
   EXPECT_TRUE(j["steps"][1]["mfu"].is_null());  // no peak known
   EXPECT_TRUE(j["steps"][1]["memory_gb"].is_null());  // a CPU
@@ -248,6 +249,29 @@ TEST_F(JobRecordsTest, LinesAreJsonWithThePerStepFigures) {
   EXPECT_EQ(json_field(l1, "theta_hash"), "\"0\"");
   EXPECT_EQ(json_field(l1, "nothing"), "");
   EXPECT_EQ(json_field("not json", "round"), "");
+}
+
+// Workers that share a GPU (workers.share_gpu) each measure their MFU against the whole card;
+// the job's is their rates over the card's peak once: four at 5 % are 20 %, not 5 %. Workers on
+// GPUs of their own, and CPU workers (no device), keep the mean.
+TEST(PerStepMeans, WorkersSharingAGpuCountItsPeakOnce) {
+  auto step = [](double mfu, const std::string& device) {
+    StepFigures f{.seconds = 1.0, .tokens = 100, .flops = 50e12 * mfu, .mfu = mfu};
+    f.device = device;
+    return f;
+  };
+  std::vector<std::vector<StepFigures>> shared, own, cpus;
+  for (int w = 0; w < 4; ++w) {
+    shared.push_back({step(0.05, "GPU-a,")});
+    own.push_back({step(0.05, "GPU-" + std::to_string(w) + ",")});
+    cpus.push_back({step(0.05, "")});
+  }
+  EXPECT_NEAR(per_step_means(shared).at(0).mfu, 0.20, 1e-12);
+  EXPECT_NEAR(per_step_means(own).at(0).mfu, 0.05, 1e-12);
+  EXPECT_NEAR(per_step_means(cpus).at(0).mfu, 0.05, 1e-12);
+  // Two cards, two workers on each: each card at 10 %.
+  shared[2].at(0).device = shared[3].at(0).device = "GPU-b,";
+  EXPECT_NEAR(per_step_means(shared).at(0).mfu, 0.10, 1e-12);
 }
 
 }  // namespace

@@ -6,8 +6,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
+#include "diloco/bounded_json.hpp"
 #include "diloco/hf_config.hpp"
 
 using namespace loco::diloco;
@@ -15,8 +18,10 @@ using namespace loco::diloco;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   nlohmann::json c;
   try {
-    c = nlohmann::json::parse(data, data + size);
-  } catch (const nlohmann::json::exception&) {
+    // As hf::read_json_object reads a config.json: nesting and memory bounded while parsing.
+    c = parse_bounded_json(std::string_view(reinterpret_cast<const char*>(data), size),
+                           "config.json");
+  } catch (const std::runtime_error&) {
     return 0;
   }
   if (!c.is_object()) return 0;
