@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <set>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
+#include "diloco/bounded_json.hpp"
 #include "diloco/job_schema.hpp"
 
 namespace loco::actors {
@@ -17,10 +18,16 @@ using schema::key;
 
 namespace {
 
-// A line read back; an object without fields when it is not JSON (a line cut by a crash).
+// A line read back; an object without fields when it is not JSON (a line cut by a crash) or
+// passes the bounds of JSON from outside (a job folder another user could write into: nesting
+// that json_field's dump() would recurse over, diloco/bounded_json.hpp).
 json parse(const std::string& line) {
-  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() ? j : json::object();
+  try {
+    json j = diloco::parse_bounded_json(line, "metrics.jsonl");
+    return j.is_object() ? j : json::object();
+  } catch (const std::runtime_error&) {
+    return json::object();
+  }
 }
 
 int64_t int_field(const json& j, const char* key, int64_t fallback = 0) {

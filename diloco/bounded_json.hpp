@@ -7,11 +7,10 @@
 #pragma once
 
 #include <cstddef>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 namespace loco::diloco {
 
@@ -59,16 +58,15 @@ Json parse_bounded_json(std::string_view text, const std::string& what,
         count(64 + 16);
         break;
       case E::key:
-        count(80 + static_cast<double>(parsed.is_string() ? parsed.template get_ref<
-                                                                const typename Json::string_t&>()
-                                                                .size()
-                                                          : 0));
+        count(80 + static_cast<double>(
+                       parsed.is_string()
+                           ? parsed.template get_ref<const typename Json::string_t&>().size()
+                           : 0));
         break;
       case E::value:
         count(16 + (parsed.is_string()
                         ? 32 + static_cast<double>(
-                                   parsed.template get_ref<const typename Json::string_t&>()
-                                       .size())
+                                   parsed.template get_ref<const typename Json::string_t&>().size())
                         : 0));
         break;
       default:
@@ -82,8 +80,8 @@ Json parse_bounded_json(std::string_view text, const std::string& what,
     throw;
   } catch (const typename Json::parse_error& e) {
     // Where, not what: nlohmann's message quotes the bytes it last read.
-    throw std::runtime_error(what + ": not JSON (a syntax error at byte " +
-                             std::to_string(e.byte) + ")");
+    throw std::runtime_error(what + ": not JSON (a syntax error at byte " + std::to_string(e.byte) +
+                             ")");
   } catch (const typename Json::exception& e) {
     throw std::runtime_error(what + ": not JSON (" + e.what() + ")");
   }

@@ -23,7 +23,10 @@ std::string cuda_device_uuid(int index) {
   if (!driver) return "";
   // CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev), CUuuid 16 bytes.
   using GetUuid = int (*)(unsigned char*, int);
-  auto get_uuid = reinterpret_cast<GetUuid>(::dlsym(driver, "cuDeviceGetUuid"));
+  // The _v2 entry point (CUDA 11.4 on; MIG instances' own UUIDs) where the driver has it.
+  void* sym = ::dlsym(driver, "cuDeviceGetUuid_v2");
+  if (!sym) sym = ::dlsym(driver, "cuDeviceGetUuid");
+  auto get_uuid = reinterpret_cast<GetUuid>(sym);
   std::string out;
   unsigned char uuid[16] = {};
   if (get_uuid && get_uuid(uuid, index) == 0) {

@@ -99,11 +99,23 @@ def documents(files, field, limit, stats=None):
 
 
 def text_documents(path, field, limit, counts):
+    """The file, one document: refused before it is read when it is over `limit` bytes
+    (--max-document-mib), and read to at most limit + 1 bytes whatever its size said, so that
+    no text file is ever held past the bound (a 1.5 GB .txt took 3.67 GB of memory before)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            yield fh.read()
+        size = os.path.getsize(path)
+        if size > limit:
+            fail(f"{path}: {size} bytes, a document over {limit} bytes (--max-document-mib): "
+                 "split it, or raise the bound")
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            fail(f"{path}: grew past {limit} bytes while read (--max-document-mib)")
+        yield data.decode("utf-8")
     except UnicodeDecodeError as e:
         fail(f"{path}: not UTF-8 ({e})")
+    except OSError as e:
+        fail(f"{path}: cannot read ({e.strerror})")
 
 
 def jsonl_documents(path, field, limit, counts):

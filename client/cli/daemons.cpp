@@ -61,6 +61,10 @@ struct StartArgs {
 
 int start_blocking(const StartArgs& a) {
   install_signal_handlers();
+  // What a head or a node writes (checkpoints, metrics, token caches, logs, state) is its
+  // operator's alone: files 0600, folders 0700. One user's job cannot read another's through
+  // the file system (issue "21 ·": checkpoints were 0644 in 0755 folders).
+  ::umask(077);
   // The head's dashboard listens before the head serves (a port in use fails the start) and
   // reads the head through a client connection of its own, made at its first request.
   std::unique_ptr<dashboard::Server> dash;

@@ -19,6 +19,7 @@
 #include "client/client.hpp"
 #include "client/dashboard/views.hpp"
 #include "client/process.hpp"
+#include "diloco/bounded_json.hpp"
 #include "diloco/job_schema.hpp"
 
 namespace fs = std::filesystem;
@@ -64,7 +65,12 @@ PlotData from_metrics_file(const std::string& path) {
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
     if (line.empty()) continue;
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    nlohmann::json j;
+    try {
+      j = diloco::parse_bounded_json(line, path + ":" + std::to_string(n));
+    } catch (const std::runtime_error& e) {
+      throw std::invalid_argument(e.what());
+    }
     if (!j.is_object())
       throw std::invalid_argument(path + ":" + std::to_string(n) + ": not a JSON object");
     schema::MetricsLine l;

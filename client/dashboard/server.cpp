@@ -124,10 +124,20 @@ struct Server::Impl {
     }
   }
 
+  // The jobs this dashboard's key may read, their logs read on: a client key's own (another
+  // user's job is left out, where before the head's refusal to read its log made the whole
+  // page a 503), an admin's or the cluster key's every job.
   std::vector<JobInfo> refresh_jobs() {
-    std::vector<JobInfo> jobs = runtime().list_jobs();
-    for (const JobInfo& j : jobs) refresh(j);
-    return jobs;
+    std::vector<JobInfo> readable;
+    for (const JobInfo& j : runtime().list_jobs()) {
+      try {
+        refresh(j);
+      } catch (const PermissionError&) {
+        continue;
+      }
+      readable.push_back(j);
+    }
+    return readable;
   }
 
   // Runs `fn` against the head; when the head cannot be reached, a 503 that says why, and the
@@ -139,6 +149,9 @@ struct Server::Impl {
       fn();
     } catch (const ActorNotFoundError& e) {
       res.status = 404;
+      res.set_content(nlohmann::json({{"error", e.what()}}).dump(), "application/json");
+    } catch (const PermissionError& e) {
+      res.status = 403;  // another user's job: the head answered, the key may not read it
       res.set_content(nlohmann::json({{"error", e.what()}}).dump(), "application/json");
     } catch (const std::exception& e) {
       rt.reset();

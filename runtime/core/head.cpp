@@ -215,6 +215,15 @@ class HeadService {
 
   // Refuses `what` on job `job` unless the caller may act on it: its owner's key, an admin's, or
   // a member. Names the job and its owner, never the owner's key.
+  // Whether `job_id` names a job that has ended (or left the store): a finished job holds
+  // nothing, so it starts no actor, and none of its actors is restarted or created again
+  // (issue "21 ·", finding 7: a cancelled job's aggregator spawned a worker 4 s after the
+  // cancel, and the head restarted such workers when their nodes died). A job runs from its
+  // submission, before its entry actor is spawned.
+  bool job_over(const std::string& job_id) {
+    return !job_id.empty() && !jobs_index().running.count(job_id);
+  }
+
   void check_owner(const JobInfo& job, const std::string& what) {
     const auto& who = detail::current_caller().who;
     if (who.may_act_on(job.owner)) return;
@@ -250,6 +259,8 @@ class HeadService {
     rec.info.resources = req.resources.empty() ? Resources{{"cpu", 1}} : req.resources;
     rec.info.share_gpus = req.share_gpus;
     rec.info.job = whose.job;
+    if (job_over(whose.job))
+      throw ClusterError("spawn: job " + whose.job + " has ended; it starts no more actors");
     rec.info.owner = whose.key;
     rec.info.owner_name = whose.key.empty() ? std::string() : whose.name;
     rec.ctor_args = req.ctor_args;
@@ -646,6 +657,20 @@ class HeadService {
         auto found = index_.find(id);
         if (found == index_.end()) continue;
         ActorRecord rec = found->second;
+        if (job_over(rec.info.job)) {
+          // Its job ended while it was being created, restarted or on a dying node.
+          Creation late = take_creation(id);
+          if (auto n = nodes.find(rec.info.node_id);
+              rec.info.state == ActorState::pending && n != nodes.end() &&
+              n->second.state == NodeState::alive)
+            tell_node(n->second, "kill_actor", id);
+          rec.info.state = ActorState::dead;
+          rec.info.reason = "its job " + rec.info.job + " has ended";
+          save(rec);
+          report(late, rec.info, "ActorDiedError", rec.info.reason);
+          ++deaths;
+          continue;
+        }
         if (rec.info.state == ActorState::restarting) {
           try_restart(rec, live, placement);
           continue;

@@ -97,6 +97,12 @@ TEST_P(DilocoParity, DistributedOverFourNodesMatchesTheSimulator) {
   ASSERT_NO_FATAL_FAILURE(expect_val_losses_match(got, expected));
   EXPECT_LT(got.rbegin()->second, got.begin()->second);  // it learned something
   EXPECT_TRUE(fs::exists(folder + "/final.pt"));
+  // Written by the nodes for their operator alone (a node's umask 077): the job's folder 0700,
+  // its files 0600, so that another user's job cannot read them (issue "21 ·").
+  for (const std::string& p : {folder, folder + "/final.pt", folder + "/metrics.jsonl"})
+    EXPECT_EQ(fs::status(p).permissions() & (fs::perms::group_all | fs::perms::others_all),
+              fs::perms::none)
+        << p;
 }
 
 // compression as the job file writes it: the dense codecs, and the sparse one (topk, chunks of

@@ -7,12 +7,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 
 #include "client/client.hpp"
 #include "client/process.hpp"
+#include "runtime/security/keys.hpp"
 #include "tests/runtime/core/cluster.hpp"
 #include "tests/runtime/core/fake_job.hpp"
 #include "tests/support/eventually.hpp"
@@ -286,6 +288,71 @@ TEST_F(DashboardTest, LocoPlotDrawsTheJobFromTheCluster) {
 }
 
 // `loco up` has its head serve the dashboard on loopback with a token, and prints the URL.
+// With a client key the dashboard shows that key's jobs: another user's job is left out of
+// /api/jobs and /metrics, and asked for by id it is a 403 naming its owner, where before any
+// other user's job made every data request a 503 (issue "21 ·", finding 8).
+TEST(DashboardKeys, AClientKeysDashboardShowsItsOwnJobsAndNoOneElses) {
+  LocalCluster c(ClusterOptions{.nodes = 1, .extra_head_args = {"--job-entry=test.FakeJob"}});
+  std::map<std::string, std::string> key;
+  for (const std::string who : {"alice", "bob"}) {
+    key[who] = c.log_dir() + "/" + who + ".key";
+    Subprocess::Options o;
+    o.log_path = c.log_dir() + "/keygen-" + who + ".log";
+    Subprocess keygen({loco_binary(), "keygen", "--client", "--out", key[who], "--key",
+                       c.key_path(), "--name", who},
+                      o);
+    ASSERT_EQ(keygen.wait(30s).value_or(-1), 0) << read_file(o.log_path);
+  }
+  auto submit = [&](const std::string& who) {
+    ConnectOptions o;
+    o.security = security::read_key_file(key[who]);
+    Client client(c.head_address(), o);
+    JobSpec spec = fake_job("rounds 2 with-steps");
+    spec.name = who + "s";
+    JobHandle job = client.submit(spec);
+    EXPECT_EQ(job.wait(Millis(20000)).state, JobState::succeeded);
+    return job.id();
+  };
+  const std::string alices = submit("alice"), bobs = submit("bob");
+
+  const int port = free_tcp_port();
+  Subprocess::Options o;
+  o.log_path = c.log_dir() + "/dashboard-bob.log";
+  Subprocess dash({loco_binary(), "dashboard", "--address", c.head_address(), "--port",
+                   std::to_string(port), "--key", key["bob"]},
+                  o);
+  httplib::Client http("127.0.0.1", port);
+  http.set_read_timeout(20, 0);
+  // No token file: the dashboard makes one and prints its URL; read the token from there.
+  std::smatch m;
+  const std::regex printed(R"(#token=([0-9a-f]{32}))");
+  std::string out;
+  ASSERT_TRUE(eventually(
+      [&] {
+        out = read_file(o.log_path);
+        return std::regex_search(out, m, printed);
+      },
+      20s))
+      << out;
+  const httplib::Headers auth{{"Authorization", "Bearer " + m[1].str()}};
+  auto jobs = http.Get("/api/jobs", auth);
+  ASSERT_TRUE(jobs);
+  EXPECT_EQ(jobs->status, 200) << jobs->body;
+  EXPECT_NE(jobs->body.find(bobs), std::string::npos) << jobs->body;
+  EXPECT_EQ(jobs->body.find(alices), std::string::npos) << jobs->body;
+  auto metrics = http.Get("/metrics", auth);
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200) << metrics->body;
+  EXPECT_NE(metrics->body.find(bobs), std::string::npos);
+  EXPECT_EQ(metrics->body.find(alices), std::string::npos);
+  auto hers = http.Get("/api/jobs/" + alices, auth);
+  ASSERT_TRUE(hers);
+  EXPECT_EQ(hers->status, 403) << hers->body;
+  EXPECT_NE(hers->body.find("belongs to alice"), std::string::npos) << hers->body;
+  EXPECT_EQ(http.Get("/api/jobs/" + bobs, auth)->status, 200);
+  dash.stop(5s);
+}
+
 TEST(DashboardUp, LocoUpPrintsTheUrlOfTheDashboardItsHeadServes) {
   char tmpl[] = "/tmp/loco-dash-up-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);

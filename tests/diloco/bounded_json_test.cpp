@@ -3,6 +3,8 @@
 // too costly to hold is refused with a message that says which limit it passed, before anything
 // recurses over it or the memory grows past the bound (issue "21 ·", finding 1: a 1 MB
 // config.json nested 500,000 deep crashed every node that read it).
+#include "diloco/bounded_json.hpp"
+
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -13,7 +15,6 @@
 #include <functional>
 #include <string>
 
-#include "diloco/bounded_json.hpp"
 #include "diloco/hf_config.hpp"
 #include "diloco/safetensors.hpp"
 #include "diloco/tokenizer_json.hpp"
@@ -22,9 +23,7 @@ using namespace loco::diloco;
 
 namespace {
 
-std::string nested(std::size_t depth) {
-  return std::string(depth, '[') + std::string(depth, ']');
-}
+std::string nested(std::size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
 
 class BoundedJson : public ::testing::Test {
  protected:

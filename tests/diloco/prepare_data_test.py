@@ -264,6 +264,19 @@ class PrepareData(unittest.TestCase):
             f.write(whole[: len(whole) // 2])
         self.assertIn(f"{cut}: cannot read as Parquet", self.refused([cut]))
 
+    def test_a_text_file_over_the_document_bound_is_refused_before_it_is_read(self):
+        # A .txt is one document: over --max-document-mib it is refused naming the file and the
+        # bound (before, it was read whole whatever its size: 1.5 GB took 3.67 GB of memory).
+        big = self.path("big.txt")
+        with open(big, "w") as f:
+            f.write("word " * ((3 << 20) // 10))  # 1.5 MiB
+        self.assertIn(f"{big}: {os.path.getsize(big)} bytes, a document over 1048576 bytes "
+                      "(--max-document-mib)", self.refused([big], "--max-document-mib", "1"))
+        # Under the bound it is read as before.
+        p = prepare([big], self.path("out"), "--tokenizer", self.tokenizer,
+                    "--max-document-mib", "2", "--val-fraction", "0")
+        self.assertEqual(summary(p.stdout, "text")[1], 1)
+
     def test_bad_jsonl_is_refused_naming_file_and_line(self):
         def jsonl(name, text):
             path = self.path(name)

@@ -10,6 +10,7 @@
 
 #include "runtime/core/core.hpp"
 #include "runtime/security/keys.hpp"
+#include "tests/runtime/core/raw_peer.hpp"
 #include "tests/runtime/core/cluster.hpp"
 #include "tests/runtime/core/test_actors.hpp"
 #include "tests/support/eventually.hpp"
@@ -399,6 +400,55 @@ TEST(Security, StartWithoutAKeyRefusesAndKeygenMakesOne) {
   EXPECT_TRUE(contains(out, "exists")) << out;
   EXPECT_EQ(security::read_key_file(key).cluster.public_key, first.cluster.public_key);
   std::filesystem::remove_all(dir);
+}
+
+// A job that has ended starts nothing: a spawn in the name of one of its actors is refused
+// naming the job, and nothing is created (issue "21 ·", finding 7: a cancelled job's aggregator
+// spawned a worker 4 s after the cancel, and the head restarted such workers elsewhere when
+// their nodes died). The spawn goes out as the entry actor's own would: from a member, in the
+// entry actor's name, which is how the head tells whose job a spawn is for.
+TEST(Security, AJobThatHasEndedStartsNoActors) {
+  LocalCluster c(ClusterOptions{.nodes = 1});
+  Runtime& rt = c.runtime();
+  JobSubmission sub{"long", "test.FakeJob", "rounds 100000", {{"cpu", 0}}};
+  const JobInfo job = rt.submit_job(sub);
+  ASSERT_TRUE(eventually([&] { return !rt.job(job.id).entry_actor.empty(); }, Millis(10000)));
+  const std::string entry = rt.job(job.id).entry_actor;
+  RawPeer as_entry(c.head_address());
+  uint64_t corr = 0;
+  auto spawn = [&] {
+    detail::Envelope env;
+    env.kind = static_cast<uint8_t>(detail::Kind::Request);
+    env.corr = ++corr;
+    env.target = "@head";
+    env.method = "spawn";
+    env.sender = entry;
+    env.from_actor = true;
+    env.sender_job = job.id;
+    SpawnRequest req;
+    req.class_name = "test.Counter";
+    req.ctor_args = detail::pack_payload(std::make_tuple(7)).body;
+    req.resources = {{"cpu", 0}};
+    req.max_restarts = 3;
+    as_entry.send(detail::encode(env, detail::pack_payload(std::make_tuple(req))));
+    return as_entry.reply();
+  };
+  // While the job runs, its actor's spawn is the job's.
+  detail::Envelope r = spawn();
+  ASSERT_EQ(r.k(), detail::Kind::Reply) << r.error_type << ": " << r.error_message;
+  rt.cancel_job(job.id);
+  ASSERT_EQ(rt.job(job.id).state, JobState::cancelled);
+  r = spawn();
+  ASSERT_EQ(r.k(), detail::Kind::Error);
+  EXPECT_EQ(r.error_type, "ClusterError");
+  EXPECT_TRUE(contains(r.error_message, "job " + job.id + " has ended; it starts no more actors"))
+      << r.error_message;
+  // Nothing of the job is alive or waiting for a restart.
+  for (const ActorInfo& a : rt.status().actors) {
+    if (a.job == job.id) {
+      EXPECT_EQ(a.state, ActorState::dead) << a.id << " " << a.class_name;
+    }
+  }
 }
 
 }  // namespace
