@@ -36,12 +36,26 @@ std::string hex64(std::uint64_t h) {
 
 namespace {
 
+// A link inside a job's data folder could lead out of the node's data root, which data.dir was
+// checked against: the corpus folder, its files and the token cache are refused as links (issue
+// "21 ·": a corpus file linked to a root-only file was tokenized, and its cache decoded to it).
+void refuse_link(const fs::path& p, const std::string& what) {
+  if (fs::is_symlink(p))
+    throw std::runtime_error("data.dir: " + what + " " + p.string() +
+                             " is a symbolic link, which could leave the node's data root; "
+                             "refused (copy the file instead)");
+}
+
 std::vector<fs::path> corpus_files(const std::string& dir) {
   std::vector<fs::path> files;
   const fs::path c = fs::path(dir) / "corpus";
+  refuse_link(c, "the corpus folder");
   if (fs::is_directory(c))
-    for (const auto& e : fs::directory_iterator(c))
-      if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path());
+    for (const auto& e : fs::directory_iterator(c)) {
+      if (e.path().extension() != ".txt") continue;
+      refuse_link(e.path(), "corpus file");
+      if (e.is_regular_file()) files.push_back(e.path());
+    }
   std::sort(files.begin(), files.end());
   if (files.empty())
     throw std::runtime_error("data.dir: no corpus in " + c.string() +
@@ -255,6 +269,7 @@ TokenStore TokenStore::open(const DataConfig& d, int vocab) {
     name += ".bin";
   }
   const std::string path = (fs::path(d.dir) / name).string();
+  refuse_link(path, "token cache");
   if (!fs::exists(path)) {
     if (!tok) tok = make_tokenizer(d);
     std::vector<std::uint32_t> all;
@@ -470,10 +485,10 @@ void TokenStore::read(std::size_t begin, std::size_t n, std::int64_t* out) const
     for (std::size_t j = 0; j < n; ++j)
       if (static_cast<std::uint64_t>(out[j]) >= vocab_) {
         const std::size_t at = begin - f.first + j;
+        // Where, not the id itself: no error message carries bytes of a file.
         throw std::runtime_error(
-            "token file " + f.path + ": id " + std::to_string(out[j]) + " at token " +
-            std::to_string(at) + " (byte offset " +
-            std::to_string(f.header + at * static_cast<std::size_t>(f.width)) +
+            "token file " + f.path + ": the id at token " + std::to_string(at) +
+            " (byte offset " + std::to_string(f.header + at * static_cast<std::size_t>(f.width)) +
             ") is outside the vocabulary (model.vocab: " + std::to_string(vocab_) + ")");
       }
 }

@@ -193,7 +193,8 @@ TEST_F(TokenFiles, IdsOutsideTheVocabularyAreRefusedAtTheirOffset) {
   } catch (const std::runtime_error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find(path), std::string::npos) << m;
-    EXPECT_NE(m.find("id 777 at token 1234"), std::string::npos) << m;
+    EXPECT_NE(m.find("the id at token 1234"), std::string::npos) << m;
+    EXPECT_EQ(m.find("777"), std::string::npos) << m;  // no bytes of the file
     EXPECT_NE(m.find("byte offset " + std::to_string(1024 + 2 * 1234)), std::string::npos) << m;
     EXPECT_NE(m.find("model.vocab: 500"), std::string::npos) << m;
   }
@@ -580,6 +581,46 @@ TEST_F(TokenizerJson, MergesAsStringsReadTheSameAndUnsupportedFieldsAreRefused) 
   } catch (const std::runtime_error& e) {
     EXPECT_TRUE(has(e.what(), "x.json: not JSON"));
   }
+}
+
+// A corpus file, the corpus folder or the token cache that is a link is refused naming it: it
+// could lead out of the node's data root (issue "21 ·": a corpus file linked to a root-only
+// file outside the roots was tokenized, and its cache decoded to the file's text).
+TEST_F(TokenFiles, LinksInACorpusAreRefusedNamingThem) {
+  const fs::path secret = dir_ / "outside.txt";
+  std::ofstream(secret) << "a secret outside the data root\n";
+  const fs::path d = dir_ / "data";
+  fs::create_directories(d / "corpus");
+  {
+    std::ofstream a(d / "corpus" / "a.txt");
+    for (int i = 0; i < 200; ++i) a << "in the beginning was the word\n";
+  }
+  DataConfig c;
+  c.dir = d.string();
+  c.shards = 1;
+  auto refusal = [&] {
+    try {
+      (void)TokenStore::open(c, 256);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  fs::create_symlink(secret, d / "corpus" / "b.txt");
+  std::string e = refusal();
+  EXPECT_NE(e.find("corpus file " + (d / "corpus" / "b.txt").string() + " is a symbolic link"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(d / "tokens-byte.bin")) << "nothing was tokenized";
+  fs::remove(d / "corpus" / "b.txt");
+  // A cache planted as a link to another file.
+  fs::create_symlink(secret, d / "tokens-byte.bin");
+  e = refusal();
+  EXPECT_NE(e.find("token cache " + (d / "tokens-byte.bin").string() + " is a symbolic link"),
+            std::string::npos)
+      << e;
+  fs::remove(d / "tokens-byte.bin");
+  EXPECT_NO_THROW((void)TokenStore::open(c, 256));  // the plain corpus is read
 }
 
 TEST_F(TokenizerJson, TextFormatTokenizesTheCorpusWithIt) {
