@@ -37,6 +37,7 @@
 #include "diloco/hf_format.hpp"
 #include "diloco/local_group.hpp"
 #include "diloco/streaming_round.hpp"
+#include "diloco/torchscript_model.hpp"
 #include "diloco/trainer.hpp"
 #include "runtime/collective/allreduce.hpp"
 #include "runtime/core/actor.hpp"
@@ -556,6 +557,7 @@ struct InnerWorker::State {
         store(dl::TokenStore::open(data_under_root(cfg.data), cfg.vocab_size())),
         roots(this_actor().roots) {
     if (cfg.model.is_torchscript()) {
+      dl::require_code_models_allowed();
       // The aggregator described the module at submission: every worker's file must be that.
       if (cfg.model.torchscript_hash.empty() || cfg.model.torchscript_parameters == 0)
         throw std::invalid_argument(

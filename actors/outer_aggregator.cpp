@@ -606,6 +606,7 @@ OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
   // A TorchScript module is loaded and probed here, and its hash and size written into the job
   // the workers get (each checks its own file against them) and into its checkpoints.
   if (s_->cfg.model.is_torchscript()) {
+    dl::require_code_models_allowed();
     s_->cfg.model.torchscript_file =
         resolve_data_path(s_->roots, s_->cfg.model.torchscript, "model.torchscript");
     dl::describe_torchscript(s_->cfg);

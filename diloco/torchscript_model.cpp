@@ -3,9 +3,12 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <xxhash.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 
 #include "diloco/bounded_file.hpp"
 #include "diloco/data.hpp"
@@ -207,6 +210,15 @@ void describe_torchscript(JobConfig& cfg) {
   cfg.model.torchscript_hash = m.hash();
   cfg.model.torchscript_parameters = m.parameter_count();
   cfg.validate();  // the bounds on a count that is now known
+}
+
+void require_code_models_allowed() {
+  const char* v = std::getenv("LOCO_ALLOW_CODE_MODELS");
+  if (v && std::string(v) == "1") return;
+  throw std::invalid_argument(
+      "model.torchscript: a TorchScript module is code, which a node runs as its operator; this "
+      "node's operator has not allowed it (loco start --allow-code-models; docs/security.md, "
+      "\"Code models\")");
 }
 
 }  // namespace loco::diloco

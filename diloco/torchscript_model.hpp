@@ -83,4 +83,10 @@ class TorchScriptModel final : public TrainableModel {
 // aggregator at submission; the workers then load the file the job describes.
 void describe_torchscript(JobConfig& cfg);
 
+// On a cluster a TorchScript module is code a user hands the nodes, run as their operator: a
+// node runs it only when its operator started it with `loco start --allow-code-models` (which
+// sets $LOCO_ALLOW_CODE_MODELS in the node's process and clears it otherwise). Throws
+// std::invalid_argument naming the flag when not. loco-train, a user's own process, asks none.
+void require_code_models_allowed();
+
 }  // namespace loco::diloco

@@ -35,6 +35,7 @@ struct StartArgs {
   std::string host = "0.0.0.0";
   std::string advertise;
   bool no_listen = false;
+  bool allow_code_models = false;
   std::string redis;
   std::string address;
   std::string resources;
@@ -122,6 +123,13 @@ int start_blocking(const StartArgs& a) {
     cfg.relay = RelayInfo{a.relay, a.relay_public_key};
     return run_head(cfg, stop_requested(), ready);
   }
+  // Users' code (a job's model.torchscript) runs here only by the operator's consent: the
+  // DiLoCo actors read it from the node's environment, which this flag alone sets (one the
+  // node's shell passed on does not count). docs/security.md, "Code models".
+  if (a.allow_code_models)
+    ::setenv("LOCO_ALLOW_CODE_MODELS", "1", 1);
+  else
+    ::unsetenv("LOCO_ALLOW_CODE_MODELS");
   NodeConfig cfg;
   cfg.head_address = head_address(a.address);
   cfg.bind = "tcp://" + a.host + ":" + std::to_string(a.port < 0 ? 0 : a.port);
@@ -258,6 +266,9 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
                     "behind NAT exchange (handed to every node)");
   start->add_option("--relay-public-key", sa->relay_public_key,
                     "head: that relay's public key (Z85, as `loco relay` prints it)");
+  start->add_flag("--allow-code-models", sa->allow_code_models,
+                  "node: run the TorchScript modules jobs name (model.torchscript): they are "
+                  "code, run as this node's user; off by default (docs/security.md)");
   start->add_flag("--no-listen", sa->no_listen,
                   "node: bind no port; reached only over its own connection to the head, which "
                   "forwards the calls to its actors (for a host behind NAT)");

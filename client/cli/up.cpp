@@ -37,6 +37,7 @@ struct UpArgs {
   std::string resources;
   int64_t detect_ms = 2000;
   std::string data_root, checkpoint_root;
+  bool allow_code_models = false;
   int dashboard_port = 0;  // the head's dashboard: 0 any free port, -1 none
   std::vector<std::string> sets;  // --set PATH=VALUE for the job file
   std::vector<std::string> command;
@@ -155,6 +156,7 @@ int up(const UpArgs& a) {
     if (!a.resources.empty()) argv.push_back("--resources=" + a.resources);
     if (!a.data_root.empty()) argv.push_back("--data-root=" + a.data_root);
     if (!a.checkpoint_root.empty()) argv.push_back("--checkpoint-root=" + a.checkpoint_root);
+    if (a.allow_code_models) argv.push_back("--allow-code-models");
     start(argv, "node-" + std::to_string(i) + ".log");
   }
   // Wait until every node has joined.
@@ -251,6 +253,8 @@ void add_up_command(CLI::App& app, Commands& out) {
                   "the folder jobs' data.dir must be in (default: the working directory)");
   cmd->add_option("--checkpoint-root", ua->checkpoint_root,
                   "the folder jobs' checkpoint.dir must be in (default: the working directory)");
+  cmd->add_flag("--allow-code-models", ua->allow_code_models,
+                "the nodes run jobs' TorchScript modules (loco start --allow-code-models)");
   cmd->add_option("--dashboard-port", ua->dashboard_port,
                   "the head's dashboard port (default 0: any free; -1: no dashboard)")
       ->check(CLI::Range(-1, 65535));

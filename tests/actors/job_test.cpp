@@ -301,12 +301,38 @@ TEST_P(DilocoParity, EagerOuterStepHoldsTheSimulatorsThetaBitForBit) {
 // every worker gets and checks its own file against, and into the job file beside the
 // checkpoints), and refuses a file outside the data root, a module that returns no scalar loss
 // and a file whose hash is not the one the job records, naming each.
+// A TorchScript module is code, run by the nodes as their operator: a cluster whose nodes were
+// not started with --allow-code-models refuses the job at submission, naming the flag, before
+// the module is loaded (issue "21 ·": a module that read the node's cluster key ran at
+// submission, as root, and the operator could not turn it off).
+TEST_F(DilocoJob, ATorchScriptModelIsRefusedUnlessTheNodesAllowCode) {
+  const std::string models = dir_ + "/models";
+  const std::string make = std::string(LOCO_PYTHON) + " " + LOCO_SOURCE_DIR +
+                           "/tests/diloco/torchscript_models.py " + models + " --context 32";
+  if (std::system(make.c_str()) != 0) GTEST_SKIP() << "no torch in " << LOCO_PYTHON;
+  LocalCluster c(one_worker_per_node(1));
+  Client client(c.head_address());
+  TestJob j = job(1, 1, 1);
+  j.torchscript = models + "/gru.pt";
+  std::string e = "accepted";
+  try {
+    JobHandle h = client.submit(JobSpec::from_yaml(j.yaml()));
+    e = "accepted: " + to_string(h.wait(Millis(60000)).state);
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find("model.torchscript: a TorchScript module is code"), std::string::npos) << e;
+  EXPECT_NE(e.find("loco start --allow-code-models"), std::string::npos) << e;
+}
+
 TEST_F(DilocoJob, ATorchScriptModelHoldsTheSimulatorsThetaBitForBit) {
   const std::string models = dir_ + "/models";
   const std::string make = std::string(LOCO_PYTHON) + " " + LOCO_SOURCE_DIR +
                            "/tests/diloco/torchscript_models.py " + models + " --context 32";
   if (std::system(make.c_str()) != 0) GTEST_SKIP() << "no torch in " << LOCO_PYTHON;
-  LocalCluster c(one_worker_per_node(2));
+  ClusterOptions co = one_worker_per_node(2);
+  co.extra_node_args = {"--allow-code-models"};  // the operator's consent: the module is code
+  LocalCluster c(co);
   Client client(c.head_address());
   TestJob j = job(2, 2, 3);
   j.torchscript = models + "/gru.pt";
