@@ -2,44 +2,54 @@
 
 #include <dlfcn.h>
 
+#include <functional>
+#include <initializer_list>
+
 namespace loco::diloco {
 
-std::string cuda_device_name(int index) {
-  // The driver LibTorch loaded when it found a GPU; without one, none is loaded here either.
+namespace {
+
+// Calls `use` with the first of `symbols` that the CUDA driver LibTorch loaded exports; "" when
+// there is no driver (without a GPU LibTorch loads none here either) or no such symbol.
+std::string from_driver(std::initializer_list<const char*> symbols,
+                        const std::function<std::string(void*)>& use) {
   void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
   if (!driver) return "";
-  // CUresult cuDeviceGetName(char* name, int len, CUdevice dev), CUdevice an ordinal.
-  using GetName = int (*)(char*, int, int);
-  auto get_name = reinterpret_cast<GetName>(::dlsym(driver, "cuDeviceGetName"));
-  std::string out;
-  char name[256] = {};
-  if (get_name && get_name(name, int(sizeof name) - 1, index) == 0) out = name;
+  void* sym = nullptr;
+  for (const char* s : symbols)
+    if ((sym = ::dlsym(driver, s))) break;
+  std::string out = sym ? use(sym) : "";
   ::dlclose(driver);
   return out;
 }
 
+}  // namespace
+
+std::string cuda_device_name(int index) {
+  // CUresult cuDeviceGetName(char* name, int len, CUdevice dev), CUdevice an ordinal.
+  return from_driver({"cuDeviceGetName"}, [&](void* sym) {
+    char name[256] = {};
+    const auto get_name = reinterpret_cast<int (*)(char*, int, int)>(sym);
+    return get_name(name, int(sizeof name) - 1, index) == 0 ? std::string(name) : "";
+  });
+}
+
 std::string cuda_device_uuid(int index) {
-  void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-  if (!driver) return "";
-  // CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev), CUuuid 16 bytes.
-  using GetUuid = int (*)(unsigned char*, int);
-  // The _v2 entry point (CUDA 11.4 on; MIG instances' own UUIDs) where the driver has it.
-  void* sym = ::dlsym(driver, "cuDeviceGetUuid_v2");
-  if (!sym) sym = ::dlsym(driver, "cuDeviceGetUuid");
-  auto get_uuid = reinterpret_cast<GetUuid>(sym);
-  std::string out;
-  unsigned char uuid[16] = {};
-  if (get_uuid && get_uuid(uuid, index) == 0) {
+  // CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev), CUuuid 16 bytes; the _v2 entry point
+  // (CUDA 11.4 on; MIG instances' own UUIDs) where the driver has it.
+  return from_driver({"cuDeviceGetUuid_v2", "cuDeviceGetUuid"}, [&](void* sym) {
+    unsigned char uuid[16] = {};
+    const auto get_uuid = reinterpret_cast<int (*)(unsigned char*, int)>(sym);
+    if (get_uuid(uuid, index) != 0) return std::string();
     static const char* hex = "0123456789abcdef";
-    out = "GPU-";
+    std::string out = "GPU-";
     for (int i = 0; i < 16; ++i) {
       if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
       out += hex[uuid[i] >> 4];
       out += hex[uuid[i] & 15];
     }
-  }
-  ::dlclose(driver);
-  return out;
+    return out;
+  });
 }
 
 }  // namespace loco::diloco

@@ -275,12 +275,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_train_step: --device cuda, but torch sees no CUDA device\n");
     return 2;
   }
-  if (!profile_dir.empty() && (procs != 1 || path != "trainer" || together)) {
+  const bool one_trainer = procs == 1 && path == "trainer" && !together;
+  if (!profile_dir.empty() && !one_trainer) {
     std::fprintf(stderr, "bench_train_step: --profile traces one trainer a side\n");
     return 2;
   }
   if (!profile_dir.empty()) std::filesystem::create_directories(profile_dir);
-  if (cuda && (procs != 1 || path != "trainer" || together)) {
+  if (cuda && !one_trainer) {
     std::fprintf(stderr,
                  "bench_train_step: --device cuda runs one trainer a side (no --procs, --path "
                  "worker or --together)\n");

@@ -213,8 +213,6 @@ class HeadService {
     return Owner{};
   }
 
-  // Refuses `what` on job `job` unless the caller may act on it: its owner's key, an admin's, or
-  // a member. Names the job and its owner, never the owner's key.
   // Whether `job_id` names a job that has ended (or left the store): a finished job holds
   // nothing, so it starts no actor, and none of its actors is restarted or created again
   // (issue "21 ·", finding 7: a cancelled job's aggregator spawned a worker 4 s after the
@@ -224,6 +222,8 @@ class HeadService {
     return !job_id.empty() && !jobs_index().running.count(job_id);
   }
 
+  // Refuses `what` on job `job` unless the caller may act on it: its owner's key, an admin's, or
+  // a member. Names the job and its owner, never the owner's key.
   void check_owner(const JobInfo& job, const std::string& what) {
     const auto& who = detail::current_caller().who;
     if (who.may_act_on(job.owner)) return;
@@ -659,15 +659,8 @@ class HeadService {
         ActorRecord rec = found->second;
         if (job_over(rec.info.job)) {
           // Its job ended while it was being created, restarted or on a dying node.
-          Creation late = take_creation(id);
-          if (auto n = nodes.find(rec.info.node_id);
-              rec.info.state == ActorState::pending && n != nodes.end() &&
-              n->second.state == NodeState::alive)
-            tell_node(n->second, "kill_actor", id);
-          rec.info.state = ActorState::dead;
-          rec.info.reason = "its job " + rec.info.job + " has ended";
-          save(rec);
-          report(late, rec.info, "ActorDiedError", rec.info.reason);
+          const std::string why = "its job " + rec.info.job + " has ended";
+          end_actor(std::move(rec), why);
           ++deaths;
           continue;
         }
@@ -819,17 +812,19 @@ class HeadService {
       if ((r.info.job == job_id || r.info.name.rfind(job_id + ".", 0) == 0) &&
           r.info.state != ActorState::dead)
         ids.push_back(id);
-    for (const std::string& id : ids) {
-      ActorRecord rec = index_.at(id);
-      Creation creating = take_creation(id);
-      if (rec.info.state == ActorState::alive || rec.info.state == ActorState::pending) {
-        if (auto node = node_record(rec.info.node_id)) tell_node(*node, "kill_actor", id);
-      }
-      rec.info.state = ActorState::dead;
-      rec.info.reason = why;
-      save(rec);
-      report(creating, rec.info, "ActorDiedError", why);
+    for (const std::string& id : ids) end_actor(index_.at(id), why);
+  }
+  // An actor of a job that has ended, dead for good: its node told to drop it (while it is
+  // alive or being created there), and whoever waits on its creation answered.
+  void end_actor(ActorRecord rec, const std::string& why) {
+    Creation creating = take_creation(rec.info.id);
+    if (rec.info.state == ActorState::alive || rec.info.state == ActorState::pending) {
+      if (auto node = node_record(rec.info.node_id)) tell_node(*node, "kill_actor", rec.info.id);
     }
+    rec.info.state = ActorState::dead;
+    rec.info.reason = why;
+    save(rec);
+    report(creating, rec.info, "ActorDiedError", why);
   }
   // A running job whose entry actor is dead has failed. Looks at the running jobs only, in
   // memory; reads a job's record only when its entry actor is dead.

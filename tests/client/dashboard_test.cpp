@@ -68,6 +68,19 @@ std::string render(const std::string& url, const std::string& log_path,
   return read_file(log_path);
 }
 
+// Whether `p` printed a line matching `pattern` into its log `log` within `limit` (sooner false
+// once it exited); `out` holds the log's text, `m` the match in it.
+bool wait_printed(Subprocess& p, const std::string& log, const std::regex& pattern,
+                  std::string& out, std::smatch& m, std::chrono::seconds limit) {
+  (void)eventually(
+      [&] {
+        out = read_file(log);
+        return std::regex_search(out, m, pattern) || !p.running();
+      },
+      limit);
+  return std::regex_search(out, m, pattern);
+}
+
 int count(const std::string& text, const std::string& what) {
   int n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -325,14 +338,8 @@ TEST(DashboardKeys, AClientKeysDashboardShowsItsOwnJobsAndNoOneElses) {
   http.set_read_timeout(20, 0);
   // No token file: the dashboard makes one and prints its URL; read the token from there.
   std::smatch m;
-  const std::regex printed(R"(#token=([0-9a-f]{32}))");
   std::string out;
-  ASSERT_TRUE(eventually(
-      [&] {
-        out = read_file(o.log_path);
-        return std::regex_search(out, m, printed);
-      },
-      20s))
+  ASSERT_TRUE(wait_printed(dash, o.log_path, std::regex(R"(#token=([0-9a-f]{32}))"), out, m, 20s))
       << out;
   const httplib::Headers auth{{"Authorization", "Bearer " + m[1].str()}};
   auto jobs = http.Get("/api/jobs", auth);
@@ -365,13 +372,7 @@ TEST(DashboardUp, LocoUpPrintsTheUrlOfTheDashboardItsHeadServes) {
   std::smatch m;
   const std::regex printed(R"(dashboard at http://127\.0\.0\.1:(\d+)/#token=([0-9a-f]{32}))");
   std::string out;
-  ASSERT_TRUE(eventually(
-      [&] {
-        out = read_file(o.log_path);
-        return std::regex_search(out, m, printed) || !up.running();
-      },
-      60s));
-  ASSERT_TRUE(std::regex_search(out, m, printed)) << out;
+  ASSERT_TRUE(wait_printed(up, o.log_path, printed, out, m, 60s)) << out;
   // `loco dashboard` prints it while the cluster runs.
   {
     Subprocess::Options po;
