@@ -41,6 +41,7 @@ struct StartArgs {
   std::string resources;
   std::vector<std::string> plugins;
   int64_t detect_ms = 2000;
+  int64_t tick_ms = 100;
   double retention_s = 600;
   double job_retention_s = 3600;
   int max_jobs_per_key = 16;
@@ -102,6 +103,7 @@ int start_blocking(const StartArgs& a) {
     cfg.advertise = advertise;
     cfg.redis_url = a.redis;
     cfg.detect_ms = a.detect_ms;
+    cfg.tick_ms = a.tick_ms;
     cfg.retention_ms = int64_t(a.retention_s * 1000);
     cfg.job_retention_ms = int64_t(a.job_retention_s * 1000);
     cfg.max_jobs_per_key = a.max_jobs_per_key;
@@ -308,6 +310,11 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
           "--detect-ms", sa->detect_ms,
           "failure detection time in ms (default 2000; set on the head, nodes take it from there)")
       ->check(CLI::Range(100, 600000));
+  start
+      ->add_option("--tick-ms", sa->tick_ms,
+                   "head: how often it reads heartbeats and restarts or places actors, in ms "
+                   "(default 100)")
+      ->check(CLI::Range(10, 60000));
   start
       ->add_option("--retention-s", sa->retention_s,
                    "head: forget dead actors and dead or departed nodes this long after they "

@@ -122,6 +122,10 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   // The head, on declaring `node_id` dead: the calls it forwards there fail at once with
   // ActorDiedError saying `why`, and its connection serves it no more.
   void drop_route(const std::string& node_id, const std::string& why);
+  // The head: whether it forwards calls to `node` now (its connection was heard from within
+  // half the detection time). An actor of a node it does not forward to is not callable, even
+  // before the node is declared dead.
+  bool forwards_to(const std::string& node_id) { return route_live(node_id, now_ms()); }
 
  private:
   struct Inbound {

@@ -303,7 +303,19 @@ class HeadService {
     guard_store();
     auto rec = actor(id);
     if (!rec) throw ActorNotFoundError("no actor with id " + id);
-    return rec->info;
+    ActorInfo info = rec->info;
+    // A node reached only through the head whose connection went silent is being lost: the
+    // head forwards nothing to it, and it is declared dead (its actors restarted) a little
+    // later, by the heartbeats in the store. Until then its actors are not callable, and a
+    // handle waits for the outcome (Core::resolve), as it does for a listening node's.
+    if (info.state == ActorState::alive && !through_head_node(info.address).empty() &&
+        !detail::current_core()->forwards_to(info.node_id)) {
+      info.state = ActorState::pending;
+      info.reason = "its node " + info.node_id +
+                    " is reached only through the head, whose connection to it is silent: "
+                    "waiting for it to attach again or be declared dead";
+    }
+    return info;
   }
 
   ActorInfo lookup(std::string name) {

@@ -150,6 +150,41 @@ TEST(Nat, ANoListenNodeIsReverseAndItsActorsAreCalledThroughTheHead) {
   EXPECT_EQ(node_of(rt, far_node).state, NodeState::dead);
 }
 
+// The head stops forwarding to a killed node behind NAT (its connection silent for the
+// detection time) before it declares the node dead from the heartbeats in the store, which its
+// tick reads. A head that ticks every 2 s makes that window at least 0.8 s wide every time: a
+// call made in it waits for the actor's restart, as a call to a listening node's actor does,
+// instead of failing with "has no connection to the head now" (on a slow machine that window
+// opens by itself).
+TEST(Nat, ACallMadeWhileTheHeadLosesAReverseNodeWaitsForTheActorsRestart) {
+  ClusterOptions o;
+  o.nodes = 0;
+  o.detect_ms = 1000;
+  o.extra_head_args = {"--tick-ms=2000"};
+  LocalCluster c(o);
+  Runtime& rt = c.runtime();
+  const std::string far_addr = c.add_node({"--no-listen"});
+  ASSERT_TRUE(c.wait_alive_nodes(1));
+  auto far = rt.spawn<Counter>(ActorOptions().with_max_restarts(1), 10);
+  EXPECT_EQ(far.call(&Counter::add, 1).get(Millis(5000)), 11);
+  c.add_node();
+  ASSERT_TRUE(c.wait_alive_nodes(2, Millis(10000)));
+
+  auto in_flight = far.call(&Counter::sleep_ms, 30000);
+  c.node(far_addr).kill();
+  EXPECT_THROW(in_flight.get(Millis(10000)), ActorDiedError);
+  const auto t0 = Clock::now();
+  int after = 0;
+  try {
+    after = far.call(&Counter::add, 2).get(Millis(15000));
+  } catch (const Error& e) {
+    FAIL() << "the call made while the node was being lost failed: " << e.what();
+  }
+  EXPECT_EQ(after, 12);  // constructed again with 10, on the live node
+  std::cout << "answered by the restarted actor " << ms_since(t0) << " ms later\n";
+  EXPECT_EQ(rt.locate(far.id()).restarts, 1);
+}
+
 TEST(Nat, ANodeWhoseAnnouncedAddressDoesNotAnswerTheProbeIsReverse) {
   ClusterOptions o;
   o.nodes = 0;
