@@ -30,6 +30,7 @@ struct Core::Mailbox {
   std::deque<Inbound> queue;
   size_t queued_bytes = 0;  // of the calls in `queue` that came from the network
   RateLimit full_warnings;
+  RateLimit tell_warnings;  // one-way calls that failed or named no method
   bool stopping = false;
   std::thread thread;
   // Calls of concurrent methods (run_beside): those waiting for a thread of the actor's pool,
@@ -193,6 +194,18 @@ void Core::shutdown() {
       else
         box->thread.join();
     }
+  }
+  // Actors killed without waiting (unhost(id, false)) end before the process does.
+  std::vector<Reaper> reapers;
+  {
+    std::lock_guard<std::mutex> lock(reapers_mu_);
+    reapers.swap(reapers_);
+  }
+  for (Reaper& r : reapers) {
+    if (r.thread.get_id() == std::this_thread::get_id())
+      r.thread.detach();
+    else
+      r.thread.join();
   }
   if (transport_) transport_->stop();
   // Whoever still waits learns that this process is going away.
@@ -776,7 +789,8 @@ void Core::dispatch(zmq::message_t&& rid, Decoded&& d, const security::Identity&
            (queued >= opts_.max_mailbox_messages || queued_bytes + bytes > opts_.max_mailbox_bytes);
     if (!full) {
       box->queued_bytes += bytes;
-      box->queue.push_back(Inbound{std::move(rid), std::move(d.env), std::move(d.payload), who});
+      box->queue.push_back(
+          Inbound{std::move(rid), std::move(d.env), std::move(d.payload), who, bytes});
     }
   }
   if (full) {
@@ -829,7 +843,7 @@ void Core::host(const std::string& actor_id, const ClassEntry& cls, std::shared_
   box->thread = std::thread([this, box] { run_mailbox(box); });
 }
 
-bool Core::unhost(const std::string& actor_id) {
+bool Core::unhost(const std::string& actor_id, bool wait) {
   std::shared_ptr<Mailbox> box;
   {
     std::lock_guard<std::mutex> lock(actors_mu_);
@@ -844,6 +858,8 @@ bool Core::unhost(const std::string& actor_id) {
   }
   box->cv.notify_all();
   box->beside_cv.notify_all();
+  // The calls still queued are answered now, not after the method in progress.
+  refuse_queued(*box);
   // Ask the method in progress, if any, to end soon (ActorClass::on_stop).
   if (box->cls->stop && box->instance) {
     try {
@@ -851,6 +867,10 @@ bool Core::unhost(const std::string& actor_id) {
     } catch (const std::exception& e) {
       spdlog::warn("actor {} ({}): its stop hook raised: {}", actor_id, box->cls->name, e.what());
     }
+  }
+  if (!wait) {
+    reap(std::move(box));
+    return true;
   }
   if (box->thread.get_id() == std::this_thread::get_id())
     box->thread.detach();
@@ -860,6 +880,34 @@ bool Core::unhost(const std::string& actor_id) {
   std::unique_lock<std::mutex> lock(box->mu);
   box->cv.wait(lock, [&] { return box->beside == 0; });
   return true;
+}
+
+void Core::reap(std::shared_ptr<Mailbox> box) {
+  std::lock_guard<std::mutex> lock(reapers_mu_);
+  std::erase_if(reapers_, [](Reaper& r) {
+    if (!r.done->load()) return false;
+    r.thread.join();
+    return true;
+  });
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::weak_ptr<Core> weak = weak_from_this();
+  std::thread t([weak, box = std::move(box), done]() mutable {
+    if (box->thread.joinable()) box->thread.join();
+    {
+      std::unique_lock<std::mutex> l(box->mu);
+      box->cv.wait(l, [&] { return box->beside == 0; });
+    }
+    // The instance goes here, with this process's Core current, as on the thread that killed it.
+    if (std::shared_ptr<Core> self = weak.lock()) {
+      tl_core = &self;
+      box.reset();
+      tl_core = nullptr;
+    } else {
+      box.reset();
+    }
+    done->store(true);
+  });
+  reapers_.push_back(Reaper{std::move(t), std::move(done)});
 }
 
 std::vector<std::string> Core::hosted() const {
@@ -886,11 +934,25 @@ void Core::refuse_busy(Mailbox& box, RateLimit& warnings, zmq::message_t&& rid,
 
 // Requests still queued for an actor that is going away get an answer now,
 // instead of leaving their callers to time out.
+void Core::warn_tell(Mailbox& box, const std::string& line) {
+  uint64_t held = 0;
+  {
+    std::lock_guard<std::mutex> lock(box.mu);
+    if (!box.tell_warnings.allow(now_ms(), &held)) return;
+  }
+  if (held > 0)
+    spdlog::warn("actor {}: {} ({} more such lines in the last 10 s not logged)", box.id, line,
+                 held);
+  else
+    spdlog::warn("actor {}: {}", box.id, line);
+}
+
 void Core::refuse_queued(Mailbox& box) {
   std::deque<Inbound> left;
   {
     std::lock_guard<std::mutex> lock(box.mu);
     left.swap(box.queue);
+    box.queued_bytes = 0;
   }
   for (Inbound& in : left)
     if (in.env.k() == Kind::Request)
@@ -910,7 +972,7 @@ void Core::handle_call(Mailbox& box, Inbound& in, const std::shared_ptr<Core>& s
     if (wants_reply)
       send_error(std::move(in.routing_id), in.env.corr, "MethodNotFoundError", msg);
     else
-      spdlog::warn("dropped a one-way call: {}", msg);
+      warn_tell(box, "dropped a one-way call: " + msg);
     return;
   }
   std::string err_type, err_msg;
@@ -948,7 +1010,7 @@ void Core::handle_call(Mailbox& box, Inbound& in, const std::shared_ptr<Core>& s
     return;
   }
   if (!wants_reply) {
-    if (!err_type.empty()) spdlog::warn("one-way call failed: {}", err_msg);
+    if (!err_type.empty()) warn_tell(box, "one-way call failed: " + err_msg);
     return;
   }
   if (!err_type.empty()) {
@@ -1070,17 +1132,19 @@ void Core::run_mailbox(std::shared_ptr<Mailbox> box) {
   std::shared_ptr<Core> self = shared_from_this();
   tl_core = &self;
   ActorContextScope actor(&box->context);
-  std::deque<Inbound> batch;
   while (true) {
+    Inbound in;
     {
+      // One call at a time: a kill (unhost) answers every call still queued at once, and none
+      // of them runs after it.
       std::unique_lock<std::mutex> lock(box->mu);
       box->cv.wait(lock, [&] { return box->stopping || !box->queue.empty(); });
       if (box->stopping) break;
-      batch.swap(box->queue);
-      box->queued_bytes = 0;
+      in = std::move(box->queue.front());
+      box->queue.pop_front();
+      box->queued_bytes -= std::min(box->queued_bytes, in.bytes);
     }
-    for (Inbound& in : batch) handle_call(*box, in, self);
-    batch.clear();
+    handle_call(*box, in, self);
   }
   refuse_queued(*box);
   tl_core = nullptr;
@@ -1272,6 +1336,22 @@ std::vector<Core::Forwarded> Core::take_forwarded_locked(const std::string& node
     }
   }
   return taken;
+}
+
+void Core::drop_forwarded_to(const std::string& actor_id, const std::string& why) {
+  std::vector<Forwarded> lost;
+  {
+    std::lock_guard<std::mutex> lock(routes_mu_);
+    for (auto it = forwarded_.begin(); it != forwarded_.end();) {
+      if (it->second.target == actor_id) {
+        lost.push_back(std::move(it->second));
+        it = forwarded_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  fail_forwarded(std::move(lost), why);
 }
 
 void Core::drop_route(const std::string& node_id, const std::string& why) {

@@ -98,7 +98,11 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   // Its methods see `context` as this_actor().
   void host(const std::string& actor_id, const ClassEntry& cls, std::shared_ptr<void> instance,
             ActorContext context = {});
-  bool unhost(const std::string& actor_id);
+  // Stops hosting an actor: calls still queued for it are answered with ActorDiedError at once,
+  // its stop hook is asked to end the method in progress, and then either this waits for that
+  // method (and its concurrent calls) to end, or (wait = false: a kill, which must not hold
+  // up the node's own service) a thread of the Core's waits and lets the instance go.
+  bool unhost(const std::string& actor_id, bool wait = true);
   std::vector<std::string> hosted() const;
 
   // Queues a one-way call to an actor hosted here, without going through a socket.
@@ -122,6 +126,10 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   // The head, on declaring `node_id` dead: the calls it forwards there fail at once with
   // ActorDiedError saying `why`, and its connection serves it no more.
   void drop_route(const std::string& node_id, const std::string& why);
+  // The head, on an actor's death (killed, or its job over): the calls it forwards to that
+  // actor fail at once with ActorDiedError saying `why`; the node's answers to them, if any
+  // come, are dropped.
+  void drop_forwarded_to(const std::string& actor_id, const std::string& why);
   // The head: whether it forwards calls to `node` now (its connection was heard from within
   // half the detection time). An actor of a node it does not forward to is not callable, even
   // before the node is declared dead.
@@ -133,8 +141,15 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
     Envelope env;
     Payload payload;
     security::Identity who;  // posted calls come from this process: a member
+    size_t bytes = 0;        // counted in its mailbox's queued_bytes (a call from the network)
   };
   struct Mailbox;
+  // A thread that waits for a killed actor's method in progress to end (unhost without waiting).
+  struct Reaper {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  void reap(std::shared_ptr<Mailbox> box);
   struct PeerState {
     int pending = 0;
     int64_t last_heard = 0;
@@ -190,6 +205,9 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   // A call the actor has no room for (its mailbox, or its pool of concurrent calls, is full):
   // a request is answered "refused: `why`; try again later", a one-way call dropped with a line
   // that `warnings` (under box.mu) rate-limits.
+  // A line about a one-way call of `box`'s actor (no one waits for its answer), at most one
+  // every 10 s per actor.
+  void warn_tell(Mailbox& box, const std::string& line);
   void refuse_busy(Mailbox& box, RateLimit& warnings, zmq::message_t&& rid, const Envelope& env,
                    const std::string& why);
   void finish(const std::shared_ptr<CallState>& st, const std::string& error_type,
@@ -231,6 +249,8 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
     uint64_t caller_corr = 0;
     std::string node, node_rid, target, method;
   };
+  std::mutex reapers_mu_;
+  std::vector<Reaper> reapers_;
   std::mutex routes_mu_;
   std::map<std::string, Route> routes_;
   std::unordered_map<uint64_t, Forwarded> forwarded_;

@@ -345,9 +345,7 @@ class HeadService {
     // One that is still being created is killed after its creation (the node handles both in
     // order); whoever waits on that creation learns the outcome below.
     Creation creating = take_creation(id);
-    if (rec->info.state == ActorState::alive || rec->info.state == ActorState::pending) {
-      if (auto node = node_record(rec->info.node_id)) tell_node(*node, "kill_actor", id);
-    }
+    kill_on_node(*rec, "killed by request");
     if (allow_restart && rec->info.restarts < rec->info.max_restarts) {
       to_restart(*rec, "killed by request");
       auto nodes = live_nodes();
@@ -830,9 +828,7 @@ class HeadService {
   // alive or being created there), and whoever waits on its creation answered.
   void end_actor(ActorRecord rec, const std::string& why) {
     Creation creating = take_creation(rec.info.id);
-    if (rec.info.state == ActorState::alive || rec.info.state == ActorState::pending) {
-      if (auto node = node_record(rec.info.node_id)) tell_node(*node, "kill_actor", rec.info.id);
-    }
+    kill_on_node(rec, why);
     rec.info.state = ActorState::dead;
     rec.info.reason = why;
     save(rec);
@@ -1040,6 +1036,17 @@ class HeadService {
     ref->address = call_address(node);  // "head/<id>" for a node reached through the head
     ref->node_id = node.id;
     return ref;
+  }
+
+  // Tells the node of a live (or starting) actor to kill it; the calls the head forwards to it
+  // (a node behind NAT) fail at once instead of waiting for the node's answers.
+  void kill_on_node(const ActorRecord& rec, const std::string& why) {
+    if (rec.info.state != ActorState::alive && rec.info.state != ActorState::pending) return;
+    auto node = node_record(rec.info.node_id);
+    if (!node) return;
+    tell_node(*node, "kill_actor", rec.info.id);
+    if (behind_nat(node->reachability))
+      detail::current_core()->drop_forwarded_to(rec.info.id, "it was killed: " + why);
   }
 
   // One-way: the head never waits on a kill, because the actor being killed may

@@ -75,7 +75,9 @@ class NodeService {
     if (actor_id.rfind('@', 0) == 0)
       throw PermissionError("kill_actor: " + escape_remote(actor_id, 64) +
                             " is the node's own service; stop the node instead");
-    bool found = detail::current_core()->unhost(actor_id);
+    // Without waiting for the method in progress: the node's own service (create, kill) never
+    // waits behind an actor. The calls still queued are answered ActorDiedError at once.
+    bool found = detail::current_core()->unhost(actor_id, /*wait=*/false);
     if (found) spdlog::info("node {}: killed actor {}", node_id_, actor_id);
     return found;
   }
@@ -296,7 +298,7 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
             // (our actors were restarted elsewhere or declared dead). Drop them and
             // join again as a new node, so that a host whose link comes back serves again.
             std::string old_id = node_id;
-            for (const std::string& id : core->hosted()) core->unhost(id);
+            for (const std::string& id : core->hosted()) core->unhost(id, /*wait=*/false);
             core->unhost("@node");
             node_id = random_id("n");
             rec.id = node_id;

@@ -206,10 +206,15 @@ void Transport::flush_outgoing() {
           break;
       }
     } catch (const zmq::error_t& e) {
-      if (out.op == Outgoing::Op::Reply)
-        spdlog::warn("dropped a reply: its caller is gone ({})", e.what());
+      const bool reply = out.op == Outgoing::Op::Reply;
+      uint64_t held = 0;
+      if (!(reply ? gone_caller_lines_ : undelivered_lines_).allow(now_ms(), &held)) continue;
+      const std::string more =
+          held ? " (" + std::to_string(held) + " more in the last 10 s not logged)" : "";
+      if (reply)
+        spdlog::warn("dropped a reply: its caller is gone ({}){}", e.what(), more);
       else
-        spdlog::warn("dropped a message to {}: {}", out.peer, e.what());
+        spdlog::warn("dropped a message to {}: {}{}", out.peer, e.what(), more);
     }
   }
 }

@@ -18,6 +18,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "runtime/core/remote_input.hpp"
 #include "runtime/security/curve.hpp"
 
 namespace loco::detail {
@@ -110,6 +111,9 @@ class Transport {
   std::map<std::string, std::unique_ptr<Dealer>> dealers_;
   uint64_t monitor_serial_ = 0;
   bool dealers_changed_ = true;
+  // Lines about messages it could not deliver, at most one per cause every 10 s (a killed
+  // node's answers to callers that gave up can come by the ten thousand).
+  RateLimit gone_caller_lines_, undelivered_lines_;
   std::string bound_address_;
   int wake_fd_ = -1;
   std::mutex mu_;
