@@ -414,7 +414,7 @@ std::optional<int64_t> OuterAggregator::State::admit_mid_round(const StreamCalls
 }
 
 // sync.mode streaming: while round c's calls run, a slot that can join takes part from a
-// fragment boundary of the round (design.md, "Joining mid-round"): its actor spawned, its
+// fragment boundary of the round (docs/decisions/0029-joining-mid-round.md): its actor spawned, its
 // state copied from a donor's snapshot taken between two of the donor's inner steps, its
 // admission agreed by every member in two phases (each says yes only while it is before the
 // boundary), then its own stream() call goes out and joins c. It gives up, and the slot joins

@@ -108,7 +108,7 @@ InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
       s_->cfg.model, s_->cfg.model.parameter_count(s_->cfg.vocab_size()));
   s_->ranks.resize(size_t(g));
   // Behind NAT (its node is reverse or relayed) a worker's collective binds nothing: it dials
-  // its reachable peers and meets the others at the cluster's relay (design.md, "Members
+  // its reachable peers and meets the others at the cluster's relay (docs/guide/nat.md, "Members
   // behind NAT").
   const NodeNetwork network = Runtime::current().network();
   s_->relay = {network.relay.endpoint, network.relay.public_key};

@@ -168,11 +168,12 @@ struct StreamRequest {
   // and counts with weight zero. -1: from the round's start, as every member does.
   int64_t from_step = -1;
   std::string source;
-  // A checkpoint of the round's end, written under the next round's inner steps (design.md,
-  // "Checkpoints off the critical path"): `checkpoint`, the file of the outer state (one member
-  // is asked), and `inner_state`, this member's inner state beside it; "" for none. The member
-  // copies its state as the round ends and writes it on a thread of its own once the fragments
-  // then in flight have landed; InnerWorker::checkpoint_written says when it is on disk.
+  // A checkpoint of the round's end, written under the next round's inner steps
+  // (docs/decisions/0035-checkpoints-off-the-critical-path.md): `checkpoint`, the file of the
+  // outer state (one member is asked), and `inner_state`, this member's inner state beside it;
+  // "" for none. The member copies its state as the round ends and writes it on a thread of its
+  // own once the fragments then in flight have landed; InnerWorker::checkpoint_written says when
+  // it is on disk.
   std::string checkpoint;
   std::string inner_state;
   // θ's validation loss at the round's end, off the critical path: the member copies θ as the

@@ -45,7 +45,7 @@ class ConfigError : public std::runtime_error {
 };
 
 // Bounds on every size in a job file, generous for real use and small enough that no value
-// makes a worker allocate without limit or overflow an int (docs/design.md, the job file).
+// makes a worker allocate without limit or overflow an int (docs/guide/jobs.md, the job file).
 inline constexpr std::size_t kMaxJobFileBytes = std::size_t(1) << 20;
 inline constexpr int kMaxJobFileNesting = 32;  // [ ] and { } inside each other
 inline constexpr std::size_t kMaxJobNameBytes = 256;
@@ -71,7 +71,7 @@ inline constexpr int kMaxRounds = 1 << 24;  // rounds, checkpoint.every, eval.ev
 inline constexpr std::int64_t kMaxTokenBudget = std::int64_t(1) << 50;
 inline constexpr int kMaxEvalBatches = 1 << 16;
 
-// The decoder's block type (docs/design.md, The model).
+// The decoder's block type (docs/guide/models.md, "The decoder").
 //   gpt2:    learned positions, LayerNorm with biases, GELU (tanh) MLP, biases everywhere.
 //   llama:   rotary positions (RoPE, optionally Llama 3's scaling), RMSNorm, SwiGLU MLP, no
 //            biases, optional grouped-query attention (kv_heads < heads).
@@ -129,11 +129,11 @@ struct ModelConfig {
   std::string hf;
   // Recompute each block in the backward pass instead of keeping its activations.
   bool activation_checkpointing = false;
-  // A model of the user's own (docs/design.md, "The model interface"): the file of a TorchScript
-  // module (torch.jit.save) whose forward(tokens, targets) returns the loss; "" for the built-in
-  // decoder. With it only `context` and `vocab` of the fields above apply (the others must stay
-  // at their defaults). A relative path is taken from the data root on a cluster, from the
-  // working directory in the simulator.
+  // A model of the user's own (docs/guide/models.md, "The model interface"): the file of a
+  // TorchScript module (torch.jit.save) whose forward(tokens, targets) returns the loss; "" for
+  // the built-in decoder. With it only `context` and `vocab` of the fields above apply (the
+  // others must stay at their defaults). A relative path is taken from the data root on a
+  // cluster, from the working directory in the simulator.
   std::string torchscript;
   // What the file held when the job was described (torchscript_model.hpp,
   // describe_torchscript): XXH3-64 of its bytes, 16 hex digits, and its parameter count.
@@ -224,7 +224,7 @@ struct OuterConfig {
 };
 
 // compression: {kind: topk, ...}: SparseLoCo's sparse pseudo-gradients (arXiv 2508.15706;
-// docs/design.md, Decisions, Sparse pseudo-gradients). Each worker keeps an error-feedback
+// docs/decisions/0036-sparse-pseudo-gradients.md). Each worker keeps an error-feedback
 // buffer e per fragment (blocking: one, all of θ): e ← β·e + Δ; it sends, per chunk of `chunk`
 // entries, the `k` of largest |e|, each value as one of 2^bits levels (the levels' means sent)
 // and its index packed; what it sent is subtracted from e. The members gather every member's
@@ -248,7 +248,8 @@ struct TopkConfig {
   SparseMean mean = SparseMean::members;
 };
 
-// How a round's pseudo-gradients are synchronized (docs/design.md, Decisions, Overlap).
+// How a round's pseudo-gradients are synchronized (docs/decisions/, 0013 to 0015: Streaming
+// DiLoCo and the eager outer step).
 //   blocking:  today's round: H inner steps, then the all-reduce of all of Δ, then the step.
 //   streaming: Streaming DiLoCo: the parameters cut into `fragments` P (the transformer
 //              blocks strided over depth, fragment 0 also the embeddings and final norm);
@@ -282,7 +283,7 @@ struct CheckpointConfig {
   std::string resume;
 };
 
-// The guard against broken or hostile pseudo-gradients (docs/design.md, "Robust averaging";
+// The guard against broken or hostile pseudo-gradients (docs/decisions/0039-robust-averaging.md;
 // diloco/guard.hpp has the rule). Before each average, the members exchange a summary of their
 // Δ (finite or not, its norm, a sketch of `sketch` sampled values) and every member leaves out
 // the same ones: Δ that is not finite, a norm above max_norm_ratio × the group's median, a

@@ -1,7 +1,8 @@
-// Robust averaging (job file `guard:`, config.hpp's GuardConfig; docs/design.md, "Robust
-// averaging"): which members' pseudo-gradients are left out of a round's mean. No LibTorch, no
-// sockets: a pure rule over what every member knows, so that every member, and the simulator,
-// leaves out the same members and the outer state stays bit-identical.
+// Robust averaging (job file `guard:`, config.hpp's GuardConfig;
+// docs/decisions/0039-robust-averaging.md): which members' pseudo-gradients are left out of a
+// round's mean. No LibTorch, no sockets: a pure rule over what every member knows, so that every
+// member, and the simulator, leaves out the same members and the outer state stays
+// bit-identical.
 //
 // Before a fragment's average (blocking rounds: all of θ as fragment 0) every member makes a
 // Summary of its Δ and the members exchange them (Communicator::allgather, a few KB against

@@ -1,5 +1,5 @@
 // What a job's actors must hold, estimated from the job file alone, and the check at submission
-// against the nodes that would host them (docs/design.md, the job file). No LibTorch here: the
+// against the nodes that would host them (docs/guide/memory.md). No LibTorch here: the
 // client and the tests use it without compiling LibTorch headers.
 #pragma once
 

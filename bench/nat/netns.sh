@@ -16,7 +16,7 @@
 # all-reduces of FLOATS fp32 floats back to back; an operation's time is the slowest member's
 # (each member times its allreduce() call), and the table gives the median over operations.
 #
-# Bounds (docs/design.md, "Members behind NAT"), E = 4·FLOATS bytes:
+# Bounds (docs/guide/nat.md, "Members behind NAT"), E = 4·FLOATS bytes:
 #   direct, mixed: each member's link sends 2(K−1)/K·E (butterfly reduce-scatter + all-gather);
 #     in mixed the relay carries the NATed pair's m(m−1)·2E/K = E (m = 2), less, and each NAT
 #     router's WAN only its one host's 2(K−1)/K·E;

@@ -58,7 +58,7 @@ struct CommunicatorImpl;
 class Communicator {
  public:
   // Members behind NAT (Options::outbound_only, Member::reachable, Group::relay): see
-  // docs/design.md, "Members behind NAT: reverse connections and the relay".
+  // docs/guide/nat.md, "Members behind NAT: reverse connections and the relay".
   //
   // Binds the data socket (CollectiveError if it cannot). "tcp://HOST:0" picks a free port;
   // endpoint() reports the result. Bound to a wildcard ("tcp://0.0.0.0:0"), publish a routable

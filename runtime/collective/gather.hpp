@@ -8,8 +8,8 @@
 // the order they come (a connection delivers in order), having checked the blob's length from
 // its first piece against max_bytes before allocating anything. A member sends (K-1) b of its
 // blob b and receives the sum of the others' blobs: the least any schedule can (a ring moves
-// the same bytes over K-1 steps; see docs/design.md). The loop, liveness, round ids, early
-// data and failures are the Operation's (operation.hpp), as for the all-reduce.
+// the same bytes over K-1 steps; see docs/guide/collective.md). The loop, liveness, round ids,
+// early data and failures are the Operation's (operation.hpp), as for the all-reduce.
 #pragma once
 
 #include <cstddef>

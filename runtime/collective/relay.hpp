@@ -1,6 +1,6 @@
 // A relay for members behind NAT: two members that cannot connect to each other (both
 // outbound-only) each connect to it, and it forwards their messages by routing id. Library
-// class here; `loco relay` runs one. See docs/design.md, "Members behind NAT".
+// class here; `loco relay` runs one. See docs/guide/nat.md, "Members behind NAT".
 //
 // What it can do, by construction:
 // - Admit only the cluster's members: a CURVE server with a key pair of its own (not the

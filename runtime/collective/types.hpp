@@ -21,7 +21,7 @@ namespace loco::collective {
 struct Member {
   std::string name;      // for error messages and logs, e.g. "w3"
   std::string endpoint;  // the member's Communicator::endpoint(), e.g. "tcp://10.0.0.3:7201"
-  // Members behind NAT (docs/design.md, "Members behind NAT"). false: nobody can connect to
+  // Members behind NAT (docs/guide/nat.md, "Members behind NAT"). false: nobody can connect to
   // this member (Options::outbound_only; its endpoint is then a name, "nat://..."). A member
   // sends to a reachable member B over its own connection to B; to an unreachable one A, when
   // it is reachable itself, over A's connection to it; and when neither is, through the

@@ -22,7 +22,7 @@ using Resources = std::map<std::string, double>;
 enum class NodeState : uint8_t { alive, dead, left };
 enum class ActorState : uint8_t { pending, alive, restarting, dead };
 enum class JobState : uint8_t { running, succeeded, failed, cancelled };
-// How a node is reached (docs/design.md, "Nodes behind NAT"): `direct`, at its address (the
+// How a node is reached (docs/guide/nat.md, "Nodes behind NAT"): `direct`, at its address (the
 // head dialled it when it joined); `reverse`, only over the connection it opened to the head,
 // which forwards calls to its actors; `relayed`, as reverse, and the cluster has a relay (the
 // head's --relay): what its actors' collectives exchange with members behind NAT on other

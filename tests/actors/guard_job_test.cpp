@@ -89,7 +89,7 @@ TEST_F(Guard, AScaledUpdateIsLeftOutAndItsWorkerRemoved) {
 
 // Streaming (2 fragments): worker 2 of 3 flips the sign of its Δ from round 2 on. The
 // fragments' averages leave it out (rule direction) where the honest workers' updates agree
-// (docs/design.md, "Robust averaging"), nobody else is ever left out, it is never removed
+// (docs/decisions/0039-robust-averaging.md), nobody else is ever left out, it is never removed
 // (evict_after 0), and the job is the simulator's with the same fault bit for bit: θ's hash
 // every round, and the same left-outs (`loco-train --corrupt 1:2:flip`).
 TEST_F(Guard, AFlippedUpdateIsLeftOutInStreamingModeAsTheSimulatorLeavesItOut) {

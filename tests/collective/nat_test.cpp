@@ -1,4 +1,4 @@
-// Members behind NAT (docs/design.md, "Members behind NAT: reverse connections and the relay"):
+// Members behind NAT (docs/guide/nat.md, "Members behind NAT: reverse connections and the relay"):
 // groups of K = 3 and 4 on tcp loopback where 0, 1, 2 or all members are outbound-only, with a
 // relay where two of them need one; the results are the all-direct ones bit for bit. The relay
 // sees no plaintext, whatever it changes fails the operation naming the member, a relay killed

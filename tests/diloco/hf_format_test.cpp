@@ -148,7 +148,7 @@ TEST(Arch, BadFieldsAreRefusedNamingThem) {
 }
 
 // The exact count (ModelConfig::parameter_count) is the layout's, and the presets have the
-// sizes their comments and docs/design.md give.
+// sizes their comments and docs/guide/jobs.md give.
 TEST(Arch, ParameterCountIsTheLayoutsAndThePresetsSizes) {
   for (const char* yaml : {kLlama}) {
     auto c = JobConfig::from_yaml(yaml);
@@ -935,7 +935,7 @@ rounds: 1
 
 // examples/smollm2-continue.yaml parses without its folder (CI has no download), and with
 // SmolLM2-135M's config.json it is the model the docs describe and needs the memory they give
-// (docs/design.md, "Continuing a pretrained model": computed, not measured).
+// (docs/guide/memory.md, "Continuing a pretrained model": computed, not measured).
 TEST(HfFamilies, TheSmolLm2ExampleNeedsTheMemoryItsDocsSay) {
   JobConfig c = JobConfig::from_yaml_file(LOCO_SOURCE_DIR "/examples/smollm2-continue.yaml");
   EXPECT_EQ(c.model.hf, "data/smollm2-135m");

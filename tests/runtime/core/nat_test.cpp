@@ -1,4 +1,4 @@
-// Nodes behind NAT (docs/design.md, "Nodes behind NAT"), with real processes on loopback: a
+// Nodes behind NAT (docs/guide/nat.md, "Nodes behind NAT"), with real processes on loopback: a
 // node started with --no-listen, or one whose announced address does not answer the head's
 // probe, is `reverse`, and calls to its actors go through the head on the node's own
 // connection.
