@@ -17,7 +17,8 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::stream_round(
   } else {
     try {
       sent = send_stream(r, r + 1 == total_rounds,
-                         checkpoint_due(r + 1, cfg.checkpoint.every, total_rounds),
+                         checkpoint_due(r + 1, cfg.checkpoint.every, total_rounds) &&
+                             room_for_checkpoint(r + 1),
                          evaluation_due(steps_since_eval + cfg.inner.steps, cfg.eval.every, r + 1,
                                         total_rounds),
                          members);
@@ -92,7 +93,8 @@ Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& m
   if (p == Pipeline::ahead) {
     try {
       ahead = send_stream(r + 1, r + 2 == total_rounds,
-                          checkpoint_due(r + 2, cfg.checkpoint.every, total_rounds),
+                          checkpoint_due(r + 2, cfg.checkpoint.every, total_rounds) &&
+                              room_for_checkpoint(r + 2),
                           evaluate_next, staying);
     } catch (const std::exception& e) {
       // Some members may hold it already: they begin it after this round, and its proper

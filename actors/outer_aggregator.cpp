@@ -11,6 +11,8 @@
 #include <fstream>
 #include <regex>
 
+#include <sys/statvfs.h>
+
 #include "actors/outer_aggregator_state.hpp"
 #include "diloco/data.hpp"
 #include "diloco/hf_format.hpp"
@@ -190,6 +192,63 @@ void OuterAggregator::State::take_resume(int rounds) {
         ": give it more rounds (loco submit --set rounds=N)");
   resume_from = path;
   resume_round = info.round;
+}
+
+namespace {
+// Bytes for people: "3.6 MiB", "1.2 GiB".
+std::string bytes_text(double b) {
+  char out[32];
+  if (b >= double(1 << 30))
+    std::snprintf(out, sizeof out, "%.1f GiB", b / double(1 << 30));
+  else
+    std::snprintf(out, sizeof out, "%.1f MiB", b / double(1 << 20));
+  return out;
+}
+}  // namespace
+
+bool OuterAggregator::State::room_for_checkpoint(int64_t r, const std::string& what) {
+  static const std::regex name(R"(ckpt-round-([0-9]{1,9})(\.worker-[0-9]+)?\.pt)");
+  std::error_code ec;
+  double held = 0;
+  std::map<int64_t, double> round_bytes;
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    const double bytes = double(e.file_size(ec));
+    held += bytes;
+    std::smatch m;
+    const std::string file = e.path().filename().string();
+    if (std::regex_match(file, m, name)) round_bytes[std::stoll(m[1].str())] += bytes;
+  }
+  // The newest checkpoint's size; before the first, θ and momentum (8P) and each worker's
+  // inner state (θ and AdamW's moments: 12P).
+  double estimate = 0;
+  if (!round_bytes.empty()) {
+    estimate = round_bytes.rbegin()->second;
+  } else if (cfg.model.torchscript.empty()) {
+    const double p = double(cfg.model.parameter_count(cfg.vocab_size()));
+    estimate = p * (8.0 + 12.0 * double(std::max(1, cfg.workers.count)));
+  }
+  const std::string which =
+      what.empty() ? "the checkpoint of round " + std::to_string(r) : std::string(what);
+  const double quota = cfg.checkpoint.quota_gib * double(1 << 30);
+  if (quota > 0 && held + estimate > quota) {
+    log(which + " is not written: the job's folder holds " + bytes_text(held) + " and it would add " +
+        "about " + bytes_text(estimate) + ", past checkpoint.quota_gib (" + bytes_text(quota) +
+        "); keep fewer (checkpoint.keep " + std::to_string(cfg.checkpoint.keep) +
+        ") or raise the quota");
+    return false;
+  }
+  struct statvfs fsinfo {};
+  if (::statvfs(folder.c_str(), &fsinfo) == 0) {
+    const double free = double(fsinfo.f_bavail) * double(fsinfo.f_frsize);
+    constexpr double kReserve = double(1 << 30);
+    if (free < estimate + kReserve) {
+      log(which + " is not written: the file system of " + folder + " has " + bytes_text(free) +
+          " free, and it needs about " + bytes_text(estimate) + " with 1 GiB to spare");
+      return false;
+    }
+  }
+  return true;
 }
 
 // checkpoint.keep: the newest `keep` round checkpoints of the job's folder stay, with their
@@ -497,7 +556,9 @@ void OuterAggregator::State::end_round(int64_t r, const RoundOutcome& o, double 
   const double tok_s =
       double(o.ready.size()) * double(cfg.inner.steps) * double(cfg.tokens_per_inner_step()) / wall;
   report(r, o.loss, val, tok_s, util, int(members.size()), wall - o.failed_secs, o.theta_hash);
-  if (checkpoint_due(r, cfg.checkpoint.every, total_rounds))
+  // Streaming and eager decided when they sent the round (send_stream's asked members).
+  if (checkpoint_due(r, cfg.checkpoint.every, total_rounds) &&
+      (cfg.sync.mode != dl::SyncMode::blocking || room_for_checkpoint(r)))
     checkpoint_round(r, members, o.asked_checkpoint);
   member_seconds += double(members.size()) * ((ahead ? o.results_in : now_s()) - t_round);
   flush();
@@ -509,6 +570,7 @@ void OuterAggregator::State::checkpoint_round(int64_t r, const std::vector<int>&
     // Asked with the round's calls (send_stream): its members write it under the next round's
     // inner steps, and it is recorded after that round (settle_checkpoint). Members lost in
     // the round wrote nothing; those that finished it say when their files are written.
+    if (asked_checkpoint.empty()) return;  // not asked: no room for it (room_for_checkpoint)
     PendingCheckpoint pc;
     pc.round = r;
     for (int m : asked_checkpoint)
@@ -549,11 +611,12 @@ void OuterAggregator::State::finish(int64_t r) {
         steps_since_eval = 0;
       }
     }
+    if (!room_for_checkpoint(r, "final.pt")) break;
     final_path = ask_any<std::string>("to write the final checkpoint", [&](auto& w) {
       return w.call(&InnerWorker::save_checkpoint, folder + "/final.pt");
     });
   }
-  log(kCheckpointLine + *final_path);
+  if (final_path) log(kCheckpointLine + *final_path);
   // A finished job holds no cpus.
   for (Slot& s : slots) {
     if (!s.handle) continue;

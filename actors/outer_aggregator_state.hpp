@@ -268,6 +268,11 @@ struct OuterAggregator::State {
   void find_checkpoint();
   void take_resume(int rounds);
   void prune_checkpoints();
+  // Whether the checkpoint of round `r` (or `what`, "final.pt") may be written: the job's
+  // folder stays within checkpoint.quota_gib and the file system keeps 1 GiB free, by the
+  // newest checkpoint's size (before the first: from the model's size). When not, the job's
+  // log says why and the job goes on without it.
+  bool room_for_checkpoint(int64_t r, const std::string& what = "");
 
   // ---- Joins and leaves (aggregator_membership.cpp) ----------------------------------------
   std::vector<int> active() const {

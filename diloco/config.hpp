@@ -274,8 +274,13 @@ struct CheckpointConfig {
   std::string dir = "checkpoints";
   // The round checkpoints kept in the job's folder: the newest `keep` (with their workers'
   // inner states); older ones are deleted as new ones are written. 0: keep them all.
-  // final.pt is always kept.
-  int keep = 0;
+  // final.pt is always kept. Default 3, so that a job with `every: 1` does not fill a disk.
+  int keep = 3;
+  // The most a job's folder may hold, in GiB (its checkpoints, with their workers' inner
+  // states, metrics.jsonl, job.yaml). A checkpoint that would take it past this, or past the
+  // file system's free space less 1 GiB, is not written, saying so in the job's log; the job
+  // goes on. 0: no quota (the free space is still checked).
+  double quota_gib = 100;
   // Start the job from this checkpoint (a file under the node's checkpoint root, written by
   // any loco job): its outer state and round, and, where the files are beside it, each
   // worker's inner state, so the job continues as the one that wrote it would have. Needs

@@ -1,6 +1,7 @@
 #include "client/cli/common.hpp"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -98,5 +99,18 @@ void install_signal_handlers() {
 }
 
 const std::atomic<bool>& stop_requested() { return g_stop; }
+
+void raise_open_file_limit(const std::string& who) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  if (lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &lim);
+    (void)::getrlimit(RLIMIT_NOFILE, &lim);
+  }
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < 4096)
+    spdlog::warn("{}: at most {} open files (ulimit -n): each connection holds one", who,
+                 static_cast<unsigned long long>(lim.rlim_cur));
+}
 
 }  // namespace loco::cli

@@ -37,6 +37,9 @@ JobSpec read_job(std::string file, std::vector<std::string> sets, const std::str
 // SIGINT and SIGTERM set stop_requested() instead of ending the process;
 // SIGPIPE is ignored. For the commands that run until stopped.
 void install_signal_handlers();
+// Raises this process's limit on open files to the hard limit (a head, a node or a relay
+// holds a descriptor per connection), and says so in the log when that is still low.
+void raise_open_file_limit(const std::string& who);
 const std::atomic<bool>& stop_requested();
 
 }  // namespace loco::cli

@@ -67,6 +67,7 @@ int start_blocking(const StartArgs& a) {
   // operator's alone: files 0600, folders 0700. One user's job cannot read another's through
   // the file system (issue "21 ·": checkpoints were 0644 in 0755 folders).
   ::umask(077);
+  raise_open_file_limit(a.head ? "loco start --head" : "loco start");
   // The head's dashboard listens before the head serves (a port in use fails the start) and
   // reads the head through a client connection of its own, made at its first request.
   std::unique_ptr<dashboard::Server> dash;

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "client/cli/commands.hpp"
+#include "client/cli/common.hpp"
 #include "runtime/collective/relay.hpp"
 #include "runtime/collective/types.hpp"
 #include "runtime/security/keys.hpp"
@@ -20,11 +21,14 @@ struct RelayArgs {
   std::string key;        // the cluster key file: only its public key is kept
   std::string relay_key;  // the relay's own key pair; made when missing
   bool insecure = false;
+  double handshake_timeout_s = 60;
 };
 
 int run_relay(const RelayArgs& a) {
   collective::RelayOptions o;
   o.rate_mbit = a.rate_mbit;
+  o.handshake_timeout = std::chrono::milliseconds(int64_t(a.handshake_timeout_s * 1000));
+  raise_open_file_limit("loco relay");
   const security::Settings cluster = security::resolve(a.key, a.insecure);
   if (cluster.curve) {
     // The relay admits members by the cluster's public key; it must not hold the secret.
@@ -67,6 +71,11 @@ void add_relay_command(CLI::App& app, Commands& out) {
   relay->add_option("--relay-key", a->relay_key,
                     "the relay's own key pair, made when missing (default ~/.loco/relay.key)");
   relay->add_flag("--insecure", a->insecure, "plain TCP, no CURVE");
+  relay
+      ->add_option("--handshake-timeout-s", a->handshake_timeout_s,
+                   "close a connection that has not finished its handshake within this "
+                   "(default 60)")
+      ->check(CLI::Range(0.1, 3600.0));
   out.push_back({relay, [a] {
                    try {
                      return run_relay(*a);

@@ -192,7 +192,8 @@ Relay::Relay(const std::string& bind_endpoint, RelayOptions options)
     r.options.own = {};
   }
   r.router->set(zmq::sockopt::linger, 0);
-  r.router->set(zmq::sockopt::handshake_ivl, 0);
+  r.router->set(zmq::sockopt::handshake_ivl,
+                 static_cast<int>(std::max<int64_t>(1, r.options.handshake_timeout.count())));
   r.router->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(r.options.max_message_bytes));
   r.router->set(zmq::sockopt::rcvhwm, r.options.hwm);
   r.router->set(zmq::sockopt::sndhwm, r.options.hwm);

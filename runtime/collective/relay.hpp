@@ -40,6 +40,11 @@ struct RelayOptions {
   int hwm = 64;
   std::chrono::milliseconds hold_ttl{10000};
   size_t max_held_bytes = size_t(256) << 20;
+  // A connection that has not finished its handshake (CURVE included) within this is closed:
+  // idle connections of someone without the key hold no descriptor for long. Generous, for the
+  // few bytes of a member's handshake behind data on a saturated link; ZeroMQ reconnects a
+  // member it closed.
+  std::chrono::milliseconds handshake_timeout{60000};
   // Test hook: sees each message before it is forwarded, as frames (destination routing id,
   // source routing id, then the member's frames: header, sender, sealed payload), and may
   // change them (a hostile relay). Empty in production.

@@ -17,6 +17,8 @@
 
 namespace loco::collective::detail {
 namespace {
+// How long a connection accepted by a member's ROUTER may take to finish its handshake.
+constexpr int kAcceptedHandshakeMs = 60000;
 
 // Who is at the other end of TCP connection `fd` ("" if it is none).
 std::string peer_address(int fd) {
@@ -217,7 +219,10 @@ ZmqTransport::ZmqTransport(const std::string& bind_endpoint,
   router_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::router);
   security::make_server(*router_, security_);
   router_->set(zmq::sockopt::linger, 0);
-  router_->set(zmq::sockopt::handshake_ivl, 0);  // as for the DEALERs (open_dealer)
+  // Bounded, unlike the DEALERs' (open_dealer): a connection accepted here that has not
+  // finished its handshake in 60 s (an idle one of someone without the key) is closed. A
+  // member's own that waited that long behind data is dialled again by its DEALER.
+  router_->set(zmq::sockopt::handshake_ivl, kAcceptedHandshakeMs);
   if (max_frame_bytes > 0)
     router_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_frame_bytes + kFrameSlack));
   router_->set(zmq::sockopt::rcvhwm, rcvhwm_);

@@ -237,7 +237,11 @@ struct JobSubmission {
   int max_restarts = 0;     // of the entry actor
   // The most workers `loco scale` may ask for (a DiLoCo job: workers.max); 0: the head's cap.
   int max_workers = 0;
-  MSGPACK_DEFINE(name, entry_class, spec, resources, max_restarts, max_workers)
+  // Made by the submitting client once per job it means to submit (Runtime::submit_job), and
+  // sent again with every retry of that submission: the head starts one job per id and key,
+  // and answers a repeat with that job (appended: a client from before it sends none).
+  std::string submission_id;
+  MSGPACK_DEFINE(name, entry_class, spec, resources, max_restarts, max_workers, submission_id)
 };
 
 struct JobInfo {

@@ -317,6 +317,9 @@ Payload Core::call_head(const std::string& method, Payload&& args, Millis timeou
       await(*st, Millis(std::max<int64_t>(1, deadline - now_ms())));
       return std::move(st->result);
     } catch (const ActorDiedError& e) {
+      // An answer of the head's (an actor it started died, say) is its outcome: retrying would
+      // do the request twice (a second job for one `loco submit`).
+      if (!unreachable(st->peer)) throw;
       // The head is unreachable: it may be restarting. Retry until the deadline.
       if (now_ms() + 100 >= deadline)
         throw ClusterError("head at " + opts_.head_address + " unreachable: " + e.what());
@@ -326,6 +329,11 @@ Payload Core::call_head(const std::string& method, Payload&& args, Millis timeou
                          " within " + human_ms(timeout.count()));
     }
   }
+}
+
+bool Core::unreachable(const std::string& peer) {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  return dead_peers_.count(peer) > 0;
 }
 
 void Core::await(CallState& st, Millis timeout) {

@@ -186,6 +186,9 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   // Fails the calls pending on `peer` with ClusterError: retrying will not make it accept us.
   void on_handshake_failed(const std::string& peer, const std::string& why);
   void on_reply(const std::string& peer, std::vector<zmq::message_t>&& frames);
+  // Whether this process declared `peer` dead (its failure detection), as opposed to `peer`
+  // answering with an error of its own.
+  bool unreachable(const std::string& peer);
   void on_tick(int64_t now);
   void send_error(zmq::message_t&& rid, uint64_t corr, const std::string& type,
                   const std::string& message);

@@ -52,6 +52,8 @@ struct Creation {
 // A node that has not answered create_actor in this long while still heartbeating: the
 // actor is recorded dead (a constructor that loads LibTorch takes seconds, not minutes).
 constexpr int64_t kCreateTimeoutMs = 60000;
+// Two nodes lost within this while creating the same actor: the actor is not placed again.
+constexpr int64_t kCreationLossWindowMs = 120000;
 // Actors a tick starts or declares dead at most; the others wait for the next tick.
 constexpr int64_t kMaxStartsPerTick = 64;
 
@@ -422,8 +424,24 @@ class HeadService {
                             ", not " + escape_remote(sub.entry_class, 64));
     if (sub.max_workers < 0)
       throw ClusterError("submit: max_workers " + std::to_string(sub.max_workers) + " is negative");
-    // Bounded per key before anything is stored: a refused submission leaves no record.
     const std::string key = who.member() ? std::string() : who.key;
+    // A submission seen before (a client's retry after a lost answer): its job, not a second.
+    check_size("submit: submission_id", sub.submission_id.size(), kMaxJobNameBytes);
+    const std::string once =
+        sub.submission_id.empty() ? std::string() : keys::submission(key, sub.submission_id);
+    if (!once.empty()) {
+      if (auto seen = store_->get(once)) {
+        spdlog::info("head: submission {} again: it started job {}",
+                     escape_remote(sub.submission_id, 64), *seen);
+        JobInfo earlier = job_record(*seen);
+        if (earlier.state == JobState::failed)
+          throw ClusterError("submit: this submission started job " + earlier.id +
+                             ", which failed: " + earlier.message);
+        if (reply) reply->ok(detail::pack_payload(earlier));
+        return earlier;
+      }
+    }
+    // Bounded per key before anything is stored: a refused submission leaves no record.
     int running = 0;
     for (const auto& [id, r] : jobs_index().running)
       if (r.owner == key) ++running;
@@ -442,6 +460,9 @@ class HeadService {
     job.max_workers = std::min(sub.max_workers > 0 ? sub.max_workers : cfg_.max_job_workers,
                                cfg_.max_job_workers);
     save_job(job);
+    if (!once.empty())
+      store_->put(once, job.id, std::chrono::milliseconds(std::max<int64_t>(
+                                    cfg_.job_retention_ms, 600000)));
     SpawnRequest req;
     req.class_name = sub.entry_class;
     msgpack::sbuffer args;
@@ -1095,6 +1116,39 @@ class HeadService {
                      detector_.suspects(now_ms()).count(c.node_id);
     std::string why =
         "could not be created on node " + c.node_id + " (" + c.address + "): " + error;
+    if (node_lost) {
+      // A node lost once while it created an actor is bad luck; twice for the same actor within
+      // kCreationLossWindowMs is the actor's doing (a job file that crashes the process that
+      // reads it): it is not placed again, and its job fails saying why.
+      const int64_t now = now_ms();
+      std::erase_if(lost_creations_, [&](const auto& entry) {
+        return now - entry.second.back().first > kCreationLossWindowMs;
+      });
+      auto& lost = lost_creations_[rec.info.id];
+      std::erase_if(lost, [&](const auto& l) { return now - l.first > kCreationLossWindowMs; });
+      lost.emplace_back(now, c.node_id);
+      if (lost.size() >= 2) {
+        std::string nodes;
+        for (const auto& [at, node] : lost) nodes += (nodes.empty() ? "" : " and ") + node;
+        const std::string cause =
+            describe(rec.info) + " was being created on nodes " + nodes + " when each was lost, " +
+            "within " + human_ms(now - lost.front().first) +
+            ": an actor whose creation takes its node down is not placed again (the job's files "
+            "may crash the process that reads them)";
+        lost_creations_.erase(rec.info.id);
+        rec.info.state = ActorState::dead;
+        rec.info.reason = cause;
+        save(rec);
+        event({{"type", "actor_dead"}, {"actor", rec.info.id}, {"reason", cause}});
+        spdlog::warn("head: {}", cause);
+        report(c, rec.info, "ClusterError", cause);
+        if (!rec.info.job.empty()) {
+          JobInfo job = job_record(rec.info.job);
+          if (!job.finished()) finish(job, JobState::failed, cause);
+        }
+        return;
+      }
+    }
     if (node_lost && c.restart && rec.info.restarts > 0) rec.info.restarts--;
     if (node_lost && rec.info.restarts < rec.info.max_restarts) {
       to_restart(rec, why);
@@ -1166,6 +1220,9 @@ class HeadService {
   std::shared_ptr<membership::Store> store_;
   std::string address_;
   FailureDetector detector_;
+  // Per actor, the nodes lost while they created it, and when (start_failed), within
+  // kCreationLossWindowMs.
+  std::map<std::string, std::vector<std::pair<int64_t, std::string>>> lost_creations_;
   bool store_was_down_ = false;
   // Creations sent to nodes and not answered yet, by actor id (in memory: a restarted head
   // asks the nodes again for the actors the store shows pending).

@@ -60,7 +60,13 @@ class NodeService {
     }
     detail::Payload args;
     args.body = std::move(req.ctor_args);
-    ActorContext context{req.actor_id, req.gpus, roots_, req.job, req.owner, req.owner_name};
+    // A client's actors (its jobs' too) see only that user's folder of each root.
+    ActorContext context{req.actor_id,
+                         req.gpus,
+                         req.owner.empty() ? roots_ : roots_.for_user(req.owner, req.owner_name),
+                         req.job,
+                         req.owner,
+                         req.owner_name};
     std::shared_ptr<void> instance;
     {
       detail::ActorContextScope scope(&context);  // the constructor sees its own placement

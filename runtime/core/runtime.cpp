@@ -80,7 +80,11 @@ void Runtime::kill(const std::string& actor_id, bool allow_restart) {
 
 JobInfo Runtime::submit_job(const JobSubmission& sub) {
   Acting as(actor_);
-  return core_->head_call<JobInfo>("submit_job", Millis(120000), sub);
+  // One id for this submission and every retry of it: a head that started the job and lost
+  // the answer (or restarted) starts no second one.
+  JobSubmission once = sub;
+  if (once.submission_id.empty()) once.submission_id = random_id("sub");
+  return core_->head_call<JobInfo>("submit_job", Millis(120000), once);
 }
 
 JobEvents Runtime::job_events(const std::string& job_id, const std::string& after, int max) {

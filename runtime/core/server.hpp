@@ -81,6 +81,10 @@ inline const std::string kEvents = "loco:events";
 inline const std::string kJobs = "loco:jobs";
 inline std::string alive(const std::string& node) { return "loco:alive:" + node; }
 inline std::string job_events(const std::string& job) { return "loco:job:" + job; }
+// The job a submission id started, per submitting key ("" for members).
+inline std::string submission(const std::string& key, const std::string& id) {
+  return "loco:submission:" + key + ":" + id;
+}
 }  // namespace keys
 
 }  // namespace loco

@@ -465,6 +465,75 @@ LOCO_REGISTER(WorkerStub, loco::ActorClass<WorkerStub>("diloco.InnerWorker")
                               .method("save_checkpoint", &WorkerStub::save_checkpoint)
                               .method("reduce", &WorkerStub::reduce));
 
+// Users' files apart (issue "21 ·", finding 5: a client's checkpoint.resume of another user's
+// checkpoint was loaded, and data.dir of another user's folder and checkpoint.dir inside
+// another user's job folder were accepted). A client's job sees its own folder of each root,
+// ROOT/<its key's name>: bob's checkpoints land in ROOT/bob (0700 folders, 0600 files), and
+// alice's job naming bob's checkpoint, corpus or folder is refused naming bob.
+TEST_F(DilocoJob, AClientsJobReadsAndWritesOnlyItsOwnFolderOfTheRoots) {
+  const std::string root = dir_ + "/root";
+  ClusterOptions co = one_worker_per_node(1);
+  co.path_root = root;
+  fs::create_directories(root);
+  LocalCluster c(co);
+  std::map<std::string, std::unique_ptr<Client>> as;
+  for (const std::string who : {"alice", "bob"}) {
+    const std::string key = c.log_dir() + "/" + who + ".key";
+    const std::string cmd = "timeout 60 " + loco_binary() + " keygen --client --out " + key +
+                            " --key " + c.key_path() + " --name " + who + " > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    ConnectOptions o;
+    o.security = security::read_key_file(key);
+    as[who] = std::make_unique<Client>(c.head_address(), o);
+    fs::create_directories(root + "/" + who);
+    fs::copy(data_, root + "/" + who + "/data", fs::copy_options::recursive);
+  }
+  TestJob j = job(1, 1, 1);
+  j.data = "data";
+  j.ckpt = "ck";
+  JobHandle bobs = as["bob"]->submit(JobSpec::from_yaml(j.yaml()));
+  JobInfo end = bobs.wait(Millis(300000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log_text(bobs);
+  const std::string folder = root + "/bob/ck/" + bobs.id();
+  const std::string ckpt = folder + "/final.pt";
+  ASSERT_TRUE(fs::exists(ckpt)) << "bob's checkpoint is not in his folder";
+  EXPECT_EQ(fs::status(folder).permissions() & fs::perms::all, fs::perms::owner_all);
+  EXPECT_EQ(fs::status(ckpt).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+
+  auto refusal = [&](const std::string& data, const std::string& ck, const std::string& resume) {
+    TestJob a = job(1, 1, 1);
+    a.data = data;
+    a.ckpt = ck;
+    std::string yaml = a.yaml();
+    const std::string mapping = "checkpoint: {";
+    if (!resume.empty())
+      yaml.replace(yaml.find(mapping), mapping.size(), mapping + "resume: " + resume + ", ");
+    try {
+      JobHandle h = as["alice"]->submit(JobSpec::from_yaml(yaml));
+      return "accepted: " + to_string(h.wait(Millis(300000)).state);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  std::string e = refusal("data", "ck", ckpt);
+  EXPECT_NE(e.find("checkpoint.resume: '" + ckpt + "' is in the folder of user 'bob'"),
+            std::string::npos)
+      << e;
+  e = refusal(root + "/bob/data", "ck", "");
+  EXPECT_NE(e.find("data.dir: '" + root + "/bob/data' is in the folder of user 'bob'"),
+            std::string::npos)
+      << e;
+  e = refusal("data", folder, "");
+  EXPECT_NE(e.find("checkpoint.dir: '" + folder + "' is in the folder of user 'bob'"),
+            std::string::npos)
+      << e;
+  e = refusal("../bob/data", "ck", "");
+  EXPECT_NE(e.find("is in the folder of user 'bob'"), std::string::npos) << e;
+  // Her own files: accepted, and run.
+  EXPECT_EQ(refusal("data", "ck", ""), "accepted: succeeded");
+}
+
 // A node's jobs read and write only under its roots (loco start --data-root,
 // --checkpoint-root): a job file whose checkpoint.dir or data.dir leaves them, by an
 // absolute path, by "..", or through a symbolic link, is refused naming the field, and a
@@ -721,6 +790,45 @@ TEST_F(DilocoJob, AJobNeedingMoreMemoryThanTheLargestNodeIsRefusedNamingTheField
   JobHandle ok = client.submit(JobSpec::from_yaml(job(2, 2, 1).yaml()));
   EXPECT_EQ(ok.wait(Millis(120000)).state, JobState::succeeded);
   EXPECT_NE(log_text(ok).find("memory: a worker needs about "), std::string::npos);
+}
+
+// Bounded disk (issue "21 ·", finding 8: `checkpoint.every: 1` without `keep` wrote 2.7 GB in
+// 21,675 files in 4 minutes). Without `keep` a job keeps its newest 3 round checkpoints; with
+// `quota_gib` a checkpoint that would take the job's folder past it is not written, the log
+// says why, and the job goes on to succeed.
+TEST_F(DilocoJob, CheckpointsAreKeptThreeByDefaultAndWithinTheJobsQuota) {
+  LocalCluster c(one_worker_per_node(1));
+  Client client(c.head_address());
+  TestJob j = job(1, 1, 6);
+  j.checkpoint_every = 1;
+  JobHandle kept = client.submit(JobSpec::from_yaml(j.yaml()));
+  ASSERT_EQ(kept.wait(Millis(300000)).state, JobState::succeeded) << log_text(kept);
+  const std::string folder = dir_ + "/ckpt/" + kept.id();
+  for (int r = 1; r <= 5; ++r)
+    EXPECT_EQ(fs::exists(folder + "/ckpt-round-" + std::to_string(r) + ".pt"), r >= 3) << r;
+  EXPECT_TRUE(fs::exists(folder + "/final.pt"));
+
+  // The test model's checkpoint with one worker is about 3.6 MiB (2.3 the aggregator's file,
+  // 1.4 the worker's): 10 MiB hold two.
+  std::string yaml = j.yaml();
+  const std::string mapping = "checkpoint: {";
+  yaml.replace(yaml.find(mapping), mapping.size(), mapping + "keep: 0, quota_gib: 0.009765625, ");
+  JobHandle quota = client.submit(JobSpec::from_yaml(yaml));
+  ASSERT_EQ(quota.wait(Millis(300000)).state, JobState::succeeded) << log_text(quota);
+  const std::string log = log_text(quota);
+  const std::string qfolder = dir_ + "/ckpt/" + quota.id();
+  double bytes = 0;
+  for (const auto& e : fs::directory_iterator(qfolder)) bytes += double(e.file_size());
+  EXPECT_LE(bytes, 10.0 * (1 << 20));
+  EXPECT_TRUE(fs::exists(qfolder + "/ckpt-round-1.pt"));
+  EXPECT_TRUE(fs::exists(qfolder + "/ckpt-round-2.pt"));
+  EXPECT_FALSE(fs::exists(qfolder + "/ckpt-round-3.pt"));
+  EXPECT_FALSE(fs::exists(qfolder + "/final.pt"));
+  EXPECT_NE(log.find("the checkpoint of round 3 is not written: the job's folder holds "),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("past checkpoint.quota_gib"), std::string::npos) << log;
+  EXPECT_NE(log.find("final.pt is not written"), std::string::npos) << log;
 }
 
 // checkpoint.keep and checkpoint.resume (`loco submit --resume`): a job keeps only its newest

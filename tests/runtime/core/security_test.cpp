@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "runtime/core/core.hpp"
 #include "runtime/security/keys.hpp"
@@ -506,6 +507,126 @@ TEST(Security, AKillAnswersTheQueuedCallsAtOnceAndHoldsUpNoOtherSpawn) {
 
 TEST(Security, AKillOfAnActorBehindNatAnswersTheForwardedCallsAtOnce) {
   a_kill_answers_the_queue_and_holds_up_no_one({"--no-listen"});
+}
+
+// `loco submit` never submits a job twice (issue "21 ·", finding 2: a module whose forward
+// spun held up the node during the submission; the head answered ActorDiedError, `loco submit`
+// retried by itself, and a second job ran). Here the node constructing the job's entry actor
+// (a constructor that takes 3 s) is killed: the head answers that the job could not start, the
+// client does not retry an answer of the head's, and the submission id would stop a retry that
+// came anyway (a lost answer) from starting a second job.
+TEST(Security, ASubmissionWhoseStartFailsIsNotSubmittedAgain) {
+  LocalCluster c(ClusterOptions{.nodes = 2});
+  Runtime& rt = c.runtime();
+  const std::string marker = c.log_dir() + "/constructing";
+  JobSubmission sub{"once", "test.FakeJob", "rounds 3 slow-start " + marker + " 3000",
+                    {{"cpu", 0}}};
+  std::string outcome;
+  std::thread submitter([&] {
+    try {
+      outcome = "submitted " + rt.submit_job(sub).id;
+    } catch (const Error& e) {
+      outcome = e.what();
+    }
+  });
+  const bool constructing =
+      eventually([&] { return std::filesystem::exists(marker); }, Millis(15000));
+  EXPECT_TRUE(constructing);
+  if (constructing) {
+    std::string node, victim;
+    const ClusterStatus st = rt.status();
+    for (const ActorInfo& a : st.actors)
+      if (a.class_name == "test.FakeJob") node = a.node_id;
+    for (const NodeStatus& n : st.nodes)
+      if (n.node.id == node) victim = n.node.address;
+    EXPECT_FALSE(victim.empty()) << "no node holds the entry actor";
+    if (!victim.empty()) c.node(victim).kill();
+  }
+  submitter.join();
+  int jobs = 0;
+  for (const JobInfo& j : rt.list_jobs()) jobs += j.name == "once";
+  EXPECT_EQ(jobs, 1) << outcome;
+  EXPECT_TRUE(contains(outcome, "could not start the job")) << outcome;
+  std::cout << "submit: " << outcome << "\n";
+}
+
+// The head starts one job per submission id and key: the same submission sent again (a client's
+// retry after a lost answer) gets the job it started.
+TEST(Security, TheSameSubmissionSentTwiceStartsOneJob) {
+  LocalCluster c(ClusterOptions{.nodes = 1});
+  Runtime& rt = c.runtime();
+  JobSubmission sub{"twice", "test.FakeJob", "rounds 100000", {{"cpu", 0}}};
+  sub.submission_id = "sub-0123456789abcdef";
+  const JobInfo first = rt.submit_job(sub);
+  const JobInfo again = rt.submit_job(sub);
+  EXPECT_EQ(again.id, first.id);
+  sub.submission_id = "sub-fedcba9876543210";
+  const JobInfo other = rt.submit_job(sub);
+  EXPECT_NE(other.id, first.id);
+  int jobs = 0;
+  for (const JobInfo& j : rt.list_jobs()) jobs += j.name == "twice";
+  EXPECT_EQ(jobs, 2);
+  rt.cancel_job(first.id);
+  rt.cancel_job(other.id);
+}
+
+// A crashing job cannot spread (issue "21 ·", finding 1: one job file crashed every node, the
+// head moved the job's entry actor to each surviving node in turn and restarted nodes died
+// again, "restarting 0/3", because a creation on a lost node used up no restart). Here the entry
+// actor's constructor takes its node down: after the second node lost while creating it, the
+// head places it no more and fails the job naming the cause; the third node and another job
+// live on.
+TEST(Security, AJobWhoseActorCrashesTheNodesThatCreateItFailsAfterTwo) {
+  ClusterOptions o;
+  o.nodes = 3;
+  o.detect_ms = 1000;
+  LocalCluster c(o);
+  Runtime& rt = c.runtime();
+  const JobInfo bystander =
+      rt.submit_job(JobSubmission{"bystander", "test.FakeJob", "rounds 100000", {{"cpu", 0}}, 3});
+  std::string submitted;
+  try {
+    submitted = rt.submit_job(JobSubmission{"poison", "test.FakeJob", "rounds 3 crash-on-start",
+                                            {{"cpu", 0}}, 3})
+                    .id;
+  } catch (const Error& e) {
+    submitted = e.what();  // the job's record says how it ended all the same
+  }
+  JobInfo poison;
+  const bool ended = eventually(
+      [&] {
+        for (const JobInfo& j : rt.list_jobs())
+          if (j.name == "poison") poison = j;
+        return poison.finished();
+      },
+      Millis(30000));
+  EXPECT_TRUE(ended) << "the job is " << to_string(poison.state) << " (" << submitted << ")";
+  EXPECT_EQ(poison.state, JobState::failed);
+  EXPECT_TRUE(contains(poison.message, "when each was lost")) << poison.message;
+  EXPECT_TRUE(contains(poison.message, "is not placed again")) << poison.message;
+  // Two nodes went; the third stays alive, with the other job running there.
+  int dead = 0, alive = 0;
+  EXPECT_TRUE(eventually(
+      [&] {
+        dead = alive = 0;
+        for (const NodeStatus& n : rt.status().nodes) {
+          dead += n.node.state == NodeState::dead;
+          alive += n.node.state == NodeState::alive;
+        }
+        return dead == 2;
+      },
+      Millis(5000)));
+  EXPECT_EQ(dead, 2);
+  EXPECT_EQ(alive, 1);
+  EXPECT_TRUE(eventually(
+      [&] {
+        const JobInfo j = rt.job(bystander.id);
+        return j.state == JobState::running &&
+               rt.locate(j.entry_actor).state == ActorState::alive;
+      },
+      Millis(15000)))
+      << "the other job did not survive";
+  rt.cancel_job(bystander.id);
 }
 
 }  // namespace

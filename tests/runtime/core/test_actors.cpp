@@ -1,5 +1,6 @@
 #include "tests/runtime/core/test_actors.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -102,6 +103,17 @@ FakeJob::FakeJob(std::string job_id, std::string spec) : job_id_(std::move(job_i
   fail_ = spec.find("fail") != std::string::npos;
   bad_report_ = spec.find("bad-report") != std::string::npos;
   with_steps_ = spec.find("with-steps") != std::string::npos;
+  // "crash-on-start": the constructor takes its node down (a file that crashes its reader).
+  if (spec.find("crash-on-start") != std::string::npos) ::raise(SIGKILL);
+  // "slow-start PATH MS": writes PATH, then takes MS to construct (a constructor that spins).
+  if (auto at = spec.find("slow-start "); at != std::string::npos) {
+    std::istringstream slow(spec.substr(at + 11));
+    std::string marker;
+    int ms = 0;
+    slow >> marker >> ms;
+    std::ofstream(marker) << "constructing\n";
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
   Runtime rt = Runtime::current();
   thread_ = std::thread([this, rt]() mutable {
     try {

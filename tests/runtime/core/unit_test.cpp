@@ -1026,6 +1026,46 @@ TEST(PathRoots, PathsResolveUnderTheRootOrAreRefusedNamingTheField) {
   fs::remove_all(base);
 }
 
+// A client's actors get its own folder of each root (PathRoots::for_user): made 0700 when
+// missing, named after the key's name when that is a plain one, and a path into another user's
+// folder is refused naming that user.
+TEST(PathRoots, AClientsRootsAreItsOwnFolderAndAnotherUsersIsRefusedNamingThem) {
+  namespace fs = std::filesystem;
+  const fs::path base = fs::temp_directory_path() / ("loco-users-" + std::to_string(::getpid()));
+  fs::create_directories(base / "root/bob/ck");
+  const PathRoots node = PathRoots::at((base / "root").string());
+  const PathRoots alice = node.for_user("KEY-A", "alice");
+  EXPECT_EQ(alice.user, "alice");
+  EXPECT_EQ(alice.checkpoints, (base / "root/alice").string());
+  EXPECT_EQ(fs::status(alice.checkpoints).permissions() & fs::perms::all, fs::perms::owner_all);
+  EXPECT_EQ(resolve_checkpoint_path(alice, "ck", "checkpoint.dir"), alice.checkpoints + "/ck");
+  auto error = [&](const std::string& path) {
+    try {
+      resolve_checkpoint_path(alice, path, "checkpoint.resume");
+    } catch (const PathError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string bobs = (base / "root/bob/ck/x.pt").string();
+  EXPECT_EQ(error(bobs), "checkpoint.resume: '" + bobs + "' is in the folder of user 'bob' (" +
+                             (base / "root/bob").string() +
+                             "); a client's job reads and writes only under its own, " +
+                             alice.checkpoints + " (docs/security.md, \"Users' files apart\")");
+  EXPECT_NE(error("../bob/ck/x.pt").find("in the folder of user 'bob'"), std::string::npos);
+  EXPECT_NE(error("/etc/passwd").find("is outside this node's checkpoint root"),
+            std::string::npos);
+  // The operator's actors see the whole roots.
+  EXPECT_EQ(resolve_checkpoint_path(node, bobs, "checkpoint.resume"), bobs);
+  // Names that are not plain make no path of their own.
+  EXPECT_EQ(user_folder("K", "alice_2-x"), "alice_2-x");
+  const std::vector<std::string> odd = {"", "..", "a/b", "-rf", "al ice", std::string(65, 'a')};
+  for (const std::string& name : odd)
+    EXPECT_EQ(user_folder("K", name).rfind("key-", 0), 0u) << name;
+  EXPECT_NE(user_folder("K1", ""), user_folder("K2", ""));
+  fs::remove_all(base);
+}
+
 // ---- CURVE -----------------------------------------------------------------------------
 
 std::string temp_dir() {
