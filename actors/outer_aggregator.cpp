@@ -4,14 +4,15 @@
 // aggregator_blocking.cpp, aggregator_streaming.cpp and aggregator_membership.cpp.
 #include "actors/outer_aggregator.hpp"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
-
-#include <sys/statvfs.h>
+#include <set>
 
 #include "actors/outer_aggregator_state.hpp"
 #include "diloco/data.hpp"
@@ -211,19 +212,22 @@ bool OuterAggregator::State::room_for_checkpoint(int64_t r, const std::string& w
   std::error_code ec;
   double held = 0;
   std::map<int64_t, double> round_bytes;
+  std::set<int64_t> whole;  // rounds whose checkpoint file is there (not only workers' files)
   for (const auto& e : fs::directory_iterator(folder, ec)) {
     if (!e.is_regular_file(ec)) continue;
     const double bytes = double(e.file_size(ec));
     held += bytes;
     std::smatch m;
     const std::string file = e.path().filename().string();
-    if (std::regex_match(file, m, name)) round_bytes[std::stoll(m[1].str())] += bytes;
+    if (!std::regex_match(file, m, name)) continue;
+    round_bytes[std::stoll(m[1].str())] += bytes;
+    if (!m[2].matched) whole.insert(std::stoll(m[1].str()));
   }
-  // The newest checkpoint's size; before the first, θ and momentum (8P) and each worker's
-  // inner state (θ and AdamW's moments: 12P).
+  // The newest whole checkpoint's size; before the first, θ and momentum (8P) and each
+  // worker's inner state (θ and AdamW's moments: 12P).
   double estimate = 0;
-  if (!round_bytes.empty()) {
-    estimate = round_bytes.rbegin()->second;
+  if (!whole.empty()) {
+    estimate = round_bytes[*whole.rbegin()];
   } else if (cfg.model.torchscript.empty()) {
     const double p = double(cfg.model.parameter_count(cfg.vocab_size()));
     estimate = p * (8.0 + 12.0 * double(std::max(1, cfg.workers.count)));
@@ -264,11 +268,16 @@ void OuterAggregator::State::prune_checkpoints() {
     if (std::regex_match(file, m, name)) rounds[std::stoll(m[1].str())].push_back(e.path());
   }
   int kept = 0;
+  bool whole_seen = false;
   for (const auto& [r, files] : rounds) {
     const bool whole =
         std::any_of(files.begin(), files.end(), [](const fs::path& p) {
           return p.filename().string().find(".worker-") == std::string::npos;
         });
+    // Newer than every whole checkpoint: being written (in streaming, the workers' files of
+    // round r + 1 land before its checkpoint file does).
+    if (!whole && !whole_seen) continue;
+    whole_seen = whole_seen || whole;
     if (whole && kept < cfg.checkpoint.keep) {
       ++kept;
       continue;

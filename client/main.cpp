@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   add_dashboard_command(app, commands);
   add_plot_command(app, commands);
   add_relay_command(app, commands);
+  add_tokenize_command(app, commands);
   add_trainer_commands(app);
 
   CLI11_PARSE(app, argc, argv);

@@ -117,6 +117,13 @@ void BpeModel::read_symbols(const Json& m, const std::string& name) {
     std::snprintf(hex, sizeof hex, "<0x%02X>", b);
     const std::string sym = byte_level_ ? byte_map().utf8[b] : std::string(hex);
     const auto it = vocab_.find(sym);
+    // The 13 bytes valid UTF-8 never holds: a byte-level vocabulary may lack their symbols
+    // (GPT-NeoX's and MPT's do), and `tokenizers` encodes valid text with it all the same.
+    const bool never_in_utf8 = b == 0xC0 || b == 0xC1 || b >= 0xF5;
+    if (it == vocab_.end() && byte_level_ && never_in_utf8) {
+      byte_id_[b] = kNoSymbol;
+      continue;
+    }
     if (it == vocab_.end())
       fail(name, "model.vocab",
            byte_level_ ? "lacks the byte-level symbol of byte " + std::to_string(b) +
@@ -182,7 +189,13 @@ std::vector<std::uint32_t> BpeModel::symbols(std::string_view word) const {
   std::vector<std::uint32_t> ids;
   ids.reserve(word.size());
   if (byte_level_) {
-    for (unsigned char c : word) ids.push_back(byte_id_[c]);
+    for (unsigned char c : word) {
+      if (byte_id_[c] == kNoSymbol)
+        throw std::runtime_error(
+            "the text is not valid UTF-8: it holds a byte that valid UTF-8 never holds, and "
+            "this byte-level vocabulary (as GPT-NeoX's) has no symbol for it");
+      ids.push_back(byte_id_[c]);
+    }
     return ids;
   }
   bool unk_pending = false;  // a run of unknown characters, fused into one unk when fuse_unk

@@ -58,6 +58,9 @@ class BpeModel {
   std::vector<bool> known_;
   std::unordered_map<std::uint32_t, std::uint32_t> char_ids_;  // one-character tokens
   std::uint32_t byte_id_[256] = {};                            // byte-level symbol or <0xNN>
+  // byte_id_ of a byte that valid UTF-8 never holds (0xC0, 0xC1, 0xF5-0xFF) whose symbol a
+  // byte-level vocabulary lacks (GPT-NeoX's, MPT's): such a byte cannot be encoded.
+  static constexpr std::uint32_t kNoSymbol = 0xFFFFFFFFu;
   std::unordered_map<std::uint64_t, Merge> merges_;
   // For each character c: the last characters of the left parts of merges whose right part
   // starts with c.

@@ -895,150 +895,182 @@ void validate_sizes(const JobConfig& c) {
 
 }  // namespace
 
-void JobConfig::validate() const {
-  // Each field's own checks first (kFields: non-finite numbers, which fail every comparison
-  // below, or pass "> 0" as +inf does; ranges), then the rules between fields.
-  for (const Field& f : fields())
-    if (f.check) f.check(*this, path_of(f));
-  require(!name.empty(), "name", "a non-empty string", "''");
-  require_text(name, kMaxJobNameBytes, "name");
-  require_text(data.dir, kMaxPathBytes, "data.dir");
-  require_text(checkpoint.dir, kMaxPathBytes, "checkpoint.dir");
-  require_text(checkpoint.resume, kMaxPathBytes, "checkpoint.resume");
-  require_text(init, kMaxPathBytes, "init");
-  require(init.empty() || (init.rfind("hf:", 0) == 0 && init.size() > 3), "init",
-          "hf:DIR, a Hugging Face folder of the job's model (or unset)", quoted(init));
-  if (model.is_torchscript() || !model.torchscript_hash.empty() ||
-      model.torchscript_parameters != 0)
-    check_torchscript_model(*this);
-  require(threads >= 0, "threads", ">= 0", threads);
-  require(threads <= kMaxThreads, "threads", "<= " + show(kMaxThreads), threads);
-  require_text(model.hf, kMaxPathBytes, "model.hf");
-  if (data.tokenizer == TokenizerKind::json)
-    require_text(data.tokenizer_json, kMaxPathBytes, "data.tokenizer");
-  if (data.format == DataFormat::tokens && data.tokenizer == TokenizerKind::bpe)
+// JobConfig::validate's rules between fields, in the order it applies them (the first broken
+// one is the error): names and files, data and workers, the inner schedule, compression topk,
+// the steps' numbers, the synchronization.
+void validate_names_and_files(const JobConfig& c) {
+  require(!c.name.empty(), "name", "a non-empty string", "''");
+  require_text(c.name, kMaxJobNameBytes, "name");
+  require_text(c.data.dir, kMaxPathBytes, "data.dir");
+  require_text(c.checkpoint.dir, kMaxPathBytes, "checkpoint.dir");
+  require_text(c.checkpoint.resume, kMaxPathBytes, "checkpoint.resume");
+  require_text(c.init, kMaxPathBytes, "init");
+  require(c.init.empty() || (c.init.rfind("hf:", 0) == 0 && c.init.size() > 3), "init",
+          "hf:DIR, a Hugging Face folder of the job's model (or unset)", quoted(c.init));
+  if (c.model.is_torchscript() || !c.model.torchscript_hash.empty() ||
+      c.model.torchscript_parameters != 0)
+    check_torchscript_model(c);
+  require(c.threads >= 0, "threads", ">= 0", c.threads);
+  require(c.threads <= kMaxThreads, "threads", "<= " + show(kMaxThreads), c.threads);
+  require_text(c.model.hf, kMaxPathBytes, "model.hf");
+  if (c.data.tokenizer == TokenizerKind::json)
+    require_text(c.data.tokenizer_json, kMaxPathBytes, "data.tokenizer");
+  if (c.data.format == DataFormat::tokens && c.data.tokenizer == TokenizerKind::bpe)
     throw ConfigError(
         "data.tokenizer: bpe trains on DIR/corpus, which data.format: tokens has not; name the "
         "tokenizer.json of the token files (or byte)");
-  // A model from a Hugging Face folder has its shape once resolve_hf_model has read the
-  // folder (on the node that has it); until then the rules that need the shape wait.
-  const bool shaped = model.hf.empty();
-  if (shaped) validate_model(*this);
+}
+
+void validate_data_and_workers(const JobConfig& c) {
   // 256 byte-fallback pieces + the corpus characters + the control pieces.
-  require(!data.dir.empty(), "data.dir", "a folder", "''");
-  require(data.val_fraction > 0 && data.val_fraction < 0.5, "data.val_fraction", "in (0, 0.5)",
-          data.val_fraction);
-  require(workers.min >= 1 && workers.min <= workers.count, "workers.min", "in [1, workers.count]",
-          workers.min);
-  require(workers.max == 0 || workers.max >= workers.count, "workers.max", "0 or >= workers.count",
-          workers.max);
-  require(workers.max <= kMaxWorkers, "workers.max", "<= " + show(kMaxWorkers), workers.max);
-  require(workers.wait_s > 0 && workers.wait_s <= kMaxWaitS, "workers.wait_s",
-          "in (0, " + show(kMaxWaitS) + "]", workers.wait_s);
-  require(workers.gpus >= 1, "workers.gpus", ">= 1", workers.gpus);
-  require(workers.gpus <= 64, "workers.gpus", "<= 64", workers.gpus);
-  if (device == DeviceKind::cuda && workers.local_ranks > 1 && workers.local_ranks != workers.gpus)
-    throw ConfigError("workers.local_ranks: " + show(workers.local_ranks) +
+  require(!c.data.dir.empty(), "data.dir", "a folder", "''");
+  require(c.data.val_fraction > 0 && c.data.val_fraction < 0.5, "data.val_fraction", "in (0, 0.5)",
+          c.data.val_fraction);
+  require(c.workers.min >= 1 && c.workers.min <= c.workers.count, "workers.min",
+          "in [1, workers.count]", c.workers.min);
+  require(c.workers.max == 0 || c.workers.max >= c.workers.count, "workers.max",
+          "0 or >= workers.count", c.workers.max);
+  require(c.workers.max <= kMaxWorkers, "workers.max", "<= " + show(kMaxWorkers), c.workers.max);
+  require(c.workers.wait_s > 0 && c.workers.wait_s <= kMaxWaitS, "workers.wait_s",
+          "in (0, " + show(kMaxWaitS) + "]", c.workers.wait_s);
+  require(c.workers.gpus >= 1, "workers.gpus", ">= 1", c.workers.gpus);
+  require(c.workers.gpus <= 64, "workers.gpus", "<= 64", c.workers.gpus);
+  if (c.device == DeviceKind::cuda && c.workers.local_ranks > 1 &&
+      c.workers.local_ranks != c.workers.gpus)
+    throw ConfigError("workers.local_ranks: " + show(c.workers.local_ranks) +
                       " with device: cuda, where a worker's ranks are its GPUs (workers.gpus: " +
-                      show(workers.gpus) + "); leave it out or make it equal");
-  require(inner.lr > 0, "inner.lr", "> 0", inner.lr);
-  require(inner.min_lr_ratio >= 0 && inner.min_lr_ratio <= 1, "inner.min_lr_ratio", "in [0, 1]",
-          inner.min_lr_ratio);
-  require(inner.weight_decay >= 0, "inner.weight_decay", ">= 0", inner.weight_decay);
-  require(inner.grad_clip >= 0, "inner.grad_clip", ">= 0 (0 disables)", inner.grad_clip);
-  require(workers.grace_max_s >= 0 && workers.grace_max_s <= kMaxWaitS, "workers.grace_max_s",
-          "in [0, " + show(kMaxWaitS) + "] (0: wait for every member)", workers.grace_max_s);
-  require(inner.round_seconds >= 0 && inner.round_seconds <= kMaxWaitS, "inner.round_seconds",
+                      show(c.workers.gpus) + "); leave it out or make it equal");
+}
+
+void validate_inner_schedule(const JobConfig& c) {
+  require(c.inner.lr > 0, "inner.lr", "> 0", c.inner.lr);
+  require(c.inner.min_lr_ratio >= 0 && c.inner.min_lr_ratio <= 1, "inner.min_lr_ratio", "in [0, 1]",
+          c.inner.min_lr_ratio);
+  require(c.inner.weight_decay >= 0, "inner.weight_decay", ">= 0", c.inner.weight_decay);
+  require(c.inner.grad_clip >= 0, "inner.grad_clip", ">= 0 (0 disables)", c.inner.grad_clip);
+  require(c.workers.grace_max_s >= 0 && c.workers.grace_max_s <= kMaxWaitS, "workers.grace_max_s",
+          "in [0, " + show(kMaxWaitS) + "] (0: wait for every member)", c.workers.grace_max_s);
+  require(c.inner.round_seconds >= 0 && c.inner.round_seconds <= kMaxWaitS, "inner.round_seconds",
           "in [0, " + show(kMaxWaitS) + "] (0: H x the median seconds per step)",
-          inner.round_seconds);
-  if (inner.budget == InnerBudget::time) {
-    if (sync.mode != SyncMode::blocking)
+          c.inner.round_seconds);
+  if (c.inner.budget == InnerBudget::time) {
+    if (c.sync.mode != SyncMode::blocking)
       throw ConfigError(
           "inner.budget: time needs sync.mode: blocking (streaming and eager "
           "synchronize at fixed steps)");
-    if (std::max(1, workers.local_ranks) > 1 || workers.gpus > 1)
+    if (std::max(1, c.workers.local_ranks) > 1 || c.workers.gpus > 1)
       throw ConfigError(
           "inner.budget: time runs one local rank per worker for now "
           "(workers.local_ranks and workers.gpus must be 1)");
   }
-  if (topk.on) {
-    if (inner.budget == InnerBudget::time)
-      throw ConfigError(
-          "compression: topk runs inner.budget: steps for now (with time, members weigh their Δ "
-          "by tokens, which the error feedback of a sparse average does not carry)");
-    if (std::max(1, workers.local_ranks) > 1 || workers.gpus > 1)
-      throw ConfigError(
-          "compression: topk runs one local rank per worker for now (workers.local_ranks and "
-          "workers.gpus must be 1)");
-    const int most = shaped ? topk_max_workers() : kMaxWorkers;
-    for (const auto& [field, n] : {std::pair{"workers.count", workers.count},
-                                   std::pair{"workers.max", workers.max}})
-      if (n > most)
-        throw ConfigError(std::string(field) + ": " + show(n) + " workers gathering " +
-                          "compression topk's bytes (chunk " + show(topk.chunk) + ", k " +
-                          show(topk.k) + ", bits " + show(topk.bits) + ") would each send more " +
-                          "than int8's all-reduce; at most " + show(most) +
-                          " (or a smaller k, a larger chunk, or compression: int8)");
-  }
-  require(guard.max_norm_ratio > 1, "guard.max_norm_ratio", "> 1 (the median's own norm passes)",
-          guard.max_norm_ratio);
-  require(guard.opposed >= 0 && guard.opposed <= 1, "guard.opposed", "in [0, 1]",
-          guard.opposed);
-  require(inner.grad_accum >= 1, "inner.grad_accum", ">= 1", inner.grad_accum);
-  require(inner.batch_size % inner.grad_accum == 0, "inner.grad_accum",
-          "a divisor of inner.batch_size (" + show(inner.batch_size) + ")", inner.grad_accum);
+}
+
+void validate_topk(const JobConfig& c, bool shaped) {
+  if (c.inner.budget == InnerBudget::time)
+    throw ConfigError(
+        "compression: topk runs inner.budget: steps for now (with time, members weigh their Δ "
+        "by tokens, which the error feedback of a sparse average does not carry)");
+  if (std::max(1, c.workers.local_ranks) > 1 || c.workers.gpus > 1)
+    throw ConfigError(
+        "compression: topk runs one local rank per worker for now (workers.local_ranks and "
+        "workers.gpus must be 1)");
+  const int most = shaped ? c.topk_max_workers() : kMaxWorkers;
+  for (const auto& [field, n] :
+       {std::pair{"workers.count", c.workers.count}, std::pair{"workers.max", c.workers.max}})
+    if (n > most)
+      throw ConfigError(std::string(field) + ": " + show(n) + " workers gathering " +
+                        "compression topk's bytes (chunk " + show(c.topk.chunk) + ", k " +
+                        show(c.topk.k) + ", bits " + show(c.topk.bits) + ") would each send more " +
+                        "than int8's all-reduce; at most " + show(most) +
+                        " (or a smaller k, a larger chunk, or compression: int8)");
+}
+
+void validate_steps(const JobConfig& c) {
+  require(c.guard.max_norm_ratio > 1, "guard.max_norm_ratio", "> 1 (the median's own norm passes)",
+          c.guard.max_norm_ratio);
+  require(c.guard.opposed >= 0 && c.guard.opposed <= 1, "guard.opposed", "in [0, 1]",
+          c.guard.opposed);
+  require(c.inner.grad_accum >= 1, "inner.grad_accum", ">= 1", c.inner.grad_accum);
+  require(c.inner.batch_size % c.inner.grad_accum == 0, "inner.grad_accum",
+          "a divisor of inner.batch_size (" + show(c.inner.batch_size) + ")", c.inner.grad_accum);
   // Each rank reads batch_size / G sequences of every step, in grad_accum micro-batches.
-  for (int g : {device == DeviceKind::cpu ? 1 : workers.gpus, std::max(1, workers.local_ranks)})
-    if (inner.batch_size % (g * inner.grad_accum) != 0)
-      throw ConfigError("inner.batch_size: " + show(inner.batch_size) +
+  for (int g :
+       {c.device == DeviceKind::cpu ? 1 : c.workers.gpus, std::max(1, c.workers.local_ranks)})
+    if (c.inner.batch_size % (g * c.inner.grad_accum) != 0)
+      throw ConfigError("inner.batch_size: " + show(c.inner.batch_size) +
                         " sequences do not split into " + show(g) + " local ranks of " +
-                        show(inner.grad_accum) +
+                        show(c.inner.grad_accum) +
                         " micro-batches; make it a multiple of the ranks per worker "
                         "(workers.gpus or workers.local_ranks) × inner.grad_accum");
-  require(inner.betas[0] >= 0 && inner.betas[0] < 1, "inner.betas[0]", "in [0, 1)", inner.betas[0]);
-  require(inner.betas[1] >= 0 && inner.betas[1] < 1, "inner.betas[1]", "in [0, 1)", inner.betas[1]);
-  require(inner.eps > 0, "inner.eps", "> 0", inner.eps);
+  require(c.inner.betas[0] >= 0 && c.inner.betas[0] < 1, "inner.betas[0]", "in [0, 1)",
+          c.inner.betas[0]);
+  require(c.inner.betas[1] >= 0 && c.inner.betas[1] < 1, "inner.betas[1]", "in [0, 1)",
+          c.inner.betas[1]);
+  require(c.inner.eps > 0, "inner.eps", "> 0", c.inner.eps);
   // The steps run in fp32, and torch takes their scalars as floats: AdamW's update is scaled by
   // lr / (1 - betas[0]) (the first step's bias correction) and θ decays by lr x weight_decay;
   // beyond fp32's range (3.4e38) a step cannot run at all ("value cannot be converted to type
   // float without overflow", on every worker, every time the round is redone). A rate below
   // that which still makes the loss non-finite fails the job after kMaxRoundRedos redos.
   constexpr double fp32_max = std::numeric_limits<float>::max();
-  require(inner.lr / (1 - inner.betas[0]) <= fp32_max && inner.lr * inner.weight_decay <= fp32_max,
+  require(c.inner.lr / (1 - c.inner.betas[0]) <= fp32_max &&
+              c.inner.lr * c.inner.weight_decay <= fp32_max,
           "inner.lr",
           "small enough that inner.lr / (1 - inner.betas[0]) and inner.lr x inner.weight_decay "
           "are within fp32's range (3.4e38), in which the inner steps run",
-          inner.lr);
-  require(outer.lr > 0, "outer.lr", "> 0", outer.lr);
-  require(outer.lr <= fp32_max, "outer.lr", "within fp32's range (3.4e38), in which θ steps",
-          outer.lr);
-  require(outer.momentum >= 0 && outer.momentum < 1, "outer.momentum", "in [0, 1)", outer.momentum);
-  require(rounds > 0 || token_budget > 0, "rounds", "> 0 (or set token_budget)", rounds);
-  if (shaped) validate_sizes(*this);
+          c.inner.lr);
+  require(c.outer.lr > 0, "outer.lr", "> 0", c.outer.lr);
+  require(c.outer.lr <= fp32_max, "outer.lr", "within fp32's range (3.4e38), in which θ steps",
+          c.outer.lr);
+  require(c.outer.momentum >= 0 && c.outer.momentum < 1, "outer.momentum", "in [0, 1)",
+          c.outer.momentum);
+  require(c.rounds > 0 || c.token_budget > 0, "rounds", "> 0 (or set token_budget)", c.rounds);
+}
+
+void validate_sync(const JobConfig& c, bool shaped) {
   // A TorchScript module's fragments are runs of its parameter tensors: at most as many as it
   // has tensors, checked when it is loaded (TorchScriptModel::fragments).
-  if (model.is_torchscript())
-    require(sync.fragments >= 1, "sync.fragments", ">= 1", sync.fragments);
+  if (c.model.is_torchscript())
+    require(c.sync.fragments >= 1, "sync.fragments", ">= 1", c.sync.fragments);
   else
-    require(sync.fragments >= 1 && (!shaped || sync.fragments <= model.layers), "sync.fragments",
-            "in [1, model.layers = " + show(model.layers) + "]", sync.fragments);
-  require(inner.steps % sync.fragments == 0, "sync.fragments",
-          "a divisor of inner.steps (" + show(inner.steps) + ")", sync.fragments);
-  require(sync.overlap_steps >= 0 && sync.overlap_steps < inner.steps, "sync.overlap_steps",
-          "in [0, inner.steps)", sync.overlap_steps);
-  require(sync.mix >= 0 && sync.mix <= 1, "sync.mix", "in [0, 1]", sync.mix);
-  if (sync.mode == SyncMode::blocking && (sync.fragments != 1 || sync.overlap_steps != 0))
-    throw ConfigError("sync.fragments: " + show(sync.fragments) + " and sync.overlap_steps: " +
-                      show(sync.overlap_steps) + " need sync.mode: streaming (or eager)");
-  if (sync.mode == SyncMode::eager && (sync.fragments != 1 || sync.mix != 0))
-    throw ConfigError("sync.fragments: " + show(sync.fragments) +
-                      " and sync.mix: " + show(sync.mix) +
+    require(c.sync.fragments >= 1 && (!shaped || c.sync.fragments <= c.model.layers),
+            "sync.fragments", "in [1, model.layers = " + show(c.model.layers) + "]",
+            c.sync.fragments);
+  require(c.inner.steps % c.sync.fragments == 0, "sync.fragments",
+          "a divisor of inner.steps (" + show(c.inner.steps) + ")", c.sync.fragments);
+  require(c.sync.overlap_steps >= 0 && c.sync.overlap_steps < c.inner.steps, "sync.overlap_steps",
+          "in [0, inner.steps)", c.sync.overlap_steps);
+  require(c.sync.mix >= 0 && c.sync.mix <= 1, "sync.mix", "in [0, 1]", c.sync.mix);
+  if (c.sync.mode == SyncMode::blocking && (c.sync.fragments != 1 || c.sync.overlap_steps != 0))
+    throw ConfigError("sync.fragments: " + show(c.sync.fragments) + " and sync.overlap_steps: " +
+                      show(c.sync.overlap_steps) + " need sync.mode: streaming (or eager)");
+  if (c.sync.mode == SyncMode::eager && (c.sync.fragments != 1 || c.sync.mix != 0))
+    throw ConfigError("sync.fragments: " + show(c.sync.fragments) +
+                      " and sync.mix: " + show(c.sync.mix) +
                       ": eager synchronizes all of θ at once and mixes nothing (1 and 0); "
                       "fragments and mixing are sync.mode: streaming");
-  require(allreduce.peer_timeout_s >= 0.1 && allreduce.peer_timeout_s <= 3600,
-          "allreduce.peer_timeout_s", "in [0.1, 3600]", allreduce.peer_timeout_s);
-  require(allreduce.entry_timeout_s >= 0 && allreduce.entry_timeout_s <= 3600,
-          "allreduce.entry_timeout_s", "in [0, 3600]", allreduce.entry_timeout_s);
+  require(c.allreduce.peer_timeout_s >= 0.1 && c.allreduce.peer_timeout_s <= 3600,
+          "allreduce.peer_timeout_s", "in [0.1, 3600]", c.allreduce.peer_timeout_s);
+  require(c.allreduce.entry_timeout_s >= 0 && c.allreduce.entry_timeout_s <= 3600,
+          "allreduce.entry_timeout_s", "in [0, 3600]", c.allreduce.entry_timeout_s);
+}
+
+void JobConfig::validate() const {
+  // Each field's own checks first (kFields: non-finite numbers, which fail every comparison
+  // below, or pass "> 0" as +inf does; ranges), then the rules between fields.
+  for (const Field& f : fields())
+    if (f.check) f.check(*this, path_of(f));
+  validate_names_and_files(*this);
+  // A model from a Hugging Face folder has its shape once resolve_hf_model has read the
+  // folder (on the node that has it); until then the rules that need the shape wait.
+  const bool shaped = model.hf.empty();
+  if (shaped) validate_model(*this);
+  validate_data_and_workers(*this);
+  validate_inner_schedule(*this);
+  if (topk.on) validate_topk(*this, shaped);
+  validate_steps(*this);
+  if (shaped) validate_sizes(*this);
+  validate_sync(*this, shaped);
 }
 
 const char* to_string(Arch a) {

@@ -195,7 +195,70 @@ std::unique_ptr<Pattern::Code> Pattern::compile(std::string_view pattern) {
   return c;
 }
 
-Pattern Pattern::regex(std::string_view onig) { return Pattern(compile(onig_to_pcre2(onig)), ""); }
+namespace {
+
+// Whether every \p{X}, \P{X}, \pX of an Oniguruma pattern names a general category (L, Lu,
+// ..., Cn) rather than a script (\p{Han}), whose members a stand-in of the same category
+// need not share.
+bool names_categories_only(std::string_view p) {
+  static constexpr std::string_view kCategories[] = {
+      "L",  "Lu", "Ll", "Lt", "Lm", "Lo", "L&", "M",  "Mn", "Mc", "Me", "N",  "Nd", "Nl",
+      "No", "P",  "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "S",  "Sm", "Sc", "Sk", "So",
+      "Z",  "Zs", "Zl", "Zp", "C",  "Cc", "Cf", "Cs", "Co", "Cn"};
+  for (std::size_t i = 0; i + 2 < p.size(); ++i) {
+    if (p[i] == '\\' && p[i + 1] == '\\') {
+      ++i;  // an escaped backslash
+      continue;
+    }
+    if (p[i] != '\\' || (p[i + 1] != 'p' && p[i + 1] != 'P')) continue;
+    std::string_view name = p.substr(i + 2, 1);
+    if (p[i + 2] == '{') {
+      const std::size_t close = p.find('}', i + 3);
+      if (close == std::string_view::npos) return false;
+      name = p.substr(i + 3, close - i - 3);
+      if (!name.empty() && name[0] == '^') name.remove_prefix(1);
+    }
+    if (std::find(std::begin(kCategories), std::end(kCategories), name) == std::end(kCategories))
+      return false;
+  }
+  return true;
+}
+
+// {first, last, stand-in}: the characters PCRE2's tables lack, as `tokenizers` classes them.
+struct StandIn {
+  std::uint32_t first, last, stand_in;
+};
+constexpr StandIn kStandIns[] = {
+#include "diloco/tokenizer_unicode_newer.inc"
+};
+
+std::string utf8(std::uint32_t cp) {
+  std::string out;
+  if (cp < 0x80) {
+    out += char(cp);
+  } else if (cp < 0x800) {
+    out += char(0xC0 | (cp >> 6));
+    out += char(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += char(0xE0 | (cp >> 12));
+    out += char(0x80 | ((cp >> 6) & 0x3F));
+    out += char(0x80 | (cp & 0x3F));
+  } else {
+    out += char(0xF0 | (cp >> 18));
+    out += char(0x80 | ((cp >> 12) & 0x3F));
+    out += char(0x80 | ((cp >> 6) & 0x3F));
+    out += char(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+}  // namespace
+
+Pattern Pattern::regex(std::string_view onig) {
+  Pattern p(compile(onig_to_pcre2(onig)), "");
+  p.by_category_ = names_categories_only(onig);
+  return p;
+}
 
 Pattern Pattern::literal(std::string_view text) {
   if (text.empty()) throw std::invalid_argument("an empty string");
@@ -215,9 +278,10 @@ void Pattern::find_matches(std::string_view text,
     if (prev < text.size()) fn({prev, text.size(), false});
     return;
   }
-  check_known(text);
+  std::string copy;
+  const std::string_view matched = with_stand_ins(text, copy);
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_->code, nullptr);
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(matched.data());
   std::size_t from = 0, prev = 0;
   bool matched_before = false;
   std::size_t last_match_end = 0;
@@ -248,23 +312,42 @@ void Pattern::find_matches(std::string_view text,
   if (prev < text.size()) fn({prev, text.size(), false});
 }
 
-void Pattern::check_known(std::string_view text) {
+std::string_view Pattern::with_stand_ins(std::string_view text, std::string& copy) const {
   static const Pattern unknown(compile(R"(\p{Cn})"), "");
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(unknown.code_->code, nullptr);
-  const int rc = pcre2_match(unknown.code_->code, reinterpret_cast<PCRE2_SPTR>(text.data()),
-                             text.size(), 0, 0, md, nullptr);
-  const std::size_t at = rc > 0 ? pcre2_get_ovector_pointer(md)[0] : 0;
+  std::string_view out = text;
+  std::size_t from = 0;
+  while (from < text.size()) {
+    const int rc = pcre2_match(unknown.code_->code, reinterpret_cast<PCRE2_SPTR>(text.data()),
+                               text.size(), from, 0, md, nullptr);
+    if (rc <= 0) break;
+    const std::size_t at = pcre2_get_ovector_pointer(md)[0];
+    std::size_t next = at;
+    const std::uint32_t cp = next_code_point(text, next);
+    from = next;
+    const StandIn* hit = std::upper_bound(
+        std::begin(kStandIns), std::end(kStandIns), cp,
+        [](std::uint32_t c, const StandIn& s) { return c < s.first; });
+    if (hit == std::begin(kStandIns) || (--hit)->last < cp) continue;  // unassigned in both
+    if (!by_category_) {
+      pcre2_match_data_free(md);
+      char name[16];
+      std::snprintf(name, sizeof name, "U+%04X", static_cast<unsigned>(cp));
+      char version[32] = {};
+      pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, version);
+      throw std::runtime_error(std::string("the text has ") + name +
+                               ", a character that PCRE2's Unicode tables (" + version +
+                               ") lack, and the pattern names a script, which loco cannot "
+                               "match it by as `tokenizers` does: it does not split it rather "
+                               "than split it differently");
+    }
+    if (copy.empty()) copy.assign(text);
+    const std::string s = utf8(hit->stand_in);
+    copy.replace(at, s.size(), s);  // the same length (scripts/unicode-newer)
+    out = copy;
+  }
   pcre2_match_data_free(md);
-  if (rc <= 0) return;
-  std::size_t i = at;
-  char cp[16];
-  std::snprintf(cp, sizeof cp, "U+%04X", static_cast<unsigned>(next_code_point(text, i)));
-  char version[32] = {};
-  pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, version);
-  throw std::runtime_error(std::string("the text has ") + cp +
-                           ", a character that PCRE2's Unicode tables (" + version +
-                           ") lack and that `tokenizers`' newer ones may class otherwise: "
-                           "loco does not split it rather than split it differently");
+  return out;
 }
 
 namespace {

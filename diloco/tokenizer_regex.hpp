@@ -44,19 +44,26 @@ class Pattern {
   // `tokenizers`' find_matches: the text cut into its matches (as Oniguruma's iterator finds
   // them: an empty match right after the previous match is skipped) and the stretches
   // between them, handed to `fn` in order; nothing for an empty text. Throws
-  // std::runtime_error on a PCRE2 matching error (a limit), and for a regex on a text with a
-  // character PCRE2's Unicode tables lack (\p{Cn}: assigned after them, as Oniguruma's
-  // tables in `tokenizers` may have it, or never assigned): never a silently different split.
+  // std::runtime_error on a PCRE2 matching error (a limit).
+  // A character PCRE2's Unicode tables (14.0) lack but `tokenizers` knows (U+1FA77, Unicode
+  // 15's pink heart) is matched as a stand-in of the general category `tokenizers` gives it,
+  // of the same UTF-8 length (tokenizer_unicode_newer.inc, scripts/unicode-newer): the split
+  // is `tokenizers`'. A pattern that names a script (\p{Han}) rather than a general category
+  // cannot be matched so: it throws std::runtime_error naming the character instead of
+  // splitting otherwise.
   void find_matches(std::string_view text, const std::function<void(const Match&)>& fn) const;
 
  private:
   struct Code;
   Pattern(std::unique_ptr<Code> code, std::string literal);
   static std::unique_ptr<Code> compile(std::string_view pattern);
-  // Throws when `text` has a character PCRE2's Unicode tables lack.
-  static void check_known(std::string_view text);
+  // `text` with each character PCRE2's tables lack replaced by its stand-in, in `copy` (then
+  // the view is of it), or `text` itself when it has none. Throws when one has no stand-in
+  // that this pattern would class as `tokenizers` does.
+  std::string_view with_stand_ins(std::string_view text, std::string& copy) const;
   std::unique_ptr<Code> code_;  // null: a literal
   std::string literal_;
+  bool by_category_ = true;  // its \p{...} name general categories only
 };
 
 enum class SplitBehavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };

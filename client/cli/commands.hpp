@@ -37,6 +37,8 @@ void add_dashboard_command(CLI::App& app, Commands& out);
 void add_relay_command(CLI::App& app, Commands& out);
 // plot: a job's loss curves and per-step figures as PNGs, outside the job's actors.
 void add_plot_command(CLI::App& app, Commands& out);
+// tokenize: a tokenizer.json tried on a text (ids), or ids decoded.
+void add_tokenize_command(CLI::App& app, Commands& out);
 
 // train, generate, export: loco-train's commands. main hands them over before parsing
 // (they have options of their own); they are added here for --help.

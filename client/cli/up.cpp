@@ -70,172 +70,225 @@ std::string random_password() {
   return out;
 }
 
+// The processes of a `loco up` cluster, stopped (nodes, head, then Redis) when it goes.
+class UpCluster {
+ public:
+  explicit UpCluster(const UpArgs& a)
+      : a_(a),
+        dir_(state_dir() + "/up-" + std::to_string(::getpid())),
+        bin_(executable_dir() + "/loco"),
+        head_port_(a.port ? a.port : free_tcp_port()),
+        head_addr_("127.0.0.1:" + std::to_string(head_port_)),
+        detect_("--detect-ms=" + std::to_string(a.detect_ms)) {
+    fs::create_directories(dir_);
+  }
+  ~UpCluster() { teardown(); }
+
+  const std::string& dir() const { return dir_; }
+  const std::string& head_address() const { return head_addr_; }
+  const std::string& dashboard_url() const { return dashboard_url_; }
+
+  // Redis on loopback with a password (unless --redis names one), handed to the head through
+  // its environment ($LOCO_REDIS): argv would show the password in ps.
+  std::string start_redis();
+  // The head (retrying while a fresh Redis starts), serving the dashboard unless told not to.
+  bool start_head();
+  void start_nodes();
+  // Waits until every node has joined (at most 60 s); throws ClusterError naming the logs.
+  void wait_joined();
+  void teardown() {
+    for (auto it = procs_.rbegin(); it != procs_.rend(); ++it) it->stop(std::chrono::seconds(10));
+    procs_.clear();
+    if (redis_) redis_->stop(std::chrono::seconds(5));
+    redis_.reset();
+  }
+
+ private:
+  void start(std::vector<std::string> argv, const std::string& log) {
+    Subprocess::Options o;
+    o.log_path = dir_ + "/" + log;
+    procs_.emplace_back(std::move(argv), o);
+  }
+  std::vector<std::string> dashboard_args();
+
+  const UpArgs& a_;
+  std::string dir_, bin_;
+  int head_port_;
+  std::string head_addr_, detect_, dashboard_url_;
+  std::vector<Subprocess> procs_;
+  std::optional<Subprocess> redis_;
+};
+
+std::string UpCluster::start_redis() {
+  if (!a_.redis.empty()) return a_.redis;
+  // The password is in a file only we can read, never on a command line (ps shows those).
+  const int port = free_tcp_port();
+  const std::string password = random_password(), conf = dir_ + "/redis.conf";
+  {
+    mode_t old = ::umask(077);
+    std::ofstream(conf) << "requirepass " << password << "\n";
+    ::umask(old);
+  }
+  Subprocess::Options o;
+  o.log_path = dir_ + "/redis.log";
+  redis_.emplace(
+      std::vector<std::string>{"redis-server", conf, "--port", std::to_string(port), "--bind",
+                               "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir_},
+      o);
+  return "redis://:" + password + "@127.0.0.1:" + std::to_string(port);
+}
+
+// The head serves the dashboard on loopback, with a token in a file only we can read (none on
+// an --insecure cluster, as for the cluster's own sockets).
+std::vector<std::string> UpCluster::dashboard_args() {
+  if (a_.dashboard_port < 0) return {};
+  const int port = a_.dashboard_port ? a_.dashboard_port : free_tcp_port();
+  std::vector<std::string> args = {"--dashboard-port=" + std::to_string(port),
+                                   "--dashboard-host=127.0.0.1"};
+  dashboard_url_ = "http://127.0.0.1:" + std::to_string(port) + "/";
+  const char* insecure = std::getenv("LOCO_INSECURE");
+  if (!(insecure && std::string(insecure) == "1")) {
+    const std::string token_file = dir_ + "/dashboard.token";
+    dashboard_url_ += "#token=" + dashboard::load_or_make_token(token_file);
+    args.push_back("--dashboard-token-file=" + token_file);
+  }
+  return args;
+}
+
+bool UpCluster::start_head() {
+  const std::vector<std::string> dashboard = dashboard_args();
+  for (int attempt = 0; attempt < 50 && !stop_requested(); ++attempt) {
+    std::vector<std::string> argv = {bin_,
+                                     "start",
+                                     "--head",
+                                     "--block",
+                                     "--host=127.0.0.1",
+                                     "--port=" + std::to_string(head_port_),
+                                     detect_};
+    argv.insert(argv.end(), dashboard.begin(), dashboard.end());
+    start(argv, "head.log");
+    // The head exits at once when Redis does not answer yet: retry briefly.
+    if (!procs_.back().wait(std::chrono::milliseconds(300))) return true;
+    procs_.pop_back();
+  }
+  return false;
+}
+
+void UpCluster::start_nodes() {
+  for (int i = 0; i < a_.workers; ++i) {
+    std::vector<std::string> argv = {
+        bin_, "start", "--block", "--host=127.0.0.1", "--address=" + head_addr_, detect_};
+    if (!a_.resources.empty()) argv.push_back("--resources=" + a_.resources);
+    if (!a_.data_root.empty()) argv.push_back("--data-root=" + a_.data_root);
+    if (!a_.checkpoint_root.empty()) argv.push_back("--checkpoint-root=" + a_.checkpoint_root);
+    if (a_.allow_code_models) argv.push_back("--allow-code-models");
+    start(argv, "node-" + std::to_string(i) + ".log");
+  }
+}
+
+void UpCluster::wait_joined() {
+  Runtime rt = Runtime::connect(head_addr_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (true) {
+    int alive = 0;
+    for (auto& n : rt.status().nodes) alive += n.node.state == loco::NodeState::alive;
+    if (alive >= a_.workers) return;
+    for (auto& p : procs_)
+      if (!p.running()) throw ClusterError("a cluster process exited early; logs in " + dir_);
+    if (std::chrono::steady_clock::now() > deadline || stop_requested())
+      throw ClusterError("nodes did not join within 60 s; logs in " + dir_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// The URL of the dashboard, for `loco dashboard` to print while this cluster runs (0600: the
+// URL holds the token); removed when the cluster goes, if it is still this cluster's.
+struct UrlFile {
+  std::string url;
+  explicit UrlFile(std::string u) : url(std::move(u)) {
+    if (url.empty()) return;
+    const mode_t old = ::umask(077);
+    std::ofstream(dashboard_url_file()) << url << "\n";
+    ::umask(old);
+  }
+  ~UrlFile() {
+    std::ifstream f(dashboard_url_file());
+    std::string now;
+    if (!url.empty() && f >> now && now == url) fs::remove(dashboard_url_file());
+  }
+};
+
+// A job file: submitted, followed to its end (cancelled on Ctrl-C). The exit code.
+int run_job_file(const UpArgs& a, const std::string& head_addr) {
+  try {
+    JobSpec spec = read_job(a.command[0], a.sets, "", "");
+    Client client(head_addr);
+    JobHandle job = client.submit(spec);
+    std::cout << "submitted " << a.command[0] << " as job " << job.id() << std::endl;
+    auto end = follow(job, true);
+    if (!end) {
+      std::cout << "interrupted: cancelling job " << job.id() << std::endl;
+      job.cancel();
+      return 130;
+    }
+    return end->state == loco::JobState::succeeded ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "loco up: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+// A command, with $LOCO_ADDRESS set to the cluster's head. Its exit code.
+int run_command(const std::vector<std::string>& command, const std::string& head_addr) {
+  Subprocess::Options o;
+  o.env["LOCO_ADDRESS"] = head_addr;
+  Subprocess cmd(command, o);
+  while (!cmd.wait(std::chrono::milliseconds(100))) {
+    if (stop_requested()) {
+      cmd.stop(std::chrono::seconds(5));
+      break;
+    }
+  }
+  return cmd.exit_code().value_or(1);
+}
+
 int up(const UpArgs& a) {
   install_signal_handlers();
   ensure_cluster_key();
-  std::string dir = state_dir() + "/up-" + std::to_string(::getpid());
-  fs::create_directories(dir);
-  std::string bin = executable_dir() + "/loco";
-  std::vector<Subprocess> procs;
-  std::optional<Subprocess> redis;
-  auto teardown = [&] {
-    for (auto it = procs.rbegin(); it != procs.rend(); ++it) it->stop(std::chrono::seconds(10));
-    if (redis) redis->stop(std::chrono::seconds(5));
-  };
-  std::string redis_url = a.redis;
-  if (redis_url.empty()) {
-    // On loopback only, with a password; the password is in a file only we can read, never
-    // on a command line (ps shows those).
-    int port = free_tcp_port();
-    const std::string password = random_password(), conf = dir + "/redis.conf";
-    {
-      mode_t old = ::umask(077);
-      std::ofstream(conf) << "requirepass " << password << "\n";
-      ::umask(old);
-    }
-    Subprocess::Options o;
-    o.log_path = dir + "/redis.log";
-    redis.emplace(
-        std::vector<std::string>{"redis-server", conf, "--port", std::to_string(port), "--bind",
-                                 "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir},
-        o);
-    redis_url = "redis://:" + password + "@127.0.0.1:" + std::to_string(port);
-  }
-  // The head gets the URL through its environment: argv would show the password in ps.
-  ::setenv("LOCO_REDIS", redis_url.c_str(), 1);
-  int head_port = a.port ? a.port : free_tcp_port();
-  std::string head_addr = "127.0.0.1:" + std::to_string(head_port);
-  std::string detect = "--detect-ms=" + std::to_string(a.detect_ms);
+  UpCluster cluster(a);
+  const std::string redis_url = cluster.start_redis();
   // The head retries Redis for a few seconds while a fresh redis-server starts.
-  auto start = [&](std::vector<std::string> argv, const std::string& log) {
-    Subprocess::Options o;
-    o.log_path = dir + "/" + log;
-    procs.emplace_back(std::move(argv), o);
-  };
-  // The head serves the dashboard on loopback, with a token in a file only we can read
-  // (none on an --insecure cluster, as for the cluster's own sockets).
-  std::vector<std::string> dashboard_args;
-  std::string dashboard_url;
-  if (a.dashboard_port >= 0) {
-    const int port = a.dashboard_port ? a.dashboard_port : free_tcp_port();
-    dashboard_args = {"--dashboard-port=" + std::to_string(port), "--dashboard-host=127.0.0.1"};
-    dashboard_url = "http://127.0.0.1:" + std::to_string(port) + "/";
-    const char* insecure = std::getenv("LOCO_INSECURE");
-    if (!(insecure && std::string(insecure) == "1")) {
-      const std::string token_file = dir + "/dashboard.token";
-      dashboard_url += "#token=" + dashboard::load_or_make_token(token_file);
-      dashboard_args.push_back("--dashboard-token-file=" + token_file);
-    }
-  }
-  bool head_up = false;
-  for (int attempt = 0; attempt < 50 && !head_up && !stop_requested(); ++attempt) {
-    std::vector<std::string> head_argv = {bin,
-                                          "start",
-                                          "--head",
-                                          "--block",
-                                          "--host=127.0.0.1",
-                                          "--port=" + std::to_string(head_port),
-                                          detect};
-    head_argv.insert(head_argv.end(), dashboard_args.begin(), dashboard_args.end());
-    start(head_argv, "head.log");
-    // The head exits at once when Redis does not answer yet: retry briefly.
-    if (procs.back().wait(std::chrono::milliseconds(300))) {
-      procs.pop_back();
-      continue;
-    }
-    head_up = true;
-  }
-  if (!head_up) {
-    std::cerr << "loco up: the head did not start; see " << dir << "/head.log\n";
-    teardown();
+  ::setenv("LOCO_REDIS", redis_url.c_str(), 1);
+  if (!cluster.start_head()) {
+    std::cerr << "loco up: the head did not start; see " << cluster.dir() << "/head.log\n";
     return 1;
   }
-  for (int i = 0; i < a.workers; ++i) {
-    std::vector<std::string> argv = {
-        bin, "start", "--block", "--host=127.0.0.1", "--address=" + head_addr, detect};
-    if (!a.resources.empty()) argv.push_back("--resources=" + a.resources);
-    if (!a.data_root.empty()) argv.push_back("--data-root=" + a.data_root);
-    if (!a.checkpoint_root.empty()) argv.push_back("--checkpoint-root=" + a.checkpoint_root);
-    if (a.allow_code_models) argv.push_back("--allow-code-models");
-    start(argv, "node-" + std::to_string(i) + ".log");
-  }
-  // Wait until every node has joined.
+  cluster.start_nodes();
   try {
-    Runtime rt = Runtime::connect(head_addr);
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (true) {
-      int alive = 0;
-      for (auto& n : rt.status().nodes) alive += n.node.state == loco::NodeState::alive;
-      if (alive >= a.workers) break;
-      for (auto& p : procs)
-        if (!p.running()) throw ClusterError("a cluster process exited early; logs in " + dir);
-      if (std::chrono::steady_clock::now() > deadline || stop_requested())
-        throw ClusterError("nodes did not join within 60 s; logs in " + dir);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    cluster.wait_joined();
   } catch (const std::exception& e) {
     std::cerr << "loco up: " << e.what() << "\n";
-    teardown();
     return 1;
   }
-  std::cout << "cluster up: head " << head_addr << ", " << a.workers << " nodes, redis "
-            << membership::redact_url(redis_url) << " (logs in " << dir << ")" << std::endl;
-  // For `loco dashboard` to print while this cluster runs (0600: the URL holds the token).
-  struct UrlFile {
-    std::string url;
-    explicit UrlFile(std::string u) : url(std::move(u)) {
-      if (url.empty()) return;
-      const mode_t old = ::umask(077);
-      std::ofstream(dashboard_url_file()) << url << "\n";
-      ::umask(old);
-    }
-    ~UrlFile() {
-      std::ifstream f(dashboard_url_file());
-      std::string now;
-      if (!url.empty() && f >> now && now == url) fs::remove(dashboard_url_file());
-    }
-  } url_file(dashboard_url);
-  if (!dashboard_url.empty()) std::cout << "dashboard at " << dashboard_url << std::endl;
+  std::cout << "cluster up: head " << cluster.head_address() << ", " << a.workers
+            << " nodes, redis " << membership::redact_url(redis_url) << " (logs in "
+            << cluster.dir() << ")" << std::endl;
+  UrlFile url_file(cluster.dashboard_url());
+  if (!cluster.dashboard_url().empty())
+    std::cout << "dashboard at " << cluster.dashboard_url() << std::endl;
   int rc = 0;
-  auto is_job_file = [](const std::string& f) {
-    return f.size() > 5 && (f.ends_with(".yaml") || f.ends_with(".yml"));
-  };
-  if (a.command.size() == 1 && is_job_file(a.command[0])) {
-    // A job file: submit it, follow it to its end, then stop the cluster.
-    try {
-      JobSpec spec = read_job(a.command[0], a.sets, "", "");
-      Client client(head_addr);
-      JobHandle job = client.submit(spec);
-      std::cout << "submitted " << a.command[0] << " as job " << job.id() << std::endl;
-      auto end = follow(job, true);
-      if (!end) {
-        std::cout << "interrupted: cancelling job " << job.id() << std::endl;
-        job.cancel();
-        rc = 130;
-      } else {
-        rc = end->state == loco::JobState::succeeded ? 0 : 1;
-      }
-    } catch (const std::exception& e) {
-      std::cerr << "loco up: " << e.what() << "\n";
-      rc = 1;
-    }
+  const bool job_file = a.command.size() == 1 && a.command[0].size() > 5 &&
+                        (a.command[0].ends_with(".yaml") || a.command[0].ends_with(".yml"));
+  if (job_file) {
+    rc = run_job_file(a, cluster.head_address());
   } else if (!a.command.empty()) {
-    Subprocess::Options o;
-    o.env["LOCO_ADDRESS"] = head_addr;
-    Subprocess cmd(a.command, o);
-    while (!cmd.wait(std::chrono::milliseconds(100))) {
-      if (stop_requested()) {
-        cmd.stop(std::chrono::seconds(5));
-        break;
-      }
-    }
-    rc = cmd.exit_code().value_or(1);
+    rc = run_command(a.command, cluster.head_address());
   } else {
     std::cout << "press Ctrl-C to stop it" << std::endl;
     while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::cout << "stopping the cluster" << std::endl;
-  teardown();
+  cluster.teardown();
   return rc;
 }
 

@@ -641,105 +641,8 @@ class HeadService {
         jobs_valid_ = false;
         store_was_down_ = false;
       }
-      for (auto& [id, n] : nodes) {
-        if (n.state == NodeState::alive)
-          detector_.observe(id, store_->get(keys::alive(id)), now);
-        else
-          detector_.forget(id);
-      }
-      for (auto& v : detector_.dead(now)) {
-        auto it = nodes.find(v.node);
-        if (it == nodes.end()) continue;
-        NodeRecord& n = it->second;
-        n.state = NodeState::dead;
-        n.reason = v.reason;
-        store_->hput(keys::kNodes, n.id, pack_str(n));
-        detector_.forget(n.id);
-        if (behind_nat(n.reachability))
-          detail::current_core()->drop_route(n.id,
-                                             "node " + n.id + " was declared dead: " + v.reason);
-        event({{"type", "death"}, {"node", n.id}, {"reason", v.reason}});
-        spdlog::warn("head: node {} ({}) {}: declared dead", n.id, n.address, v.reason);
-      }
-      // Actors on nodes that are gone: restart (when allowed) or mark dead. Every start is
-      // asynchronous; the tick only sends them, placing on views it updates as it goes.
-      std::map<std::string, NodeRecord> live;
-      for (auto& [id, n] : nodes)
-        if (n.state == NodeState::alive) live.emplace(id, n);
-      // The cached views (a copy: the restarts below occupy it as they go), not views_of() over
-      // the whole table, which would cost every tick the number of actors.
-      auto placement = views(live);
-      // The few actors that need work: not dead, and not simply alive on a live node. Only the
-      // actors not dead are looked at: the dead ones wait for forget_the_dead.
-      std::vector<std::string> todo;
-      const auto& index = actors_index();
-      for (const std::string& id : not_dead_) {
-        auto r = index.find(id);
-        if (r != index.end() &&
-            (r->second.info.state != ActorState::alive || !live.count(r->second.info.node_id)))
-          todo.push_back(id);
-      }
-      const uint64_t first_creation = creations_;
-      int deaths = 0;
-      for (const std::string& id : todo) {
-        // Bounded work per tick: the rest waits for the next one, 100 ms later, so that a mass
-        // failure never holds the head's thread (and every request) for long.
-        if (int64_t(creations_ - first_creation) + deaths >= kMaxStartsPerTick) break;
-        auto found = index_.find(id);
-        if (found == index_.end()) continue;
-        ActorRecord rec = found->second;
-        if (job_over(rec.info.job)) {
-          // Its job ended while it was being created, restarted or on a dying node.
-          const std::string why = "its job " + rec.info.job + " has ended";
-          end_actor(std::move(rec), why);
-          ++deaths;
-          continue;
-        }
-        if (rec.info.state == ActorState::restarting) {
-          try_restart(rec, live, placement);
-          continue;
-        }
-        auto n = nodes.find(rec.info.node_id);
-        bool node_alive = n != nodes.end() && n->second.state == NodeState::alive;
-        if (rec.info.state == ActorState::pending) {
-          auto c = creating_.find(id);
-          if (c == creating_.end() && node_alive) {
-            // The head restarted while the node was creating it: ask again (idempotent).
-            start_on(rec, n->second, rec.info.gpus, rec.info.restarts > 0, nullptr);
-            continue;
-          }
-          if (c != creating_.end() && node_alive) {
-            if (now - c->second.sent_ms < kCreateTimeoutMs) continue;
-            Creation late = take_creation(id);
-            start_failed(rec, late, "TimeoutError",
-                         "create_actor got no answer within " + human_ms(kCreateTimeoutMs));
-            continue;
-          }
-          if (c != creating_.end()) {
-            Creation lost = take_creation(id);
-            start_failed(rec, lost, "ActorDiedError", "the node died or left");
-            if (rec.info.state == ActorState::restarting) try_restart(rec, live, placement);
-            continue;
-          }
-        }
-        if (node_alive) continue;
-        std::string why = n == nodes.end()
-                              ? "its node is unknown"
-                              : "node " + n->second.id + " (" + n->second.address + ") " +
-                                    (n->second.state == NodeState::left ? "left" : "died") +
-                                    (n->second.reason.empty() ? "" : ": " + n->second.reason);
-        if (rec.info.restarts < rec.info.max_restarts) {
-          to_restart(rec, why);
-          try_restart(rec, live, placement);
-        } else {
-          rec.info.state = ActorState::dead;
-          rec.info.reason = why + (rec.info.max_restarts ? "; no restarts left" : "");
-          save(rec);
-          ++deaths;
-          event({{"type", "actor_dead"}, {"actor", rec.info.id}, {"reason", rec.info.reason}});
-          spdlog::warn("head: {} is dead: {}", describe(rec.info), rec.info.reason);
-        }
-      }
+      watch_heartbeats(nodes, now);
+      tend_actors(nodes, now);
       check_jobs(actors_index());
       expire_jobs();
       forget_the_dead(nodes, now);
@@ -754,6 +657,120 @@ class HeadService {
   }
 
  private:
+  // The failure detector reads every live node's heartbeat; the nodes it finds silent for the
+  // detection time are declared dead (in `nodes` too), and the head forwards to them no more.
+  void watch_heartbeats(std::map<std::string, NodeRecord>& nodes, int64_t now) {
+    for (auto& [id, n] : nodes) {
+      if (n.state == NodeState::alive)
+        detector_.observe(id, store_->get(keys::alive(id)), now);
+      else
+        detector_.forget(id);
+    }
+    for (auto& v : detector_.dead(now)) {
+      auto it = nodes.find(v.node);
+      if (it == nodes.end()) continue;
+      NodeRecord& n = it->second;
+      n.state = NodeState::dead;
+      n.reason = v.reason;
+      store_->hput(keys::kNodes, n.id, pack_str(n));
+      detector_.forget(n.id);
+      if (behind_nat(n.reachability))
+        detail::current_core()->drop_route(n.id,
+                                           "node " + n.id + " was declared dead: " + v.reason);
+      event({{"type", "death"}, {"node", n.id}, {"reason", v.reason}});
+      spdlog::warn("head: node {} ({}) {}: declared dead", n.id, n.address, v.reason);
+    }
+  }
+
+  // Actors on nodes that are gone: restart (when allowed) or mark dead. Every start is
+  // asynchronous; the tick only sends them, placing on views it updates as it goes.
+  void tend_actors(const std::map<std::string, NodeRecord>& nodes, int64_t now) {
+    std::map<std::string, NodeRecord> live;
+    for (auto& [id, n] : nodes)
+      if (n.state == NodeState::alive) live.emplace(id, n);
+    // The cached views (a copy: the restarts below occupy it as they go), not views_of() over
+    // the whole table, which would cost every tick the number of actors.
+    auto placement = views(live);
+    // The few actors that need work: not dead, and not simply alive on a live node. Only the
+    // actors not dead are looked at: the dead ones wait for forget_the_dead.
+    std::vector<std::string> todo;
+    const auto& index = actors_index();
+    for (const std::string& id : not_dead_) {
+      auto r = index.find(id);
+      if (r != index.end() &&
+          (r->second.info.state != ActorState::alive || !live.count(r->second.info.node_id)))
+        todo.push_back(id);
+    }
+    const uint64_t first_creation = creations_;
+    int deaths = 0;
+    for (const std::string& id : todo) {
+      // Bounded work per tick: the rest waits for the next one, 100 ms later, so that a mass
+      // failure never holds the head's thread (and every request) for long.
+      if (int64_t(creations_ - first_creation) + deaths >= kMaxStartsPerTick) break;
+      auto found = index_.find(id);
+      if (found == index_.end()) continue;
+      deaths += tend(found->second, nodes, live, placement, now) ? 1 : 0;
+    }
+  }
+
+  // One actor that is not simply alive on a live node: its job over, restarting, being created,
+  // or on a node that is gone. True when the actor died here.
+  bool tend(ActorRecord rec, const std::map<std::string, NodeRecord>& nodes,
+            const std::map<std::string, NodeRecord>& live, std::vector<NodeView>& placement,
+            int64_t now) {
+    const std::string& id = rec.info.id;
+    if (job_over(rec.info.job)) {
+      // Its job ended while it was being created, restarted or on a dying node.
+      const std::string why = "its job " + rec.info.job + " has ended";
+      end_actor(std::move(rec), why);
+      return true;
+    }
+    if (rec.info.state == ActorState::restarting) {
+      try_restart(rec, live, placement);
+      return false;
+    }
+    auto n = nodes.find(rec.info.node_id);
+    const bool node_alive = n != nodes.end() && n->second.state == NodeState::alive;
+    if (rec.info.state == ActorState::pending) {
+      auto c = creating_.find(id);
+      if (c == creating_.end() && node_alive) {
+        // The head restarted while the node was creating it: ask again (idempotent).
+        start_on(rec, n->second, rec.info.gpus, rec.info.restarts > 0, nullptr);
+        return false;
+      }
+      if (c != creating_.end() && node_alive) {
+        if (now - c->second.sent_ms < kCreateTimeoutMs) return false;
+        Creation late = take_creation(id);
+        start_failed(rec, late, "TimeoutError",
+                     "create_actor got no answer within " + human_ms(kCreateTimeoutMs));
+        return false;
+      }
+      if (c != creating_.end()) {
+        Creation lost = take_creation(id);
+        start_failed(rec, lost, "ActorDiedError", "the node died or left");
+        if (rec.info.state == ActorState::restarting) try_restart(rec, live, placement);
+        return false;
+      }
+    }
+    if (node_alive) return false;
+    std::string why = n == nodes.end()
+                          ? "its node is unknown"
+                          : "node " + n->second.id + " (" + n->second.address + ") " +
+                                (n->second.state == NodeState::left ? "left" : "died") +
+                                (n->second.reason.empty() ? "" : ": " + n->second.reason);
+    if (rec.info.restarts < rec.info.max_restarts) {
+      to_restart(rec, why);
+      try_restart(rec, live, placement);
+      return false;
+    }
+    rec.info.state = ActorState::dead;
+    rec.info.reason = why + (rec.info.max_restarts ? "; no restarts left" : "");
+    save(rec);
+    event({{"type", "actor_dead"}, {"actor", rec.info.id}, {"reason", rec.info.reason}});
+    spdlog::warn("head: {} is dead: {}", describe(rec.info), rec.info.reason);
+    return true;
+  }
+
   // Writes through, as save() does: the store, then the job index.
   void save_job(const JobInfo& job) {
     store_->hput(keys::kJobs, job.id, pack_str(job));

@@ -118,163 +118,249 @@ LOCO_REGISTER(NodeService, loco::ActorClass<NodeService>("loco.Node")
                                .internal_method("kill_actor", &NodeService::kill_actor)
                                .internal_method("actors", &NodeService::actors));
 
-}  // namespace
+// One node's life: start (the Core, the head's hello, Redis), find how the head reaches it,
+// join, heartbeat until asked to stop (joining again as a new node if the head declared it
+// dead), then leave. run_node() below reads as that sequence; each phase is a method here.
+class NodeProcess {
+ public:
+  explicit NodeProcess(const NodeConfig& cfg) : cfg_(cfg) {}
 
-int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
-             const std::function<void(const std::string&)>& on_ready) {
-  std::shared_ptr<Plugins> plugins;
+  // Plugins, roots, the Core and the cluster's hello, Redis. False (logged) when one fails.
+  bool start();
+  // Whether the head reaches this node (rec_.reachability), and its connection for calls
+  // when not. False (logged) when the head cannot say or does not take the connection.
+  bool find_reachability();
+  // Writes the record and the first heartbeat, and serves @node. False (logged) on Redis.
+  bool join_cluster();
+  // Heartbeats until `stop`; after an outage, every 16 beats and after a silence of the
+  // detection time, checks that the head has not declared this node dead (then rejoins).
+  void heartbeat_until(const std::atomic<bool>& stop);
+  // Stops every actor at once, each given cfg.stop_grace_ms, records that it left, and ends.
+  void leave();
+
+  // What the node is called by: its address, or "head/<id>" when it has no port.
+  std::string ready_address() const {
+    return rec_.address.empty() ? call_address(rec_) : rec_.address;
+  }
+  void fail_start() { core_->shutdown(); }
+
+ private:
+  static std::string packed(const NodeRecord& r) {
+    msgpack::sbuffer b;
+    msgpack::pack(b, r);
+    return std::string(b.data(), b.size());
+  }
+  Millis period() const { return Millis(std::max<int64_t>(20, info_.heartbeat_ms)); }
+  void heartbeat() {
+    store_->put(keys::alive(node_id_), std::to_string(++beat_), Millis(info_.detect_ms));
+  }
+  void serve() {
+    core_->host(
+        "@node", detail::class_entry<NodeService>(),
+        std::make_shared<NodeService>(node_id_, rec_.address, roots_, plugins_, cfg_.spawnable));
+  }
+  void record_join() {
+    store_->hput(keys::kNodes, node_id_, packed(rec_));
+    heartbeat();
+    store_->append(keys::kEvents, {{"type", "join"},
+                                   {"node", node_id_},
+                                   {"address", rec_.address},
+                                   {"resources", format_resources(rec_.resources)}});
+  }
+  void describe_resources();
+  // Whether the head declared this node dead (its record says so, or is gone after a silence
+  // of the detection time): then `why`.
+  bool declared_dead(int64_t silent, std::string* why);
+  // Cut off for longer than the detection time: the cluster has moved on (our actors were
+  // restarted elsewhere or declared dead). Drops them and joins again as a new node, so that
+  // a host whose link comes back serves again.
+  void rejoin(const std::string& why);
+  void record_left();
+
+  const NodeConfig& cfg_;
+  std::shared_ptr<Plugins> plugins_;
+  PathRoots roots_;
+  std::string node_id_ = random_id("n");
+  std::shared_ptr<detail::Core> core_;
+  ClusterInfo info_;
+  std::shared_ptr<membership::Store> store_;
+  NodeRecord rec_;
+  uint64_t beat_ = 0;
+};
+
+bool NodeProcess::start() {
   try {
-    plugins = std::make_shared<Plugins>(cfg.plugins);
+    plugins_ = std::make_shared<Plugins>(cfg_.plugins);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
-    return 1;
+    return false;
   }
-  PathRoots roots = PathRoots::at(".");
-  if (!cfg.data_root.empty()) roots.data = PathRoots::at(cfg.data_root).data;
-  if (!cfg.checkpoint_root.empty()) roots.checkpoints = PathRoots::at(cfg.checkpoint_root).data;
-  spdlog::info("node: jobs read and write data under {} and checkpoints under {}", roots.data,
-               roots.checkpoints);
-  std::string node_id = random_id("n");
+  roots_ = PathRoots::at(".");
+  if (!cfg_.data_root.empty()) roots_.data = PathRoots::at(cfg_.data_root).data;
+  if (!cfg_.checkpoint_root.empty()) roots_.checkpoints = PathRoots::at(cfg_.checkpoint_root).data;
+  spdlog::info("node: jobs read and write data under {} and checkpoints under {}", roots_.data,
+               roots_.checkpoints);
   detail::CoreOptions co;
-  co.bind = cfg.listen ? cfg.bind : std::string();
-  co.advertise = cfg.advertise;
-  co.head_address = cfg.head_address;
-  co.self_name = "node " + node_id;
-  co.max_message_bytes = cfg.max_message_bytes;
-  co.security = cfg.security;
-  std::shared_ptr<detail::Core> core;
+  co.bind = cfg_.listen ? cfg_.bind : std::string();
+  co.advertise = cfg_.advertise;
+  co.head_address = cfg_.head_address;
+  co.self_name = "node " + node_id_;
+  co.max_message_bytes = cfg_.max_message_bytes;
+  co.security = cfg_.security;
   try {
-    core = std::make_shared<detail::Core>(co);
+    core_ = std::make_shared<detail::Core>(co);
   } catch (const std::exception& e) {
     spdlog::error("node: {}", e.what());
-    return 1;
+    return false;
   }
-  detail::current_core() = core;
-
-  ClusterInfo info;
+  detail::current_core() = core_;
   try {
-    info = core->head_call<ClusterInfo>("hello", Millis(cfg.connect_timeout_ms));
+    info_ = core_->head_call<ClusterInfo>("hello", Millis(cfg_.connect_timeout_ms));
   } catch (const Error& e) {
     spdlog::error("node: cannot join the cluster: {}", e.what());
-    core->shutdown();
-    return 1;
+    core_->shutdown();
+    return false;
   }
   // Calls from this node's actors detect dead peers as fast as the head does.
-  core->set_detection(info.detect_ms, info.heartbeat_ms);
-  auto store = membership::make_redis_store(info.redis_url);
+  core_->set_detection(info_.detect_ms, info_.heartbeat_ms);
+  store_ = membership::make_redis_store(info_.redis_url);
   try {
-    store->ping();
+    store_->ping();
   } catch (const membership::StoreError& e) {
     spdlog::error("node: cannot reach Redis at {} (as told by the head at {}): {}",
-                  membership::redact_url(info.redis_url), cfg.head_address, e.what());
-    core->shutdown();
-    return 1;
+                  membership::redact_url(info_.redis_url), cfg_.head_address, e.what());
+    core_->shutdown();
+    return false;
   }
+  rec_.id = node_id_;
+  rec_.address = core_->address();
+  return true;
+}
 
-  NodeRecord rec;
-  rec.id = node_id;
-  rec.address = core->address();
-  // Whether the head reaches us at that address, or only over our connection to it.
-  if (!cfg.listen) {
-    rec.reachability = Reachability::reverse;
+bool NodeProcess::find_reachability() {
+  if (!cfg_.listen) {
+    rec_.reachability = Reachability::reverse;
     spdlog::info(
         "node {}: --no-listen: not reachable from the head: reverse connections through "
         "the head",
-        node_id);
+        node_id_);
   } else {
     try {
-      rec.reachability = core->head_call<Reachability>(
-          "reachability", Millis(cfg.connect_timeout_ms), node_id, rec.address);
+      rec_.reachability = core_->head_call<Reachability>(
+          "reachability", Millis(cfg_.connect_timeout_ms), node_id_, rec_.address);
     } catch (const MethodNotFoundError&) {
-      rec.reachability = Reachability::direct;  // a head from before the probe: as it was
+      rec_.reachability = Reachability::direct;  // a head from before the probe: as it was
     } catch (const Error& e) {
-      spdlog::error("node: the head could not tell whether it reaches {}: {}", rec.address,
+      spdlog::error("node: the head could not tell whether it reaches {}: {}", rec_.address,
                     e.what());
-      core->shutdown();
-      return 1;
+      return false;
     }
-    if (rec.reachability == Reachability::direct)
-      spdlog::info("node {}: reachable at {}", node_id, rec.address);
+    if (rec_.reachability == Reachability::direct)
+      spdlog::info("node {}: reachable at {}", node_id_, rec_.address);
     else
       spdlog::warn(
           "node {}: not reachable from the head at {}: reverse connections through the "
           "head (every call to its actors crosses the head twice)",
-          node_id, rec.address);
+          node_id_, rec_.address);
   }
-  if (behind_nat(rec.reachability)) {
-    core->attach_as(node_id);
-    if (!core->wait_attached(Millis(cfg.connect_timeout_ms))) {
+  if (behind_nat(rec_.reachability)) {
+    core_->attach_as(node_id_);
+    if (!core_->wait_attached(Millis(cfg_.connect_timeout_ms))) {
       spdlog::error("node: the head at {} did not take this node's connection for calls within {}",
-                    cfg.head_address, human_ms(cfg.connect_timeout_ms));
-      core->shutdown();
-      return 1;
+                    cfg_.head_address, human_ms(cfg_.connect_timeout_ms));
+      return false;
     }
   }
   // What this node's actors need for their own sockets: a job's collective behind NAT binds
   // nothing and meets its peers behind NAT at the head's relay.
-  if (behind_nat(rec.reachability) && !info.relay.endpoint.empty()) {
-    rec.reachability = Reachability::relayed;
-    spdlog::info("node {}: its actors meet peers behind NAT at the relay {}", node_id,
-                 info.relay.endpoint);
+  if (behind_nat(rec_.reachability) && !info_.relay.endpoint.empty()) {
+    rec_.reachability = Reachability::relayed;
+    spdlog::info("node {}: its actors meet peers behind NAT at the relay {}", node_id_,
+                 info_.relay.endpoint);
   }
-  core->set_network(NodeNetwork{rec.reachability, info.relay});
-  if (behind_nat(rec.reachability) && info.relay.endpoint.empty())
+  core_->set_network(NodeNetwork{rec_.reachability, info_.relay});
+  if (behind_nat(rec_.reachability) && info_.relay.endpoint.empty())
     spdlog::warn(
         "node {}: behind NAT and the head names no relay (loco start --head --relay): a job's "
         "workers here reach workers on other nodes behind NAT not at all",
-        node_id);
-  rec.resources = cfg.resources;
-  if (rec.resources.empty()) rec.resources["cpu"] = std::thread::hardware_concurrency();
+        node_id_);
+  return true;
+}
+
+void NodeProcess::describe_resources() {
+  rec_.resources = cfg_.resources;
+  if (rec_.resources.empty()) rec_.resources["cpu"] = std::thread::hardware_concurrency();
   // What a job's size is held against at submission (a DiLoCo job's memory estimate).
-  if (!rec.resources.count("memory"))
-    if (double m = memory_total_bytes(); m > 0) rec.resources["memory"] = m;
-  rec.spawnable = cfg.spawnable;
-  rec.state = NodeState::alive;
-  rec.hostname = host_name();
-  rec.pid = ::getpid();
-  rec.started_unix_ms = unix_ms();
-  auto packed = [](const NodeRecord& r) {
-    msgpack::sbuffer b;
-    msgpack::pack(b, r);
-    return std::string(b.data(), b.size());
-  };
-  const auto ttl = Millis(info.detect_ms);
-  uint64_t beat = 0;
-  auto heartbeat = [&] { store->put(keys::alive(node_id), std::to_string(++beat), ttl); };
-  auto serve = [&] {
-    core->host("@node", detail::class_entry<NodeService>(),
-               std::make_shared<NodeService>(node_id, rec.address, roots, plugins, cfg.spawnable));
-  };
-  auto join = [&] {
-    store->hput(keys::kNodes, node_id, packed(rec));
-    heartbeat();
-    store->append(keys::kEvents, {{"type", "join"},
-                                  {"node", node_id},
-                                  {"address", rec.address},
-                                  {"resources", format_resources(rec.resources)}});
-  };
+  if (!rec_.resources.count("memory"))
+    if (double m = memory_total_bytes(); m > 0) rec_.resources["memory"] = m;
+  rec_.spawnable = cfg_.spawnable;
+  rec_.state = NodeState::alive;
+  rec_.hostname = host_name();
+  rec_.pid = ::getpid();
+  rec_.started_unix_ms = unix_ms();
+}
+
+bool NodeProcess::join_cluster() {
+  describe_resources();
   try {
-    join();
+    record_join();
     serve();
   } catch (const membership::StoreError& e) {
     spdlog::error("node: cannot register in Redis at {}: {}",
-                  membership::redact_url(info.redis_url), e.what());
-    core->shutdown();
-    return 1;
+                  membership::redact_url(info_.redis_url), e.what());
+    return false;
   }
-  spdlog::info("node {} serving at {} with {} ({} plugins known, {} loaded)", node_id,
-               rec.address.empty() ? "no port of its own (--no-listen)" : rec.address,
-               format_resources(rec.resources), plugins->known(), plugins->loaded().size());
-  // A node without a port is named by where its calls go ("head/<id>").
-  if (on_ready) on_ready(rec.address.empty() ? call_address(rec) : rec.address);
+  spdlog::info("node {} serving at {} with {} ({} plugins known, {} loaded)", node_id_,
+               rec_.address.empty() ? "no port of its own (--no-listen)" : rec_.address,
+               format_resources(rec_.resources), plugins_->known(), plugins_->loaded().size());
+  return true;
+}
 
-  const Millis period(std::max<int64_t>(20, info.heartbeat_ms));
+bool NodeProcess::declared_dead(int64_t silent, std::string* why) {
+  auto cur = store_->hget(keys::kNodes, node_id_);
+  // Silent for the detection time or longer (cut off, stopped), and the record gone: the head
+  // declared this node dead and forgot it after its retention time.
+  if (!cur && silent >= info_.detect_ms) {
+    *why = "its record is gone after " + human_ms(silent) + " of silence";
+    return true;
+  }
+  if (!cur) {
+    store_->hput(keys::kNodes, node_id_, packed(rec_));
+    return false;
+  }
+  const NodeRecord r =
+      detail::unpack_bounded(cur->data(), cur->size(), "a node record").get().as<NodeRecord>();
+  *why = r.reason;
+  return r.state == NodeState::dead;
+}
+
+void NodeProcess::rejoin(const std::string& why) {
+  const std::string old_id = node_id_;
+  for (const std::string& id : core_->hosted()) core_->unhost(id, /*wait=*/false);
+  core_->unhost("@node");
+  node_id_ = random_id("n");
+  rec_.id = node_id_;
+  if (behind_nat(rec_.reachability)) {
+    core_->attach_as(node_id_);
+    if (!core_->wait_attached(period() * 16))
+      spdlog::warn("node {}: the head has not confirmed yet that it forwards calls here", node_id_);
+  }
+  rec_.started_unix_ms = unix_ms();
+  spdlog::warn(
+      "node {}: the head declared this node dead ({}); dropped its actors and joining again as "
+      "node {}",
+      old_id, why, node_id_);
+  serve();
+  record_join();
+}
+
+void NodeProcess::heartbeat_until(const std::atomic<bool>& stop) {
   Backoff backoff(Millis(100), Millis(2000));
   bool store_down = false;
   int64_t next_beat = now_ms();
   int64_t last_beat = now_ms();  // of the last heartbeat the store took
   while (!stop.load()) {
-    int64_t now = now_ms();
+    const int64_t now = now_ms();
     if (now < next_beat) {
       std::this_thread::sleep_for(std::min<Millis>(Millis(next_beat - now), Millis(50)));
       continue;
@@ -282,122 +368,98 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
     try {
       // How long the store has taken no heartbeat of ours (an outage, or this process stopped).
       const int64_t silent = now_ms() - last_beat;
-      if (store_down || beat % 16 == 0 || silent >= info.detect_ms) {
-        // After an outage (or every few beats): make sure our record is there, and
-        // that the head has not declared us dead in the meantime.
-        auto cur = store->hget(keys::kNodes, node_id);
-        // Silent for the detection time or longer (cut off, stopped), and the record gone: the
-        // head declared this node dead and forgot it after its retention time.
-        const bool forgotten = !cur && silent >= info.detect_ms;
-        if (cur || forgotten) {
-          NodeRecord r;
-          if (cur) {
-            r = detail::unpack_bounded(cur->data(), cur->size(), "a node record")
-                    .get()
-                    .as<NodeRecord>();
-          } else {
-            r.state = NodeState::dead;
-            r.reason = "its record is gone after " + human_ms(silent) + " of silence";
-          }
-          if (r.state == NodeState::dead) {
-            // Cut off for longer than the detection time: the cluster has moved on
-            // (our actors were restarted elsewhere or declared dead). Drop them and
-            // join again as a new node, so that a host whose link comes back serves again.
-            std::string old_id = node_id;
-            for (const std::string& id : core->hosted()) core->unhost(id, /*wait=*/false);
-            core->unhost("@node");
-            node_id = random_id("n");
-            rec.id = node_id;
-            if (behind_nat(rec.reachability)) {
-              core->attach_as(node_id);
-              if (!core->wait_attached(period * 16))
-                spdlog::warn("node {}: the head has not confirmed yet that it forwards calls here",
-                             node_id);
-            }
-            rec.started_unix_ms = unix_ms();
-            spdlog::warn(
-                "node {}: the head declared this node dead ({}); dropped its actors and "
-                "joining again as node {}",
-                old_id, r.reason, node_id);
-            serve();
-            join();
-            last_beat = now_ms();
-            next_beat = now_ms() + period.count();
-            continue;
-          }
-        } else {
-          store->hput(keys::kNodes, node_id, packed(rec));
-        }
+      std::string why;
+      if ((store_down || beat_ % 16 == 0 || silent >= info_.detect_ms) &&
+          declared_dead(silent, &why)) {
+        rejoin(why);
+      } else {
+        heartbeat();
+        if (store_down)
+          spdlog::info("node {}: Redis at {} is back", node_id_,
+                       membership::redact_url(info_.redis_url));
       }
-      heartbeat();
       last_beat = now_ms();
-      if (store_down)
-        spdlog::info("node {}: Redis at {} is back", node_id,
-                     membership::redact_url(info.redis_url));
       store_down = false;
       backoff.reset();
-      next_beat = now_ms() + period.count();
+      next_beat = now_ms() + period().count();
     } catch (const membership::StoreError& e) {
-      if (!store_down) spdlog::warn("node {}: Redis unreachable, retrying: {}", node_id, e.what());
+      if (!store_down) spdlog::warn("node {}: Redis unreachable, retrying: {}", node_id_, e.what());
       store_down = true;
       next_beat = now_ms() + backoff.next().count();
     }
   }
+}
 
-  // Leave cleanly: the head moves our restartable actors elsewhere. Their methods in progress
-  // are asked to end (on_stop) and get the grace time; one that does not end by then does not
-  // hold the node, whose peers (a collective waiting on its worker, say) rely on it leaving.
-  auto record_left = [&] {
-    try {
-      rec.state = NodeState::left;
-      rec.reason = "stopped";
-      store->hput(keys::kNodes, node_id, packed(rec));
-      store->erase(keys::alive(node_id));
-      store->append(keys::kEvents, {{"type", "leave"}, {"node", node_id}});
-    } catch (const membership::StoreError& e) {
-      spdlog::warn("node {}: could not record leaving: {}", node_id, e.what());
-    }
-  };
-  {
-    // One thread per actor, so that every actor is asked to stop at once.
-    struct Stopping {
-      std::mutex mu;
-      std::condition_variable cv;
-      std::set<std::string> left;  // the actors not stopped yet
-    };
-    auto st = std::make_shared<Stopping>();
-    const std::vector<std::string> ids = core->hosted();
-    st->left.insert(ids.begin(), ids.end());
-    std::vector<std::thread> stoppers;
-    for (const std::string& id : ids) {
-      stoppers.emplace_back([core, st, id] {
-        core->unhost(id);
-        std::lock_guard<std::mutex> lock(st->mu);
-        st->left.erase(id);
-        st->cv.notify_all();
-      });
-    }
-    std::unique_lock<std::mutex> lock(st->mu);
-    auto all_stopped = [&] { return st->left.empty(); };
-    if (cfg.stop_grace_ms <= 0)
-      st->cv.wait(lock, all_stopped);
-    else if (!st->cv.wait_for(lock, Millis(cfg.stop_grace_ms), all_stopped)) {
-      std::string names;
-      for (const std::string& id : st->left) names += (names.empty() ? "" : ", ") + id;
-      spdlog::error("node {}: {} still in a method {} after the stop began; leaving without them",
-                    node_id, names, human_ms(cfg.stop_grace_ms));
-      lock.unlock();
-      record_left();
-      spdlog::shutdown();
-      std::_Exit(0);  // the stoppers still wait on those methods: not joined
-    }
-    lock.unlock();
-    for (std::thread& t : stoppers) t.join();
+void NodeProcess::record_left() {
+  try {
+    rec_.state = NodeState::left;
+    rec_.reason = "stopped";
+    store_->hput(keys::kNodes, node_id_, packed(rec_));
+    store_->erase(keys::alive(node_id_));
+    store_->append(keys::kEvents, {{"type", "leave"}, {"node", node_id_}});
+  } catch (const membership::StoreError& e) {
+    spdlog::warn("node {}: could not record leaving: {}", node_id_, e.what());
   }
+}
+
+// Leave cleanly: the head moves our restartable actors elsewhere. Their methods in progress are
+// asked to end (on_stop) and get the grace time; one that does not end by then does not hold
+// the node, whose peers (a collective waiting on its worker, say) rely on it leaving.
+void NodeProcess::leave() {
+  // One thread per actor, so that every actor is asked to stop at once.
+  struct Stopping {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::set<std::string> left;  // the actors not stopped yet
+  };
+  auto st = std::make_shared<Stopping>();
+  const std::vector<std::string> ids = core_->hosted();
+  st->left.insert(ids.begin(), ids.end());
+  std::vector<std::thread> stoppers;
+  for (const std::string& id : ids) {
+    stoppers.emplace_back([core = core_, st, id] {
+      core->unhost(id);
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->left.erase(id);
+      st->cv.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lock(st->mu);
+  auto all_stopped = [&] { return st->left.empty(); };
+  if (cfg_.stop_grace_ms <= 0) {
+    st->cv.wait(lock, all_stopped);
+  } else if (!st->cv.wait_for(lock, Millis(cfg_.stop_grace_ms), all_stopped)) {
+    std::string names;
+    for (const std::string& id : st->left) names += (names.empty() ? "" : ", ") + id;
+    spdlog::error("node {}: {} still in a method {} after the stop began; leaving without them",
+                  node_id_, names, human_ms(cfg_.stop_grace_ms));
+    lock.unlock();
+    record_left();
+    spdlog::shutdown();
+    std::_Exit(0);  // the stoppers still wait on those methods: not joined
+  }
+  lock.unlock();
+  for (std::thread& t : stoppers) t.join();
   record_left();
-  core->shutdown();
+  core_->shutdown();
   detail::current_core().reset();
-  spdlog::info("node {} stopped", node_id);
+  spdlog::info("node {} stopped", node_id_);
+}
+
+}  // namespace
+
+int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
+             const std::function<void(const std::string&)>& on_ready) {
+  NodeProcess node(cfg);
+  if (!node.start()) return 1;
+  if (!node.find_reachability() || !node.join_cluster()) {
+    node.fail_start();
+    return 1;
+  }
+  // A node without a port is named by where its calls go ("head/<id>").
+  if (on_ready) on_ready(node.ready_address());
+  node.heartbeat_until(stop);
+  node.leave();
   return 0;
 }
 

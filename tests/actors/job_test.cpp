@@ -223,7 +223,7 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   EXPECT_NE(log.find("ckpt-round-1.pt (round 1)"), std::string::npos) << log;
   EXPECT_NE(log.find("ckpt-round-2.pt (round 2)"), std::string::npos) << log;
   for (const char* f : {"ckpt-round-2.worker-0.pt", "ckpt-round-2.worker-1.pt"})
-    EXPECT_TRUE(fs::exists(folder + "/" + f)) << f;
+    EXPECT_TRUE(fs::exists(folder + "/" + f)) << f << "\n" << log;
   // That checkpoint is of round 2's state with the fragment then in flight: a job resumed from
   // it holds the simulator's θ of round 3, bit for bit.
   const auto again = resumed_hashes(client, c.head_address(), folder + "/ckpt-round-2.pt", dir_);

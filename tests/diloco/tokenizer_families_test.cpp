@@ -3,8 +3,10 @@
 // download): the C++ encoder gives `tokenizers`' ids and its decoder `tokenizers`' text.
 // Torch-free.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -54,6 +56,9 @@ class FamilyFixture : public ::testing::Test {
       args += (i ? "," : "") + tokenizers[i].string();
     for (const auto& t : texts) args += " " + t.string();
     ASSERT_EQ(venv_python(args), 0);
+  }
+  static fs::path want_path(const fs::path& tok, const fs::path& text, const char* ext = ".ids") {
+    return want(tok, text, ext);
   }
   static fs::path want(const fs::path& tok, const fs::path& text, const char* ext) {
     return *dir_ / "py" / (tok.stem().string() + "-" + text.stem().string() + ext);
@@ -479,20 +484,118 @@ TEST_F(TokenizerVariants, ANormalizerThatMultipliesTheTextFailsWhenItRuns) {
   }
 }
 
-// A character newer than PCRE2's Unicode tables (U+1C89, Unicode 16) could split otherwise
-// than in `tokenizers`: a regex refuses the text; without one it is bytes as usual.
-TEST_F(TokenizerVariants, CharactersNewerThanPcre2sTablesAreRefusedByARegex) {
-  const std::string text = "new letter \xe1\xb2\x89 here";
-  const auto llama3 = load_tokenizer_json((*dir_ / "llama3.json").string());
+// Characters newer than PCRE2's Unicode tables (14.0) that `tokenizers` knows: the pink heart
+// (U+1FA77, Unicode 15, So), a Cyrillic capital (U+1C89, Unicode 16, Lu), a CJK Extension H
+// ideograph (U+31350, Lo), Kawi letters (U+11F04, Lo) and a Kaktovik numeral (U+1D2C0, No);
+// and U+0378, assigned in neither. Issue "23 ·": one pink heart stopped the tokenization of a
+// whole file for every regex-split tokenizer. Now each splits as `tokenizers` splits it, with
+// the regex of Llama 3 and with splits by category; a pattern naming a script (\p{Han}) still
+// refuses such a character, naming it, rather than split it otherwise.
+TEST_F(TokenizerVariants, CharactersNewerThanPcre2sTablesSplitAsTokenizersDoes) {
+  const std::string text =
+      "love \xf0\x9f\xa9\xb7 it\xf0\x9f\xa9\xb7\xf0\x9f\xa9\xb7! \xe1\xb2\x89\xe1\xb2\x89" "ab "
+      "x\xf0\xb1\x8d\x90y 12\xf0\x9d\x8b\x80 \xf0\x91\xbc\x84\xf0\x91\xbc\x85 z\xcd\xb8 "
+      "\xf0\x9f\xa9\xb7";
+  std::vector<fs::path> tokenizers = {*dir_ / "llama3.json", *dir_ / "llama2.json"};
+  for (const auto& [name, pattern] : std::vector<std::pair<std::string, std::string>>{
+           {"newer_letters", R"(\p{L}+|\p{N}+|\p{So}+)"},
+           {"newer_marks", R"([\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|\p{^L})"}}) {
+    auto j = Json::parse(read_file(*dir_ / "llama3.json"));
+    j["pre_tokenizer"]["pretokenizers"][0] = split("Regex", pattern, "Isolated", false);
+    tokenizers.push_back(*dir_ / (name + ".json"));
+    write_file(tokenizers.back(), j.dump());
+  }
+  const auto texts = write_texts({{"newer", text}});
+  run_tokenizers(tokenizers, texts);
+  for (const auto& tj : tokenizers) expect_as_tokenizers(tj, texts);
+
+  auto j = Json::parse(read_file(*dir_ / "llama3.json"));
+  j["pre_tokenizer"]["pretokenizers"][0] = split("Regex", R"(\p{Han}+|\s+)", "Isolated", false);
+  write_file(*dir_ / "script.json", j.dump());
+  const auto by_script = load_tokenizer_json((*dir_ / "script.json").string());
   try {
-    llama3->encode(text);
+    by_script->encode(text);
     ADD_FAILURE() << "encoded";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("U+1C89"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("U+1FA77"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("names a script"), std::string::npos) << e.what();
   }
-  const auto llama2 = load_tokenizer_json((*dir_ / "llama2.json").string());
-  const auto ids = llama2->encode(text);
-  EXPECT_EQ(llama2->decode(ids), text);
+}
+
+// A byte-level vocabulary without the symbols of the 13 bytes valid UTF-8 never holds (0xC0,
+// 0xC1, 0xF5-0xFF: GPT-NeoX's and MPT's lack them; issue "23 ·" found such files refused) is
+// read and encodes valid text as `tokenizers` does; a text that is not valid UTF-8 and holds
+// such a byte is refused saying so; a vocabulary lacking any other byte's symbol is refused
+// naming the byte.
+TEST_F(TokenizerVariants, AByteLevelVocabularyWithoutTheBytesUtf8NeverHoldsIsRead) {
+  auto j = Json::parse(read_file(*dir_ / "llama3.json"));
+  auto& vocab = j["model"]["vocab"];
+  std::vector<std::string> never;  // GPT-2's byte-level symbols of those bytes: U+00C0 ...
+  for (int b : {0xC0, 0xC1, 0xF5, 0xF6, 0xF7, 0xF8, 0xF9, 0xFA, 0xFB, 0xFC, 0xFD, 0xFE, 0xFF})
+    never.push_back(std::string{char(0xC3), char(0x80 | (b & 0x3F))});
+  std::vector<int> removed;
+  for (const auto& sym : never) {
+    ASSERT_TRUE(vocab.contains(sym)) << "the test's tokenizer has all 256 byte symbols";
+    removed.push_back(vocab[sym].get<int>());
+    vocab.erase(sym);
+  }
+  // Ids without gaps, as such a vocabulary has them; the added tokens after the model's.
+  auto shifted = [&](int id) {
+    return id - int(std::count_if(removed.begin(), removed.end(), [&](int r) { return r < id; }));
+  };
+  for (auto& [tok, id] : vocab.items()) id = shifted(id.get<int>());
+  for (auto& added : j["added_tokens"]) added["id"] = shifted(added["id"].get<int>());
+  Json kept = Json::array();
+  for (const auto& m : j["model"]["merges"]) {
+    const std::string pair = m.is_string() ? m.get<std::string>()
+                                           : m[0].get<std::string>() + " " + m[1].get<std::string>();
+    bool uses = false;
+    for (const auto& sym : never) uses = uses || pair.find(sym) != std::string::npos;
+    if (!uses) kept.push_back(m);
+  }
+  j["model"]["merges"] = kept;
+  const fs::path neox = *dir_ / "neox_like.json";
+  write_file(neox, j.dump());
+  const auto texts = write_texts({{"neox", "In the beginning \xc3\x80 caf\xc3\xa9 \xe2\x82\xac 12"}});
+  run_tokenizers({neox}, texts);
+  expect_as_tokenizers(neox, texts);
+  const auto tok = load_tokenizer_json(neox.string());
+  try {
+    tok->encode("bad \xff byte");
+    ADD_FAILURE() << "encoded a byte that has no symbol";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid UTF-8"), std::string::npos) << e.what();
+  }
+  vocab.erase("a");
+  EXPECT_NE(refusal(j, [](Json&) {}).find("lacks the byte-level symbol of byte 97"),
+            std::string::npos);
+}
+
+// `loco tokenize`: a user tries a tokenizer.json on a text from the command line and gets
+// `tokenizers`' ids, space-separated; `--decode` gives the text back from them (as printed,
+// or as Python prints a list); an id the tokenizer does not have is refused naming it.
+TEST_F(TokenizerVariants, LocoTokenizePrintsTokenizersIdsAndDecodesThem) {
+  const std::string text = "In the beginning God created the heaven and the earth. 12 \xf0\x9f\xa9\xb7";
+  const auto texts = write_texts({{"cli", text}});
+  const fs::path llama3 = *dir_ / "llama3.json";
+  run_tokenizers({llama3}, texts);
+  const auto want = read_ids(want_path(llama3, texts[0]));
+  std::string expected;
+  for (std::size_t i = 0; i < want.size(); ++i) expected += (i ? " " : "") + std::to_string(want[i]);
+  const std::string loco = std::string(LOCO_BIN_DIR) + "/loco tokenize --tokenizer " + llama3.string();
+  auto run = [&](const std::string& args, const fs::path& out) {
+    const int rc = std::system((loco + " " + args + " > " + out.string() + " 2>&1").c_str());
+    return std::make_pair(WEXITSTATUS(rc), read_file(out));
+  };
+  auto [rc, ids] = run("- < " + texts[0].string(), *dir_ / "cli.ids");
+  EXPECT_EQ(rc, 0) << ids;
+  EXPECT_EQ(ids, expected + "\n");
+  auto [rc2, back] = run("--decode '[" + expected + "]'", *dir_ / "cli.text");
+  EXPECT_EQ(rc2, 0) << back;
+  EXPECT_EQ(back, read_file(want_path(llama3, texts[0], ".decoded")) + "\n");
+  auto [rc3, refused] = run("--decode '1 2 99999999'", *dir_ / "cli.refused");
+  EXPECT_NE(rc3, 0);
+  EXPECT_NE(refused.find("'99999999' is not an id of this tokenizer"), std::string::npos) << refused;
 }
 
 // The rewriting of Oniguruma's spellings that PCRE2 reads otherwise.
