@@ -1334,9 +1334,14 @@ void Core::fail_forwarded(std::vector<Forwarded>&& calls, const std::string& why
 }
 
 std::vector<Core::Forwarded> Core::take_forwarded_locked(const std::string& node) {
+  return take_forwarded_if_locked([&](const Forwarded& f) { return f.node == node; });
+}
+
+std::vector<Core::Forwarded> Core::take_forwarded_if_locked(
+    const std::function<bool(const Forwarded&)>& which) {
   std::vector<Forwarded> taken;
   for (auto it = forwarded_.begin(); it != forwarded_.end();) {
-    if (it->second.node == node) {
+    if (which(it->second)) {
       taken.push_back(std::move(it->second));
       it = forwarded_.erase(it);
     } else {
@@ -1350,14 +1355,7 @@ void Core::drop_forwarded_to(const std::string& actor_id, const std::string& why
   std::vector<Forwarded> lost;
   {
     std::lock_guard<std::mutex> lock(routes_mu_);
-    for (auto it = forwarded_.begin(); it != forwarded_.end();) {
-      if (it->second.target == actor_id) {
-        lost.push_back(std::move(it->second));
-        it = forwarded_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    lost = take_forwarded_if_locked([&](const Forwarded& f) { return f.target == actor_id; });
   }
   fail_forwarded(std::move(lost), why);
 }

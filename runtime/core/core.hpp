@@ -178,6 +178,9 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   void fail_forwarded(std::vector<Forwarded>&& calls, const std::string& why);
   // Takes the calls forwarded to `node` out of the table (routes_mu_ held).
   std::vector<Forwarded> take_forwarded_locked(const std::string& node);
+  // Takes the forwarded calls `which` picks out of the table (routes_mu_ held).
+  std::vector<Forwarded> take_forwarded_if_locked(
+      const std::function<bool(const Forwarded&)>& which);
   // Why the caller may not make this call to an actor of `box` ("" when it may): a client's
   // call to an internal method or to an actor another key owns, an actor's call to an internal
   // method of another job's actor.

@@ -145,19 +145,27 @@ INSTANTIATE_TEST_SUITE_P(All, NatMatrix,
                                   std::to_string(info.param.nat);
                          });
 
+// Members with the cluster's key and 4 KiB chunks, and a relay that admits that key (with a key
+// pair of its own): what the tests under CURVE start from.
+struct CurveSetup {
+  security::KeyPair cluster = security::generate_key_pair();
+  Options members;
+  RelayOptions relay;
+  CurveSetup() {
+    members.chunk_bytes = 4096;
+    members.security = security::Settings::with_key(cluster);
+    relay.security = security::Settings::with_key({cluster.public_key, {}});
+  }
+};
+
 // Under CURVE everywhere: members with the cluster key, the relay with a key pair of its own.
 TEST(Nat, UnderCurveTheRelayedGroupEqualsTheInProcessArithmetic) {
-  const auto cluster = security::generate_key_pair();
-  Options o;
-  o.chunk_bytes = 4096;
-  o.security = security::Settings::with_key(cluster);
-  RelayOptions ro;
-  ro.security = security::Settings::with_key({cluster.public_key, {}});
-  NatMembers m(3, 2, o, ro);
+  CurveSetup c;
+  NatMembers m(3, 2, c.members, c.relay);
   ASSERT_EQ(m.relay->public_key().size(), 40u);
-  EXPECT_NE(m.relay->public_key(), cluster.public_key);
+  EXPECT_NE(m.relay->public_key(), c.cluster.public_key);
   auto data = inputs_of(3, 3, 5000);
-  const auto expected = expected_mean(data, o);
+  const auto expected = expected_mean(data, c.members);
   rethrow_any(m.allreduce(1, data));
   for (int r = 0; r < 3; ++r) expect_bitwise(data[r], expected, r);
   EXPECT_GT(m.relay->forwarded(), 0u);
@@ -354,14 +362,9 @@ TEST(Nat, TheRelayAdmitsOnlyTheClustersKey) {
 // are each closed by the relay within its handshake timeout (0.5 s here, 60 s by default), and
 // members behind NAT go on averaging through it, bit for bit.
 TEST(Nat, IdleConnectionsThatNeverHandshakeAreClosedAndTheRelayStillRelays) {
-  const auto cluster = security::generate_key_pair();
-  Options o;
-  o.chunk_bytes = 4096;
-  o.security = security::Settings::with_key(cluster);
-  RelayOptions ro;
-  ro.security = security::Settings::with_key({cluster.public_key, {}});
-  ro.handshake_timeout = std::chrono::milliseconds(500);
-  NatMembers m(3, 2, o, ro);
+  CurveSetup c;
+  c.relay.handshake_timeout = std::chrono::milliseconds(500);
+  NatMembers m(3, 2, c.members, c.relay);
   const std::string endpoint = m.relay->endpoint();  // tcp://127.0.0.1:PORT
   sockaddr_in at{};
   at.sin_family = AF_INET;
@@ -398,7 +401,7 @@ TEST(Nat, IdleConnectionsThatNeverHandshakeAreClosedAndTheRelayStillRelays) {
                                  << took.count() << " ms";
   EXPECT_LT(took.count(), 5000);
   auto data = inputs_of(5, 3, 5000);
-  const auto expected = expected_mean(data, o);
+  const auto expected = expected_mean(data, c.members);
   rethrow_any(m.allreduce(1, data));
   for (int r = 0; r < 3; ++r) expect_bitwise(data[r], expected, r);
 }
