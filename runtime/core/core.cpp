@@ -195,17 +195,22 @@ void Core::shutdown() {
         box->thread.join();
     }
   }
-  // Actors killed without waiting (unhost(id, false)) end before the process does.
+  // Actors killed without waiting (unhost(id, false)): those whose method has ended are joined;
+  // one still in a method that ignores its stop hook does not hold the process's end (a node's
+  // stop would otherwise wait for it forever), and its thread touches only its own mailbox.
   std::vector<Reaper> reapers;
   {
     std::lock_guard<std::mutex> lock(reapers_mu_);
     reapers.swap(reapers_);
   }
   for (Reaper& r : reapers) {
-    if (r.thread.get_id() == std::this_thread::get_id())
-      r.thread.detach();
-    else
+    if (r.done->load() && r.thread.get_id() != std::this_thread::get_id()) {
       r.thread.join();
+    } else {
+      spdlog::warn("{}: a killed actor is still in a method; not waiting for it",
+                   opts_.self_name);
+      r.thread.detach();
+    }
   }
   if (transport_) transport_->stop();
   // Whoever still waits learns that this process is going away.

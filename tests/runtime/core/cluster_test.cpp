@@ -364,6 +364,31 @@ TEST(Cluster, ANodeWhoseActorIgnoresTheStopLeavesAfterItsGrace) {
   EXPECT_TRUE(left) << "the node did not record that it left";
 }
 
+// An actor killed in a method that ignores its stop hook (a kill does not wait for it: issue
+// "21 ·") does not hold up its node's stop either: SIGTERM ends the node within its grace,
+// saying it did not wait for that method, instead of waiting for the method to return.
+TEST(Cluster, ANodeStopsAlthoughAKilledActorIsStillInAMethod) {
+  ClusterOptions o;
+  o.nodes = 1;
+  o.extra_node_args = {"--stop-grace", "1"};
+  LocalCluster c(o);
+  Runtime& rt = c.runtime();
+  auto a = rt.spawn<Counter>(ActorOptions(), 0);
+  const std::string marker = c.log_dir() + "/running";
+  auto call = a.call(&Counter::wait_for_stop, marker, 120000, false);
+  ASSERT_TRUE(
+      eventually([&] { return std::filesystem::exists(marker); }, Millis(20000), Millis(10)));
+  Subprocess& node = c.node(a.address());
+  rt.kill(a.id());
+  ASSERT_TRUE(eventually(
+      [&] { return contains(text_of(c.log_dir() + "/node-0.log"), "killed actor " + a.id()); },
+      Millis(10000)));
+  ASSERT_EQ(::kill(node.pid(), SIGTERM), 0);
+  EXPECT_EQ(node.wait(Millis(20000)).value_or(-1), 0) << "the node did not exit in 20 s";
+  EXPECT_TRUE(contains(text_of(c.log_dir() + "/node-0.log"),
+                       "a killed actor is still in a method; not waiting for it"));
+}
+
 // The head never waits on a node: with one node stopped (SIGSTOP: its sockets accept, nothing
 // answers), spawns placed there and the restarts of its actors leave the head answering
 // status and hello at once. (It once waited on each create_actor, up to the detection time.)
