@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
-#include <set>
 
 #include "actors/outer_aggregator_state.hpp"
 #include "diloco/data.hpp"
@@ -196,6 +195,36 @@ void OuterAggregator::State::take_resume(int rounds) {
 }
 
 namespace {
+// The job folder's round checkpoints (ckpt-round-R.pt and its workers' ckpt-round-R.worker-N.pt),
+// newest first, and the bytes of every file in the folder.
+struct CheckpointFiles {
+  struct Round {
+    std::vector<fs::path> files;
+    double bytes = 0;
+    bool whole = false;  // its checkpoint file is there, not only workers' files
+  };
+  double bytes = 0;
+  std::map<int64_t, Round, std::greater<>> rounds;
+};
+
+CheckpointFiles scan_checkpoints(const std::string& folder) {
+  static const std::regex name(R"(ckpt-round-([0-9]{1,9})(\.worker-[0-9]+)?\.pt)");
+  CheckpointFiles out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
+    const double bytes = e.is_regular_file(ec) ? double(e.file_size(ec)) : 0;
+    out.bytes += bytes;
+    std::smatch m;
+    const std::string file = e.path().filename().string();
+    if (!std::regex_match(file, m, name)) continue;
+    CheckpointFiles::Round& round = out.rounds[std::stoll(m[1].str())];
+    round.files.push_back(e.path());
+    round.bytes += bytes;
+    round.whole = round.whole || !m[2].matched;
+  }
+  return out;
+}
+
 // Bytes for people: "3.6 MiB", "1.2 GiB".
 std::string bytes_text(double b) {
   char out[32];
@@ -208,38 +237,27 @@ std::string bytes_text(double b) {
 }  // namespace
 
 bool OuterAggregator::State::room_for_checkpoint(int64_t r, const std::string& what) {
-  static const std::regex name(R"(ckpt-round-([0-9]{1,9})(\.worker-[0-9]+)?\.pt)");
-  std::error_code ec;
-  double held = 0;
-  std::map<int64_t, double> round_bytes;
-  std::set<int64_t> whole;  // rounds whose checkpoint file is there (not only workers' files)
-  for (const auto& e : fs::directory_iterator(folder, ec)) {
-    if (!e.is_regular_file(ec)) continue;
-    const double bytes = double(e.file_size(ec));
-    held += bytes;
-    std::smatch m;
-    const std::string file = e.path().filename().string();
-    if (!std::regex_match(file, m, name)) continue;
-    round_bytes[std::stoll(m[1].str())] += bytes;
-    if (!m[2].matched) whole.insert(std::stoll(m[1].str()));
-  }
+  const CheckpointFiles files = scan_checkpoints(folder);
   // The newest whole checkpoint's size; before the first, θ and momentum (8P) and each
   // worker's inner state (θ and AdamW's moments: 12P).
   double estimate = 0;
-  if (!whole.empty()) {
-    estimate = round_bytes[*whole.rbegin()];
+  const auto newest = std::find_if(files.rounds.begin(), files.rounds.end(),
+                                   [](const auto& round) { return round.second.whole; });
+  if (newest != files.rounds.end()) {
+    estimate = newest->second.bytes;
   } else if (cfg.model.torchscript.empty()) {
     const double p = double(cfg.model.parameter_count(cfg.vocab_size()));
     estimate = p * (8.0 + 12.0 * double(std::max(1, cfg.workers.count)));
   }
+  const double held = files.bytes;
   const std::string which =
       what.empty() ? "the checkpoint of round " + std::to_string(r) : std::string(what);
   const double quota = cfg.checkpoint.quota_gib * double(1 << 30);
   if (quota > 0 && held + estimate > quota) {
-    log(which + " is not written: the job's folder holds " + bytes_text(held) + " and it would add " +
-        "about " + bytes_text(estimate) + ", past checkpoint.quota_gib (" + bytes_text(quota) +
-        "); keep fewer (checkpoint.keep " + std::to_string(cfg.checkpoint.keep) +
-        ") or raise the quota");
+    log(which + " is not written: the job's folder holds " + bytes_text(held) +
+        " and it would add " + "about " + bytes_text(estimate) + ", past checkpoint.quota_gib (" +
+        bytes_text(quota) + "); keep fewer (checkpoint.keep " +
+        std::to_string(cfg.checkpoint.keep) + ") or raise the quota");
     return false;
   }
   struct statvfs fsinfo {};
@@ -259,31 +277,20 @@ bool OuterAggregator::State::room_for_checkpoint(int64_t r, const std::string& w
 // workers' inner states, and so does the one the job would go back to; older ones go.
 void OuterAggregator::State::prune_checkpoints() {
   if (cfg.checkpoint.keep <= 0) return;
-  static const std::regex name(R"(ckpt-round-([0-9]{1,9})(\.worker-[0-9]+)?\.pt)");
-  std::map<int64_t, std::vector<fs::path>, std::greater<>> rounds;  // newest first
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(folder, ec)) {
-    std::smatch m;
-    const std::string file = e.path().filename().string();
-    if (std::regex_match(file, m, name)) rounds[std::stoll(m[1].str())].push_back(e.path());
-  }
   int kept = 0;
   bool whole_seen = false;
-  for (const auto& [r, files] : rounds) {
-    const bool whole =
-        std::any_of(files.begin(), files.end(), [](const fs::path& p) {
-          return p.filename().string().find(".worker-") == std::string::npos;
-        });
+  std::error_code ec;
+  for (const auto& [r, round] : scan_checkpoints(folder).rounds) {
     // Newer than every whole checkpoint: being written (in streaming, the workers' files of
     // round r + 1 land before its checkpoint file does).
-    if (!whole && !whole_seen) continue;
-    whole_seen = whole_seen || whole;
-    if (whole && kept < cfg.checkpoint.keep) {
+    if (!round.whole && !whole_seen) continue;
+    whole_seen = whole_seen || round.whole;
+    if (round.whole && kept < cfg.checkpoint.keep) {
       ++kept;
       continue;
     }
-    if (whole && r == resume_round) continue;
-    for (const fs::path& p : files) fs::remove(p, ec);
+    if (round.whole && r == resume_round) continue;
+    for (const fs::path& p : round.files) fs::remove(p, ec);
     log("checkpoint.keep: removed the checkpoint of round " + std::to_string(r));
   }
 }

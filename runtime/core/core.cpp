@@ -945,8 +945,6 @@ void Core::refuse_busy(Mailbox& box, RateLimit& warnings, zmq::message_t&& rid,
                  held ? " (" + std::to_string(held) + " more not logged)" : std::string());
 }
 
-// Requests still queued for an actor that is going away get an answer now,
-// instead of leaving their callers to time out.
 void Core::warn_tell(Mailbox& box, const std::string& line) {
   uint64_t held = 0;
   {
@@ -960,6 +958,8 @@ void Core::warn_tell(Mailbox& box, const std::string& line) {
     spdlog::warn("actor {}: {}", box.id, line);
 }
 
+// Requests still queued for an actor that is going away get an answer now,
+// instead of leaving their callers to time out.
 void Core::refuse_queued(Mailbox& box) {
   std::deque<Inbound> left;
   {

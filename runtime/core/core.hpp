@@ -208,12 +208,12 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   // 10 s (the count of those held back goes with the next).
   void warn_bad_input(const std::string& line);
   void refuse_queued(Mailbox& box);
-  // A call the actor has no room for (its mailbox, or its pool of concurrent calls, is full):
-  // a request is answered "refused: `why`; try again later", a one-way call dropped with a line
-  // that `warnings` (under box.mu) rate-limits.
   // A line about a one-way call of `box`'s actor (no one waits for its answer), at most one
   // every 10 s per actor.
   void warn_tell(Mailbox& box, const std::string& line);
+  // A call the actor has no room for (its mailbox, or its pool of concurrent calls, is full):
+  // a request is answered "refused: `why`; try again later", a one-way call dropped with a line
+  // that `warnings` (under box.mu) rate-limits.
   void refuse_busy(Mailbox& box, RateLimit& warnings, zmq::message_t&& rid, const Envelope& env,
                    const std::string& why);
   void finish(const std::shared_ptr<CallState>& st, const std::string& error_type,

@@ -1133,41 +1133,11 @@ class HeadService {
                      detector_.suspects(now_ms()).count(c.node_id);
     std::string why =
         "could not be created on node " + c.node_id + " (" + c.address + "): " + error;
-    if (node_lost) {
-      // A node lost once while it created an actor is bad luck; twice for the same actor within
-      // kCreationLossWindowMs is the actor's doing (a job file that crashes the process that
-      // reads it): it is not placed again, and its job fails saying why.
-      const int64_t now = now_ms();
-      std::erase_if(lost_creations_, [&](const auto& entry) {
-        return now - entry.second.back().first > kCreationLossWindowMs;
-      });
-      auto& lost = lost_creations_[rec.info.id];
-      std::erase_if(lost, [&](const auto& l) { return now - l.first > kCreationLossWindowMs; });
-      lost.emplace_back(now, c.node_id);
-      if (lost.size() >= 2) {
-        std::string nodes;
-        for (const auto& [at, node] : lost) nodes += (nodes.empty() ? "" : " and ") + node;
-        const std::string cause =
-            describe(rec.info) + " was being created on nodes " + nodes + " when each was lost, " +
-            "within " + human_ms(now - lost.front().first) +
-            ": an actor whose creation takes its node down is not placed again (the job's files "
-            "may crash the process that reads them)";
-        lost_creations_.erase(rec.info.id);
-        rec.info.state = ActorState::dead;
-        rec.info.reason = cause;
-        save(rec);
-        event({{"type", "actor_dead"}, {"actor", rec.info.id}, {"reason", cause}});
-        spdlog::warn("head: {}", cause);
-        report(c, rec.info, "ClusterError", cause);
-        if (!rec.info.job.empty()) {
-          JobInfo job = job_record(rec.info.job);
-          if (!job.finished()) finish(job, JobState::failed, cause);
-        }
-        return;
-      }
-    }
-    if (node_lost && c.restart && rec.info.restarts > 0) rec.info.restarts--;
-    if (node_lost && rec.info.restarts < rec.info.max_restarts) {
+    // The second node lost while creating this actor: it is not placed again (below, as dead)
+    // and its job fails, saying why.
+    const bool poisoned = node_lost && lost_twice(rec.info, c.node_id, &why);
+    if (node_lost && !poisoned && c.restart && rec.info.restarts > 0) rec.info.restarts--;
+    if (node_lost && !poisoned && rec.info.restarts < rec.info.max_restarts) {
       to_restart(rec, why);
     } else {
       rec.info.state = ActorState::dead;
@@ -1176,7 +1146,32 @@ class HeadService {
       event({{"type", "actor_dead"}, {"actor", rec.info.id}, {"reason", why}});
       spdlog::warn("head: {} is dead: {}", describe(rec.info), why);
     }
-    report(c, rec.info, type, why);
+    report(c, rec.info, poisoned ? "ClusterError" : type, why);
+    if (poisoned && !rec.info.job.empty()) {
+      JobInfo job = job_record(rec.info.job);
+      if (!job.finished()) finish(job, JobState::failed, why);
+    }
+  }
+
+  // Records that `node` was lost while creating `a`. A node lost once while it created an actor
+  // is bad luck; twice for the same actor within kCreationLossWindowMs is the actor's doing (a
+  // job file that crashes the process that reads it): then true, with the cause in `why`.
+  bool lost_twice(const ActorInfo& a, const std::string& node, std::string* why) {
+    const int64_t now = now_ms();
+    std::erase_if(lost_creations_, [&](const auto& entry) {
+      return now - entry.second.back().first > kCreationLossWindowMs;
+    });
+    auto& lost = lost_creations_[a.id];
+    lost.emplace_back(now, node);
+    if (lost.size() < 2) return false;
+    std::string nodes;
+    for (const auto& [at, n] : lost) nodes += (nodes.empty() ? "" : " and ") + n;
+    *why = describe(a) + " was being created on nodes " + nodes + " when each was lost, within " +
+           human_ms(now - lost.front().first) +
+           ": an actor whose creation takes its node down is not placed again (the job's files "
+           "may crash the process that reads them)";
+    lost_creations_.erase(a.id);
+    return true;
   }
 
   // Tells whoever waits on a creation how it ended, once.
