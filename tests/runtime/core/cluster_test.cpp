@@ -340,18 +340,22 @@ TEST(Cluster, SigtermedNodeAsksItsActorsToStopAndLeavesWithinItsGrace) {
 
 // A method that does not listen holds the node only for its grace time (--stop-grace): then
 // the node records that it left and exits, and the caller learns that the actor died.
-TEST(Cluster, ANodeWhoseActorIgnoresTheStopLeavesAfterItsGrace) {
-  ClusterOptions o;
-  o.nodes = 1;
-  o.extra_node_args = {"--stop-grace", "1"};
-  LocalCluster c(o);
+// One node with a stop grace of 1 s, and a Counter on it in a method that ignores its stop
+// hook for 120 s (started: its marker written).
+struct StuckActor {
+  LocalCluster c{ClusterOptions{.nodes = 1, .extra_node_args = {"--stop-grace", "1"}}};
   Runtime& rt = c.runtime();
-  auto a = rt.spawn<Counter>(ActorOptions(), 0);
-  const std::string marker = c.log_dir() + "/running";
-  auto call = a.call(&Counter::wait_for_stop, marker, 120000, false);
-  ASSERT_TRUE(
-      eventually([&] { return std::filesystem::exists(marker); }, Millis(20000), Millis(10)));
+  ActorHandle<Counter> a = rt.spawn<Counter>(ActorOptions(), 0);
+  Future<int> call = a.call(&Counter::wait_for_stop, c.log_dir() + "/running", 120000, false);
+  bool started = eventually([&] { return std::filesystem::exists(c.log_dir() + "/running"); },
+                            Millis(20000), Millis(10));
   Subprocess& node = c.node(a.address());
+};
+
+TEST(Cluster, ANodeWhoseActorIgnoresTheStopLeavesAfterItsGrace) {
+  StuckActor s;
+  ASSERT_TRUE(s.started);
+  auto& [c, rt, a, call, started, node] = s;
   const std::string id = rt.status().nodes.at(0).node.id;
   ASSERT_EQ(::kill(node.pid(), SIGTERM), 0);
   EXPECT_EQ(node.wait(Millis(20000)).value_or(-1), 0) << "the node did not exit in 20 s";
@@ -368,17 +372,9 @@ TEST(Cluster, ANodeWhoseActorIgnoresTheStopLeavesAfterItsGrace) {
 // "21 ·") does not hold up its node's stop either: SIGTERM ends the node within its grace,
 // saying it did not wait for that method, instead of waiting for the method to return.
 TEST(Cluster, ANodeStopsAlthoughAKilledActorIsStillInAMethod) {
-  ClusterOptions o;
-  o.nodes = 1;
-  o.extra_node_args = {"--stop-grace", "1"};
-  LocalCluster c(o);
-  Runtime& rt = c.runtime();
-  auto a = rt.spawn<Counter>(ActorOptions(), 0);
-  const std::string marker = c.log_dir() + "/running";
-  auto call = a.call(&Counter::wait_for_stop, marker, 120000, false);
-  ASSERT_TRUE(
-      eventually([&] { return std::filesystem::exists(marker); }, Millis(20000), Millis(10)));
-  Subprocess& node = c.node(a.address());
+  StuckActor s;
+  ASSERT_TRUE(s.started);
+  auto& [c, rt, a, call, started, node] = s;
   rt.kill(a.id());
   ASSERT_TRUE(eventually(
       [&] { return contains(text_of(c.log_dir() + "/node-0.log"), "killed actor " + a.id()); },
