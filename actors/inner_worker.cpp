@@ -1,5 +1,7 @@
 #include "actors/inner_worker_state.hpp"
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
 namespace loco::actors {
 
 dl::DataConfig resolve_job_data(const PathRoots& roots, dl::DataConfig d) {
@@ -89,7 +91,7 @@ std::string copy_join_state(const WorkerInit& init, const std::optional<JoinOffe
 }  // namespace
 
 InnerWorker::InnerWorker(std::string job_id, std::string spec, int index) {
-  require_own_job("diloco.InnerWorker", job_id);
+  begin_job_actor("diloco.InnerWorker", job_id);
   s_ = std::make_unique<State>(std::move(job_id), spec, index);
   if (s_->cfg.threads > 0) at::set_num_threads(s_->cfg.threads);
   // CUDA is not even probed for device: cpu.
@@ -164,7 +166,7 @@ InitResult InnerWorker::init(WorkerInit init) {
   if (init.source.empty() && !init.inner_state.empty() &&
       std::filesystem::exists(init.inner_state)) {
     inner_ar.emplace();
-    inner_ar->load_from(init.inner_state, torch::kCPU);
+    dl::read_archive(*inner_ar, init.inner_state);
     c10::IValue v;
     inner_ar->read("stream", v);
     init.stream = uint64_t(v.toInt());
@@ -215,7 +217,7 @@ InitResult InnerWorker::init(WorkerInit init) {
     out.state_bytes = bytes.size();
   } else if (!init.checkpoint.empty()) {
     torch::serialize::InputArchive ar;
-    ar.load_from(init.checkpoint, torch::kCPU);
+    dl::read_archive(ar, init.checkpoint);
     for (Rank& k : s_->ranks) k.outer->load(ar, "outer.");
     if (s_->overlapped()) s_->streaming->read_in_flight(ar);
     // Eager: each average in flight is corrected with this worker's own provisional θ, from its
@@ -517,7 +519,7 @@ std::string InnerWorker::save_checkpoint(std::string path) {
   torch::serialize::OutputArchive ar;
   s_->checkpoint_archive(ar);
   if (s_->streaming) s_->streaming->write_in_flight(ar);
-  save_archive(ar, path);
+  dl::write_archive(ar, path);
   return std::filesystem::absolute(path).string();
 }
 
@@ -525,7 +527,7 @@ std::string InnerWorker::save_inner_state(std::string path) {
   path = s_->checkpoint_path(path, "save_inner_state: path");
   torch::serialize::OutputArchive ar;
   s_->inner_state_archive(ar);
-  save_archive(ar, path);
+  dl::write_archive(ar, path);
   return path;
 }
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "diloco/bounded_file.hpp"
 #include "diloco/bounded_json.hpp"
 #include "diloco/job_schema.hpp"
 
@@ -40,8 +41,12 @@ double double_field(const json& j, const char* key) {
   return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
 }
 
+// As an ofstream would: a line that cannot be written is lost, the job goes on.
 void append(const std::string& path, const std::string& line) {
-  std::ofstream(path, std::ios::app) << line << "\n";
+  try {
+    *diloco::open_job_stream(path, std::ios::out | std::ios::app) << line << "\n";
+  } catch (const std::runtime_error&) {
+  }
 }
 
 }  // namespace
@@ -151,7 +156,7 @@ void JobRecords::drop_after(int64_t round) {
     seconds_ = double_field(j, key(&schema::MetricsLine::seconds));
   }
   const std::string tmp = metrics_path_ + ".tmp";
-  std::ofstream(tmp, std::ios::trunc) << kept;
+  *diloco::open_job_stream(tmp, std::ios::out) << kept;
   fs::rename(tmp, metrics_path_);
   attempts_ = failed_ = 0;
   ok_bytes_ = 0;
@@ -230,9 +235,14 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
 
 std::vector<std::string> read_json_lines(const std::string& path) {
   std::vector<std::string> out;
-  std::ifstream in(path);
+  std::unique_ptr<std::iostream> file;
+  try {
+    file = diloco::open_job_stream(path, std::ios::in);
+  } catch (const std::runtime_error&) {
+    return out;  // none yet
+  }
   std::string line;
-  while (std::getline(in, line))
+  while (std::getline(*file, line))
     if (!line.empty()) out.push_back(line);
   return out;
 }

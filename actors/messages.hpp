@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "diloco/bounded_file.hpp"
 #include "diloco/job_schema.hpp"
 #include "runtime/core/errors.hpp"
 #include "runtime/core/runtime.hpp"
@@ -210,10 +211,12 @@ struct CheckpointRecord {
   MSGPACK_DEFINE(path, round)
 };
 
-// A job's actors exist only inside the job the head created them for: the job id their
-// constructor is given must be the one the head bound to them (this_actor().job), never a
-// spawner's word. Throws PermissionError naming the class otherwise.
-inline void require_own_job(const char* actor_class, const std::string& job_id) {
+// What a job's actor does first. It exists only inside the job the head created it for: the
+// job id its constructor is given must be the one the head bound to it (this_actor().job),
+// never a spawner's word; throws PermissionError naming the class otherwise. And from then on
+// its node's process opens the files jobs name without following links
+// (diloco/bounded_file.hpp): the paths were resolved under the node's roots.
+inline void begin_job_actor(const char* actor_class, const std::string& job_id) {
   const std::string& bound = loco::this_actor().job;
   if (bound.empty())
     throw loco::PermissionError(std::string(actor_class) +
@@ -223,6 +226,7 @@ inline void require_own_job(const char* actor_class, const std::string& job_id) 
     throw loco::PermissionError(std::string(actor_class) + " was created for job " + bound +
                                 " but given job " + job_id.substr(0, 64) +
                                 "; an actor acts only for its own job");
+  diloco::open_job_files_without_links(true);
 }
 
 }  // namespace loco::actors

@@ -14,6 +14,7 @@
 #include <regex>
 
 #include "actors/outer_aggregator_state.hpp"
+#include "diloco/bounded_file.hpp"
 #include "diloco/data.hpp"
 #include "diloco/hf_format.hpp"
 #include "diloco/job_schema.hpp"
@@ -33,6 +34,49 @@ namespace {
 constexpr const char* kCheckpointLine = "checkpoint: ";
 
 }  // namespace
+
+std::string join_ints(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+  return s;
+}
+
+std::string inner_state_path(const std::string& checkpoint, int slot) {
+  std::string base = checkpoint.substr(0, checkpoint.size() - 3);
+  return base + ".worker-" + std::to_string(slot) + ".pt";
+}
+
+std::string non_finite_of(int member, const InnerResult& r, int of_steps) {
+  std::vector<StepHealth> health;
+  for (const StepFigures& f : r.per_step) health.push_back({f.loss, f.grad_norm});
+  return non_finite_inner(member, r.mean_loss, health, of_steps);
+}
+
+OuterAggregator::State::RoundOutcome OuterAggregator::State::failure(RoundOutcome::Kind k,
+                                                                     std::string why,
+                                                                     std::string fix) {
+  RoundOutcome o;
+  o.kind = k;
+  o.why = std::move(why);
+  o.fix = std::move(fix);
+  return o;
+}
+
+std::string OuterAggregator::State::checkpoint_file(int64_t r) const {
+  return folder + "/ckpt-round-" + std::to_string(r) + ".pt";
+}
+
+std::string OuterAggregator::State::resume_point() const {
+  return resume_from.empty() ? std::string("its start")
+                             : "its checkpoint of round " + std::to_string(resume_round);
+}
+
+std::vector<int> OuterAggregator::State::active() const {
+  std::vector<int> v;
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i].active) v.push_back(int(i));
+  return v;
+}
 
 OuterAggregator::State::State(std::string id, const std::string& spec)
     : job_id(std::move(id)),
@@ -428,7 +472,7 @@ bool OuterAggregator::State::start() {
   {
     // The job file beside its checkpoints: `loco submit --resume CKPT` needs no other.
     const std::string tmp = folder + "/job.yaml.tmp";
-    std::ofstream(tmp) << cfg.to_yaml() << "\n";
+    *dl::open_job_stream(tmp, std::ios::out) << cfg.to_yaml() << "\n";
     fs::rename(tmp, folder + "/job.yaml");
   }
   // The rounds after the checkpoint are redone (without one, round 0 too): their lines go.
@@ -668,7 +712,7 @@ void OuterAggregator::State::finish(int64_t r) {
 }
 
 OuterAggregator::OuterAggregator(std::string job_id, std::string spec)
-    : s_((require_own_job("diloco.OuterAggregator", job_id),
+    : s_((begin_job_actor("diloco.OuterAggregator", job_id),
           std::make_shared<State>(std::move(job_id), spec))) {
   s_->cfg.validate();
   if (s_->cfg.sync.mode != dl::SyncMode::blocking &&

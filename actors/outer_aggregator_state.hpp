@@ -26,6 +26,7 @@
 #include "actors/outer_aggregator.hpp"
 #include "actors/round_decisions.hpp"
 #include "actors/timeouts.hpp"
+#include "actors/worker_calls.hpp"
 #include "diloco/config.hpp"
 #include "runtime/core/paths.hpp"
 #include "runtime/core/runtime.hpp"
@@ -36,43 +37,11 @@ namespace loco::actors {
 // Seconds on the runtime's one steady clock (runtime/core/util.hpp).
 inline double now_s() { return static_cast<double>(loco::now_ms()) / 1000.0; }
 
-inline std::string join_ints(const std::vector<int>& v) {
-  std::string s;
-  for (int x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
-  return s;
-}
-
-// Why a call to a worker failed, and whether the worker itself is gone.
-struct Failure {
-  std::string message;
-  bool gone = false;  // its actor died or no longer exists; else it answered with an error
-};
-
-// Waits for all futures; returns, per index, the value, or sets the failure.
-template <class T>
-std::vector<std::optional<T>> gather(std::vector<Future<T>>& fs, std::vector<Failure>& errors,
-                                     Millis timeout) {
-  std::vector<std::optional<T>> out(fs.size());
-  errors.assign(fs.size(), Failure{});
-  for (size_t i = 0; i < fs.size(); ++i) {
-    try {
-      out[i] = fs[i].get(timeout);
-    } catch (const ActorDiedError& e) {
-      errors[i] = {e.what(), true};
-    } catch (const ActorNotFoundError& e) {
-      errors[i] = {e.what(), true};
-    } catch (const std::exception& e) {
-      errors[i] = {e.what(), false};
-    }
-  }
-  return out;
-}
+// "1, 2, 3".
+std::string join_ints(const std::vector<int>& v);
 
 // Next to checkpoint "X.pt", each worker's inner state: "X.worker-I.pt".
-inline std::string inner_state_path(const std::string& checkpoint, int slot) {
-  std::string base = checkpoint.substr(0, checkpoint.size() - 3);
-  return base + ".worker-" + std::to_string(slot) + ".pt";
-}
+std::string inner_state_path(const std::string& checkpoint, int slot);
 
 // One worker place of the job. Slot i's actor is named "<job>.worker-i"; it is
 // active when it holds the current outer state and takes part in rounds.
@@ -108,11 +77,7 @@ struct StreamCalls {
 };
 
 // non_finite_inner (round_decisions.hpp) of a member's inner steps as it reported them.
-inline std::string non_finite_of(int member, const InnerResult& r, int of_steps) {
-  std::vector<StepHealth> health;
-  for (const StepFigures& f : r.per_step) health.push_back({f.loss, f.grad_norm});
-  return non_finite_inner(member, r.mean_loss, health, of_steps);
-}
+std::string non_finite_of(int member, const InnerResult& r, int of_steps);
 
 struct OuterAggregator::State {
   // The job file read, its folder and checkpoint.resume resolved under the node's roots
@@ -208,13 +173,7 @@ struct OuterAggregator::State {
     std::vector<int> asked_checkpoint;  // streaming: the members asked for a checkpoint
     std::vector<EvalPart> eval;         // streaming: θ's evaluation asked of them (StreamCalls)
   };
-  static RoundOutcome failure(RoundOutcome::Kind k, std::string why, std::string fix = "") {
-    RoundOutcome o;
-    o.kind = k;
-    o.why = std::move(why);
-    o.fix = std::move(fix);
-    return o;
-  }
+  static RoundOutcome failure(RoundOutcome::Kind k, std::string why, std::string fix = "");
   void run();
   // The job's start, or its restart from a checkpoint; false when it had ended already.
   bool start();
@@ -253,14 +212,9 @@ struct OuterAggregator::State {
   // steps a round (evenly spaced), so that the record stays well under the head's 64 KiB.
   void publish_steps(int64_t r, const std::vector<StepFigures>& steps);
   // The checkpoint file of the state after `r` rounds, in the job's folder.
-  std::string checkpoint_file(int64_t r) const {
-    return folder + "/ckpt-round-" + std::to_string(r) + ".pt";
-  }
+  std::string checkpoint_file(int64_t r) const;
   // Where the job goes back to, for the log: "its start" or "its checkpoint of round R".
-  std::string resume_point() const {
-    return resume_from.empty() ? std::string("its start")
-                               : "its checkpoint of round " + std::to_string(resume_round);
-  }
+  std::string resume_point() const;
   // A checkpoint of round `r` written: the job's resume point from now on, a line for people
   // and the record a restarted aggregator reads; older ones beyond checkpoint.keep go.
   void record_checkpoint(const std::string& path, int64_t r);
@@ -275,12 +229,7 @@ struct OuterAggregator::State {
   bool room_for_checkpoint(int64_t r, const std::string& what = "");
 
   // ---- Joins and leaves (aggregator_membership.cpp) ----------------------------------------
-  std::vector<int> active() const {
-    std::vector<int> v;
-    for (size_t i = 0; i < slots.size(); ++i)
-      if (slots[i].active) v.push_back(int(i));
-    return v;
-  }
+  std::vector<int> active() const;  // the active slots, in order
   ActorHandle<InnerWorker>& worker(int i) { return *slots[size_t(i)].handle; }
   void read_target();
   void note_waiting(int i, const std::string& why);

@@ -12,9 +12,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
+#include "diloco/bounded_file.hpp"
 #include "diloco/tokenizer_json.hpp"
 
 namespace loco::diloco {
@@ -64,10 +66,8 @@ std::vector<fs::path> corpus_files(const std::string& dir) {
 }
 
 std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_bounded(p.string(), std::numeric_limits<std::uintmax_t>::max(),
+                      "corpus file " + p.string());
 }
 
 class ByteTokenizer final : public Tokenizer {
@@ -181,10 +181,10 @@ template <class T>
 void write_raw(const std::string& path, const T* data, std::size_t bytes) {
   const std::string tmp = path + ".tmp" + std::to_string(::getpid());
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write " + tmp);
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-    if (!out) throw std::runtime_error("cannot write " + tmp);
+    auto out = open_job_stream(tmp, std::ios::out, "cannot write " + tmp);
+    out->write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+    out->flush();
+    if (!*out) throw std::runtime_error("cannot write " + tmp);
   }
   fs::rename(tmp, path);
 }
@@ -297,8 +297,8 @@ TokenStore::File TokenStore::map_file(const std::string& path, TokenDtype dtype,
   File f;
   f.path = path;
   f.width = dtype == TokenDtype::uint16 ? 2 : 4;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error("cannot open token file " + path);
+  const int fd = open_job_file(path, O_RDONLY);
+  if (fd < 0) throw std::runtime_error("cannot open token file " + path + ": " + job_file_error());
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "diloco/bounded_file.hpp"
 #include "diloco/bounded_json.hpp"
 #include "runtime/collective/compression.hpp"
 
@@ -99,13 +100,20 @@ void write_safetensors(const std::string& path,
 }
 
 std::map<std::string, StTensor> read_safetensors(const std::string& path) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) throw SafetensorsError(path + ": cannot read (" + ec.message() + ")");
   const auto fail = [&](const std::string& what) { throw SafetensorsError(path + ": " + what); };
+  std::unique_ptr<std::iostream> file;
+  try {
+    file = open_job_stream(path, std::ios::in);
+  } catch (const std::runtime_error& e) {
+    throw SafetensorsError(e.what());
+  }
+  std::istream& in = *file;
+  in.seekg(0, std::ios::end);
+  const auto end = in.tellg();
+  if (end < 0) fail("cannot read its size");
+  const auto size = static_cast<std::uint64_t>(end);
+  in.seekg(0);
   if (size < 8) fail("not a safetensors file (" + std::to_string(size) + " bytes, no header)");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open");
   std::uint64_t n = 0;
   in.read(reinterpret_cast<char*>(&n), 8);
   if (n > kMaxSafetensorsHeader)

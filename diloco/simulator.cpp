@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "diloco/archive_file.hpp"
 #include "diloco/hf_format.hpp"
 #include "diloco/torchscript_model.hpp"
 
@@ -401,16 +402,12 @@ void Simulator::save_checkpoint(const std::string& path) const {
       feedback_->save(ar, "worker." + std::to_string(k) + ".error_feedback.", k);
   // Streaming: the fragments on their way, with their averages.
   if (streaming_) streaming_->write_in_flight(ar);
-  std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-  const std::string tmp = path + ".tmp";
-  ar.save_to(tmp);
-  std::filesystem::rename(tmp, path);
+  write_archive(ar, path);
 }
 
 void Simulator::load_checkpoint(const std::string& path) {
   torch::serialize::InputArchive ar;
-  ar.load_from(path, torch::kCPU);
+  read_archive(ar, path);
   c10::IValue v;
   ar.read("config", v);
   const ModelConfig model = JobConfig::from_yaml(v.toStringRef()).model;
@@ -471,13 +468,13 @@ void refuse_torchscript(const JobConfig& cfg, const std::string& what) {
 
 JobConfig checkpoint_config(const std::string& path) {
   torch::serialize::InputArchive ar;
-  ar.load_from(path, torch::kCPU);
+  read_archive(ar, path);
   return read_config(ar);
 }
 
 CheckpointInfo checkpoint_info(const std::string& path) {
   torch::serialize::InputArchive ar;
-  ar.load_from(path, torch::kCPU);
+  read_archive(ar, path);
   CheckpointInfo info;
   info.config = read_config(ar);
   c10::IValue round;
@@ -489,7 +486,7 @@ CheckpointInfo checkpoint_info(const std::string& path) {
 
 torch::Tensor checkpoint_theta(const std::string& path) {
   torch::serialize::InputArchive ar;
-  ar.load_from(path, torch::kCPU);
+  read_archive(ar, path);
   return read_theta(ar, path);
 }
 
@@ -507,7 +504,7 @@ torch::Tensor initial_theta(const std::string& init, const JobConfig& cfg) {
 
 Gpt load_model_from_checkpoint(const std::string& path, JobConfig* cfg_out) {
   torch::serialize::InputArchive ar;
-  ar.load_from(path, torch::kCPU);
+  read_archive(ar, path);
   const JobConfig cfg = read_config(ar);
   refuse_torchscript(cfg, "checkpoint " + path);
   Gpt model(cfg.model, cfg.vocab_size());

@@ -50,6 +50,8 @@ struct StartArgs {
   std::vector<std::string> job_entry_classes;
   std::string spawnable;
   double stop_grace_s = 30;
+  double kill_grace_s = 60;
+  size_t max_connections_per_source = 256;
   size_t max_message_bytes = size_t(1) << 30;
   std::string data_root, checkpoint_root;
   bool block = false;
@@ -112,6 +114,7 @@ int start_blocking(const StartArgs& a) {
     cfg.max_job_workers = a.max_job_workers;
     if (!a.job_entry_classes.empty()) cfg.job_entry_classes = a.job_entry_classes;
     cfg.max_message_bytes = a.max_message_bytes;
+    cfg.max_connections_per_source = a.max_connections_per_source;
     cfg.security = security::resolve("", false);
     if (!a.relay.empty() && !a.relay.starts_with("tcp://")) {
       spdlog::error("--relay: expected tcp://HOST:PORT, got '{}'", a.relay);
@@ -161,6 +164,8 @@ int start_blocking(const StartArgs& a) {
   }
   cfg.max_message_bytes = a.max_message_bytes;
   cfg.stop_grace_ms = int64_t(a.stop_grace_s * 1000);
+  cfg.kill_grace_ms = int64_t(a.kill_grace_s * 1000);
+  cfg.max_connections_per_source = a.max_connections_per_source;
   cfg.data_root = a.data_root;
   cfg.checkpoint_root = a.checkpoint_root;
   cfg.security = security::resolve("", false);
@@ -327,7 +332,17 @@ void add_daemon_commands(CLI::App& app, Commands& out, const std::vector<std::st
                    "before the node leaves without them (seconds, default 30; a second signal "
                    "ends it at once)")
       ->check(CLI::Range(0.0, 86400.0));
+  start
+      ->add_option("--kill-grace", sa->kill_grace_s,
+                   "node: an actor killed (its job cancelled) still in a method this long after "
+                   "(one that ignores its stop hook: a user's model that spins) ends the node, "
+                   "which exits with code 3 for its supervisor to start it again (seconds, "
+                   "default 60; 0: never)")
+      ->check(CLI::Range(0.0, 86400.0));
   start->add_option("--max-message-bytes", sa->max_message_bytes, "largest message accepted");
+  start->add_option("--max-connections-per-source", sa->max_connections_per_source,
+                    "connections one address may hold to this process's port; past it a new "
+                    "one is closed at once (default 256; 0: no bound)");
   start->add_option("--data-root", sa->data_root,
                     "node: the folder jobs' data.dir must be in (default: the working directory)");
   start->add_option("--checkpoint-root", sa->checkpoint_root,

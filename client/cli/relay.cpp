@@ -22,12 +22,14 @@ struct RelayArgs {
   std::string relay_key;  // the relay's own key pair; made when missing
   bool insecure = false;
   double handshake_timeout_s = 60;
+  size_t max_connections_per_source = 256;
 };
 
 int run_relay(const RelayArgs& a) {
   collective::RelayOptions o;
   o.rate_mbit = a.rate_mbit;
   o.handshake_timeout = std::chrono::milliseconds(int64_t(a.handshake_timeout_s * 1000));
+  o.max_connections_per_source = a.max_connections_per_source;
   raise_open_file_limit("loco relay");
   const security::Settings cluster = security::resolve(a.key, a.insecure);
   if (cluster.curve) {
@@ -76,6 +78,9 @@ void add_relay_command(CLI::App& app, Commands& out) {
                    "close a connection that has not finished its handshake within this "
                    "(default 60)")
       ->check(CLI::Range(0.1, 3600.0));
+  relay->add_option("--max-connections-per-source", a->max_connections_per_source,
+                    "connections one address may hold; past it a new one is closed at once "
+                    "(default 256; 0: no bound)");
   out.push_back({relay, [a] {
                    try {
                      return run_relay(*a);

@@ -13,6 +13,7 @@
 
 #include "runtime/collective/types.hpp"
 #include "runtime/security/curve.hpp"
+#include "runtime/security/source_limit.hpp"
 
 namespace loco::collective {
 namespace {
@@ -27,6 +28,7 @@ struct Relay::Impl {
   zmq::context_t ctx{1};
   std::shared_ptr<security::ZapHandler> zap;  // outlives the socket
   std::unique_ptr<zmq::socket_t> router;
+  std::optional<security::SourceLimit> source_limit;  // of the router's; destroyed before it
   std::string endpoint;
   double rate_bytes = 0;  // per second; 0: unbounded
   double tokens = 0;
@@ -207,6 +209,8 @@ Relay::Relay(const std::string& bind_endpoint, RelayOptions options)
     throw CollectiveError("relay: cannot bind " + bind_endpoint + ": " + e.what());
   }
   r.endpoint = r.router->get(zmq::sockopt::last_endpoint);
+  r.source_limit.emplace(r.ctx, *r.router, r.options.max_connections_per_source,
+                         "relay " + r.endpoint);
   r.rate_bytes = r.options.rate_mbit > 0 ? r.options.rate_mbit * 1e6 / 8 : 0;
   // A burst of a tenth of a second, and at least one largest message.
   r.capacity = std::max(r.rate_bytes / 10, static_cast<double>(r.options.max_message_bytes));

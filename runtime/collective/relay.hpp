@@ -45,6 +45,9 @@ struct RelayOptions {
   // few bytes of a member's handshake behind data on a saturated link; ZeroMQ reconnects a
   // member it closed.
   std::chrono::milliseconds handshake_timeout{60000};
+  // Connections held from any one address; past it a new one is closed at once (0: no
+  // bound). Members of a site behind one NAT address share it.
+  size_t max_connections_per_source = 256;
   // Test hook: sees each message before it is forwarded, as frames (destination routing id,
   // source routing id, then the member's frames: header, sender, sealed payload), and may
   // change them (a hostile relay). Empty in production.

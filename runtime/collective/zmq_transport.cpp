@@ -242,6 +242,8 @@ ZmqTransport::ZmqTransport(const std::string& bind_endpoint,
                           e.what());
   }
   endpoint_ = router_->get(zmq::sockopt::last_endpoint);
+  source_limit_.emplace(*ctx_, *router_, security::kMaxConnectionsPerSource,
+                        "collective " + endpoint_);
 }
 
 ZmqTransport::~ZmqTransport() = default;

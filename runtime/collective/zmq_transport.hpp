@@ -22,6 +22,7 @@
 #include "runtime/collective/seal.hpp"
 #include "runtime/collective/transport.hpp"
 #include "runtime/collective/types.hpp"
+#include "runtime/security/source_limit.hpp"
 
 namespace zmq {
 class context_t;
@@ -108,6 +109,7 @@ class ZmqTransport final : public Transport {
   security::Settings security_;
   std::shared_ptr<security::ZapHandler> zap_;  // outlives the sockets below
   std::unique_ptr<zmq::socket_t> router_;
+  std::optional<security::SourceLimit> source_limit_;  // of router_'s connections
   std::string endpoint_;
   std::map<std::string, std::unique_ptr<Peer>> peers_;  // by endpoint
   uint64_t monitor_serial_ = 0;  // monitor_endpoint()'s, each DEALER's own

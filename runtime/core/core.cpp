@@ -111,6 +111,7 @@ Core::Core(CoreOptions opts) : opts_(std::move(opts)) {
   // reaches decode() and gets an error reply instead of a silent disconnect.
   topts.max_frame_bytes = opts_.max_message_bytes + (size_t(64) << 20);
   topts.security = opts_.security;
+  topts.max_connections_per_source = opts_.max_connections_per_source;
   topts.on_handshake_failed = [this](const std::string& peer, const std::string& why) {
     on_handshake_failed(peer, why);
   };
@@ -882,7 +883,7 @@ bool Core::unhost(const std::string& actor_id, bool wait) {
     }
   }
   if (!wait) {
-    reap(std::move(box));
+    reap(std::move(box), actor_id);
     return true;
   }
   if (box->thread.get_id() == std::this_thread::get_id())
@@ -895,7 +896,9 @@ bool Core::unhost(const std::string& actor_id, bool wait) {
   return true;
 }
 
-void Core::reap(std::shared_ptr<Mailbox> box) {
+void Core::reap(std::shared_ptr<Mailbox> box, const std::string& actor_id) {
+  const std::string who = actor_id + " (" + box->cls->name + ")" +
+                          (box->context.job.empty() ? "" : " of job " + box->context.job);
   std::lock_guard<std::mutex> lock(reapers_mu_);
   std::erase_if(reapers_, [](Reaper& r) {
     if (!r.done->load()) return false;
@@ -920,7 +923,17 @@ void Core::reap(std::shared_ptr<Mailbox> box) {
     }
     done->store(true);
   });
-  reapers_.push_back(Reaper{std::move(t), std::move(done)});
+  reapers_.push_back(Reaper{std::move(t), std::move(done), who, now_ms()});
+}
+
+std::vector<std::string> Core::outlived_kills(int64_t grace_ms) const {
+  const int64_t now = now_ms();
+  std::vector<std::string> out;
+  std::lock_guard<std::mutex> lock(reapers_mu_);
+  for (const Reaper& r : reapers_)
+    if (!r.done->load() && now - r.killed_ms >= grace_ms)
+      out.push_back(r.actor + ", killed " + human_ms(now - r.killed_ms) + " ago");
+  return out;
 }
 
 std::vector<std::string> Core::hosted() const {

@@ -35,6 +35,8 @@ struct CoreOptions {
   int64_t detect_ms = 2000;    // a peer silent this long while we wait on it is dead
   int64_t heartbeat_ms = 400;  // ping a peer we wait on after this much silence
   size_t max_message_bytes = size_t(1) << 30;
+  // Connections its port holds from any one address (security/source_limit.hpp); 0: no bound.
+  size_t max_connections_per_source = 256;
   // Calls from the network waiting in one actor's mailbox; past either bound a request is
   // refused with an error and a one-way call is dropped (a message always fits an empty box).
   size_t max_mailbox_messages = size_t(1) << 16;
@@ -104,6 +106,9 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   // up the node's own service) a thread of the Core's waits and lets the instance go.
   bool unhost(const std::string& actor_id, bool wait = true);
   std::vector<std::string> hosted() const;
+  // The actors killed without waiting that are still in a method `grace_ms` or more after
+  // their kill ("ID (CLASS) of job JOB, killed 61.2 s ago").
+  std::vector<std::string> outlived_kills(int64_t grace_ms) const;
 
   // Queues a one-way call to an actor hosted here, without going through a socket.
   void post(const std::string& actor_id, const std::string& method, Payload&& args);
@@ -148,8 +153,10 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   struct Reaper {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
+    std::string actor;  // "ID (CLASS) of job JOB", for the log
+    int64_t killed_ms = 0;
   };
-  void reap(std::shared_ptr<Mailbox> box);
+  void reap(std::shared_ptr<Mailbox> box, const std::string& actor_id);
   struct PeerState {
     int pending = 0;
     int64_t last_heard = 0;
@@ -255,7 +262,7 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
     uint64_t caller_corr = 0;
     std::string node, node_rid, target, method;
   };
-  std::mutex reapers_mu_;
+  mutable std::mutex reapers_mu_;
   std::vector<Reaper> reapers_;
   std::mutex routes_mu_;
   std::map<std::string, Route> routes_;

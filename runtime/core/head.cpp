@@ -1303,6 +1303,7 @@ int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
   co.detect_ms = cfg.detect_ms;
   co.heartbeat_ms = std::max<int64_t>(20, cfg.detect_ms / 5);
   co.max_message_bytes = cfg.max_message_bytes;
+  co.max_connections_per_source = cfg.max_connections_per_source;
   co.security = cfg.security;
   co.forward = true;  // calls to the actors of nodes behind NAT go through the head
   std::shared_ptr<detail::Core> core;

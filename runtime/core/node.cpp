@@ -134,7 +134,10 @@ class NodeProcess {
   bool join_cluster();
   // Heartbeats until `stop`; after an outage, every 16 beats and after a silence of the
   // detection time, checks that the head has not declared this node dead (then rejoins).
+  // Returns early, with outlived_kill() true, when a killed actor is still in its method
+  // cfg.kill_grace_ms after its kill.
   void heartbeat_until(const std::atomic<bool>& stop);
+  bool outlived_kill() const { return outlived_kill_; }
   // Stops every actor at once, each given cfg.stop_grace_ms, records that it left, and ends.
   void leave();
 
@@ -176,6 +179,7 @@ class NodeProcess {
   // a host whose link comes back serves again.
   void rejoin(const std::string& why);
   void record_left();
+  bool kill_outlived();
 
   const NodeConfig& cfg_;
   std::shared_ptr<Plugins> plugins_;
@@ -186,6 +190,7 @@ class NodeProcess {
   std::shared_ptr<membership::Store> store_;
   NodeRecord rec_;
   uint64_t beat_ = 0;
+  bool outlived_kill_ = false;
 };
 
 bool NodeProcess::start() {
@@ -206,6 +211,7 @@ bool NodeProcess::start() {
   co.head_address = cfg_.head_address;
   co.self_name = "node " + node_id_;
   co.max_message_bytes = cfg_.max_message_bytes;
+  co.max_connections_per_source = cfg_.max_connections_per_source;
   co.security = cfg_.security;
   try {
     core_ = std::make_shared<detail::Core>(co);
@@ -380,6 +386,7 @@ void NodeProcess::heartbeat_until(const std::atomic<bool>& stop) {
       }
       last_beat = now_ms();
       store_down = false;
+      if (kill_outlived()) return;
       backoff.reset();
       next_beat = now_ms() + period().count();
     } catch (const membership::StoreError& e) {
@@ -388,6 +395,23 @@ void NodeProcess::heartbeat_until(const std::atomic<bool>& stop) {
       next_beat = now_ms() + backoff.next().count();
     }
   }
+}
+
+// A thread cannot be ended alone: a killed actor whose method ignores its stop hook (a user's
+// model whose forward spins) is ended with its process. Logged once, with every such actor.
+bool NodeProcess::kill_outlived() {
+  if (cfg_.kill_grace_ms <= 0) return false;
+  const std::vector<std::string> stuck = core_->outlived_kills(cfg_.kill_grace_ms);
+  if (stuck.empty()) return false;
+  std::string names;
+  for (const std::string& s : stuck) names += (names.empty() ? "" : "; ") + s;
+  spdlog::error("node {}: a killed actor is still in a method {} after its kill, ignoring its "
+                "stop hook ({}); ending this node, the only way to end that thread: its other "
+                "actors are stopped and restarted elsewhere, and it exits with code {} for its "
+                "supervisor to start it again (loco start --kill-grace)",
+                node_id_, human_ms(cfg_.kill_grace_ms), names, kExitActorOutlivedKill);
+  outlived_kill_ = true;
+  return true;
 }
 
 void NodeProcess::record_left() {
@@ -460,6 +484,12 @@ int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,
   if (on_ready) on_ready(node.ready_address());
   node.heartbeat_until(stop);
   node.leave();
+  if (node.outlived_kill()) {
+    // Not a return: the killed actor's thread still runs in this process, which must not
+    // unwind its statics under it.
+    spdlog::shutdown();
+    std::_Exit(kExitActorOutlivedKill);
+  }
   return 0;
 }
 

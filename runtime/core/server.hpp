@@ -23,6 +23,10 @@ struct HeadConfig {
   // (`--job-retention-s`); its folder keeps them (metrics.jsonl, job.yaml).
   int64_t job_retention_ms = 3600000;
   size_t max_message_bytes = size_t(1) << 30;
+  // Connections its port holds from any one address: past it a new one is closed at once
+  // (`--max-connections-per-source`; 0: no bound). A site behind one NAT address counts as
+  // one address.
+  size_t max_connections_per_source = 256;
   // Per key (a client's, or the operator's): jobs running at once, and submissions in any
   // minute (`--max-jobs-per-key`, `--max-submissions-per-minute`).
   int max_jobs_per_key = 16;
@@ -52,11 +56,18 @@ struct NodeConfig {
   // plugins.hpp).
   std::vector<std::string> plugins;
   size_t max_message_bytes = size_t(1) << 30;
+  size_t max_connections_per_source = 256;  // as the head's
   int64_t connect_timeout_ms = 30000;
   // On stop: its actors are asked to stop (ActorClass::on_stop) and their methods in progress
   // get this long to end; then the node records that it left and ends the process without
   // them (std::_Exit). 0 or less: wait as long as they take.
   int64_t stop_grace_ms = 30000;
+  // An actor killed (a job cancelled) whose method ignores its stop hook and has not returned
+  // this long after the kill (a user's `forward` that spins, say) ends the node's process, the
+  // only way to end its thread: the node leaves as on a stop, its other actors are restarted
+  // elsewhere, and it exits with kExitActorOutlivedKill for its supervisor to start it again
+  // (`--kill-grace`; 0 or less: never).
+  int64_t kill_grace_ms = 60000;
   // What the jobs of its actors may read and write (loco start --data-root,
   // --checkpoint-root); empty: the working directory.
   std::string data_root, checkpoint_root;
@@ -67,6 +78,9 @@ struct NodeConfig {
 // cluster cleanly. They return the process exit code; errors that stop them
 // from starting (Redis or the head unreachable) are printed and return 1.
 // `on_ready` is called once with the address the process serves at.
+// run_node's exit code when a killed actor outlived kill_grace_ms (see NodeConfig).
+inline constexpr int kExitActorOutlivedKill = 3;
+
 int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
              const std::function<void(const std::string&)>& on_ready = {});
 int run_node(const NodeConfig& cfg, const std::atomic<bool>& stop,

@@ -63,6 +63,8 @@ Transport::Transport(Options opts, InboundFn inbound, ReplyFn reply, TickFn tick
       throw ClusterError("cannot bind " + opts_.bind + ": " + e.what());
     }
     bound_address_ = strip_tcp(router_->get(zmq::sockopt::last_endpoint));
+    source_limit_.emplace(ctx_, *router_, opts_.max_connections_per_source,
+                          "port " + bound_address_);
   }
   thread_ = std::thread([this] { run(); });
 }
@@ -75,6 +77,7 @@ void Transport::stop() {
   [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
   if (thread_.joinable()) thread_.join();
   dealers_.clear();
+  source_limit_.reset();
   router_.reset();
   zap_.reset();
   ::close(wake_fd_);

@@ -20,6 +20,7 @@
 
 #include "runtime/core/remote_input.hpp"
 #include "runtime/security/curve.hpp"
+#include "runtime/security/source_limit.hpp"
 
 namespace loco::detail {
 
@@ -46,6 +47,9 @@ class Transport {
     // failures in a row before `peer` ever answered (it holds another cluster key). `why` says
     // which.
     std::function<void(const std::string& peer, const std::string& why)> on_handshake_failed;
+    // Connections the ROUTER holds from any one address (security/source_limit.hpp); 0: no
+    // bound.
+    size_t max_connections_per_source = security::kMaxConnectionsPerSource;
   };
 
   Transport(Options opts, InboundFn inbound, ReplyFn reply, TickFn tick);
@@ -108,6 +112,7 @@ class Transport {
   zmq::context_t ctx_;
   std::shared_ptr<security::ZapHandler> zap_;  // outlives the sockets below
   std::optional<zmq::socket_t> router_;
+  std::optional<security::SourceLimit> source_limit_;  // of the ROUTER's connections
   std::map<std::string, std::unique_ptr<Dealer>> dealers_;
   uint64_t monitor_serial_ = 0;
   bool dealers_changed_ = true;

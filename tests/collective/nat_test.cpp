@@ -26,6 +26,7 @@
 #include "runtime/security/keys.hpp"
 #include "tests/collective/members.hpp"
 #include "tests/collective/test_util.hpp"
+#include "tests/support/idle_connections.hpp"
 
 namespace loco::collective {
 namespace {
@@ -35,6 +36,8 @@ using testing::make_blob;
 using testing::make_data;
 using testing::on_threads;
 using testing::rethrow_any;
+using ::loco::testing::closed_by_peer;
+using ::loco::testing::idle_connections;
 using Blobs = std::vector<std::vector<uint8_t>>;
 using Clock = std::chrono::steady_clock;
 
@@ -365,36 +368,9 @@ TEST(Nat, IdleConnectionsThatNeverHandshakeAreClosedAndTheRelayStillRelays) {
   CurveSetup c;
   c.relay.handshake_timeout = std::chrono::milliseconds(500);
   NatMembers m(3, 2, c.members, c.relay);
-  const std::string endpoint = m.relay->endpoint();  // tcp://127.0.0.1:PORT
-  sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_port = htons(uint16_t(std::stoi(endpoint.substr(endpoint.rfind(':') + 1))));
-  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::vector<int> idle;
-  for (int i = 0; i < 100; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&at), sizeof at), 0);
-    idle.push_back(fd);
-  }
+  const std::vector<int> idle = idle_connections(m.relay->endpoint(), 100, "127.0.0.1");
   const auto t0 = Clock::now();
-  size_t closed = 0;
-  std::vector<bool> done(idle.size(), false);
-  while (closed < idle.size() && Clock::now() - t0 < std::chrono::seconds(10)) {
-    std::vector<pollfd> fds;
-    for (int fd : idle) fds.push_back({fd, POLLIN, 0});
-    ::poll(fds.data(), fds.size(), 200);
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (done[i] || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      char buf[256];
-      // ZeroMQ's greeting may come first; the end of the stream is the close.
-      const ssize_t n = ::recv(idle[i], buf, sizeof buf, MSG_DONTWAIT);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-        done[i] = true;
-        ++closed;
-      }
-    }
-  }
+  const size_t closed = closed_by_peer(idle, idle.size(), std::chrono::seconds(10));
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
   for (int fd : idle) ::close(fd);
   EXPECT_EQ(closed, idle.size()) << "connections without a handshake still open after "
@@ -404,6 +380,26 @@ TEST(Nat, IdleConnectionsThatNeverHandshakeAreClosedAndTheRelayStillRelays) {
   const auto expected = expected_mean(data, c.members);
   rethrow_any(m.allreduce(1, data));
   for (int r = 0; r < 3; ++r) expect_bitwise(data[r], expected, r);
+}
+
+// Connections are bounded per source address (issue "21 ·", finding 4): one address may hold
+// `max_connections_per_source` (8 here, 256 by default) connections to the relay; each one past
+// that is closed at once, long before the handshake timeout (60 s), and the members, from
+// another address, go on averaging through the relay bit for bit.
+TEST(Nat, ConnectionsPastTheBoundOfOneAddressAreClosedAtOnce) {
+  CurveSetup c;
+  c.relay.max_connections_per_source = 8;
+  NatMembers m(3, 2, c.members, c.relay);
+  const std::vector<int> flood = idle_connections(m.relay->endpoint(), 60, "127.0.0.2");
+  const size_t closed = closed_by_peer(flood, 52, std::chrono::seconds(10));
+  EXPECT_EQ(closed, 52u) << "of 60 idle connections from one address, with room for 8";
+  auto data = inputs_of(5, 3, 5000);
+  const auto expected = expected_mean(data, c.members);
+  rethrow_any(m.allreduce(1, data));
+  for (int r = 0; r < 3; ++r) expect_bitwise(data[r], expected, r);
+  // The 8 it holds were not closed meanwhile (their handshake timeout is 60 s away).
+  EXPECT_EQ(closed_by_peer(flood, 53, std::chrono::milliseconds(300)), 52u);
+  for (int fd : flood) ::close(fd);
 }
 
 TEST(Nat, TheRelayAnnouncesItsRate) {

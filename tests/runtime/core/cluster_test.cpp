@@ -340,10 +340,15 @@ TEST(Cluster, SigtermedNodeAsksItsActorsToStopAndLeavesWithinItsGrace) {
 
 // A method that does not listen holds the node only for its grace time (--stop-grace): then
 // the node records that it left and exits, and the caller learns that the actor died.
-// One node with a stop grace of 1 s, and a Counter on it in a method that ignores its stop
-// hook for 120 s (started: its marker written).
+// One node with a stop grace of 1 s (and `more` node options), and a Counter on it in a method
+// that ignores its stop hook for 120 s (started: its marker written).
 struct StuckActor {
-  LocalCluster c{ClusterOptions{.nodes = 1, .extra_node_args = {"--stop-grace", "1"}}};
+  explicit StuckActor(std::vector<std::string> more = {}) : c(options(std::move(more))) {}
+  static ClusterOptions options(std::vector<std::string> more) {
+    more.insert(more.begin(), {"--stop-grace", "1"});
+    return ClusterOptions{.nodes = 1, .extra_node_args = more};
+  }
+  LocalCluster c;
   Runtime& rt = c.runtime();
   ActorHandle<Counter> a = rt.spawn<Counter>(ActorOptions(), 0);
   Future<int> call = a.call(&Counter::wait_for_stop, c.log_dir() + "/running", 120000, false);
@@ -383,6 +388,28 @@ TEST(Cluster, ANodeStopsAlthoughAKilledActorIsStillInAMethod) {
   EXPECT_EQ(node.wait(Millis(20000)).value_or(-1), 0) << "the node did not exit in 20 s";
   EXPECT_TRUE(contains(text_of(c.log_dir() + "/node-0.log"),
                        "a killed actor is still in a method; not waiting for it"));
+}
+
+// A cancel ends a method that never returns (issue "21 ·", finding 2: a TorchScript forward
+// that spins kept its thread and its CPU after the job's cancel, for good). An actor is a
+// thread of its node's process and cannot be ended alone, so a killed actor still in its method
+// after the node's kill grace (--kill-grace, 1 s here, 60 s by default) ends the node: it
+// leaves as on a stop and exits with code 3, which its supervisor restarts.
+TEST(Cluster, AKilledActorStillInItsMethodAfterTheKillGraceEndsItsNode) {
+  StuckActor s({"--kill-grace", "1"});
+  ASSERT_TRUE(s.started);
+  auto& [c, rt, a, call, started, node] = s;
+  const std::string id = rt.status().nodes.at(0).node.id;
+  rt.kill(a.id());
+  EXPECT_EQ(node.wait(Millis(20000)).value_or(-1), kExitActorOutlivedKill)
+      << "the node did not end in 20 s";
+  const std::string log = text_of(c.log_dir() + "/node-0.log");
+  EXPECT_TRUE(contains(log, "a killed actor is still in a method 1.0 s after its kill")) << log;
+  EXPECT_TRUE(contains(log, a.id() + " (test.Counter)")) << log;
+  bool left = false;
+  for (const NodeStatus& n : rt.status().nodes)
+    if (n.node.id == id) left = n.node.state == NodeState::left;
+  EXPECT_TRUE(left) << "the node did not record that it left";
 }
 
 // The head never waits on a node: with one node stopped (SIGSTOP: its sockets accept, nothing

@@ -15,6 +15,7 @@
 #include "tests/runtime/core/cluster.hpp"
 #include "tests/runtime/core/test_actors.hpp"
 #include "tests/support/eventually.hpp"
+#include "tests/support/idle_connections.hpp"
 #include "tests/support/zmq_probe.hpp"
 
 namespace loco::testing {
@@ -74,6 +75,24 @@ TEST(Security, AClientWithoutTheClusterKeyIsRefusedAndSubmitsNothing) {
       << read_file(head_log);
   // None of the refused peers' bytes reached the head's decoder: it rejected no message.
   EXPECT_FALSE(contains(read_file(head_log), "rejected a message")) << read_file(head_log);
+}
+
+// Connections are bounded per source address on the head's port (issue "21 ·", finding 4; a
+// node's port is the same Transport): with --max-connections-per-source 8, of 60 idle
+// connections from one address (127.0.0.2) the 52 past the bound are closed at once, long
+// before the handshake timeout, while the cluster, from 127.0.0.1, goes on spawning and calling.
+TEST(Security, ConnectionsPastTheBoundOfOneAddressAreClosedAtOnceByTheHead) {
+  ClusterOptions o;
+  o.nodes = 1;
+  o.extra_head_args = {"--max-connections-per-source", "8"};
+  LocalCluster c(o);
+  const std::vector<int> flood = testing::idle_connections(c.head_address(), 60, "127.0.0.2");
+  ASSERT_EQ(flood.size(), 60u);
+  EXPECT_EQ(testing::closed_by_peer(flood, 52, Millis(10000)), 52u);
+  auto a = c.runtime().spawn<Counter>(ActorOptions(), 5);
+  EXPECT_EQ(a.call(&Counter::add, 1).get(Millis(10000)), 6);
+  EXPECT_EQ(testing::closed_by_peer(flood, 53, Millis(300)), 52u) << "the 8 held were closed";
+  for (int fd : flood) ::close(fd);
 }
 
 TEST(Security, ANodeWithoutTheClusterKeyCannotJoin) {
