@@ -6,9 +6,9 @@
 #include <regex>
 
 #include "actors/outer_aggregator_state.hpp"
-#include "diloco/data.hpp"
-#include "diloco/fragment_schedule.hpp"
-#include "diloco/memory.hpp"
+#include "diloco/data/data.hpp"
+#include "diloco/job/memory.hpp"
+#include "diloco/round/fragment_schedule.hpp"
 
 namespace loco::actors {
 

@@ -344,43 +344,46 @@ InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k,
         g == 1 ? req.names[i] : req.names[i] + "/rank" + std::to_string(r), req.endpoints[i][r]));
   group.relay = relay;
   group.rank = req.rank;
-  group.round_id = data_round(req.op_id);
+  group.round_id = dl::data_round(req.op_id);
   const dl::Slice sl = slice_of(k);
   const std::span<const float> mine{delta.data() + sl.begin, size_t(sl.size())};
   const std::span<float> out{averaged.data() + sl.begin, size_t(sl.size())};
-  const dl::GuardConfig& guard = cfg.guard;
-  std::vector<dl::guard::Verdict> verdicts;
-  RankAverage result;
+  dl::DeltaAverager policy = this->policy();
+  // compression topk (one rank, no token weights: config.cpp): the code of this round's Δ, made
+  // once. Else, with the guard on, this rank's slice summarized (each rank judges its own slice,
+  // in its own group).
+  dl::DeltaAverager::Sent sent;
   if (feedback) {
-    // compression topk (one rank, no token weights: config.cpp): the code of this round's Δ,
-    // made once; every member's gathered, judged by the guard and decoded in member order.
     if (coded_round != req.round) {
-      code = feedback->encode(0, 0, delta);
+      const std::span<const float> whole(delta);
+      code = policy.prepare(0, {&whole, 1});
       coded_round = req.round;
     }
-    const auto codes = k.comm->allgather(group, code, feedback->bytes(0));
-    const std::vector<std::span<const uint8_t>> views(codes.begin(), codes.end());
-    verdicts = dl::judge_codes(*feedback, 0, views, guard);
-    feedback->mean(0, views, averaged, dl::guard::mask_of(verdicts));
   } else {
-    // The guard: this rank's slice summarized, the members' summaries judged (each rank judges
-    // its own slice, in its own group).
-    if (guard.on) {
-      verdicts = exchange_summaries(*k.comm, group, req.op_id, summary_of(mine, false, guard),
-                                    mine.size(), guard, result.guard_bytes, result.guard_seconds);
-      group.left_out = dl::guard::mask_of(verdicts);
-    }
-    // Weighted by the tokens of the members averaged (inner.budget: time).
+    sent = policy.prepare(0, {&mine, 1});
+  }
+  CommMembers members(*k.comm, group);
+  const auto judged = policy.judge(members, req.op_id, 0, feedback ? code : sent);
+  RankAverage result;
+  result.guard_bytes = judged.guard_bytes;
+  result.guard_seconds = judged.guard_seconds;
+  const std::vector<dl::guard::Verdict>& verdicts = judged.verdicts;
+  if (!verdicts.empty()) group.left_out = judged.left_out();
+  if (feedback) {
+    const std::span<float> whole(averaged);
+    policy.reduce(members, req.op_id, 0, judged, group.left_out, {}, {&whole, 1});
+  } else {
+    // Weighted by the tokens of the members averaged (inner.budget: time): the plain mean of
+    // the members' scaled Δ, scaled into `averaged` (Δ stays as it was for a retry) and reduced
+    // in place there.
     const double weight =
         req.tokens.empty() ? 1.0 : member_scale(req.tokens, req.rank, group.left_out);
-    if (weight == 1.0) {
-      k.comm->allreduce(group, mine, out);
-    } else {
-      // Weighted by tokens: the plain mean of the members' scaled Δ. Scaled into `averaged`
-      // (Δ stays as it was for a retry), reduced in place there.
+    std::span<const float> in = mine;
+    if (weight != 1.0) {
       for (size_t i = 0; i < mine.size(); ++i) out[i] = float(double(mine[i]) * weight);
-      k.comm->allreduce(group, out);
+      in = out;
     }
+    policy.reduce(members, req.op_id, 0, judged, group.left_out, {&in, 1}, {&out, 1});
   }
   result.left_out = notes_of(dl::left_outs(0, names_of(group), verdicts));
   return result;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "actors/messages.hpp"
-#include "diloco/config.hpp"
+#include "diloco/job/config.hpp"
 #include "runtime/core/codec.hpp"
 #include "runtime/core/paths.hpp"
 

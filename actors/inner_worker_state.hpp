@@ -19,20 +19,21 @@
 #include <vector>
 
 #include "actors/round_decisions.hpp"
-#include "actors/stream_group.hpp"
 #include "actors/round_hooks.hpp"
+#include "actors/stream_group.hpp"
 #include "actors/timeouts.hpp"
-#include "diloco/archive_file.hpp"
-#include "diloco/averager.hpp"
-#include "diloco/config.hpp"
-#include "diloco/data.hpp"
-#include "diloco/error_feedback.hpp"
-#include "diloco/device_info.hpp"
-#include "diloco/hf_format.hpp"
-#include "diloco/local_group.hpp"
-#include "diloco/streaming_round.hpp"
-#include "diloco/torchscript_model.hpp"
-#include "diloco/trainer.hpp"
+#include "diloco/data/data.hpp"
+#include "diloco/job/config.hpp"
+#include "diloco/model/archive_file.hpp"
+#include "diloco/model/device_info.hpp"
+#include "diloco/model/hf_format.hpp"
+#include "diloco/model/torchscript_model.hpp"
+#include "diloco/round/averager.hpp"
+#include "diloco/round/delta_averager.hpp"
+#include "diloco/round/error_feedback.hpp"
+#include "diloco/round/local_group.hpp"
+#include "diloco/round/streaming_round.hpp"
+#include "diloco/round/trainer.hpp"
 #include "runtime/collective/allreduce.hpp"
 #include "runtime/core/actor.hpp"
 #include "runtime/core/paths.hpp"
@@ -65,28 +66,8 @@ struct Rank {
   std::unique_ptr<collective::Communicator> comm;  // for the worker's life: failures leave it ready
 };
 
-// The round ids of a fragment's (or a blocking round's) operation `op`: the guard's summaries
-// (an all-gather) and then the data (the all-reduce, or topk's all-gather): ids of their own,
-// in that order (collective/allreduce.hpp).
-inline uint64_t summary_round(uint64_t op) { return 2 * op; }
-inline uint64_t data_round(uint64_t op) { return 2 * op + 1; }
-// The members' names, in rank order (the guard's verdicts name them).
-std::vector<std::string> names_of(const collective::Group& g);
 // The guard's left-outs as a worker reports them to the aggregator.
 std::vector<LeftOutNote> notes_of(const std::vector<dl::LeftOut>& left);
-// This worker's summary of Δ for the guard (diloco/guard.hpp), as sent; `abstain`: its inner
-// steps diverged this round, it sends nothing.
-std::vector<uint8_t> summary_of(std::span<const float> delta, bool abstain,
-                                const dl::GuardConfig& guard);
-// The guard's verdicts on a dense average of operation `op` over `g`: the members' summaries
-// (`mine` this one's, summary_of a Δ of n values) all-gathered under summary_round(op) and
-// judged, the same on every member. None for a group of one. Adds the bytes sent to `bytes`,
-// and the exchange's seconds to `seconds`.
-std::vector<dl::guard::Verdict> exchange_summaries(collective::Communicator& comm,
-                                                   collective::Group g, uint64_t op,
-                                                   const std::vector<uint8_t>& mine, size_t n,
-                                                   const dl::GuardConfig& guard, uint64_t& bytes,
-                                                   double& seconds);
 
 
 struct InnerWorker::State {
@@ -117,8 +98,10 @@ struct InnerWorker::State {
   // and in blocking rounds the code of round `coded_round`'s Δ, made once: an attempt retried
   // sends the same bytes, and the buffer takes each round's Δ once.
   std::unique_ptr<dl::ErrorFeedback> feedback;
-  std::vector<uint8_t> code;
+  dl::DeltaAverager::Sent code;
   int64_t coded_round = -1;
+  // The averaging policy of this worker's job (diloco/round/delta_averager.hpp).
+  dl::DeltaAverager policy() const { return dl::DeltaAverager(cfg.guard, feedback.get()); }
   int64_t stepped_round = -1;  // the round whose outer step θ holds (undone if it is re-run)
   // Its node is stopping (InnerWorker::stop): inner steps end at the next one.
   std::atomic<bool> stopping{false};

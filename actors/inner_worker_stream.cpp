@@ -40,62 +40,39 @@ class GroupAverager final : public dl::FragmentAverager {
       s_.hook(fragment, *copy);
       in = *copy;
     }
-    // Made here on the stepping thread (the error feedback is this thread's): compression
-    // topk's code of the fragment; else, with the guard on, the summary of its Δ. A worker
-    // whose inner steps diverged this round abstains: an empty code, an abstaining summary.
-    const bool abstain = s_.abstaining();
-    const dl::GuardConfig guard = s_.guard;
-    std::shared_ptr<const std::vector<uint8_t>> code, summary;
-    dl::ErrorFeedback* feedback = s_.feedback;
-    if (feedback)
-      code = std::make_shared<const std::vector<uint8_t>>(
-          abstain ? std::vector<uint8_t>{} : feedback->encode(0, fragment, in));
-    else if (guard.on)
-      summary = std::make_shared<const std::vector<uint8_t>>(summary_of(in, abstain, guard));
+    // Made here on the stepping thread (the error feedback is this thread's): what the policy
+    // sends of the fragment (topk: its code; with the guard: its summary). A worker whose inner
+    // steps diverged this round abstains: an empty code, an abstaining summary.
+    dl::DeltaAverager policy(s_.guard, s_.feedback);
+    auto sent = std::make_shared<const dl::DeltaAverager::Sent>(
+        policy.prepare(fragment, {&in, 1}, s_.abstaining()));
+    const bool guard_on = s_.guard.on;
     dl::GuardLog* log = &s_.log;
     s_.last_op = std::async(std::launch::async, [comm, group = group_, op, in, out,
-                                                 before = s_.last_op, code, summary, feedback,
-                                                 fragment, guard, log, copy] {
+                                                 before = s_.last_op, sent, policy, fragment,
+                                                 guard_on, log, copy] {
                    if (before.valid()) before.get();
                    uint64_t bytes = 0;
                    for (;;) {
                      collective::Group g = group->at(op);
+                     CommMembers members(*comm, g);
                      try {
-                       // The verdicts first: on the gathered codes, or on the summaries.
-                       std::vector<dl::guard::Verdict> verdicts;
-                       std::vector<std::vector<uint8_t>> codes;
-                       std::vector<std::span<const uint8_t>> views;
-                       if (code) {
-                         collective::Group gather = g;
-                         gather.round_id = data_round(op);
-                         codes = comm->allgather(gather, *code, feedback->bytes(fragment));
-                         bytes += comm->last_stats().bytes_sent;
-                         views.assign(codes.begin(), codes.end());
-                         verdicts = dl::judge_codes(*feedback, fragment, views, guard);
-                       } else if (summary) {
-                         double seconds = 0;
-                         verdicts = exchange_summaries(*comm, g, op, *summary, in.size(), guard,
-                                                       bytes, seconds);
-                         log->add_seconds(seconds);
-                       }
-                       if (!verdicts.empty()) g.left_out = dl::guard::mask_of(verdicts);
+                       const auto judged = policy.judge(members, op, fragment, *sent);
+                       bytes += judged.guard_bytes + judged.code_bytes;
+                       log->add_seconds(judged.guard_seconds);
+                       if (!judged.verdicts.empty()) g.left_out = judged.left_out();
                        // A joiner's first fragment (its Δ zero): left out with the guard on (the
                        // others' mean, exactly); else its zero counted and the mean corrected.
                        float correction = 1.0f;
-                       if (guard.on)
+                       if (guard_on)
                          group->leave_out_zero(g, op);
                        else
                          correction = group->weight_correction(g);
-                       if (code) {
-                         feedback->mean(fragment, views, out, g.left_out);
-                       } else {
-                         g.round_id = data_round(op);
-                         comm->allreduce(g, in, out);
-                         bytes += comm->last_stats().bytes_sent;
-                       }
+                       bytes += policy.reduce(members, op, fragment, judged, g.left_out, {&in, 1},
+                                              {&out, 1});
                        if (correction != 1.0f)
                          for (float& x : out) x *= correction;
-                       log->add(fragment, names_of(g), verdicts);
+                       log->add(fragment, names_of(g), judged.verdicts);
                        return bytes;
                      } catch (const collective::PeerLostError& e) {
                        bytes += comm->last_stats().bytes_sent;
@@ -119,28 +96,6 @@ std::vector<std::string> names_of(const collective::Group& g) {
   std::vector<std::string> out;
   for (const auto& m : g.members) out.push_back(m.name);
   return out;
-}
-
-std::vector<uint8_t> summary_of(std::span<const float> delta, bool abstain,
-                                const dl::GuardConfig& guard) {
-  const auto m = size_t(guard.sketch);
-  return dl::guard::encode(abstain ? dl::guard::abstaining(delta.size(), m)
-                                   : dl::guard::summarize(delta, m));
-}
-
-std::vector<dl::guard::Verdict> exchange_summaries(collective::Communicator& comm,
-                                                   collective::Group g, uint64_t op,
-                                                   const std::vector<uint8_t>& mine, size_t n,
-                                                   const dl::GuardConfig& guard, uint64_t& bytes,
-                                                   double& seconds) {
-  if (g.members.size() < 2) return {};
-  const size_t sketch = dl::guard::sketch_size(n, size_t(guard.sketch));
-  g.round_id = summary_round(op);
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto all = comm.allgather(g, mine, dl::guard::encoded_bytes(sketch));
-  seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  bytes += comm.last_stats().bytes_sent;
-  return dl::guard::judge(dl::guard::facts_of(all, sketch), guard);
 }
 
 // Streaming DiLoCo on a cluster, the simulator's run_streaming_round for one worker: from

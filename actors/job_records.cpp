@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "diloco/bounded_file.hpp"
-#include "diloco/bounded_json.hpp"
-#include "diloco/job_schema.hpp"
+#include "diloco/data/bounded_file.hpp"
+#include "diloco/data/bounded_json.hpp"
+#include "diloco/job/job_schema.hpp"
 
 namespace loco::actors {
 
@@ -21,7 +21,7 @@ namespace {
 
 // A line read back; an object without fields when it is not JSON (a line cut by a crash) or
 // passes the bounds of JSON from outside (a job folder another user could write into: nesting
-// that json_field's dump() would recurse over, diloco/bounded_json.hpp).
+// that json_field's dump() would recurse over, diloco/data/bounded_json.hpp).
 json parse(const std::string& line) {
   try {
     json j = diloco::parse_bounded_json(line, "metrics.jsonl");

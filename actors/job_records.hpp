@@ -3,7 +3,7 @@
 // checkpoints): two files of JSON lines, for people and plotting scripts.
 //
 // metrics.jsonl: θ's history, one line per round 0..r, each round number once: a
-//   diloco::schema::JobMetricsLine (diloco/job_schema.hpp lists its fields).
+//   diloco::schema::JobMetricsLine (diloco/job/job_schema.hpp lists its fields).
 //   The simulator's fields (schema::MetricsLine), where "bytes" and "time" add up
 //   "round_bytes" and "round_time" over rounds 1..r, then:
 //     "utilization", "workers"  inner-step time over the pass's wall time; the
@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "actors/messages.hpp"
-#include "diloco/metrics.hpp"
+#include "diloco/job/metrics.hpp"
 
 namespace loco::actors {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "diloco/bounded_file.hpp"
-#include "diloco/job_schema.hpp"
+#include "diloco/data/bounded_file.hpp"
+#include "diloco/job/job_schema.hpp"
 #include "runtime/core/errors.hpp"
 #include "runtime/core/runtime.hpp"
 
@@ -133,7 +133,7 @@ struct ReduceRequest {
   MSGPACK_DEFINE(round, names, endpoints, rank, op_id, tokens)
 };
 
-// A member the guard left out of an average (diloco/guard.hpp): every member of the operation
+// A member the guard left out of an average (diloco/round/guard.hpp): every member of the operation
 // reaches the same verdicts and reports them.
 struct LeftOutNote {
   std::string member;  // its name in the group
@@ -215,7 +215,7 @@ struct CheckpointRecord {
 // job id its constructor is given must be the one the head bound to it (this_actor().job),
 // never a spawner's word; throws PermissionError naming the class otherwise. And from then on
 // its node's process opens the files jobs name without following links
-// (diloco/bounded_file.hpp): the paths were resolved under the node's roots.
+// (diloco/data/bounded_file.hpp): the paths were resolved under the node's roots.
 inline void begin_job_actor(const char* actor_class, const std::string& job_id) {
   const std::string& bound = loco::this_actor().job;
   if (bound.empty())

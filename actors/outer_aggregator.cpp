@@ -14,12 +14,12 @@
 #include <regex>
 
 #include "actors/outer_aggregator_state.hpp"
-#include "diloco/bounded_file.hpp"
-#include "diloco/data.hpp"
-#include "diloco/hf_format.hpp"
-#include "diloco/job_schema.hpp"
-#include "diloco/simulator.hpp"
-#include "diloco/torchscript_model.hpp"
+#include "diloco/data/bounded_file.hpp"
+#include "diloco/data/data.hpp"
+#include "diloco/job/job_schema.hpp"
+#include "diloco/model/hf_format.hpp"
+#include "diloco/model/torchscript_model.hpp"
+#include "diloco/round/simulator.hpp"
 
 namespace loco::actors {
 

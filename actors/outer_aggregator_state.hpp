@@ -27,7 +27,7 @@
 #include "actors/round_decisions.hpp"
 #include "actors/timeouts.hpp"
 #include "actors/worker_calls.hpp"
-#include "diloco/config.hpp"
+#include "diloco/job/config.hpp"
 #include "runtime/core/paths.hpp"
 #include "runtime/core/runtime.hpp"
 #include "runtime/core/util.hpp"

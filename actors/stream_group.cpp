@@ -2,6 +2,35 @@
 
 namespace loco::actors {
 
+std::vector<std::string> CommMembers::names() const { return names_of(group_); }
+
+std::uint64_t CommMembers::allgather(std::uint64_t round_id,
+                                     std::span<const std::vector<std::uint8_t>> mine,
+                                     std::size_t max_bytes,
+                                     std::vector<std::vector<std::uint8_t>>& all) {
+  if (mine.size() != 1) throw std::logic_error("CommMembers: one local member per worker");
+  collective::Group g = group_;
+  g.round_id = round_id;
+  all = comm_.allgather(g, mine[0], max_bytes);
+  return comm_.last_stats().bytes_sent;
+}
+
+std::uint64_t CommMembers::allreduce(std::uint64_t round_id,
+                                     std::span<const std::span<const float>> in,
+                                     std::span<const std::span<float>> out,
+                                     std::span<const std::uint8_t> left_out) {
+  if (in.size() != 1 || out.size() != 1)
+    throw std::logic_error("CommMembers: one local member per worker");
+  collective::Group g = group_;
+  g.round_id = round_id;
+  g.left_out.assign(left_out.begin(), left_out.end());
+  if (in[0].data() == out[0].data())
+    comm_.allreduce(g, out[0]);
+  else
+    comm_.allreduce(g, in[0], out[0]);
+  return comm_.last_stats().bytes_sent;
+}
+
 std::shared_ptr<StreamGroup> StreamGroup::of(const StreamRequest& req, std::optional<uint64_t> first,
                                          collective::RelayEndpoint relay) {
   auto g = std::make_shared<StreamGroup>();

@@ -10,9 +10,33 @@
 #include <vector>
 
 #include "actors/messages.hpp"
+#include "diloco/round/delta_averager.hpp"
 #include "runtime/collective/allreduce.hpp"
 
 namespace loco::actors {
+
+// The members' names, in rank order (the guard's verdicts name them).
+std::vector<std::string> names_of(const collective::Group& g);
+
+// The members of one of a worker's averages as the policy sees them (diloco::AveragingGroup):
+// `group` over this worker's communicator, one local member.
+class CommMembers final : public diloco::AveragingGroup {
+ public:
+  CommMembers(collective::Communicator& comm, collective::Group group)
+      : comm_(comm), group_(std::move(group)) {}
+  std::size_t size() const override { return group_.members.size(); }
+  std::vector<std::string> names() const override;
+  std::uint64_t allgather(std::uint64_t round_id, std::span<const std::vector<std::uint8_t>> mine,
+                          std::size_t max_bytes,
+                          std::vector<std::vector<std::uint8_t>>& all) override;
+  std::uint64_t allreduce(std::uint64_t round_id, std::span<const std::span<const float>> in,
+                          std::span<const std::span<float>> out,
+                          std::span<const std::uint8_t> left_out) override;
+
+ private:
+  collective::Communicator& comm_;
+  collective::Group group_;
+};
 
 // The group a stream() call's fragments reduce over: the request's members, less those a
 // fragment's all-reduce lost on the way, plus a worker admitted mid-round. Every survivor drops

@@ -6,7 +6,7 @@
 #include <sstream>
 #include <thread>
 
-#include "diloco/job_schema.hpp"
+#include "diloco/job/job_schema.hpp"
 
 namespace loco {
 

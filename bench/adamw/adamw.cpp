@@ -20,7 +20,7 @@
 #include <map>
 
 #include "bench/stats.hpp"
-#include "diloco/trainer.hpp"
+#include "diloco/round/trainer.hpp"
 
 using namespace loco::diloco;
 

@@ -1,4 +1,4 @@
-// bench/guard: what robust averaging's guard (diloco/guard.hpp) costs a worker's CPU, on one
+// bench/guard: what robust averaging's guard (diloco/round/guard.hpp) costs a worker's CPU, on one
 // core, for a pseudo-gradient of n floats (default the 6.4 M GPT of bench/overlap; --floats
 // 124000000 for the 124M preset):
 //   summarize   the summary a worker makes of its Δ before every dense average (‖Δ‖ in double,
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "bench/stats.hpp"
-#include "diloco/config.hpp"
-#include "diloco/guard.hpp"
+#include "diloco/job/config.hpp"
+#include "diloco/round/guard.hpp"
 #include "runtime/collective/sparse.hpp"
 
 using namespace loco::diloco;

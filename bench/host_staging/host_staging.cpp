@@ -15,8 +15,8 @@
 #include <cstdio>
 
 #include "bench/stats.hpp"
-#include "diloco/device_info.hpp"
-#include "diloco/host_staging.hpp"
+#include "diloco/model/device_info.hpp"
+#include "diloco/round/host_staging.hpp"
 
 using loco::bench::median;
 using loco::diloco::HostStaging;

@@ -20,8 +20,8 @@
 #include <fstream>
 #include <string>
 
-#include "diloco/hf_format.hpp"
-#include "diloco/trainer.hpp"
+#include "diloco/model/hf_format.hpp"
+#include "diloco/round/trainer.hpp"
 
 using namespace loco::diloco;
 

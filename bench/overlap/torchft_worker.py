@@ -5,7 +5,7 @@
     torchft_worker.py worker --rank R --workers N --addr ADDR --lighthouse http://ADDR:PORT \
         --data DIR --rounds R --out FILE.jsonl [--fragments P --delay D --alpha A]
 
-The model is loco's gpt2 written in plain PyTorch (diloco/model.cpp: learned positions,
+The model is loco's gpt2 written in plain PyTorch (diloco/model/model.cpp: learned positions,
 pre-norm blocks, fused qkv, tanh GELU MLP of 4x width, final LayerNorm, head tied to the token
 embedding; loco's initialisation), the data the bytes of the corpus files, the inner optimizer
 AdamW with loco's schedule (linear warmup, cosine to 0.1x over rounds x H steps, decay on
@@ -14,7 +14,7 @@ per fragment. A worker is a torchft replica group of one rank: its own TCPStore 
 address, a Manager (synchronous quorum, as DiLoCo requires) that asks the lighthouse for the
 quorum, and Gloo between the replicas.
 
-Fragments follow loco's cut (diloco/model.cpp, parameter_fragments): block i goes to fragment
+Fragments follow loco's cut (diloco/model/model.cpp, parameter_fragments): block i goes to fragment
 i mod P, the embeddings and the final norm to fragment 0. With P = 1 and delay 0 this is
 torchft's blocking DiLoCo; with P fragments each one is all-reduced every H / P steps, `delay`
 steps after it was sent (at most H / P - 1), and merged with weight `alpha` on the local copy.
@@ -131,7 +131,7 @@ def corpus_bytes(data_dir: str) -> torch.Tensor:
 
 
 def inner_lr(lr: float, warmup: int, step: int, total: int, min_ratio: float = 0.1) -> float:
-    """diloco/trainer.cpp's inner_lr: linear warmup, then cosine to lr * min_ratio."""
+    """diloco/round/trainer.cpp's inner_lr: linear warmup, then cosine to lr * min_ratio."""
     if step < warmup:
         return lr * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
@@ -234,7 +234,7 @@ def cmd_worker(a: argparse.Namespace) -> None:
 
 
 def evaluate(model: Gpt, tokens: torch.Tensor, train_end: int, a: argparse.Namespace) -> float:
-    """diloco/data.cpp's validation_windows: eval.batches x batch windows, evenly spaced."""
+    """diloco/data/data.cpp's validation_windows: eval.batches x batch windows, evenly spaced."""
     n = a.eval_batches * a.batch
     w = a.context + 1
     span = tokens.numel() - train_end - w

@@ -16,7 +16,7 @@
 #include <fstream>
 #include <string>
 
-#include "diloco/data.hpp"
+#include "diloco/data/data.hpp"
 
 using namespace loco::diloco;
 

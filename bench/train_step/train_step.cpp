@@ -42,8 +42,8 @@
 
 #include "actors/inner_worker.hpp"
 #include "bench/stats.hpp"
-#include "diloco/device_info.hpp"
-#include "diloco/trainer.hpp"
+#include "diloco/model/device_info.hpp"
+#include "diloco/round/trainer.hpp"
 #include "runtime/core/util.hpp"
 #include "tests/runtime/core/cluster.hpp"
 

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <yaml-cpp/yaml.h>
 
-#include "diloco/config.hpp"
+#include "diloco/job/config.hpp"
 
 namespace loco::cli {
 

@@ -19,8 +19,8 @@
 #include "client/client.hpp"
 #include "client/dashboard/views.hpp"
 #include "client/process.hpp"
-#include "diloco/bounded_json.hpp"
-#include "diloco/job_schema.hpp"
+#include "diloco/data/bounded_json.hpp"
+#include "diloco/job/job_schema.hpp"
 
 namespace fs = std::filesystem;
 

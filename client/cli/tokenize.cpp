@@ -1,5 +1,5 @@
 // loco tokenize: a tokenizer.json tried on a text, as `tokenizers` would encode it (the same
-// C++ encoder the nodes run: diloco/tokenizer_json.hpp), and ids decoded back.
+// C++ encoder the nodes run: diloco/data/tokenizer_json.hpp), and ids decoded back.
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <iostream>
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "client/cli/commands.hpp"
-#include "diloco/data.hpp"
-#include "diloco/tokenizer_json.hpp"
+#include "diloco/data/data.hpp"
+#include "diloco/data/tokenizer_json.hpp"
 
 namespace loco::cli {
 namespace {

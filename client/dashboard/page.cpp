@@ -69,7 +69,7 @@ const std::string& page_js() {
   // script as FIELDS: the script names none of them itself.
   static const std::string js = "'use strict';\nconst FIELDS = " + field_keys().dump() + ";\n" +
                                 R"js(
-// A field of the API's rows by its key in FIELDS: R.loss (a report's, diloco/job_schema.hpp's
+// A field of the API's rows by its key in FIELDS: R.loss (a report's, diloco/job/job_schema.hpp's
 // schema::Report), S.lr (a step's, schema::Step), D.tokens (derived by the views). A name the
 // server does not list is an error on the page, not an empty chart.
 function names(keys) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "diloco/job_schema.hpp"
+#include "diloco/job/job_schema.hpp"
 #include "runtime/core/cluster_types.hpp"
 
 namespace loco::dashboard {
@@ -59,7 +59,7 @@ class JobHistory {
 };
 
 // Fields of job_json's "rounds_done" rows that the views derive, beside the report's own
-// (diloco/job_schema.hpp's schema::Report): the round's all-reduce bytes per worker, and the
+// (diloco/job/job_schema.hpp's schema::Report): the round's all-reduce bytes per worker, and the
 // tokens along θ's history (the charts' x axis).
 inline constexpr char kRoundBytes[] = "round_bytes";
 inline constexpr char kTokens[] = "tokens";

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "diloco/hf_format.hpp"
-#include "diloco/simulator.hpp"
+#include "diloco/model/hf_format.hpp"
+#include "diloco/round/simulator.hpp"
 
 namespace fs = std::filesystem;
 using namespace loco::diloco;

@@ -41,7 +41,7 @@
 #include <thread>
 
 #include "actors/round_hooks.hpp"
-#include "diloco/guard.hpp"
+#include "diloco/round/guard.hpp"
 #include "runtime/collective/types.hpp"
 #include "runtime/core/util.hpp"
 

@@ -1,4 +1,4 @@
-// The guard (diloco/guard.hpp) in a job on a cluster: a worker that sends a broken or hostile
+// The guard (diloco/round/guard.hpp) in a job on a cluster: a worker that sends a broken or hostile
 // pseudo-gradient (the fault-injection plugin's corrupt=KIND) is left out of the average by
 // every member alike (θ stays the same everywhere: the aggregator checks its hash every
 // round), recorded in metrics.jsonl, the log and the reports, and removed from the job after

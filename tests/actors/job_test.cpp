@@ -15,7 +15,7 @@
 #include <set>
 
 #include "actors/messages.hpp"
-#include "diloco/config.hpp"
+#include "diloco/job/config.hpp"
 #include "runtime/security/keys.hpp"
 #include "tests/actors/job_util.hpp"
 

@@ -303,7 +303,7 @@ TEST(DashboardViews, PrometheusTextPassesPromtoolCheckMetrics) {
 
 // The page's script reads the rows' fields by the keys the server lists (FIELDS, from the C++
 // tables), as R.x (a report's), S.x (a step's), D.x (derived by the views): every x it names is
-// listed, so renaming a field in diloco/job_schema.hpp cannot leave the page reading the old
+// listed, so renaming a field in diloco/job/job_schema.hpp cannot leave the page reading the old
 // key.
 TEST(DashboardViews, ThePageNamesOnlyListedFields) {
   const std::string& js = page_js();

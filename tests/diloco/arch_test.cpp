@@ -6,8 +6,8 @@
 
 #include <filesystem>
 
-#include "diloco/hf_format.hpp"
-#include "diloco/simulator.hpp"
+#include "diloco/model/hf_format.hpp"
+#include "diloco/round/simulator.hpp"
 #include "tests/diloco/checkpointing_check.hpp"
 #include "tests/diloco/corpus_suite.hpp"
 #include "tests/diloco/test_corpus.hpp"

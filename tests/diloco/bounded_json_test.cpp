@@ -1,9 +1,9 @@
-// The JSON that comes from outside (diloco/bounded_json.hpp) through each of its readers: a
+// The JSON that comes from outside (diloco/data/bounded_json.hpp) through each of its readers: a
 // model folder's config.json, a safetensors header, a tokenizer.json. A file nested too deep or
 // too costly to hold is refused with a message that says which limit it passed, before anything
 // recurses over it or the memory grows past the bound (issue "21 ·", finding 1: a 1 MB
 // config.json nested 500,000 deep crashed every node that read it).
-#include "diloco/bounded_json.hpp"
+#include "diloco/data/bounded_json.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -15,9 +15,9 @@
 #include <functional>
 #include <string>
 
-#include "diloco/hf_config.hpp"
-#include "diloco/safetensors.hpp"
-#include "diloco/tokenizer_json.hpp"
+#include "diloco/data/tokenizer_json.hpp"
+#include "diloco/model/hf_config.hpp"
+#include "diloco/model/safetensors.hpp"
 
 using namespace loco::diloco;
 

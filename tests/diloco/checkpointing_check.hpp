@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "diloco/model.hpp"
+#include "diloco/model/model.hpp"
 
 namespace loco::diloco::testing {
 

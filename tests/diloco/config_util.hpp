@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "diloco/config.hpp"
+#include "diloco/job/config.hpp"
 
 namespace loco::diloco::testing {
 

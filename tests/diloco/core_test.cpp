@@ -10,11 +10,11 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "diloco/averager.hpp"
-#include "diloco/config.hpp"
-#include "diloco/data.hpp"
-#include "diloco/fragment_schedule.hpp"
-#include "diloco/memory.hpp"
+#include "diloco/data/data.hpp"
+#include "diloco/job/config.hpp"
+#include "diloco/job/memory.hpp"
+#include "diloco/round/averager.hpp"
+#include "diloco/round/fragment_schedule.hpp"
 #include "runtime/collective/allreduce.hpp"
 #include "tests/diloco/config_util.hpp"
 #include "tests/diloco/test_corpus.hpp"
@@ -798,7 +798,7 @@ TEST(Config, LearningRatesBeyondFp32AreRefusedNamingTheField) {
             std::string::npos);
 }
 
-// The estimate of what one worker holds (diloco/memory.hpp), term by term.
+// The estimate of what one worker holds (diloco/job/memory.hpp), term by term.
 TEST(Config, WorkerMemoryGrowsWithTheModelAndTheBatch) {
   const JobConfig c = JobConfig::from_yaml(kJob);
   const double p = double(c.model.parameter_count(c.vocab_size()));

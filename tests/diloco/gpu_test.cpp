@@ -10,9 +10,9 @@
 #include <sstream>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "diloco/local_group.hpp"
-#include "diloco/simulator.hpp"
-#include "diloco/trainer.hpp"
+#include "diloco/round/local_group.hpp"
+#include "diloco/round/simulator.hpp"
+#include "diloco/round/trainer.hpp"
 #include "tests/diloco/corpus_suite.hpp"
 #include "tests/diloco/test_corpus.hpp"
 
@@ -173,7 +173,7 @@ TEST_F(CudaTest, CheckpointTakenOnTheGpuResumesOnTheCpuAndBack) {
   EXPECT_NO_THROW(again.run_round());
 }
 
-// A worker's local ranks on GPUs are NCCL ranks (diloco/local_group.hpp). These machines
+// A worker's local ranks on GPUs are NCCL ranks (diloco/round/local_group.hpp). These machines
 // have one GPU: a one-rank NCCL group, the path that G ranks take, against no group.
 TEST_F(CudaTest, OneRankNcclGroupFollowsNoGroup) {
   if (!nccl_compiled()) GTEST_SKIP() << "this build has no NCCL";
@@ -202,7 +202,7 @@ TEST_F(CudaTest, OneRankNcclGroupFollowsNoGroup) {
   EXPECT_TRUE(torch::equal(ranked.flat_parameters().cpu(), outer.theta()));
 }
 
-// The pinned, chunked staging of θ_local and θ (diloco/host_staging.hpp): a chunk that does
+// The pinned, chunked staging of θ_local and θ (diloco/round/host_staging.hpp): a chunk that does
 // not divide the length, every chunk handed over once, in order, with the device's values; and
 // back onto the device bit for bit.
 TEST_F(CudaTest, HostStagingMovesEveryChunkOnceInOrderBothWays) {

@@ -1,7 +1,7 @@
-// The guard's rule (diloco/guard.hpp) on synthetic pseudo-gradients: honest members share a
+// The guard's rule (diloco/round/guard.hpp) on synthetic pseudo-gradients: honest members share a
 // direction plus their own noise, as DiLoCo workers on different shards of one corpus do; a
 // faulty one is what guard::corrupt makes of an honest one. Torch-free.
-#include "diloco/guard.hpp"
+#include "diloco/round/guard.hpp"
 
 #include <gtest/gtest.h>
 

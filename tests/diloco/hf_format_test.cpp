@@ -1,7 +1,7 @@
 // Torch-free: model.arch and its fields in the job file, the presets' sizes, the safetensors
-// reader and writer, and the Hugging Face folder's export and import (diloco/hf_format.hpp).
+// reader and writer, and the Hugging Face folder's export and import (diloco/model/hf_format.hpp).
 // The model itself against this layout: arch_test.cpp; against transformers: hf_export_test.py.
-#include "diloco/hf_format.hpp"
+#include "diloco/model/hf_format.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "diloco/config.hpp"
-#include "diloco/data.hpp"
-#include "diloco/memory.hpp"
-#include "diloco/safetensors.hpp"
+#include "diloco/data/data.hpp"
+#include "diloco/job/config.hpp"
+#include "diloco/job/memory.hpp"
+#include "diloco/model/safetensors.hpp"
 #include "tests/diloco/config_util.hpp"
 
 using namespace loco::diloco;

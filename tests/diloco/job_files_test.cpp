@@ -1,4 +1,4 @@
-// The files a job names, opened in a node (diloco/bounded_file.hpp): the path was resolved
+// The files a job names, opened in a node (diloco/data/bounded_file.hpp): the path was resolved
 // under the node's root and held no link then; a link put on it afterwards (the race between
 // that check and the open, issue "21 ·") is refused at the open, for reading and for writing,
 // and the message names the path and carries no byte of what the link points at. Outside a
@@ -12,9 +12,9 @@
 #include <sstream>
 #include <string>
 
-#include "diloco/bounded_file.hpp"
-#include "diloco/data.hpp"
-#include "diloco/safetensors.hpp"
+#include "diloco/data/bounded_file.hpp"
+#include "diloco/data/data.hpp"
+#include "diloco/model/safetensors.hpp"
 
 using namespace loco::diloco;
 namespace fs = std::filesystem;

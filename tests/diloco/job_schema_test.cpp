@@ -1,6 +1,6 @@
-// diloco/job_schema.hpp: each struct's one list of fields gives its metrics map and its JSON,
+// diloco/job/job_schema.hpp: each struct's one list of fields gives its metrics map and its JSON,
 // both ways, and the keys the readers look up.
-#include "diloco/job_schema.hpp"
+#include "diloco/job/job_schema.hpp"
 
 #include <gtest/gtest.h>
 

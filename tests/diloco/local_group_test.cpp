@@ -1,6 +1,6 @@
-// A worker's local ranks (diloco/local_group.hpp) as CPU ranks: threads of this process
+// A worker's local ranks (diloco/round/local_group.hpp) as CPU ranks: threads of this process
 // over c10d's Gloo backend and a HashStore, the interface that NCCL ranks use on GPUs.
-#include "diloco/local_group.hpp"
+#include "diloco/round/local_group.hpp"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -10,9 +10,9 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
-#include "diloco/averager.hpp"
-#include "diloco/simulator.hpp"
-#include "diloco/trainer.hpp"
+#include "diloco/round/averager.hpp"
+#include "diloco/round/simulator.hpp"
+#include "diloco/round/trainer.hpp"
 #include "tests/diloco/corpus_suite.hpp"
 #include "tests/diloco/test_corpus.hpp"
 

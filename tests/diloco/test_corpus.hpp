@@ -7,8 +7,8 @@
 #include <fstream>
 #include <string>
 
-#include "diloco/config.hpp"
-#include "diloco/data.hpp"
+#include "diloco/data/data.hpp"
+#include "diloco/job/config.hpp"
 
 namespace loco::diloco::testing {
 

@@ -15,9 +15,9 @@
 #include <set>
 #include <sstream>
 
-#include "diloco/config.hpp"
-#include "diloco/data.hpp"
-#include "diloco/tokenizer_json.hpp"
+#include "diloco/data/data.hpp"
+#include "diloco/data/tokenizer_json.hpp"
+#include "diloco/job/config.hpp"
 #include "tests/diloco/test_corpus.hpp"
 #include "tests/diloco/tokenizer_test_util.hpp"
 

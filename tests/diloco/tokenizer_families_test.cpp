@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "diloco/config.hpp"
-#include "diloco/data.hpp"
-#include "diloco/tokenizer_json.hpp"
-#include "diloco/tokenizer_regex.hpp"
+#include "diloco/data/data.hpp"
+#include "diloco/data/tokenizer_json.hpp"
+#include "diloco/data/tokenizer_regex.hpp"
+#include "diloco/job/config.hpp"
 #include "tests/diloco/tokenizer_test_util.hpp"
 
 using namespace loco::diloco;

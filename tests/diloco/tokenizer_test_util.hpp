@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "diloco/data.hpp"
+#include "diloco/data/data.hpp"
 #include "tests/diloco/test_corpus.hpp"
 
 namespace loco::diloco::testing {

@@ -10,9 +10,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "diloco/simulator.hpp"
-#include "diloco/torchscript_model.hpp"
-#include "diloco/trainer.hpp"
+#include "diloco/model/torchscript_model.hpp"
+#include "diloco/round/simulator.hpp"
+#include "diloco/round/trainer.hpp"
 #include "tests/diloco/corpus_suite.hpp"
 #include "tests/diloco/test_corpus.hpp"
 

@@ -9,11 +9,11 @@
 #include <set>
 #include <sstream>
 
-#include "diloco/error_feedback.hpp"
-#include "diloco/memory.hpp"
-#include "diloco/simulator.hpp"
-#include "diloco/streaming_round.hpp"
-#include "diloco/trainer.hpp"
+#include "diloco/job/memory.hpp"
+#include "diloco/round/error_feedback.hpp"
+#include "diloco/round/simulator.hpp"
+#include "diloco/round/streaming_round.hpp"
+#include "diloco/round/trainer.hpp"
 #include "tests/diloco/checkpointing_check.hpp"
 #include "tests/diloco/corpus_suite.hpp"
 #include "tests/diloco/test_corpus.hpp"
@@ -113,7 +113,7 @@ TEST_F(DilocoTest, CompressionMatchesTorchCasts) {
   }
 }
 
-// The memory estimate's terms for the model's state (diloco/memory.hpp) are what the trainer
+// The memory estimate's terms for the model's state (diloco/job/memory.hpp) are what the trainer
 // allocates: θ_local is parameter_count fp32 values, the gradients those of the flat buffer and
 // of autograd's own tensors, AdamW's moments two more.
 TEST_F(DilocoTest, MemoryEstimateMatchesTheTrainersBuffers) {
@@ -907,7 +907,7 @@ TEST(ErrorFeedbackMean, SendersDividesEachEntryByItsSenders) {
   EXPECT_GT(shared, 0);
 }
 
-// ---- The guard (diloco/guard.hpp): broken or hostile pseudo-gradients ---------------------
+// ---- The guard (diloco/round/guard.hpp): broken or hostile pseudo-gradients ---------------------
 
 // The final validation loss of `c` simulated with 4 workers, worker 2's Δ corrupted by `fault`
 // from round 1 on (none: a fault-free run), and each round's left-outs.

@@ -1,4 +1,4 @@
-// A Hugging Face folder's config.json (diloco/hf_config.cpp), downloaded and so hostile: any
+// A Hugging Face folder's config.json (diloco/model/hf_config.cpp), downloaded and so hostile: any
 // bytes are either refused (not JSON, or a ConfigError naming a field) or read into a model;
 // a model that validates writes a config.json (export_hf's) that reads back as the same model,
 // and compares equal to itself.
@@ -10,8 +10,8 @@
 #include <string>
 #include <string_view>
 
-#include "diloco/bounded_json.hpp"
-#include "diloco/hf_config.hpp"
+#include "diloco/data/bounded_json.hpp"
+#include "diloco/model/hf_config.hpp"
 
 using namespace loco::diloco;
 

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "diloco/config.hpp"
+#include "diloco/job/config.hpp"
 
 using loco::diloco::ConfigError;
 using loco::diloco::JobConfig;

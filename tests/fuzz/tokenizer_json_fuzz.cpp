@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "diloco/tokenizer_json.hpp"
+#include "diloco/data/tokenizer_json.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);
