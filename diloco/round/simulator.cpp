@@ -86,7 +86,6 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
           static_cast<std::uint64_t>(k), total_steps, device));
       outers_.push_back(
           std::make_unique<OuterOptimizer>(cfg_.outer_step(), trainers_.back()->flat_parameters()));
-      deltas_.emplace_back(static_cast<std::size_t>(trainers_.back()->parameter_count()));
     }
   } else {
     JobConfig c = cfg_;
@@ -97,13 +96,13 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
     }
     trainers_.push_back(std::make_unique<InnerTrainer>(c, store_, all, 0, total_steps, device));
   }
-  if (cfg_.sync.mode != SyncMode::blocking) {
-    if (opt_.mode != Mode::diloco || g > 1)
-      throw std::invalid_argument(
-          "sync.mode: streaming and eager run in diloco mode with one rank per worker (the "
-          "baselines and --local-ranks run blocking)");
-    make_streaming();
-  }
+  if (cfg_.sync.mode != SyncMode::blocking && (opt_.mode != Mode::diloco || g > 1))
+    throw std::invalid_argument(
+        "sync.mode: streaming and eager run in diloco mode with one rank per worker (the "
+        "baselines and --local-ranks run blocking)");
+  // Every sync mode's rounds run on the round engine (blocking: one fragment, landing at once);
+  // a worker's local ranks (G > 1) still run their sliced round.
+  if (opt_.mode == Mode::diloco && g == 1) make_streaming();
   for (const auto& c : opt_.corrupt)
     if (c.worker < 0 || c.worker >= opt_.workers || g > 1 || c.from_round < 0)
       throw std::invalid_argument("--corrupt: worker " + std::to_string(c.worker) + " of " +
@@ -115,7 +114,7 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
                                   std::to_string(g) + ")");
     std::vector<std::size_t> sizes;
     if (streaming_)
-      for (int f = 0; f < cfg_.sync.fragments; ++f)
+      for (int f = 0; f < streaming_->schedule().fragments(); ++f)
         sizes.push_back(static_cast<std::size_t>(streaming_->fragment_size(f)));
     else
       sizes.push_back(static_cast<std::size_t>(parameter_count()));
@@ -135,8 +134,9 @@ void Simulator::make_streaming() {
   std::vector<Replica> replicas;
   for (std::size_t k = 0; k < trainers_.size(); ++k)
     replicas.push_back({trainers_[k].get(), outers_[k].get()});
+  const int fragments = cfg_.sync.mode == SyncMode::blocking ? 1 : cfg_.sync.fragments;
   streaming_ = std::make_unique<StreamingRound>(
-      cfg_, trainers_[0]->model().fragments(cfg_.sync.fragments), replicas);
+      cfg_, trainers_[0]->model().fragments(fragments), replicas);
 }
 
 bool Simulator::corrupts() const {
@@ -207,13 +207,25 @@ double Simulator::run_sliced_round() {
 double Simulator::run_streaming_round() {
   // The K workers' steps between two events; the bytes of each average as it starts (the
   // local averager's are known at once).
+  // A replica's mean loss over the round: its steps' means weighted by their counts, or, when
+  // it took all H steps in one call (a blocking round), that call's mean as it is.
   struct Steps final : StreamingRound::Driver {
     Simulator& sim;
-    std::vector<double> loss;
-    explicit Steps(Simulator& s) : sim(s), loss(s.trainers_.size(), 0.0) {}
+    std::vector<double> weighted, last;
+    std::vector<int> calls;
+    explicit Steps(Simulator& s)
+        : sim(s),
+          weighted(s.trainers_.size(), 0.0),
+          last(s.trainers_.size(), 0.0),
+          calls(s.trainers_.size(), 0) {}
     void steps(std::int64_t, int n) override {
-      for (std::size_t k = 0; k < loss.size(); ++k) loss[k] += sim.steps_of(k, n) * n;
+      for (std::size_t k = 0; k < weighted.size(); ++k) {
+        last[k] = sim.steps_of(k, n);
+        weighted[k] += last[k] * n;
+        ++calls[k];
+      }
     }
+    double mean(std::size_t k, int h) const { return calls[k] == 1 ? last[k] : weighted[k] / h; }
   } steps(*this);
   struct Counted final : FragmentAverager {
     FragmentAverager& local;
@@ -256,7 +268,7 @@ double Simulator::run_streaming_round() {
   r.last = round_ + 1 >= rounds_;
   streaming_->run(r, averager, steps);
   double mean = 0;
-  for (double l : steps.loss) mean += l / cfg_.inner.steps;
+  for (std::size_t k = 0; k < trainers_.size(); ++k) mean += steps.mean(k, cfg_.inner.steps);
   return mean / static_cast<double>(trainers_.size());
 }
 
@@ -288,7 +300,7 @@ RoundMetrics Simulator::run_round() {
   const int k = opt_.workers;
   const std::int64_t n = parameter_count();
   double loss = 0;
-  if (opt_.mode == Mode::diloco && cfg_.sync.mode != SyncMode::blocking) {
+  if (streaming_) {  // diloco, one rank per worker: every sync mode on the round engine
     loss = run_streaming_round();
     const auto h0 = outers_[0]->theta_hash();
     for (std::size_t i = 1; i < outers_.size(); ++i)
@@ -302,31 +314,6 @@ RoundMetrics Simulator::run_round() {
       if (outers_[i]->theta_hash() != h0 || tensor_hash(trainers_[i]->flat_parameters()) != h0)
         throw std::runtime_error("simulator: rank " + std::to_string(i % opt_.local_ranks) +
                                  " of worker " + std::to_string(i / opt_.local_ranks) +
-                                 " holds a different θ after round " + std::to_string(round_ + 1));
-  } else if (opt_.mode == Mode::diloco) {
-    for (std::size_t k = 0; k < trainers_.size(); ++k) loss += steps_of(k, h);
-    loss /= static_cast<double>(trainers_.size());
-    std::vector<std::span<float>> spans;
-    for (std::size_t i = 0; i < trainers_.size(); ++i) {
-      trainers_[i]->pseudo_gradient(outers_[i]->theta(), deltas_[i]);
-      if (corrupts()) corrupt(i, 0, deltas_[i]);
-      spans.emplace_back(deltas_[i]);
-    }
-    if (feedback_) {
-      LocalSparseAverager sparse(*feedback_, cfg_.guard, &guard_log_);
-      const std::vector<std::span<const float>> in(spans.begin(), spans.end());
-      bytes_ += sparse.start(static_cast<std::uint64_t>(round_), 0, in, spans).get();
-    } else {
-      bytes_ += averager_.average(spans, cfg_.compression).bytes_sent;
-    }
-    for (std::size_t i = 0; i < trainers_.size(); ++i) {
-      outers_[i]->step(deltas_[i]);
-      trainers_[i]->load_parameters(outers_[i]->theta());
-    }
-    const auto h0 = outers_[0]->theta_hash();
-    for (std::size_t i = 1; i < outers_.size(); ++i)
-      if (outers_[i]->theta_hash() != h0)
-        throw std::runtime_error("simulator: worker " + std::to_string(i) +
                                  " holds a different θ after round " + std::to_string(round_ + 1));
   } else {
     loss = trainers_[0]->run_inner_steps(h).mean_loss;
@@ -401,7 +388,8 @@ void Simulator::save_checkpoint(const std::string& path) const {
     for (std::size_t k = 0; k < trainers_.size(); ++k)
       feedback_->save(ar, "worker." + std::to_string(k) + ".error_feedback.", k);
   // Streaming: the fragments on their way, with their averages.
-  if (streaming_) streaming_->write_in_flight(ar);
+  // Blocking: nothing is in flight at a round's end, and its checkpoints keep their keys.
+  if (streaming_ && cfg_.sync.mode != SyncMode::blocking) streaming_->write_in_flight(ar);
   write_archive(ar, path);
 }
 

@@ -61,13 +61,12 @@ InFlightCopy InFlightFragment::copy() const {
 
 StreamingRound::StreamingRound(const JobConfig& cfg, std::vector<std::vector<Range>> fragments,
                                std::vector<Replica> replicas)
-    : schedule_(cfg),
+    : schedule_(cfg.sync.mode == SyncMode::blocking ? FragmentSchedule(cfg.inner.steps, 1, 0)
+                                                    : FragmentSchedule(cfg)),
       mode_(cfg.sync.mode),
       mix_(cfg.sync.mix),
       fragments_(std::move(fragments)),
       replicas_(std::move(replicas)) {
-  if (mode_ == SyncMode::blocking)
-    throw std::logic_error("StreamingRound: sync.mode is blocking");
   if (static_cast<int>(fragments_.size()) != schedule_.fragments())
     throw std::logic_error("StreamingRound: " + std::to_string(fragments_.size()) +
                            " fragments of ranges for sync.fragments " +
@@ -179,7 +178,9 @@ void StreamingRound::land(InFlightFragment& f, std::int64_t now, Result& out, Dr
   driver.landed(f, now);
   for (std::size_t i = 0; i < replicas_.size(); ++i) {
     const Replica& k = replicas_[i];
-    if (!eager())
+    if (mode_ == SyncMode::blocking)  // one fragment, all of θ: the replica goes on from it
+      k.trainer->load_parameters(k.outer->theta());
+    else if (!eager())
       k.trainer->merge_parameters(k.outer->theta(), rs, mix_);
     else if (now == f.synced)  // no step taken from the provisional θ: blocking, bit for bit
       k.trainer->load_parameters(k.outer->theta());

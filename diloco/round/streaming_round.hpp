@@ -1,6 +1,11 @@
-// The streaming round, written once: the simulator (K replicas in one process) and InnerWorker
+// The round engine, written once: the simulator (K replicas in one process) and InnerWorker
 // (one replica, its averages over the network) drive the same StreamingRound, so a distributed
 // job holds the simulator's θ by construction, not by keeping two copies in step.
+//
+// sync.mode blocking is the engine with one fragment (all of θ) that synchronizes at the
+// round's end and lands at once: every replica's Δ averaged, the outer step, and the replica
+// goes on from θ. (The simulator's blocking rounds run here; a worker's blocking round is
+// still its inner() and reduce(), issue 22 item 2.)
 //
 // sync.mode streaming (Streaming DiLoCo, Douillard et al. 2025): from event to event (a
 // fragment's synchronization, a landing, the round's end: FragmentSchedule), inner steps in
