@@ -104,17 +104,14 @@ void SourceLimit::accepted(int fd) {
   }
   ::shutdown(fd, SHUT_RDWR);
   refused_.fetch_add(1);
-  const auto now = std::chrono::steady_clock::now();
-  if (now - logged_ < std::chrono::seconds(10)) {
-    ++unlogged_;
-    return;
-  }
+  uint64_t held = 0;
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now().time_since_epoch());
+  if (!log_limit_.allow(now.count(), &held)) return;
   spdlog::warn("{}: refused a connection from {}, which holds {} already, the most one address "
                "may (--max-connections-per-source){}",
                name_, source, n,
-               unlogged_ ? " (" + std::to_string(unlogged_) + " more refused, not logged)" : "");
-  logged_ = now;
-  unlogged_ = 0;
+               held ? " (" + std::to_string(held) + " more in the last 10 s not logged)" : "");
 }
 
 void SourceLimit::disconnected(int fd) {

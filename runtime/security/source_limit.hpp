@@ -20,6 +20,8 @@
 #include <unordered_map>
 #include <zmq.hpp>
 
+#include "runtime/core/remote_input.hpp"
+
 namespace loco::security {
 
 // The default bound: a whole site behind one NAT address (every node and client of it
@@ -54,8 +56,7 @@ class SourceLimit {
   // thread_'s alone:
   std::unordered_map<int, std::string> source_of_;  // accepted descriptor -> its address
   std::unordered_map<std::string, std::size_t> open_;
-  uint64_t unlogged_ = 0;
-  std::chrono::steady_clock::time_point logged_{};
+  RateLimit log_limit_;  // one line about refusals per 10 s
   std::atomic<uint64_t> refused_{0};
 };
 
