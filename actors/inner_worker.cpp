@@ -153,7 +153,7 @@ std::vector<std::string> InnerWorker::endpoints() const {
 InitResult InnerWorker::init(WorkerInit init) {
   InitResult out;
   s_->drain();  // fragments of a round that is being redone or rewound
-  s_->streaming.reset();  // over the ranks' trainers and outer states, which are made anew
+  s_->engine.reset();  // over the ranks' trainers and outer states, which are made anew
   s_->index = init.index;
   // A job resumed from a checkpoint continues each worker from its own inner
   // state (exactly); a worker that joins a live job takes a new data stream and
@@ -188,7 +188,7 @@ InitResult InnerWorker::init(WorkerInit init) {
     k.trainer->set_step(init.round * s_->cfg.inner.steps);
     k.outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer_step(), k.trainer->flat_parameters());
   }
-  s_->make_streaming();
+  s_->make_engine();
   const int64_t t0 = loco::now_ms();
   if (!init.source.empty()) {
     auto src = Runtime::current().get_actor<InnerWorker>(init.source);
@@ -211,7 +211,7 @@ InitResult InnerWorker::init(WorkerInit init) {
       k.trainer->load_moments(ar, "moments.");
     }
     if (s_->overlapped() && !offer)
-      s_->streaming->read_in_flight(ar);
+      s_->engine->read_in_flight(ar);
     s_->joined_snapshot_step = offer ? offer->step : -1;
     out.snapshot_step = s_->joined_snapshot_step;
     out.state_bytes = bytes.size();
@@ -219,13 +219,13 @@ InitResult InnerWorker::init(WorkerInit init) {
     torch::serialize::InputArchive ar;
     dl::read_archive(ar, init.checkpoint);
     for (Rank& k : s_->ranks) k.outer->load(ar, "outer.");
-    if (s_->overlapped()) s_->streaming->read_in_flight(ar);
+    if (s_->overlapped()) s_->engine->read_in_flight(ar);
     // Eager: each average in flight is corrected with this worker's own provisional θ, from its
     // inner state of the same round, not with the one of the worker that wrote the checkpoint.
     c10::IValue round;
     if (s_->overlapped() && inner_ar && inner_ar->try_read("round", round) &&
         round.toInt() == s_->lead().outer->round())
-      s_->streaming->read_provisionals(*inner_ar);
+      s_->engine->read_provisionals(*inner_ar);
     out.state_bytes = uint64_t(std::filesystem::file_size(init.checkpoint));
   } else if (!s_->cfg.init.empty()) {
     // A fresh job of `init: hf:DIR`: every worker reads the same folder (under its node's data
@@ -238,7 +238,7 @@ InitResult InnerWorker::init(WorkerInit init) {
                                " parameters, the job's model " +
                                std::to_string(s_->lead().trainer->parameter_count()));
     for (Rank& k : s_->ranks) k.outer = std::make_unique<dl::OuterOptimizer>(s_->cfg.outer_step(), theta);
-    s_->make_streaming();
+    s_->make_engine();
     out.state_bytes = uint64_t(values.size() * sizeof(float));
   }
   const dl::OuterOptimizer& outer = *s_->lead().outer;
@@ -255,17 +255,52 @@ InitResult InnerWorker::init(WorkerInit init) {
   s_->make_feedback();
   // Resumed from its own inner state: its error feedback as it was (none there: zero).
   if (s_->feedback && inner_ar) s_->feedback->load(*inner_ar, "error_feedback.", 0);
-  const auto n = size_t(s_->lead().trainer->parameter_count());
-  s_->delta.assign(n, 0.0f);
-  s_->averaged.assign(n, 0.0f);
   s_->delta_round = -1;
-  s_->stepped_round = -1;
-  out.parameters = int64_t(n);
+  out.parameters = s_->lead().trainer->parameter_count();
   out.theta_hash = outer.theta_hash();
   out.device = s_->device.reason;
   if (s_->ranks.size() > 1) out.device += ", " + std::to_string(s_->ranks.size()) + " local ranks";
   return out;
 }
+
+namespace {
+
+// A blocking round's steps between the round engine's events: the caller's.
+struct BlockingSteps final : dl::StreamingRound::Driver {
+  std::function<void()> take;
+  explicit BlockingSteps(std::function<void()> fn) : take(std::move(fn)) {}
+  void steps(int64_t, int) override { take(); }
+};
+
+dl::StreamingRound::Round blocking_round(int64_t round, uint64_t op = 0) {
+  dl::StreamingRound::Round r;
+  r.round = round;
+  r.op_base = op;
+  return r;
+}
+
+// One attempt of reduce() as the round engine's FragmentAverager: `average(Δ, mean)`, there
+// synchronously (the handle is ready when start() returns; a failure is thrown from it,
+// before the engine steps).
+class ReduceAverager final : public dl::FragmentAverager {
+ public:
+  explicit ReduceAverager(std::function<void(std::span<const float>, std::span<float>)> average)
+      : average_(std::move(average)) {}
+  std::shared_future<uint64_t> start(uint64_t, int, std::span<const std::span<const float>> deltas,
+                                     std::span<const std::span<float>> means) override {
+    if (deltas.size() != 1 || means.size() != 1)
+      throw std::logic_error("ReduceAverager: one replica per worker");
+    average_(deltas[0], means[0]);
+    std::promise<uint64_t> done;
+    done.set_value(0);  // reduce() counts the bytes, the communicators' and the guard's
+    return done.get_future().share();
+  }
+
+ private:
+  std::function<void(std::span<const float>, std::span<float>)> average_;
+};
+
+}  // namespace
 
 InnerResult InnerWorker::inner(int64_t round) {
   if (!s_->lead().trainer) throw std::logic_error("InnerWorker: inner() before init()");
@@ -278,30 +313,31 @@ InnerResult InnerWorker::inner(int64_t round) {
   }
   const int64_t t0 = loco::now_ms();
   s_->hook(RoundPoint::before_inner_steps, round, 0, "inner");
-  // The ranks step together (their gradients averaged every step), then each writes its
-  // slice of Δ = θ − θ_local. The loss is averaged over the ranks too: rank 0's is the worker's.
-  // One step at a time (the same arithmetic as run_inner_steps(H)), for the per-step figures.
+  // The ranks step together (their gradients averaged every step, so their parameters stay
+  // equal), then the round engine keeps the lead rank's Δ = θ − θ_local. The loss is averaged
+  // over the ranks too: rank 0's is the worker's. One step at a time (the same arithmetic as
+  // run_inner_steps(H)), for the per-step figures.
   const int h = s_->cfg.inner.steps;
   std::vector<StepFigures> per_step;
-  s_->for_ranks([&](Rank& k) {
-    std::vector<StepFigures> mine;
-    for (int i = 0; i < h; ++i) {
-      mine.push_back(s_->one_step(k));
-      s_->hook(RoundPoint::after_inner_step, round, i + 1, "inner", nullptr, {},
-               &mine.back().loss);
-      // Every rank sees the same averaged loss and norm, so all stop at the same step; the
-      // aggregator leaves the worker out of the round on the non-finite figure it reports.
-      if (State::diverged(mine.back())) break;
-    }
-    if (&k == &s_->lead()) per_step = std::move(mine);
-    const dl::Slice sl = s_->slice_of(k);
-    k.trainer->pseudo_gradient(k.outer->theta(), {s_->delta.data() + sl.begin, size_t(sl.size())},
-                               sl.begin);
+  BlockingSteps steps([&] {
+    s_->for_ranks([&](Rank& k) {
+      std::vector<StepFigures> mine;
+      for (int i = 0; i < h; ++i) {
+        mine.push_back(s_->one_step(k));
+        s_->hook(RoundPoint::after_inner_step, round, i + 1, "inner", nullptr, {},
+                 &mine.back().loss);
+        // Every rank sees the same averaged loss and norm, so all stop at the same step; the
+        // aggregator leaves the worker out of the round on the non-finite figure it reports.
+        if (State::diverged(mine.back())) break;
+      }
+      if (&k == &s_->lead()) per_step = std::move(mine);
+    });
   });
+  s_->engine->step_half(blocking_round(round), steps);
   s_->delta_round = round;
   if (!per_step.empty() && State::diverged(per_step.back()))
     s_->note_diverged(round, int64_t(per_step.size()), per_step.back());
-  s_->hook(RoundPoint::pseudo_gradient, round, 0, "inner", nullptr, s_->delta);
+  s_->hook(RoundPoint::pseudo_gradient, round, 0, "inner", nullptr, s_->engine->kept_delta(0));
   InnerResult r;
   r.round = round;
   r.steps = int(per_step.size());
@@ -328,14 +364,19 @@ InnerResult InnerWorker::inner_timed(int64_t round, double seconds) {
   }
   const int64_t t0 = loco::now_ms();
   s_->hook(RoundPoint::before_inner_steps, round, 0, "inner_timed");
-  return s_->timed_steps(round, seconds, t0);
+  InnerResult r;
+  BlockingSteps steps([&] { r = s_->timed_steps(round, seconds, t0); });
+  s_->engine->step_half(blocking_round(round), steps);
+  s_->delta_round = round;
+  return r;
 }
 
 // Rank k's part of reduce(): its slice of Δ averaged with rank k of every other member (topk:
 // the whole Δ's code gathered), the guard's verdicts first (dense: the members' summaries of
-// their slices; topk: the gathered codes), into `averaged`.
-InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k,
-                                                                 const ReduceRequest& req) {
+// their slices; topk: the gathered codes), into that slice of `mean`.
+InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k, const ReduceRequest& req,
+                                                                 std::span<const float> delta,
+                                                                 std::span<float> mean) {
   const size_t g = ranks.size();
   const size_t r = size_t(&k - ranks.data());
   collective::Group group;
@@ -346,8 +387,8 @@ InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k,
   group.rank = req.rank;
   group.round_id = dl::data_round(req.op_id);
   const dl::Slice sl = slice_of(k);
-  const std::span<const float> mine{delta.data() + sl.begin, size_t(sl.size())};
-  const std::span<float> out{averaged.data() + sl.begin, size_t(sl.size())};
+  const std::span<const float> mine = delta.subspan(size_t(sl.begin), size_t(sl.size()));
+  const std::span<float> out = mean.subspan(size_t(sl.begin), size_t(sl.size()));
   dl::DeltaAverager policy = this->policy();
   // compression topk (one rank, no token weights: config.cpp): the code of this round's Δ, made
   // once. Else, with the guard on, this rank's slice summarized (each rank judges its own slice,
@@ -355,8 +396,7 @@ InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k,
   dl::DeltaAverager::Sent sent;
   if (feedback) {
     if (coded_round != req.round) {
-      const std::span<const float> whole(delta);
-      code = policy.prepare(0, {&whole, 1});
+      code = policy.prepare(0, {&delta, 1});
       coded_round = req.round;
     }
   } else {
@@ -370,11 +410,10 @@ InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k,
   const std::vector<dl::guard::Verdict>& verdicts = judged.verdicts;
   if (!verdicts.empty()) group.left_out = judged.left_out();
   if (feedback) {
-    const std::span<float> whole(averaged);
-    policy.reduce(members, req.op_id, 0, judged, group.left_out, {}, {&whole, 1});
+    policy.reduce(members, req.op_id, 0, judged, group.left_out, {}, {&mean, 1});
   } else {
     // Weighted by the tokens of the members averaged (inner.budget: time): the plain mean of
-    // the members' scaled Δ, scaled into `averaged` (Δ stays as it was for a retry) and reduced
+    // the members' scaled Δ, scaled into `mean` (Δ stays as it was for a retry) and reduced
     // in place there.
     const double weight =
         req.tokens.empty() ? 1.0 : member_scale(req.tokens, req.rank, group.left_out);
@@ -404,31 +443,30 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
                                 std::to_string(req.names.size()) + " members");
   // Token counts that member_scale refuses fail the call before anything is sent.
   if (!req.tokens.empty()) (void)member_scale(req.tokens, req.rank);
-  // Rank r averages slice r of Δ with rank r of every other member. Out of place: Δ stays
-  // intact if a member is lost, for the re-formed group. Δ is kept after a success too: an
-  // attempt can succeed for this member and fail for another, and the retry (the same round,
-  // perhaps fewer members) must start from the outer state that every member of it holds:
-  // the one before this member's step.
+  // The round engine's second half: Δ averaged (out of place: the engine keeps it, intact if a
+  // member is lost, for the re-formed group; kept after a success too: an attempt can succeed
+  // for this member and fail for another, and the retry, the same round perhaps with fewer
+  // members, undoes this step and averages again), then the outer step of the lead rank.
+  // Rank r of this worker averages slice r of Δ with rank r of every other member (G streams
+  // over the slow link), each on its thread, the guard's verdicts first.
   std::vector<State::RankAverage> ranks(g);
-  s_->for_ranks([&](Rank& k) {
-    ranks[size_t(&k - s_->ranks.data())] = s_->average_rank(k, req);
+  ReduceAverager averager([&](std::span<const float> delta, std::span<float> mean) {
+    s_->for_ranks([&](Rank& k) {
+      ranks[size_t(&k - s_->ranks.data())] = s_->average_rank(k, req, delta, mean);
+    });
+    s_->hook(RoundPoint::after_allreduce, req.round, 0, "reduce");
   });
-  s_->hook(RoundPoint::after_allreduce, req.round, 0, "reduce");
-  // Each rank steps its slice of θ and the momentum, then the ranks gather the slices: θ
-  // and the momentum whole again on every rank (the momentum for checkpoints and joiners).
-  const bool redo = s_->stepped_round == req.round;
-  s_->for_ranks([&](Rank& k) {
-    if (redo)
-      k.outer->undo_step();
-    else
-      k.outer->keep_before_step();
-    const dl::Slice sl = s_->slice_of(k);
-    k.outer->step({s_->averaged.data() + sl.begin, size_t(sl.size())}, sl.begin);
-    k.trainer->gather_outer_state(*k.outer, true);
-  });
-  s_->stepped_round = req.round;
+  BlockingSteps none([] {});
+  s_->engine->land_half(blocking_round(req.round, req.op_id), averager, none);
+  // The other ranks take the lead's θ and momentum (whole: for checkpoints and joiners).
+  const Rank& lead = s_->lead();
+  for (size_t i = 1; i < g; ++i) {
+    Rank& k = s_->ranks[i];
+    k.outer->assign(*lead.outer);
+    k.trainer->load_parameters(k.outer->theta());
+  }
   ReduceResult r;
-  r.theta_hash = s_->lead().outer->theta_hash();
+  r.theta_hash = lead.outer->theta_hash();
   for (const Rank& k : s_->ranks) r.bytes_sent += k.comm->last_stats().bytes_sent;
   for (const State::RankAverage& a : ranks) {
     r.bytes_sent += a.guard_bytes;
@@ -491,7 +529,7 @@ const std::shared_ptr<const std::string>& InnerWorker::join_state(int64_t round)
     torch::serialize::OutputArchive ar;
     s_->lead().outer->save(ar, "outer.");
     s_->lead().trainer->save_moments(ar, "moments.");
-    if (s_->streaming) s_->streaming->write_in_flight(ar);
+    if (s_->overlapped()) s_->engine->write_in_flight(ar);
     std::ostringstream out;
     ar.save_to(out);
     s_->shared_state = std::make_shared<const std::string>(std::move(out).str());
@@ -521,7 +559,7 @@ std::string InnerWorker::save_checkpoint(std::string path) {
   path = s_->checkpoint_path(path, "save_checkpoint: path");
   torch::serialize::OutputArchive ar;
   s_->checkpoint_archive(ar);
-  if (s_->streaming) s_->streaming->write_in_flight(ar);
+  if (s_->overlapped()) s_->engine->write_in_flight(ar);
   dl::write_archive(ar, path);
   return std::filesystem::absolute(path).string();
 }

@@ -60,7 +60,7 @@ void InnerWorker::State::inner_state_archive(torch::serialize::OutputArchive& ar
   // Eager: this worker's own provisional θ for each average in flight (the outer checkpoint
   // holds its writer's), which a worker resumed from the checkpoint corrects with. Never
   // changed once made, so not copied.
-  if (streaming) streaming->write_provisionals(ar);
+  if (engine) engine->write_provisionals(ar);
 }
 
 void check_group(const char* what, int index, const std::vector<std::string>& names,
@@ -99,16 +99,15 @@ InnerWorker::State::~State() {
 }
 
 void InnerWorker::State::drain() {
-  if (streaming) streaming->drain();
+  if (engine) engine->drain();
   if (last_op.valid()) last_op.wait();
   last_op = {};
 }
 
-void InnerWorker::State::make_streaming() {
-  streaming.reset();
-  if (!overlapped()) return;
-  streaming = std::make_unique<dl::StreamingRound>(
-      cfg, lead().trainer->model().fragments(cfg.sync.fragments),
+void InnerWorker::State::make_engine() {
+  engine.reset();
+  engine = std::make_unique<dl::StreamingRound>(
+      cfg, lead().trainer->model().fragments(overlapped() ? cfg.sync.fragments : 1),
       std::vector<dl::Replica>{{lead().trainer.get(), lead().outer.get()}});
 }
 
@@ -117,10 +116,8 @@ void InnerWorker::State::make_feedback() {
   coded_round = -1;
   if (!cfg.topk.on) return;
   std::vector<size_t> sizes;
-  if (streaming)
-    for (int f = 0; f < cfg.sync.fragments; ++f) sizes.push_back(size_t(streaming->fragment_size(f)));
-  else
-    sizes.push_back(size_t(lead().trainer->parameter_count()));
+  for (int f = 0; f < engine->schedule().fragments(); ++f)
+    sizes.push_back(size_t(engine->fragment_size(f)));
   feedback = std::make_unique<dl::ErrorFeedback>(cfg.topk, sizes, 1);
 }
 
@@ -146,7 +143,7 @@ void InnerWorker::State::snapshot_if_wanted(int64_t round, int64_t now) {
 void InnerWorker::State::log_landing(int fragment, std::vector<float>& mean, int64_t now) {  // takes the mean
   std::lock_guard<std::mutex> lock(desk.mu);
   if (!desk.snapshot) return;
-  if (desk.landed_floats + mean.size() > 2 * delta.size()) {
+  if (desk.landed_floats + mean.size() > 2 * size_t(lead().trainer->parameter_count())) {
     log_warn("worker " + std::to_string(index) + ": the snapshot of step " +
              std::to_string(desk.snapshot_step) + " is dropped: its joiner fell behind by " +
              "more than two rounds of landings");
@@ -241,8 +238,6 @@ InnerResult InnerWorker::State::timed_steps(int64_t round, double seconds, int64
       break;
     }
   }
-  k.trainer->pseudo_gradient(k.outer->theta(), {delta.data(), delta.size()}, 0);
-  delta_round = round;
   InnerResult r;
   r.round = round;
   r.steps = steps;
@@ -318,14 +313,14 @@ void InnerWorker::State::start_checkpoint(const std::string& checkpoint, const s
   std::shared_ptr<dl::PendingLandings> landed;
   if (!checkpoint.empty()) {
     checkpoint_archive(*outer_ar, copy);
-    landed = streaming->await_landings();
+    landed = engine->await_landings();
   }
   const int64_t round = lead().outer->round();
   const std::string who = "worker " + std::to_string(index) + ": the checkpoint after round " +
                           std::to_string(round) + ": ";
   log_info(who + "state copied in " + std::to_string(loco::now_ms() - t0) + " ms (" +
            std::to_string(checkpoint_buffers_new) + " new buffers), " +
-           std::to_string(streaming->in_flight()) + " fragment(s) in flight");
+           std::to_string(engine->in_flight()) + " fragment(s) in flight");
   std::shared_future<std::string> write =
       std::async(std::launch::async,
                  [inner_ar, outer_ar, landed, checkpoint, inner, who]() mutable -> std::string {
@@ -364,7 +359,7 @@ void InnerWorker::State::for_ranks(const std::function<void(Rank&)>& fn) {
 }
 
 dl::Slice InnerWorker::State::slice_of(const Rank& k) const {
-  const auto n = int64_t(delta.size());
+  const int64_t n = lead().trainer->parameter_count();
   return k.group ? k.group->slice(n) : dl::Slice{0, n};
 }
 

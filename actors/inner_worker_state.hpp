@@ -79,21 +79,21 @@ struct InnerWorker::State {
   // Where members behind NAT meet (the head's --relay, through this worker's node): every
   // group this worker builds names it.
   collective::RelayEndpoint relay;
-  std::vector<float> delta, averaged;  // whole; rank r writes and averages its slice
-  int64_t delta_round = -1;            // the round whose Δ `delta` holds
+  int64_t delta_round = -1;  // blocking: the round whose Δ the round engine keeps
   // The round whose inner steps diverged (a step's loss or gradient norm not finite): the
   // worker stopped them and abstains from that round's averages. -1: none.
   int64_t diverged_round = -1;
   // The guard's left-outs of the averages that ended since the last stream() returned.
   dl::GuardLog guard_log;
-  // reduce()'s work on one local rank (inner_worker.cpp): what the guard left out and what
-  // its summary exchange cost.
+  // reduce()'s work on one local rank (inner_worker.cpp): its slice of Δ averaged into `mean`,
+  // what the guard left out and what its summary exchange cost.
   struct RankAverage {
     std::vector<LeftOutNote> left_out;
     uint64_t guard_bytes = 0;
     double guard_seconds = 0;
   };
-  RankAverage average_rank(Rank& k, const ReduceRequest& req);
+  RankAverage average_rank(Rank& k, const ReduceRequest& req, std::span<const float> delta,
+                           std::span<float> mean);
   // compression topk: this worker's error feedback (one buffer per fragment; blocking: one),
   // and in blocking rounds the code of round `coded_round`'s Δ, made once: an attempt retried
   // sends the same bytes, and the buffer takes each round's Δ once.
@@ -102,7 +102,6 @@ struct InnerWorker::State {
   int64_t coded_round = -1;
   // The averaging policy of this worker's job (diloco/round/delta_averager.hpp).
   dl::DeltaAverager policy() const { return dl::DeltaAverager(cfg.guard, feedback.get()); }
-  int64_t stepped_round = -1;  // the round whose outer step θ holds (undone if it is re-run)
   // Its node is stopping (InnerWorker::stop): inner steps end at the next one.
   std::atomic<bool> stopping{false};
   InnerResult last_inner;
@@ -119,11 +118,12 @@ struct InnerWorker::State {
 
   PathRoots roots;  // its node's data and checkpoint roots: where it may read and write
 
-  // sync.mode streaming and eager: the round engine the simulator drives too (the fragments in
-  // flight, their landing), over this worker's one rank; made by init(). The fragments'
-  // all-reduces run on threads of their own, one after another (one communicator runs one
-  // operation at a time): `last_op` is the newest.
-  std::unique_ptr<dl::StreamingRound> streaming;
+  // The round engine the simulator drives too, over the lead rank's trainer and outer state;
+  // made by init(). Blocking: its two halves are inner() and reduce() (the other ranks copy the
+  // lead's outer state after a step). Streaming and eager: the fragments in flight and their
+  // landing; their all-reduces run on threads of their own, one after another (one
+  // communicator runs one operation at a time): `last_op` is the newest.
+  std::unique_ptr<dl::StreamingRound> engine;
   std::shared_future<uint64_t> last_op;
   JoinDesk desk;
   int64_t joined_snapshot_step = -1;  // init() copied a donor's snapshot of this step (mid-round)
@@ -152,7 +152,7 @@ struct InnerWorker::State {
   bool overlapped() const { return cfg.sync.mode != dl::SyncMode::blocking; }
   dl::FragmentSchedule schedule() const { return dl::FragmentSchedule(cfg); }
   // The round engine over the lead rank's trainer and outer state as they are now.
-  void make_streaming();
+  void make_engine();
   // compression topk: the error feedback at zero (a worker that joins starts with nothing
   // unsent: the others' residuals are theirs to send), per fragment of the round engine.
   void make_feedback();
@@ -188,7 +188,7 @@ struct InnerWorker::State {
   void note_diverged(int64_t round, int64_t step, const StepFigures& f);
 
   // Inner steps one at a time until `seconds` are spent since `t0` (at least one step, at most
-  // 4·H; with seconds 0, exactly H), then Δ. One rank.
+  // 4·H; with seconds 0, exactly H). One rank.
   InnerResult timed_steps(int64_t round, double seconds, int64_t t0);
   bool eager() const { return cfg.sync.mode == dl::SyncMode::eager; }
 

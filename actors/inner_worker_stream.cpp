@@ -213,7 +213,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   round.last = req.last;
   round.from_step = req.from_step;
   round.op_base = req.op_id;
-  const dl::StreamingRound::Result r = s_->streaming->run(round, averager, worker);
+  const dl::StreamingRound::Result r = s_->engine->run(round, averager, worker);
   out.wait_seconds += r.wait_seconds;
   out.bytes_sent += r.bytes_sent;
   out.inner.round = req.round;
@@ -254,13 +254,13 @@ void InnerWorker::catch_up(const StreamRequest& req) {
                                  std::to_string(s_->cfg.sync.fragments));
       const Blob mean = src.call(&InnerWorker::landed_mean, req.round, since, int64_t(applied))
                             .get(kStateCopyCall);
-      const int64_t size = s_->streaming->fragment_size(f);
+      const int64_t size = s_->engine->fragment_size(f);
       if (mean.as<float>().size() != size_t(size))
         throw std::runtime_error("InnerWorker " + std::to_string(s_->index) + ": the average of " +
                                  "fragment " + std::to_string(f) + " from " + req.source +
                                  " holds " + std::to_string(mean.as<float>().size()) +
                                  " values, not " + std::to_string(size));
-      s_->streaming->land_outer(f, mean.as<float>());
+      s_->engine->land_outer(f, mean.as<float>());
     }
     if (l.complete) break;
     if (loco::now_ms() > deadline)

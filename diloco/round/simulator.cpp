@@ -77,8 +77,6 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
           static_cast<std::uint64_t>(w), total_steps, device, groups_[i].get());
       outers_[i] = std::make_unique<OuterOptimizer>(cfg_.outer_step(), trainers_[i]->flat_parameters());
     });
-    for (std::size_t w = 0; w < k; ++w)
-      deltas_.emplace_back(static_cast<std::size_t>(trainers_[0]->parameter_count()));
   } else if (opt_.mode == Mode::diloco) {
     for (int k = 0; k < opt_.workers; ++k) {
       trainers_.push_back(std::make_unique<InnerTrainer>(
@@ -100,9 +98,9 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
     throw std::invalid_argument(
         "sync.mode: streaming and eager run in diloco mode with one rank per worker (the "
         "baselines and --local-ranks run blocking)");
-  // Every sync mode's rounds run on the round engine (blocking: one fragment, landing at once);
-  // a worker's local ranks (G > 1) still run their sliced round.
-  if (opt_.mode == Mode::diloco && g == 1) make_streaming();
+  // Every sync mode's rounds run on the round engine (blocking: one fragment, landing at once),
+  // with G local ranks too (the engine steps each worker's rank 0; each rank averages its slice).
+  if (opt_.mode == Mode::diloco) make_streaming();
   for (const auto& c : opt_.corrupt)
     if (c.worker < 0 || c.worker >= opt_.workers || g > 1 || c.from_round < 0)
       throw std::invalid_argument("--corrupt: worker " + std::to_string(c.worker) + " of " +
@@ -132,7 +130,8 @@ Simulator::~Simulator() = default;
 
 void Simulator::make_streaming() {
   std::vector<Replica> replicas;
-  for (std::size_t k = 0; k < trainers_.size(); ++k)
+  const auto gs = static_cast<std::size_t>(opt_.local_ranks);
+  for (std::size_t k = 0; k < trainers_.size(); k += gs)
     replicas.push_back({trainers_[k].get(), outers_[k].get()});
   const int fragments = cfg_.sync.mode == SyncMode::blocking ? 1 : cfg_.sync.fragments;
   streaming_ = std::make_unique<StreamingRound>(
@@ -170,57 +169,31 @@ void Simulator::on_ranks(const std::function<void(std::size_t)>& fn) {
   diloco::on_ranks(static_cast<std::size_t>(opt_.workers * opt_.local_ranks), fn);
 }
 
-double Simulator::run_sliced_round() {
-  const auto gs = static_cast<std::size_t>(opt_.local_ranks);
-  const std::int64_t n = parameter_count();
-  std::vector<double> losses(trainers_.size());
-  on_ranks([&](std::size_t i) {
-    losses[i] = trainers_[i]->run_inner_steps(cfg_.inner.steps).mean_loss;
-  });
-  double loss = 0;
-  for (std::size_t i = 0; i < losses.size(); i += gs) loss += losses[i];  // rank 0: the worker's
-  loss /= static_cast<double>(opt_.workers);
-  // Rank r of every worker: its slice of Δ; then the rank-r slices are averaged across the
-  // workers (one all-reduce per local rank); then each rank steps its slice and they gather.
-  on_ranks([&](std::size_t i) {
-    const Slice s = groups_[i]->slice(n);
-    trainers_[i]->pseudo_gradient(
-        outers_[i]->theta(), {deltas_[i / gs].data() + s.begin, static_cast<std::size_t>(s.size())},
-        s.begin);
-  });
-  for (std::size_t r = 0; r < gs; ++r) {
-    const Slice s = local_slice(n, static_cast<int>(r), opt_.local_ranks);
-    std::vector<std::span<float>> parts;
-    for (auto& d : deltas_)
-      parts.emplace_back(d.data() + s.begin, static_cast<std::size_t>(s.size()));
-    bytes_ += averager_.average(parts, cfg_.compression).bytes_sent;
-  }
-  on_ranks([&](std::size_t i) {
-    const Slice s = groups_[i]->slice(n);
-    outers_[i]->step({deltas_[i / gs].data() + s.begin, static_cast<std::size_t>(s.size())},
-                     s.begin);
-    trainers_[i]->gather_outer_state(*outers_[i], true);  // whole momentum: checkpoints
-  });
-  return loss;
-}
-
 double Simulator::run_streaming_round() {
   // The K workers' steps between two events; the bytes of each average as it starts (the
   // local averager's are known at once).
   // A replica's mean loss over the round: its steps' means weighted by their counts, or, when
   // it took all H steps in one call (a blocking round), that call's mean as it is.
+  // With G local ranks a worker's ranks step together (their gradients averaged every step,
+  // so their parameters stay equal), rank 0's loss the worker's.
   struct Steps final : StreamingRound::Driver {
     Simulator& sim;
     std::vector<double> weighted, last;
     std::vector<int> calls;
     explicit Steps(Simulator& s)
         : sim(s),
-          weighted(s.trainers_.size(), 0.0),
-          last(s.trainers_.size(), 0.0),
-          calls(s.trainers_.size(), 0) {}
+          weighted(static_cast<std::size_t>(s.opt_.workers), 0.0),
+          last(weighted.size(), 0.0),
+          calls(weighted.size(), 0) {}
     void steps(std::int64_t, int n) override {
+      const auto gs = static_cast<std::size_t>(sim.opt_.local_ranks);
+      std::vector<double> rank_loss(sim.trainers_.size());
+      if (gs > 1)
+        sim.on_ranks([&](std::size_t i) {
+          rank_loss[i] = sim.trainers_[i]->run_inner_steps(n).mean_loss;
+        });
       for (std::size_t k = 0; k < weighted.size(); ++k) {
-        last[k] = sim.steps_of(k, n);
+        last[k] = gs > 1 ? rank_loss[k * gs] : sim.steps_of(k, n);
         weighted[k] += last[k] * n;
         ++calls[k];
       }
@@ -259,17 +232,53 @@ double Simulator::run_streaming_round() {
       return next.start(op, fragment, in, means);
     }
   };
+  // G local ranks: rank r of every worker averages slice r of Δ (local_slice), as a worker's
+  // rank r does over its own communicator.
+  struct Sliced final : FragmentAverager {
+    FragmentAverager& each;
+    int ranks;
+    Sliced(FragmentAverager& e, int g) : each(e), ranks(g) {}
+    std::shared_future<std::uint64_t> start(std::uint64_t op, int fragment,
+                                            std::span<const std::span<const float>> deltas,
+                                            std::span<const std::span<float>> means) override {
+      std::uint64_t bytes = 0;
+      const auto n = static_cast<std::int64_t>(deltas[0].size());
+      for (int r = 0; r < ranks; ++r) {
+        const Slice s = local_slice(n, r, ranks);
+        const auto at = static_cast<std::size_t>(s.begin), len = static_cast<std::size_t>(s.size());
+        std::vector<std::span<const float>> in;
+        std::vector<std::span<float>> out;
+        for (std::size_t k = 0; k < deltas.size(); ++k) {
+          in.push_back(deltas[k].subspan(at, len));
+          out.push_back(means[k].subspan(at, len));
+        }
+        bytes += each.start(op, fragment, in, out).get();
+      }
+      std::promise<std::uint64_t> done;
+      done.set_value(bytes);
+      return done.get_future().share();
+    }
+  };
   std::optional<LocalSparseAverager> sparse;
   if (feedback_) sparse.emplace(*feedback_, cfg_.guard, &guard_log_);
   Corrupted corrupted(sparse ? static_cast<FragmentAverager&>(*sparse) : averager_, *this);
-  Counted averager(corrupted, bytes_);
+  Sliced sliced(averager_, opt_.local_ranks);
+  Counted averager(opt_.local_ranks > 1 ? static_cast<FragmentAverager&>(sliced) : corrupted,
+                   bytes_);
   StreamingRound::Round r;
   r.round = round_;
   r.last = round_ + 1 >= rounds_;
   streaming_->run(r, averager, steps);
+  // The other ranks of each worker take its rank 0's outer state (whole: for checkpoints).
+  const auto gs = static_cast<std::size_t>(opt_.local_ranks);
+  for (std::size_t i = 0; i < trainers_.size(); ++i)
+    if (i % gs != 0) {
+      outers_[i]->assign(*outers_[i - i % gs]);
+      trainers_[i]->load_parameters(outers_[i]->theta());
+    }
   double mean = 0;
-  for (std::size_t k = 0; k < trainers_.size(); ++k) mean += steps.mean(k, cfg_.inner.steps);
-  return mean / static_cast<double>(trainers_.size());
+  for (std::size_t k = 0; k < steps.weighted.size(); ++k) mean += steps.mean(k, cfg_.inner.steps);
+  return mean / static_cast<double>(steps.weighted.size());
 }
 
 std::int64_t Simulator::parameter_count() const { return trainers_[0]->parameter_count(); }
@@ -300,21 +309,19 @@ RoundMetrics Simulator::run_round() {
   const int k = opt_.workers;
   const std::int64_t n = parameter_count();
   double loss = 0;
-  if (streaming_) {  // diloco, one rank per worker: every sync mode on the round engine
+  if (streaming_) {  // diloco: every sync mode on the round engine
     loss = run_streaming_round();
+    // With G local ranks every rank's parameters are θ again too (blocking only).
     const auto h0 = outers_[0]->theta_hash();
+    const auto gs = static_cast<std::size_t>(opt_.local_ranks);
     for (std::size_t i = 1; i < outers_.size(); ++i)
-      if (outers_[i]->theta_hash() != h0)
-        throw std::runtime_error("simulator: worker " + std::to_string(i) +
-                                 " holds a different θ after round " + std::to_string(round_ + 1));
-  } else if (opt_.mode == Mode::diloco && opt_.local_ranks > 1) {
-    loss = run_sliced_round();
-    const auto h0 = outers_[0]->theta_hash();
-    for (std::size_t i = 1; i < outers_.size(); ++i)
-      if (outers_[i]->theta_hash() != h0 || tensor_hash(trainers_[i]->flat_parameters()) != h0)
-        throw std::runtime_error("simulator: rank " + std::to_string(i % opt_.local_ranks) +
-                                 " of worker " + std::to_string(i / opt_.local_ranks) +
-                                 " holds a different θ after round " + std::to_string(round_ + 1));
+      if (outers_[i]->theta_hash() != h0 ||
+          (gs > 1 && tensor_hash(trainers_[i]->flat_parameters()) != h0))
+        throw std::runtime_error("simulator: " +
+                                 (gs > 1 ? "rank " + std::to_string(i % gs) + " of worker "
+                                         : std::string("worker ")) +
+                                 std::to_string(i / gs) + " holds a different θ after round " +
+                                 std::to_string(round_ + 1));
   } else {
     loss = trainers_[0]->run_inner_steps(h).mean_loss;
     if (opt_.mode == Mode::ddp)

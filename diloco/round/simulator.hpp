@@ -92,7 +92,6 @@ class Simulator {
   std::vector<std::unique_ptr<LocalGroup>> groups_;  // empty when G = 1
   std::vector<std::unique_ptr<InnerTrainer>> trainers_;
   std::vector<std::unique_ptr<OuterOptimizer>> outers_;  // one replica per worker (diloco)
-  std::vector<std::vector<float>> deltas_;               // --local-ranks: one flat Δ per worker
   GuardLog guard_log_;  // the guard's left-outs of the round running (before averager_)
   // The workers whose inner steps diverged in the round running (InnerStats::diverged): they
   // take no more steps in it and abstain from its averages (guard off: the round fails).
@@ -106,11 +105,9 @@ class Simulator {
 
   // Runs fn(i) for every rank i of every worker, one thread each; rethrows the first error.
   void on_ranks(const std::function<void(std::size_t)>& fn);
-  // A diloco round with G > 1 local ranks; returns the mean training loss.
-  double run_sliced_round();
-
-  // diloco with one rank per worker, every sync mode (blocking: one fragment landing at once):
-  // the round engine that InnerWorker drives too (streaming_round.hpp), over the K replicas.
+  // diloco, every sync mode (blocking: one fragment landing at once): the round engine that
+  // InnerWorker drives too (streaming_round.hpp), over the K replicas (with G local ranks: each
+  // worker's rank 0; the others step with it and copy its outer state).
   std::unique_ptr<StreamingRound> streaming_;
   // compression topk: each worker's error feedback (per fragment in streaming and eager).
   std::unique_ptr<ErrorFeedback> feedback_;

@@ -94,6 +94,10 @@ void StreamingRound::drain() {
 
 StreamingRound::Result StreamingRound::run(const Round& r, FragmentAverager& averager,
                                            Driver& driver) {
+  if (mode_ == SyncMode::blocking) {
+    step_half(r, driver);
+    return land_half(r, averager, driver);
+  }
   Result out;
   const std::int64_t end = schedule_.end(r.round);
   // The events at step count `now`: the synchronizations first (with no overlap a fragment
@@ -129,16 +133,13 @@ StreamingRound::Result StreamingRound::run(const Round& r, FragmentAverager& ave
   return out;
 }
 
-void StreamingRound::synchronize(int fragment, const Round& r, std::int64_t now,
-                                 FragmentAverager& averager) {
+std::unique_ptr<InFlightFragment> StreamingRound::write_delta(int fragment, std::int64_t now) {
   const auto& rs = ranges(fragment);
   const auto size = static_cast<std::size_t>(fragment_size(fragment));
   auto f = std::make_unique<InFlightFragment>();
   f->fragment = fragment;
   f->synced = now;
   f->lands = schedule_.lands(now);
-  std::vector<std::span<const float>> deltas;
-  std::vector<std::span<float>> means;
   for (const Replica& k : replicas_) {
     auto& delta = f->delta.emplace_back(size);
     f->mean.emplace_back(size);
@@ -155,13 +156,62 @@ void StreamingRound::synchronize(int fragment, const Round& r, std::int64_t now,
       k.trainer->load_parameters(f->provisional.back());
     }
   }
+  return f;
+}
+
+void StreamingRound::start_average(InFlightFragment& f, const Round& r,
+                                   FragmentAverager& averager) {
+  std::vector<std::span<const float>> deltas;
+  std::vector<std::span<float>> means;
   for (std::size_t i = 0; i < replicas_.size(); ++i) {
-    deltas.emplace_back(f->delta[i]);
-    means.emplace_back(f->mean[i]);
+    deltas.emplace_back(f.delta[i]);
+    means.emplace_back(f.mean[i]);
   }
-  f->done =
-      averager.start(r.op_base + static_cast<std::uint64_t>(fragment), fragment, deltas, means);
+  f.done = averager.start(r.op_base + static_cast<std::uint64_t>(f.fragment), f.fragment, deltas,
+                          means);
+}
+
+void StreamingRound::synchronize(int fragment, const Round& r, std::int64_t now,
+                                 FragmentAverager& averager) {
+  auto f = write_delta(fragment, now);
+  start_average(*f, r, averager);
   in_flight_.push_back(std::move(f));
+}
+
+void StreamingRound::step_half(const Round& r, Driver& driver) {
+  if (mode_ != SyncMode::blocking) throw std::logic_error("StreamingRound::step_half: not blocking");
+  const std::int64_t now = schedule_.start(r.round), end = schedule_.end(r.round);
+  driver.before_steps(now);
+  driver.steps(now, static_cast<int>(end - now));
+  driver.at_event(end);
+  kept_ = write_delta(0, end);
+  kept_round_ = r.round;
+}
+
+StreamingRound::Result StreamingRound::land_half(const Round& r, FragmentAverager& averager,
+                                                 Driver& driver) {
+  if (!kept_ || kept_round_ != r.round)
+    throw std::logic_error("StreamingRound::land_half: round " + std::to_string(r.round) +
+                           ", but the Δ kept is of round " + std::to_string(kept_round_));
+  start_average(*kept_, r, averager);
+  kept_->done.get();  // a failure is rethrown here, before anything is stepped
+  const bool redo = stepped_round_ == r.round;
+  for (const Replica& k : replicas_) {
+    if (redo)
+      k.outer->undo_step();
+    else
+      k.outer->keep_before_step();
+  }
+  Result out;
+  land(*kept_, kept_->lands, out, driver);
+  for (const Replica& k : replicas_) k.outer->end_round();
+  stepped_round_ = r.round;
+  return out;
+}
+
+std::span<float> StreamingRound::kept_delta(std::size_t k) {
+  if (!kept_) throw std::logic_error("StreamingRound::kept_delta: no Δ kept");
+  return kept_->delta.at(k);
 }
 
 void StreamingRound::land(InFlightFragment& f, std::int64_t now, Result& out, Driver& driver) {

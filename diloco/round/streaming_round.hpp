@@ -4,8 +4,9 @@
 //
 // sync.mode blocking is the engine with one fragment (all of θ) that synchronizes at the
 // round's end and lands at once: every replica's Δ averaged, the outer step, and the replica
-// goes on from θ. (The simulator's blocking rounds run here; a worker's blocking round is
-// still its inner() and reduce(), issue 22 item 2.)
+// goes on from θ. A worker runs it in the two halves its round has, the aggregator between
+// them (InnerWorker::inner, then reduce: step_half, then land_half, again on a retry); the
+// simulator runs the two at once (run()).
 //
 // sync.mode streaming (Streaming DiLoCo, Douillard et al. 2025): from event to event (a
 // fragment's synchronization, a landing, the round's end: FragmentSchedule), inner steps in
@@ -125,6 +126,17 @@ class StreamingRound {
   ~StreamingRound();
 
   Result run(const Round& r, FragmentAverager& averager, Driver& driver);
+  // sync.mode blocking in two halves. step_half: the round's inner steps (one steps() call of
+  // H), then each replica's Δ of all of θ, kept. land_half: the average of that Δ and the outer
+  // step, the replicas going on from θ. Called again for the same round (an attempt that
+  // succeeded here failed for another member, and the group tries again), the same Δ is
+  // averaged again and the step before is undone first: every member of the retry steps from
+  // the same outer state. The averager runs before anything is stepped: when it throws, θ is
+  // as it was.
+  void step_half(const Round& r, Driver& driver);
+  Result land_half(const Round& r, FragmentAverager& averager, Driver& driver);
+  // step_half's Δ of replica k (a test's hook changes it: a hostile worker's Δ).
+  std::span<float> kept_delta(std::size_t k);
   // The outer step of a fragment's average that landed elsewhere (a joiner catching up with
   // what its donor landed since its snapshot): θ and momentum only, the parameters untouched.
   void land_outer(int fragment, std::span<const float> mean);
@@ -154,6 +166,10 @@ class StreamingRound {
 
  private:
   void synchronize(int fragment, const Round& r, std::int64_t now, FragmentAverager& averager);
+  // Each replica's Δ of the fragment's ranges at step count `now` (eager: its provisional θ
+  // loaded), its average not started.
+  std::unique_ptr<InFlightFragment> write_delta(int fragment, std::int64_t now);
+  void start_average(InFlightFragment& f, const Round& r, FragmentAverager& averager);
   void land(InFlightFragment& f, std::int64_t now, Result& out, Driver& driver);
   bool eager() const { return mode_ == SyncMode::eager; }
 
@@ -163,6 +179,9 @@ class StreamingRound {
   std::vector<std::vector<Range>> fragments_;
   std::vector<Replica> replicas_;
   std::deque<std::unique_ptr<InFlightFragment>> in_flight_;
+  // sync.mode blocking: step_half's Δ of round kept_round_, and the round whose step θ holds.
+  std::unique_ptr<InFlightFragment> kept_;
+  std::int64_t kept_round_ = -1, stepped_round_ = -1;
 };
 
 }  // namespace loco::diloco

@@ -544,6 +544,15 @@ void OuterOptimizer::keep_before_step() {
   kept_round_ = round_;
 }
 
+void OuterOptimizer::assign(const OuterOptimizer& other) {
+  torch::NoGradGuard no_grad;
+  TORCH_CHECK(other.theta_.numel() == theta_.numel(), "OuterOptimizer::assign: θ of ",
+              other.theta_.numel(), " elements, not ", theta_.numel());
+  theta_.copy_(other.theta_);
+  momentum_.copy_(other.momentum_);
+  round_ = other.round_;
+}
+
 void OuterOptimizer::undo_step() {
   TORCH_CHECK(kept_round_ >= 0, "OuterOptimizer::undo_step without keep_before_step");
   torch::NoGradGuard no_grad;

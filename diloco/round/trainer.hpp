@@ -261,9 +261,12 @@ class OuterOptimizer {
   // A step taken can be taken back, bit for bit: keep_before_step() copies θ, the momentum
   // and the round (into buffers it reuses), undo_step() puts them back. A worker that stepped
   // when its all-reduce succeeded, while the attempt failed for another member, redoes the
-  // round's step from the same state as the others (actors/inner_worker.cpp, reduce()).
+  // round's step from the same state as the others (StreamingRound::land_half).
   void keep_before_step();
   void undo_step();
+  // θ, the momentum and the round of `other` (of the same model): a worker's other local ranks
+  // after the lead rank's outer step.
+  void assign(const OuterOptimizer& other);
 
   const torch::Tensor& theta() const { return theta_; }
   const torch::Tensor& momentum() const { return momentum_; }
