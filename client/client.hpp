@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/core/runtime.hpp"
+#include "../runtime/core/runtime.hpp"
 
 namespace loco {
 

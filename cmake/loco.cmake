@@ -3,7 +3,9 @@
 # Warnings as errors in loco's own code.
 function(loco_target_defaults target)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Werror -Wno-missing-field-initializers)
-  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+  # In the tree its sources are found from the top; installed, loco's targets carry
+  # include/ of the prefix instead (cmake/install.cmake).
+  target_include_directories(${target} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)
 endfunction()
 
 # Adds every subfolder of the current folder that has a CMakeLists.txt.
@@ -56,9 +58,9 @@ endfunction()
 # a user should be able to ask of a node. NO_CLASSES: a library that registers no
 # class of its own (it acts from its static initialisers, and may link a plugin
 # whose classes it would otherwise appear to offer): its manifest is empty, so a
-# node loads it only where it is named by file.
+# node loads it only where it is named by file. INSTALL: `cmake --install` installs it.
 function(loco_add_plugin name)
-  cmake_parse_arguments(P "TESTING;NO_CLASSES" "" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(P "TESTING;NO_CLASSES;INSTALL" "" "SOURCES;LIBS" ${ARGN})
   set(dir ${LOCO_PLUGIN_DIR})
   if(P_TESTING)
     set(dir ${LOCO_TEST_PLUGIN_DIR})
@@ -67,6 +69,9 @@ function(loco_add_plugin name)
   loco_target_defaults(${name})
   target_link_libraries(${name} PUBLIC loco_runtime PRIVATE ${P_LIBS})
   set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${dir})
+  if(P_INSTALL)  # cmake --install puts it, and its manifest, in lib/loco/plugins
+    set_property(GLOBAL APPEND PROPERTY LOCO_INSTALLED_PLUGINS ${name})
+  endif()
   if(P_NO_CLASSES)
     add_custom_command(TARGET ${name} POST_BUILD
       COMMAND ${CMAKE_COMMAND} -E rm -f ${dir}/lib${name}.classes

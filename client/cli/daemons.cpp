@@ -25,7 +25,13 @@ namespace fs = std::filesystem;
 namespace loco::cli {
 namespace {
 
-std::string default_plugin_dir() { return executable_dir() + "/../plugins"; }
+// The plugins beside the binary: build/plugins in the tree, lib/loco/plugins installed
+// (cmake/install.cmake, the wheel). Empty when neither is there.
+std::string default_plugin_dir() {
+  for (const char* rel : {"/../plugins", "/../lib/loco/plugins"})
+    if (fs::is_directory(executable_dir() + rel)) return executable_dir() + rel;
+  return "";
+}
 
 // ---- loco start ---------------------------------------------------------------
 
@@ -159,8 +165,8 @@ int start_blocking(const StartArgs& a) {
     std::stringstream ss(p);
     for (std::string part; std::getline(ss, part, ':');)
       if (!part.empty()) cfg.plugins.push_back(part);
-  } else if (fs::is_directory(default_plugin_dir())) {
-    cfg.plugins.push_back(default_plugin_dir());
+  } else if (std::string dir = default_plugin_dir(); !dir.empty()) {
+    cfg.plugins.push_back(dir);
   }
   cfg.max_message_bytes = a.max_message_bytes;
   cfg.stop_grace_ms = int64_t(a.stop_grace_s * 1000);

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/collective/compression.hpp"
+#include "../../runtime/collective/compression.hpp"
 
 namespace loco::diloco {
 

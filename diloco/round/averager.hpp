@@ -133,7 +133,6 @@ class LocalAverager final : public Averager, public FragmentAverager {
   collective::Options options_;
   GuardConfig guard_;
   GuardLog* log_;
-  std::vector<float> mean_;  // reused across rounds
 };
 
 }  // namespace loco::diloco

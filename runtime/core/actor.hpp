@@ -24,9 +24,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "runtime/core/caller.hpp"
-#include "runtime/core/cluster_types.hpp"
-#include "runtime/core/registry.hpp"
+#include "caller.hpp"
+#include "cluster_types.hpp"
+#include "registry.hpp"
 
 namespace loco {
 

@@ -14,10 +14,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "runtime/core/cluster_types.hpp"
-#include "runtime/core/codec.hpp"
-#include "runtime/core/util.hpp"
-#include "runtime/security/keys.hpp"
+#include "cluster_types.hpp"
+#include "codec.hpp"
+#include "util.hpp"
+#include "../security/keys.hpp"
 
 namespace loco::detail {
 

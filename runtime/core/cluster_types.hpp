@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/core/paths.hpp"
+#include "paths.hpp"
 
 namespace loco {
 

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/core/errors.hpp"
+#include "errors.hpp"
 
 namespace loco {
 

@@ -11,7 +11,7 @@
 #include <typeindex>
 #include <vector>
 
-#include "runtime/core/codec.hpp"
+#include "codec.hpp"
 
 namespace loco::detail {
 

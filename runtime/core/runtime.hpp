@@ -10,8 +10,8 @@
 #include <optional>
 #include <string>
 
-#include "runtime/core/actor.hpp"
-#include "runtime/security/keys.hpp"
+#include "actor.hpp"
+#include "../security/keys.hpp"
 
 namespace loco {
 

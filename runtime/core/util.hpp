@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/core/remote_input.hpp"
+#include "remote_input.hpp"
 
 namespace loco {
 
