@@ -1,7 +1,7 @@
 # `cmake --install build --prefix P`: what a program that embeds loco, or a host that runs it,
 # needs, and nothing else (no tests, no benchmarks, no private header):
 #   P/bin                    loco, loco-train, loco-plugin-classes
-#   P/lib                    libloco_runtime.so, libloco_client.so, libloco_diloco_core.so
+#   P/lib                    libloco_runtime.so, libloco_client.so, libloco_diloco_job.so
 #   P/lib/loco/plugins       the DiLoCo actors and their manifests (`loco start` finds them)
 #   P/include/loco           the front doors (runtime.hpp, client.hpp, job.hpp, version.hpp)
 #                            and the headers they include, at their paths in the tree
@@ -28,13 +28,13 @@ install(FILES ${LOCO_FRONT_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/loco
 # Paths outside the prefix that the build linked (LibTorch) are kept as they are
 # (INSTALL_RPATH_USE_LINK_PATH, set on each target below: the targets exist by now).
 set(LOCO_LIBRARY_TARGETS loco_runtime loco_client)
-if(TARGET loco_diloco_core)
-  list(APPEND LOCO_LIBRARY_TARGETS loco_diloco_core)
+if(TARGET loco_diloco_job)
+  list(APPEND LOCO_LIBRARY_TARGETS loco_diloco_job)
 endif()
 set_target_properties(loco_runtime PROPERTIES EXPORT_NAME runtime)
 set_target_properties(loco_client PROPERTIES EXPORT_NAME client)
-if(TARGET loco_diloco_core)
-  set_target_properties(loco_diloco_core PROPERTIES EXPORT_NAME diloco)
+if(TARGET loco_diloco_job)
+  set_target_properties(loco_diloco_job PROPERTIES EXPORT_NAME diloco)
 endif()
 foreach(t IN LISTS LOCO_LIBRARY_TARGETS)
   target_include_directories(${t} INTERFACE $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
@@ -65,6 +65,25 @@ foreach(p IN LISTS LOCO_PLUGINS)
   install(FILES ${LOCO_PLUGIN_DIR}/lib${p}.classes DESTINATION ${LOCO_INSTALL_PLUGINDIR}
           COMPONENT runtime)
 endforeach()
+
+# The wheel: LibTorch is the torch package beside loco in site-packages (loco/bin ->
+# ../../torch/lib), never the build's venv; redis-server rides along (`loco up` runs the one
+# beside it). scripts/wheel then bundles the system libraries they need.
+if(LOCO_WHEEL)
+  set(torch_from_bin "$ORIGIN/../../torch/lib")
+  foreach(t IN LISTS LOCO_LIBRARY_TARGETS LOCO_PROGRAMS)
+    get_target_property(rp ${t} INSTALL_RPATH)
+    set_target_properties(${t} PROPERTIES INSTALL_RPATH_USE_LINK_PATH OFF
+                          INSTALL_RPATH "${rp};${torch_from_bin}")
+  endforeach()
+  set_target_properties(loco-plugin-classes PROPERTIES INSTALL_RPATH_USE_LINK_PATH OFF)
+  foreach(p IN LISTS LOCO_PLUGINS)
+    set_target_properties(${p} PROPERTIES INSTALL_RPATH_USE_LINK_PATH OFF
+                          INSTALL_RPATH "$ORIGIN/../..;$ORIGIN/../../../../torch/lib")
+  endforeach()
+  find_program(LOCO_REDIS_SERVER redis-server REQUIRED)
+  install(PROGRAMS ${LOCO_REDIS_SERVER} DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+endif()
 
 install(EXPORT loco-targets NAMESPACE loco:: DESTINATION ${LOCO_INSTALL_CMAKEDIR}
         FILE loco-targets.cmake COMPONENT dev)

@@ -131,8 +131,11 @@ std::string UpCluster::start_redis() {
   }
   Subprocess::Options o;
   o.log_path = dir_ + "/redis.log";
+  // The redis-server beside this binary (the wheel and the image carry one), else $PATH's.
+  const std::string beside = executable_dir() + "/redis-server";
+  const std::string redis = ::access(beside.c_str(), X_OK) == 0 ? beside : "redis-server";
   redis_.emplace(
-      std::vector<std::string>{"redis-server", conf, "--port", std::to_string(port), "--bind",
+      std::vector<std::string>{redis, conf, "--port", std::to_string(port), "--bind",
                                "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir_},
       o);
   return "redis://:" + password + "@127.0.0.1:" + std::to_string(port);
