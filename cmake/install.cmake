@@ -81,8 +81,12 @@ if(LOCO_WHEEL)
     set_target_properties(${p} PROPERTIES INSTALL_RPATH_USE_LINK_PATH OFF
                           INSTALL_RPATH "$ORIGIN/../..;$ORIGIN/../../../../torch/lib")
   endforeach()
+  # Debian's redis-server is a link to redis-check-rdb (the binary picks its role by name):
+  # the file itself, under the name that makes it a server.
   find_program(LOCO_REDIS_SERVER redis-server REQUIRED)
-  install(PROGRAMS ${LOCO_REDIS_SERVER} DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+  file(REAL_PATH ${LOCO_REDIS_SERVER} redis_file)
+  install(PROGRAMS ${redis_file} DESTINATION ${CMAKE_INSTALL_BINDIR} RENAME redis-server
+          COMPONENT runtime)
 endif()
 
 install(EXPORT loco-targets NAMESPACE loco:: DESTINATION ${LOCO_INSTALL_CMAKEDIR}
