@@ -87,6 +87,34 @@ std::optional<JobHandle::Update> JobHandle::decode(const JobEvent& e) {
   return u;
 }
 
+std::vector<std::string> JobHandle::logs() {
+  std::vector<std::string> out;
+  for (Update& u : updates_so_far())
+    if (!u.report) out.push_back(std::move(u.line));
+  return out;
+}
+
+std::vector<std::map<std::string, double>> JobHandle::metrics() {
+  std::vector<std::map<std::string, double>> rows;
+  std::string cursor;
+  while (true) {
+    JobEvents ev = poll(cursor);
+    if (ev.events.empty()) return rows;
+    for (const JobEvent& e : ev.events) {
+      if (e.kind != "report") continue;
+      try {
+        JobProgress p = unpack_checked<JobProgress>(e.data, "a job's progress report");
+        std::map<std::string, double> row = std::move(p.metrics);
+        row["round"] = double(p.step);
+        row["rounds"] = double(p.total);
+        rows.push_back(std::move(row));
+      } catch (const std::exception&) {
+        // A report that does not decode is left out (decode() says so among the logs).
+      }
+    }
+  }
+}
+
 std::vector<JobHandle::Update> JobHandle::updates_so_far() {
   std::vector<Update> out;
   std::string cursor;

@@ -6,6 +6,7 @@
 //   for (const loco::RoundReport& r : job.watch()) { ... }
 //   job.wait();
 #include <atomic>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -112,6 +113,11 @@ class JobHandle {
   JobEvents poll(std::string& cursor, int max = 1000);
   // Everything the job's event log holds now, decoded, without waiting for more.
   std::vector<Update> updates_so_far();
+  // The job's log lines so far.
+  std::vector<std::string> logs();
+  // One row per round reported so far: "round", "rounds" and the report's figures (loss,
+  // val_loss, val_ppl, tokens_per_s, bytes_per_worker, workers, ...: what the dashboard plots).
+  std::vector<std::map<std::string, double>> metrics();
   // One event of the log, decoded (a report, or a line of the log); nullopt for the job's own
   // typed records (other kinds), which are not for people.
   static std::optional<Update> decode(const JobEvent& e);

@@ -57,6 +57,10 @@ int main(int argc, char** argv) {
       std::cout << "\n";
     }
     const loco::JobInfo end = job.wait(loco::Millis(600000));
+    const auto rows = job.metrics();  // the rounds' figures, as metrics.jsonl has them
+    if (!rows.empty() && rows.back().count("val_loss"))
+      std::cout << "embed: metrics: " << rows.size() << " rows, the last round's val_loss "
+                << rows.back().at("val_loss") << ", " << job.logs().size() << " log lines\n";
     std::cout << "embed: job " << end.id << " ended "
               << (end.state == loco::JobState::succeeded ? "succeeded" : "not succeeded: " + end.message)
               << ", last validation loss " << last_val << "\n";

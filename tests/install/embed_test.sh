@@ -77,4 +77,5 @@ grep -q "greeters answered from 2 node processes of 2" "$WORK/out" \
   || fail "the greeter did not answer from both nodes"
 grep -q "ended succeeded" "$WORK/out" || fail "the job did not succeed"
 grep -q "round 3/3" "$WORK/out" || fail "the job's rounds were not followed"
+grep -q "metrics: 4 rows" "$WORK/out" || fail "JobHandle::metrics() did not give the 4 reports"
 echo "install_embed: ok"
