@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The wheel on clean Debian 12 hosts: two containers of an image with python3 and pip only (no
 # compiler, no -dev package), on a docker network of their own, without network access:
-#   A: pip install of the wheel (its torch==2.11.0 requirement met by the torch this machine
-#      installed, mounted read-only: no network), `loco up --workers 2` of
-#      examples/tiny-lm.yaml (shortened with --set) to success; then a head, a redis-server
+#   A: pip install of the wheel, torch==2.11.0 and its CUDA libraries from a local wheel cache
+#      (scripts/wheelhouse: this machine's torch packed back into wheels; no network), `loco up --workers 2` of
+#      examples/tiny-lm.yaml as it is (6 rounds of 50 steps) to success; then a head, a redis-server
 #      (the wheel's) and a node, and a Python script that submits a 2-worker job with
 #      loco.submit and reads its validation loss from Job.metrics();
 #   B: the same wheel, `loco start --address A:7070`: a node of A's cluster, which the job's
@@ -41,7 +41,10 @@ if docker run --rm "$IMAGE" sh -c 'command -v gcc || command -v g++ || command -
   fail "$IMAGE has a compiler or Python headers: not a clean host"
 fi
 
-SITE=$(source "$ROOT/scripts/env.sh" && "$LOCO_VENV/bin/python" -c 'import torch, pathlib; print(pathlib.Path(torch.__file__).resolve().parent.parent)')
+# The wheel cache torch comes from (made once, kept in build/wheelhouse: 4.4 GB, seconds).
+HOUSE="$ROOT/build/wheelhouse"
+(source "$ROOT/scripts/env.sh" && "$LOCO_VENV/bin/python" "$ROOT/scripts/wheelhouse" torch "$HOUSE") \
+  >/tmp/loco-wheelhouse.log 2>&1 || { cat /tmp/loco-wheelhouse.log; fail "scripts/wheelhouse"; }
 WORK=$(mktemp -d /tmp/loco-wheel-XXXXXX)
 NET=loco-wheel-$$
 cleanup() {
@@ -77,27 +80,25 @@ sys.exit(0 if end["state"] == "succeeded" and rows[-1].get("val_loss", 0) > 0 el
 PY
 
 docker network create --internal "$NET" >/dev/null  # --internal: no way out of the network
-# Each host: the wheel installed with pip from the folder alone (--no-index: no network), into
-# the system Python, beside the torch that the host has (read-only, on sys.path via a .pth).
+# Each host: the wheel and torch installed with pip from the two folders alone (--no-index: no
+# network; the containers' network is --internal anyway), into the system Python.
 INSTALL='set -e
-echo /host-site > /usr/local/lib/python3.11/dist-packages/host-torch.pth
 t0=$(date +%s.%N)
-pip install -q --no-index --find-links /work/wheels --break-system-packages loco
+pip install -q --no-index --find-links /work/wheels --find-links /wheelhouse --break-system-packages loco
 echo "pip install took $(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || python3 -c "import time; print(round(time.time() - $t0, 2))") s"
 '
 T_INSTALL=$(date +%s.%N)
 for h in a b; do
   docker run -d --name "$NET-$h" --hostname "host-$h" --network "$NET" \
-    -v "$WORK:/work" -v "$SITE:/host-site:ro" -e LOCO_KEY=/work/keys/cluster.key \
+    -v "$WORK:/work" -v "$HOUSE:/wheelhouse:ro" -e LOCO_KEY=/work/keys/cluster.key \
     "$IMAGE" sleep 3600 >/dev/null
   docker exec "$NET-$h" bash -c "$INSTALL" || fail "pip install on host $h"
 done
 A_IP=$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$NET-a")
 
-# 1. On A alone: loco up --workers 2 examples/tiny-lm.yaml, shortened, to success.
+# 1. On A alone: loco up --workers 2 examples/tiny-lm.yaml, as it is, to success.
 docker exec -w /work "$NET-a" bash -c 'mkdir -p up/data/corpus && cp corpus.txt up/data/corpus/ && cd up &&
-  timeout 600 loco up --workers 2 --set rounds=2 --set inner.steps=10 --set eval.every=10 \
-    /work/tiny-lm.yaml' >"$WORK/up.log" 2>&1 || {
+  timeout 900 loco up --workers 2 /work/tiny-lm.yaml' >"$WORK/up.log" 2>&1 || {
   tail -20 "$WORK/up.log"; docker exec "$NET-a" bash -c 'for f in /tmp/loco-*/up-*/*.log; do echo == $f; tail -n 20 $f; done'
   fail "loco up on A"; }
 grep -q "job succeeded" "$WORK/up.log" || { tail -20 "$WORK/up.log"; fail "loco up's job did not succeed"; }
