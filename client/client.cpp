@@ -75,6 +75,9 @@ std::optional<JobHandle::Update> JobHandle::decode(const JobEvent& e) {
     try {
       JobProgress p = unpack_checked<JobProgress>(e.data, "a job's progress report");
       u.report = RoundReport::from(p);
+      u.figures = std::move(p.metrics);
+      u.figures["round"] = double(p.step);
+      u.figures["rounds"] = double(p.total);
     } catch (const std::exception& ex) {
       u.line = "skipped a malformed progress report (event " + escape_remote(e.id, 40) +
                "): " + escape_remote(ex.what(), 200);
@@ -96,23 +99,9 @@ std::vector<std::string> JobHandle::logs() {
 
 std::vector<std::map<std::string, double>> JobHandle::metrics() {
   std::vector<std::map<std::string, double>> rows;
-  std::string cursor;
-  while (true) {
-    JobEvents ev = poll(cursor);
-    if (ev.events.empty()) return rows;
-    for (const JobEvent& e : ev.events) {
-      if (e.kind != "report") continue;
-      try {
-        JobProgress p = unpack_checked<JobProgress>(e.data, "a job's progress report");
-        std::map<std::string, double> row = std::move(p.metrics);
-        row["round"] = double(p.step);
-        row["rounds"] = double(p.total);
-        rows.push_back(std::move(row));
-      } catch (const std::exception&) {
-        // A report that does not decode is left out (decode() says so among the logs).
-      }
-    }
-  }
+  for (Update& u : updates_so_far())
+    if (u.report) rows.push_back(std::move(u.figures));
+  return rows;
 }
 
 std::vector<JobHandle::Update> JobHandle::updates_so_far() {

@@ -64,6 +64,9 @@ class JobHandle {
   // of its log.
   struct Update {
     std::optional<RoundReport> report;  // set for a report
+    // With a report: its figures as sent ("round", "rounds" and the metrics map: loss,
+    // val_loss, tokens_per_s, bytes_per_worker, workers, ...).
+    std::map<std::string, double> figures;
     std::string line;                   // the log line otherwise
   };
 

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <set>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,30 +23,11 @@ using namespace nb::literals;
 
 namespace {
 
-const char* state_name(loco::JobState s) {
-  switch (s) {
-    case loco::JobState::running: return "running";
-    case loco::JobState::succeeded: return "succeeded";
-    case loco::JobState::failed: return "failed";
-    case loco::JobState::cancelled: return "cancelled";
-  }
-  return "unknown";
-}
-
-const char* node_state_name(loco::NodeState s) {
-  switch (s) {
-    case loco::NodeState::alive: return "alive";
-    case loco::NodeState::dead: return "dead";
-    case loco::NodeState::left: return "left";
-  }
-  return "unknown";
-}
-
 nb::dict job_dict(const loco::JobInfo& j) {
   nb::dict d;
   d["id"] = j.id;
   d["name"] = j.name;
-  d["state"] = state_name(j.state);
+  d["state"] = loco::to_string(j.state);
   d["message"] = j.message;
   d["entry_actor"] = j.entry_actor;
   d["submitted_unix_ms"] = j.submitted_unix_ms;
@@ -55,39 +37,32 @@ nb::dict job_dict(const loco::JobInfo& j) {
   return d;
 }
 
-const std::set<std::string> kCounts = {"workers", "inner_step", "failed_attempts", "redo",
-                                       "round_tokens", "late", "left_out", "left_out_total"};
+const std::set<std::string> kCounts = {"round", "rounds", "workers", "inner_step",
+                                       "failed_attempts", "redo", "round_tokens", "late",
+                                       "left_out", "left_out_total"};
 
-// A job's event as Python sees it: {"kind": "report", "round", "rounds", **figures},
-// {"kind": "log", "line"}; other kinds (the job's typed records) are left out.
+// A job's event as Python sees it, decoded as the C++ client decodes it (JobHandle::decode):
+// {"kind": "report", "round", "rounds", **figures}, {"kind": "log", "line"}; other kinds (the
+// job's typed records) are left out.
 nb::object event_object(const loco::JobEvent& e) {
+  const std::optional<loco::JobHandle::Update> u = loco::JobHandle::decode(e);
+  if (!u) return nb::none();
   nb::dict d;
-  if (e.kind == "report") {
-    d["kind"] = "report";
-    try {
-      const auto p = loco::unpack_checked<loco::JobProgress>(e.data, "a job's progress report");
-      d["round"] = p.step;
-      d["rounds"] = p.total;
-      for (const auto& [k, v] : p.metrics) {
-        // Counts as ints (the report's map holds doubles): workers, inner_step, ...
-        if (kCounts.count(k) && std::floor(v) == v && std::fabs(v) < 9.0e15)
-          d[nb::str(k.c_str())] = static_cast<int64_t>(v);
-        else
-          d[nb::str(k.c_str())] = v;
-      }
-      if (!p.note.empty()) d["note"] = p.note;
-    } catch (const std::exception& ex) {
-      d["kind"] = "log";
-      d["line"] = std::string("skipped a malformed progress report: ") + ex.what();
-    }
-    return d;
-  }
-  if (e.kind == "log") {
+  if (!u->report) {
     d["kind"] = "log";
-    d["line"] = e.data;
+    d["line"] = u->line;
     return d;
   }
-  return nb::none();
+  d["kind"] = "report";
+  for (const auto& [k, v] : u->figures) {
+    // Counts as ints (the report's map holds doubles): round, workers, inner_step, ...
+    if (kCounts.count(k) && std::floor(v) == v && std::fabs(v) < 9.0e15)
+      d[nb::str(k.c_str())] = static_cast<int64_t>(v);
+    else
+      d[nb::str(k.c_str())] = v;
+  }
+  if (!u->report->note.empty()) d["note"] = u->report->note;
+  return d;
 }
 
 // One connection to a cluster's head.
@@ -165,7 +140,7 @@ class Session {
       nd["id"] = n.node.id;
       nd["address"] = n.node.address;
       nd["hostname"] = n.node.hostname;
-      nd["state"] = node_state_name(n.node.state);
+      nd["state"] = loco::to_string(n.node.state);
       nd["resources"] = n.node.resources;
       nd["used"] = n.used;
       nodes.append(nd);
