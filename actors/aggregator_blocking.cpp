@@ -110,9 +110,12 @@ void OuterAggregator::State::all_reduce(int64_t r, RoundOutcome& o) {
   std::vector<int> group = o.ready;
   std::vector<Failure> errors;
   std::optional<uint64_t> agreed;
+  // compression auto: the round's codec, the same for every attempt.
+  const std::string codec = plan_codec(r, int(group.size()));
   for (uint64_t attempt = 0; !agreed; ++attempt) {
     ReduceRequest req;
     req.round = r;
+    req.codec = codec;
     const auto us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
                                  std::chrono::system_clock::now().time_since_epoch())
                                  .count());
@@ -167,6 +170,10 @@ void OuterAggregator::State::all_reduce(int64_t r, RoundOutcome& o) {
     }
     if (d.kind == AttemptDecision::Kind::agreed) {
       agreed = d.theta_hash;
+      std::vector<std::pair<uint64_t, double>> exchanges;
+      for (const auto& res : rr)
+        if (res) exchanges.emplace_back(res->bytes_sent, res->seconds);
+      note_link(exchanges, step_seconds);
       for (const auto& res : rr)
         if (res) {
           note_left_out(r, res->left_out, res->guard_seconds);  // the same verdicts everywhere

@@ -505,6 +505,7 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
     req.rank = int(c.members.size());
     req.from_step = *step;
     req.source = wi.source;
+    req.codec = plan_codec(r, int(c.members.size()));  // the round's, decided when it was sent
     c.calls.push_back(worker(i).call(&InnerWorker::stream, req));
     c.members.push_back(i);
     s.active = true;

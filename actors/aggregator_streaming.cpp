@@ -122,6 +122,7 @@ StreamCalls OuterAggregator::State::send_stream(int64_t r, bool last, bool check
     req.names.push_back(slots[size_t(m)].name);
     req.endpoints.push_back(slots[size_t(m)].endpoints);
   }
+  req.codec = plan_codec(r, int(members.size()));
   StreamCalls c;
   c.round = r;
   c.op_id = req.op_id;
@@ -251,9 +252,13 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::finish_stream(Strea
       break;
     }
   int losses = 0;
+  std::vector<std::pair<uint64_t, double>> exchanges;
+  std::vector<double> step_secs;
   for (size_t i = 0; i < members.size(); ++i) {
     if (!res[i]) continue;
     const InnerResult& in = res[i]->inner;
+    exchanges.emplace_back(res[i]->bytes_sent, res[i]->exchange_seconds);
+    if (in.steps > 0) step_secs.push_back(in.seconds / in.steps);
     if (std::string why = non_finite_of(members[i], in, cfg.inner.steps); !why.empty()) {
       // It stopped its steps there and abstained from the round's averages since (with the
       // guard: the verdicts of those averages say so).
@@ -268,6 +273,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::finish_stream(Strea
     round_members.push_back(member_figures(members[i], in.steps, tokens, in.seconds, in.per_step));
     round_steps.push_back(in.per_step);
   }
+  note_link(exchanges, std::move(step_secs));
   o.loss = losses > 0 ? o.loss / losses : std::numeric_limits<double>::quiet_NaN();
   o.theta_hash = d.theta_hash;
   o.ready = o.group = o.members = d.finished;

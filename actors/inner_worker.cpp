@@ -390,9 +390,10 @@ InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k, const 
   const std::span<const float> mine = delta.subspan(size_t(sl.begin), size_t(sl.size()));
   const std::span<float> out = mean.subspan(size_t(sl.begin), size_t(sl.size()));
   dl::DeltaAverager policy = this->policy();
-  // compression topk (one rank, no token weights: config.cpp): the code of this round's Δ, made
-  // once. Else, with the guard on, this rank's slice summarized (each rank judges its own slice,
-  // in its own group).
+  // With error feedback (compression topk or auto: one rank, no token weights: config.cpp) what
+  // it sends of this round's Δ, made once (a code, or Δ with the buffer flushed into it). Else,
+  // with the guard on, this rank's slice summarized (each rank judges its own slice, in its own
+  // group).
   dl::DeltaAverager::Sent sent;
   if (feedback) {
     if (coded_round != req.round) {
@@ -410,7 +411,7 @@ InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k, const 
   const std::vector<dl::guard::Verdict>& verdicts = judged.verdicts;
   if (!verdicts.empty()) group.left_out = judged.left_out();
   if (feedback) {
-    policy.reduce(members, req.op_id, 0, judged, group.left_out, {}, {&mean, 1});
+    policy.reduce(members, req.op_id, 0, judged, group.left_out, {&delta, 1}, {&mean, 1});
   } else {
     // Weighted by the tokens of the members averaged (inner.budget: time): the plain mean of
     // the members' scaled Δ, scaled into `mean` (Δ stays as it was for a retry) and reduced
@@ -443,6 +444,7 @@ ReduceResult InnerWorker::reduce(ReduceRequest req) {
                                 std::to_string(req.names.size()) + " members");
   // Token counts that member_scale refuses fail the call before anything is sent.
   if (!req.tokens.empty()) (void)member_scale(req.tokens, req.rank);
+  s_->choose(req.codec, "reduce");
   // The round engine's second half: Δ averaged (out of place: the engine keeps it, intact if a
   // member is lost, for the re-formed group; kept after a success too: an attempt can succeed
   // for this member and fail for another, and the retry, the same round perhaps with fewer

@@ -47,6 +47,8 @@ void InnerWorker::State::checkpoint_archive(torch::serialize::OutputArchive& ar,
   ar.write("config", c10::IValue(cfg.to_yaml()));
   ar.write("round", c10::IValue(lead().outer->round()));
   ar.write("worker_index", c10::IValue(int64_t(index)));
+  // compression auto: the codec of the round the checkpoint ends, where a resumed job starts.
+  if (cfg.autocodec.on) ar.write("codec", c10::IValue(choice.name()));
   lead().outer->save(ar, "outer.", copy);
   lead().trainer->save(ar, "worker.0.", copy);
 }
@@ -111,10 +113,28 @@ void InnerWorker::State::make_engine() {
       std::vector<dl::Replica>{{lead().trainer.get(), lead().outer.get()}});
 }
 
+void InnerWorker::State::choose(const std::string& codec, const char* method) {
+  if (codec.empty()) {
+    choice = dl::fixed_choice(cfg);
+    return;
+  }
+  const auto c = dl::parse_choice(codec);
+  const bool dense_ok = c && !c->sparse();
+  const bool sparse_ok = c && c->sparse() && feedback && (cfg.topk.on || cfg.autocodec.on) &&
+                         c->topk_k <= uint32_t(cfg.topk.chunk);
+  if (!dense_ok && !sparse_ok)
+    throw std::invalid_argument("InnerWorker " + std::to_string(index) + ": " + method +
+                                " with codec '" + codec.substr(0, 16) +
+                                "', which this job's workers cannot run (compression " +
+                                cfg.compression_name() + ")");
+  choice = *c;
+}
+
 void InnerWorker::State::make_feedback() {
   feedback.reset();
   coded_round = -1;
-  if (!cfg.topk.on) return;
+  choice = dl::fixed_choice(cfg);
+  if (!cfg.keeps_feedback()) return;
   std::vector<size_t> sizes;
   for (int f = 0; f < engine->schedule().fragments(); ++f)
     sizes.push_back(size_t(engine->fragment_size(f)));

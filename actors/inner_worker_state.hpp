@@ -94,14 +94,24 @@ struct InnerWorker::State {
   };
   RankAverage average_rank(Rank& k, const ReduceRequest& req, std::span<const float> delta,
                            std::span<float> mean);
-  // compression topk: this worker's error feedback (one buffer per fragment; blocking: one),
-  // and in blocking rounds the code of round `coded_round`'s Δ, made once: an attempt retried
-  // sends the same bytes, and the buffer takes each round's Δ once.
+  // compression topk or auto: this worker's error feedback (one buffer per fragment; blocking:
+  // one), and in blocking rounds what it sends of round `coded_round`'s Δ (a code, or Δ with
+  // the buffer flushed into it), made once: an attempt retried sends the same bytes, and the
+  // buffer takes each round's Δ once.
   std::unique_ptr<dl::ErrorFeedback> feedback;
   dl::DeltaAverager::Sent code;
   int64_t coded_round = -1;
+  // The codec of the averages of the round the worker was last asked to average (the round's
+  // plan: ReduceRequest::codec, StreamRequest::codec; compression auto changes it by rounds).
+  dl::CodecChoice choice;
+  std::atomic<int64_t> exchange_us{0};  // streaming: the fragments' exchanges' time (stream())
+  // Sets `choice` from a request's codec ("": the job's own); throws std::invalid_argument for a
+  // name that is not a rung this job's workers can run.
+  void choose(const std::string& codec, const char* method);
   // The averaging policy of this worker's job (diloco/round/delta_averager.hpp).
-  dl::DeltaAverager policy() const { return dl::DeltaAverager(cfg.guard, feedback.get()); }
+  dl::DeltaAverager policy() const {
+    return dl::DeltaAverager(cfg.guard, feedback.get(), choice, cfg.autocodec.flush);
+  }
   // Its node is stopping (InnerWorker::stop): inner steps end at the next one.
   std::atomic<bool> stopping{false};
   InnerResult last_inner;

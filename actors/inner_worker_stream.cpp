@@ -1,5 +1,7 @@
 #include "actors/inner_worker_state.hpp"
 
+#include <chrono>
+
 namespace loco::actors {
 
 namespace {
@@ -22,6 +24,9 @@ class GroupAverager final : public dl::FragmentAverager {
     dl::GuardLog& log;
     std::function<bool()> abstaining;
     std::function<void(int, std::span<float>)> hook;
+    dl::CodecChoice choice;  // the round's codec
+    bool flush = true;       // compression auto: what a dense average does with the feedback
+    std::atomic<int64_t>& exchange_us;  // each operation adds its time, start to mean
   };
   GroupAverager(Worker w, std::shared_ptr<StreamGroup> group)
       : s_(std::move(w)), group_(std::move(group)) {}
@@ -43,15 +48,25 @@ class GroupAverager final : public dl::FragmentAverager {
     // Made here on the stepping thread (the error feedback is this thread's): what the policy
     // sends of the fragment (topk: its code; with the guard: its summary). A worker whose inner
     // steps diverged this round abstains: an empty code, an abstaining summary.
-    dl::DeltaAverager policy(s_.guard, s_.feedback);
+    dl::DeltaAverager policy(s_.guard, s_.feedback, s_.choice, s_.flush);
     auto sent = std::make_shared<const dl::DeltaAverager::Sent>(
         policy.prepare(fragment, {&in, 1}, s_.abstaining()));
     const bool guard_on = s_.guard.on;
     dl::GuardLog* log = &s_.log;
+    std::atomic<int64_t>* exchange_us = &s_.exchange_us;
     s_.last_op = std::async(std::launch::async, [comm, group = group_, op, in, out,
                                                  before = s_.last_op, sent, policy, fragment,
-                                                 guard_on, log, copy] {
+                                                 guard_on, log, copy, exchange_us] {
                    if (before.valid()) before.get();
+                   struct Timed {
+                     std::atomic<int64_t>* total;
+                     std::chrono::steady_clock::time_point began = std::chrono::steady_clock::now();
+                     ~Timed() {
+                       *total += std::chrono::duration_cast<std::chrono::microseconds>(
+                                     std::chrono::steady_clock::now() - began)
+                                     .count();
+                     }
+                   } timed{exchange_us};
                    uint64_t bytes = 0;
                    for (;;) {
                      collective::Group g = group->at(op);
@@ -127,6 +142,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                                 "evaluate windows [" + std::to_string(req.eval_begin) + ", " +
                                 std::to_string(req.eval_end) + "), not inside its " +
                                 std::to_string(s_->val_windows.size(0)));
+  s_->choose(req.codec, "stream");
   Rank& k = s_->lead();
   if (k.outer->round() != req.round)
     throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": stream of round " +
@@ -205,7 +221,8 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                             [this, round_of_call](int fragment, std::span<float> delta) {
                               s_->hook(RoundPoint::pseudo_gradient, round_of_call, fragment,
                                        "stream", nullptr, delta);
-                            }},
+                            },
+                            s_->choice, s_->cfg.autocodec.flush, s_->exchange_us},
       group);
 
   dl::StreamingRound::Round round;
@@ -223,6 +240,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   out.group = group->names();
   out.left_out = notes_of(s_->guard_log.take());
   out.guard_seconds = s_->guard_log.take_seconds();
+  out.exchange_seconds = double(s_->exchange_us.exchange(0)) / 1e6;
   if (!checkpoint_file.empty() || !inner_file.empty())
     s_->start_checkpoint(checkpoint_file, inner_file);
   if (req.eval_end > req.eval_begin) s_->start_evaluation(req.eval_begin, req.eval_end);

@@ -130,7 +130,10 @@ struct ReduceRequest {
   // Tokens each member processed this round, in rank order (inner.budget: time): the mean
   // is weighted by them. Empty, or all equal: the plain mean.
   std::vector<int64_t> tokens;
-  MSGPACK_DEFINE(round, names, endpoints, rank, op_id, tokens)
+  // The codec of the round's average (diloco/round/codec_plan.hpp: "fp32", "int8", "topk:64");
+  // "": the job's compression. compression auto changes it by rounds; a retry keeps it.
+  std::string codec;
+  MSGPACK_DEFINE(round, names, endpoints, rank, op_id, tokens, codec)
 };
 
 // A member the guard left out of an average (diloco/round/guard.hpp): every member of the operation
@@ -183,8 +186,10 @@ struct StreamRequest {
   // the loss. eval_end <= eval_begin: none.
   int64_t eval_begin = 0;
   int64_t eval_end = 0;
+  // The codec of the averages of the fragments that synchronize in this round (ReduceRequest's).
+  std::string codec;
   MSGPACK_DEFINE(round, names, endpoints, rank, op_id, last, from_step, source, checkpoint,
-                 inner_state, eval_begin, eval_end)
+                 inner_state, eval_begin, eval_end, codec)
 };
 
 struct StreamResult {
@@ -198,8 +203,11 @@ struct StreamResult {
   std::vector<std::string> group;
   std::vector<LeftOutNote> left_out;  // by the guard, in the fragments that ended in this round
   double guard_seconds = 0;           // in those fragments' summary exchanges
+  // Seconds of the fragments' exchanges that ended during the call, each from its start on the
+  // communicator to its mean: with bytes_sent, what the link gave (compression auto).
+  double exchange_seconds = 0;
   MSGPACK_DEFINE(inner, theta_hash, bytes_sent, wait_seconds, seconds, group, left_out,
-                 guard_seconds)
+                 guard_seconds, exchange_seconds)
 };
 
 // A checkpoint the job wrote (event kind kCheckpointRecord in its event log): what a restarted
@@ -208,7 +216,17 @@ inline constexpr const char* kCheckpointRecord = diloco::schema::record::kCheckp
 struct CheckpointRecord {
   std::string path;
   int64_t round = 0;
-  MSGPACK_DEFINE(path, round)
+  std::string codec;  // compression auto: the codec of the round it ends ("": none, fixed)
+  MSGPACK_DEFINE(path, round, codec)
+};
+
+// compression auto changed the codec (event kind kCodecRecord): what the log says, and the round
+// (1-based) it is for; the dashboard's timeline shows it.
+inline constexpr const char* kCodecRecord = diloco::schema::record::kCodec;
+struct CodecRecord {
+  std::string text;
+  int64_t round = 0;
+  MSGPACK_DEFINE(text, round)
 };
 
 // What a job's actor does first. It exists only inside the job the head created it for: the

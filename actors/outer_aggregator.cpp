@@ -139,12 +139,50 @@ void OuterAggregator::State::log(const std::string& line) {
   publish([this, line] { rt.job_log(job_id, line); });
 }
 
+std::string OuterAggregator::State::plan_codec(int64_t r, int members) {
+  if (!planner) return "";
+  if (auto it = decisions.find(r); it != decisions.end()) return it->second.to.name();
+  const dl::CodecDecision d = planner->decide(r, link, members);
+  decisions[r] = d;
+  while (decisions.size() > 16) decisions.erase(decisions.begin());
+  if (d.changed()) {
+    const std::string text = d.from.name() + " → " + d.to.name() + ": " + d.reason;
+    log("round " + std::to_string(r + 1) + ": " + text);
+    // The dashboard's timeline: a [text, round] record, as a checkpoint's.
+    msgpack::sbuffer b;
+    msgpack::pack(b, CodecRecord{text, r + 1});
+    publish([this, data = std::string(b.data(), b.size())] {
+      rt.job_record(job_id, kCodecRecord, data);
+    });
+  }
+  return d.to.name();
+}
+
+void OuterAggregator::State::note_link(const std::vector<std::pair<uint64_t, double>>& exchanges,
+                                       std::vector<double> step_secs) {
+  if (!planner) return;
+  std::optional<dl::LinkSample> worst;
+  for (const auto& [bytes, seconds] : exchanges) {
+    if (bytes == 0 || !(seconds > 0)) continue;
+    if (!worst || double(bytes) / seconds < double(worst->bytes) / worst->seconds)
+      worst = dl::LinkSample{bytes, seconds, 0};
+  }
+  std::erase_if(step_secs, [](double x) { return !(x > 0) || !std::isfinite(x); });
+  if (!worst || step_secs.empty()) return;  // nothing sent, or no steps: the last sample stands
+  std::sort(step_secs.begin(), step_secs.end());
+  const size_t m = step_secs.size();
+  worst->step_seconds = m % 2 ? step_secs[m / 2] : (step_secs[m / 2 - 1] + step_secs[m / 2]) / 2;
+  link = worst;
+}
+
 void OuterAggregator::State::record_checkpoint(const std::string& path, int64_t r) {
   resume_from = path;
   resume_round = r;
   log(kCheckpointLine + path + " (round " + std::to_string(r) + ")");
   msgpack::sbuffer b;
-  msgpack::pack(b, CheckpointRecord{path, r});
+  // compression auto: the codec of the round the checkpoint ends, which a resumed job starts at.
+  const auto ran = decisions.find(r - 1);
+  msgpack::pack(b, CheckpointRecord{path, r, ran != decisions.end() ? ran->second.to.name() : ""});
   publish([this, data = std::string(b.data(), b.size())] {
     rt.job_record(job_id, kCheckpointRecord, data);
   });
@@ -202,6 +240,7 @@ void OuterAggregator::State::find_checkpoint() {
       if (rec.path.rfind(folder + "/", 0) != 0 || !fs::exists(rec.path)) continue;
       resume_from = rec.path;
       resume_round = rec.round;
+      resume_codec = rec.codec;
     }
   }
 }
@@ -236,6 +275,7 @@ void OuterAggregator::State::take_resume(int rounds) {
         ": give it more rounds (loco submit --set rounds=N)");
   resume_from = path;
   resume_round = info.round;
+  resume_codec = info.codec;
 }
 
 namespace {
@@ -475,6 +515,13 @@ bool OuterAggregator::State::start() {
     *dl::open_job_stream(tmp, std::ios::out) << cfg.to_yaml() << "\n";
     fs::rename(tmp, folder + "/job.yaml");
   }
+  if (cfg.autocodec.on) {
+    // What one average carries: all of θ, or (streaming) about one fragment of it.
+    const double n = double(cfg.model.parameter_count(cfg.vocab_size()));
+    const int parts = cfg.sync.mode == dl::SyncMode::streaming ? std::max(1, cfg.sync.fragments) : 1;
+    planner.emplace(cfg, size_t(std::ceil(n / parts)));
+    if (auto c = dl::parse_choice(resume_codec); c && !resume_from.empty()) planner->resume(*c);
+  }
   // The rounds after the checkpoint are redone (without one, round 0 too): their lines go.
   records.emplace(folder, resume_from.empty() ? -1 : resume_round);
   if (!resume_from.empty()) {
@@ -528,6 +575,10 @@ void OuterAggregator::State::report(int64_t r, double loss, std::optional<double
   m.val_loss = val;
   m.theta_hash = hash;
   if (!round_left_out.empty()) m.left_out = round_left_out;
+  if (auto d = decisions.find(r - 1); d != decisions.end()) {
+    m.codec = d->second.to.name();
+    m.codec_reason = d->second.reason;
+  }
   const int failed = records->failed_attempts();
   const double job_seconds = job_time();
   const std::vector<StepFigures> steps = per_step_means(round_steps);

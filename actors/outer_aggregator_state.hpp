@@ -28,6 +28,7 @@
 #include "actors/timeouts.hpp"
 #include "actors/worker_calls.hpp"
 #include "diloco/job/config.hpp"
+#include "diloco/round/codec_plan.hpp"
 #include "runtime/core/paths.hpp"
 #include "runtime/core/runtime.hpp"
 #include "runtime/core/util.hpp"
@@ -131,6 +132,19 @@ struct OuterAggregator::State {
   std::vector<loco::diloco::schema::LeftOutLine> round_left_out;
   uint64_t left_out_total = 0;  // over the job: rounds × members left out (/metrics)
   double round_guard_seconds = -1;  // a member's summary exchanges this round; < 0: none
+  // compression auto (diloco/round/codec_plan.hpp): the planner, what the last round measured
+  // of the members' links, and the codec each round was sent with (a round's retries and its
+  // report use its decision; streaming decides a round when it sends it, perhaps ahead).
+  std::optional<loco::diloco::CodecPlanner> planner;
+  std::optional<loco::diloco::LinkSample> link;
+  std::map<int64_t, loco::diloco::CodecDecision> decisions;
+  std::string resume_codec;  // the codec of the checkpoint's round (CheckpointRecord::codec)
+  // Round r's codec as requests carry it ("": the job's own compression).
+  std::string plan_codec(int64_t r, int members);
+  // The round's exchanges as the members measured them (bytes and seconds each, 0 bytes: none):
+  // the slowest member's, with the round's median seconds per step, for the next decision.
+  void note_link(const std::vector<std::pair<uint64_t, double>>& exchanges,
+                 std::vector<double> step_secs);
   // Seconds of every all-reduce attempt of this aggregator's life (the dashboard's network time).
   double allreduce_total = 0;
   // sync.mode streaming or eager: the next round's calls, sent right behind this round's (they

@@ -11,11 +11,12 @@ std::uint64_t CommMembers::allgather(std::uint64_t round_id,
   if (mine.size() != 1) throw std::logic_error("CommMembers: one local member per worker");
   collective::Group g = group_;
   g.round_id = round_id;
+  comm_.options().codec = collective::Codec::fp32;
   all = comm_.allgather(g, mine[0], max_bytes);
   return comm_.last_stats().bytes_sent;
 }
 
-std::uint64_t CommMembers::allreduce(std::uint64_t round_id,
+std::uint64_t CommMembers::allreduce(std::uint64_t round_id, collective::Codec codec,
                                      std::span<const std::span<const float>> in,
                                      std::span<const std::span<float>> out,
                                      std::span<const std::uint8_t> left_out) {
@@ -24,6 +25,7 @@ std::uint64_t CommMembers::allreduce(std::uint64_t round_id,
   collective::Group g = group_;
   g.round_id = round_id;
   g.left_out.assign(left_out.begin(), left_out.end());
+  comm_.options().codec = codec;
   if (in[0].data() == out[0].data())
     comm_.allreduce(g, out[0]);
   else

@@ -29,7 +29,10 @@ class CommMembers final : public diloco::AveragingGroup {
   std::uint64_t allgather(std::uint64_t round_id, std::span<const std::vector<std::uint8_t>> mine,
                           std::size_t max_bytes,
                           std::vector<std::vector<std::uint8_t>>& all) override;
-  std::uint64_t allreduce(std::uint64_t round_id, std::span<const std::span<const float>> in,
+  // Sets the communicator's codec for the operation (the all-gather's: fp32, which its header
+  // carries): the caller runs one operation at a time on it.
+  std::uint64_t allreduce(std::uint64_t round_id, collective::Codec codec,
+                          std::span<const std::span<const float>> in,
                           std::span<const std::span<float>> out,
                           std::span<const std::uint8_t> left_out) override;
 

@@ -41,7 +41,7 @@ JobConfig load_job(const std::string& job, const std::vector<std::string>& sets)
 int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out,
           int threads, const std::string& resume, std::string init, int local_ranks,
           const std::vector<std::string>& sets, const std::vector<std::string>& fresh_feedback,
-          const std::vector<std::string>& corrupt) {
+          const std::vector<std::string>& corrupt, const std::string& codec_trace) {
   // --fresh-feedback R:K: worker K's error feedback zeroed after round R.
   std::vector<std::pair<int, int>> fresh;
   for (const std::string& f : fresh_feedback) {
@@ -76,6 +76,15 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
   opt.workers = k;
   opt.rounds = rounds;
   opt.corrupt = corruptions;
+  if (!codec_trace.empty()) {
+    std::ifstream f(codec_trace, std::ios::binary);
+    std::string text(16u << 20, '\0');  // a trace, or a job's metrics.jsonl: at most 16 MiB
+    f.read(text.data(), std::streamsize(text.size()));
+    if (f.gcount() == std::streamsize(text.size()))
+      throw std::invalid_argument("--codec-trace: " + codec_trace + " is larger than 16 MiB");
+    text.resize(size_t(f.gcount()));
+    opt.codec_trace = read_codec_trace(text);
+  }
   opt.mode = baseline.empty() ? Mode::diloco : baseline == "single" ? Mode::single : Mode::ddp;
   // The job file's workers.local_ranks, as a cluster runs it, unless --local-ranks says.
   opt.local_ranks = local_ranks > 0            ? local_ranks
@@ -229,7 +238,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   auto* tr =
       app.add_subcommand("train", "train a job; --simulate K runs K workers in this process");
-  std::string job, baseline, out, resume, init;
+  std::string job, baseline, out, resume, init, codec_trace;
   std::vector<std::string> sets, fresh_feedback, corrupt;
   int k = 0, rounds = 0, threads = 0, local_ranks = 0;
   tr->add_option("job", job, "job file (YAML)")->required()->check(CLI::ExistingFile);
@@ -253,6 +262,11 @@ int main(int argc, char** argv) {
                  "(KIND: nan, scale (x100), flip (sign), noise (of its norm)), to see what the "
                  "job's guard does (repeatable)")
       ->allow_extra_args(false);
+  tr->add_option("--codec-trace", codec_trace,
+                 "each round's codec from a file: a job's metrics.jsonl (its \"codec\"s, "
+                 "compression auto) or one name a line (fp32, bf16, int8, topk:K): replays a "
+                 "distributed job's codec decisions")
+      ->check(CLI::ExistingFile);
   tr->add_option("--local-ranks", local_ranks,
                  "G: each worker's inner steps data-parallel over G CPU ranks (threads over "
                  "Gloo), each rank averaging and stepping 1/G of the pseudo-gradient "
@@ -320,7 +334,7 @@ int main(int argc, char** argv) {
   try {
     if (tr->parsed())
       return train(job, k, baseline, rounds, out, threads, resume, init, local_ranks, sets,
-                   fresh_feedback, corrupt);
+                   fresh_feedback, corrupt, codec_trace);
     if (ex->parsed()) return export_model(ex_checkpoint, ex_out, ex_dtype, ex_force);
     if (lo->parsed()) {
       if (lo_checkpoint.empty() && lo_job.empty())

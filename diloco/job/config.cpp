@@ -108,7 +108,10 @@ void read_codec(const YAML::Node& node, const std::string& key, collective::Code
   for (auto c : {collective::Codec::fp32, collective::Codec::fp16, collective::Codec::bf16,
                  collective::Codec::int8})
     allowed += (allowed.empty() ? "" : "|") + std::string(collective::to_string(c));
-  throw ConfigError(key + ": expected one of " + allowed + ", got " + quoted(s));
+  // `compression: X` or `compression: {kind: X}`: the kinds a mapping also takes.
+  throw ConfigError((key == "kind" ? "compression.kind" : key) + ": expected one of " + allowed +
+                    "|topk|auto (or a mapping with kind and settings: {kind: topk, k: 64}), got " +
+                    quoted(s));
 }
 
 template <class T>
@@ -361,13 +364,16 @@ Field rope_scaling_field() {
   return f;
 }
 
-// compression: a dense codec by its name (the collective's), or a mapping with `kind`: a codec's
-// name, or topk with its settings (TopkConfig).
+// compression: a dense codec by its name (the collective's), auto, or a mapping with `kind`: a
+// codec's name, topk with its settings (TopkConfig), or auto with its own (AutoCodecConfig) and
+// the topk rungs' chunk, bits and error_feedback.
 Field compression_field() {
   Field f{"",
           "compression",
-          "the pseudo-gradients' numerics: fp32|fp16|bf16|int8, or {kind: topk, chunk, k, bits, "
-          "error_feedback, outer: sparseloco|nesterov, mean: members|senders}",
+          "the pseudo-gradients' numerics: fp32|fp16|bf16|int8|auto, or {kind: topk, chunk, k, "
+          "bits, error_feedback, outer: sparseloco|nesterov, mean: members|senders}, or {kind: "
+          "auto, share, margin, patience, sparse, start, feedback: flush|keep, chunk, bits, "
+          "error_feedback}",
           {},
           {},
           {},
@@ -377,34 +383,61 @@ Field compression_field() {
     if (!root || !root[key]) return;
     const YAML::Node node = root[key];
     if (!node.IsMap()) {
-      read_codec(root, key, c.compression);
-      c.topk.on = false;
+      std::string name;
+      read(root, "", key, name);
+      c.topk.on = name == "topk";  // with its defaults
+      c.autocodec.on = name == "auto";
+      if (c.autocodec.on) c.topk.outer = OuterRule::nesterov;
+      if (c.autocodec.on || c.topk.on)
+        c.compression = collective::Codec::fp32;
+      else
+        read_codec(root, key, c.compression);
       return;
     }
-    for (const auto& kv : node) {
-      const std::string name = kv.first.as<std::string>();
-      static const std::set<std::string> known = {"kind", "chunk",          "k",     "bits",
-                                                  "error_feedback",  "outer", "mean"};
-      if (!known.count(name))
-        throw ConfigError(key + "." + name + ": unknown field (kind, chunk, k, bits, " +
-                          "error_feedback, outer, mean)");
-    }
+    static const std::set<std::string> topk_fields = {"chunk", "k", "bits", "error_feedback",
+                                                      "outer", "mean"};
+    static const std::set<std::string> auto_fields = {
+        "chunk", "bits", "error_feedback", "share", "margin", "patience", "sparse", "start",
+        "feedback"};
     std::string kind;
     read(node, key, "kind", kind);
-    if (kind != "topk") {
+    for (const auto& kv : node) {
+      const std::string name = kv.first.as<std::string>();
+      if (name == "kind" || (kind == "topk" && topk_fields.count(name)) ||
+          (kind == "auto" && auto_fields.count(name)))
+        continue;
+      if (topk_fields.count(name) || auto_fields.count(name))
+        throw ConfigError(key + "." + name + ": not a field of kind " + quoted(kind) +
+                          " (topk: chunk, k, bits, error_feedback, outer, mean; auto: share, "
+                          "margin, patience, sparse, start, feedback, chunk, bits, "
+                          "error_feedback)");
+      throw ConfigError(key + "." + name + ": unknown field (kind, chunk, k, bits, " +
+                        "error_feedback, outer, mean, share, margin, patience, sparse, start, "
+                        "feedback)");
+    }
+    c.topk.on = kind == "topk";
+    c.autocodec.on = kind == "auto";
+    if (!c.topk.on && !c.autocodec.on) {
       read_codec(node, "kind", c.compression);
-      c.topk.on = false;
-      for (const char* only : {"chunk", "k", "bits", "error_feedback", "outer", "mean"})
-        if (node[only])
-          throw ConfigError(key + "." + only + ": only with kind: topk, not " + quoted(kind));
       return;
     }
     c.compression = collective::Codec::fp32;
-    c.topk.on = true;
     read(node, key, "chunk", c.topk.chunk);
-    read(node, key, "k", c.topk.k);
     read(node, key, "bits", c.topk.bits);
     read(node, key, "error_feedback", c.topk.error_feedback);
+    if (c.autocodec.on) {
+      AutoCodecConfig& a = c.autocodec;
+      c.topk.outer = OuterRule::nesterov;  // the job's outer step under every rung
+      read(node, key, "share", a.share);
+      read(node, key, "margin", a.margin);
+      read(node, key, "patience", a.patience);
+      read(node, key, "sparse", a.sparse);
+      read(node, key, "start", a.start);
+      read_enum(node, key, "feedback", a.flush,
+                std::array<std::pair<const char*, bool>, 2>{{{"flush", true}, {"keep", false}}});
+      return;
+    }
+    read(node, key, "k", c.topk.k);
     read_enum(node, key, "outer", c.topk.outer,
               std::array<std::pair<const char*, OuterRule>, 2>{
                   {{"sparseloco", OuterRule::sparseloco}, {"nesterov", OuterRule::nesterov}}});
@@ -413,6 +446,18 @@ Field compression_field() {
                   {{"members", SparseMean::members}, {"senders", SparseMean::senders}}});
   };
   f.write = [](YAML::Emitter& out, const JobConfig& c) {
+    if (c.autocodec.on) {
+      const AutoCodecConfig& a = c.autocodec;
+      out << YAML::Flow << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << "auto"
+          << YAML::Key << "share" << YAML::Value << a.share << YAML::Key << "margin"
+          << YAML::Value << a.margin << YAML::Key << "patience" << YAML::Value << a.patience
+          << YAML::Key << "sparse" << YAML::Value << a.sparse << YAML::Key << "start"
+          << YAML::Value << a.start << YAML::Key << "feedback" << YAML::Value
+          << (a.flush ? "flush" : "keep") << YAML::Key << "chunk" << YAML::Value << c.topk.chunk
+          << YAML::Key << "bits" << YAML::Value << c.topk.bits << YAML::Key << "error_feedback"
+          << YAML::Value << c.topk.error_feedback << YAML::EndMap;
+      return;
+    }
     if (!c.topk.on) {
       out << std::string(collective::to_string(c.compression));
       return;
@@ -427,15 +472,35 @@ Field compression_field() {
         << YAML::EndMap;
   };
   f.check = [](const JobConfig& c, const std::string& path) {
-    if (!c.topk.on) return;
+    if (!c.topk.on && !c.autocodec.on) return;
     require(c.topk.chunk >= 2 && c.topk.chunk <= 65536, path + ".chunk", "in [2, 65536]",
             c.topk.chunk);
-    require(c.topk.k >= 1 && c.topk.k <= c.topk.chunk, path + ".k",
-            "in [1, compression.chunk = " + show(c.topk.chunk) + "]", c.topk.k);
+    if (c.topk.on)
+      require(c.topk.k >= 1 && c.topk.k <= c.topk.chunk, path + ".k",
+              "in [1, compression.chunk = " + show(c.topk.chunk) + "]", c.topk.k);
     require(c.topk.bits >= 1 && c.topk.bits <= 8, path + ".bits", "in [1, 8]", c.topk.bits);
     require_finite(c.topk.error_feedback, path + ".error_feedback");
     require(c.topk.error_feedback >= 0 && c.topk.error_feedback <= 1, path + ".error_feedback",
             "in [0, 1]", c.topk.error_feedback);
+    if (!c.autocodec.on) return;
+    const AutoCodecConfig& a = c.autocodec;
+    require_finite(a.share, path + ".share");
+    require(a.share > 0 && a.share < 1, path + ".share", "in (0, 1)", a.share);
+    require_finite(a.margin, path + ".margin");
+    require(a.margin > 0 && a.margin <= 1, path + ".margin", "in (0, 1]", a.margin);
+    require(a.patience >= 1 && a.patience <= 1000, path + ".patience", "in [1, 1000]",
+            a.patience);
+    const std::string k = a.start.starts_with("topk:") ? a.start.substr(5) : "";
+    const bool rung = a.start == "fp32" || a.start == "bf16" || a.start == "int8" ||
+                      (!k.empty() && k.size() <= 5 &&
+                       std::all_of(k.begin(), k.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) &&
+                       std::stoi(k) >= 1 && std::stoi(k) <= c.topk.chunk);
+    if (!rung)
+      throw ConfigError(path + ".start: expected a rung of the ladder: fp32|bf16|int8|topk:K "
+                        "(K in [1, chunk]), got " + quoted(a.start));
+    if (a.start.starts_with("topk:") && !c.auto_sparse())
+      throw ConfigError(path + ".start: " + quoted(a.start) + " needs the ladder's topk rungs "
+                        "(sparse: true, inner.budget: steps, one local rank per worker)");
   };
   return f;
 }
@@ -728,6 +793,9 @@ JobConfig JobConfig::from_yaml_file(const std::string& path) {
 }
 
 std::string JobConfig::compression_name() const {
+  if (autocodec.on)
+    return "auto (from " + autocodec.start + (auto_sparse() ? ", down to topk" : ", dense only") +
+           ")";
   if (!topk.on) return std::string(collective::to_string(compression));
   return "topk (chunk " + show(topk.chunk) + ", k " + show(topk.k) + ", bits " + show(topk.bits) +
          ")";

@@ -248,6 +248,24 @@ struct TopkConfig {
   SparseMean mean = SparseMean::members;
 };
 
+// compression: auto (diloco/round/codec_plan.hpp; docs/decisions/0052): each round's codec
+// chosen by the aggregator from the ladder fp32, bf16, int8, topk k = chunk/4, chunk/16,
+// chunk/64 (topk's chunk, bits and error_feedback from TopkConfig; its outer rule is the job's
+// own, nesterov, so that the outer state means the same under every codec): the least lossy
+// whose exchange fits the window, measured each round.
+struct AutoCodecConfig {
+  bool on = false;
+  double share = 0.03;  // blocking: the most of a round its exchange may take
+  double margin = 0.7;  // a less lossy codec is taken when it fits in margin × the window ...
+  int patience = 2;     // ... for this many rounds in a row
+  bool sparse = true;   // the topk rungs may be chosen (needs inner.budget steps, one rank)
+  std::string start = "fp32";  // the first round's codec (a rung's name: fp32, int8, topk:64)
+  // A dense round after topk ones: flush (send Δ plus what the error feedback holds, the
+  // buffer emptied: topk's rule with every entry sent) or keep (send Δ; the buffer waits for
+  // the next topk round).
+  bool flush = true;
+};
+
 // How a round's pseudo-gradients are synchronized (docs/decisions/, 0013 to 0015: Streaming
 // DiLoCo and the eager outer step).
 //   blocking:  today's round: H inner steps, then the all-reduce of all of Δ, then the step.
@@ -335,7 +353,8 @@ struct JobConfig {
   // Numerics applied to pseudo-gradients when they are averaged: the collective's codec
   // (fp32 while `topk` is on: no dense vector is sent then).
   collective::Codec compression = collective::Codec::fp32;
-  TopkConfig topk;  // compression: {kind: topk, ...}
+  TopkConfig topk;  // compression: {kind: topk, ...}; with auto: its topk rungs' settings
+  AutoCodecConfig autocodec;  // compression: auto
   AllreduceConfig allreduce;
   SyncConfig sync;
   GuardConfig guard;
@@ -386,6 +405,14 @@ struct JobConfig {
   // fewer bytes per member than int8's butterfly all-reduce ((K − 1)·b against
   // 2 (K − 1)/K · n): past it, the sparse codec saves nothing and loco refuses the job.
   int topk_max_workers() const;
+  // compression auto: whether its ladder reaches topk (`sparse`, and what topk needs:
+  // inner.budget steps, one local rank per worker).
+  bool auto_sparse() const {
+    return autocodec.on && autocodec.sparse && inner.budget == InnerBudget::steps &&
+           std::max(1, workers.local_ranks) == 1 && workers.gpus == 1;
+  }
+  // Whether workers keep an error-feedback buffer: topk, or auto whose ladder reaches topk.
+  bool keeps_feedback() const { return topk.on || auto_sparse(); }
   // The compression as logs say it: a codec's name, or "topk (chunk C, k K, bits B)".
   std::string compression_name() const;
   int ranks_per_worker(bool cuda) const {

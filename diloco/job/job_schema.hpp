@@ -36,6 +36,8 @@ namespace record {
 inline constexpr char kSteps[] = "steps";
 // A checkpoint the job wrote: msgpack of [path, round].
 inline constexpr char kCheckpoint[] = "checkpoint";
+// compression auto's change of codec: msgpack [text, round] (actors/messages.hpp CodecRecord).
+inline constexpr char kCodec[] = "codec";
 }  // namespace record
 
 // JobProgress::metrics (runtime/core/cluster_types.hpp, which diloco/ does not include; the
@@ -166,6 +168,10 @@ struct MetricsLine {
   // The simulator: how close the members averaged came to the guard's bounds (GuardLog::Margins).
   std::optional<double> guard_norm_ratio;
   std::optional<double> guard_agreement;
+  // compression auto (or the simulator's --codec-trace): the round's codec ("fp32", "int8",
+  // "topk:64") and why it was chosen. The simulator replays a job's "codec"s.
+  std::optional<std::string> codec;
+  std::optional<std::string> codec_reason;
 
   friend bool operator==(const MetricsLine&, const MetricsLine&) = default;
 
@@ -183,6 +189,8 @@ struct MetricsLine {
     f("left_out", &MetricsLine::left_out, Form::omitted);
     f("guard_norm_ratio", &MetricsLine::guard_norm_ratio, Form::omitted);
     f("guard_agreement", &MetricsLine::guard_agreement, Form::omitted);
+    f("codec", &MetricsLine::codec, Form::omitted);
+    f("codec_reason", &MetricsLine::codec_reason, Form::omitted);
   }
   // {"round":..,"inner_steps":..,"tokens":..,"tokens_total":..,"train_loss":..,
   //  "val_loss":..|null,"bytes":..,"time":..,"theta_hash":"<hex>"}

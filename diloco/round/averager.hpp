@@ -125,6 +125,8 @@ class LocalAverager final : public Averager, public FragmentAverager {
   std::shared_future<std::uint64_t> start(std::uint64_t op, int fragment,
                                           std::span<const std::span<const float>> deltas,
                                           std::span<const std::span<float>> means) override;
+  // start()'s codec from now on (compression auto, --codec-trace).
+  void set_codec(collective::Codec c) { options_.codec = c; }
 
  private:
   AverageStats average(std::span<const std::span<float>> locals, collective::Codec c,

@@ -18,12 +18,21 @@ DeltaAverager::Sent DeltaAverager::prepare(int fragment,
   s.n = deltas.empty() ? 0 : deltas[0].size();
   const auto m = static_cast<std::size_t>(guard_.sketch);
   for (std::size_t i = 0; i < deltas.size(); ++i) {
-    if (feedback_)
+    if (sparse()) {
       s.codes.push_back(abstain ? std::vector<std::uint8_t>{}
-                                : feedback_->encode(i, fragment, deltas[i]));
-    else if (guard_.on)
-      s.summaries.push_back(guard::encode(abstain ? guard::abstaining(deltas[i].size(), m)
-                                                  : guard::summarize(deltas[i], m)));
+                                : feedback_->encode(i, fragment, deltas[i], choice_.topk_k));
+      continue;
+    }
+    std::span<const float> sent = deltas[i];
+    if (feedback_) {
+      // A member that abstains leaves its buffer as it is (its Δ is not sent).
+      s.dense.emplace_back(sent.size());
+      feedback_->dense(i, fragment, sent, s.dense.back(), flush_ && !abstain);
+      sent = s.dense.back();
+    }
+    if (guard_.on)
+      s.summaries.push_back(guard::encode(abstain ? guard::abstaining(sent.size(), m)
+                                                  : guard::summarize(sent, m)));
   }
   return s;
 }
@@ -31,12 +40,13 @@ DeltaAverager::Sent DeltaAverager::prepare(int fragment,
 DeltaAverager::Judged DeltaAverager::judge(AveragingGroup& group, std::uint64_t op, int fragment,
                                            const Sent& sent) const {
   Judged j;
-  if (feedback_) {
+  j.inputs.assign(sent.dense.begin(), sent.dense.end());
+  if (sparse()) {
     // topk: the codes are the data; the guard judges what they decode to.
-    j.code_bytes =
-        group.allgather(data_round(op), sent.codes, feedback_->bytes(fragment), j.codes);
+    j.code_bytes = group.allgather(data_round(op), sent.codes,
+                                   feedback_->bytes(fragment, choice_.topk_k), j.codes);
     const std::vector<std::span<const std::uint8_t>> views(j.codes.begin(), j.codes.end());
-    j.verdicts = judge_codes(*feedback_, fragment, views, guard_);
+    j.verdicts = judge_codes(*feedback_, fragment, views, guard_, choice_.topk_k);
   } else if (guard_.on && group.size() >= 2) {
     const std::size_t sketch = guard::sketch_size(sent.n, static_cast<std::size_t>(guard_.sketch));
     std::vector<std::vector<std::uint8_t>> all;
@@ -54,10 +64,13 @@ std::uint64_t DeltaAverager::reduce(AveragingGroup& group, std::uint64_t op, int
                                     const Judged& judged, std::span<const std::uint8_t> left_out,
                                     std::span<const std::span<const float>> inputs,
                                     std::span<const std::span<float>> means) const {
-  if (!feedback_) return group.allreduce(data_round(op), inputs, means, left_out);
+  if (!sparse())
+    return group.allreduce(data_round(op), choice_.dense,
+                           judged.inputs.empty() ? inputs : std::span(judged.inputs), means,
+                           left_out);
   if (means.empty()) return 0;
   const std::vector<std::span<const std::uint8_t>> views(judged.codes.begin(), judged.codes.end());
-  feedback_->mean(fragment, views, means[0], left_out);
+  feedback_->mean(fragment, views, means[0], left_out, choice_.topk_k);
   for (std::size_t i = 1; i < means.size(); ++i)
     std::copy(means[0].begin(), means[0].end(), means[i].begin());
   return 0;  // the codes were the data: judged.code_bytes
@@ -73,9 +86,11 @@ std::uint64_t LocalMembers::allgather(std::uint64_t, std::span<const std::vector
   return static_cast<std::uint64_t>(members_ - 1) * max_bytes;
 }
 
-std::uint64_t LocalMembers::allreduce(std::uint64_t, std::span<const std::span<const float>> in,
+std::uint64_t LocalMembers::allreduce(std::uint64_t, collective::Codec codec,
+                                      std::span<const std::span<const float>> in,
                                       std::span<const std::span<float>> out,
                                       std::span<const std::uint8_t> left_out) {
+  options_.codec = codec;
   if (in.size() != members_ || out.size() != members_)
     throw std::invalid_argument("LocalMembers::allreduce: " + std::to_string(in.size()) +
                                 " inputs and " + std::to_string(out.size()) + " outputs for " +
@@ -118,7 +133,7 @@ AverageStats LocalAverager::average(std::span<const std::span<float>> locals, co
   if (k == 1) return stats;  // nothing is sent: the worker keeps its exact pseudo-gradient
   options_.codec = c;
   LocalMembers members(locals.size(), options_);
-  DeltaAverager policy(guard_, nullptr);
+  DeltaAverager policy(guard_, nullptr, CodecChoice{c, 0});
   const std::vector<std::span<const float>> inputs(locals.begin(), locals.end());
   const auto judged = policy.judge(members, 0, fragment, policy.prepare(fragment, inputs));
   if (guard_.on && log_) log_->add(fragment, {}, judged.verdicts);  // named by their index
@@ -151,12 +166,15 @@ std::shared_future<std::uint64_t> LocalSparseAverager::start(
   // Every member's code first (prepare): a mean may be written over its own Δ (the blocking
   // round's).
   LocalMembers members(deltas.size(), {});
-  DeltaAverager policy(guard_, &feedback_);
-  const auto judged = policy.judge(members, op, fragment, policy.prepare(fragment, deltas));
+  DeltaAverager policy(guard_, &feedback_, choice_, flush_);
+  // `sent` outlives `judged`: a dense average with feedback reduces what it holds.
+  const DeltaAverager::Sent sent = policy.prepare(fragment, deltas);
+  const auto judged = policy.judge(members, op, fragment, sent);
   if (log_) log_->add(fragment, {}, judged.verdicts);  // members named by their index
-  policy.reduce(members, op, fragment, judged, judged.left_out(), deltas, means);
+  const std::uint64_t data =
+      policy.reduce(members, op, fragment, judged, judged.left_out(), deltas, means);
   std::promise<std::uint64_t> done;
-  done.set_value(judged.code_bytes);
+  done.set_value(judged.code_bytes + data);
   return done.get_future().share();
 }
 

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "diloco/round/codec_plan.hpp"
 #include "diloco/round/error_feedback.hpp"
 #include "diloco/round/guard.hpp"
 #include "runtime/collective/types.hpp"
@@ -46,8 +47,10 @@ class AveragingGroup {
                                   std::vector<std::vector<std::uint8_t>>& all) = 0;
   // out[i] = the mean of every member's input over those `left_out` does not name (one byte
   // each, or empty: none), computed as runtime/collective's all-reduce computes it; out[i] may
-  // be in[i]. Returns the bytes this process sent.
-  virtual std::uint64_t allreduce(std::uint64_t round_id, std::span<const std::span<const float>> in,
+  // be in[i]. `codec`: the all-reduce's wire codec for this operation. Returns the bytes this
+  // process sent.
+  virtual std::uint64_t allreduce(std::uint64_t round_id, collective::Codec codec,
+                                  std::span<const std::span<const float>> in,
                                   std::span<const std::span<float>> out,
                                   std::span<const std::uint8_t> left_out) = 0;
 };
@@ -59,15 +62,19 @@ inline std::uint64_t data_round(std::uint64_t op) { return 2 * op + 1; }
 
 class DeltaAverager {
  public:
-  // `feedback`: compression topk's error feedback (its replica i is this process's member i);
-  // null: a dense average under the group's codec.
-  DeltaAverager(GuardConfig guard, ErrorFeedback* feedback) : guard_(guard), feedback_(feedback) {}
+  // `feedback`: the error feedback of compression topk or auto (its replica i is this process's
+  // member i), or null. `choice`: this average's codec (codec_plan.hpp): topk (with feedback)
+  // gathers codes; a dense one all-reduces, with feedback what ErrorFeedback::dense gives
+  // (`flush`), else the Δs as they are.
+  DeltaAverager(GuardConfig guard, ErrorFeedback* feedback, CodecChoice choice, bool flush = true)
+      : guard_(guard), feedback_(feedback), choice_(choice), flush_(flush) {}
 
   // What this process sends for one average of `fragment`: one entry per local member.
   struct Sent {
     std::size_t n = 0;                                  // the fragment's length
     std::vector<std::vector<std::uint8_t>> codes;      // topk
     std::vector<std::vector<std::uint8_t>> summaries;  // dense, with the guard on
+    std::vector<std::vector<float>> dense;              // dense with feedback: what is sent
   };
   // Step 1, on the stepping thread (topk: the error feedback changes). `abstain`: this
   // process's members send nothing this round (their inner steps diverged).
@@ -81,22 +88,30 @@ class DeltaAverager {
     std::uint64_t guard_bytes = 0;  // sent with the summaries
     double guard_seconds = 0;       // spent exchanging them
     std::uint64_t code_bytes = 0;   // sent with the codes (topk's data)
+    // Dense with feedback: what the members of this process send (Sent::dense, which must
+    // outlive it), in place of reduce()'s inputs.
+    std::vector<std::span<const float>> inputs;
     std::vector<std::uint8_t> left_out() const { return guard::mask_of(verdicts); }
   };
   Judged judge(AveragingGroup& group, std::uint64_t op, int fragment, const Sent& sent) const;
 
   // Step 4: the means, one per local member, over the members `left_out` does not name; dense:
-  // of `inputs` (the Δs, or the caller's weighted copies). Returns the data bytes sent.
+  // of `inputs` (the Δs, or the caller's weighted copies; with feedback, Judged::inputs).
+  // Returns the data bytes sent.
   std::uint64_t reduce(AveragingGroup& group, std::uint64_t op, int fragment, const Judged& judged,
                        std::span<const std::uint8_t> left_out,
                        std::span<const std::span<const float>> inputs,
                        std::span<const std::span<float>> means) const;
 
-  bool sparse() const { return feedback_ != nullptr; }
+  bool sparse() const { return feedback_ != nullptr && choice_.sparse(); }
+  bool keeps_feedback() const { return feedback_ != nullptr; }
+  const CodecChoice& choice() const { return choice_; }
 
  private:
   GuardConfig guard_;
   ErrorFeedback* feedback_;
+  CodecChoice choice_;
+  bool flush_;
 };
 
 // The simulator's group: every member a local buffer, averaged with collective::local_allreduce
@@ -112,7 +127,8 @@ class LocalMembers final : public AveragingGroup {
   std::uint64_t allgather(std::uint64_t round_id, std::span<const std::vector<std::uint8_t>> mine,
                           std::size_t max_bytes,
                           std::vector<std::vector<std::uint8_t>>& all) override;
-  std::uint64_t allreduce(std::uint64_t round_id, std::span<const std::span<const float>> in,
+  std::uint64_t allreduce(std::uint64_t round_id, collective::Codec codec,
+                          std::span<const std::span<const float>> in,
                           std::span<const std::span<float>> out,
                           std::span<const std::uint8_t> left_out) override;
 

@@ -22,13 +22,39 @@ ErrorFeedback::ErrorFeedback(const TopkConfig& cfg, std::vector<std::size_t> siz
     for (std::size_t n : sizes_) r.emplace_back(n, 0.0f);
 }
 
-std::size_t ErrorFeedback::bytes(int fragment) const {
+collective::sparse::Params ErrorFeedback::params(std::uint32_t k) const {
+  collective::sparse::Params p = params_;
+  if (k > 0) p.k = std::min(k, p.chunk);
+  return p;
+}
+
+std::size_t ErrorFeedback::bytes(int fragment, std::uint32_t k) const {
   return collective::sparse::encoded_bytes(sizes_.at(static_cast<std::size_t>(fragment)),
-                                           params_);
+                                           params(k));
+}
+
+void ErrorFeedback::dense(std::size_t replica, int fragment, std::span<const float> delta,
+                          std::span<float> out, bool flush) {
+  std::vector<float>& e = buffers_.at(replica).at(static_cast<std::size_t>(fragment));
+  if (delta.size() != e.size() || out.size() != e.size())
+    throw std::invalid_argument("ErrorFeedback::dense: Δ of fragment " +
+                                std::to_string(fragment) + " has " +
+                                std::to_string(delta.size()) + " values, its buffer " +
+                                std::to_string(e.size()));
+  const bool finite = std::all_of(delta.begin(), delta.end(), [](float v) { return std::isfinite(v); });
+  if (!flush || !finite) {
+    if (out.data() != delta.data()) std::copy(delta.begin(), delta.end(), out.begin());
+    return;
+  }
+  for (std::size_t i = 0; i < e.size(); ++i) {
+    out[i] = beta_ * e[i] + delta[i];
+    e[i] = 0.0f;
+  }
 }
 
 std::vector<std::uint8_t> ErrorFeedback::encode(std::size_t replica, int fragment,
-                                                std::span<const float> delta) {
+                                                std::span<const float> delta,
+                                                std::uint32_t k) {
   std::vector<float>& e = buffers_.at(replica).at(static_cast<std::size_t>(fragment));
   if (delta.size() != e.size())
     throw std::invalid_argument("ErrorFeedback::encode: Δ of fragment " +
@@ -39,13 +65,14 @@ std::vector<std::uint8_t> ErrorFeedback::encode(std::size_t replica, int fragmen
     if (!std::isfinite(v)) return {};
   for (std::size_t i = 0; i < e.size(); ++i) e[i] = beta_ * e[i] + delta[i];
   sent_.resize(e.size());
-  std::vector<std::uint8_t> code = collective::sparse::encode(e, params_, sent_);
+  std::vector<std::uint8_t> code = collective::sparse::encode(e, params(k), sent_);
   for (std::size_t i = 0; i < e.size(); ++i) e[i] -= sent_[i];
   return code;
 }
 
 void ErrorFeedback::mean(int fragment, std::span<const std::span<const std::uint8_t>> codes,
-                         std::span<float> out, std::span<const std::uint8_t> left_out) const {
+                         std::span<float> out, std::span<const std::uint8_t> left_out,
+                         std::uint32_t k) const {
   if (out.size() != sizes_.at(static_cast<std::size_t>(fragment)))
     throw std::invalid_argument("ErrorFeedback::mean: " + std::to_string(out.size()) +
                                 " values for fragment " + std::to_string(fragment) + " of " +
@@ -57,17 +84,18 @@ void ErrorFeedback::mean(int fragment, std::span<const std::span<const std::uint
                                 std::to_string(codes.size()) + " members");
   std::fill(out.begin(), out.end(), 0.0f);
   std::size_t in = 0;
-  for (std::size_t k = 0; k < codes.size(); ++k) in += collective::is_left_out(left_out, k) ? 0 : 1;
+  for (std::size_t m = 0; m < codes.size(); ++m) in += collective::is_left_out(left_out, m) ? 0 : 1;
   if (in == 0) return;
   // members: Σ/K as it goes; senders: Σ first, then each entry over the members that sent it.
   std::vector<std::uint16_t> senders(over_senders_ ? out.size() : 0, 0);
   const float scale = over_senders_ ? 1.0f : 1.0f / static_cast<float>(in);
-  for (std::size_t k = 0; k < codes.size(); ++k) {
-    if (collective::is_left_out(left_out, k)) continue;
+  const collective::sparse::Params p = params(k);
+  for (std::size_t m = 0; m < codes.size(); ++m) {
+    if (collective::is_left_out(left_out, m)) continue;
     try {
-      collective::sparse::decode_add(codes[k], params_, scale, out, senders);
+      collective::sparse::decode_add(codes[m], p, scale, out, senders);
     } catch (const collective::sparse::CodecError& e) {
-      throw collective::sparse::CodecError("the sparse code of member " + std::to_string(k) +
+      throw collective::sparse::CodecError("the sparse code of member " + std::to_string(m) +
                                            " of fragment " + std::to_string(fragment) + ": " +
                                            e.what());
     }
@@ -82,9 +110,9 @@ void ErrorFeedback::clear(std::size_t replica) {
 
 std::vector<guard::Verdict> judge_codes(const ErrorFeedback& feedback, int fragment,
                                         std::span<const std::span<const std::uint8_t>> codes,
-                                        const GuardConfig& guard) {
+                                        const GuardConfig& guard, std::uint32_t k) {
   if (!guard.on) return {};
-  return guard::judge(guard::sparse_facts(codes, feedback.params(), feedback.size(fragment)),
+  return guard::judge(guard::sparse_facts(codes, feedback.params(k), feedback.size(fragment)),
                       guard);
 }
 

@@ -14,6 +14,7 @@
 
 #include "diloco/job/config.hpp"
 #include "diloco/round/averager.hpp"
+#include "diloco/round/codec_plan.hpp"
 #include "runtime/collective/sparse.hpp"
 
 namespace torch::serialize {
@@ -29,22 +30,31 @@ class ErrorFeedback {
   // simulator's K, a worker's one). Every buffer starts at zero.
   ErrorFeedback(const TopkConfig& cfg, std::vector<std::size_t> sizes, std::size_t replicas);
 
+  // The code's parameters; k > 0: with k entries per chunk instead of the job's (compression
+  // auto chooses k each round: diloco/round/codec_plan.hpp).
   const collective::sparse::Params& params() const { return params_; }
+  collective::sparse::Params params(std::uint32_t k) const;
   // The bytes of fragment f's code: what a member may send for it, exactly.
-  std::size_t bytes(int fragment) const;
+  std::size_t bytes(int fragment, std::uint32_t k = 0) const;
   // Fragment f's length.
   std::size_t size(int fragment) const { return sizes_.at(static_cast<std::size_t>(fragment)); }
   // e ← β·e + delta; returns the code of e and takes what it sent off e. A delta that is not
   // finite leaves e as it was and gives an empty code: the member sends nothing (the guard
   // leaves it out; without the guard the mean refuses the empty code).
   std::vector<std::uint8_t> encode(std::size_t replica, int fragment,
-                                   std::span<const float> delta);
+                                   std::span<const float> delta, std::uint32_t k = 0);
+  // compression auto, a dense round with feedback: flush: e ← β·e + delta, out = e, e ← 0 (topk's
+  // rule with every entry sent); keep: out = delta, e as it was. A delta that is not finite is
+  // copied as it is (the guard or the collective refuses it) and leaves e as it was.
+  void dense(std::size_t replica, int fragment, std::span<const float> delta, std::span<float> out,
+             bool flush);
   // out = (1/K)·Σ_k decode(codes[k]), k in member order, over the K members that `left_out`
   // (one byte each, or empty: none) does not name; with mean: senders, each entry's sum over
   // the members whose code sent it instead of K. A code that is not fragment f's
   // (collective::sparse::CodecError) is named by its member's position. All left out: zeros.
   void mean(int fragment, std::span<const std::span<const std::uint8_t>> codes,
-            std::span<float> out, std::span<const std::uint8_t> left_out = {}) const;
+            std::span<float> out, std::span<const std::uint8_t> left_out = {},
+            std::uint32_t k = 0) const;
   // A replica's buffers under "PREFIX<f>" (checkpoints and inner states); load() leaves zeros
   // where the archive has none (a checkpoint written without topk) and checks sizes.
   void save(torch::serialize::OutputArchive& ar, const std::string& prefix,
@@ -70,6 +80,9 @@ class LocalSparseAverager final : public FragmentAverager {
   explicit LocalSparseAverager(ErrorFeedback& feedback, GuardConfig guard = GuardConfig{false},
                                GuardLog* log = nullptr)
       : feedback_(feedback), guard_(guard), log_(log) {}
+  // compression auto: the codec of the averages from now on (default: topk at the feedback's k),
+  // and what a dense one does with the buffer (ErrorFeedback::dense).
+  void choose(CodecChoice choice, bool flush) { choice_ = choice, flush_ = flush; }
   std::shared_future<std::uint64_t> start(std::uint64_t op, int fragment,
                                           std::span<const std::span<const float>> deltas,
                                           std::span<const std::span<float>> means) override;
@@ -78,12 +91,14 @@ class LocalSparseAverager final : public FragmentAverager {
   ErrorFeedback& feedback_;
   GuardConfig guard_;
   GuardLog* log_;
+  CodecChoice choice_{collective::Codec::fp32, feedback_.params().k};
+  bool flush_ = true;
 };
 
 // compression topk's guard: the verdicts on the gathered codes, in member order (none when the
 // guard is off).
 std::vector<guard::Verdict> judge_codes(const ErrorFeedback& feedback, int fragment,
                                         std::span<const std::span<const std::uint8_t>> codes,
-                                        const GuardConfig& guard);
+                                        const GuardConfig& guard, std::uint32_t k = 0);
 
 }  // namespace loco::diloco

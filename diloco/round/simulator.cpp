@@ -106,7 +106,15 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
       throw std::invalid_argument("--corrupt: worker " + std::to_string(c.worker) + " of " +
                                   std::to_string(opt_.workers) + " from round " +
                                   std::to_string(c.from_round) + " (one local rank per worker)");
-  if (cfg_.topk.on && opt_.mode == Mode::diloco) {
+  for (const std::string& c : opt_.codec_trace) {
+    const auto choice = parse_choice(c);
+    if (!choice || (choice->sparse() && !cfg_.keeps_feedback()))
+      throw std::invalid_argument("--codec-trace: '" + c.substr(0, 16) + "' is not a codec " +
+                                  "this job can run (fp32|fp16|bf16|int8" +
+                                  (cfg_.keeps_feedback() ? "|topk:K" : "") + "; compression " +
+                                  cfg_.compression_name() + ")");
+  }
+  if (cfg_.keeps_feedback() && opt_.mode == Mode::diloco) {
     if (g > 1)
       throw std::invalid_argument("compression: topk runs one local rank per worker (got " +
                                   std::to_string(g) + ")");
@@ -260,7 +268,11 @@ double Simulator::run_streaming_round() {
     }
   };
   std::optional<LocalSparseAverager> sparse;
-  if (feedback_) sparse.emplace(*feedback_, cfg_.guard, &guard_log_);
+  if (feedback_) {
+    sparse.emplace(*feedback_, cfg_.guard, &guard_log_);
+    sparse->choose(choice(), cfg_.autocodec.flush);
+  }
+  averager_.set_codec(choice().dense);
   Corrupted corrupted(sparse ? static_cast<FragmentAverager&>(*sparse) : averager_, *this);
   Sliced sliced(averager_, opt_.local_ranks);
   Counted averager(opt_.local_ranks > 1 ? static_cast<FragmentAverager&>(sliced) : corrupted,
@@ -304,8 +316,21 @@ RoundMetrics Simulator::initial_metrics() {
   return m;
 }
 
+CodecChoice Simulator::choice() const {
+  if (!opt_.codec_trace.empty()) {
+    const auto i = std::min(static_cast<std::size_t>(round_), opt_.codec_trace.size() - 1);
+    return *parse_choice(opt_.codec_trace[i]);  // checked at construction
+  }
+  if (cfg_.autocodec.on)
+    if (auto c = parse_choice(cfg_.autocodec.start); c && (!c->sparse() || feedback_)) return *c;
+  return fixed_choice(cfg_);
+}
+
 RoundMetrics Simulator::run_round() {
   const int h = cfg_.inner.steps;
+  // compression auto or a trace: metrics.jsonl says each round's codec.
+  const std::string ran =
+      streaming_ && (cfg_.autocodec.on || !opt_.codec_trace.empty()) ? choice().name() : "";
   const int k = opt_.workers;
   const std::int64_t n = parameter_count();
   double loss = 0;
@@ -332,6 +357,7 @@ RoundMetrics Simulator::run_round() {
   ++round_;
   steps_since_eval_ += h;
   RoundMetrics m;
+  if (!ran.empty()) m.codec = ran;
   m.round = round_;
   m.inner_steps = static_cast<std::int64_t>(round_) * h;
   m.tokens_per_worker = m.inner_steps * cfg_.tokens_per_inner_step();
@@ -357,7 +383,9 @@ RoundMetrics Simulator::run_round() {
 }
 
 void Simulator::clear_feedback(int worker) {
-  if (!feedback_) throw std::invalid_argument("--fresh-feedback: the job's compression is not topk");
+  if (!feedback_)
+    throw std::invalid_argument("--fresh-feedback: the job's compression keeps no error feedback "
+                                "(topk, or auto down to topk)");
   if (worker < 0 || worker >= opt_.workers)
     throw std::invalid_argument("--fresh-feedback: worker " + std::to_string(worker) + " of " +
                                 std::to_string(opt_.workers));
@@ -476,6 +504,8 @@ CheckpointInfo checkpoint_info(const std::string& path) {
   if (ar.try_read("round", round) && round.isInt()) info.round = round.toInt();
   torch::Tensor theta;
   info.outer_state = ar.try_read("outer.theta", theta);
+  c10::IValue codec;
+  if (ar.try_read("codec", codec) && codec.isString()) info.codec = codec.toStringRef().substr(0, 16);
   return info;
 }
 

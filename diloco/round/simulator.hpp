@@ -43,6 +43,10 @@ struct SimulateOptions {
     guard::Fault fault = guard::Fault::nan;
   };
   std::vector<Corruption> corrupt;
+  // The codec of each round (`loco-train --codec-trace`): round r (from 0) runs codec_trace[r]
+  // (a CodecChoice's name), rounds past its end the last. Empty: the job's compression (with
+  // auto: its start). A distributed job's metrics.jsonl "codec"s replayed give its θ.
+  std::vector<std::string> codec_trace;
 };
 
 class Simulator {
@@ -71,8 +75,9 @@ class Simulator {
   // AdamW state and schedule start fresh (warmup included). Before the first
   // round only; throws if θ's length is not this model's.
   void init_parameters(const std::string& checkpoint);
-  // compression topk: worker k's error feedback set to zero, as a worker that joins starts it
-  // (what that costs in loss: `loco-train train --fresh-feedback R:K`). Throws without topk.
+  // compression topk or auto: worker k's error feedback set to zero, as a worker that joins
+  // starts it (what that costs in loss: `loco-train train --fresh-feedback R:K`). Throws
+  // without one.
   void clear_feedback(int worker);
 
   // Checkpoint of the whole simulation (config, round, outer state, every
@@ -97,6 +102,8 @@ class Simulator {
   // take no more steps in it and abstain from its averages (guard off: the round fails).
   std::vector<bool> diverged_;
   LocalAverager averager_;
+  // The codec of the round running (codec_trace, or the job's).
+  CodecChoice choice() const;
   torch::Tensor val_windows_;
   int rounds_ = 0;
   int round_ = 0;
@@ -109,7 +116,7 @@ class Simulator {
   // InnerWorker drives too (streaming_round.hpp), over the K replicas (with G local ranks: each
   // worker's rank 0; the others step with it and copy its outer state).
   std::unique_ptr<StreamingRound> streaming_;
-  // compression topk: each worker's error feedback (per fragment in streaming and eager).
+  // compression topk or auto: each worker's error feedback (per fragment in streaming and eager).
   std::unique_ptr<ErrorFeedback> feedback_;
   void make_streaming();
   // opt_.corrupt applied to worker k's Δ of fragment f in this round (the blocking round's:
@@ -132,6 +139,7 @@ struct CheckpointInfo {
   JobConfig config;
   std::int64_t round = 0;
   bool outer_state = false;
+  std::string codec;  // compression auto: the codec of the round it ends ("": not written)
 };
 CheckpointInfo checkpoint_info(const std::string& path);
 // θ (flat fp32) of a checkpoint: the outer θ, or worker 0's parameters.

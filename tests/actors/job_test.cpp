@@ -109,7 +109,7 @@ TEST_P(DilocoParity, DistributedOverFourNodesMatchesTheSimulator) {
 // 256 with 16 values each sent: the test model is small).
 constexpr const char* kTopk = "{kind: topk, chunk: 256, k: 16}";
 bool is_topk(const std::string& compression) { return compression == kTopk; }
-INSTANTIATE_TEST_SUITE_P(Compression, DilocoParity, ::testing::Values("fp32", "int8", kTopk),
+INSTANTIATE_TEST_SUITE_P(Compression, DilocoParity, ::testing::Values("fp32", "bf16", "int8", kTopk),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            return is_topk(i.param) ? std::string("topk") : i.param;
                          });
@@ -230,6 +230,84 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   EXPECT_EQ(again.count(2), 0u);
   EXPECT_EQ(again.at(3), expected.at(3));
 }
+
+// compression: auto on a cluster: the aggregator decides each round's codec from what the round
+// before measured, and every member averages with it. Started at topk (k 64 of chunks of 256),
+// with a window that loopback's dense codecs fit (a blocking round's share of 0.9; streaming: 19
+// of the 20 steps between fragments), it climbs to a dense codec within the job, flushing each
+// member's error feedback into its first dense Δ. The simulator given the job's metrics.jsonl as
+// its codec trace holds the job's θ round for round, bit for bit, across the switches; a job
+// resumed from a checkpoint goes on with the codec of the checkpoint's round.
+class AutoCodecParity : public DilocoJob, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(AutoCodecParity, TheSimulatorReplaysTheJobsCodecsBitForBit) {
+  TestJob j = job(2, 2, 4);
+  j.compression = "{kind: auto, chunk: 256, start: topk:64, share: 0.9, margin: 1.0, patience: 1}";
+  j.checkpoint_every = 3;
+  j.eval_every = 1000;
+  if (GetParam() == "streaming") {
+    j.steps = 40;
+    j.sync = "{mode: streaming, fragments: 2, overlap_steps: 19, mix: 0.5}";
+  }
+  const std::string file = dir_ + "/job.yaml";
+  std::ofstream(file) << j.yaml();
+
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  JobHandle handle = client.submit(JobSpec::from_yaml_file(file));
+  JobInfo end = handle.wait(Millis(300000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log_text(handle);
+  const std::string folder = dir_ + "/ckpt/" + handle.id();
+  const std::string metrics = folder + "/metrics.jsonl";
+  std::vector<std::string> codecs;  // rounds 1..4
+  for (const std::string& line : jsonl(metrics))
+    if (line.find("\"codec\"") != std::string::npos) {
+      codecs.push_back(actors::json_field(line, "codec"));
+      EXPECT_NE(line.find("\"codec_reason\""), std::string::npos) << line;
+    }
+  ASSERT_EQ(codecs.size(), 4u) << "every round says its codec";
+  EXPECT_EQ(codecs.front(), "\"topk:64\"");
+  const std::string log = log_text(handle);
+  EXPECT_NE(log.find("topk:64 → "), std::string::npos) << log;
+  EXPECT_NE(log.find("the window is"), std::string::npos) << log;
+  // A dense round after a topk one: the error feedback flushed.
+  bool flushed = false;
+  for (size_t i = 1; i < codecs.size(); ++i)
+    flushed |= codecs[i - 1].find("topk") != std::string::npos &&
+               codecs[i].find("topk") == std::string::npos;
+  EXPECT_TRUE(flushed) << log;
+
+  Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out", dir_ + "/sim",
+                  "--codec-trace", metrics},
+                 Subprocess::Options{.log_path = dir_ + "/sim.log"});
+  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  const auto expected = theta_hashes(dir_ + "/sim/metrics.jsonl");
+  EXPECT_EQ(theta_hashes(metrics), expected);
+  // The control: the same trace without its switch (topk:64 throughout) holds another θ.
+  std::ofstream(dir_ + "/topk.trace") << "topk:64\n";
+  Subprocess fixed({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out",
+                    dir_ + "/sim-topk", "--codec-trace", dir_ + "/topk.trace"},
+                   Subprocess::Options{.log_path = dir_ + "/sim-topk.log"});
+  ASSERT_EQ(fixed.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim-topk.log";
+  EXPECT_NE(theta_hashes(dir_ + "/sim-topk/metrics.jsonl").at(4), expected.at(4));
+
+  // Resumed from round 3's checkpoint, the job goes on with that round's codec and the members'
+  // error feedback: its first round's θ is the job's when the job kept that codec (the round after
+  // a resume decides from a measurement the checkpoint does not hold).
+  const auto again = resumed_hashes(client, c.head_address(), folder + "/ckpt-round-3.pt", dir_);
+  std::string resumed_codec;
+  for (const JobInfo& job : client.jobs())
+    if (job.id != handle.id())
+      for (const std::string& line : jsonl(dir_ + "/ckpt/" + job.id + "/metrics.jsonl"))
+        if (resumed_codec.empty() && line.find("\"codec\"") != std::string::npos)
+          resumed_codec = actors::json_field(line, "codec");
+  EXPECT_EQ(resumed_codec, codecs[2]);
+  if (codecs[3] == codecs[2]) {
+    EXPECT_EQ(again.at(4), expected.at(4));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sync, AutoCodecParity, ::testing::Values("blocking", "streaming"));
 
 // θ evaluated every round does not hold the next round back: each member evaluates its share
 // of the validation windows on a copy of θ as the round ends, on a model of its own beside the

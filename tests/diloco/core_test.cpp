@@ -133,7 +133,8 @@ TEST(Config, RejectsBadValuesNamingTheField) {
   EXPECT_NE(error_of(replace(kJob, "chunk_kb: 64", "chunk_kib: 64")).find("allreduce"),
             std::string::npos);
   EXPECT_EQ(error_of(replace(kJob, "compression: int8", "compression: int4")),
-            "compression: expected one of fp32|fp16|bf16|int8, got 'int4'");
+            "compression: expected one of fp32|fp16|bf16|int8|topk|auto (or a mapping with kind "
+            "and settings: {kind: topk, k: 64}), got 'int4'");
   EXPECT_EQ(error_of(replace(kJob, "tokenizer: byte", "tokenizer: words")),
             "data.tokenizer: expected byte|bpe or the path of a tokenizer.json, got 'words'");
   EXPECT_NE(error_of(replace(kJob, "heads: 2", "heads: 3"))
@@ -209,7 +210,8 @@ TEST(Config, TopkCompressionParsesValidatesAndRoundTrips) {
   EXPECT_NE(bad("{kind: topk, mean: median}").find("compression.mean: expected one of members|senders"),
             std::string::npos) << bad("{kind: topk, mean: median}");
   EXPECT_NE(bad("{kind: topk, topk: 3}").find("compression.topk: unknown field"), std::string::npos);
-  EXPECT_NE(bad("{kind: int8, k: 3}").find("compression.k: only with kind: topk"), std::string::npos);
+  EXPECT_NE(bad("{kind: int8, k: 3}").find("compression.k: not a field of kind 'int8' (topk: "),
+            std::string::npos) << bad("{kind: int8, k: 3}");
   EXPECT_NE(bad("{kind: int4}").find("expected one of fp32|fp16|bf16|int8"), std::string::npos);
   // Rules between fields: more workers than gathering pays for; a time budget.
   EXPECT_NE(error_of(replace(replace(kJob, "compression: int8", "compression: {kind: topk, k: 2048}"),

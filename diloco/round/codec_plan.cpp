@@ -1,0 +1,211 @@
+#include "diloco/round/codec_plan.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "diloco/round/averager.hpp"
+#include "runtime/collective/sparse.hpp"
+
+namespace loco::diloco {
+
+namespace {
+
+constexpr std::string_view kTopk = "topk:";
+
+collective::sparse::Params sparse_params(const TopkConfig& topk, std::uint32_t k) {
+  collective::sparse::Params p;
+  p.chunk = static_cast<std::uint32_t>(topk.chunk);
+  p.k = std::min(k, p.chunk);
+  p.bits = static_cast<std::uint32_t>(topk.bits);
+  return p;
+}
+
+// "2.1 MB", "640 kB": bytes as the log says them.
+std::string megabytes(double bytes) {
+  char buf[32];
+  if (bytes >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f kB", bytes / 1e3);
+  return buf;
+}
+
+std::string fixed(double x, int digits) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
+  return buf;
+}
+
+}  // namespace
+
+std::string CodecChoice::name() const {
+  if (sparse()) return std::string(kTopk) + std::to_string(topk_k);
+  return std::string(collective::to_string(dense));
+}
+
+std::optional<CodecChoice> parse_choice(std::string_view name) {
+  if (name.size() > 16) return std::nullopt;
+  if (name.starts_with(kTopk)) {
+    const std::string_view digits = name.substr(kTopk.size());
+    std::uint32_t k = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), k);
+    if (ec != std::errc() || end != digits.data() + digits.size() || digits.empty() || k < 1 ||
+        k > 65536)
+      return std::nullopt;
+    return CodecChoice{collective::Codec::fp32, k};
+  }
+  if (auto c = collective::parse_codec(name)) return CodecChoice{*c, 0};
+  return std::nullopt;
+}
+
+CodecChoice fixed_choice(const JobConfig& cfg) {
+  if (cfg.topk.on) return CodecChoice{collective::Codec::fp32, static_cast<std::uint32_t>(cfg.topk.k)};
+  return CodecChoice{cfg.compression, 0};
+}
+
+std::vector<CodecChoice> codec_ladder(const JobConfig& cfg) {
+  using collective::Codec;
+  std::vector<CodecChoice> ladder = {{Codec::fp32, 0}, {Codec::bf16, 0}, {Codec::int8, 0}};
+  if (cfg.auto_sparse())
+    for (int div : {4, 16, 64})
+      ladder.push_back({Codec::fp32, static_cast<std::uint32_t>(std::max(1, cfg.topk.chunk / div))});
+  return ladder;
+}
+
+std::uint64_t choice_bytes(const CodecChoice& c, std::size_t n, int k, const TopkConfig& topk) {
+  if (k <= 1) return 0;
+  if (!c.sparse()) return allreduce_bytes_per_member(n, k, c.dense);
+  return static_cast<std::uint64_t>(k - 1) *
+         collective::sparse::encoded_bytes(n, sparse_params(topk, c.topk_k));
+}
+
+std::vector<std::string> read_codec_trace(const std::string& text) {
+  constexpr int kMaxRounds = 1 << 20;
+  std::vector<std::string> trace;
+  std::istringstream in(text);
+  std::string line;
+  for (int no = 1; std::getline(in, line); ++no) {
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos) continue;
+    const auto bad = [&](const std::string& why) {
+      return std::invalid_argument("codec trace, line " + std::to_string(no) + ": " + why);
+    };
+    std::string name;
+    std::int64_t round = static_cast<std::int64_t>(trace.size()) + 1;
+    if (line[first] == '{') {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
+      const auto c = j.find("codec");
+      if (c == j.end()) continue;  // round 0's line, or a job without compression auto
+      const auto r = j.find("round");
+      if (!c->is_string() || r == j.end() || !r->is_number_integer())
+        throw bad("\"codec\" must be a string and \"round\" an integer");
+      name = c->get<std::string>();
+      round = r->get<std::int64_t>();
+    } else {
+      const auto last = line.find_last_not_of(" \t\r");
+      name = line.substr(first, last - first + 1);
+    }
+    if (!parse_choice(name)) throw bad("'" + name.substr(0, 16) + "' is not a codec (fp32|fp16|bf16|int8|topk:K)");
+    if (round < 1 || round > kMaxRounds)
+      throw bad("round " + std::to_string(round) + " out of [1, " + std::to_string(kMaxRounds) + "]");
+    const auto at = static_cast<std::size_t>(round - 1);
+    if (trace.size() <= at) trace.resize(at + 1, trace.empty() ? name : trace.back());
+    trace[at] = name;
+  }
+  if (trace.empty()) throw std::invalid_argument("codec trace: no codec in it");
+  return trace;
+}
+
+CodecPlanner::CodecPlanner(const JobConfig& cfg, std::size_t n)
+    : cfg_(cfg), n_(n), ladder_(codec_ladder(cfg)) {
+  const auto start = parse_choice(cfg.autocodec.start);
+  resume(start ? *start : ladder_.front());
+}
+
+void CodecPlanner::resume(const CodecChoice& c) {
+  // The rung that sends at least as few bytes as `c`: the first, from the least lossy, whose
+  // bytes are no more than c's.
+  const std::uint64_t want = choice_bytes(c, n_, 2, cfg_.topk);
+  rung_ = static_cast<int>(ladder_.size()) - 1;
+  for (std::size_t i = 0; i < ladder_.size(); ++i)
+    if (choice_bytes(ladder_[i], n_, 2, cfg_.topk) <= want) {
+      rung_ = static_cast<int>(i);
+      break;
+    }
+  fits_above_ = 0;
+}
+
+double CodecPlanner::window(double step_seconds) const {
+  const SyncConfig& s = cfg_.sync;
+  if (s.mode == SyncMode::blocking) {
+    const double share = std::clamp(cfg_.autocodec.share, 1e-6, 0.99);
+    return share / (1 - share) * step_seconds * cfg_.inner.steps;
+  }
+  // A fragment's average has τ steps before it lands; in streaming the next fragment's starts
+  // H/P steps after it, on the same communicator.
+  int steps = std::max(1, s.overlap_steps);
+  if (s.mode == SyncMode::streaming) steps = std::min(steps, cfg_.inner.steps / std::max(1, s.fragments));
+  return std::max(1, steps) * step_seconds;
+}
+
+CodecDecision CodecPlanner::decide(std::int64_t round, const std::optional<LinkSample>& last,
+                                   int members) {
+  CodecDecision d;
+  d.round = static_cast<int>(round + 1);
+  d.from = current();
+  if (!last || last->bytes == 0 || last->seconds <= 0 || last->step_seconds <= 0 || members < 2) {
+    d.to = current();
+    d.reason = round == 0 ? "the first round's codec (compression.start)"
+                          : "nothing measured in the round before: kept";
+    return d;
+  }
+  const double rate = double(last->bytes) / last->seconds;  // bytes per second
+  const double win = window(last->step_seconds);
+  const auto takes = [&](int rung) {
+    return double(choice_bytes(ladder_[static_cast<std::size_t>(rung)], n_, members, cfg_.topk)) /
+           rate;
+  };
+  const auto why = [&](int rung, const char* verb) {
+    const double b = double(choice_bytes(ladder_[static_cast<std::size_t>(rung)], n_, members,
+                                         cfg_.topk));
+    return megabytes(b) + " at " + fixed(rate * 8 / 1e6, 1) + " Mbit/s " + verb + " " +
+           fixed(b / rate, 2) + " s, the window is " + fixed(win, 2) + " s";
+  };
+  const int top = static_cast<int>(ladder_.size()) - 1;
+  if (takes(rung_) > win && rung_ < top) {
+    // Down at once, to the least lossy rung that fits (the last when none does).
+    const int was = rung_;
+    while (rung_ < top && takes(rung_) > win) ++rung_;
+    fits_above_ = 0;
+    d.to = current();
+    d.reason = ladder_[static_cast<std::size_t>(was)].name() + ": " + why(was, "would take") +
+               (takes(rung_) > win ? "; none fits: the lossiest" : "");
+    return d;
+  }
+  // Up only after `patience` rounds in a row in which the rung above fitted within the margin;
+  // then as far up as fits within it.
+  const double roomy = win * std::clamp(cfg_.autocodec.margin, 0.01, 1.0);
+  if (rung_ > 0 && takes(rung_ - 1) <= roomy) {
+    if (++fits_above_ >= std::max(1, cfg_.autocodec.patience)) {
+      while (rung_ > 0 && takes(rung_ - 1) <= roomy) --rung_;
+      fits_above_ = 0;
+      d.to = current();
+      d.reason = why(rung_, "would take");
+      return d;
+    }
+  } else {
+    fits_above_ = 0;
+  }
+  d.to = current();
+  d.reason = why(rung_, "takes");
+  return d;
+}
+
+}  // namespace loco::diloco
