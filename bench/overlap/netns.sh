@@ -35,8 +35,16 @@
 #
 # A mode named MODE-ckpt is MODE with a checkpoint after every CKPT_EVERY rounds (default 1;
 # the others write final.pt only): what checkpoints cost a round, side by side with MODE.
-# MODE-int8 and MODE-topk run MODE with compression int8, or TOPK (default the sparse codec's
-# defaults, {kind: topk}); the others fp32.
+# MODE-int8, MODE-bf16, MODE-topk and MODE-auto run MODE with compression int8, bf16, TOPK
+# (default the sparse codec's defaults, {kind: topk}) or AUTO (default auto: the codec chosen
+# each round for the link, docs/decisions/0052); the others fp32. Each mode's rounds' codecs
+# (metrics.jsonl "codec") and utilizations are printed round by round.
+#
+# LINK_SCHEDULE="4:5mbit 8:100mbit" changes every host's egress rate (tc change) once the job
+# has ended round 3 (so round 4 runs at 5 Mbit/s), and again after round 7; each mode starts
+# at RATE. With it, a per-phase table: each mode's median utilization in each phase.
+#   RATE=100mbit ROUNDS=12 LINK_SCHEDULE="4:5mbit 8:100mbit" TORCHFT_MODES= \
+#     MODES="streaming streaming-int8 streaming-topk streaming-auto" bench/overlap/netns.sh
 #
 # TOGETHER=1 runs each torchft mode at the same time as loco's mode of the same name (8
 # workers on the 4 hosts), instead of after all of loco's: on a machine whose other load comes
@@ -54,6 +62,8 @@ CKPT_EVERY=${CKPT_EVERY:-1}
 EVAL_BATCHES=${EVAL_BATCHES:-2}  # of 16 windows each, at round 0 and the end: the final loss
 TORCHFT_MODES=${TORCHFT_MODES-blocking streaming}
 TOPK=${TOPK:-"{kind: topk}"}
+AUTO=${AUTO:-auto}
+LINK_SCHEDULE=${LINK_SCHEDULE:-}
 TORCHFT_FRAGMENTS=${TORCHFT_FRAGMENTS:-4}
 TORCHFT_DELAY=${TORCHFT_DELAY:-2}
 TORCHFT_ALPHA=${TORCHFT_ALPHA:-0.5}
@@ -100,18 +110,40 @@ ${5:+guard: $5}
 JOB
 }
 
-declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW MID TWALL TFAIL TSUM LFAIL NCPU TCPU CPUS THRS GTIME
+declare -A WALL UTIL RUTIL RTIME LOSS STEPS WUTIL SLOW MID TWALL TFAIL TSUM LFAIL NCPU TCPU CPUS THRS GTIME CODECS PHASES
+shape_all() {  # RATE: every host's egress
+  for h in 1 2 3 4; do
+    ip netns exec "${TAG}h$h" tc qdisc change dev "${TAG}p$h" root tbf rate "$1" burst 128kbit latency 400ms
+  done
+}
+# LINK_SCHEDULE's changes, as the job's metrics.jsonl reaches each round (a background loop,
+# polling the file: a bench's clock, not a test's synchronization).
+follow_schedule() {  # METRICS_FILE
+  local change round rate
+  for change in $LINK_SCHEDULE; do
+    round=${change%%:*} rate=${change#*:}
+    until [ -f "$1" ] && grep -q "\"round\":$((round - 1))," "$1"; do sleep 0.5; done
+    shape_all "$rate"
+    say "link: every host's egress now $rate (round $((round - 1)) ended)"
+  done
+}
 run_mode() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION GUARD
   local mode=$1 file="$WORK/$1.yaml"
   job_file "$mode" "$2" "${3:-0}" "${4:-fp32}" "${5:-}" >"$file"
-  local t0=$SECONDS c0
+  local t0=$SECONDS c0 follower=""
   c0=$(cpu_seconds "${NODE_PIDS[@]}")
+  shape_all "$RATE"
   submit "$file"
+  if [ -n "$LINK_SCHEDULE" ]; then
+    follow_schedule "$WORK/checkpoints/$JOB/metrics.jsonl" &
+    follower=$!
+  fi
   if [ -n "${TOGETHER:-}" ] && [[ " $TORCHFT_MODES " == *" $mode "* ]]; then
     torchft_mode "$mode"
     TOGETHER_DONE+=" $mode"
   fi
   wait_job_end "$WAIT_S"
+  [ -n "$follower" ] && { kill "$follower" 2>/dev/null; wait "$follower" 2>/dev/null; }
   WALL[$mode]=$((SECONDS - t0))
   NCPU[$mode]=$(awk -v a="$c0" -v b="$(cpu_seconds "${NODE_PIDS[@]}")" 'BEGIN {printf "%.1f", b - a}')
   local log="$WORK/$mode.log" folder="$WORK/checkpoints/$JOB"
@@ -138,6 +170,32 @@ run_mode() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION GUARD
   # where none ran (guard off, or topk: judged on the gathered codes, nothing extra sent).
   GTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | { grep -o '"guard_time":[0-9.e-]*' || true; } |
     cut -d: -f2 | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else printf "%.4f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
+  # Round by round: "R:CODEC:UTIL%" (the codec "-" where the job fixes it).
+  CODECS[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | awk '{
+    r = $0; sub(/.*"round":/, "", r); sub(/,.*/, "", r)
+    c = "-"; if (match($0, /"codec":"[^"]*"/)) c = substr($0, RSTART + 9, RLENGTH - 10)
+    u = $0; sub(/.*"utilization":/, "", u); sub(/[,}].*/, "", u)
+    printf "%s%s:%s:%.1f", (NR > 1 ? " " : ""), r, c, 100 * u }')
+  if [ -n "$LINK_SCHEDULE" ]; then
+    # Median utilization of each phase's rounds: [1, first change), [change, next), ...
+    PHASES[$mode]=$(awk -v sched="$LINK_SCHEDULE" -v rounds="${CODECS[$mode]}" 'BEGIN {
+      n = split(sched, ch, " "); starts[1] = 1
+      for (i = 1; i <= n; ++i) { split(ch[i], p, ":"); starts[i + 1] = p[1] }
+      m = split(rounds, rs, " ")
+      for (ph = 1; ph <= n + 1; ++ph) {
+        k = 0
+        for (j = 1; j <= m; ++j) {
+          split(rs[j], f, ":"); r = f[1] + 0
+          if (r >= starts[ph] && (ph > n || r < starts[ph + 1])) v[++k] = f[3] + 0
+        }
+        # insertion sort, then the median
+        for (a = 2; a <= k; ++a) { x = v[a]; b = a - 1; while (b > 0 && v[b] > x) { v[b + 1] = v[b]; --b } v[b + 1] = x }
+        med = k == 0 ? "-" : (k % 2 ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2)
+        printf "%s%s", (ph > 1 ? " " : ""), med
+      }
+    }')
+  fi
+  say "$mode: rounds (round:codec:utilization %): ${CODECS[$mode]}"
   read -r _ STEPS[$mode] WUTIL[$mode] SLOW[$mode] _ _ MID[$mode] CPUS[$mode] THRS[$mode] \
     <<<"$("$TORCHFT_PY" "$SUMMARY" loco "$folder/metrics.jsonl" "$H")"
   say "$mode: wall ${WALL[$mode]} s, job utilization ${UTIL[$mode]} %, rounds: median utilization" \
@@ -181,6 +239,8 @@ for m in $MODES; do
   case "$base" in
     *-int8) codec=int8; base=${base%-int8} ;;
     *-topk) codec=$TOPK; base=${base%-topk} ;;
+    *-bf16) codec=bf16; base=${base%-bf16} ;;
+    *-auto) codec=$AUTO; base=${base%-auto} ;;
   esac
   case "$base" in
     blocking) run_mode "$m" "" "$every" "$codec" "$guard" ;;
@@ -235,6 +295,15 @@ echo "# processes (their own count, at exit)"
 for m in $MODES $(for t in $TORCHFT_MODES; do echo "torchft-$t"; done); do
   echo "$m: wall ${WALL[$m]:--} s, loco nodes ${NCPU[$m]:--} s${TCPU[$m]:+, torchft workers ${TCPU[$m]} s}"
 done
+for m in $MODES; do
+  [ -n "${CODECS[$m]:-}" ] && echo "$m rounds (round:codec:utilization %): ${CODECS[$m]}"
+done
+if [ -n "$LINK_SCHEDULE" ]; then
+  echo "# median round utilization % per phase; phases start at round 1 and at: $LINK_SCHEDULE (from $RATE)"
+  for m in $MODES; do
+    [ -n "${PHASES[$m]:-}" ] && echo "$m phases: ${PHASES[$m]}  final val_loss ${LOSS[$m]:--}"
+  done
+fi
 # loco against torchft, mode by mode: a worker's H steps where loco reports them per member
 # (blocking), else the slowest worker's; loco's utilization per member, else its round's.
 for m in $MODES; do

@@ -245,7 +245,9 @@ struct TopkConfig {
   int bits = 2;
   double error_feedback = 0.95;  // β
   OuterRule outer = OuterRule::sparseloco;
-  SparseMean mean = SparseMean::members;
+  // senders by default: the sparse mean's scale then does not shrink with K, so the job's
+  // outer lr (tuned for dense DiLoCo) carries over (docs/results.md, "Where sparse is safe").
+  SparseMean mean = SparseMean::senders;
 };
 
 // compression: auto (diloco/round/codec_plan.hpp; docs/decisions/0052): each round's codec
@@ -257,13 +259,13 @@ struct AutoCodecConfig {
   bool on = false;
   double share = 0.03;  // blocking: the most of a round its exchange may take
   double margin = 0.7;  // a less lossy codec is taken when it fits in margin × the window ...
-  int patience = 2;     // ... for this many rounds in a row
+  int patience = 1;     // ... for this many rounds in a row
   bool sparse = true;   // the topk rungs may be chosen (needs inner.budget steps, one rank)
   std::string start = "fp32";  // the first round's codec (a rung's name: fp32, int8, topk:64)
-  // A dense round after topk ones: flush (send Δ plus what the error feedback holds, the
-  // buffer emptied: topk's rule with every entry sent) or keep (send Δ; the buffer waits for
-  // the next topk round).
-  bool flush = true;
+  // A dense round after topk ones: keep (send Δ; the buffer waits for the next topk round) or
+  // flush (send Δ plus what the buffer holds, emptied: topk's rule with every entry sent; its
+  // stale mass in one step cost more loss: decision 0052).
+  bool flush = false;
 };
 
 // How a round's pseudo-gradients are synchronized (docs/decisions/, 0013 to 0015: Streaming

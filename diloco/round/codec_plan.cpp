@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -72,9 +73,10 @@ CodecChoice fixed_choice(const JobConfig& cfg) {
 std::vector<CodecChoice> codec_ladder(const JobConfig& cfg) {
   using collective::Codec;
   std::vector<CodecChoice> ladder = {{Codec::fp32, 0}, {Codec::bf16, 0}, {Codec::int8, 0}};
+  // One sparse rung, at the job's k: with its 2^bits levels a chunk's, a larger k quantizes
+  // more values as coarsely and lost more, not less (docs/results.md, "Where sparse is safe").
   if (cfg.auto_sparse())
-    for (int div : {4, 16, 64})
-      ladder.push_back({Codec::fp32, static_cast<std::uint32_t>(std::max(1, cfg.topk.chunk / div))});
+    ladder.push_back({Codec::fp32, static_cast<std::uint32_t>(std::min(cfg.topk.k, cfg.topk.chunk))});
   return ladder;
 }
 
@@ -139,7 +141,9 @@ void CodecPlanner::resume(const CodecChoice& c) {
       rung_ = static_cast<int>(i);
       break;
     }
-  fits_above_ = 0;
+  fits_above_ = small_rounds_ = 0;
+  probing_ = false;
+  probe_wait_ = std::max(1, cfg_.autocodec.patience);
 }
 
 double CodecPlanner::window(double step_seconds) const {
@@ -184,16 +188,19 @@ CodecDecision CodecPlanner::decide(std::int64_t round, const std::optional<LinkS
     const int was = rung_;
     while (rung_ < top && takes(rung_) > win) ++rung_;
     fits_above_ = 0;
+    // A probe that did not fit: the next one waits twice as long (at most 16 rounds).
+    if (std::exchange(probing_, false)) probe_wait_ = std::min(16, 2 * probe_wait_);
     d.to = current();
-    d.reason = ladder_[static_cast<std::size_t>(was)].name() + ": " + why(was, "would take") +
-               (takes(rung_) > win ? "; none fits: the lossiest" : "");
+    d.reason = why(was, "would take") + (takes(rung_) > win ? "; none fits: the lossiest" : "");
     return d;
   }
   // Up only after `patience` rounds in a row in which the rung above fitted within the margin;
   // then as far up as fits within it.
   const double roomy = win * std::clamp(cfg_.autocodec.margin, 0.01, 1.0);
+  const int patience = std::max(1, cfg_.autocodec.patience);
+  if (std::exchange(probing_, false)) probe_wait_ = patience;  // the probe's rung fitted
   if (rung_ > 0 && takes(rung_ - 1) <= roomy) {
-    if (++fits_above_ >= std::max(1, cfg_.autocodec.patience)) {
+    if (++fits_above_ >= patience) {
       while (rung_ > 0 && takes(rung_ - 1) <= roomy) --rung_;
       fits_above_ = 0;
       d.to = current();
@@ -202,7 +209,21 @@ CodecDecision CodecPlanner::decide(std::int64_t round, const std::optional<LinkS
     }
   } else {
     fits_above_ = 0;
+    // A small exchange's time is mostly latency, so its bytes over seconds understate the link:
+    // after `patience` such rounds, try the rung above once (a probe), whose larger exchange
+    // measures it; a probe that does not fit goes back down the round after, and the next
+    // probe waits twice as long.
+    if (rung_ > 0 && last->bytes < kProbeBytes && ++small_rounds_ >= probe_wait_) {
+      small_rounds_ = 0;
+      probing_ = true;
+      --rung_;
+      d.to = current();
+      d.reason = "a probe: " + megabytes(double(last->bytes)) + " in " +
+                 fixed(last->seconds, 3) + " s says little of the link; " + why(rung_ + 1, "takes");
+      return d;
+    }
   }
+  if (last->bytes >= kProbeBytes) small_rounds_ = 0;
   d.to = current();
   d.reason = why(rung_, "takes");
   return d;

@@ -15,7 +15,10 @@
 //     1 − share); in streaming and eager, the time a fragment's average has before it is
 //     needed (the overlap's steps at the measured seconds per step).
 // Hysteresis: a lossier rung is taken at once when the current one does not fit; a less lossy
-// one only when it fits within `margin` of the window for `patience` rounds in a row.
+// one only when it fits within `margin` of the window for `patience` rounds in a row. An
+// exchange of less than kProbeBytes a member is mostly latency and understates the link: after
+// `patience` rounds of those without a climb, the next round tries the rung above (a probe);
+// a probe that does not fit doubles the wait before the next (at most 16 rounds).
 #pragma once
 
 #include <cstddef>
@@ -46,7 +49,7 @@ std::optional<CodecChoice> parse_choice(std::string_view name);
 CodecChoice fixed_choice(const JobConfig& cfg);
 
 // The rungs `compression: auto` chooses from, least lossy first: fp32, bf16, int8, then (with
-// `sparse` allowed) topk at k = chunk/4, chunk/16 and chunk/64 of the job's chunk.
+// `sparse` allowed) topk at the job's k.
 std::vector<CodecChoice> codec_ladder(const JobConfig& cfg);
 
 // Bytes one member sends for an average of n values among k members under `c`: the butterfly's
@@ -75,6 +78,7 @@ struct CodecDecision {
 
 class CodecPlanner {
  public:
+  static constexpr std::uint64_t kProbeBytes = 1'000'000;
   // `n`: the values one average carries (blocking: θ; streaming: the largest fragment).
   CodecPlanner(const JobConfig& cfg, std::size_t n);
   // Round `round`'s codec (0-based), from the round before's sample among `members` members
@@ -91,7 +95,10 @@ class CodecPlanner {
   std::size_t n_;
   std::vector<CodecChoice> ladder_;
   int rung_ = 0;
-  int fits_above_ = 0;  // rounds in a row the rung above fitted within the margin
+  int fits_above_ = 0;    // rounds in a row the rung above fitted within the margin
+  int small_rounds_ = 0;  // rounds in a row measured on fewer than kProbeBytes
+  int probe_wait_ = 1;    // such rounds before a probe: patience, doubled by each failed probe
+  bool probing_ = false;  // the current rung is a probe's
 };
 
 }  // namespace loco::diloco

@@ -234,8 +234,9 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
 // compression: auto on a cluster: the aggregator decides each round's codec from what the round
 // before measured, and every member averages with it. Started at topk (k 64 of chunks of 256),
 // with a window that loopback's dense codecs fit (a blocking round's share of 0.9; streaming: 19
-// of the 20 steps between fragments), it climbs to a dense codec within the job, flushing each
-// member's error feedback into its first dense Δ. The simulator given the job's metrics.jsonl as
+// of the 20 steps between fragments), it climbs to a dense codec within the job (by prediction
+// or by a probe), each member keeping its error feedback for a later topk round. The simulator
+// given the job's metrics.jsonl as
 // its codec trace holds the job's θ round for round, bit for bit, across the switches; a job
 // resumed from a checkpoint goes on with the codec of the checkpoint's round.
 class AutoCodecParity : public DilocoJob, public ::testing::WithParamInterface<std::string> {};
@@ -270,12 +271,23 @@ TEST_P(AutoCodecParity, TheSimulatorReplaysTheJobsCodecsBitForBit) {
   const std::string log = log_text(handle);
   EXPECT_NE(log.find("topk:64 → "), std::string::npos) << log;
   EXPECT_NE(log.find("the window is"), std::string::npos) << log;
-  // A dense round after a topk one: the error feedback flushed.
-  bool flushed = false;
+  // A dense round after a topk one: the switch the error feedback must survive.
+  bool switched = false;
   for (size_t i = 1; i < codecs.size(); ++i)
-    flushed |= codecs[i - 1].find("topk") != std::string::npos &&
-               codecs[i].find("topk") == std::string::npos;
-  EXPECT_TRUE(flushed) << log;
+    switched |= codecs[i - 1].find("topk") != std::string::npos &&
+                codecs[i].find("topk") == std::string::npos;
+  EXPECT_TRUE(switched) << log;
+  // Each change is a "codec" record of the job's events too (the dashboard's timeline).
+  int records = 0, changes = 0;
+  for (size_t i = 1; i < codecs.size(); ++i) changes += codecs[i] != codecs[i - 1];
+  for (const JobEvent& e : client.runtime().job_events(handle.id(), "", 1000).events)
+    if (e.kind == actors::kCodecRecord) {
+      const auto rec = unpack_checked<actors::CodecRecord>(e.data, "a codec record");
+      EXPECT_NE(rec.text.find(" → "), std::string::npos) << rec.text;
+      EXPECT_GE(rec.round, 2);
+      ++records;
+    }
+  EXPECT_EQ(records, changes);
 
   Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out", dir_ + "/sim",
                   "--codec-trace", metrics},

@@ -52,8 +52,7 @@ TEST(CodecChoice, NamesRoundTripAndHostileNamesAreRefused) {
 TEST(CodecLadder, LeastLossyFirstAndTopkOnlyWhereTheJobCanRunIt) {
   std::vector<std::string> names;
   for (const auto& c : codec_ladder(job("auto"))) names.push_back(c.name());
-  EXPECT_EQ(names, (std::vector<std::string>{"fp32", "bf16", "int8", "topk:1024", "topk:256",
-                                             "topk:64"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"fp32", "bf16", "int8", "topk:64"}));
   // Each rung sends fewer bytes than the one before.
   const JobConfig cfg = job("auto");
   const auto ladder = codec_ladder(cfg);
@@ -81,19 +80,40 @@ TEST(CodecPlanner, BlockingKeepsFp32OnAFastLinkAndFallsAtOnceOnASlowOne) {
   d = p.decide(1, at(10'000, 1.5), 4);
   EXPECT_EQ(d.to.name(), "fp32");
   EXPECT_NEAR(p.window(1.5), 0.03 / 0.97 * 18, 1e-9);
-  // At 100 Mbit/s: fp32 3.1 s, bf16 1.5 s, int8 0.77 s do not fit; topk k 1024 (4.2 MB) does not
-  // either; topk:256 does.
+  // At 100 Mbit/s: fp32 3.1 s, bf16 1.5 s, int8 0.77 s do not fit; topk:64 (0.6 MB) does.
   d = p.decide(2, at(100, 1.5), 4);
   EXPECT_TRUE(d.changed());
   EXPECT_EQ(d.from.name(), "fp32");
-  EXPECT_EQ(d.to.name(), "topk:256");
-  EXPECT_NE(d.reason.find("fp32: 38.4 MB at 100.0 Mbit/s would take 3.07 s, the window is 0.56 s"),
+  EXPECT_EQ(d.to.name(), "topk:64");
+  EXPECT_EQ(d.reason.find("38.4 MB at 100.0 Mbit/s would take 3.07 s, the window is 0.56 s"),
+            0u)
+      << d.reason;
+  EXPECT_NE(d.reason.find("would take"),
             std::string::npos)
       << d.reason;
   // Slower than anything fits: the lossiest rung, and the reason says so.
-  d = p.decide(3, at(0.1, 1.5), 4);
+  CodecPlanner q(cfg, 6'400'000);
+  d = q.decide(1, at(0.1, 1.5), 4);
   EXPECT_EQ(d.to.name(), "topk:64");
   EXPECT_NE(d.reason.find("none fits"), std::string::npos) << d.reason;
+}
+
+TEST(CodecPlanner, ASmallExchangeIsProbedAboveAndAFailedProbeWaitsTwiceAsLong) {
+  CodecPlanner p(job("{kind: auto, start: topk:64, patience: 1}"), 6'400'000);
+  // topk's 0.6 MB in 1 s: 4.8 Mbit/s, at which int8 (9.6 MB) would take 16 s, far past the
+  // 0.56 s window; but so small an exchange is mostly latency: the next round probes int8.
+  const LinkSample small{600'000, 1.0, 1.5};
+  auto d = p.decide(1, small, 4);
+  EXPECT_EQ(d.to.name(), "int8");
+  EXPECT_NE(d.reason.find("a probe"), std::string::npos) << d.reason;
+  // int8 measured at 4.8 Mbit/s: it does not fit; back down, and the next probe waits 2 rounds.
+  d = p.decide(2, LinkSample{9'600'000, 16.0, 1.5}, 4);
+  EXPECT_EQ(d.to.name(), "topk:64");
+  EXPECT_EQ(p.decide(3, small, 4).to.name(), "topk:64");
+  EXPECT_EQ(p.decide(4, small, 4).to.name(), "int8");
+  // This time int8 fits (the link came back): it stays, and climbs from there as measured.
+  d = p.decide(5, at(1000, 1.5, 9'600'000), 4);
+  EXPECT_NE(d.to.name(), "topk:64");
 }
 
 TEST(CodecPlanner, ClimbsOnlyAfterPatienceRoundsWithinTheMargin) {
@@ -136,8 +156,10 @@ TEST(CodecPlanner, TheStreamingWindowIsTheOverlapOrTheFragmentIntervalWhicheverI
 
 TEST(CodecPlanner, ResumesAtTheRungOfACheckpointsCodec) {
   CodecPlanner p(job("auto"), 6'400'000);
-  p.resume(*parse_choice("topk:256"));
-  EXPECT_EQ(p.current().name(), "topk:256");
+  p.resume(*parse_choice("topk:64"));
+  EXPECT_EQ(p.current().name(), "topk:64");
+  p.resume(*parse_choice("topk:256"));  // not a rung: the first that sends no more
+  EXPECT_EQ(p.current().name(), "topk:64");
   p.resume(*parse_choice("fp16"));  // not a rung: the one that sends as few bytes
   EXPECT_EQ(p.current().name(), "bf16");
 }
@@ -171,18 +193,19 @@ TEST(Config, AutoCompressionParsesValidatesAndRoundTrips) {
   EXPECT_FALSE(a.topk.on);
   EXPECT_EQ(a.topk.outer, OuterRule::nesterov) << "the job's outer step under every rung";
   EXPECT_EQ(a.outer_step().momentum, a.outer.momentum);
+  EXPECT_FALSE(a.autocodec.flush) << "keep: the measured better choice (decision 0052)";
   const JobConfig b = job(
       "{kind: auto, share: 0.05, margin: 0.5, patience: 3, sparse: true, start: topk:256, "
-      "feedback: keep, chunk: 2048, bits: 3, error_feedback: 0.9}");
+      "feedback: flush, chunk: 2048, bits: 3, error_feedback: 0.9}");
   EXPECT_DOUBLE_EQ(b.autocodec.share, 0.05);
   EXPECT_DOUBLE_EQ(b.autocodec.margin, 0.5);
   EXPECT_EQ(b.autocodec.patience, 3);
   EXPECT_EQ(b.autocodec.start, "topk:256");
-  EXPECT_FALSE(b.autocodec.flush);
+  EXPECT_TRUE(b.autocodec.flush);
   EXPECT_EQ(b.topk.chunk, 2048);
   const JobConfig again = JobConfig::from_yaml(b.to_yaml());
   EXPECT_EQ(again.autocodec.start, "topk:256");
-  EXPECT_FALSE(again.autocodec.flush);
+  EXPECT_TRUE(again.autocodec.flush);
   EXPECT_EQ(again.topk.bits, 3);
   EXPECT_NE(b.compression_name().find("auto"), std::string::npos);
   const auto refused = [](const std::string& c) {
@@ -260,6 +283,7 @@ TEST(DeltaAverager, ADenseRoundWithFeedbackAveragesTheFlushedDeltasUnderTheRound
   t.k = 1;
   t.bits = 8;
   t.error_feedback = 1.0;
+  t.mean = SparseMean::members;
   const size_t n = 4, members = 2;
   ErrorFeedback fb(t, {n}, members);
   LocalMembers group(members, {});

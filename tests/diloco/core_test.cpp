@@ -177,14 +177,15 @@ TEST(Config, TopkCompressionParsesValidatesAndRoundTrips) {
   EXPECT_EQ(again.topk.outer, OuterRule::nesterov);
   EXPECT_EQ(again.topk.mean, SparseMean::senders);
   EXPECT_EQ(again.to_yaml(), c.to_yaml());
-  // Defaults: SparseLoCo's, whose error feedback replaces the outer momentum.
+  // Defaults: SparseLoCo's, whose error feedback replaces the outer momentum, with the mean over
+  // each entry's senders (the job's outer lr carries over: docs/results.md).
   const auto d = JobConfig::from_yaml(replace(kJob, "compression: int8", "compression: {kind: topk}"));
   EXPECT_EQ(d.topk.chunk, 4096);
   EXPECT_EQ(d.topk.k, 64);
   EXPECT_EQ(d.topk.bits, 2);
   EXPECT_DOUBLE_EQ(d.topk.error_feedback, 0.95);
   EXPECT_EQ(d.topk.outer, OuterRule::sparseloco);
-  EXPECT_EQ(d.topk.mean, SparseMean::members);
+  EXPECT_EQ(d.topk.mean, SparseMean::senders);
   EXPECT_EQ(d.outer_step().momentum, 0.0);
   // About 0.031 bytes a value gathered against int8's 2 (K-1)/K: 63 for a large model, a few
   // fewer for this one, whose chunks' headers weigh more.

@@ -869,6 +869,7 @@ TEST(ErrorFeedbackMean, SendersDividesEachEntryByItsSenders) {
   cfg.on = true;
   cfg.chunk = 64;
   cfg.k = 8;
+  cfg.mean = SparseMean::members;
   const std::size_t n = 640, members = 3;
   TopkConfig senders_cfg = cfg;
   senders_cfg.mean = SparseMean::senders;
