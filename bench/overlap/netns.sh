@@ -119,6 +119,7 @@ shape_all() {  # RATE: every host's egress
 # LINK_SCHEDULE's changes, as the job's metrics.jsonl reaches each round (a background loop,
 # polling the file: a bench's clock, not a test's synchronization).
 follow_schedule() {  # METRICS_FILE
+  trap - EXIT  # a background subshell: the cluster's cleanup is the main script's alone
   local change round rate
   for change in $LINK_SCHEDULE; do
     round=${change%%:*} rate=${change#*:}
@@ -143,7 +144,7 @@ run_mode() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION GUARD
     TOGETHER_DONE+=" $mode"
   fi
   wait_job_end "$WAIT_S"
-  [ -n "$follower" ] && { kill "$follower" 2>/dev/null; wait "$follower" 2>/dev/null; }
+  if [ -n "$follower" ]; then kill "$follower" 2>/dev/null || true; wait "$follower" 2>/dev/null || true; fi
   WALL[$mode]=$((SECONDS - t0))
   NCPU[$mode]=$(awk -v a="$c0" -v b="$(cpu_seconds "${NODE_PIDS[@]}")" 'BEGIN {printf "%.1f", b - a}')
   local log="$WORK/$mode.log" folder="$WORK/checkpoints/$JOB"
@@ -185,8 +186,8 @@ run_mode() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION GUARD
       for (ph = 1; ph <= n + 1; ++ph) {
         k = 0
         for (j = 1; j <= m; ++j) {
-          split(rs[j], f, ":"); r = f[1] + 0
-          if (r >= starts[ph] && (ph > n || r < starts[ph + 1])) v[++k] = f[3] + 0
+          nf = split(rs[j], f, ":"); r = f[1] + 0  # "R:CODEC:UTIL", CODEC perhaps "topk:64"
+          if (r >= starts[ph] && (ph > n || r < starts[ph + 1])) v[++k] = f[nf] + 0
         }
         # insertion sort, then the median
         for (a = 2; a <= k; ++a) { x = v[a]; b = a - 1; while (b > 0 && v[b] > x) { v[b + 1] = v[b]; --b } v[b + 1] = x }

@@ -183,6 +183,19 @@ CodecDecision CodecPlanner::decide(std::int64_t round, const std::optional<LinkS
            fixed(b / rate, 2) + " s, the window is " + fixed(win, 2) + " s";
   };
   const int top = static_cast<int>(ladder_.size()) - 1;
+  // A small exchange's rate is a lower bound (latency): it cannot show that a rung sending more
+  // than it does not fit. With rounds sent one ahead, a probe's rung is judged on the round
+  // before it until its own measurement comes.
+  const bool bound_only =
+      last->bytes < kProbeBytes &&
+      double(choice_bytes(current(), n_, members, cfg_.topk)) > double(last->bytes) * 1.5;
+  if (bound_only) {
+    d.to = current();
+    d.reason = "kept: " + megabytes(double(last->bytes)) + " in " + fixed(last->seconds, 3) +
+               " s cannot judge " + current().name() + "'s " +
+               megabytes(double(choice_bytes(current(), n_, members, cfg_.topk)));
+    return d;
+  }
   if (takes(rung_) > win && rung_ < top) {
     // Down at once, to the least lossy rung that fits (the last when none does).
     const int was = rung_;

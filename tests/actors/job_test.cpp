@@ -38,10 +38,12 @@ std::string job_yaml(const std::string& data, const std::string& ckpt,
 // `loco train --simulate K FILE --out DIR/NAME` (the simulator through the command line, its
 // output in DIR/NAME.log): whether it ended well.
 ::testing::AssertionResult simulate(const std::string& dir, const std::string& file, int k,
-                                    const std::string& name = "sim") {
-  Subprocess p({LOCO_BIN_DIR "/loco", "train", "--simulate", std::to_string(k), file, "--out",
-                dir + "/" + name},
-               Subprocess::Options{.log_path = dir + "/" + name + ".log"});
+                                    const std::string& name = "sim",
+                                    const std::vector<std::string>& more = {}) {
+  std::vector<std::string> argv = {LOCO_BIN_DIR "/loco", "train",  "--simulate", std::to_string(k),
+                                   file,                 "--out",  dir + "/" + name};
+  argv.insert(argv.end(), more.begin(), more.end());
+  Subprocess p(argv, Subprocess::Options{.log_path = dir + "/" + name + ".log"});
   if (p.wait(Millis(300000)).value_or(-1) == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "loco train --simulate " << k << " " << file
                                        << " failed; see " << dir << "/" << name << ".log";
@@ -289,18 +291,12 @@ TEST_P(AutoCodecParity, TheSimulatorReplaysTheJobsCodecsBitForBit) {
     }
   EXPECT_EQ(records, changes);
 
-  Subprocess sim({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out", dir_ + "/sim",
-                  "--codec-trace", metrics},
-                 Subprocess::Options{.log_path = dir_ + "/sim.log"});
-  ASSERT_EQ(sim.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim.log";
+  ASSERT_TRUE(simulate(dir_, file, 2, "sim", {"--codec-trace", metrics}));
   const auto expected = theta_hashes(dir_ + "/sim/metrics.jsonl");
   EXPECT_EQ(theta_hashes(metrics), expected);
   // The control: the same trace without its switch (topk:64 throughout) holds another θ.
   std::ofstream(dir_ + "/topk.trace") << "topk:64\n";
-  Subprocess fixed({LOCO_BIN_DIR "/loco", "train", "--simulate", "2", file, "--out",
-                    dir_ + "/sim-topk", "--codec-trace", dir_ + "/topk.trace"},
-                   Subprocess::Options{.log_path = dir_ + "/sim-topk.log"});
-  ASSERT_EQ(fixed.wait(Millis(300000)).value_or(-1), 0) << "see " << dir_ << "/sim-topk.log";
+  ASSERT_TRUE(simulate(dir_, file, 2, "sim-topk", {"--codec-trace", dir_ + "/topk.trace"}));
   EXPECT_NE(theta_hashes(dir_ + "/sim-topk/metrics.jsonl").at(4), expected.at(4));
 
   // Resumed from round 3's checkpoint, the job goes on with that round's codec and the members'
