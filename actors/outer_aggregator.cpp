@@ -161,18 +161,22 @@ std::string OuterAggregator::State::plan_codec(int64_t r, int members) {
 void OuterAggregator::State::note_link(const std::vector<std::pair<uint64_t, double>>& exchanges,
                                        std::vector<double> step_secs) {
   if (!planner) return;
-  std::optional<dl::LinkSample> worst;
+  // The member with the highest rate: every member sends about as much, and a member's time
+  // includes its wait for the others to enter each operation (in streaming up to a fragment
+  // interval), so the last to enter measured the exchange itself; a slow link slows every
+  // member's exchange, that one's too.
+  std::optional<dl::LinkSample> best;
   for (const auto& [bytes, seconds] : exchanges) {
     if (bytes == 0 || !(seconds > 0)) continue;
-    if (!worst || double(bytes) / seconds < double(worst->bytes) / worst->seconds)
-      worst = dl::LinkSample{bytes, seconds, 0};
+    if (!best || double(bytes) / seconds > double(best->bytes) / best->seconds)
+      best = dl::LinkSample{bytes, seconds, 0};
   }
   std::erase_if(step_secs, [](double x) { return !(x > 0) || !std::isfinite(x); });
-  if (!worst || step_secs.empty()) return;  // nothing sent, or no steps: the last sample stands
+  if (!best || step_secs.empty()) return;  // nothing sent, or no steps: the last sample stands
   std::sort(step_secs.begin(), step_secs.end());
   const size_t m = step_secs.size();
-  worst->step_seconds = m % 2 ? step_secs[m / 2] : (step_secs[m / 2 - 1] + step_secs[m / 2]) / 2;
-  link = worst;
+  best->step_seconds = m % 2 ? step_secs[m / 2] : (step_secs[m / 2 - 1] + step_secs[m / 2]) / 2;
+  link = best;
 }
 
 void OuterAggregator::State::record_checkpoint(const std::string& path, int64_t r) {

@@ -142,7 +142,8 @@ struct OuterAggregator::State {
   // Round r's codec as requests carry it ("": the job's own compression).
   std::string plan_codec(int64_t r, int members);
   // The round's exchanges as the members measured them (bytes and seconds each, 0 bytes: none):
-  // the slowest member's, with the round's median seconds per step, for the next decision.
+  // the fastest member's (the others' include waits for it), with the round's median seconds
+  // per step, for the next decision.
   void note_link(const std::vector<std::pair<uint64_t, double>>& exchanges,
                  std::vector<double> step_secs);
   // Seconds of every all-reduce attempt of this aggregator's life (the dashboard's network time).

@@ -9,8 +9,8 @@
 //
 // The rule (CodecPlanner::decide): the least lossy rung of the ladder whose exchange fits the
 // window, where
-//   - an exchange's time is its bytes per member over the slowest member's measured rate
-//     (bytes over seconds of the last round's exchanges: what the link gave, waits included);
+//   - an exchange's time is its bytes per member over the measured rate (bytes over seconds of
+//     the last round's exchanges, the fastest member's: the others' include waits for it);
 //   - the window is, in blocking rounds, `share` of the round (the inner steps' seconds over
 //     1 − share); in streaming and eager, the time a fragment's average has before it is
 //     needed (the overlap's steps at the measured seconds per step).
@@ -64,7 +64,7 @@ std::vector<std::string> read_codec_trace(const std::string& text);
 
 // What one round measured, for the next round's decision.
 struct LinkSample {
-  std::uint64_t bytes = 0;  // sent by the slowest member in the round's exchanges
+  std::uint64_t bytes = 0;  // sent by the member measured, in the round's exchanges
   double seconds = 0;       // that member's seconds in them
   double step_seconds = 0;  // the members' median seconds per inner step
 };
