@@ -258,11 +258,8 @@ std::vector<std::optional<InnerResult>> OuterAggregator::State::gather_inner(
   for (double t : arrived)
     if (t >= 0) times.push_back(t);
   if (times.size() >= 2) {
-    std::vector<double> sorted = times;
-    std::sort(sorted.begin(), sorted.end());
-    const size_t m = sorted.size();
-    const double median = m % 2 ? sorted[m / 2] : (sorted[m / 2 - 1] + sorted[m / 2]) / 2;
-    for (double t : times) lateness.push_back(t - median);
+    const double mid = median(times);
+    for (double t : times) lateness.push_back(t - mid);
     while (lateness.size() > 64) lateness.pop_front();
   }
   return out;

@@ -391,7 +391,7 @@ InnerWorker::State::RankAverage InnerWorker::State::average_rank(Rank& k, const 
   const std::span<float> out = mean.subspan(size_t(sl.begin), size_t(sl.size()));
   dl::DeltaAverager policy = this->policy();
   // With error feedback (compression topk or auto: one rank, no token weights: config.cpp) what
-  // it sends of this round's Δ, made once (a code, or Δ with the buffer flushed into it). Else,
+  // it sends of this round's Δ, made once (a code, or the dense Δ: ErrorFeedback::dense). Else,
   // with the guard on, this rank's slice summarized (each rank judges its own slice, in its own
   // group).
   dl::DeltaAverager::Sent sent;

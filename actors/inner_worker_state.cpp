@@ -120,8 +120,8 @@ void InnerWorker::State::choose(const std::string& codec, const char* method) {
   }
   const auto c = dl::parse_choice(codec);
   const bool dense_ok = c && !c->sparse();
-  const bool sparse_ok = c && c->sparse() && feedback && (cfg.topk.on || cfg.autocodec.on) &&
-                         c->topk_k <= uint32_t(cfg.topk.chunk);
+  // topk needs the error feedback (compression topk, or auto down to topk: keeps_feedback).
+  const bool sparse_ok = c && c->sparse() && feedback && c->topk_k <= uint32_t(cfg.topk.chunk);
   if (!dense_ok && !sparse_ok)
     throw std::invalid_argument("InnerWorker " + std::to_string(index) + ": " + method +
                                 " with codec '" + codec.substr(0, 16) +

@@ -95,8 +95,8 @@ struct InnerWorker::State {
   RankAverage average_rank(Rank& k, const ReduceRequest& req, std::span<const float> delta,
                            std::span<float> mean);
   // compression topk or auto: this worker's error feedback (one buffer per fragment; blocking:
-  // one), and in blocking rounds what it sends of round `coded_round`'s Δ (a code, or Δ with
-  // the buffer flushed into it), made once: an attempt retried sends the same bytes, and the
+  // one), and in blocking rounds what it sends of round `coded_round`'s Δ (a code, or the
+  // dense Δ: ErrorFeedback::dense), made once: an attempt retried sends the same bytes, and the
   // buffer takes each round's Δ once.
   std::unique_ptr<dl::ErrorFeedback> feedback;
   dl::DeltaAverager::Sent code;

@@ -173,9 +173,7 @@ void OuterAggregator::State::note_link(const std::vector<std::pair<uint64_t, dou
   }
   std::erase_if(step_secs, [](double x) { return !(x > 0) || !std::isfinite(x); });
   if (!best || step_secs.empty()) return;  // nothing sent, or no steps: the last sample stands
-  std::sort(step_secs.begin(), step_secs.end());
-  const size_t m = step_secs.size();
-  best->step_seconds = m % 2 ? step_secs[m / 2] : (step_secs[m / 2 - 1] + step_secs[m / 2]) / 2;
+  best->step_seconds = median(std::move(step_secs));
   link = best;
 }
 

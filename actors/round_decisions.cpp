@@ -194,13 +194,11 @@ const char* to_string(Pipeline p) {
   return "?";
 }
 
-namespace {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
-}  // namespace
 
 double inner_budget_seconds(double configured, int h, std::vector<double> recent_step_seconds) {
   if (configured > 0) return configured;

@@ -187,6 +187,8 @@ std::vector<EvalPart> evaluation_split(int64_t windows, int64_t batch_size, int 
 // H × the median of the members' recent seconds per step; 0 (run H steps) when there is no
 // measurement yet.
 double inner_budget_seconds(double configured, int h, std::vector<double> recent_step_seconds);
+// The median of `v` (the mean of the middle two for an even count); `v` must not be empty.
+double median(std::vector<double> v);
 
 // The grace window after the quorum: median + k·MAD of the recent lateness samples (seconds a
 // member reported after its round's median report; the spread of normal rounds), at least

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "diloco/job/codec_choice.hpp"
 #include "diloco/job/memory.hpp"
 #include "runtime/collective/sparse.hpp"
 
@@ -490,15 +491,14 @@ Field compression_field() {
     require(a.margin > 0 && a.margin <= 1, path + ".margin", "in (0, 1]", a.margin);
     require(a.patience >= 1 && a.patience <= 1000, path + ".patience", "in [1, 1000]",
             a.patience);
-    const std::string k = a.start.starts_with("topk:") ? a.start.substr(5) : "";
-    const bool rung = a.start == "fp32" || a.start == "bf16" || a.start == "int8" ||
-                      (!k.empty() && k.size() <= 5 &&
-                       std::all_of(k.begin(), k.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) &&
-                       std::stoi(k) >= 1 && std::stoi(k) <= c.topk.chunk);
+    // A rung of the ladder: not fp16 (bf16's bytes), and k within a chunk.
+    const auto start = parse_choice(a.start);
+    const bool rung = start && start->dense != collective::Codec::fp16 &&
+                      start->topk_k <= static_cast<std::uint32_t>(c.topk.chunk);
     if (!rung)
       throw ConfigError(path + ".start: expected a rung of the ladder: fp32|bf16|int8|topk:K "
                         "(K in [1, chunk]), got " + quoted(a.start));
-    if (a.start.starts_with("topk:") && !c.auto_sparse())
+    if (start->sparse() && !c.auto_sparse())
       throw ConfigError(path + ".start: " + quoted(a.start) + " needs the ladder's topk rungs "
                         "(sparse: true, inner.budget: steps, one local rank per worker)");
   };
@@ -806,11 +806,7 @@ int JobConfig::topk_max_workers() const {
   // A TorchScript module not yet described: no bound until its size is known (the aggregator
   // and the simulator validate again once it is).
   if (n == 0) return kMaxWorkers;
-  collective::sparse::Params p;
-  p.chunk = static_cast<std::uint32_t>(topk.chunk);
-  p.k = static_cast<std::uint32_t>(topk.k);
-  p.bits = static_cast<std::uint32_t>(topk.bits);
-  const double b = double(collective::sparse::encoded_bytes(n, p));
+  const double b = double(collective::sparse::encoded_bytes(n, sparse_params(topk)));
   const double int8 = double(collective::encoded_bytes(collective::Codec::int8, n));
   // (K − 1)·b < 2 (K − 1)/K · int8  ⇔  K < 2·int8 / b.
   return std::max(1, static_cast<int>(std::ceil(2 * int8 / b)) - 1);

@@ -1,7 +1,6 @@
 #include "diloco/round/codec_plan.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <utility>
@@ -16,16 +15,6 @@
 namespace loco::diloco {
 
 namespace {
-
-constexpr std::string_view kTopk = "topk:";
-
-collective::sparse::Params sparse_params(const TopkConfig& topk, std::uint32_t k) {
-  collective::sparse::Params p;
-  p.chunk = static_cast<std::uint32_t>(topk.chunk);
-  p.k = std::min(k, p.chunk);
-  p.bits = static_cast<std::uint32_t>(topk.bits);
-  return p;
-}
 
 // "2.1 MB", "640 kB": bytes as the log says them.
 std::string megabytes(double bytes) {
@@ -44,26 +33,6 @@ std::string fixed(double x, int digits) {
 }
 
 }  // namespace
-
-std::string CodecChoice::name() const {
-  if (sparse()) return std::string(kTopk) + std::to_string(topk_k);
-  return std::string(collective::to_string(dense));
-}
-
-std::optional<CodecChoice> parse_choice(std::string_view name) {
-  if (name.size() > 16) return std::nullopt;
-  if (name.starts_with(kTopk)) {
-    const std::string_view digits = name.substr(kTopk.size());
-    std::uint32_t k = 0;
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), k);
-    if (ec != std::errc() || end != digits.data() + digits.size() || digits.empty() || k < 1 ||
-        k > 65536)
-      return std::nullopt;
-    return CodecChoice{collective::Codec::fp32, k};
-  }
-  if (auto c = collective::parse_codec(name)) return CodecChoice{*c, 0};
-  return std::nullopt;
-}
 
 CodecChoice fixed_choice(const JobConfig& cfg) {
   if (cfg.topk.on) return CodecChoice{collective::Codec::fp32, static_cast<std::uint32_t>(cfg.topk.k)};

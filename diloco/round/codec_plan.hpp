@@ -25,25 +25,13 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "diloco/job/codec_choice.hpp"
 #include "diloco/job/config.hpp"
 #include "runtime/collective/types.hpp"
 
 namespace loco::diloco {
-
-struct CodecChoice {
-  collective::Codec dense = collective::Codec::fp32;  // when topk_k is 0
-  std::uint32_t topk_k = 0;                           // > 0: topk, k entries per chunk
-  bool sparse() const { return topk_k > 0; }
-  std::string name() const;  // "fp32", "int8", "topk:64"
-  friend bool operator==(const CodecChoice&, const CodecChoice&) = default;
-};
-
-// "fp32" | "fp16" | "bf16" | "int8" | "topk:K" (1 <= K <= 65536); nullopt for anything else
-// (at most 16 characters are looked at: the name comes from the network and from files).
-std::optional<CodecChoice> parse_choice(std::string_view name);
 
 // The choice a job without `compression: auto` runs every round: its codec, or its topk k.
 CodecChoice fixed_choice(const JobConfig& cfg);

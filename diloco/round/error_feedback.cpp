@@ -10,12 +10,10 @@ namespace loco::diloco {
 
 ErrorFeedback::ErrorFeedback(const TopkConfig& cfg, std::vector<std::size_t> sizes,
                              std::size_t replicas)
-    : beta_(static_cast<float>(cfg.error_feedback)),
+    : params_(sparse_params(cfg)),
+      beta_(static_cast<float>(cfg.error_feedback)),
       over_senders_(cfg.mean == SparseMean::senders),
       sizes_(std::move(sizes)) {
-  params_.chunk = static_cast<std::uint32_t>(cfg.chunk);
-  params_.k = static_cast<std::uint32_t>(cfg.k);
-  params_.bits = static_cast<std::uint32_t>(cfg.bits);
   params_.validate();
   buffers_.resize(replicas);
   for (auto& r : buffers_)
