@@ -26,10 +26,26 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
     int64_t r, const std::vector<int>& members) {
   RoundOutcome o;
   o.members = members;
-  const double budget =
+  double budget =
       cfg.inner.budget == dl::InnerBudget::time
           ? inner_budget_seconds(cfg.inner.round_seconds, cfg.inner.steps, step_seconds)
           : 0;
+  if (budget > 0 && cfg.ends_at_tokens()) {
+    const int64_t remaining = cfg.token_target() - tokens_done;
+    const TokenRound t = token_round(budget, remaining, tokens_per_second);
+    if (t.last) {
+      budget = std::max(t.seconds, 1e-3);  // at least one step each
+      total_rounds = int(r + 1);
+      last_by_tokens = r;
+      char line[200];
+      std::snprintf(line, sizeof line,
+                    "round %lld is the last: %lld tokens remain of token_budget's %lld, "
+                    "%.2f s at the members' %.0f tokens/s",
+                    static_cast<long long>(r + 1), static_cast<long long>(remaining),
+                    static_cast<long long>(cfg.token_target()), budget, tokens_per_second);
+      log(line);
+    }
+  }
   std::vector<Future<InnerResult>> inner;
   for (int m : members)
     inner.push_back(budget > 0 ? worker(m).call(&InnerWorker::inner_timed, r, budget)
@@ -39,6 +55,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
   double window = 0;
   auto results = gather_inner(inner, errors, late, window);
   step_seconds.clear();
+  double rate = 0;  // tokens per second, the members' together
   std::string steps_line;
   // The first member whose inner steps diverged, if any (the cause of a redo below).
   std::string non_finite;
@@ -61,7 +78,11 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
       round_members.push_back(member_figures(members[i], results[i]->steps, results[i]->tokens,
                                              results[i]->seconds, results[i]->per_step));
       round_steps.push_back(results[i]->per_step);
-      if (results[i]->steps > 0) step_seconds.push_back(results[i]->seconds / results[i]->steps);
+      if (results[i]->steps > 0) {
+        step_seconds.push_back(results[i]->seconds / results[i]->steps);
+        step_seconds_of[members[i]] = step_seconds.back();
+      }
+      if (results[i]->seconds > 0) rate += double(results[i]->tokens) / results[i]->seconds;
       steps_line += (steps_line.empty() ? "" : ", ") + std::to_string(members[i]) + ": " +
                     std::to_string(results[i]->steps);
     } else if (late[i]) {
@@ -80,6 +101,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
       release(members[i], "failed in round " + std::to_string(r + 1) + ": " + errors[i].message);
     }
   }
+  if (rate > 0) tokens_per_second = rate;
   if (budget > 0) {
     char line[96];
     std::snprintf(line, sizeof line, " (budget %.2f s)", budget);

@@ -145,6 +145,7 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
   }
   auto done = gather(inits, errors, kInitCall);
   std::vector<int> joined;
+  std::vector<double> measured;  // inner.budget: time: the joiners' step seconds at init
   for (size_t k = 0; k < initing.size(); ++k) {
     int i = initing[k];
     const std::string source =
@@ -159,6 +160,10 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     s.active = true;
     s.waiting.clear();
     joined.push_back(i);
+    if (done[k]->step_seconds > 0) {
+      measured.push_back(done[k]->step_seconds);
+      step_seconds_of[i] = done[k]->step_seconds;  // round 0's evaluation is shared by speed too
+    }
     char line[320];
     std::snprintf(line, sizeof line,
                   "worker %d joined at round %lld on %s: %.1f MB of state %s in %.2f s; "
@@ -172,6 +177,18 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
     if (!fresh || r > 0) log(line);
     if (cfg.device != dl::DeviceKind::cpu || cfg.ranks_per_worker(false) > 1)
       log("worker " + std::to_string(i) + " trains on " + done[k]->device);
+  }
+  // No round measured yet (the job's first, or its first since a resume): the time budget of
+  // the next round comes from the steps the workers timed at init, so that it is timed too
+  // and a slow member does its share of it, rather than H steps that the others wait for.
+  if (cfg.inner.budget == dl::InnerBudget::time && step_seconds.empty() && !measured.empty()) {
+    step_seconds = measured;
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "inner.budget: time: round %lld's budget from the steps timed at init "
+                  "(median %.3f s a step)",
+                  static_cast<long long>(r + 1), median(measured));
+    log(line);
   }
   return joined;
 }

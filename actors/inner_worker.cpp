@@ -258,6 +258,10 @@ InitResult InnerWorker::init(WorkerInit init) {
   s_->delta_round = -1;
   out.parameters = s_->lead().trainer->parameter_count();
   out.theta_hash = outer.theta_hash();
+  // A job's start or resume (not a joiner copying a live member: the job has measured rounds
+  // by then, and the copy already holds the round up): a step timed for the first budget.
+  if (s_->cfg.inner.budget == dl::InnerBudget::time && init.source.empty())
+    out.step_seconds = s_->lead().trainer->measure_step_seconds();
   out.device = s_->device.reason;
   if (s_->ranks.size() > 1) out.device += ", " + std::to_string(s_->ranks.size()) + " local ranks";
   return out;

@@ -246,7 +246,12 @@ InnerResult InnerWorker::State::timed_steps(int64_t round, double seconds, int64
   double loss = 0;
   double stepping = 0;
   std::vector<StepFigures> per_step;
-  while (steps < cap && (seconds <= 0 || steps == 0 || seconds_since(t0) < seconds)) {
+  // Another step only while it would end within the budget (its length: the mean of this
+  // round's so far): a member ends at most a step short of its budget, never past it, so the
+  // round ends at its budget and the slowest member, whose steps are the longest, neither holds
+  // the others up nor misses the deadline by its last step.
+  while (steps < cap &&
+         (seconds <= 0 || steps == 0 || seconds_since(t0) + stepping / steps <= seconds)) {
     per_step.push_back(one_step(k));
     stepping += per_step.back().seconds;
     ++steps;

@@ -45,7 +45,11 @@ struct InitResult {
   double copy_seconds = 0;
   std::string device;  // where it trains, and why: "cuda:1 (device: cuda)", "cpu (device: cpu)"
   int64_t snapshot_step = -1;  // mid_round: the inner step count the copied snapshot is of
-  MSGPACK_DEFINE(parameters, theta_hash, state_bytes, copy_seconds, device, snapshot_step)
+  // inner.budget: time: the seconds of one inner step's passes, measured at init
+  // (InnerTrainer::measure_step_seconds), which size the first round; 0: not measured.
+  double step_seconds = 0;
+  MSGPACK_DEFINE(parameters, theta_hash, state_bytes, copy_seconds, device, snapshot_step,
+                 step_seconds)
 };
 
 // sync.mode streaming, a join mid-round (InnerWorker::offer_state): the donor's snapshot,
@@ -217,7 +221,8 @@ struct CheckpointRecord {
   std::string path;
   int64_t round = 0;
   std::string codec;  // compression auto: the codec of the round it ends ("": none, fixed)
-  MSGPACK_DEFINE(path, round, codec)
+  int64_t tokens = 0;  // a job that ends at its tokens: those its rounds averaged up to `round`
+  MSGPACK_DEFINE(path, round, codec, tokens)
 };
 
 // compression auto changed the codec (event kind kCodecRecord): what the log says, and the round

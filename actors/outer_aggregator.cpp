@@ -184,7 +184,9 @@ void OuterAggregator::State::record_checkpoint(const std::string& path, int64_t 
   msgpack::sbuffer b;
   // compression auto: the codec of the round the checkpoint ends, which a resumed job starts at.
   const auto ran = decisions.find(r - 1);
-  msgpack::pack(b, CheckpointRecord{path, r, ran != decisions.end() ? ran->second.to.name() : ""});
+  const auto tokens = tokens_after.find(r);
+  msgpack::pack(b, CheckpointRecord{path, r, ran != decisions.end() ? ran->second.to.name() : "",
+                                    tokens != tokens_after.end() ? tokens->second : 0});
   publish([this, data = std::string(b.data(), b.size())] {
     rt.job_record(job_id, kCheckpointRecord, data);
   });
@@ -243,6 +245,7 @@ void OuterAggregator::State::find_checkpoint() {
       resume_from = rec.path;
       resume_round = rec.round;
       resume_codec = rec.codec;
+      resume_tokens = rec.tokens;
     }
   }
 }
@@ -392,7 +395,21 @@ std::optional<double> OuterAggregator::State::evaluate(int64_t windows) {
     std::vector<int64_t> counts;
     std::vector<int> who;
     std::vector<Future<double>> parts;
-    for (const EvalPart& p : evaluation_split(windows, cfg.inner.batch_size, int(group.size()))) {
+    // inner.budget: time, every member's speed known: shared by speed, so that a straggler's
+    // equal share does not hold the round up.
+    std::vector<double> speeds;
+    for (int m : group) {
+      const auto it = step_seconds_of.find(m);
+      if (cfg.inner.budget != dl::InnerBudget::time || it == step_seconds_of.end() ||
+          !(it->second > 0))
+        break;
+      speeds.push_back(1.0 / it->second);
+    }
+    const std::vector<EvalPart> split =
+        speeds.size() == group.size()
+            ? evaluation_split(windows, cfg.inner.batch_size, speeds)
+            : evaluation_split(windows, cfg.inner.batch_size, int(group.size()));
+    for (const EvalPart& p : split) {
       counts.push_back(p.end - p.begin);
       who.push_back(group[size_t(p.member)]);
       parts.push_back(
@@ -495,6 +512,7 @@ void OuterAggregator::State::run() {
     r += 1;
     round = r;
     resuming = false;
+    if (cfg.ends_at_tokens()) count_tokens(r, o.group);
     end_round(r, o, t_round);
   }
   if (stop) return;
@@ -510,7 +528,17 @@ bool OuterAggregator::State::start() {
   total_steps = int64_t(total_rounds) * cfg.inner.steps;
   fs::create_directories(folder);
   find_checkpoint();
-  if (resume_from.empty() && !cfg.checkpoint.resume.empty()) take_resume(total_rounds);
+  if (resume_from.empty() && !cfg.checkpoint.resume.empty())
+    take_resume(cfg.ends_at_tokens() ? dl::kMaxRounds : total_rounds);
+  if (cfg.ends_at_tokens()) {
+    // Counted from the checkpoint's record (0 from a checkpoint.resume file: its job's tokens
+    // are not this job's); the rounds are an estimate until the tokens are in.
+    tokens_done = resume_from.empty() ? 0 : resume_tokens;
+    tokens_after[resume_from.empty() ? 0 : resume_round] = tokens_done;
+    const int64_t per_round = cfg.tokens_per_inner_step() * cfg.inner.steps * cfg.workers.count;
+    total_rounds = rounds_estimate(resume_from.empty() ? 0 : resume_round,
+                                   cfg.token_target() - tokens_done, per_round, dl::kMaxRounds);
+  }
   {
     // The job file beside its checkpoints: `loco submit --resume CKPT` needs no other.
     const std::string tmp = folder + "/job.yaml.tmp";
@@ -636,9 +664,26 @@ void OuterAggregator::State::report(int64_t r, double loss, std::optional<double
 
 // Every member re-reads the checkpoint, and the rounds after it are redone, their records
 // replaced. At the resume round nobody is asked to rewind again.
+void OuterAggregator::State::count_tokens(int64_t r, const std::vector<int>& group) {
+  int64_t sum = 0;
+  for (int m : group) sum += tokens_of[m];
+  tokens_done += sum;
+  tokens_after[r] = tokens_done;
+  last_round_tokens = sum;
+  const int64_t remaining = cfg.token_target() - tokens_done;
+  total_rounds = tokens_reached(remaining, cfg.tokens_per_inner_step(), int(group.size()),
+                                last_by_tokens == r - 1, sum)
+                     ? int(r)
+                     : rounds_estimate(r, remaining, sum, dl::kMaxRounds);
+}
+
 int64_t OuterAggregator::State::go_back() {
   pending_checkpoint.reset();  // not recorded: it may hold a round that is undone now
   const int64_t r = resume_round;
+  if (cfg.ends_at_tokens()) {
+    tokens_done = tokens_after.count(r) ? tokens_after[r] : resume_tokens;
+    tokens_after.erase(tokens_after.upper_bound(r), tokens_after.end());
+  }
   round = r;
   resuming = true;
   records->go_back(r);

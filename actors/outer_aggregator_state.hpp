@@ -122,6 +122,21 @@ struct OuterAggregator::State {
   // The per-step figures of the round in progress, one list per member that finished.
   std::vector<std::vector<StepFigures>> round_steps;
   std::map<int, int64_t> tokens_of;  // this round's tokens per member (inner.budget: time)
+  // Each member's seconds per inner step in its last round (inner.budget: time: the
+  // evaluation is shared by speed).
+  std::map<int, double> step_seconds_of;
+  // A job that ends at its tokens (cfg.ends_at_tokens()): the tokens its rounds averaged, after
+  // each completed round (a rewind goes back to its round's count; a resume to the checkpoint
+  // record's), the last round's, and its members' rate then, all together.
+  int64_t tokens_done = 0;
+  std::map<int64_t, int64_t> tokens_after;
+  int64_t last_round_tokens = 0;
+  double tokens_per_second = 0;
+  int64_t resume_tokens = 0;  // CheckpointRecord::tokens of resume_from
+  int64_t last_by_tokens = -1;  // the round token_round sized as the last (counted from 0)
+  // After round r (counted from 1) completed with group `group`: counts its tokens, and sets
+  // total_rounds to r when the job has them, else to the estimate.
+  void count_tokens(int64_t r, const std::vector<int>& group);
   // Rounds that failed and are done again, counted until they complete (round_decisions.hpp).
   RoundRedos redos;
   std::optional<JobRecords> records;

@@ -168,6 +168,33 @@ std::vector<EvalPart> evaluation_split(int64_t windows, int64_t batch_size, int 
   return out;
 }
 
+std::vector<EvalPart> evaluation_split(int64_t windows, int64_t batch_size,
+                                       const std::vector<double>& speeds) {
+  for (double v : speeds)
+    if (!(v > 0) || !std::isfinite(v))
+      throw std::invalid_argument("evaluation_split: a member's speed is " + std::to_string(v));
+  if (windows < 0 || batch_size < 1 || speeds.empty())
+    throw std::invalid_argument("evaluation_split: " + std::to_string(windows) +
+                                " windows, batch " + std::to_string(batch_size) + ", " +
+                                std::to_string(speeds.size()) + " members");
+  const int64_t batches = (windows + batch_size - 1) / batch_size;
+  std::vector<int64_t> count(speeds.size(), 0);
+  for (int64_t b = 0; b < batches; ++b) {
+    size_t best = 0;
+    for (size_t i = 1; i < speeds.size(); ++i)
+      if (double(count[i] + 1) / speeds[i] < double(count[best] + 1) / speeds[best]) best = i;
+    ++count[best];
+  }
+  std::vector<EvalPart> out;
+  int64_t at = 0;
+  for (size_t i = 0; i < speeds.size(); ++i) {
+    const int64_t e = std::min(windows, at + count[i] * batch_size);
+    if (at < e) out.push_back({int(i), at, e});
+    at = e;
+  }
+  return out;
+}
+
 bool evaluation_due(int64_t steps_since_eval, int64_t every, int64_t completed, int64_t rounds) {
   return steps_since_eval >= every || completed == rounds;
 }
@@ -204,6 +231,26 @@ double inner_budget_seconds(double configured, int h, std::vector<double> recent
   if (configured > 0) return configured;
   if (recent_step_seconds.empty()) return 0;
   return double(h) * median(std::move(recent_step_seconds));
+}
+
+TokenRound token_round(double seconds, int64_t remaining, double tokens_per_second) {
+  if (!(tokens_per_second > 0) || !(seconds > 0)) return {seconds, false};
+  const double need = double(std::max<int64_t>(0, remaining)) / tokens_per_second;
+  if (need > kLastRoundStretch * seconds) return {seconds, false};
+  return {need, true};
+}
+
+bool tokens_reached(int64_t remaining, int64_t tokens_per_step, int members, bool planned_last,
+                    int64_t round_tokens) {
+  if (remaining < tokens_per_step * std::max(1, members)) return true;
+  return planned_last && double(remaining) < kLastRoundShortfall * double(round_tokens);
+}
+
+int rounds_estimate(int64_t done_rounds, int64_t remaining, int64_t last_round_tokens, int cap) {
+  int64_t more = 1;
+  if (last_round_tokens > 0 && remaining > 0)
+    more = std::max<int64_t>(1, (remaining + last_round_tokens - 1) / last_round_tokens);
+  return int(std::clamp<int64_t>(done_rounds + more, done_rounds + 1, std::max<int64_t>(cap, done_rounds + 1)));
 }
 
 double grace_window(std::vector<double> recent_lateness, double k, double floor_s, double max_s,

@@ -180,6 +180,12 @@ struct EvalPart {
   int64_t begin = 0, end = 0;
 };
 std::vector<EvalPart> evaluation_split(int64_t windows, int64_t batch_size, int members);
+// The same by the members' speeds (inner.budget: time: 1 / each one's seconds per step, all
+// > 0): each batch goes to the member that would finish it first, so that the evaluation ends
+// when the fastest could end it rather than when a straggler's equal share does; in member
+// order. A member 3× slower than three others gets a tenth of the batches.
+std::vector<EvalPart> evaluation_split(int64_t windows, int64_t batch_size,
+                                       const std::vector<double>& speeds);
 
 // ---- Stragglers (inner.budget, workers.grace_max_s) ------------------------------------
 
@@ -187,6 +193,34 @@ std::vector<EvalPart> evaluation_split(int64_t windows, int64_t batch_size, int 
 // H × the median of the members' recent seconds per step; 0 (run H steps) when there is no
 // measurement yet.
 double inner_budget_seconds(double configured, int h, std::vector<double> recent_step_seconds);
+// inner.budget: time with token_budget (and rounds: 0): the job ends at its tokens
+// (token_budget × workers.count, every member's counted), not at a count of rounds, which a
+// time budget cannot know ahead (a slow member adds fewer tokens a round). A round whose
+// budget `seconds` would bring the job within kLastRoundStretch rounds of its tokens, at the
+// rate its members showed in the last round (`tokens_per_second`, all together), is the last:
+// its budget is the remaining tokens' time, so that the job stops at its tokens and not a
+// round past them, and no sliver of a round is left for another all-reduce. No rate yet: the
+// round is what `seconds` says.
+inline constexpr double kLastRoundStretch = 1.5;
+struct TokenRound {
+  double seconds = 0;  // the round's budget
+  bool last = false;
+};
+TokenRound token_round(double seconds, int64_t remaining, double tokens_per_second);
+// Whether the job has its tokens after a round that added `round_tokens`: fewer remain than
+// one inner step of each member (the steps are whole; a time budget ends within a step of its
+// seconds), or the round was the one token_round sized as the last (`planned_last`) and fell
+// short by less than kLastRoundShortfall of what it added: the rate it was sized by is a
+// measurement, and another round for a few steps each would cost a whole all-reduce and
+// evaluation. A member lost in it leaves more than that: then another round follows.
+inline constexpr double kLastRoundShortfall = 0.1;
+bool tokens_reached(int64_t remaining, int64_t tokens_per_step, int members,
+                    bool planned_last = false, int64_t round_tokens = 0);
+// The job's rounds as the loop counts them (for the last round's evaluation, the checkpoints'
+// schedule and the progress shown): those done, and the remaining tokens at the last round's
+// tokens, at least one more, at most `cap`.
+int rounds_estimate(int64_t done_rounds, int64_t remaining, int64_t last_round_tokens, int cap);
+
 // The median of `v` (the mean of the middle two for an even count); `v` must not be empty.
 double median(std::vector<double> v);
 

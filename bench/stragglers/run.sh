@@ -12,10 +12,14 @@
 # Runs, each on the same cluster, one after the other:
 #   equal     four equal workers at FAST, H steps a round, ROUNDS rounds       (the reference)
 #   same_total  four equal workers with the heterogeneous cluster's total: (3 + 1/3) x FAST / 4
-#             each, ROUNDS x 1.2 rounds (what the slow cluster could do at best)
+#             each, ROUNDS rounds (what the slow cluster could do at best)
 #   lockstep  host 2 slow, H steps a round, ROUNDS rounds: every round waits for it
 #   budget    host 2 slow, inner.budget: time (H x the median step) and workers.grace_max_s,
-#             rounds until the tokens of `equal` are passed
+#             ending at the tokens of `equal` (token_budget, rounds 0: the last round is sized
+#             to the tokens that remain)
+#   budget_rounds  the same with a count of rounds (ROUNDS x 1.2 + 3), read at the first round
+#             whose tokens pass `equal`'s: what a job without token_budget pays, a round's
+#             tokens past them (not in RUNS by default)
 # The inner learning rate is constant after its warmup (min_lr_ratio: 1): the schedule's length
 # is rounds x H steps, which differs between the runs, and a cosine decay ending at different
 # points would be compared instead of the rounds.
@@ -79,7 +83,11 @@ speeds() {  # SLOW_HOST (0: none; -1: all at the slow cluster's mean)
   done
 }
 
-job_file() {  # NAME ROUNDS INNER_EXTRA WORKERS_EXTRA
+REF_TOKENS=$((ROUNDS * H * 4 * 16 * 64))
+job_file() {  # NAME ROUNDS|tokens INNER_EXTRA WORKERS_EXTRA
+  local rounds="rounds: $2"
+  [ "$2" = tokens ] && rounds="rounds: 0
+token_budget: $((REF_TOKENS / 4))"
   cat <<JOB
 name: strag-$1
 seed: 1
@@ -90,17 +98,29 @@ workers: {count: 4, min: 3$4}
 inner: {steps: $H, batch_size: 16, lr: 0.003, warmup: 10, min_lr_ratio: 1, weight_decay: 0.1, grad_clip: 1.0$3}
 outer: {lr: 0.7, momentum: 0.9, nesterov: true}
 compression: fp32
-rounds: $2
+$rounds
 checkpoint: {every: 0, dir: checkpoints}
 eval: {every: 1, batches: 4}
 JOB
 }
 
-declare -A WALL LOSS TOKENS ROUND STEPS
-REF_TOKENS=$((ROUNDS * H * 4 * 16 * 64))
+declare -A WALL LOSS TOKENS ROUND STEPS COSTS
+# A first job on a fresh cluster tokenizes the corpus and warms the nodes' caches (26 s
+# before its first round, where a later job starts in 3 s), and a job that follows another
+# at new speeds meets the last one's teardown on a node just slowed (a start of 11.5 s where
+# the next at the same speeds took 4.6): before each timed run, a short job at its speeds,
+# untimed, so that the runs' walls compare.
+warm_up() {
+  job_file warmup 1 "" "" | sed "s/steps: $H,/steps: 2,/" >"$WORK/warmup.yaml"
+  submit "$WORK/warmup.yaml"
+  wait_job_end "$WAIT_S"
+  case "$STATE" in *succeeded*) ;; *) fail "warm-up: the job did not succeed: ${STATE:-no end}" ;; esac
+}
+
 run() {  # NAME SLOW_HOST ROUNDS INNER_EXTRA WORKERS_EXTRA
   local name=$1 file="$WORK/$1.yaml"
   speeds "$2"
+  warm_up
   job_file "$name" "$3" "$4" "$5" >"$file"
   submit "$file"
   wait_job_end "$WAIT_S"
@@ -108,31 +128,46 @@ run() {  # NAME SLOW_HOST ROUNDS INNER_EXTRA WORKERS_EXTRA
   local folder="$WORK/checkpoints/$JOB"
   "$LOCO_BIN/loco" logs "$JOB" --address "$HEAD" >"$WORK/$name.log" 2>&1 || true
   # The first round whose cumulative tokens (all members) reach the reference's total.
-  read -r ROUND[$name] TOKENS[$name] WALL[$name] LOSS[$name] STEPS[$name] < <("$PY" - "$folder/metrics.jsonl" "$REF_TOKENS" <<'PY'
-import json, sys
+  # Then where the time went up to that round: from submission to the first round's start
+  # (spawning, init, the evaluation of round 0), the first round, the median of the others,
+  # what a round spends beyond its slowest member's inner steps (the all-reduce, evaluation,
+  # the aggregator; median), the rounds with a member past the deadline, and the tokens past
+  # the reference's.
+  read -r ROUND[$name] TOKENS[$name] WALL[$name] LOSS[$name] STEPS[$name] COSTS[$name] < <("$PY" - "$folder/metrics.jsonl" "$REF_TOKENS" <<'PY'
+import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+start = next(r["job_time"] for r in rows if r["round"] == 0)
 rows = [r for r in rows if r["round"] > 0]
 want = int(sys.argv[2])
-total, pick = 0, None
+total, pick, upto = 0, None, []
 for r in rows:
     total += sum(m["tokens"] for m in r["members"])
     steps = "/".join(str(m["steps"]) for m in sorted(r["members"], key=lambda m: m["worker"]))
     pick = (r["round"], total, r["job_time"], r["val_loss"], steps)
+    upto.append(r)
     if total >= want:
         break
-print(*pick)
+times = [r["round_time"] for r in upto]
+beyond = [r["round_time"] - max(m["seconds"] for m in r["members"]) for r in upto]
+late = sum(1 for r in upto if r.get("late"))
+costs = "%.1f/%.1f/%.1f/%.2f/%d/%+.1f%%" % (
+    start, times[0], statistics.median(times[1:] or times), statistics.median(beyond), late,
+    100.0 * (pick[1] - want) / want)
+print(*pick, costs)
 PY
 )
-  say "$name: round ${ROUND[$name]}, ${TOKENS[$name]} tokens, wall ${WALL[$name]} s, validation loss ${LOSS[$name]}, steps per worker in that round ${STEPS[$name]}"
+  say "$name: round ${ROUND[$name]}, ${TOKENS[$name]} tokens, wall ${WALL[$name]} s, validation loss ${LOSS[$name]}, steps per worker in that round ${STEPS[$name]}; start/first/median round/beyond the inner steps (s)/late rounds/tokens past: ${COSTS[$name]}"
 }
 
 for r in $RUNS; do
   case "$r" in
     equal) run equal 0 "$ROUNDS" "" "" ;;
-    same_total) run same_total -1 $((ROUNDS * 12 / 10 + 3)) "" "" ;;
+    same_total) run same_total -1 "$ROUNDS" "" "" ;;
     lockstep) run lockstep 2 "$ROUNDS" "" "" ;;
+    budget) run budget 2 tokens ", budget: time" ", grace_max_s: $GRACE_MAX_S" ;;
     # 4 / (3 + 1/3) = 1.2x the rounds give the reference's tokens; a margin of 3 rounds.
-    budget) run budget 2 $((ROUNDS * 12 / 10 + 3)) ", budget: time" ", grace_max_s: $GRACE_MAX_S" ;;
+    budget_rounds)
+      run budget_rounds 2 $((ROUNDS * 12 / 10 + 3)) ", budget: time" ", grace_max_s: $GRACE_MAX_S" ;;
     *) fail "unknown run $r" ;;
   esac
 done
@@ -140,9 +175,11 @@ done
 echo
 echo "# K = 4, tiny byte GPT (4 x 128, context 64, batch 16), H = $H, fp32; worker hosts at $FAST cores," \
   "the slow one at a third of that; the reference: $ROUNDS rounds of four equal workers"
-printf '%-9s %6s %10s %8s %9s  %s\n' run round tokens wall_s val_loss "steps per worker (last round)"
+printf '%-13s %6s %10s %8s %9s  %-20s %s\n' run round tokens wall_s val_loss "steps (last round)" \
+  "start/first/median round/beyond inner (s)/late rounds/tokens past"
 for r in $RUNS; do
-  printf '%-9s %6s %10s %8s %9s  %s\n' "$r" "${ROUND[$r]}" "${TOKENS[$r]}" "${WALL[$r]}" "${LOSS[$r]}" "${STEPS[$r]}"
+  printf '%-13s %6s %10s %8s %9.4f  %-20s %s\n' "$r" "${ROUND[$r]}" "${TOKENS[$r]}" "${WALL[$r]}" \
+    "${LOSS[$r]}" "${STEPS[$r]}" "${COSTS[$r]}"
 done
 for ref in equal same_total; do
   [ -n "${WALL[$ref]:-}" ] || continue

@@ -385,8 +385,16 @@ struct JobConfig {
   void validate() const;
   // Vocabulary size after the tokenizer is known.
   int vocab_size() const;
-  // Rounds to run: `rounds`, or the token budget divided by the tokens of one round.
+  // Rounds to run: `rounds`, or the token budget divided by the tokens of one round (with
+  // ends_at_tokens(), the first estimate: the aggregator counts the tokens instead).
   int total_rounds() const;
+  // inner.budget: time with token_budget and rounds 0: the job ends once its members together
+  // trained token_budget × workers.count tokens, in as many rounds as that takes, the last
+  // sized to what remains (actors/round_decisions.hpp, token_round).
+  bool ends_at_tokens() const {
+    return rounds == 0 && token_budget > 0 && inner.budget == InnerBudget::time;
+  }
+  std::int64_t token_target() const { return token_budget * std::max(1, workers.count); }
   // How many parameters the model has (model.parameter_count(vocab_size()); the bound in
   // validate()).
   double parameter_estimate() const;

@@ -2,7 +2,10 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <sstream>
 
@@ -154,6 +157,27 @@ void InnerTrainer::fused_adamw(double norm, double lr) {
     g.grads.clear();  // autograd's gradients go with the next line
   }
   for (auto& p : param_list_) p.mutable_grad().reset();  // freed before the next forward
+}
+
+double InnerTrainer::measure_step_seconds(int repeats) {
+  const auto& ic = cfg_.inner;
+  const int micro = local_batch_ / ic.grad_accum;
+  const int ctx = cfg_.model.context;
+  const torch::Tensor batch = torch::zeros(batch_.sizes(), torch::dtype(torch::kInt64).device(device_));
+  model_->train(false);
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < std::max(1, repeats); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int a = 0; a < ic.grad_accum; ++a) {
+      auto mb = batch.slice(0, a * micro, (a + 1) * micro);
+      forward_loss(mb.slice(1, 0, ctx), mb.slice(1, 1, ctx + 1)).backward();
+    }
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (auto& p : param_list_) p.mutable_grad().reset();
+  }
+  model_->train(true);
+  return best;
 }
 
 InnerStats InnerTrainer::run_inner_steps(int h) {

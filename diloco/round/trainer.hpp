@@ -112,6 +112,14 @@ class InnerTrainer {
   // With precision bf16 the forward passes run under autocast; parameters, gradients and
   // AdamW moments stay fp32 either way.
   InnerStats run_inner_steps(int h);
+  // The seconds of one inner step's forward and backward passes on a batch of the job's shape
+  // (token 0 throughout), the least of `repeats` (the first pays for the allocator's warm-up):
+  // what inner.budget: time sizes a job's first round by, before any round is measured. Leaves
+  // everything a step depends on as it was: the model runs in eval mode (no dropout, so no
+  // random draws; buffers such as BatchNorm's keep their values), the data stream does not
+  // move, and the gradients are dropped. The optimizer's own step is not timed (small beside
+  // the passes; a budget a little short of H steps costs less than one that waits).
+  double measure_step_seconds(int repeats = 2);
 
   // out[i] = theta_global[begin + i] − θ_local[begin + i], written straight into `out`
   // (host memory: the buffer that the averager then works on), for the slice

@@ -4,12 +4,15 @@
 // workers.min wait, the head and the aggregator's node killed, Redis restarted.
 #include <signal.h>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <regex>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -437,31 +440,74 @@ TEST_F(Elastic, AStalledWorkerMissesTheDeadlineAndCatchesUpWithoutLeaving) {
   EXPECT_FALSE(contains(log, "lost worker")) << log;
 }
 
-// inner.budget: time with one worker 150 ms slower per step: after a first round of H steps
-// (to measure), every member steps until the round's budget (H × the median step) is spent, so
-// the slow one does fewer steps instead of holding the others; the average is weighted by the
-// tokens each processed, and every member still holds the same θ (the aggregator checks).
-TEST_F(Elastic, WithATimeBudgetASlowerWorkerDoesFewerStepsAndTheRoundsAgree) {
+// A job of `spec` on three nodes with inner.budget: time, worker 1 150 ms slower a step (a
+// test hook's delay, which counts as its inner time): its end and its log.
+std::pair<JobInfo, std::string> run_with_a_slow_worker(TestJob spec) {
   ScopedEnv fault("LOCO_FAULT", "worker=1,delay_ms=150");
   LocalCluster c(with_fault_injection(one_worker_per_node(3)));
   Client client(c.head_address());
-  TestJob spec = job(3, 3, 4);
   spec.budget = "time";
   JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
   JobInfo end = j.wait(Millis(300000));
-  const std::string log = log_text(j);
+  return {end, log_text(j)};
+}
+
+// The steps per member of the aggregator's line "round R: inner steps per worker 0: a, 1: b,
+// 2: c" at `at` in `log`, or none.
+std::optional<std::array<int, 3>> steps_of_line(const std::string& log, size_t at) {
+  std::array<int, 3> s{};
+  if (at == std::string::npos ||
+      std::sscanf(log.c_str() + log.find("per worker", at), "per worker 0: %d, 1: %d, 2: %d", &s[0],
+                  &s[1], &s[2]) != 3)
+    return std::nullopt;
+  return s;
+}
+
+// inner.budget: time: from the first round on (timed by the steps the workers timed at init),
+// every member steps until the round's budget (H × the median step) is spent, so the slow one
+// does fewer steps instead of holding the others; the average is weighted by the tokens each
+// processed, and every member still holds the same θ (the aggregator checks).
+TEST_F(Elastic, WithATimeBudgetASlowerWorkerDoesFewerStepsAndTheRoundsAgree) {
+  const auto [end, log] = run_with_a_slow_worker(job(3, 3, 4));
   ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
-  auto line = first_line(j, "round 3: inner steps per worker");
-  ASSERT_TRUE(line) << log;
-  int s0 = -1, s1 = -1, s2 = -1;
-  ASSERT_EQ(std::sscanf(line->second.c_str() + line->second.find("per worker"),
-                        "per worker 0: %d, 1: %d, 2: %d", &s0, &s1, &s2),
-            3)
-      << line->second;
-  std::printf("%s\n", line->second.c_str());
-  EXPECT_LT(s1, s0) << line->second;
-  EXPECT_LT(s1, s2) << line->second;
-  EXPECT_GE(s1, 1) << line->second;
+  const auto s = steps_of_line(log, log.find("round 3: inner steps per worker"));
+  ASSERT_TRUE(s) << log;
+  std::printf("round 3: %d, %d, %d steps\n", (*s)[0], (*s)[1], (*s)[2]);
+  EXPECT_LT((*s)[1], (*s)[0]) << log;
+  EXPECT_LT((*s)[1], (*s)[2]) << log;
+  EXPECT_GE((*s)[1], 1) << log;
+  EXPECT_FALSE(contains(log, "holds a different")) << log;
+}
+
+// inner.budget: time with token_budget and rounds 0 (decision 0053): the first round's budget
+// comes from the steps timed at init; the job ends once the tokens averaged reach token_budget
+// × workers, its last round sized to what remained, and no round runs past them. Without the
+// token end the job would stop at the nominal 4 rounds, short of its tokens; without the sizing
+// it would end a round's tokens past them.
+TEST_F(Elastic, ATimeBudgetedJobEndsAtItsTokens) {
+  TestJob spec = job(3, 3, 0);
+  const int64_t per_step = 8 * 32;                // batch 8, context 32
+  spec.token_budget = 4 * spec.steps * per_step;  // four rounds of H steps a worker
+  const int64_t target = spec.token_budget * 3;
+  const auto [end, log] = run_with_a_slow_worker(spec);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  EXPECT_TRUE(contains(log, "inner.budget: time: round 1's budget from the steps timed at init"))
+      << log;
+  EXPECT_TRUE(contains(log, " is the last: ")) << log;
+  std::vector<int64_t> rounds;  // the tokens of every round
+  for (size_t at = log.find("inner steps per worker"); at != std::string::npos;
+       at = log.find("inner steps per worker", at + 1)) {
+    const auto s = steps_of_line(log, at);
+    ASSERT_TRUE(s) << log.substr(at, 80);
+    rounds.push_back(int64_t((*s)[0] + (*s)[1] + (*s)[2]) * per_step);
+  }
+  ASSERT_GE(rounds.size(), 2u) << log;
+  int64_t total = 0;
+  for (int64_t t : rounds) total += t;
+  std::printf("%zu rounds, %lld tokens of %lld\n", rounds.size(), static_cast<long long>(total),
+              static_cast<long long>(target));
+  EXPECT_LT(total - rounds.back(), target) << "a round ran past the tokens\n" << log;
+  EXPECT_GE(total, target - std::max<int64_t>(rounds.back() / 10, 3 * per_step)) << log;
   EXPECT_FALSE(contains(log, "holds a different")) << log;
 }
 

@@ -35,6 +35,7 @@ struct TestJob {
   std::string sync;        // the `sync:` mapping, e.g. "{mode: streaming, fragments: 2}"; "": none
   double grace_max_s = 0;  // workers.grace_max_s; 0: not in the file (wait for every member)
   std::string budget;      // inner.budget ("steps" or "time"); "": not in the file
+  int64_t token_budget = 0;  // > 0: `rounds: 0` and this token_budget (tokens per worker)
   std::string tokenizer = "byte";  // data.tokenizer: byte | bpe | a tokenizer.json
   int vocab = 0;                   // model.vocab; 0: not in the file (from the tokenizer)
   std::string lr = "0.003";        // inner.lr, as written in the file
@@ -65,7 +66,8 @@ struct TestJob {
            "}\n"
            "outer: {lr: 0.7, momentum: 0.9, nesterov: true}\n"
            "compression: " +
-           compression + "\nrounds: " + std::to_string(rounds) +
+           compression + "\nrounds: " + std::to_string(token_budget > 0 ? 0 : rounds) +
+           (token_budget > 0 ? "\ntoken_budget: " + std::to_string(token_budget) : "") +
            "\n"
            "checkpoint: {every: " +
            std::to_string(checkpoint_every) + ", dir: " + ckpt +

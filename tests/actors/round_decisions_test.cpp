@@ -251,6 +251,30 @@ TEST(RoundDecisions, EvaluationIsSharedByWholeBatchesAndCoversEveryWindowOnce) {
   EXPECT_THROW(evaluation_split(8, 0, 3), std::invalid_argument);
 }
 
+TEST(Stragglers, EvaluationIsSharedByTheMembersSpeeds) {
+  for (int64_t windows : {1, 7, 64, 100, 129}) {
+    const auto parts = evaluation_split(windows, 8, std::vector<double>{3, 1, 3, 3});
+    int64_t at = 0;
+    for (const EvalPart& p : parts) {
+      EXPECT_EQ(p.begin, at);
+      EXPECT_LT(p.begin, p.end);
+      at = p.end;
+    }
+    EXPECT_EQ(at, windows);
+  }
+  // 10 batches, one member 3x slower: it gets one, the others three each.
+  const auto parts = evaluation_split(80, 8, std::vector<double>{3, 1, 3, 3});
+  ASSERT_EQ(parts.size(), 4u);
+  EXPECT_EQ(parts[1].member, 1);
+  EXPECT_EQ(parts[1].end - parts[1].begin, 8);
+  EXPECT_EQ(parts[0].end - parts[0].begin, 24);
+  // 4 batches: the slow member gets none.
+  for (const EvalPart& p : evaluation_split(32, 8, std::vector<double>{3, 1, 3, 3}))
+    EXPECT_NE(p.member, 1);
+  EXPECT_THROW(evaluation_split(8, 8, std::vector<double>{1, 0}), std::invalid_argument);
+  EXPECT_THROW(evaluation_split(8, 8, std::vector<double>{}), std::invalid_argument);
+}
+
 TEST(Stragglers, TheBudgetIsTheJobsOrHTimesTheMedianStep) {
   EXPECT_EQ(inner_budget_seconds(12.5, 10, {1, 2, 3}), 12.5);
   EXPECT_EQ(inner_budget_seconds(0, 10, {}), 0);  // nothing measured: H steps
@@ -261,6 +285,40 @@ TEST(Stragglers, TheBudgetIsTheJobsOrHTimesTheMedianStep) {
 
 // Median + k·MAD of how late members were, within [floor, max]: one slow outlier does not
 // widen the window much; a spread-out group gets a wider one.
+TEST(Stragglers, AJobThatEndsAtItsTokensSizesItsLastRoundToThem) {
+  // 10 s rounds at 1,000 tokens/s: 40,000 tokens to go are four rounds, none the last.
+  EXPECT_EQ(token_round(10, 40000, 1000).seconds, 10);
+  EXPECT_FALSE(token_round(10, 40000, 1000).last);
+  // 12,000 to go: within 1.5 rounds, so one round of 12 s ends the job (not 10 s, then 2 s).
+  EXPECT_DOUBLE_EQ(token_round(10, 12000, 1000).seconds, 12);
+  EXPECT_TRUE(token_round(10, 12000, 1000).last);
+  // 3,000 to go: a short last round instead of a whole one past the tokens.
+  EXPECT_DOUBLE_EQ(token_round(10, 3000, 1000).seconds, 3);
+  EXPECT_TRUE(token_round(10, 3000, 1000).last);
+  // 16,000: more than 1.5 rounds, a whole round first.
+  EXPECT_FALSE(token_round(10, 16000, 1000).last);
+  // No rate measured yet: the round is the budget's.
+  EXPECT_EQ(token_round(10, 3000, 0).seconds, 10);
+  EXPECT_FALSE(token_round(10, 3000, 0).last);
+}
+
+TEST(Stragglers, TokensAreReachedWithinAStepOfEachMemberAndRoundsAreEstimated) {
+  EXPECT_TRUE(tokens_reached(0, 1024, 4));
+  EXPECT_TRUE(tokens_reached(-5, 1024, 4));
+  EXPECT_TRUE(tokens_reached(4095, 1024, 4));
+  EXPECT_FALSE(tokens_reached(4096, 1024, 4));
+  // The round sized as the last fell 8,192 short of its 186,368: the job ends there, rather
+  // than run a round of two steps each. A quarter short (a member lost): another round.
+  EXPECT_TRUE(tokens_reached(8192, 1024, 4, true, 186368));
+  EXPECT_FALSE(tokens_reached(8192, 1024, 4, false, 186368));
+  EXPECT_FALSE(tokens_reached(46592, 1024, 3, true, 186368));
+  // 7 rounds done, 25,000 tokens to go at 10,000 a round: 3 more.
+  EXPECT_EQ(rounds_estimate(7, 25000, 10000, 1000), 10);
+  EXPECT_EQ(rounds_estimate(7, 10000, 10000, 1000), 8);
+  EXPECT_EQ(rounds_estimate(7, 25000, 0, 1000), 8);  // no round yet: at least one more
+  EXPECT_EQ(rounds_estimate(7, 1 << 30, 1, 100), 100);  // bounded
+}
+
 TEST(Stragglers, TheGraceWindowAdaptsToTheSpreadOfArrivals) {
   // Nothing seen yet (the first round): half the seconds the quorum took, in the bounds.
   EXPECT_DOUBLE_EQ(grace_window({}, 3, 1, 30, 8.0), 4.0);
