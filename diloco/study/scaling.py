@@ -115,7 +115,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "scaling"))
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin", "loco-train"))
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--plan", default="25m:10,1m:40,6m:40", help="size:rounds, comma-separated, in run order")
+    ap.add_argument("--plan", default="25m:10,1m:40,6m:10", help="size:rounds, comma-separated, in run order")
     ap.add_argument("--evals", default="10,20,40", help="rounds at which to evaluate")
     ap.add_argument("--codecs", default=",".join(CODECS))
     ap.add_argument("--plot-only", action="store_true")
