@@ -31,7 +31,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
           ? inner_budget_seconds(cfg.inner.round_seconds, cfg.inner.steps, step_seconds)
           : 0;
   if (budget > 0 && cfg.ends_at_tokens()) {
-    const int64_t remaining = cfg.token_target() - tokens_done;
+    const int64_t remaining = cfg.token_target() - tokens_done();
     const TokenRound t = token_round(budget, remaining, tokens_per_second);
     if (t.last) {
       budget = std::max(t.seconds, 1e-3);  // at least one step each

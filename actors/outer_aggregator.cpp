@@ -398,13 +398,12 @@ std::optional<double> OuterAggregator::State::evaluate(int64_t windows) {
     // inner.budget: time, every member's speed known: shared by speed, so that a straggler's
     // equal share does not hold the round up.
     std::vector<double> speeds;
-    for (int m : group) {
-      const auto it = step_seconds_of.find(m);
-      if (cfg.inner.budget != dl::InnerBudget::time || it == step_seconds_of.end() ||
-          !(it->second > 0))
-        break;
-      speeds.push_back(1.0 / it->second);
-    }
+    if (cfg.inner.budget == dl::InnerBudget::time)
+      for (int m : group) {
+        const auto it = step_seconds_of.find(m);
+        if (it == step_seconds_of.end() || !(it->second > 0)) break;
+        speeds.push_back(1.0 / it->second);
+      }
     const std::vector<EvalPart> split =
         speeds.size() == group.size()
             ? evaluation_split(windows, cfg.inner.batch_size, speeds)
@@ -533,11 +532,10 @@ bool OuterAggregator::State::start() {
   if (cfg.ends_at_tokens()) {
     // Counted from the checkpoint's record (0 from a checkpoint.resume file: its job's tokens
     // are not this job's); the rounds are an estimate until the tokens are in.
-    tokens_done = resume_from.empty() ? 0 : resume_tokens;
-    tokens_after[resume_from.empty() ? 0 : resume_round] = tokens_done;
+    tokens_after[resume_from.empty() ? 0 : resume_round] = resume_from.empty() ? 0 : resume_tokens;
     const int64_t per_round = cfg.tokens_per_inner_step() * cfg.inner.steps * cfg.workers.count;
     total_rounds = rounds_estimate(resume_from.empty() ? 0 : resume_round,
-                                   cfg.token_target() - tokens_done, per_round, dl::kMaxRounds);
+                                   cfg.token_target() - tokens_done(), per_round, dl::kMaxRounds);
   }
   {
     // The job file beside its checkpoints: `loco submit --resume CKPT` needs no other.
@@ -663,28 +661,25 @@ void OuterAggregator::State::report(int64_t r, double loss, std::optional<double
   publish([this, p] { rt.job_progress(job_id, p); });
 }
 
-// Every member re-reads the checkpoint, and the rounds after it are redone, their records
-// replaced. At the resume round nobody is asked to rewind again.
 void OuterAggregator::State::count_tokens(int64_t r, const std::vector<int>& group) {
   int64_t sum = 0;
   for (int m : group) sum += tokens_of[m];
-  tokens_done += sum;
-  tokens_after[r] = tokens_done;
-  last_round_tokens = sum;
-  const int64_t remaining = cfg.token_target() - tokens_done;
+  const int64_t averaged = tokens_done() + sum;
+  tokens_after[r] = averaged;
+  const int64_t remaining = cfg.token_target() - averaged;
   total_rounds = tokens_reached(remaining, cfg.tokens_per_inner_step(), int(group.size()),
                                 last_by_tokens == r - 1, sum)
                      ? int(r)
                      : rounds_estimate(r, remaining, sum, dl::kMaxRounds);
 }
 
+// Every member re-reads the checkpoint, and the rounds after it are redone, their records
+// replaced. At the resume round nobody is asked to rewind again.
 int64_t OuterAggregator::State::go_back() {
   pending_checkpoint.reset();  // not recorded: it may hold a round that is undone now
   const int64_t r = resume_round;
-  if (cfg.ends_at_tokens()) {
-    tokens_done = tokens_after.count(r) ? tokens_after[r] : resume_tokens;
-    tokens_after.erase(tokens_after.upper_bound(r), tokens_after.end());
-  }
+  // The rounds undone: their tokens too (resume_round is the start's or a completed round's).
+  tokens_after.erase(tokens_after.upper_bound(r), tokens_after.end());
   round = r;
   resuming = true;
   records->go_back(r);

@@ -126,11 +126,10 @@ struct OuterAggregator::State {
   // evaluation is shared by speed).
   std::map<int, double> step_seconds_of;
   // A job that ends at its tokens (cfg.ends_at_tokens()): the tokens its rounds averaged, after
-  // each completed round (a rewind goes back to its round's count; a resume to the checkpoint
-  // record's), the last round's, and its members' rate then, all together.
-  int64_t tokens_done = 0;
+  // each completed round from the one it (re)started at (a rewind drops the rounds past its
+  // checkpoint), and its members' rate in the last round, all together.
   std::map<int64_t, int64_t> tokens_after;
-  int64_t last_round_tokens = 0;
+  int64_t tokens_done() const { return tokens_after.empty() ? 0 : tokens_after.rbegin()->second; }
   double tokens_per_second = 0;
   int64_t resume_tokens = 0;  // CheckpointRecord::tokens of resume_from
   int64_t last_by_tokens = -1;  // the round token_round sized as the last (counted from 0)

@@ -250,7 +250,8 @@ int rounds_estimate(int64_t done_rounds, int64_t remaining, int64_t last_round_t
   int64_t more = 1;
   if (last_round_tokens > 0 && remaining > 0)
     more = std::max<int64_t>(1, (remaining + last_round_tokens - 1) / last_round_tokens);
-  return int(std::clamp<int64_t>(done_rounds + more, done_rounds + 1, std::max<int64_t>(cap, done_rounds + 1)));
+  return int(std::clamp<int64_t>(done_rounds + more, done_rounds + 1,
+                                 std::max<int64_t>(cap, done_rounds + 1)));
 }
 
 double grace_window(std::vector<double> recent_lateness, double k, double floor_s, double max_s,
