@@ -124,7 +124,7 @@ void InnerWorker::State::choose(const std::string& codec, const char* method) {
   const bool sparse_ok = c && c->sparse() && feedback && c->topk_k <= uint32_t(cfg.topk.chunk);
   if (!dense_ok && !sparse_ok)
     throw std::invalid_argument("InnerWorker " + std::to_string(index) + ": " + method +
-                                " with codec '" + codec.substr(0, 16) +
+                                " with codec '" + codec.substr(0, 24) +
                                 "', which this job's workers cannot run (compression " +
                                 cfg.compression_name() + ")");
   choice = *c;

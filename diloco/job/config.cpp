@@ -496,8 +496,8 @@ Field compression_field() {
     const bool rung = start && start->dense != collective::Codec::fp16 &&
                       start->topk_k <= static_cast<std::uint32_t>(c.topk.chunk);
     if (!rung)
-      throw ConfigError(path + ".start: expected a rung of the ladder: fp32|bf16|int8|topk:K "
-                        "(K in [1, chunk]), got " + quoted(a.start));
+      throw ConfigError(path + ".start: expected a rung of the ladder: fp32|bf16|int8|topk:K|"
+                        "topk:KqB (K in [1, chunk], B bits in [1, 8]), got " + quoted(a.start));
     if (start->sparse() && !c.auto_sparse())
       throw ConfigError(path + ".start: " + quoted(a.start) + " needs the ladder's topk rungs "
                         "(sparse: true, inner.budget: steps, one local rank per worker)");

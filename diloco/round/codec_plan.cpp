@@ -42,10 +42,18 @@ CodecChoice fixed_choice(const JobConfig& cfg) {
 std::vector<CodecChoice> codec_ladder(const JobConfig& cfg) {
   using collective::Codec;
   std::vector<CodecChoice> ladder = {{Codec::fp32, 0}, {Codec::bf16, 0}, {Codec::int8, 0}};
-  // One sparse rung, at the job's k: with its 2^bits levels a chunk's, a larger k quantizes
-  // more values as coarsely and lost more, not less (docs/results.md, "Where sparse is safe").
-  if (cfg.auto_sparse())
-    ladder.push_back({Codec::fp32, static_cast<std::uint32_t>(std::min(cfg.topk.k, cfg.topk.chunk))});
+  if (!cfg.auto_sparse()) return ladder;
+  // Two sparse rungs. First a tenth of each chunk at kTenthBits, Δ's own code, the error feedback
+  // left for the last rung: under the job's Nesterov step it ended below fp32 DiLoCo on the WAN
+  // bench's job, and 35 % above it through the feedback (docs/results.md, "A tenth, without
+  // error feedback"); among fewer than 10 members it sends less than int8. Then the job's k and
+  // bits through the feedback: a larger k at 2 bits quantizes more values to a chunk's 4 levels
+  // and lost more, not less ("Where sparse is safe").
+  const auto chunk = static_cast<std::uint32_t>(cfg.topk.chunk);
+  const std::uint32_t k = std::min(static_cast<std::uint32_t>(cfg.topk.k), chunk);
+  const std::uint32_t tenth = (chunk + 9) / 10;
+  if (k < tenth) ladder.push_back({Codec::fp32, tenth, kTenthBits, false});
+  ladder.push_back({Codec::fp32, k});
   return ladder;
 }
 
@@ -53,7 +61,7 @@ std::uint64_t choice_bytes(const CodecChoice& c, std::size_t n, int k, const Top
   if (k <= 1) return 0;
   if (!c.sparse()) return allreduce_bytes_per_member(n, k, c.dense);
   return static_cast<std::uint64_t>(k - 1) *
-         collective::sparse::encoded_bytes(n, sparse_params(topk, c.topk_k));
+         collective::sparse::encoded_bytes(n, sparse_params(topk, c));
 }
 
 std::vector<std::string> read_codec_trace(const std::string& text) {
@@ -83,7 +91,7 @@ std::vector<std::string> read_codec_trace(const std::string& text) {
       const auto last = line.find_last_not_of(" \t\r");
       name = line.substr(first, last - first + 1);
     }
-    if (!parse_choice(name)) throw bad("'" + name.substr(0, 16) + "' is not a codec (fp32|fp16|bf16|int8|topk:K)");
+    if (!parse_choice(name)) throw bad("'" + name.substr(0, 24) + "' is not a codec (fp32|fp16|bf16|int8|topk:K[qB][-noef])");
     if (round < 1 || round > kMaxRounds)
       throw bad("round " + std::to_string(round) + " out of [1, " + std::to_string(kMaxRounds) + "]");
     const auto at = static_cast<std::size_t>(round - 1);
@@ -165,10 +173,18 @@ CodecDecision CodecPlanner::decide(std::int64_t round, const std::optional<LinkS
                megabytes(double(choice_bytes(current(), n_, members, cfg_.topk)));
     return d;
   }
-  if (takes(rung_) > win && rung_ < top) {
-    // Down at once, to the least lossy rung that fits (the last when none does).
+  // The least lossy rung whose exchange fits `limit` (the lossiest when none does). A rung need
+  // not send fewer bytes than every rung above it (the tenth's code goes to each member, int8's
+  // butterfly does not), so this is the first that fits from the top, not the next one down.
+  const auto first_fit = [&](double limit) {
+    for (int i = 0; i < top; ++i)
+      if (takes(i) <= limit) return i;
+    return top;
+  };
+  if (takes(rung_) > win && first_fit(win) != rung_) {
+    // At once, to the least lossy rung that fits.
     const int was = rung_;
-    while (rung_ < top && takes(rung_) > win) ++rung_;
+    rung_ = first_fit(win);
     fits_above_ = 0;
     // A probe that did not fit: the next one waits twice as long (at most 16 rounds).
     if (std::exchange(probing_, false)) probe_wait_ = std::min(16, 2 * probe_wait_);
@@ -176,14 +192,14 @@ CodecDecision CodecPlanner::decide(std::int64_t round, const std::optional<LinkS
     d.reason = why(was, "would take") + (takes(rung_) > win ? "; none fits: the lossiest" : "");
     return d;
   }
-  // Up only after `patience` rounds in a row in which the rung above fitted within the margin;
-  // then as far up as fits within it.
+  // Up only after `patience` rounds in a row in which a rung above fitted within the margin;
+  // then to the least lossy that does.
   const double roomy = win * std::clamp(cfg_.autocodec.margin, 0.01, 1.0);
   const int patience = std::max(1, cfg_.autocodec.patience);
   if (std::exchange(probing_, false)) probe_wait_ = patience;  // the probe's rung fitted
-  if (rung_ > 0 && takes(rung_ - 1) <= roomy) {
+  if (const int up = first_fit(roomy); up < rung_) {
     if (++fits_above_ >= patience) {
-      while (rung_ > 0 && takes(rung_ - 1) <= roomy) --rung_;
+      rung_ = up;
       fits_above_ = 0;
       d.to = current();
       d.reason = why(rung_, "would take");

@@ -5,16 +5,17 @@
 // A CodecChoice names the codec of one round's averages: a dense codec of the collective's
 // all-reduce (fp32, bf16, int8), or topk with k entries per chunk gathered (the chunk, bits and
 // β of the job's compression settings). It travels with the round's plan (ReduceRequest,
-// StreamRequest) as its name: "fp32", "bf16", "int8", "topk:K".
+// StreamRequest) as its name: "fp32", "bf16", "int8", "topk:K", "topk:KqB-noef" (B bits a level,
+// no error feedback).
 //
 // The rule (CodecPlanner::decide): the least lossy rung of the ladder whose exchange fits the
-// window, where
+// window (a rung need not send fewer bytes than those above it), where
 //   - an exchange's time is its bytes per member over the measured rate (bytes over seconds of
 //     the last round's exchanges, the fastest member's: the others' include waits for it);
 //   - the window is, in blocking rounds, `share` of the round (the inner steps' seconds over
 //     1 − share); in streaming and eager, the time a fragment's average has before it is
 //     needed (the overlap's steps at the measured seconds per step).
-// Hysteresis: a lossier rung is taken at once when the current one does not fit; a less lossy
+// Hysteresis: another rung is taken at once when the current one does not fit; a less lossy
 // one only when it fits within `margin` of the window for `patience` rounds in a row. An
 // exchange of less than kProbeBytes a member is mostly latency and understates the link: after
 // `patience` rounds of those without a climb, the next round tries the rung above (a probe);
@@ -37,7 +38,9 @@ namespace loco::diloco {
 CodecChoice fixed_choice(const JobConfig& cfg);
 
 // The rungs `compression: auto` chooses from, least lossy first: fp32, bf16, int8, then (with
-// `sparse` allowed) topk at the job's k.
+// `sparse` allowed) topk at a tenth of each chunk and kTenthBits without error feedback (where
+// the job's k is below it), and topk at the job's k and bits with it.
+inline constexpr std::uint32_t kTenthBits = 4;
 std::vector<CodecChoice> codec_ladder(const JobConfig& cfg);
 
 // Bytes one member sends for an average of n values among k members under `c`: the butterfly's

@@ -20,7 +20,7 @@ DeltaAverager::Sent DeltaAverager::prepare(int fragment,
   for (std::size_t i = 0; i < deltas.size(); ++i) {
     if (sparse()) {
       s.codes.push_back(abstain ? std::vector<std::uint8_t>{}
-                                : feedback_->encode(i, fragment, deltas[i], choice_.topk_k));
+                                : feedback_->encode(i, fragment, deltas[i], choice_));
       continue;
     }
     std::span<const float> sent = deltas[i];
@@ -44,9 +44,9 @@ DeltaAverager::Judged DeltaAverager::judge(AveragingGroup& group, std::uint64_t 
   if (sparse()) {
     // topk: the codes are the data; the guard judges what they decode to.
     j.code_bytes = group.allgather(data_round(op), sent.codes,
-                                   feedback_->bytes(fragment, choice_.topk_k), j.codes);
+                                   feedback_->bytes(fragment, choice_), j.codes);
     const std::vector<std::span<const std::uint8_t>> views(j.codes.begin(), j.codes.end());
-    j.verdicts = judge_codes(*feedback_, fragment, views, guard_, choice_.topk_k);
+    j.verdicts = judge_codes(*feedback_, fragment, views, guard_, choice_);
   } else if (guard_.on && group.size() >= 2) {
     const std::size_t sketch = guard::sketch_size(sent.n, static_cast<std::size_t>(guard_.sketch));
     std::vector<std::vector<std::uint8_t>> all;
@@ -70,7 +70,7 @@ std::uint64_t DeltaAverager::reduce(AveragingGroup& group, std::uint64_t op, int
                            left_out);
   if (means.empty()) return 0;
   const std::vector<std::span<const std::uint8_t>> views(judged.codes.begin(), judged.codes.end());
-  feedback_->mean(fragment, views, means[0], left_out, choice_.topk_k);
+  feedback_->mean(fragment, views, means[0], left_out, choice_);
   for (std::size_t i = 1; i < means.size(); ++i)
     std::copy(means[0].begin(), means[0].end(), means[i].begin());
   return 0;  // the codes were the data: judged.code_bytes

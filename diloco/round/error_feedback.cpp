@@ -20,15 +20,16 @@ ErrorFeedback::ErrorFeedback(const TopkConfig& cfg, std::vector<std::size_t> siz
     for (std::size_t n : sizes_) r.emplace_back(n, 0.0f);
 }
 
-collective::sparse::Params ErrorFeedback::params(std::uint32_t k) const {
+collective::sparse::Params ErrorFeedback::params(const CodecChoice& c) const {
   collective::sparse::Params p = params_;
-  if (k > 0) p.k = std::min(k, p.chunk);
+  if (c.topk_k > 0) p.k = std::min(c.topk_k, p.chunk);
+  if (c.topk_bits > 0) p.bits = c.topk_bits;
   return p;
 }
 
-std::size_t ErrorFeedback::bytes(int fragment, std::uint32_t k) const {
+std::size_t ErrorFeedback::bytes(int fragment, const CodecChoice& c) const {
   return collective::sparse::encoded_bytes(sizes_.at(static_cast<std::size_t>(fragment)),
-                                           params(k));
+                                           params(c));
 }
 
 void ErrorFeedback::dense(std::size_t replica, int fragment, std::span<const float> delta,
@@ -52,7 +53,7 @@ void ErrorFeedback::dense(std::size_t replica, int fragment, std::span<const flo
 
 std::vector<std::uint8_t> ErrorFeedback::encode(std::size_t replica, int fragment,
                                                 std::span<const float> delta,
-                                                std::uint32_t k) {
+                                                const CodecChoice& c) {
   std::vector<float>& e = buffers_.at(replica).at(static_cast<std::size_t>(fragment));
   if (delta.size() != e.size())
     throw std::invalid_argument("ErrorFeedback::encode: Δ of fragment " +
@@ -61,16 +62,17 @@ std::vector<std::uint8_t> ErrorFeedback::encode(std::size_t replica, int fragmen
                                 std::to_string(e.size()));
   for (float v : delta)
     if (!std::isfinite(v)) return {};
-  for (std::size_t i = 0; i < e.size(); ++i) e[i] = beta_ * e[i] + delta[i];
   sent_.resize(e.size());
-  std::vector<std::uint8_t> code = collective::sparse::encode(e, params(k), sent_);
+  if (!c.feedback) return collective::sparse::encode(delta, params(c), sent_);  // e as it was
+  for (std::size_t i = 0; i < e.size(); ++i) e[i] = beta_ * e[i] + delta[i];
+  std::vector<std::uint8_t> code = collective::sparse::encode(e, params(c), sent_);
   for (std::size_t i = 0; i < e.size(); ++i) e[i] -= sent_[i];
   return code;
 }
 
 void ErrorFeedback::mean(int fragment, std::span<const std::span<const std::uint8_t>> codes,
                          std::span<float> out, std::span<const std::uint8_t> left_out,
-                         std::uint32_t k) const {
+                         const CodecChoice& c) const {
   if (out.size() != sizes_.at(static_cast<std::size_t>(fragment)))
     throw std::invalid_argument("ErrorFeedback::mean: " + std::to_string(out.size()) +
                                 " values for fragment " + std::to_string(fragment) + " of " +
@@ -87,7 +89,7 @@ void ErrorFeedback::mean(int fragment, std::span<const std::span<const std::uint
   // members: Σ/K as it goes; senders: Σ first, then each entry over the members that sent it.
   std::vector<std::uint16_t> senders(over_senders_ ? out.size() : 0, 0);
   const float scale = over_senders_ ? 1.0f : 1.0f / static_cast<float>(in);
-  const collective::sparse::Params p = params(k);
+  const collective::sparse::Params p = params(c);
   for (std::size_t m = 0; m < codes.size(); ++m) {
     if (collective::is_left_out(left_out, m)) continue;
     try {
@@ -108,9 +110,9 @@ void ErrorFeedback::clear(std::size_t replica) {
 
 std::vector<guard::Verdict> judge_codes(const ErrorFeedback& feedback, int fragment,
                                         std::span<const std::span<const std::uint8_t>> codes,
-                                        const GuardConfig& guard, std::uint32_t k) {
+                                        const GuardConfig& guard, const CodecChoice& c) {
   if (!guard.on) return {};
-  return guard::judge(guard::sparse_facts(codes, feedback.params(k), feedback.size(fragment)),
+  return guard::judge(guard::sparse_facts(codes, feedback.params(c), feedback.size(fragment)),
                       guard);
 }
 

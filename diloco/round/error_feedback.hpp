@@ -30,19 +30,20 @@ class ErrorFeedback {
   // simulator's K, a worker's one). Every buffer starts at zero.
   ErrorFeedback(const TopkConfig& cfg, std::vector<std::size_t> sizes, std::size_t replicas);
 
-  // The code's parameters; k > 0: with k entries per chunk instead of the job's (compression
-  // auto chooses k each round: diloco/round/codec_plan.hpp).
+  // The code's parameters; under a choice, its k and bits where it names them instead of the
+  // job's (compression auto chooses them each round: diloco/round/codec_plan.hpp).
   const collective::sparse::Params& params() const { return params_; }
-  collective::sparse::Params params(std::uint32_t k) const;
+  collective::sparse::Params params(const CodecChoice& c) const;
   // The bytes of fragment f's code: what a member may send for it, exactly.
-  std::size_t bytes(int fragment, std::uint32_t k = 0) const;
+  std::size_t bytes(int fragment, const CodecChoice& c = {}) const;
   // Fragment f's length.
   std::size_t size(int fragment) const { return sizes_.at(static_cast<std::size_t>(fragment)); }
-  // e ← β·e + delta; returns the code of e and takes what it sent off e. A delta that is not
-  // finite leaves e as it was and gives an empty code: the member sends nothing (the guard
-  // leaves it out; without the guard the mean refuses the empty code).
+  // e ← β·e + delta; returns the code of e and takes what it sent off e (a choice without
+  // feedback: delta's own code, e as it was). A delta that is not finite leaves e as it was and
+  // gives an empty code: the member sends nothing (the guard leaves it out; without the guard
+  // the mean refuses the empty code).
   std::vector<std::uint8_t> encode(std::size_t replica, int fragment,
-                                   std::span<const float> delta, std::uint32_t k = 0);
+                                   std::span<const float> delta, const CodecChoice& c = {});
   // compression auto, a dense round with feedback: flush: e ← β·e + delta, out = e, e ← 0 (topk's
   // rule with every entry sent); keep: out = delta, e as it was. A delta that is not finite is
   // copied as it is (the guard or the collective refuses it) and leaves e as it was.
@@ -54,7 +55,7 @@ class ErrorFeedback {
   // (collective::sparse::CodecError) is named by its member's position. All left out: zeros.
   void mean(int fragment, std::span<const std::span<const std::uint8_t>> codes,
             std::span<float> out, std::span<const std::uint8_t> left_out = {},
-            std::uint32_t k = 0) const;
+            const CodecChoice& c = {}) const;
   // A replica's buffers under "PREFIX<f>" (checkpoints and inner states); load() leaves zeros
   // where the archive has none (a checkpoint written without topk) and checks sizes.
   void save(torch::serialize::OutputArchive& ar, const std::string& prefix,
@@ -99,6 +100,6 @@ class LocalSparseAverager final : public FragmentAverager {
 // guard is off).
 std::vector<guard::Verdict> judge_codes(const ErrorFeedback& feedback, int fragment,
                                         std::span<const std::span<const std::uint8_t>> codes,
-                                        const GuardConfig& guard, std::uint32_t k = 0);
+                                        const GuardConfig& guard, const CodecChoice& c = {});
 
 }  // namespace loco::diloco

@@ -109,7 +109,7 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
   for (const std::string& c : opt_.codec_trace) {
     const auto choice = parse_choice(c);
     if (!choice || (choice->sparse() && !cfg_.keeps_feedback()))
-      throw std::invalid_argument("--codec-trace: '" + c.substr(0, 16) + "' is not a codec " +
+      throw std::invalid_argument("--codec-trace: '" + c.substr(0, 24) + "' is not a codec " +
                                   "this job can run (fp32|fp16|bf16|int8" +
                                   (cfg_.keeps_feedback() ? "|topk:K" : "") + "; compression " +
                                   cfg_.compression_name() + ")");
@@ -505,7 +505,7 @@ CheckpointInfo checkpoint_info(const std::string& path) {
   torch::Tensor theta;
   info.outer_state = ar.try_read("outer.theta", theta);
   c10::IValue codec;
-  if (ar.try_read("codec", codec) && codec.isString()) info.codec = codec.toStringRef().substr(0, 16);
+  if (ar.try_read("codec", codec) && codec.isString()) info.codec = codec.toStringRef().substr(0, 24);
   return info;
 }
 

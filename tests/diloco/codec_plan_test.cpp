@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,9 @@ LinkSample at(double mbit, double step_s, std::uint64_t bytes = 10'000'000) {
 }
 
 TEST(CodecChoice, NamesRoundTripAndHostileNamesAreRefused) {
-  for (const char* n : {"fp32", "fp16", "bf16", "int8", "topk:1", "topk:64", "topk:65536"}) {
+  for (const char* n : {"fp32", "fp16", "bf16", "int8", "topk:1", "topk:64", "topk:65536",
+                        "topk:410q4", "topk:1q8", "topk:65536q1", "topk:410q4-noef",
+                        "topk:64-noef", "topk:65536q8-noef"}) {
     const auto c = parse_choice(n);
     ASSERT_TRUE(c) << n;
     EXPECT_EQ(c->name(), n);
@@ -45,21 +48,89 @@ TEST(CodecChoice, NamesRoundTripAndHostileNamesAreRefused) {
   EXPECT_TRUE(parse_choice("topk:64")->sparse());
   EXPECT_FALSE(parse_choice("int8")->sparse());
   for (const char* n : {"", "int4", "topk", "topk:", "topk:0", "topk:65537", "topk:-1",
-                        "topk:64x", "topk: 64", "TOPK:64", "topk:000000000000000064"})
+                        "topk:64x", "topk: 64", "TOPK:64", "topk:000000000000000064", "topk:064",
+                        "topk:64q", "topk:64q0", "topk:64q9", "topk:64q44", "topk:q4", "topk:64q4q4",
+                        "topk:64Q4", "topk:-noef", "topk:64-noef-noef", "topk:64q4-NOEF",
+                        "topk:64-noefx", "topk:64q4-noef12345678"})
     EXPECT_FALSE(parse_choice(n)) << n;
+  // A rung's k and bits override the job's; without them the job's hold.
+  TopkConfig t;  // chunk 4096, k 64, bits 2
+  const auto tenth = sparse_params(t, *parse_choice("topk:410q4-noef"));
+  EXPECT_EQ(tenth.k, 410u);
+  EXPECT_EQ(tenth.bits, 4u);
+  const auto plain = sparse_params(t, *parse_choice("topk:100"));
+  EXPECT_EQ(plain.k, 100u);
+  EXPECT_EQ(plain.bits, 2u);
+  EXPECT_EQ(sparse_params(t).k, 64u);
+}
+
+TEST(ErrorFeedback, ARoundsChoiceSetsTheCodesBits) {
+  TopkConfig t;
+  t.chunk = 8;
+  t.k = 8;
+  t.bits = 1;  // two levels a chunk
+  t.error_feedback = 0.0;
+  const std::vector<float> delta = {1, 2, 3, 4, 5, 6, 7, 8};
+  const auto mean_of = [&](const CodecChoice& c) {
+    ErrorFeedback fb(t, {delta.size()}, 1);
+    const auto code = fb.encode(0, 0, delta, c);
+    EXPECT_EQ(code.size(), fb.bytes(0, c)) << c.name();
+    std::vector<float> got(delta.size(), 0.0f);
+    fb.mean(0, std::vector<std::span<const std::uint8_t>>{code}, got, {}, c);
+    return got;
+  };
+  const auto coarse = mean_of(*parse_choice("topk:8"));
+  const auto fine = mean_of(*parse_choice("topk:8q8"));
+  std::set<float> levels(coarse.begin(), coarse.end());
+  EXPECT_EQ(levels.size(), 2u) << "the job's 1 bit: two levels";
+  for (size_t i = 0; i < delta.size(); ++i) EXPECT_NEAR(fine[i], delta[i], 0.05) << i;
+}
+
+TEST(ErrorFeedback, ARungWithoutFeedbackSendsDeltasOwnCodeAndLeavesTheBuffer) {
+  TopkConfig t;
+  t.chunk = 4;
+  t.k = 1;
+  t.bits = 8;
+  t.error_feedback = 1.0;
+  ErrorFeedback fb(t, {4}, 1);
+  const auto decoded = [&](const std::vector<std::uint8_t>& code, const CodecChoice& c) {
+    std::vector<float> got(4, 0.0f);
+    fb.mean(0, std::vector<std::span<const std::uint8_t>>{code}, got, {}, c);
+    return got;
+  };
+  // A topk:1 round leaves (0, 0, 3, 0) of (0, 0, 3, 9) in the buffer.
+  EXPECT_EQ(decoded(fb.encode(0, 0, std::vector<float>{0, 0, 3, 9}), {}),
+            (std::vector<float>{0, 0, 0, 9}));
+  // Without feedback, k 2 of Δ = (5, 0, 0, 1) sends 5 and 1, not the buffer's 3 added in...
+  const CodecChoice raw = *parse_choice("topk:2-noef");
+  EXPECT_EQ(decoded(fb.encode(0, 0, std::vector<float>{5, 0, 0, 1}, raw), raw),
+            (std::vector<float>{5, 0, 0, 1}));
+  // ...and the buffer still holds the 3 for the next topk round.
+  EXPECT_EQ(decoded(fb.encode(0, 0, std::vector<float>{0, 0, 0, 0}), {}),
+            (std::vector<float>{0, 0, 3, 0}));
 }
 
 TEST(CodecLadder, LeastLossyFirstAndTopkOnlyWhereTheJobCanRunIt) {
-  std::vector<std::string> names;
-  for (const auto& c : codec_ladder(job("auto"))) names.push_back(c.name());
-  EXPECT_EQ(names, (std::vector<std::string>{"fp32", "bf16", "int8", "topk:64"}));
-  // Each rung sends fewer bytes than the one before.
+  const auto names = [](const JobConfig& cfg) {
+    std::vector<std::string> out;
+    for (const auto& c : codec_ladder(cfg)) out.push_back(c.name());
+    return out;
+  };
+  EXPECT_EQ(names(job("auto")),
+            (std::vector<std::string>{"fp32", "bf16", "int8", "topk:410q4-noef", "topk:64"}));
+  // Where k (64) is a tenth of a chunk or more, one sparse rung: k.
+  EXPECT_EQ(names(job("{kind: auto, chunk: 256}")),
+            (std::vector<std::string>{"fp32", "bf16", "int8", "topk:64"}));
+  // Among 4 members each rung sends fewer bytes than the one before.
   const JobConfig cfg = job("auto");
   const auto ladder = codec_ladder(cfg);
   for (size_t i = 1; i < ladder.size(); ++i)
     EXPECT_LT(choice_bytes(ladder[i], 6'400'000, 4, cfg.topk),
               choice_bytes(ladder[i - 1], 6'400'000, 4, cfg.topk))
         << ladder[i].name();
+  // Among 12, the tenth's code to each of 11 others sends more than int8's butterfly.
+  EXPECT_GT(choice_bytes(ladder[3], 6'400'000, 12, cfg.topk),
+            choice_bytes(ladder[2], 6'400'000, 12, cfg.topk));
   EXPECT_EQ(codec_ladder(job("{kind: auto, sparse: false}")).size(), 3u);
   // inner.budget: time weighs Δ by tokens, which topk's error feedback does not carry.
   JobConfig timed = job("auto");
@@ -80,11 +151,12 @@ TEST(CodecPlanner, BlockingKeepsFp32OnAFastLinkAndFallsAtOnceOnASlowOne) {
   d = p.decide(1, at(10'000, 1.5), 4);
   EXPECT_EQ(d.to.name(), "fp32");
   EXPECT_NEAR(p.window(1.5), 0.03 / 0.97 * 18, 1e-9);
-  // At 100 Mbit/s: fp32 3.1 s, bf16 1.5 s, int8 0.77 s do not fit; topk:64 (0.6 MB) does.
+  // At 100 Mbit/s: fp32 3.1 s, bf16 1.5 s, int8 0.77 s do not fit; a tenth at 4 bits (4.2 MB,
+  // 0.33 s) does.
   d = p.decide(2, at(100, 1.5), 4);
   EXPECT_TRUE(d.changed());
   EXPECT_EQ(d.from.name(), "fp32");
-  EXPECT_EQ(d.to.name(), "topk:64");
+  EXPECT_EQ(d.to.name(), "topk:410q4-noef");
   EXPECT_EQ(d.reason.find("38.4 MB at 100.0 Mbit/s would take 3.07 s, the window is 0.56 s"),
             0u)
       << d.reason;
@@ -99,24 +171,50 @@ TEST(CodecPlanner, BlockingKeepsFp32OnAFastLinkAndFallsAtOnceOnASlowOne) {
 }
 
 TEST(CodecPlanner, ASmallExchangeIsProbedAboveAndAFailedProbeWaitsTwiceAsLong) {
-  CodecPlanner p(job("{kind: auto, start: topk:64, patience: 1}"), 6'400'000);
-  // topk's 0.6 MB in 1 s: 4.8 Mbit/s, at which int8 (9.6 MB) would take 16 s, far past the
-  // 0.56 s window; but so small an exchange is mostly latency: the next round probes int8.
+  const JobConfig cfg = job("{kind: auto, start: topk:64, patience: 1}");
+  CodecPlanner p(cfg, 6'400'000);
+  const std::uint64_t tenth =
+      choice_bytes(*parse_choice("topk:410q4-noef"), 6'400'000, 4, cfg.topk);
+  // topk's 0.6 MB in 1 s: 4.8 Mbit/s, at which the tenth (4.2 MB) would take 7 s, far past the
+  // 0.56 s window; but so small an exchange is mostly latency: the next round probes the rung
+  // above.
   const LinkSample small{600'000, 1.0, 1.5};
   auto d = p.decide(1, small, 4);
-  EXPECT_EQ(d.to.name(), "int8");
+  EXPECT_EQ(d.to.name(), "topk:410q4-noef");
   EXPECT_NE(d.reason.find("a probe"), std::string::npos) << d.reason;
-  // int8 measured at 4.8 Mbit/s: it does not fit; back down, and the next probe waits 2 rounds.
-  d = p.decide(2, LinkSample{9'600'000, 16.0, 1.5}, 4);
+  // The tenth measured at 4.8 Mbit/s: it does not fit; back down, and the next probe waits 2
+  // rounds.
+  d = p.decide(2, LinkSample{tenth, double(tenth) / 600'000, 1.5}, 4);
   EXPECT_EQ(d.to.name(), "topk:64");
   EXPECT_EQ(p.decide(3, small, 4).to.name(), "topk:64");
-  EXPECT_EQ(p.decide(4, small, 4).to.name(), "int8");
+  EXPECT_EQ(p.decide(4, small, 4).to.name(), "topk:410q4-noef");
   // Rounds are sent one ahead in streaming: the decision after a probe may still see the small
-  // exchange of the round before it, which cannot show that int8 does not fit: kept.
-  EXPECT_EQ(p.decide(5, small, 4).to.name(), "int8");
-  // This time int8 fits (the link came back): it stays, and climbs from there as measured.
-  d = p.decide(6, at(1000, 1.5, 9'600'000), 4);
+  // exchange of the round before it, which cannot show that the probe's rung does not fit: kept.
+  EXPECT_EQ(p.decide(5, small, 4).to.name(), "topk:410q4-noef");
+  // This time it fits (the link came back): it stays, and climbs from there as measured.
+  d = p.decide(6, at(1000, 1.5, tenth), 4);
   EXPECT_NE(d.to.name(), "topk:64");
+}
+
+TEST(CodecPlanner, ARungThatSendsMoreThanOneAboveItIsPassedOverBothWays) {
+  // Among 12 members the tenth's code (to each of 11 others) sends more than int8's butterfly:
+  // where int8 does not fit, neither does the tenth, and a climb from topk:64 goes to int8
+  // without stopping at the tenth.
+  const JobConfig cfg = job("{kind: auto, patience: 1, margin: 1.0}");
+  const auto bytes = [&](const char* c) {
+    return double(choice_bytes(*parse_choice(c), 6'400'000, 12, cfg.topk));
+  };
+  ASSERT_GT(bytes("topk:410q4-noef"), bytes("int8"));
+  CodecPlanner p(cfg, 6'400'000);
+  // A rate at which int8 takes twice the 0.56 s window (12 steps of 1.5 s, a 3 % share).
+  const double win = p.window(1.5);
+  const double slow = bytes("int8") / (2 * win);
+  auto d = p.decide(1, LinkSample{20'000'000, 20'000'000 / slow, 1.5}, 12);
+  EXPECT_EQ(d.to.name(), "topk:64");
+  // Then a rate at which int8 fits and the tenth does not.
+  const double mid = (bytes("int8") + bytes("topk:410q4-noef")) / 2 / win;
+  d = p.decide(2, LinkSample{20'000'000, 20'000'000 / mid, 1.5}, 12);
+  EXPECT_EQ(d.to.name(), "int8") << d.reason;
 }
 
 TEST(CodecPlanner, ClimbsOnlyAfterPatienceRoundsWithinTheMargin) {
