@@ -77,6 +77,9 @@ struct Relay::Impl {
   };
   std::map<std::string, std::deque<Held>> held;
   size_t held_bytes = 0;
+  // When each destination last took a message: one that drains slowly (a site behind a slow
+  // link) is not one that stays full, and what waits for it is not dropped while it drains.
+  std::map<std::string, std::chrono::steady_clock::time_point> took;
 
   // Sends [dst, src, rest...] without waiting: false when the destination cannot take it now
   // (not connected, or its queue is full); nothing is sent then.
@@ -100,14 +103,18 @@ struct Relay::Impl {
         Held{std::move(frames), std::chrono::steady_clock::now(), bytes});
   }
 
-  // Sends what waits, in order per destination; drops what waited past hold_ttl.
+  // Sends what waits, in order per destination; drops what waited past hold_ttl since it was
+  // held or since its destination last took a message, whichever is later.
   void flush_held() {
     const auto now = std::chrono::steady_clock::now();
     for (auto it = held.begin(); it != held.end();) {
       auto& q = it->second;
+      const auto last_took = took.find(it->first);
       while (!q.empty()) {
         Held& h = q.front();
-        if (now - h.since > options.hold_ttl) {
+        const auto since =
+            last_took == took.end() ? h.since : std::max(h.since, last_took->second);
+        if (now - since > options.hold_ttl) {
           drop("its destination did not take it within " +
                std::to_string(options.hold_ttl.count()) + " ms");
         } else {
@@ -115,12 +122,16 @@ struct Relay::Impl {
           // try, so rebuild it from the key.
           h.frames[0] = zmq::message_t(it->first);
           if (!try_forward(h.frames)) break;
+          took[it->first] = now;
         }
         held_bytes -= h.bytes;
         q.pop_front();
       }
       it = q.empty() ? held.erase(it) : std::next(it);
     }
+    // Only destinations with something held need a time (a bound on the map).
+    for (auto t = took.begin(); t != took.end();)
+      t = held.count(t->first) ? std::next(t) : took.erase(t);
   }
 
   void run() {

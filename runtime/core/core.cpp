@@ -281,7 +281,19 @@ std::shared_ptr<CallState> Core::send_call(std::shared_ptr<CallState> st,
     addr = ref->address;
   }
   if (addr.empty()) {
-    resolve(*ref);
+    try {
+      resolve(*ref);
+    } catch (const Error& e) {
+      // Not sent: the call ends with the error, raised where its outcome is taken, as a
+      // reply's would be. A caller that gathers several calls sees this one fail among them
+      // (a worker whose node died, say) instead of the loop that makes them unwinding. A tell
+      // has no outcome to take: it throws here.
+      if (oneway) throw;
+      st->peer = "(unresolved)";
+      finish(st, e.type(), e.what(), {});
+      if (done) done(*st);  // finish() runs only the callbacks of calls that were sent
+      return st;
+    }
     std::lock_guard<std::mutex> lock(ref->mu);
     addr = ref->address;
   }

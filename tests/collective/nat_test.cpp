@@ -402,6 +402,56 @@ TEST(Nat, ConnectionsPastTheBoundOfOneAddressAreClosedAtOnce) {
   for (int fd : flood) ::close(fd);
 }
 
+// A destination that drains slowly is not one that stays full: with room for one message per
+// connection and a hold of 30 ms, 150 messages to a member that takes one every 2 ms wait at
+// the relay far longer than the hold, and none is dropped, since the member keeps taking them
+// (raw DEALERs on an insecure relay: [destination, header, sender, payload] in, [source, ...]
+// out).
+TEST(Nat, WhatWaitsForADestinationThatDrainsIsNotDropped) {
+  RelayOptions ro;
+  ro.hwm = 1;
+  ro.hold_ttl = std::chrono::milliseconds(30);
+  Relay relay("tcp://127.0.0.1:0", std::move(ro));
+  zmq::context_t ctx;
+  auto dealer = [&](const std::string& id) {
+    auto d = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+    d->set(zmq::sockopt::routing_id, id);
+    d->set(zmq::sockopt::rcvhwm, 1);
+    d->set(zmq::sockopt::linger, 0);
+    d->connect(relay.endpoint());
+    return d;
+  };
+  auto send = [](zmq::socket_t& from, const std::string& to, const std::string& payload) {
+    from.send(zmq::buffer(to), zmq::send_flags::sndmore);
+    from.send(zmq::buffer(std::string("h")), zmq::send_flags::sndmore);
+    from.send(zmq::buffer(std::string("s")), zmq::send_flags::sndmore);
+    from.send(zmq::buffer(payload), zmq::send_flags::none);
+  };
+  auto dst = dealer("dst-member");
+  auto src = dealer("src-member");
+  // The destination is connected once a message it sends itself comes back.
+  dst->set(zmq::sockopt::rcvtimeo, 10000);
+  send(*dst, "dst-member", "hello");
+  zmq::message_t f;
+  ASSERT_TRUE(dst->recv(f));
+  while (dst->get(zmq::sockopt::rcvmore)) (void)dst->recv(f);
+  constexpr int kMessages = 150;
+  const std::string payload(64 << 10, 'x');
+  std::thread sender([&] {
+    for (int i = 0; i < kMessages; ++i) send(*src, "dst-member", payload);
+  });
+  int got = 0;
+  dst->set(zmq::sockopt::rcvtimeo, 2000);
+  for (; got < kMessages; ++got) {
+    if (!dst->recv(f)) break;  // nothing for 2 s: the rest was dropped
+    while (dst->get(zmq::sockopt::rcvmore)) (void)dst->recv(f);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  sender.join();
+  EXPECT_EQ(got, kMessages);
+  EXPECT_EQ(relay.dropped(), 0u);
+}
+
 TEST(Nat, TheRelayAnnouncesItsRate) {
   RelayOptions ro;
   ro.rate_mbit = 80;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -225,8 +226,14 @@ TEST(Cluster, ActorWithoutRestartsIsDeadAfterItsNodeDies) {
   // Once the head has caught up, the handle says the actor is dead, and why.
   (void)eventually([&] { return rt.locate(a.id()).state == ActorState::dead; },
                    std::chrono::seconds(10));
+  // A call that cannot be sent is not thrown where it is made: it ends at once with the error,
+  // raised where its outcome is taken, so that a caller gathering several calls (an
+  // aggregator's workers) sees this one fail among them.
+  std::optional<Future<int>> f;
+  ASSERT_NO_THROW(f.emplace(a.call(&Counter::get)));
+  EXPECT_TRUE(f->ready());
   try {
-    (void)a.call(&Counter::get).get(Millis(5000));
+    (void)f->get(Millis(5000));
     FAIL();
   } catch (const ActorDiedError& e) {
     EXPECT_TRUE(contains(e.what(), "is dead")) << e.what();
