@@ -69,7 +69,8 @@ struct Relay::Impl {
   // operation at different times, and a member's first messages must wait for a peer that has
   // not connected to the relay yet. Per destination, in order; bounded in bytes (the relay
   // reads nothing more while over the bound, so ZeroMQ and TCP push back on the senders) and
-  // in time (what waits longer than hold_ttl is dropped and counted).
+  // in time (what waits longer than hold_ttl for a destination not connected is dropped and
+  // counted).
   struct Held {
     std::vector<zmq::message_t> frames;
     std::chrono::steady_clock::time_point since;
@@ -77,24 +78,29 @@ struct Relay::Impl {
   };
   std::map<std::string, std::deque<Held>> held;
   size_t held_bytes = 0;
-  // When each destination last took a message: one that drains slowly (a site behind a slow
-  // link) is not one that stays full, and what waits for it is not dropped while it drains.
-  std::map<std::string, std::chrono::steady_clock::time_point> took;
+  // When each destination with something held was last seen connected. What waits for a
+  // connected one is kept, however long it takes: a member that enters its operation late (a
+  // straggler's inner steps) or drains slowly (a site behind a slow link) leaves its queue full
+  // meanwhile, and a message dropped from the middle of a member's stream would be noticed
+  // only by the members' liveness, a minute on. Only a destination gone for hold_ttl loses it.
+  std::map<std::string, std::chrono::steady_clock::time_point> seen;
+  enum class Forward { sent, full, absent };
 
-  // Sends [dst, src, rest...] without waiting: false when the destination cannot take it now
-  // (not connected, or its queue is full); nothing is sent then.
-  bool try_forward(std::vector<zmq::message_t>& out) {
+  // Sends [dst, src, rest...] without waiting; nothing is sent when the destination's queue is
+  // full or it is not connected.
+  Forward try_forward(std::vector<zmq::message_t>& out) {
     try {
-      if (!router->send(out[0], zmq::send_flags::dontwait | zmq::send_flags::sndmore)) return false;
+      if (!router->send(out[0], zmq::send_flags::dontwait | zmq::send_flags::sndmore))
+        return Forward::full;
     } catch (const zmq::error_t& e) {
-      if (e.num() == EHOSTUNREACH) return false;
+      if (e.num() == EHOSTUNREACH) return Forward::absent;
       throw;
     }
     for (size_t i = 1; i < out.size(); ++i)
       (void)router->send(out[i], i + 1 < out.size() ? zmq::send_flags::sndmore
                                                      : zmq::send_flags::none);
     forwarded.fetch_add(1);
-    return true;
+    return Forward::sent;
   }
 
   void hold(std::string destination, std::vector<zmq::message_t>&& frames, size_t bytes) {
@@ -104,25 +110,25 @@ struct Relay::Impl {
   }
 
   // Sends what waits, in order per destination; drops what waited past hold_ttl since it was
-  // held or since its destination last took a message, whichever is later.
+  // held or since its destination was last seen connected, whichever is later.
   void flush_held() {
     const auto now = std::chrono::steady_clock::now();
     for (auto it = held.begin(); it != held.end();) {
       auto& q = it->second;
-      const auto last_took = took.find(it->first);
       while (!q.empty()) {
         Held& h = q.front();
-        const auto since =
-            last_took == took.end() ? h.since : std::max(h.since, last_took->second);
+        const auto last = seen.find(it->first);
+        const auto since = last == seen.end() ? h.since : std::max(h.since, last->second);
         if (now - since > options.hold_ttl) {
-          drop("its destination did not take it within " +
+          drop("its destination was not connected for " +
                std::to_string(options.hold_ttl.count()) + " ms");
         } else {
           // Routing ids are kept in their own frame; ZeroMQ may have consumed it on a failed
           // try, so rebuild it from the key.
           h.frames[0] = zmq::message_t(it->first);
-          if (!try_forward(h.frames)) break;
-          took[it->first] = now;
+          const Forward f = try_forward(h.frames);
+          if (f != Forward::absent) seen[it->first] = now;
+          if (f != Forward::sent) break;
         }
         held_bytes -= h.bytes;
         q.pop_front();
@@ -130,8 +136,8 @@ struct Relay::Impl {
       it = q.empty() ? held.erase(it) : std::next(it);
     }
     // Only destinations with something held need a time (a bound on the map).
-    for (auto t = took.begin(); t != took.end();)
-      t = held.count(t->first) ? std::next(t) : took.erase(t);
+    for (auto t = seen.begin(); t != seen.end();)
+      t = held.count(t->first) ? std::next(t) : seen.erase(t);
   }
 
   void run() {
@@ -175,7 +181,7 @@ struct Relay::Impl {
         // Behind what already waits for that destination, in order.
         auto waiting = held.find(destination);
         if (waiting == held.end() || waiting->second.empty()) {
-          if (try_forward(frames)) continue;
+          if (try_forward(frames) == Forward::sent) continue;
           frames[0] = zmq::message_t(destination);
         }
         hold(std::move(destination), std::move(frames), bytes);

@@ -10,9 +10,9 @@
 //   members seal end to end (seal.hpp); whatever it changes fails to authenticate.
 // - Bounded: frames over `max_message_bytes` close their connection before they are allocated;
 //   `hwm` messages queued per connection each way; a token bucket of `rate_mbit` on the bytes
-//   it forwards; a destination that is not connected, or whose queue stays full (takes no
-//   message), for `hold_ttl`, has the message dropped and counted (the members' liveness
-//   judges); one that drains slowly loses nothing. Until then
+//   it forwards; a destination that is not connected for `hold_ttl` has the message dropped
+//   and counted (the members' liveness judges); a connected one whose queue is full (a member
+//   that enters its operation late, or drains slowly) loses nothing. Until then
 //   it waits at the relay (members enter an operation at different times), at most
 //   `max_held_bytes` in all: over that the relay reads nothing more, and ZeroMQ and TCP push
 //   back on the senders.
