@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <tuple>
 
 #include "actors/outer_aggregator_state.hpp"
 #include "diloco/data/bounded_file.hpp"
@@ -225,6 +226,8 @@ void OuterAggregator::State::find_checkpoint() {
     if (ev.events.empty()) break;
     cursor = ev.events.back().id;
     for (const JobEvent& e : ev.events) {
+      // The cluster records after the last round reported go in the next one's metrics.
+      if (e.kind == "report") events_cursor = e.id;
       if (e.kind != kCheckpointRecord) continue;
       CheckpointRecord rec;
       try {
@@ -598,6 +601,33 @@ double OuterAggregator::State::job_time() const {
   return double(ms - submitted_unix_ms) / 1000.0;
 }
 
+// The head's cluster records since the last round's (none while the head is away: they come
+// with a later round).
+std::vector<dl::schema::ClusterLine> OuterAggregator::State::cluster_notes() {
+  std::vector<dl::schema::ClusterLine> out;
+  try {
+    for (;;) {
+      JobEvents ev = rt.job_events(job_id, events_cursor, 1000);
+      for (const JobEvent& e : ev.events) {
+        events_cursor = e.id;
+        if (e.kind != kClusterRecord) continue;
+        try {
+          auto [text, what] =
+              unpack_checked<std::tuple<std::string, std::string>>(e.data, "a cluster record");
+          // A stream id is "<unix ms>-<sequence>".
+          const int64_t ms = std::strtoll(e.id.c_str(), nullptr, 10);
+          out.push_back({ms, what.substr(0, 32), text.substr(0, 400)});
+        } catch (const std::exception&) {
+          // Not the head's: skipped.
+        }
+      }
+      if (ev.events.size() < 1000) break;
+    }
+  } catch (const std::exception&) {
+  }
+  return out;
+}
+
 void OuterAggregator::State::report(int64_t r, double loss, std::optional<double> val, double tok_s,
                                     double util, int members, double round_time, uint64_t hash) {
   // The simulator's line format (loco-train writes the same), plus the job's figures.
@@ -610,6 +640,7 @@ void OuterAggregator::State::report(int64_t r, double loss, std::optional<double
   m.val_loss = val;
   m.theta_hash = hash;
   if (!round_left_out.empty()) m.left_out = round_left_out;
+  if (auto notes = cluster_notes(); !notes.empty()) m.cluster = std::move(notes);
   if (auto d = decisions.find(r - 1); d != decisions.end()) {
     m.codec = d->second.to.name();
     m.codec_reason = d->second.reason;

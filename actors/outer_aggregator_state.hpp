@@ -144,6 +144,9 @@ struct OuterAggregator::State {
   std::vector<int> round_late;
   // Whom the guard left out of this round's averages, and why (metrics.jsonl "left_out").
   std::vector<loco::diloco::schema::LeftOutLine> round_left_out;
+  // The job's events read so far: the head's cluster records after it go in the next round's
+  // metrics (cluster_notes).
+  std::string events_cursor;
   uint64_t left_out_total = 0;  // over the job: rounds × members left out (/metrics)
   double round_guard_seconds = -1;  // a member's summary exchanges this round; < 0: none
   // compression auto (diloco/round/codec_plan.hpp): the planner, what the last round measured
@@ -234,6 +237,7 @@ struct OuterAggregator::State {
   void pause(Millis d);
   void log(const std::string& line);
   double job_time() const;
+  std::vector<loco::diloco::schema::ClusterLine> cluster_notes();
   void report(int64_t r, double loss, std::optional<double> val, double tok_s, double util,
               int members, double round_time, uint64_t hash);
   // The round's per-step figures into the job's log (a "steps" record: msgpack of

@@ -121,7 +121,8 @@ class UpCluster {
 
 std::string UpCluster::start_redis() {
   if (!a_.redis.empty()) return a_.redis;
-  // The password is in a file only we can read, never on a command line (ps shows those).
+  // The password is in a file only we can read, never on a command line (ps shows those). The
+  // append-only file (fsync'd every second) keeps the cluster's state across a Redis restart.
   const int port = free_tcp_port();
   const std::string password = random_password(), conf = dir_ + "/redis.conf";
   {
@@ -136,7 +137,8 @@ std::string UpCluster::start_redis() {
   const std::string redis = ::access(beside.c_str(), X_OK) == 0 ? beside : "redis-server";
   redis_.emplace(
       std::vector<std::string>{redis, conf, "--port", std::to_string(port), "--bind",
-                               "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir_},
+                               "127.0.0.1", "--save", "", "--appendonly", "yes", "--appendfsync",
+                               "everysec", "--dir", dir_},
       o);
   return "redis://:" + password + "@127.0.0.1:" + std::to_string(port);
 }

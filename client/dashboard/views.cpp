@@ -149,6 +149,10 @@ void JobHistory::add(const JobEvent& e) {
         t.round = int64_t(o.via.array.ptr[1].via.u64);
         t.text = "round " + std::to_string(t.round) + ": " +
                  escape_remote(o.via.array.ptr[0].as<std::string>(), 300);
+      } else if (o.type == msgpack::type::ARRAY && o.via.array.size >= 1 &&
+                 o.via.array.ptr[0].type == msgpack::type::STR) {
+        // [text, ...]: the head's cluster records (kClusterRecord), at the job's last round.
+        t.text = escape_remote(o.via.array.ptr[0].as<std::string>(), 300);
       }
     } catch (const std::exception&) {
       // Not one we can read: the kind alone.

@@ -154,6 +154,23 @@ struct LeftOutLine {
   }
 };
 
+// What happened to the cluster itself while the round ran (the head's kClusterRecord in the
+// job's events: the head started, its Redis came back, the relay went away or came back).
+struct ClusterLine {
+  int64_t unix_ms = 0;  // when the head wrote it
+  std::string what;     // "head", "redis", "relay"
+  std::string text;
+
+  friend bool operator==(const ClusterLine&, const ClusterLine&) = default;
+
+  template <class F>
+  static constexpr void fields(F&& f) {
+    f("unix_ms", &ClusterLine::unix_ms);
+    f("kind", &ClusterLine::what);
+    f("text", &ClusterLine::text);
+  }
+};
+
 struct MetricsLine {
   int round = 0;            // rounds done (baselines: H-step segments done)
   int64_t inner_steps = 0;  // per worker
@@ -172,6 +189,7 @@ struct MetricsLine {
   // "topk:64") and why it was chosen. The simulator replays a job's "codec"s.
   std::optional<std::string> codec;
   std::optional<std::string> codec_reason;
+  std::optional<std::vector<ClusterLine>> cluster;  // a job's: what the cluster went through
 
   friend bool operator==(const MetricsLine&, const MetricsLine&) = default;
 
@@ -191,6 +209,7 @@ struct MetricsLine {
     f("guard_agreement", &MetricsLine::guard_agreement, Form::omitted);
     f("codec", &MetricsLine::codec, Form::omitted);
     f("codec_reason", &MetricsLine::codec_reason, Form::omitted);
+    f("cluster", &MetricsLine::cluster, Form::omitted);
   }
   // {"round":..,"inner_steps":..,"tokens":..,"tokens_total":..,"train_loss":..,
   //  "val_loss":..|null,"bytes":..,"time":..,"theta_hash":"<hex>"}

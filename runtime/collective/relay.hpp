@@ -39,7 +39,11 @@ struct RelayOptions {
   double rate_mbit = 0;  // forwarded bytes per second, in Mbit/s; 0: unbounded
   size_t max_message_bytes = size_t(64) << 20;
   int hwm = 64;
-  std::chrono::milliseconds hold_ttl{10000};
+  // Longer than any operation's entry window (Options::entry_timeout: a straggler may begin a
+  // streaming fragment's operation minutes after the others, and its DEALER connects to the
+  // relay only then): a message dropped from a member's stream is not detected (docs/guide/
+  // nat.md). What waits is bounded by max_held_bytes meanwhile.
+  std::chrono::milliseconds hold_ttl{300000};
   size_t max_held_bytes = size_t(256) << 20;
   // A connection that has not finished its handshake (CURVE included) within this is closed:
   // idle connections of someone without the key hold no descriptor for long. Generous, for the

@@ -219,6 +219,12 @@ struct StatusQuery {
   MSGPACK_DEFINE(state, node, offset, limit)
 };
 
+// The kind of the job event the head writes into every running job when something happens to
+// the cluster itself (it started, its Redis came back, its relay went away or came back): data
+// is msgpack [text, what], what "head", "redis" or "relay"; the same text is in the job's log
+// after "cluster: ".
+inline constexpr const char* kClusterRecord = "cluster";
+
 // What the head accepts in a submission and in a job's events, checked before anything is
 // stored: a record that large would hold the head's store round trips and every reader.
 inline constexpr size_t kMaxJobNameBytes = 256;              // a job's name, an actor class's name
@@ -271,7 +277,7 @@ struct JobInfo {
 };
 
 // One entry of a job's event log: kind "report" (data: a msgpack report),
-// "log" (data: a line of text).
+// "log" (data: a line of text), kClusterRecord, or a typed record of the job's own.
 struct JobEvent {
   std::string id;
   std::string kind;

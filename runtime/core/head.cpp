@@ -3,7 +3,13 @@
 // state of its own that is not in the store, so a restarted head resumes.
 #include <spdlog/spdlog.h>
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <functional>
 #include <set>
 #include <thread>
@@ -35,6 +41,49 @@ T unpack_str(const std::string& s) {
 void check_size(const char* field, size_t bytes, size_t limit) {
   if (std::string over = size_over(field, bytes, limit); !over.empty()) throw ClusterError(over);
 }
+
+// Whether a TCP connection to "tcp://HOST:PORT" opens within timeout_ms (closed at once: the
+// relay's handshake deadline drops such a connection; it holds nothing).
+bool tcp_opens(const std::string& endpoint, int timeout_ms) {
+  constexpr std::string_view kTcp = "tcp://";
+  if (endpoint.rfind(kTcp, 0) != 0) return false;
+  const std::string rest = endpoint.substr(kTcp.size());
+  const auto colon = rest.rfind(':');
+  if (colon == std::string::npos) return false;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(rest.substr(0, colon).c_str(), rest.substr(colon + 1).c_str(), &hints,
+                    &found) != 0)
+    return false;
+  bool opened = false;
+  const int fd = ::socket(found->ai_family, found->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    if (::connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+      opened = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      opened = ::poll(&p, 1, timeout_ms) == 1 &&
+               ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return opened;
+}
+
+// The relay as the head sees it: a TCP connection tried every kRelayProbeMs from a thread of
+// its own (the head never waits on it). Its outages go into every running job, as the head's
+// restarts do; the soak bench (issue 25) restarts it and checks that they are there.
+struct RelayWatch {
+  std::atomic<bool> busy{false};
+  std::atomic<int> up{-1};  // -1: not probed yet
+};
+constexpr int64_t kRelayProbeMs = 500;
+constexpr int kRelayProbeTimeoutMs = 400;
 
 // Runs on the head's thread once a node has answered create_actor: the actor as recorded
 // then (alive, restarting or dead) and, when it failed, the error's type and message.
@@ -612,7 +661,7 @@ class HeadService {
     } catch (const membership::StoreError& e) {
       // The record stays pending: the next tick asks the node again (create_actor is
       // idempotent). Whoever waits learns that this attempt could not be recorded.
-      store_was_down_ = true;
+      mark_store_down();
       ActorInfo unknown;
       unknown.id = id;
       unknown.state = ActorState::dead;
@@ -640,6 +689,22 @@ class HeadService {
         index_valid_ = false;  // read the actor table again: the store is the truth
         jobs_valid_ = false;
         store_was_down_ = false;
+        char text[160];
+        std::snprintf(text, sizeof text,
+                      "the head's Redis is reachable again after %.1f s; the head read the "
+                      "cluster's state from it again",
+                      double(now - store_down_since_ms_) / 1000.0);
+        note_running_jobs("redis", text);
+        store_down_since_ms_ = 0;
+      }
+      watch_relay(now);
+      if (!started_noted_) {
+        // A head that starts while jobs run (one restarted after a crash) says so in them.
+        int alive = 0;
+        for (const auto& [id, n] : nodes) alive += n.state == NodeState::alive;
+        note_running_jobs("head", "the head started; it read the cluster's state from Redis (" +
+                                      std::to_string(alive) + " nodes alive)");
+        started_noted_ = true;
       }
       watch_heartbeats(nodes, now);
       tend_actors(nodes, now);
@@ -648,7 +713,7 @@ class HeadService {
       forget_the_dead(nodes, now);
     } catch (const membership::StoreUnavailable& e) {
       if (!store_was_down_) spdlog::warn("head: Redis unreachable, will retry: {}", e.what());
-      store_was_down_ = true;
+      mark_store_down();
       index_valid_ = false;
       jobs_valid_ = false;
     } catch (const std::exception& e) {
@@ -841,6 +906,48 @@ class HeadService {
   void job_log(const std::string& job_id, const std::string& kind, const std::string& data) {
     store_->append(keys::job_events(job_id), {{"kind", kind}, {"data", data}}, 100000);
   }
+  // What happened to the cluster, in each running job's log ("cluster: ...") and as a "cluster"
+  // record of its events ([text, what]: the dashboard's timeline; the aggregator puts it in the
+  // round's metrics): a user reading one job sees the head's restarts and Redis's.
+  void note_running_jobs(const std::string& what, const std::string& text) {
+    for (const auto& [id, r] : jobs_index().running) {
+      job_log(id, "log", "cluster: " + text);
+      job_log(id, kClusterRecord, pack_str(std::make_tuple(text, what)));
+    }
+  }
+  // Starts a probe of the relay every kRelayProbeMs and notes the running jobs when it goes
+  // away and comes back (only once it was seen up: a relay the head cannot reach from where it
+  // runs is not an outage).
+  void watch_relay(int64_t now) {
+    if (cfg_.relay.endpoint.empty()) return;
+    const int up = relay_->up.load();
+    if (up == 1 && relay_seen_up_ && relay_down_since_ms_ > 0) {
+      char text[200];
+      std::snprintf(text, sizeof text, "the relay at %s is reachable again after %.1f s",
+                    cfg_.relay.endpoint.c_str(), double(now - relay_down_since_ms_) / 1000.0);
+      note_running_jobs("relay", text);
+      relay_down_since_ms_ = 0;
+    } else if (up == 0 && relay_seen_up_ && relay_down_since_ms_ == 0) {
+      relay_down_since_ms_ = now;
+      note_running_jobs("relay", "the relay at " + cfg_.relay.endpoint +
+                                     " does not accept connections from the head");
+    }
+    relay_seen_up_ = relay_seen_up_ || up == 1;
+    if (now - relay_probed_ms_ < kRelayProbeMs || relay_->busy.exchange(true)) return;
+    relay_probed_ms_ = now;
+    try {
+      std::thread([watch = relay_, endpoint = cfg_.relay.endpoint] {
+        watch->up = tcp_opens(endpoint, kRelayProbeTimeoutMs) ? 1 : 0;
+        watch->busy = false;
+      }).detach();
+    } catch (const std::system_error&) {
+      relay_->busy = false;
+    }
+  }
+  void mark_store_down() {
+    if (!store_was_down_) store_down_since_ms_ = now_ms();
+    store_was_down_ = true;
+  }
   void finish(JobInfo& job, JobState state, const std::string& message) {
     job.state = state;
     job.message = message;
@@ -901,7 +1008,7 @@ class HeadService {
     try {
       return f();
     } catch (const membership::StoreError& e) {
-      store_was_down_ = true;
+      mark_store_down();
       index_valid_ = false;
       jobs_valid_ = false;
       throw ClusterError(std::string("the head cannot reach Redis: ") + e.what());
@@ -1236,6 +1343,11 @@ class HeadService {
   // kCreationLossWindowMs.
   std::map<std::string, std::vector<std::pair<int64_t, std::string>>> lost_creations_;
   bool store_was_down_ = false;
+  int64_t store_down_since_ms_ = 0;
+  bool started_noted_ = false;  // the running jobs were told of this head's start
+  std::shared_ptr<RelayWatch> relay_ = std::make_shared<RelayWatch>();
+  bool relay_seen_up_ = false;
+  int64_t relay_down_since_ms_ = 0, relay_probed_ms_ = 0;
   // Creations sent to nodes and not answered yet, by actor id (in memory: a restarted head
   // asks the nodes again for the actors the store shows pending).
   std::map<std::string, Creation> creating_;

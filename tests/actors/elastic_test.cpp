@@ -668,6 +668,13 @@ TEST_F(Elastic, HeadAndAggregatorNodeKilledTheJobResumesFromItsCheckpoint) {
   EXPECT_EQ(expect_each_round_once(dir_ + "/ckpt/" + id + "/metrics.jsonl"), 16);
   // The restarted aggregator went back to its checkpoint: the rounds after it are redone.
   EXPECT_NE(actors::json_field(jsonl(dir_ + "/ckpt/" + id + "/metrics.jsonl").back(), "redo"), "0");
+  // The head's restart is in the job: its log, and a round's metrics.
+  EXPECT_TRUE(contains(log, "cluster: the head started; it read the cluster's state from Redis"))
+      << log;
+  int noted = 0;
+  for (const std::string& line : jsonl(dir_ + "/ckpt/" + id + "/metrics.jsonl"))
+    noted += contains(line, R"("cluster":[{"unix_ms":)") && contains(line, R"("kind":"head")");
+  EXPECT_EQ(noted, 1);
 }
 
 TEST_F(Elastic, RedisRestartedMidJobTheJobFinishesWithEveryReport) {
@@ -690,6 +697,13 @@ TEST_F(Elastic, RedisRestartedMidJobTheJobFinishesWithEveryReport) {
   bool listed = false;
   for (auto& info : client.jobs()) listed |= info.id == j.id() && info.state == JobState::succeeded;
   EXPECT_TRUE(listed);
+  // Redis's return is in the job: its log, and a round's metrics.
+  const std::string log = log_text(j);
+  EXPECT_TRUE(contains(log, "cluster: the head's Redis is reachable again after")) << log;
+  int noted = 0;
+  for (const std::string& line : jsonl(dir_ + "/ckpt/" + j.id() + "/metrics.jsonl"))
+    noted += contains(line, R"("kind":"redis")");
+  EXPECT_GE(noted, 1);
 }
 
 }  // namespace

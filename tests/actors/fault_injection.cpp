@@ -19,7 +19,10 @@
 //                                step the trainer refused to take): it stops the round there
 //   worker=I,round=R,corrupt=KIND   worker I's Δ corrupted (diloco::guard::corrupt: nan, scale,
 //                                flip, noise) in every average from round R on: a broken or
-//                                hostile worker, for the guard's tests
+//                                hostile worker, for the guard's tests; with rounds=N only in
+//                                rounds R..R+N-1; with round_file=PATH (instead of round=R) R
+//                                is the number PATH holds once it exists (the soak bench
+//                                writes it when its schedule says so)
 //
 // A kill, stall or SIGTERM appends the moment (unix ms) to $LOCO_FAULT_LOG, so that a test can
 // time the detection; with $LOCO_FAULT_LOG set, a fault fires once in the whole test (not
@@ -59,6 +62,8 @@ struct FaultPlan {
   int delay_ms = 0;
   bool sigterm = false;
   std::optional<diloco::guard::Fault> corrupt;
+  int64_t rounds = 0;  // corrupt: in this many rounds from `round` (0: every one)
+  std::string round_file;
 
   static FaultPlan parse(const std::string& s) {
     FaultPlan p;
@@ -75,6 +80,8 @@ struct FaultPlan {
         if (k == "delay_ms") p.delay_ms = std::stoi(val);
         if (k == "signal") p.sigterm = val == "term";
         if (k == "corrupt") p.corrupt = diloco::guard::parse_fault(val);
+        if (k == "rounds") p.rounds = std::stoll(val);
+        if (k == "round_file") p.round_file = val;
       }
       if (end == std::string::npos) break;
       at = end + 1;
@@ -138,7 +145,7 @@ class FaultInjection : public actors::RoundHooks {
                                    std::to_string(c.round + 1));
         return;
       case RoundPoint::pseudo_gradient:
-        if (plan_.corrupt && c.round + 1 >= plan_.round)
+        if (plan_.corrupt && corrupts(c.round + 1))
           diloco::guard::corrupt(c.delta, *plan_.corrupt,
                                  (uint64_t(c.round) << 32) ^ (uint64_t(c.step) << 16) ^
                                      uint64_t(c.worker));
@@ -147,6 +154,15 @@ class FaultInjection : public actors::RoundHooks {
   }
 
  private:
+  bool corrupts(int64_t round) const {
+    int64_t from = plan_.round;
+    if (!plan_.round_file.empty()) {
+      std::ifstream in(plan_.round_file);
+      if (!(in >> from)) return false;  // not yet written
+    }
+    return from > 0 && round >= from && (plan_.rounds <= 0 || round < from + plan_.rounds);
+  }
+
   bool hits(const RoundContext& c, const char* where) const {
     if (plan_.round != c.round + 1 || plan_.at != where) return false;
     const char* log = std::getenv("LOCO_FAULT_LOG");

@@ -1,6 +1,10 @@
 // The job machinery, end to end through the client API, with a fake entry actor.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -9,6 +13,8 @@
 #include "tests/runtime/core/cluster.hpp"
 #include "tests/runtime/core/fake_job.hpp"
 #include "tests/runtime/core/test_actors.hpp"
+#include "tests/support/eventually.hpp"
+#include "tests/support/redis_server.hpp"
 
 namespace loco::testing {
 namespace {
@@ -103,6 +109,62 @@ TEST(Jobs, OversizedNameOrSpecIsRefusedNamingTheFieldAndTheHeadKeepsAnswering) {
           "submit: spec (the job file): 2097152 bytes, more than the limit of 1048576 bytes");
   EXPECT_TRUE(client.jobs().empty());
   EXPECT_EQ(client.submit(fake_job("rounds 1")).wait(Millis(20000)).state, JobState::succeeded);
+}
+
+// A listening socket standing in for the relay: the head sees the relay only by whether a
+// connection to it opens.
+class Listener {
+ public:
+  explicit Listener(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 16) != 0)
+      throw std::runtime_error("cannot listen on port " + std::to_string(port));
+  }
+  ~Listener() { ::close(fd_); }
+
+ private:
+  int fd_ = -1;
+};
+
+// The head tells running jobs what happened to the cluster: its relay going away and coming
+// back are lines of the job's log ("cluster: ...") and cluster records of its events.
+TEST(Jobs, TheRelaysOutageIsInEveryRunningJob) {
+  const int port = free_tcp_port();
+  auto relay = std::make_unique<Listener>(port);
+  ClusterOptions o;
+  o.nodes = 1;
+  o.extra_head_args = {"--relay", "tcp://127.0.0.1:" + std::to_string(port),
+                       "--relay-public-key", std::string(40, '0')};
+  LocalCluster c(o);
+  Client client(c.head_address());
+  JobHandle job = client.submit(fake_job("rounds 100000"));
+  const auto logged = [&](const std::string& text) {
+    for (const std::string& line : job.logs())
+      if (line.find(text) != std::string::npos) return true;
+    return false;
+  };
+  // Up at first: nothing said.
+  ASSERT_TRUE(eventually([&] { return job.info().state == JobState::running; },
+                         std::chrono::seconds(20)));
+  relay.reset();
+  EXPECT_TRUE(eventually([&] { return logged("cluster: the relay at tcp://127.0.0.1:" +
+                                             std::to_string(port) +
+                                             " does not accept connections from the head"); },
+                         std::chrono::seconds(10)));
+  relay = std::make_unique<Listener>(port);
+  EXPECT_TRUE(eventually([&] { return logged("is reachable again after"); },
+                         std::chrono::seconds(10)));
+  int records = 0;
+  for (const JobEvent& e : client.runtime().job_events(job.id(), "", 1000).events)
+    records += e.kind == kClusterRecord;
+  EXPECT_EQ(records, 2);
+  job.cancel();
 }
 
 TEST(Jobs, EntryActorIsRestartedWhenItsNodeDies) {
