@@ -5,8 +5,8 @@ process named on the command line, its resident memory, open file descriptors an
 size on disk (a folder: the sum of its files). One JSON line per sample to --out. A process or
 Redis that is gone reads as null, so restarts show as gaps, not as errors.
 
-  bench/soak/sample.py --out samples.jsonl --every 30 --proc head=PID --proc node1=PID \\
-      --redis redis=127.0.0.1:6379 --path logs=DIR --path checkpoints=DIR
+  bench/soak/sample.py --out samples.jsonl --every 30 --proc head=PID --proc node1=@PIDFILE \\
+      --tree --redis redis=127.0.0.1:6379 --path logs=DIR --path checkpoints=DIR
   bench/soak/sample.py --report samples.jsonl --last-minutes 100
 
 --report fits a least-squares line to each quantity over the last --last-minutes and prints its
@@ -29,7 +29,7 @@ import time
 DEFAULT_BOUNDS = {"rss_mb": 1.0, "fds": 1.0, "threads": 1.0, "keys": 1.0, "redis_mb": 1.0}
 
 
-def proc_sample(pid):
+def one_proc(pid):
     try:
         status = open(f"/proc/{pid}/status").read()
         fds = len(os.listdir(f"/proc/{pid}/fd"))
@@ -38,6 +38,49 @@ def proc_sample(pid):
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     rss_kb = int(fields.get("VmRSS", "0 kB").split()[0])
     return {"rss_mb": rss_kb / 1024.0, "fds": fds, "threads": int(fields.get("Threads", "0"))}
+
+
+def descendants(pid):
+    """pid's children, theirs and so on (from /proc/PID/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                kids = open(f"/proc/{p}/task/{t}/children").read().split()
+            except OSError:
+                continue
+            out += [int(k) for k in kids]
+            todo += [int(k) for k in kids]
+    return out
+
+
+def proc_sample(value, tree):
+    """One process, named by PID or by @FILE holding it (read each time: a restarted process
+    writes its new PID there); with tree, summed over its descendants too (a node's workers).
+    The sample carries the PID, so that a report fits each process's life on its own."""
+    pid = value
+    if value.startswith("@"):
+        try:
+            pid = open(value[1:]).read().split()[0]
+        except (OSError, IndexError):
+            return None
+    if not pid.isdigit():
+        return None
+    s = one_proc(int(pid))
+    if s is None:
+        return None
+    if tree:
+        for kid in descendants(int(pid)):
+            k = one_proc(kid)
+            for q in k or {}:
+                s[q] += k[q]
+    s["pid"] = int(pid)
+    return s
 
 
 def redis_sample(address):
@@ -85,7 +128,7 @@ def sample(a):
     with open(a.out, "a") as out:
         while a.count <= 0 or n < a.count:
             line = {"t": round(time.monotonic() - t0, 3), "unix": time.time()}
-            line["procs"] = {k: proc_sample(int(v)) for k, v in procs.items()}
+            line["procs"] = {k: proc_sample(v, a.tree) for k, v in procs.items()}
             line["redis"] = {k: redis_sample(v) for k, v in stores.items()}
             line["paths"] = {k: path_mb(v) for k, v in paths.items()}
             out.write(json.dumps(line) + "\n")
@@ -108,15 +151,18 @@ def slope_per_hour(points):
 
 
 def series(lines):
-    """{(kind, name, quantity): [(t, value)]} from the samples, nulls left out."""
+    """{(kind, name, quantity): {life: [(t, value)]}} from the samples, nulls left out; a
+    process's lives are its PIDs (a restart begins a new one), a store's and a path's one."""
     out = {}
     for l in lines:
         for kind in ("procs", "redis"):
             for name, s in l.get(kind, {}).items():
+                life = (s or {}).get("pid", 0)
                 for q, v in (s or {}).items():
-                    out.setdefault((kind, name, q), []).append((l["t"], v))
+                    if q != "pid":
+                        out.setdefault((kind, name, q), {}).setdefault(life, []).append((l["t"], v))
         for name, v in l.get("paths", {}).items():
-            out.setdefault(("paths", name, "mb"), []).append((l["t"], v))
+            out.setdefault(("paths", name, "mb"), {}).setdefault(0, []).append((l["t"], v))
     return out
 
 
@@ -130,8 +176,9 @@ def report(a):
         bounds[k] = float(v)
     over = 0
     print(f"{'what':32} {'first':>10} {'last':>10} {'slope/h':>10} {'bound/h':>8}")
-    for (kind, name, q), pts in sorted(series(lines).items()):
-        pts = [p for p in pts if p[0] >= start]
+    for (kind, name, q), lives in sorted(series(lines).items()):
+        # The longest life within the window: a restart's fresh start is not a slope.
+        pts = max(([p for p in life if p[0] >= start] for life in lives.values()), key=len)
         s = slope_per_hour(pts)
         key = name if kind == "paths" else q
         bound = bounds.get(key)
@@ -149,7 +196,8 @@ def main():
     ap.add_argument("--out", help="where the samples go (JSON lines, appended)")
     ap.add_argument("--every", type=float, default=30.0, help="seconds between samples")
     ap.add_argument("--count", type=int, default=0, help="samples to take (0: until killed)")
-    ap.add_argument("--proc", action="append", default=[], help="NAME=PID")
+    ap.add_argument("--proc", action="append", default=[], help="NAME=PID or NAME=@PIDFILE")
+    ap.add_argument("--tree", action="store_true", help="each process with its descendants")
     ap.add_argument("--redis", action="append", default=[], help="NAME=HOST:PORT")
     ap.add_argument("--path", action="append", default=[], help="NAME=FILE_OR_FOLDER")
     ap.add_argument("--report", help="a samples file to fit instead")

@@ -46,24 +46,15 @@ cd "$WORK"
 cluster_up 4
 cluster_corpus
 # PIDS: redis, head, then the nodes of hosts 1..4 (ip netns exec replaces itself with loco).
-GROUPS_MADE=()
+source "$LOCO_ROOT/tests/support/cpu_groups.sh"
 for h in 1 2 3 4; do
   g="$CG/loco-strag-$$-h$h"
-  mkdir "$g" || fail "cannot make cgroup $g"
-  GROUPS_MADE+=("$g")
+  cpu_group "$g" || fail "cannot make cgroup $g"
   echo "${PIDS[$((h + 1))]}" >"$g/cgroup.procs" || fail "cannot move node $h into $g"
-  # Weight as well as a cap: with autogroups the machine's other work (a nice build, say)
-  # would otherwise hold the workers below their quotas, unevenly from one run to the next.
-  echo 8192 >"$g/cpu.shares"
 done
 strag_cleanup() {
   cluster_cleanup
-  for g in "${GROUPS_MADE[@]:-}"; do
-    [ -n "$g" ] || continue
-    # Whatever is left goes back to the root group, then the group goes.
-    while read -r p; do echo "$p" >"$CG/cgroup.procs" 2>/dev/null; done <"$g/cgroup.procs"
-    rmdir "$g" 2>/dev/null || true
-  done
+  cpu_groups_release
 }
 trap strag_cleanup EXIT
 

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""The soak bench's verdict on its job (bench/soak/run.sh): what was lost, and whether each fault
+left its trace where a user looks.
+
+  bench/soak/check.py --faults faults.tsv --timeline timeline.jsonl --metrics metrics.jsonl \\
+      --state "$(loco jobs | grep JOB)"
+
+  - the job succeeded;
+  - no round's members held different θ (the aggregator compares the members' θ hashes every
+    round and fails the round, saying "holds a different θ", when they differ);
+  - every redo of a round follows a fault by at most --window seconds, and no fault is followed
+    by more than one redo of the same round;
+  - every fault (faults.tsv: unix seconds, name, begin|end, what; its begin is its moment) is in
+    the job's log, its dashboard timeline and its metrics.jsonl within --window seconds after it:
+    what each kind of fault must show is EVIDENCE below.
+
+Prints one line per fault and check, and exits 1 when one fails.
+"""
+import argparse
+import json
+import re
+import sys
+
+# fault -> (log line pattern, timeline kinds, metrics test on a round's line). A fault shows in
+# the log by what the job says of it, on the timeline by an entry of one of the kinds, and in
+# metrics.jsonl by a round whose line shows it.
+LOST = ("left", "retry", "late", "redo", "cluster")
+
+
+def lost_members(m):
+    return (m.get("failed_attempts") or 0) > 0 or bool(m.get("late")) or (m.get("redo") or 0) > 0
+
+
+def cluster(kind):
+    return lambda m: any(e.get("kind") == kind for e in m.get("cluster") or [])
+
+
+EVIDENCE = {
+    "corrupt": (r"the guard left worker", ("left_out",), lambda m: bool(m.get("left_out"))),
+    "head": (r"cluster: the head started", ("cluster",), cluster("head")),
+    "uplink": (r" left: | lost worker| tried again|late worker|failed round", LOST, lost_members),
+    "relay": (r"cluster: the relay at .* does not accept", ("cluster",),
+              lambda m: cluster("relay")(m) or lost_members(m)),
+    "join-relay": (r"cluster: the relay at .* does not accept", ("cluster",),
+                   lambda m: cluster("relay")(m) or lost_members(m)),
+    "redis": (r"cluster: the head's Redis", ("cluster",), cluster("redis")),
+    "node": (r" left: ", ("left",), lambda m: True),
+    "join": (r" joined ", ("join",), lambda m: True),
+    "scale": (r"scale: \d+ -> \d+ workers", ("left", "join"), lambda m: True),
+    "scale-down": (r"scale: \d+ -> \d+ workers", ("left",), lambda m: True),
+    "scale-up": (r"scale: \d+ -> \d+ workers", ("join",), lambda m: True),
+}
+
+
+def read_jsonl(path):
+    try:
+        return [json.loads(l) for l in open(path) if l.strip()]
+    except OSError:
+        return []
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--faults", required=True)
+    ap.add_argument("--timeline", required=True)
+    ap.add_argument("--metrics", required=True)
+    ap.add_argument("--state", required=True)
+    ap.add_argument("--start", type=float, default=0.0,
+                    help="unix seconds of the job's submission (default: its first log line)")
+    ap.add_argument("--window", type=float, default=180.0, help="seconds a fault's trace may take")
+    a = ap.parse_args()
+    bad = 0
+
+    def verdict(ok, what):
+        nonlocal bad
+        bad += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {what}")
+
+    verdict("succeeded" in a.state, f"the job's end: {a.state.split()[-2:] if a.state else '?'}")
+    rows = read_jsonl(a.timeline)
+    log = [(r["unix_ms"] / 1000.0, r["text"]) for r in rows if r["source"] == "log"]
+    timeline = [(r["unix_ms"] / 1000.0, r["kind"], r["text"]) for r in rows
+                if r["source"] == "timeline"]
+    metrics = read_jsonl(a.metrics)
+    diverged = [t for _, t in log if "holds a different θ" in t]
+    verdict(not diverged, f"members' θ hashes agreed in every round ({len(diverged)} disagreements)")
+
+    # The faults: each one's "begin" line is its moment.
+    starts = []
+    for line in open(a.faults):
+        parts = line.rstrip("\n").split("\t")
+        if len(parts) == 4 and parts[2] == "begin":
+            starts.append((float(parts[0]), parts[1], parts[3]))
+
+    # Metrics lines carry seconds since the job's submission (job_time; time leaves out the
+    # rounds undone by a redo).
+    t0 = a.start or min((t for t, _ in log), default=0.0)
+
+    def round_at(m):
+        return t0 + float(m.get("job_time", m.get("time")) or 0.0)
+
+    # Redos: each follows a fault within the window, at most once per fault and round.
+    redos = []
+    for t, text in log:
+        g = re.match(r"round (\d+) failed: .*it is redone", text)
+        if g:
+            redos.append((t, int(g.group(1))))
+    per = {}
+    for t, r in redos:
+        before = [f for f in starts if f[0] <= t <= f[0] + a.window]
+        key = (before[-1][0] if before else None, r)
+        per[key] = per.get(key, 0) + 1
+    unexplained = [r for (f, r), n in per.items() if f is None]
+    twice = [(r, n) for (f, r), n in per.items() if f is not None and n > 1]
+    verdict(not unexplained, f"{len(redos)} redone rounds, each after a fault "
+                             f"(unexplained: {unexplained or 'none'})")
+    verdict(not twice, f"no round redone twice for one fault ({twice or 'none'})")
+
+    for t, name, what in starts:
+        pattern, kinds, test = EVIDENCE.get(name, (None, (), None))
+        if pattern is None:
+            verdict(False, f"{name}: no rule for this fault")
+            continue
+        in_log = [x for x in log if t - 2 <= x[0] <= t + a.window and re.search(pattern, x[1])]
+        in_tl = [x for x in timeline if t - 2 <= x[0] <= t + a.window and x[1] in kinds]
+        in_m = [m for m in metrics if t - 2 <= round_at(m) <= t + a.window + 60 and test(m)]
+        ok = bool(in_log and in_tl and in_m)
+        first = in_log[0] if in_log else None
+        verdict(ok, f"{name} at +{t - t0:.0f} s ({what}): log "
+                    f"{'+%.1f s: %s' % (first[0] - t, first[1][:90]) if first else 'nothing'}; "
+                    f"timeline {sorted({x[1] for x in in_tl}) or 'nothing'}; "
+                    f"metrics {'round %s' % in_m[0]['round'] if in_m else 'nothing'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
