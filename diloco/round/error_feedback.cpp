@@ -10,7 +10,8 @@ namespace loco::diloco {
 
 ErrorFeedback::ErrorFeedback(const TopkConfig& cfg, std::vector<std::size_t> sizes,
                              std::size_t replicas)
-    : params_(sparse_params(cfg)),
+    : topk_(cfg),
+      params_(sparse_params(cfg)),
       beta_(static_cast<float>(cfg.error_feedback)),
       over_senders_(cfg.mean == SparseMean::senders),
       sizes_(std::move(sizes)) {
@@ -21,10 +22,7 @@ ErrorFeedback::ErrorFeedback(const TopkConfig& cfg, std::vector<std::size_t> siz
 }
 
 collective::sparse::Params ErrorFeedback::params(const CodecChoice& c) const {
-  collective::sparse::Params p = params_;
-  if (c.topk_k > 0) p.k = std::min(c.topk_k, p.chunk);
-  if (c.topk_bits > 0) p.bits = c.topk_bits;
-  return p;
+  return sparse_params(topk_, c);
 }
 
 std::size_t ErrorFeedback::bytes(int fragment, const CodecChoice& c) const {

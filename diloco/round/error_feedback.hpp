@@ -65,6 +65,7 @@ class ErrorFeedback {
   void clear(std::size_t replica);
 
  private:
+  TopkConfig topk_;  // the job's code: a choice's k and bits override it (sparse_params)
   collective::sparse::Params params_;
   float beta_;
   bool over_senders_;  // TopkConfig::mean is senders
