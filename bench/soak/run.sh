@@ -194,8 +194,9 @@ fi
 # --- the job ---
 if [ "$MODEL" = llama ]; then
   [ -f "$LOCO_ROOT/data/kjv-bpe/tokenizer.json" ] || fail "MODEL=llama needs data/kjv-bpe (scripts/prepare-data; see examples/llama-tiny.yaml)"
+  cp -r "$LOCO_ROOT/data/kjv-bpe" "$WORK/kjv-bpe"  # the nodes read only under their data root
   MODEL_YAML="{arch: llama, layers: 4, width: 128, heads: 4, kv_heads: 2, mlp_hidden: 352, context: 64, vocab: 4096, tied_embeddings: true}"
-  DATA_YAML="{format: tokens, dir: $LOCO_ROOT/data/kjv-bpe, tokenizer: $LOCO_ROOT/data/kjv-bpe/tokenizer.json, shards: 64}"
+  DATA_YAML="{format: tokens, dir: $WORK/kjv-bpe, tokenizer: $WORK/kjv-bpe/tokenizer.json, shards: 64}"
   H=30
 else
   cluster_corpus

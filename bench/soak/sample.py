@@ -11,7 +11,13 @@ Redis that is gone reads as null, so restarts show as gaps, not as errors.
 
 --report fits a least-squares line to each quantity over the last --last-minutes and prints its
 slope per hour, its first and last value, and the bound it is held to (--bound NAME=PER_HOUR,
-or the defaults below); it exits 1 when a slope is over its bound.
+or the defaults below); it exits 1 when a slope is over its bound. With --faults (the soak's
+faults.tsv) the slope is the one within the stretches between faults: each stretch has its own
+level (a node that gains or loses a worker steps its memory up or down, a restarted peer's
+reconnection adds descriptors once) and the stretches share one slope, fitted after leaving
+out --settle seconds after each fault's moment. A step is not growth; what grows between the
+faults, round after round, is. The net change over the window is printed beside it, so that a
+fault that leaves something behind each time shows too.
 """
 import argparse
 import json
@@ -150,6 +156,36 @@ def slope_per_hour(points):
     return 3600.0 * sum((t - mt) * (v - mv) for t, v in points) / var
 
 
+def within_slope_per_hour(points, cuts, settle):
+    """The slope shared by the stretches between the cuts (fixed effects: each stretch its own
+    level), per hour, leaving out the points within settle seconds after a cut; None when no
+    stretch has 2 points at different times."""
+    stretches = {}
+    for t, v in points:
+        if any(c <= t < c + settle for c in cuts):
+            continue
+        stretches.setdefault(sum(c <= t for c in cuts), []).append((t, v))
+    num = den = 0.0
+    for pts in stretches.values():
+        if len(pts) < 2:
+            continue
+        mt = sum(t for t, _ in pts) / len(pts)
+        mv = sum(v for _, v in pts) / len(pts)
+        num += sum((t - mt) * (v - mv) for t, v in pts)
+        den += sum((t - mt) ** 2 for t, _ in pts)
+    return 3600.0 * num / den if den > 0 else None
+
+
+def fault_cuts(path, first_unix, first_t):
+    """The faults' moments (faults.tsv: unix seconds in its first column) on the samples' clock."""
+    cuts = []
+    for line in open(path):
+        f = line.split("\t")
+        if f and f[0].strip():
+            cuts.append(float(f[0]) - first_unix + first_t)
+    return sorted(cuts)
+
+
 def series(lines):
     """{(kind, name, quantity): {life: [(t, value)]}} from the samples, nulls left out; a
     process's lives are its PIDs (a restart begins a new one), a store's and a path's one."""
@@ -174,20 +210,25 @@ def report(a):
     bounds = dict(DEFAULT_BOUNDS)
     for k, v in named(a.bound, "bound").items():
         bounds[k] = float(v)
+    cuts = fault_cuts(a.faults, lines[0]["unix"], lines[0]["t"]) if a.faults else []
     over = 0
-    print(f"{'what':32} {'first':>10} {'last':>10} {'slope/h':>10} {'bound/h':>8}")
+    nan = float("nan")
+    head = "within/h" if cuts else "slope/h"
+    print(f"{'what':32} {'first':>10} {'last':>10} {'net':>9} {'slope/h':>9} {head:>9} "
+          f"{'bound/h':>8}")
     for (kind, name, q), lives in sorted(series(lines).items()):
         # The longest life within the window: a restart's fresh start is not a slope.
         pts = max(([p for p in life if p[0] >= start] for life in lives.values()), key=len)
-        s = slope_per_hour(pts)
+        raw = slope_per_hour(pts)
+        s = within_slope_per_hour(pts, cuts, a.settle) if cuts else raw
         key = name if kind == "paths" else q
         bound = bounds.get(key)
         bad = s is not None and bound is not None and s > bound
         over += bad
-        print(f"{kind + ' ' + name + ' ' + q:32} {pts[0][1] if pts else float('nan'):10.3f} "
-              f"{pts[-1][1] if pts else float('nan'):10.3f} "
-              f"{s if s is not None else float('nan'):10.3f} "
-              f"{bound if bound is not None else float('nan'):8.2f}{'  OVER' if bad else ''}")
+        first, last = (pts[0][1], pts[-1][1]) if pts else (nan, nan)
+        print(f"{kind + ' ' + name + ' ' + q:32} {first:10.3f} {last:10.3f} {last - first:9.3f} "
+              f"{raw if raw is not None else nan:9.3f} {s if s is not None else nan:9.3f} "
+              f"{bound if bound is not None else nan:8.2f}{'  OVER' if bad else ''}")
     return 1 if over else 0
 
 
@@ -203,6 +244,9 @@ def main():
     ap.add_argument("--report", help="a samples file to fit instead")
     ap.add_argument("--last-minutes", type=float, default=100.0)
     ap.add_argument("--bound", action="append", default=[], help="QUANTITY_OR_PATH_NAME=PER_HOUR")
+    ap.add_argument("--faults", help="faults.tsv: fit the slope within the stretches between them")
+    ap.add_argument("--settle", type=float, default=120.0,
+                    help="seconds after each fault's moment left out of the fit")
     a = ap.parse_args()
     if a.report:
         sys.exit(report(a))

@@ -17,6 +17,48 @@ using schema::Report;
 static_assert(std::is_same_v<decltype(JobProgress::metrics), schema::Metrics>,
               "a report's metrics are what job_schema.hpp reads and writes");
 
+// The length of the well-formed UTF-8 sequence of two to four bytes at text[i] (no overlong
+// form, no surrogate, nothing past U+10FFFF), or 0.
+size_t utf8_sequence(std::string_view text, size_t i) {
+  const auto at = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char b = at(i);
+  size_t n = b >= 0xc2 && b <= 0xdf   ? 2
+             : b >= 0xe0 && b <= 0xef ? 3
+             : b >= 0xf0 && b <= 0xf4 ? 4
+                                      : 0;
+  if (n == 0 || i + n > text.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((at(i + k) & 0xc0) != 0x80) return 0;
+  const unsigned char c = at(i + 1);
+  if ((b == 0xe0 && c < 0xa0) || (b == 0xed && c > 0x9f) || (b == 0xf0 && c < 0x90) ||
+      (b == 0xf4 && c > 0x8f))
+    return 0;
+  return n;
+}
+
+// A job's text for the page (its log lines, its records): escape_remote's, except that
+// well-formed UTF-8 stays as it is, so that "fp32 → int8" reads so and not as \xe2\x86\x92.
+// Control characters and bytes that are not UTF-8 are still escaped, and the cut falls between
+// characters; the page's JSON is valid whatever the input.
+std::string job_text(std::string_view text, size_t max_bytes) {
+  std::string out;
+  size_t i = 0;
+  for (; i < text.size() && i < max_bytes;) {
+    const size_t n = utf8_sequence(text, i);
+    if (n > 0 && i + n <= max_bytes) {
+      out.append(text.substr(i, n));
+      i += n;
+    } else if (n > 0) {
+      break;
+    } else {
+      out += escape_remote(text.substr(i, 1), 1);
+      ++i;
+    }
+  }
+  if (i < text.size()) out += "...(" + std::to_string(text.size() - i) + " more bytes)";
+  return out;
+}
+
 // A number JSON can hold: NaN and infinities (a diverged loss) become null.
 json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
@@ -125,7 +167,7 @@ void JobHistory::add(const JobEvent& e) {
                           "skipped a malformed progress report: " + escape_remote(ex.what(), 200));
     }
   } else if (e.kind == "log") {
-    lines_.emplace_back(at, escape_remote(e.data, 2000));
+    lines_.emplace_back(at, job_text(e.data, 2000));
   } else if (e.kind == schema::record::kSteps) {
     // A round's per-step figures: msgpack of std::vector<JobProgress> (step = inner step).
     try {
@@ -148,11 +190,11 @@ void JobHistory::add(const JobEvent& e) {
           o.via.array.ptr[1].type == msgpack::type::POSITIVE_INTEGER) {
         t.round = int64_t(o.via.array.ptr[1].via.u64);
         t.text = "round " + std::to_string(t.round) + ": " +
-                 escape_remote(o.via.array.ptr[0].as<std::string>(), 300);
+                 job_text(o.via.array.ptr[0].as<std::string>(), 300);
       } else if (o.type == msgpack::type::ARRAY && o.via.array.size >= 1 &&
                  o.via.array.ptr[0].type == msgpack::type::STR) {
         // [text, ...]: the head's cluster records (kClusterRecord), at the job's last round.
-        t.text = escape_remote(o.via.array.ptr[0].as<std::string>(), 300);
+        t.text = job_text(o.via.array.ptr[0].as<std::string>(), 300);
       }
     } catch (const std::exception&) {
       // Not one we can read: the kind alone.

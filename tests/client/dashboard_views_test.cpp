@@ -1,7 +1,6 @@
 // The dashboard's pure parts: a job's history folded from its log, the JSON, the Prometheus
 // text, the token and Host checks.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -117,6 +116,33 @@ TEST(DashboardViews, AMalformedReportIsALineNotARound) {
   EXPECT_TRUE(h.rounds().empty());
   ASSERT_EQ(h.lines().size(), 1u);
   EXPECT_NE(h.lines().front().second.find("malformed"), std::string::npos);
+}
+
+TEST(DashboardViews, AJobsTextKeepsItsUtf8AndEscapesTheRest) {
+  JobHistory h;
+  h.add({"5-0", "log", "round 3: fp32 \xe2\x86\x92 int8"});
+  // Not UTF-8: a lone continuation byte, an overlong '/', a surrogate, a cut sequence; and a
+  // newline that would forge a second line.
+  h.add({"6-0", "log",
+         "a\x80"
+         "b\xc0\xaf"
+         "c\xed\xa0\x80"
+         "d\nforged\xe2\x86"});
+  // A cut at the limit falls before a character, never inside it.
+  h.add({"7-0", "log", std::string(1999, 'x') + "\xe2\x86\x92"});
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, std::make_tuple(std::string("bf16 \xe2\x86\x92 int8: \xff"), int64_t(3)));
+  h.add({"8-0", "codec", std::string(buf.data(), buf.size())});
+  ASSERT_EQ(h.lines().size(), 3u);
+  EXPECT_EQ(h.lines()[0].second, "round 3: fp32 \xe2\x86\x92 int8");
+  EXPECT_EQ(h.lines()[1].second, "a\\x80b\\xc0\\xafc\\xed\\xa0\\x80d\\x0aforged\\xe2\\x86");
+  EXPECT_EQ(h.lines()[2].second, std::string(1999, 'x') + "...(3 more bytes)");
+  ASSERT_EQ(h.timeline().size(), 1u);
+  EXPECT_EQ(h.timeline()[0].text, "round 3: bf16 \xe2\x86\x92 int8: \\xff");
+  JobInfo j;
+  j.id = "job-1";
+  const nlohmann::json out = job_json(j, h);
+  EXPECT_EQ(nlohmann::json::parse(out.dump()), out);  // dump() throws on bytes that are not UTF-8
 }
 
 TEST(DashboardViews, JobJsonHasBytesPerRoundAndNullsForMissingOrNonFiniteFigures) {
