@@ -195,7 +195,7 @@ void OuterAggregator::State::all_reduce(int64_t r, RoundOutcome& o) {
       std::vector<std::pair<uint64_t, double>> exchanges;
       for (const auto& res : rr)
         if (res) exchanges.emplace_back(res->bytes_sent, res->seconds);
-      note_link(exchanges, step_seconds);
+      note_link(exchanges, step_seconds, "round " + std::to_string(r + 1));
       for (const auto& res : rr)
         if (res) {
           note_left_out(r, res->left_out, res->guard_seconds);  // the same verdicts everywhere

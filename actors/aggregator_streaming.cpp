@@ -35,7 +35,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::stream_round(
   std::vector<int> asked_checkpoint;
   if (!calls.checkpoint.empty()) asked_checkpoint = calls.members;
   ahead.reset();
-  const Pipeline p = send_ahead(r, members);
+  const Pipeline p = send_ahead(r, members, calls);
   RoundOutcome o = finish_stream(calls, t_round);
   if (o.kind == RoundOutcome::Kind::diverged) return o;
   if (o.kind != RoundOutcome::Kind::completed) {
@@ -55,7 +55,27 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::stream_round(
   return o;
 }
 
-Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& members) {
+bool OuterAggregator::State::measure_first_fragment(const StreamCalls& calls) {
+  const int h = int(cfg.inner.steps), f = cfg.sync.fragments;
+  if (!planner || cfg.sync.mode != diloco::SyncMode::streaming || f < 2 ||
+      h / f + cfg.sync.overlap_steps >= h)
+    return false;
+  std::vector<Future<ExchangeFigures>> asked;
+  for (int m : calls.members) asked.push_back(worker(m).call(&InnerWorker::exchanged, calls.op_id));
+  std::vector<Failure> errors;
+  std::vector<std::pair<uint64_t, double>> exchanges;
+  std::vector<double> step_secs;
+  for (const auto& got : gather(asked, errors, kExchangeCall)) {
+    if (!got || !got->done || !got->ok) continue;
+    exchanges.emplace_back(got->bytes, got->seconds);
+    step_secs.push_back(got->step_seconds);
+  }
+  note_link(exchanges, step_secs, "round " + std::to_string(calls.round + 1) + "'s first fragment");
+  return !exchanges.empty();
+}
+
+Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& members,
+                                            const StreamCalls& calls) {
   read_target();
   PipelineInput next;
   next.round = r;
@@ -91,6 +111,9 @@ Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& m
   // interval; the collective's entry window lets a member be behind without being lost).
   say(p);
   if (p == Pipeline::ahead) {
+    // Round r + 1's codec from round r's first fragment when it can be had (one round after a
+    // change of the link, not two); otherwise from round r - 1, measured as it ended.
+    if (!decisions.count(r + 1)) measure_first_fragment(calls);
     try {
       ahead = send_stream(r + 1, r + 2 == total_rounds,
                           checkpoint_due(r + 2, cfg.checkpoint.every, total_rounds) &&
@@ -273,7 +296,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::finish_stream(Strea
     round_members.push_back(member_figures(members[i], in.steps, tokens, in.seconds, in.per_step));
     round_steps.push_back(in.per_step);
   }
-  note_link(exchanges, std::move(step_secs));
+  note_link(exchanges, std::move(step_secs), "round " + std::to_string(r + 1));
   o.loss = losses > 0 ? o.loss / losses : std::numeric_limits<double>::quiet_NaN();
   o.theta_hash = d.theta_hash;
   o.ready = o.group = o.members = d.finished;

@@ -622,6 +622,7 @@ LOCO_REGISTER(InnerWorker,
                   .concurrent_method("landed", &InnerWorker::landed)
                   .concurrent_method("landed_mean", &InnerWorker::landed_mean)
                   .concurrent_method("progress", &InnerWorker::progress)
+                  .concurrent_method("exchanged", &InnerWorker::exchanged)
                   .concurrent_method("admit", &InnerWorker::admit)
                   .concurrent_method("checkpoint_written", &InnerWorker::checkpoint_written)
                   .concurrent_method("evaluation", &InnerWorker::evaluation));

@@ -57,6 +57,9 @@ class InnerWorker {
   LandedList landed(int64_t round, int64_t since, int64_t upto);
   Blob landed_mean(int64_t round, int64_t since, int64_t index);
   int64_t progress(int64_t round);
+  // sync.mode streaming: the exchange of fragment operation `op` on this member, once it has
+  // ended (held up to kExchangeHold; `done` false when it has not). Concurrent.
+  ExchangeFigures exchanged(uint64_t op);
   bool admit(AdmitRequest req);
   // The checkpoint a stream() call was asked for (StreamRequest::checkpoint, inner_state), of
   // the state after `round` rounds: waits (at most 300 s) until its files are written and

@@ -105,6 +105,7 @@ struct InnerWorker::State {
   // plan: ReduceRequest::codec, StreamRequest::codec; compression auto changes it by rounds).
   dl::CodecChoice choice;
   std::atomic<int64_t> exchange_us{0};  // streaming: the fragments' exchanges' time (stream())
+  ExchangeDesk exchanges;               // streaming: each of them as it ends (exchanged())
   // Sets `choice` from a request's codec ("": the job's own); throws std::invalid_argument for a
   // name that is not a rung this job's workers can run.
   void choose(const std::string& codec, const char* method);

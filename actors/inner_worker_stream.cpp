@@ -27,6 +27,7 @@ class GroupAverager final : public dl::FragmentAverager {
     dl::CodecChoice choice;  // the round's codec
     bool flush = true;       // compression auto: what a dense average does with the feedback
     std::atomic<int64_t>& exchange_us;  // each operation adds its time, start to mean
+    ExchangeDesk& exchanges;            // and puts its figures there as it ends
   };
   GroupAverager(Worker w, std::shared_ptr<StreamGroup> group)
       : s_(std::move(w)), group_(std::move(group)) {}
@@ -54,20 +55,28 @@ class GroupAverager final : public dl::FragmentAverager {
     const bool guard_on = s_.guard.on;
     dl::GuardLog* log = &s_.log;
     std::atomic<int64_t>* exchange_us = &s_.exchange_us;
+    ExchangeDesk* exchanges = &s_.exchanges;
     s_.last_op = std::async(std::launch::async, [comm, group = group_, op, in, out,
                                                  before = s_.last_op, sent, policy, fragment,
-                                                 guard_on, log, copy, exchange_us] {
+                                                 guard_on, log, copy, exchange_us, exchanges] {
                    if (before.valid()) before.get();
+                   uint64_t bytes = 0;
+                   // Its time, start to mean, and its figures as it ends however it ends.
                    struct Timed {
                      std::atomic<int64_t>* total;
+                     ExchangeDesk* desk;
+                     uint64_t op;
+                     const uint64_t& bytes;
+                     bool ok = false;
                      std::chrono::steady_clock::time_point began = std::chrono::steady_clock::now();
                      ~Timed() {
-                       *total += std::chrono::duration_cast<std::chrono::microseconds>(
-                                     std::chrono::steady_clock::now() - began)
-                                     .count();
+                       const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                                           std::chrono::steady_clock::now() - began)
+                                           .count();
+                       *total += us;
+                       desk->put(op, ExchangeFigures{true, ok, bytes, double(us) / 1e6});
                      }
-                   } timed{exchange_us};
-                   uint64_t bytes = 0;
+                   } timed{exchange_us, exchanges, op, bytes};
                    for (;;) {
                      collective::Group g = group->at(op);
                      CommMembers members(*comm, g);
@@ -88,6 +97,7 @@ class GroupAverager final : public dl::FragmentAverager {
                        if (correction != 1.0f)
                          for (float& x : out) x *= correction;
                        log->add(fragment, names_of(g), judged.verdicts);
+                       timed.ok = true;
                        return bytes;
                      } catch (const collective::PeerLostError& e) {
                        bytes += comm->last_stats().bytes_sent;
@@ -165,6 +175,8 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       req, joining ? std::optional<uint64_t>(req.op_id + uint64_t(*first)) : std::nullopt,
       s_->relay);
   const JoinDesk::Open desk = s_->desk.open(req.round, joining ? req.from_step : start);
+  const ExchangeDesk::Open exchange_desk =
+      s_->exchanges.open(req.op_id + uint64_t(std::max(1, s_->cfg.sync.fragments)) - 1);
 
   StreamResult out;
   if (joining) catch_up(req);
@@ -203,6 +215,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
         }
       }
       out.inner.seconds += seconds_since(t_inner);
+      s.exchanges.add_steps((loco::now_ms() - t_inner) * 1000, taken);
       out.inner.steps += taken;
       loss += (taken > 0 ? chunk / taken : 0.0) * taken;
       s.hook(RoundPoint::stream_events, req.round, now + n - start, "stream");
@@ -222,7 +235,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                               s_->hook(RoundPoint::pseudo_gradient, round_of_call, fragment,
                                        "stream", nullptr, delta);
                             },
-                            s_->choice, s_->cfg.autocodec.flush, s_->exchange_us},
+                            s_->choice, s_->cfg.autocodec.flush, s_->exchange_us, s_->exchanges},
       group);
 
   dl::StreamingRound::Round round;
@@ -356,6 +369,10 @@ Blob InnerWorker::landed_mean(int64_t round, int64_t since, int64_t index) {
                                 std::to_string(since) + " of round " + std::to_string(round + 1));
   const auto& mean = d.landed[size_t(index)].mean;
   return Blob(mean, reinterpret_cast<const uint8_t*>(mean->data()), mean->size() * sizeof(float));
+}
+
+ExchangeFigures InnerWorker::exchanged(uint64_t op) {
+  return s_->exchanges.wait(op, kExchangeHold);
 }
 
 int64_t InnerWorker::progress(int64_t round) {

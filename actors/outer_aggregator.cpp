@@ -143,7 +143,8 @@ void OuterAggregator::State::log(const std::string& line) {
 std::string OuterAggregator::State::plan_codec(int64_t r, int members) {
   if (!planner) return "";
   if (auto it = decisions.find(r); it != decisions.end()) return it->second.to.name();
-  const dl::CodecDecision d = planner->decide(r, link, members);
+  dl::CodecDecision d = planner->decide(r, link, members);
+  if (link && r > 0) d.reason += " (measured in " + link_from + ")";
   decisions[r] = d;
   while (decisions.size() > 16) decisions.erase(decisions.begin());
   if (d.changed()) {
@@ -160,7 +161,7 @@ std::string OuterAggregator::State::plan_codec(int64_t r, int members) {
 }
 
 void OuterAggregator::State::note_link(const std::vector<std::pair<uint64_t, double>>& exchanges,
-                                       std::vector<double> step_secs) {
+                                       std::vector<double> step_secs, std::string from) {
   if (!planner) return;
   // The member with the highest rate: every member sends about as much, and a member's time
   // includes its wait for the others to enter each operation (in streaming up to a fragment
@@ -176,6 +177,7 @@ void OuterAggregator::State::note_link(const std::vector<std::pair<uint64_t, dou
   if (!best || step_secs.empty()) return;  // nothing sent, or no steps: the last sample stands
   best->step_seconds = median(std::move(step_secs));
   link = best;
+  link_from = std::move(from);
 }
 
 void OuterAggregator::State::record_checkpoint(const std::string& path, int64_t r) {

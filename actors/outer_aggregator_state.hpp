@@ -161,8 +161,10 @@ struct OuterAggregator::State {
   // The round's exchanges as the members measured them (bytes and seconds each, 0 bytes: none):
   // the fastest member's (the others' include waits for it), with the round's median seconds
   // per step, for the next decision.
+  // `from` says where ("round 3", "round 3's first fragment"; decisions name it).
   void note_link(const std::vector<std::pair<uint64_t, double>>& exchanges,
-                 std::vector<double> step_secs);
+                 std::vector<double> step_secs, std::string from);
+  std::string link_from;  // where `link` was measured
   // Seconds of every all-reduce attempt of this aggregator's life (the dashboard's network time).
   double allreduce_total = 0;
   // sync.mode streaming or eager: the next round's calls, sent right behind this round's (they
@@ -303,8 +305,14 @@ struct OuterAggregator::State {
   // ---- sync.mode streaming or eager (aggregator_streaming.cpp) -----------------------------
   RoundOutcome stream_round(int64_t r, const std::vector<int>& members, double t_round,
                             bool sent_ahead);
-  // Streaming: whether round r + 1 goes out right behind round r (said when it changes).
-  Pipeline send_ahead(int64_t r, const std::vector<int>& members);
+  // Streaming: whether round r + 1 goes out right behind round r (said when it changes);
+  // `calls` are round r's.
+  Pipeline send_ahead(int64_t r, const std::vector<int>& members, const StreamCalls& calls);
+  // compression auto, streaming with a fragment that lands inside the round: the link as round
+  // r's first fragment measured it (InnerWorker::exchanged), for the codec of round r + 1, which
+  // goes out after it; the members need it only as they end round r, after that fragment
+  // landed. False when it cannot be had (another layout, no member answered).
+  bool measure_first_fragment(const StreamCalls& calls);
   // Round r as one stream() call per member. `checkpoint`: the members write a checkpoint of
   // the round's end (StreamRequest::checkpoint), the first member the outer state, each its
   // inner state.
