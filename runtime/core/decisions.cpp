@@ -43,7 +43,7 @@ std::vector<NodeView> node_views(const std::vector<NodeRecord>& nodes,
   std::map<std::string, size_t> at;
   for (const NodeRecord& n : nodes) {
     at[n.id] = out.size();
-    out.push_back(NodeView{n.id, n.resources, {}, 0, {}});
+    out.push_back(NodeView{n.id, n.resources, {}, 0, {}, !behind_nat(n.reachability)});
   }
   for (const ActorInfo& a : actors) {
     auto it = at.find(a.node_id);
@@ -117,7 +117,9 @@ Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
     double cpu_left = get(n.total, "cpu") - get(n.used, "cpu") - get(demand, "cpu");
     bool better = !best || cpu_left > best_cpu ||
                   (cpu_left == best_cpu &&
-                   (n.actors < best->actors || (n.actors == best->actors && n.id < best->id)));
+                   (n.direct > best->direct ||
+                    (n.direct == best->direct &&
+                     (n.actors < best->actors || (n.actors == best->actors && n.id < best->id)))));
     if (better) {
       best = &n;
       best_cpu = cpu_left;

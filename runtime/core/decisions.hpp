@@ -28,6 +28,9 @@ struct NodeView {
   Resources used;  // "gpu": indices held (by anyone), not the sum of demands
   int actors = 0;
   std::vector<GpuHold> gpus;  // of the actors that occupy the node
+  // The head dials it (Reachability::direct); a node behind NAT is called through the head, and
+  // its one uplink can cut it off alone.
+  bool direct = true;
 };
 
 // The nodes as placement sees them: what the actors that occupy them (pending or
@@ -52,9 +55,10 @@ struct Placement {
 };
 
 // Picks the node with enough free resources of every kind that `demand` names,
-// spreading load: the most free cpu after placement, then the fewest actors,
-// then the smallest id. Nodes in `exclude` are skipped. A demand of `gpu` must
-// be whole and is met with indices (assign_gpus; `share_gpus` as there).
+// spreading load: the most free cpu after placement, then a node the head dials
+// before one behind NAT (a job's aggregator, placed first, stays off the NATed
+// sites' uplinks), then the fewest actors, then the smallest id. Nodes in `exclude` are skipped. A
+// demand of `gpu` must be whole and is met with indices (assign_gpus; `share_gpus` as there).
 Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
                 const std::set<std::string>& exclude = {}, bool share_gpus = false);
 

@@ -260,6 +260,25 @@ TEST(Placement, SpreadsByFreeCpuAndRespectsEveryResource) {
   EXPECT_EQ(place(tie, {}).node, "b");
 }
 
+// A tie on free cpu goes to a node the head dials before one behind NAT, whatever their actors
+// and ids: a job's aggregator (placed first, needing no cpu) does not land behind a site's
+// uplink, which would stall the whole job when that uplink goes down (the soak bench's smoke:
+// 155 s). The cpu still comes first.
+TEST(Placement, ATieGoesToADirectNodeBeforeOneBehindNat) {
+  std::vector<NodeView> nodes = {{"a-nat", {{"cpu", 1}}, {}, 0, {}, false},
+                                 {"z-direct", {{"cpu", 1}}, {}, 3, {}, true}};
+  EXPECT_EQ(place(nodes, {}).node, "z-direct");
+  EXPECT_EQ(place(nodes, {{"cpu", 1}}).node, "z-direct");
+  nodes[1].used = {{"cpu", 1}};
+  EXPECT_EQ(place(nodes, {}).node, "a-nat");  // more cpu free there
+  NodeRecord r;
+  r.id = "n";
+  r.reachability = Reachability::relayed;
+  EXPECT_FALSE(node_views({r}, {}).at(0).direct);
+  r.reachability = Reachability::direct;
+  EXPECT_TRUE(node_views({r}, {}).at(0).direct);
+}
+
 // What a spawn may ask: a negative, NaN or unknown resource would switch placement's accounting
 // off (the probe placed 40 actors needing cpu=1 on 4 CPUs after {cpu: -100}).
 TEST(Requests, ResourcesMustBeFiniteNonNegativeAndKnown) {
