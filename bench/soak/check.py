@@ -76,7 +76,11 @@ def main():
         bad += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {what}")
 
-    verdict("succeeded" in a.state, f"the job's end: {a.state.split()[-2:] if a.state else '?'}")
+    # `loco jobs`' line: ID NAME (OWNER) STATE MESSAGE...
+    words = a.state.split()
+    end = next((w for w in words if w in ("succeeded", "failed", "cancelled", "running")), "?")
+    verdict(end == "succeeded", f"the job's end: {end}" +
+            (f" ({' '.join(words[words.index(end) + 1:])[:300]})" if end in words else ""))
     rows = read_jsonl(a.timeline)
     log = [(r["unix_ms"] / 1000.0, r["text"]) for r in rows if r["source"] == "log"]
     timeline = [(r["unix_ms"] / 1000.0, r["kind"], r["text"]) for r in rows

@@ -248,7 +248,7 @@ echo "$JOB" >"$OUT/job"
 procs=(--proc head=@"$OUT/pids/head" --proc relay=@"$OUT/pids/relay" --proc redis=@"$OUT/pids/redis")
 for h in 2 3 4 5 6 7 8 10; do procs+=(--proc "node$h=@$OUT/pids/node$h"); done
 "$PY" "$LOCO_ROOT/bench/soak/sample.py" --out "$OUT/samples.jsonl" --every "$SAMPLE_EVERY" \
-  "${procs[@]}" --tree --redis "redis=$PUB:$redis_port" --path "logs=$WORK" \
+  "${procs[@]}" --tree --redis "redis=$PUB:$redis_port" --path "logs=$WORK/*.log" \
   --path "checkpoints=$WORK/ckpt/$JOB" >"$OUT/sampler.log" 2>&1 &
 SAMPLER_PID=$!
 # The dashboard's log and timeline, with their times (the dashboard listens on h1's loopback).
@@ -377,7 +377,10 @@ check=0
 if [ "$SMOKE" = 0 ]; then
   growth=0
   "$PY" "$LOCO_ROOT/bench/soak/sample.py" --report "$OUT/samples.jsonl" --last-minutes 100 \
-    --bound logs=50 --bound checkpoints=1 | tee "$OUT/growth.txt" || growth=$?
+    --faults "$OUT/faults.tsv" --bound logs=50 --bound checkpoints=1 | tee "$OUT/growth.txt" ||
+    growth=$?
+  "$PY" "$LOCO_ROOT/bench/soak/plot.py" --samples "$OUT/samples.jsonl" --faults "$OUT/faults.tsv" \
+    --last-minutes 100 --out "$OUT/growth.png" || true
 else
   "$PY" "$LOCO_ROOT/bench/soak/sample.py" --report "$OUT/samples.jsonl" --last-minutes 1000 \
     | tee "$OUT/growth.txt" || true

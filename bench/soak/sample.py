@@ -20,6 +20,7 @@ faults, round after round, is. The net change over the window is printed beside 
 fault that leaves something behind each time shows too.
 """
 import argparse
+import glob
 import json
 import os
 import subprocess
@@ -105,6 +106,8 @@ def redis_sample(address):
 
 
 def path_mb(path):
+    if "*" in path:  # the files a pattern names (a folder's logs, not its checkpoints)
+        return sum(path_mb(p) for p in glob.glob(path))
     if os.path.isfile(path):
         return os.path.getsize(path) / 1e6
     total = 0

@@ -1248,7 +1248,7 @@ void Core::forward(zmq::message_t&& rid, Decoded&& d, const security::Identity& 
                     human_ms(now - r->second.last_heard);
       refuse("ActorDiedError", "actor " + escape_remote(d.env.target, 64) + " on node " +
                                    escape_remote(node, kMaxNodeIdBytes) +
-                                   " died or is unreachable: " + why + " (call " +
+                                   " died or is unreachable: " + kNotForwarded + why + " (call " +
                                    escape_remote(d.env.method, 64) + ")");
       return;
     }

@@ -27,6 +27,10 @@
 
 namespace loco::detail {
 
+// In the error of a call the head could not forward to a node behind NAT (no connection from it,
+// or a silent one): the call never reached the node.
+inline constexpr char kNotForwarded[] = "the head could not forward it: ";
+
 struct CoreOptions {
   std::string bind;            // "tcp://HOST:PORT"; empty for a driver
   std::string advertise;       // host to advertise instead of the bound one ("" = bound host)

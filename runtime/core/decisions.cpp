@@ -64,6 +64,23 @@ void occupy(std::vector<NodeView>& views, const ActorInfo& actor) {
     }
 }
 
+Placement place_reachable(const std::vector<NodeView>& nodes, const Resources& demand,
+                          const std::set<std::string>& suspects,
+                          const std::function<bool(const std::string&)>& connected,
+                          bool share_gpus) {
+  std::set<std::string> unconnected;
+  for (const NodeView& v : nodes)
+    if (!v.direct && !connected(v.id)) unconnected.insert(v.id);
+  std::set<std::string> exclude = suspects;
+  exclude.insert(unconnected.begin(), unconnected.end());
+  Placement where = place(nodes, demand, exclude, share_gpus);
+  if (!where.node) where = place(nodes, demand, unconnected, share_gpus);
+  if (!where.node && !unconnected.empty())
+    where.reason += " (" + std::to_string(unconnected.size()) +
+                    " node(s) behind NAT not connected to the head yet)";
+  return where;
+}
+
 std::optional<std::vector<int>> assign_gpus(int total, const std::vector<GpuHold>& held, int count,
                                             bool shared) {
   if (count <= 0) return std::vector<int>{};

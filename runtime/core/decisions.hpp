@@ -2,6 +2,7 @@
 // The head's decisions, as pure functions of (state, now): no clock reads, no
 // I/O, so that tests drive them directly with an injected time.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -61,6 +62,15 @@ struct Placement {
 // demand of `gpu` must be whole and is met with indices (assign_gpus; `share_gpus` as there).
 Placement place(const std::vector<NodeView>& nodes, const Resources& demand,
                 const std::set<std::string>& exclude = {}, bool share_gpus = false);
+
+// place() as the head places: not on a node behind NAT that `connected` says has no connection
+// to the head now (it has just joined again after its uplink came back: its record is in Redis
+// before its connection is up, and nothing sent there would arrive); not on a suspect when
+// another node fits (after an outage of Redis every node may be silent a while, none dead).
+Placement place_reachable(const std::vector<NodeView>& nodes, const Resources& demand,
+                          const std::set<std::string>& suspects,
+                          const std::function<bool(const std::string&)>& connected,
+                          bool share_gpus = false);
 
 // ---- what a request may ask --------------------------------------------------
 

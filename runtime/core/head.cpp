@@ -680,6 +680,10 @@ class HeadService {
       ~Release() { flag = false; }
     } release{tick_queued_};
     int64_t now = now_ms();
+    if (now >= next_release_ms_) {  // malloc's free pages back to the system (util.hpp)
+      release_free_memory();
+      next_release_ms_ = now + kReleaseMemoryMs;
+    }
     try {
       auto nodes = all_nodes();
       if (store_was_down_) {
@@ -1236,13 +1240,18 @@ class HeadService {
   void start_failed(ActorRecord& rec, Creation& c, const std::string& type,
                     const std::string& error) {
     auto node = node_record(c.node_id);
+    // The head could not forward the creation to a node behind NAT (its connection was down
+    // or silent): it never reached the node, so it cannot have taken the node down. Placed
+    // again like an actor whose node was lost, but not counted as a loss in its creation.
+    const bool undelivered =
+        type == "ActorDiedError" && error.find(detail::kNotForwarded) != std::string::npos;
     bool node_lost = type == "ActorDiedError" || !node || node->state != NodeState::alive ||
                      detector_.suspects(now_ms()).count(c.node_id);
     std::string why =
         "could not be created on node " + c.node_id + " (" + c.address + "): " + error;
     // The second node lost while creating this actor: it is not placed again (below, as dead)
     // and its job fails, saying why.
-    const bool poisoned = node_lost && lost_twice(rec.info, c.node_id, &why);
+    const bool poisoned = node_lost && !undelivered && lost_twice(rec.info, c.node_id, &why);
     if (node_lost && !poisoned && c.restart && rec.info.restarts > 0) rec.info.restarts--;
     if (node_lost && !poisoned && rec.info.restarts < rec.info.max_restarts) {
       to_restart(rec, why);
@@ -1295,11 +1304,15 @@ class HeadService {
   }
 
   // Places on a node the failure detector does not suspect when one fits, else on any
-  // (after an outage of Redis every node may be silent for a while, and none is dead).
+  // (after an outage of Redis every node may be silent for a while, and none is dead). Never
+  // on a node behind NAT whose connection to the head is not up (it has just joined again
+  // after its uplink came back, and its record is in Redis before its connection is here):
+  // nothing sent there would arrive.
   Placement place_on(const std::vector<NodeView>& placement, const ActorInfo& a) {
-    Placement where = place(placement, a.resources, detector_.suspects(now_ms()), a.share_gpus);
-    if (!where.node) where = place(placement, a.resources, {}, a.share_gpus);
-    return where;
+    return place_reachable(
+        placement, a.resources, detector_.suspects(now_ms()),
+        [](const std::string& id) { return detail::current_core()->forwards_to(id); },
+        a.share_gpus);
   }
 
   Creation take_creation(const std::string& id) {
@@ -1345,6 +1358,7 @@ class HeadService {
   bool store_was_down_ = false;
   int64_t store_down_since_ms_ = 0;
   bool started_noted_ = false;  // the running jobs were told of this head's start
+  int64_t next_release_ms_ = 0;
   std::shared_ptr<RelayWatch> relay_ = std::make_shared<RelayWatch>();
   bool relay_seen_up_ = false;
   int64_t relay_down_since_ms_ = 0, relay_probed_ms_ = 0;
@@ -1400,6 +1414,7 @@ int run_head(const HeadConfig& cfg, const std::atomic<bool>& stop,
     spdlog::error("head: no Redis given (--redis redis://HOST:PORT)");
     return 1;
   }
+  limit_malloc_arenas(kMallocArenas);
   std::shared_ptr<membership::Store> store;
   try {
     store = membership::make_redis_store(cfg.redis_url);

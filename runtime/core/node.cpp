@@ -194,6 +194,9 @@ class NodeProcess {
 };
 
 bool NodeProcess::start() {
+  // Before the actors' threads: a few arenas, their free pages handed back every 30 s
+  // (heartbeat_until), so that a node's RSS is what its actors hold (util.hpp).
+  limit_malloc_arenas(kMallocArenas);
   try {
     plugins_ = std::make_shared<Plugins>(cfg_.plugins);
   } catch (const std::exception& e) {
@@ -365,8 +368,13 @@ void NodeProcess::heartbeat_until(const std::atomic<bool>& stop) {
   bool store_down = false;
   int64_t next_beat = now_ms();
   int64_t last_beat = now_ms();  // of the last heartbeat the store took
+  int64_t next_release = now_ms() + kReleaseMemoryMs;
   while (!stop.load()) {
     const int64_t now = now_ms();
+    if (now >= next_release) {
+      release_free_memory();
+      next_release = now + kReleaseMemoryMs;
+    }
     if (now < next_beat) {
       std::this_thread::sleep_for(std::min<Millis>(Millis(next_beat - now), Millis(50)));
       continue;

@@ -1,9 +1,14 @@
 #include "runtime/core/util.hpp"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 namespace loco {
 
@@ -22,6 +27,29 @@ double thread_cpu_seconds() {
   timespec t{};
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
+void limit_malloc_arenas(int arenas) {
+#if defined(__GLIBC__)
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr) ::mallopt(M_ARENA_MAX, arenas);
+#else
+  (void)arenas;
+#endif
+}
+
+void release_free_memory() {
+#if defined(__GLIBC__)
+  ::malloc_trim(0);
+#endif
+}
+
+int64_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long long pages = 0, resident = 0;
+  const int got = std::fscanf(f, "%lld %lld", &pages, &resident);
+  std::fclose(f);
+  return got == 2 ? resident * ::sysconf(_SC_PAGESIZE) : 0;
 }
 
 int64_t unix_ms() {

@@ -26,6 +26,21 @@ double process_cpu_seconds();
 // The calling thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID).
 double thread_cpu_seconds();
 
+// glibc's malloc keeps what a thread frees in that thread's arena (up to 8 per core) and gives
+// little of it back: a node whose actors allocate large buffers on many threads (fragment
+// all-reduces, checkpoint writers, evaluations) grows arena by arena (the soak bench: a node at
+// 16 arenas of about 50 MB each after 20 minutes). limit_malloc_arenas caps their number (not
+// when MALLOC_ARENA_MAX is set: the user's word); release_free_memory hands the free pages of
+// every arena back to the system (malloc_trim). Neither does anything without glibc.
+void limit_malloc_arenas(int arenas);
+void release_free_memory();
+// What the head and the nodes do: four arenas (the actors' threads do not all contend on one
+// lock), their free pages handed back every 30 s (a trim of a node's heap takes milliseconds).
+inline constexpr int kMallocArenas = 4;
+inline constexpr int64_t kReleaseMemoryMs = 30'000;
+// This process's resident memory in bytes (/proc/self/statm; 0 where there is none).
+int64_t resident_bytes();
+
 // Exponential backoff with jitter, for every retry loop in loco
 // (heartbeats, reconnecting to Redis or the head, waiting for a restart).
 class Backoff {
