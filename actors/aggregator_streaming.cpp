@@ -35,7 +35,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::stream_round(
   std::vector<int> asked_checkpoint;
   if (!calls.checkpoint.empty()) asked_checkpoint = calls.members;
   ahead.reset();
-  const Pipeline p = send_ahead(r, members, calls);
+  const Pipeline p = send_ahead(r, members, calls, sent_ahead);
   RoundOutcome o = finish_stream(calls, t_round);
   if (o.kind == RoundOutcome::Kind::diverged) return o;
   if (o.kind != RoundOutcome::Kind::completed) {
@@ -75,7 +75,7 @@ bool OuterAggregator::State::measure_first_fragment(const StreamCalls& calls) {
 }
 
 Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& members,
-                                            const StreamCalls& calls) {
+                                            const StreamCalls& calls, bool calls_sent_ahead) {
   read_target();
   PipelineInput next;
   next.round = r;
@@ -112,8 +112,10 @@ Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& m
   say(p);
   if (p == Pipeline::ahead) {
     // Round r + 1's codec from round r's first fragment when it can be had (one round after a
-    // change of the link, not two); otherwise from round r - 1, measured as it ended.
-    if (!decisions.count(r + 1)) measure_first_fragment(calls);
+    // change of the link, not two); otherwise from round r - 1, measured as it ended. Not from
+    // a round that was not sent ahead (the job's first, the first after its members changed):
+    // its first operation also opens the members' connections, which a link's rate is not.
+    if (calls_sent_ahead && !decisions.count(r + 1)) measure_first_fragment(calls);
     try {
       ahead = send_stream(r + 1, r + 2 == total_rounds,
                           checkpoint_due(r + 2, cfg.checkpoint.every, total_rounds) &&

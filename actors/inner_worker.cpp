@@ -140,6 +140,7 @@ InnerWorker::~InnerWorker() = default;
 
 void InnerWorker::stop() {
   s_->stopping.store(true);
+  s_->exchanges.stop();
   // The ranks and their communicators exist from construction on, and leave() is thread-safe.
   for (Rank& k : s_->ranks) k.comm->leave("worker " + std::to_string(s_->index) + " is stopping");
 }

@@ -306,8 +306,9 @@ struct OuterAggregator::State {
   RoundOutcome stream_round(int64_t r, const std::vector<int>& members, double t_round,
                             bool sent_ahead);
   // Streaming: whether round r + 1 goes out right behind round r (said when it changes);
-  // `calls` are round r's.
-  Pipeline send_ahead(int64_t r, const std::vector<int>& members, const StreamCalls& calls);
+  // `calls` are round r's, sent ahead themselves or not.
+  Pipeline send_ahead(int64_t r, const std::vector<int>& members, const StreamCalls& calls,
+                      bool calls_sent_ahead);
   // compression auto, streaming with a fragment that lands inside the round: the link as round
   // r's first fragment measured it (InnerWorker::exchanged), for the codec of round r + 1, which
   // goes out after it; the members need it only as they end round r, after that fragment

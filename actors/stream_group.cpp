@@ -1,7 +1,5 @@
 #include "actors/stream_group.hpp"
 
-#include <algorithm>
-
 namespace loco::actors {
 
 std::vector<std::string> CommMembers::names() const { return names_of(group_); }
@@ -119,41 +117,6 @@ JoinDesk::Open JoinDesk::open(int64_t r, int64_t at) {
   round = r;
   reached = at;
   return Open{*this};
-}
-
-ExchangeDesk::Open ExchangeDesk::open(uint64_t last_op) {
-  std::lock_guard<std::mutex> lock(mu_);
-  step_us_ = 0;
-  steps_ = 0;
-  return Open{*this, last_op};
-}
-
-ExchangeDesk::Open::~Open() {
-  std::lock_guard<std::mutex> lock(d.mu_);
-  d.closed_upto_ = std::max(d.closed_upto_, last_op);
-  d.cv_.notify_all();
-}
-
-void ExchangeDesk::add_steps(int64_t us, int n) {
-  std::lock_guard<std::mutex> lock(mu_);
-  step_us_ += us;
-  steps_ += n;
-}
-
-void ExchangeDesk::put(uint64_t op, ExchangeFigures f) {
-  std::lock_guard<std::mutex> lock(mu_);
-  f.done = true;
-  f.step_seconds = steps_ > 0 ? double(step_us_) / 1e6 / steps_ : 0.0;
-  ended_[op] = f;
-  while (ended_.size() > 16) ended_.erase(ended_.begin());
-  cv_.notify_all();
-}
-
-ExchangeFigures ExchangeDesk::wait(uint64_t op, std::chrono::milliseconds hold) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, hold, [&] { return ended_.count(op) > 0 || op <= closed_upto_; });
-  const auto it = ended_.find(op);
-  return it == ended_.end() ? ExchangeFigures{} : it->second;
 }
 
 void JoinDesk::forget() {  // with the lock held

@@ -1,16 +1,15 @@
 // The group a worker's stream() call averages its fragments over, and the desk through which a
 // worker joins another's round mid-way. Private to actors/ (InnerWorker's).
 #pragma once
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "actors/exchange_desk.hpp"
 #include "actors/messages.hpp"
 #include "diloco/round/delta_averager.hpp"
 #include "runtime/collective/allreduce.hpp"
@@ -118,36 +117,6 @@ struct JoinDesk {
   [[nodiscard]] Open open(int64_t r, int64_t at);
 
   void forget();  // with the lock held
-};
-
-// sync.mode streaming: each fragment operation's exchange as it ends, by operation id (the
-// newest 16), for InnerWorker::exchanged: compression auto decides the next round's codec from
-// this round's first fragment rather than from the round before.
-class ExchangeDesk {
- public:
-  // A stream() call whose operations end at `last_op` begins; as the returned guard goes, it
-  // has ended, and a wait for one of its operations that never ended (the round failed before
-  // it) ends too.
-  struct Open {
-    ExchangeDesk& d;
-    uint64_t last_op;
-    ~Open();
-  };
-  [[nodiscard]] Open open(uint64_t last_op);
-  // The call's inner steps so far (their mean goes with each operation's figures).
-  void add_steps(int64_t us, int n);
-  void put(uint64_t op, ExchangeFigures f);
-  // Op's figures once it has ended; `done` false when it has not within `hold`, or when the
-  // stream() call it belonged to ended without it.
-  ExchangeFigures wait(uint64_t op, std::chrono::milliseconds hold);
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<uint64_t, ExchangeFigures> ended_;
-  uint64_t closed_upto_ = 0;  // the last operation of the stream() calls that ended
-  int64_t step_us_ = 0;
-  int steps_ = 0;
 };
 
 }  // namespace loco::actors

@@ -3,9 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <future>
 #include <limits>
 #include <stdexcept>
 #include <string>
+
+#include "actors/exchange_desk.hpp"
 
 namespace loco::actors {
 namespace {
@@ -362,6 +366,45 @@ TEST(Stragglers, TokenWeightsAreExactlyOneWhenEqual) {
   EXPECT_EQ(member_scale(t, 1, out), 0.0);
   EXPECT_EQ(member_scale(t, 1, std::vector<uint8_t>{0, 0, 0}), member_scale(t, 1));
   EXPECT_THROW(member_scale(t, 0, std::vector<uint8_t>{0, 1}), std::invalid_argument);
+}
+
+// InnerWorker::exchanged's desk: a fragment operation's figures once it ended; a wait for one
+// that never will (its stream() call ended without it) or on a stopping worker ends at once
+// instead of holding the call, and the actor's end, for its whole hold (120 s in a job).
+TEST(ExchangeDesk, AWaitEndsWithTheOperationItsCallOrTheWorkersStop) {
+  using std::chrono::milliseconds;
+  using std::chrono::seconds;
+  ExchangeDesk desk;
+  std::future<ExchangeFigures> second;
+  {
+    const ExchangeDesk::Open call = desk.open(11);  // operations 10 and 11
+    desk.add_steps(3'000'000, 6);
+    auto first = std::async(std::launch::async, [&] { return desk.wait(10, seconds(60)); });
+    ExchangeFigures f;
+    f.ok = true;
+    f.bytes = 4096;
+    f.seconds = 2.5;
+    desk.put(10, f);
+    const ExchangeFigures got = first.get();
+    EXPECT_TRUE(got.done);
+    EXPECT_TRUE(got.ok);
+    EXPECT_EQ(got.bytes, 4096u);
+    EXPECT_DOUBLE_EQ(got.seconds, 2.5);
+    EXPECT_DOUBLE_EQ(got.step_seconds, 0.5);  // the call's inner steps so far
+    // Operation 11 is in flight as the call ends without it (its round failed).
+    second = std::async(std::launch::async, [&] { return desk.wait(11, seconds(60)); });
+    EXPECT_EQ(second.wait_for(milliseconds(200)), std::future_status::timeout);
+  }
+  // The call's guard has gone: the wait for 11 ends without it.
+  ASSERT_EQ(second.wait_for(seconds(30)), std::future_status::ready);
+  EXPECT_FALSE(second.get().done);
+  // A later operation waits for its own call; a stopping worker ends that wait.
+  auto later = std::async(std::launch::async, [&] { return desk.wait(12, seconds(60)); });
+  EXPECT_EQ(later.wait_for(milliseconds(200)), std::future_status::timeout);
+  desk.stop();
+  ASSERT_EQ(later.wait_for(seconds(30)), std::future_status::ready);
+  EXPECT_FALSE(later.get().done);
+  EXPECT_FALSE(desk.wait(13, seconds(60)).done);  // at once, once stopped
 }
 
 }  // namespace
