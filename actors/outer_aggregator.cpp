@@ -439,8 +439,14 @@ std::optional<double> OuterAggregator::State::evaluate(int64_t windows) {
 std::optional<double> OuterAggregator::State::evaluation_of(int64_t completed,
                                                             const std::vector<EvalPart>& parts) {
   std::vector<Future<double>> asked;
-  for (const EvalPart& p : parts)
+  for (const EvalPart& p : parts) {
+    if (!slots[size_t(p.member)].handle) {  // removed by the guard as the round ended
+      log("round " + std::to_string(completed) + ": worker " + std::to_string(p.member) +
+          " held a share of θ's evaluation and left the job; evaluated later");
+      return std::nullopt;
+    }
     asked.push_back(worker(p.member).call(&InnerWorker::evaluation, completed));
+  }
   std::vector<Failure> errors;
   auto got = gather(asked, errors, kEvaluationCall);
   double sum = 0;
@@ -767,7 +773,9 @@ void OuterAggregator::State::checkpoint_round(int64_t r, const std::vector<int>&
     PendingCheckpoint pc;
     pc.round = r;
     for (int m : asked_checkpoint)
-      if (std::find(members.begin(), members.end(), m) != members.end()) {
+      // Not a member the guard removed as the round ended: it writes nothing more.
+      if (std::find(members.begin(), members.end(), m) != members.end() &&
+          slots[size_t(m)].handle) {
         pc.members.push_back(m);
         pc.written.push_back(worker(m).call(&InnerWorker::checkpoint_written, r));
       }

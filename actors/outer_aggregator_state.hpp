@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -265,7 +266,13 @@ struct OuterAggregator::State {
 
   // ---- Joins and leaves (aggregator_membership.cpp) ----------------------------------------
   std::vector<int> active() const;  // the active slots, in order
-  ActorHandle<InnerWorker>& worker(int i) { return *slots[size_t(i)].handle; }
+  // Slot i's actor. A slot that left the job for good (stop_slot: scaled down, or removed by
+  // the guard) has none: asking for it is a bug, said here rather than a freed handle used.
+  ActorHandle<InnerWorker>& worker(int i) {
+    if (!slots[size_t(i)].handle)
+      throw std::logic_error("worker " + std::to_string(i) + " has no actor: it left the job");
+    return *slots[size_t(i)].handle;
+  }
   void read_target();
   void note_waiting(int i, const std::string& why);
   bool spawn_slot(int i);

@@ -87,6 +87,29 @@ TEST_F(Guard, AScaledUpdateIsLeftOutAndItsWorkerRemoved) {
   EXPECT_LT(v5, v0 - 0.3) << "the job trained on without the broken update";
 }
 
+// The soak bench's hang: the guard removed a streaming worker as a round ended whose members
+// had been asked for a checkpoint and θ's evaluation, and the aggregator then asked the removed
+// slot for its part through the handle it had just dropped (a freed handle: an 11-minute wait on
+// a freed mutex, then a corrupted heap). The checkpoint of that round is recorded from the
+// others' parts and θ is evaluated later; the job ends with the two healthy workers.
+TEST_F(Guard, AWorkerRemovedAsACheckpointAndAnEvaluationAreDueIsNotAskedForItsPart) {
+  TestJob t = job(3, 1, 5);
+  t.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  t.guard = "{evict_after: 2}";
+  t.checkpoint_every = 3;  // round 3, the round the guard removes worker 1 at
+  const Finished f = run_with_fault("worker=1,round=2,corrupt=scale", t);
+  ASSERT_TRUE(f.succeeded) << f.why;
+  EXPECT_TRUE(contains(f.log,
+                       "worker 1 removed from the job: the guard left it out of 2 rounds "
+                       "in a row, the last round 3"))
+      << f.log;
+  EXPECT_TRUE(contains(f.log, "ckpt-round-3.pt (round 3)")) << f.log;
+  EXPECT_FALSE(contains(f.log, "has no actor")) << f.log;
+  ASSERT_EQ(f.metrics.size(), 6u);
+  EXPECT_EQ(f.metrics.at(5)["workers"], 2) << f.metrics.at(5);
+  EXPECT_TRUE(std::isfinite(f.metrics.at(5)["val_loss"].get<double>())) << f.metrics.at(5);
+}
+
 // Streaming (2 fragments): worker 2 of 3 flips the sign of its Δ from round 2 on. The
 // fragments' averages leave it out (rule direction) where the honest workers' updates agree
 // (docs/decisions/0039-robust-averaging.md), nobody else is ever left out, it is never removed
