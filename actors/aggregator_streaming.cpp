@@ -55,11 +55,11 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::stream_round(
   return o;
 }
 
-bool OuterAggregator::State::measure_first_fragment(const StreamCalls& calls) {
+void OuterAggregator::State::measure_first_fragment(const StreamCalls& calls) {
   const int h = int(cfg.inner.steps), f = cfg.sync.fragments;
   if (!planner || cfg.sync.mode != diloco::SyncMode::streaming || f < 2 ||
       h / f + cfg.sync.overlap_steps >= h)
-    return false;
+    return;
   std::vector<Future<ExchangeFigures>> asked;
   for (int m : calls.members) asked.push_back(worker(m).call(&InnerWorker::exchanged, calls.op_id));
   std::vector<Failure> errors;
@@ -71,7 +71,6 @@ bool OuterAggregator::State::measure_first_fragment(const StreamCalls& calls) {
     step_secs.push_back(got->step_seconds);
   }
   note_link(exchanges, step_secs, "round " + std::to_string(calls.round + 1) + "'s first fragment");
-  return !exchanges.empty();
 }
 
 Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& members,

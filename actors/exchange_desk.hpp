@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "actors/messages.hpp"
 
@@ -27,8 +28,11 @@ class ExchangeDesk {
   };
   [[nodiscard]] Open open(uint64_t last_op);
   // The call's inner steps so far (their mean goes with each operation's figures).
-  void add_steps(int64_t us, int n);
+  void add_steps(double seconds, int n);
   void put(uint64_t op, ExchangeFigures f);
+  // The seconds of the operations that ended since the last take (StreamResult::
+  // exchange_seconds: those that ended during a stream() call), and a new count.
+  double take_seconds();
   // Op's figures once it has ended; `done` false when it has not within `hold`, or when the
   // stream() call it belonged to ended without it, or once the worker stops.
   ExchangeFigures wait(uint64_t op, std::chrono::milliseconds hold);
@@ -43,13 +47,14 @@ class ExchangeDesk {
   std::condition_variable cv_;
   std::map<uint64_t, ExchangeFigures> ended_;
   uint64_t closed_upto_ = 0;  // the last operation of the stream() calls that ended
-  int64_t step_us_ = 0;
+  double step_seconds_ = 0;
   int steps_ = 0;
+  double ended_seconds_ = 0;  // of the operations put since the last take_seconds
 };
 
 inline ExchangeDesk::Open ExchangeDesk::open(uint64_t last_op) {
   std::lock_guard<std::mutex> lock(mu_);
-  step_us_ = 0;
+  step_seconds_ = 0;
   steps_ = 0;
   return Open{*this, last_op};
 }
@@ -66,16 +71,22 @@ inline void ExchangeDesk::stop() {
   cv_.notify_all();
 }
 
-inline void ExchangeDesk::add_steps(int64_t us, int n) {
+inline void ExchangeDesk::add_steps(double seconds, int n) {
   std::lock_guard<std::mutex> lock(mu_);
-  step_us_ += us;
+  step_seconds_ += seconds;
   steps_ += n;
+}
+
+inline double ExchangeDesk::take_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(ended_seconds_, 0.0);
 }
 
 inline void ExchangeDesk::put(uint64_t op, ExchangeFigures f) {
   std::lock_guard<std::mutex> lock(mu_);
   f.done = true;
-  f.step_seconds = steps_ > 0 ? double(step_us_) / 1e6 / steps_ : 0.0;
+  f.step_seconds = steps_ > 0 ? step_seconds_ / steps_ : 0.0;
+  ended_seconds_ += f.seconds;
   ended_[op] = f;
   while (ended_.size() > 16) ended_.erase(ended_.begin());
   cv_.notify_all();

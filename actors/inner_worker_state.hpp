@@ -104,8 +104,8 @@ struct InnerWorker::State {
   // The codec of the averages of the round the worker was last asked to average (the round's
   // plan: ReduceRequest::codec, StreamRequest::codec; compression auto changes it by rounds).
   dl::CodecChoice choice;
-  std::atomic<int64_t> exchange_us{0};  // streaming: the fragments' exchanges' time (stream())
-  ExchangeDesk exchanges;               // streaming: each of them as it ends (exchanged())
+  // streaming: the fragments' exchanges as each ends (exchanged(), and their time for stream())
+  ExchangeDesk exchanges;
   // Sets `choice` from a request's codec ("": the job's own); throws std::invalid_argument for a
   // name that is not a rung this job's workers can run.
   void choose(const std::string& codec, const char* method);

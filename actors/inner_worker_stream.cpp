@@ -26,8 +26,7 @@ class GroupAverager final : public dl::FragmentAverager {
     std::function<void(int, std::span<float>)> hook;
     dl::CodecChoice choice;  // the round's codec
     bool flush = true;       // compression auto: what a dense average does with the feedback
-    std::atomic<int64_t>& exchange_us;  // each operation adds its time, start to mean
-    ExchangeDesk& exchanges;            // and puts its figures there as it ends
+    ExchangeDesk& exchanges;  // each operation puts its figures there as it ends
   };
   GroupAverager(Worker w, std::shared_ptr<StreamGroup> group)
       : s_(std::move(w)), group_(std::move(group)) {}
@@ -54,29 +53,25 @@ class GroupAverager final : public dl::FragmentAverager {
         policy.prepare(fragment, {&in, 1}, s_.abstaining()));
     const bool guard_on = s_.guard.on;
     dl::GuardLog* log = &s_.log;
-    std::atomic<int64_t>* exchange_us = &s_.exchange_us;
     ExchangeDesk* exchanges = &s_.exchanges;
     s_.last_op = std::async(std::launch::async, [comm, group = group_, op, in, out,
                                                  before = s_.last_op, sent, policy, fragment,
-                                                 guard_on, log, copy, exchange_us, exchanges] {
+                                                 guard_on, log, copy, exchanges] {
                    if (before.valid()) before.get();
                    uint64_t bytes = 0;
                    // Its time, start to mean, and its figures as it ends however it ends.
                    struct Timed {
-                     std::atomic<int64_t>* total;
                      ExchangeDesk* desk;
                      uint64_t op;
                      const uint64_t& bytes;
                      bool ok = false;
                      std::chrono::steady_clock::time_point began = std::chrono::steady_clock::now();
                      ~Timed() {
-                       const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-                                           std::chrono::steady_clock::now() - began)
-                                           .count();
-                       *total += us;
-                       desk->put(op, ExchangeFigures{true, ok, bytes, double(us) / 1e6});
+                       const std::chrono::duration<double> took =
+                           std::chrono::steady_clock::now() - began;
+                       desk->put(op, ExchangeFigures{true, ok, bytes, took.count()});
                      }
-                   } timed{exchange_us, exchanges, op, bytes};
+                   } timed{exchanges, op, bytes};
                    for (;;) {
                      collective::Group g = group->at(op);
                      CommMembers members(*comm, g);
@@ -214,8 +209,9 @@ StreamResult InnerWorker::stream(StreamRequest req) {
           break;
         }
       }
-      out.inner.seconds += seconds_since(t_inner);
-      s.exchanges.add_steps((loco::now_ms() - t_inner) * 1000, taken);
+      const double took = seconds_since(t_inner);
+      out.inner.seconds += took;
+      s.exchanges.add_steps(took, taken);
       out.inner.steps += taken;
       loss += (taken > 0 ? chunk / taken : 0.0) * taken;
       s.hook(RoundPoint::stream_events, req.round, now + n - start, "stream");
@@ -235,7 +231,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                               s_->hook(RoundPoint::pseudo_gradient, round_of_call, fragment,
                                        "stream", nullptr, delta);
                             },
-                            s_->choice, s_->cfg.autocodec.flush, s_->exchange_us, s_->exchanges},
+                            s_->choice, s_->cfg.autocodec.flush, s_->exchanges},
       group);
 
   dl::StreamingRound::Round round;
@@ -253,7 +249,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   out.group = group->names();
   out.left_out = notes_of(s_->guard_log.take());
   out.guard_seconds = s_->guard_log.take_seconds();
-  out.exchange_seconds = double(s_->exchange_us.exchange(0)) / 1e6;
+  out.exchange_seconds = s_->exchanges.take_seconds();
   if (!checkpoint_file.empty() || !inner_file.empty())
     s_->start_checkpoint(checkpoint_file, inner_file);
   if (req.eval_end > req.eval_begin) s_->start_evaluation(req.eval_begin, req.eval_end);

@@ -21,6 +21,7 @@
 #include "diloco/model/hf_format.hpp"
 #include "diloco/model/torchscript_model.hpp"
 #include "diloco/round/simulator.hpp"
+#include "runtime/core/job_event_id.hpp"
 
 namespace loco::actors {
 
@@ -622,9 +623,7 @@ std::vector<dl::schema::ClusterLine> OuterAggregator::State::cluster_notes() {
         try {
           auto [text, what] =
               unpack_checked<std::tuple<std::string, std::string>>(e.data, "a cluster record");
-          // A stream id is "<unix ms>-<sequence>".
-          const int64_t ms = std::strtoll(e.id.c_str(), nullptr, 10);
-          out.push_back({ms, what.substr(0, 32), text.substr(0, 400)});
+          out.push_back({event_unix_ms(e.id), what.substr(0, 32), text.substr(0, 400)});
         } catch (const std::exception&) {
           // Not the head's: skipped.
         }

@@ -319,8 +319,8 @@ struct OuterAggregator::State {
   // compression auto, streaming with a fragment that lands inside the round: the link as round
   // r's first fragment measured it (InnerWorker::exchanged), for the codec of round r + 1, which
   // goes out after it; the members need it only as they end round r, after that fragment
-  // landed. False when it cannot be had (another layout, no member answered).
-  bool measure_first_fragment(const StreamCalls& calls);
+  // landed. Nothing in another layout, or when no member answered (the last sample stands).
+  void measure_first_fragment(const StreamCalls& calls);
   // Round r as one stream() call per member. `checkpoint`: the members write a checkpoint of
   // the round's end (StreamRequest::checkpoint), the first member the outer state, each its
   // inner state.

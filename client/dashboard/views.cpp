@@ -108,13 +108,6 @@ class PromWriter {
 
 }  // namespace
 
-int64_t event_unix_ms(const std::string& id) {
-  int64_t ms = 0;
-  size_t i = 0;
-  for (; i < id.size() && i < 19 && id[i] >= '0' && id[i] <= '9'; ++i) ms = ms * 10 + (id[i] - '0');
-  return i > 0 && i < id.size() && id[i] == '-' ? ms : 0;
-}
-
 void JobHistory::note(TimelineEntry e) {
   timeline_.push_back(std::move(e));
   while (timeline_.size() > kMaxTimeline) timeline_.pop_front();

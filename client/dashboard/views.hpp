@@ -10,6 +10,7 @@
 
 #include "diloco/job/job_schema.hpp"
 #include "runtime/core/cluster_types.hpp"
+#include "runtime/core/job_event_id.hpp"
 
 namespace loco::dashboard {
 
@@ -68,8 +69,8 @@ inline constexpr char kTokens[] = "tokens";
 // keys], "step": [schema::Step's], "derived": [kRoundBytes, kTokens]}.
 nlohmann::json field_keys();
 
-// Milliseconds since the epoch in a stream id "MS-SEQ" (the store's ids); 0 when it has none.
-int64_t event_unix_ms(const std::string& id);
+// event_unix_ms (runtime/core/job_event_id.hpp): the time in an event's id.
+using loco::event_unix_ms;
 
 nlohmann::json cluster_json(const ClusterStatus& st);
 nlohmann::json job_info_json(const JobInfo& j, const JobHistory* h);

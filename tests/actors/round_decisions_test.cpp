@@ -378,7 +378,7 @@ TEST(ExchangeDesk, AWaitEndsWithTheOperationItsCallOrTheWorkersStop) {
   std::future<ExchangeFigures> second;
   {
     const ExchangeDesk::Open call = desk.open(11);  // operations 10 and 11
-    desk.add_steps(3'000'000, 6);
+    desk.add_steps(3.0, 6);
     auto first = std::async(std::launch::async, [&] { return desk.wait(10, seconds(60)); });
     ExchangeFigures f;
     f.ok = true;
@@ -391,6 +391,8 @@ TEST(ExchangeDesk, AWaitEndsWithTheOperationItsCallOrTheWorkersStop) {
     EXPECT_EQ(got.bytes, 4096u);
     EXPECT_DOUBLE_EQ(got.seconds, 2.5);
     EXPECT_DOUBLE_EQ(got.step_seconds, 0.5);  // the call's inner steps so far
+    EXPECT_DOUBLE_EQ(desk.take_seconds(), 2.5);  // StreamResult::exchange_seconds
+    EXPECT_DOUBLE_EQ(desk.take_seconds(), 0.0);
     // Operation 11 is in flight as the call ends without it (its round failed).
     second = std::async(std::launch::async, [&] { return desk.wait(11, seconds(60)); });
     EXPECT_EQ(second.wait_for(milliseconds(200)), std::future_status::timeout);
