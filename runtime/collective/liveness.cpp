@@ -23,6 +23,7 @@ Clock::duration silence_window(const LivenessRules& rules, const PeerState& peer
 Verdict judge(const PeerState& peer, Clock::time_point now, const LivenessRules& rules) {
   if (!peer.expecting && !peer.backlog) return Verdict::alive;
   if (peer.dropped && now - *peer.dropped > rules.grace) return Verdict::closed;
+  if (peer.relay_lost && now - *peer.relay_lost > rules.grace) return Verdict::relay_lost;
   if (now - peer.heard > silence_window(rules, peer)) return Verdict::silent;
   return Verdict::alive;
 }
@@ -52,6 +53,7 @@ Clock::time_point next_check(const PeerState& peer, Clock::time_point now,
   if (peer.expecting || peer.backlog) {
     t = std::min(t, peer.heard + silence_window(rules, peer));
     if (peer.dropped) t = std::min(t, *peer.dropped + rules.grace);
+    if (peer.relay_lost) t = std::min(t, *peer.relay_lost + rules.grace);
   }
   return std::max(t, now);
 }

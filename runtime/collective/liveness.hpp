@@ -1,6 +1,12 @@
 // When a member of an operation counts as lost: pure functions of (what we know of the peer,
 // now, the rules), so that tests inject the clock. Internal to the collective.
 //
+// A relay that closes its connection (killed, restarted) proves nothing of the peers behind
+// it, but what it held of their messages and ours is gone: a peer we still expect data from
+// through it, or still owe data to, fails the operation after the same grace (`relay_lost`),
+// as a network failure, not as a lost member (a survivor that dropped a live member would go
+// on in a group of its own: the soak bench, issue 25, stood still for minutes that way).
+//
 // Only what proves a peer gone counts:
 // - its connection closed, or a new one was refused (its process or communicator is gone; a
 //   grace period lets an abort notice sent just before it exited arrive and say why);
@@ -50,6 +56,7 @@ struct PeerState {
   bool heard_in_op = false;                  // a message of it arrived in this operation
   Clock::time_point keepalive_sent{};        // our last keepalive to it
   std::optional<Clock::time_point> dropped;  // when its connection closed or was refused
+  std::optional<Clock::time_point> relay_lost;  // when the relay between us closed
   Clock::duration longest_gap{0};            // between its messages, over this communicator's life
   uint64_t bytes_in = 0;                     // on its connections, at the last sample
   Clock::time_point bytes_sampled{};         // when that sample was taken
@@ -58,7 +65,7 @@ struct PeerState {
 // How long `peer` may stay silent.
 Clock::duration silence_window(const LivenessRules& rules, const PeerState& peer);
 
-enum class Verdict { alive, closed, silent };
+enum class Verdict { alive, closed, relay_lost, silent };
 Verdict judge(const PeerState& peer, Clock::time_point now, const LivenessRules& rules);
 
 // A message from the peer arrived at `now`. The gap before its first message of an operation

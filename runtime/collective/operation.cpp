@@ -319,6 +319,16 @@ void Operation::check_liveness(Clock::time_point now) {
             AbortKind::peer_lost, g_.members[p].name,
             "lost member " + who(p) + ": connection closed in round " + std::to_string(g_.round_id),
             true};
+      case Verdict::relay_lost:
+        // Not the member's fault, nor a sign that it is gone: the round cannot finish as it
+        // is (what the relay held is lost), and whoever runs it again decides with whom.
+        throw OpFailure{AbortKind::error, "",
+                        "the relay " +
+                            (g_.relay.endpoint.empty() ? std::string("?") : g_.relay.endpoint) +
+                            " closed its connection in round " + std::to_string(g_.round_id) +
+                            " (killed or restarted): what it held between this member and member " +
+                            who(p) + " is lost",
+                        true};
       case Verdict::silent:
         sample_bytes(p, now);  // bytes since the last sample prove it alive then
         if (judge(peer, now, rules_) == Verdict::alive) break;
@@ -405,7 +415,10 @@ void Operation::run() {
       // Always drain, so that the wait does not keep waking up for a peer we are done with.
       // A refused connection counts too: a member publishes its endpoint only once bound, so a
       // refusal during the operation means its process or communicator is gone.
-      if (p != me_ && t_.take_event(ep(p)) != PeerEvent::none && !peers_[p].dropped)
+      if (p == me_) continue;
+      const PeerEvent e = t_.take_event(ep(p));
+      if (e == PeerEvent::relay_lost && !peers_[p].relay_lost) peers_[p].relay_lost = now;
+      if ((e == PeerEvent::closed || e == PeerEvent::refused) && !peers_[p].dropped)
         peers_[p].dropped = now;
     }
     check_liveness(now);
@@ -444,7 +457,8 @@ void Operation::linger_until_delivered() {
     }
     const auto now = Clock::now();
     std::erase_if(waiting, [&](int p) {
-      return t_.take_event(ep(p)) == PeerEvent::closed ||
+      const PeerEvent e = t_.take_event(ep(p));
+      return e == PeerEvent::closed || e == PeerEvent::relay_lost ||
              now - peers_[p].heard > silence_window(rules_, peers_[p]) || !t_.undelivered(ep(p));
     });
     for (int p : waiting)

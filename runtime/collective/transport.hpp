@@ -41,8 +41,10 @@ struct Message {
 // of their own so that they never wait behind data.
 enum class Channel : uint8_t { data, control };
 
-// What happened to our connections to a peer since the last look.
-enum class PeerEvent : uint8_t { none, closed, refused };
+// What happened to our connections to a peer since the last look. relay_lost: the relay that
+// carries our messages to and from it closed its connection or refused one (it was killed or
+// restarted): what it held of either's messages is gone, though the peer may well be alive.
+enum class PeerEvent : uint8_t { none, closed, refused, relay_lost };
 
 class Transport {
  public:

@@ -649,13 +649,11 @@ void ZmqTransport::drain_relay_events() {
   drain_monitor(relay_->control);
   const PeerEvent a = std::exchange(relay_->data.seen, PeerEvent::none);
   const PeerEvent b = std::exchange(relay_->control.seen, PeerEvent::none);
-  const PeerEvent e = a == PeerEvent::closed || b == PeerEvent::closed ? PeerEvent::closed
-                      : a != PeerEvent::none                          ? a
-                                                                      : b;
-  if (e == PeerEvent::none) return;
+  if (a == PeerEvent::none && b == PeerEvent::none) return;
   // The relay's connection carries every relayed peer: what happens to it happens to them all.
+  // Not that they are gone: the relay lost what it held for them and from them.
   for (auto& [ep, info] : info_) {
-    if (info.route == Route::relay && info.relay_event != PeerEvent::closed) info.relay_event = e;
+    if (info.route == Route::relay) info.relay_event = PeerEvent::relay_lost;
   }
 }
 

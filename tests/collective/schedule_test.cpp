@@ -391,6 +391,29 @@ TEST(Liveness, AClosedConnectionCountsAfterTheGrace) {
   EXPECT_EQ(next_check(p, t0 + 200ms, rules), t0 + 350ms);
 }
 
+// The relay between us closed: the peer is not judged gone, but the operation cannot finish
+// (what the relay held is lost) once the grace has passed, and only while it still waits on
+// that peer (or owes it data).
+TEST(Liveness, ARelayThatClosedEndsTheOperationAfterTheGraceWithoutBlamingThePeer) {
+  auto rules = LivenessRules::from(3000ms, 60s);
+  Clock::time_point t0{};
+  PeerState p;
+  p.heard = t0;
+  p.expecting = true;
+  p.relay_lost = t0 + 100ms;
+  EXPECT_EQ(judge(p, t0 + 300ms, rules), Verdict::alive);
+  EXPECT_EQ(next_check(p, t0 + 200ms, rules), t0 + 350ms);  // not the 60 s entry window
+  EXPECT_EQ(judge(p, t0 + 400ms, rules), Verdict::relay_lost);
+  p.dropped = t0 + 100ms;  // its own connection closed too: that says more
+  EXPECT_EQ(judge(p, t0 + 400ms, rules), Verdict::closed);
+  PeerState done = p;
+  done.dropped.reset();
+  done.expecting = false;  // everything of it arrived before the relay closed
+  EXPECT_EQ(judge(done, t0 + 400ms, rules), Verdict::alive);
+  done.backlog = true;  // but we still owe it data, which may have been in the relay
+  EXPECT_EQ(judge(done, t0 + 400ms, rules), Verdict::relay_lost);
+}
+
 TEST(Liveness, TheWindowWidensWithTheGapsAPeerShowedAndStaysBounded) {
   auto rules = LivenessRules::from(3000ms);
   Clock::time_point t0{};
