@@ -235,6 +235,20 @@ void Operation::handle(Message& m) {
     const int s = rank_of(m.sender);
     const bool member = s >= 0 && s != me_;
     if (h.round_id < g_.round_id) {  // left over from an earlier operation
+      if (member && h.type == MsgType::abort && expecting(s) &&
+          ws_.finished == std::make_pair(h.round_id, h.group_fp)) {
+        // It gave up the operation this member finished last: it will not come to this one (a
+        // streaming member whose fragment failed fails its round; a blocking one tries the one
+        // it gave up again). Without this the round waited out the member's entry window. (A
+        // notice of an operation both gave up says nothing of the kind.)
+        const auto abort = decode_abort(m.payload.bytes());
+        throw OpFailure{AbortKind::error, m.sender,
+                        "member " + who(s) + " gave up round " + std::to_string(h.round_id) +
+                            ", which this member finished, and sends nothing for round " +
+                            std::to_string(g_.round_id) + ": " +
+                            (abort ? escape_remote(abort->message, 1000) : std::string("?")),
+                        true};
+      }
       if (member) {
         // Still finishing that one, on its way here: alive. (Its earlier operation is bounded
         // like ours, so this cannot keep us waiting for long.)
@@ -714,6 +728,7 @@ void run_operation(Transport& t, Workspace& ws, Operation& op) {
   }
   op.keep_gaps();
   ws.last_ok = true;
+  ws.finished = std::make_pair(op.round_id(), op.group_fingerprint());
 }
 
 }  // namespace loco::collective::detail

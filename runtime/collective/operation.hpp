@@ -142,6 +142,9 @@ struct Workspace {
   // bytes are evidence of life between whole messages.
   std::map<std::string, std::set<uint64_t>> links;
   bool last_ok = true;  // whether the last operation succeeded
+  // The round id and group fingerprint of the last operation that succeeded: a member's abort
+  // notice of that operation, arriving in a later one, says that it gave up what we finished.
+  std::optional<std::pair<uint64_t, uint64_t>> finished;
   // Communicator::leave(): set once, from any thread; every operation from then on fails and
   // names this member lost to its peers. The reason is written before the flag.
   std::atomic<bool> leaving{false};

@@ -115,6 +115,7 @@ Core::Core(CoreOptions opts) : opts_(std::move(opts)) {
   topts.on_handshake_failed = [this](const std::string& peer, const std::string& why) {
     on_handshake_failed(peer, why);
   };
+  topts.on_forwarder_closed = [this](const std::string& peer) { on_forwarder_closed(peer); };
   transport_ = std::make_unique<Transport>(
       topts,
       [this](zmq::message_t&& rid, std::vector<zmq::message_t>&& f, security::Identity who) {
@@ -655,21 +656,24 @@ void Core::warn_bad_input(const std::string& line) {
     spdlog::warn("{}", line);
 }
 
-void Core::on_handshake_failed(const std::string& peer, const std::string& why) {
-  std::vector<std::shared_ptr<CallState>> refused;
-  {
-    std::lock_guard<std::mutex> lock(calls_mu_);
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->second->peer == peer) {
-        refused.push_back(it->second);
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
+std::vector<std::shared_ptr<CallState>> Core::take_pending_on(const std::string& peer) {
+  std::vector<std::shared_ptr<CallState>> out;
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->second->peer == peer) {
+      out.push_back(it->second);
+      it = pending_.erase(it);
+    } else {
+      ++it;
     }
-    auto ps = peers_.find(peer);
-    if (ps != peers_.end()) ps->second.pending = 0;
   }
+  auto ps = peers_.find(peer);
+  if (ps != peers_.end()) ps->second.pending = 0;
+  return out;
+}
+
+void Core::on_handshake_failed(const std::string& peer, const std::string& why) {
+  std::vector<std::shared_ptr<CallState>> refused = take_pending_on(peer);
   if (refused.empty()) spdlog::warn("cannot talk to {}: {}", peer, why);
   for (auto& st : refused) {
     finish(st, "ClusterError",
@@ -679,6 +683,27 @@ void Core::on_handshake_failed(const std::string& peer, const std::string& why) 
            {});
   }
   transport_->drop_peer(peer);
+}
+
+void Core::on_forwarder_closed(const std::string& peer) {
+  // Not in dead_peers_: the node may well be alive, and the next call's resolve must not wait
+  // for the head to declare it dead.
+  std::vector<std::shared_ptr<CallState>> lost = take_pending_on(peer);
+  const std::string head = peer.substr(0, peer.find('/'));
+  for (auto& st : lost) {
+    std::string who;
+    {
+      std::lock_guard<std::mutex> lock(st->ref->mu);
+      who =
+          st->ref->describe() + " on node " + (st->ref->node_id.empty() ? peer : st->ref->node_id);
+    }
+    finish(st, "ActorDiedError",
+           who + " is unreachable: the head at " + head +
+               " that forwarded the call closed its connection (it died or restarted), and "
+               "the answer is lost with it (call " +
+               st->what() + ")",
+           {});
+  }
 }
 
 std::string Core::refusal(const Mailbox& box, const Envelope& env, const security::Identity& who,

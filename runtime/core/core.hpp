@@ -197,8 +197,15 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   // method of another job's actor.
   std::string refusal(const Mailbox& box, const Envelope& env, const security::Identity& who,
                       bool internal) const;
+  // Takes the calls pending on `peer` out of the table (their caller finishes them).
+  std::vector<std::shared_ptr<CallState>> take_pending_on(const std::string& peer);
   // Fails the calls pending on `peer` with ClusterError: retrying will not make it accept us.
   void on_handshake_failed(const std::string& peer, const std::string& why);
+  // The head that forwards our calls to a node behind NAT (`peer` "HOST:PORT/NODE") closed its
+  // connection: the answers of the calls on their way there are lost with its table. Fails
+  // them with ActorDiedError, as if the node had gone silent (a restarted head that re-attached
+  // the node answers our heartbeats for it, so they would otherwise wait for ever).
+  void on_forwarder_closed(const std::string& peer);
   void on_reply(const std::string& peer, std::vector<zmq::message_t>&& frames);
   // Whether this process declared `peer` dead (its failure detection), as opposed to `peer`
   // answering with an error of its own.

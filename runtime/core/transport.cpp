@@ -139,8 +139,10 @@ zmq::socket_t& Transport::dealer_for(const std::string& peer) {
     const std::string ep = "inproc://loco-transport-monitor-" +
                            std::to_string(reinterpret_cast<uintptr_t>(this)) + "-" +
                            std::to_string(++monitor_serial_);
+    const bool forwarded = peer.find('/') != std::string::npos;
     const int events = ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                       (forwarded ? ZMQ_EVENT_DISCONNECTED : 0);
     if (zmq_socket_monitor(s.handle(), ep.c_str(), events) == 0) {
       d->monitor.emplace(ctx_, zmq::socket_type::pair);
       d->monitor->set(zmq::sockopt::linger, 0);
@@ -169,6 +171,10 @@ void Transport::drain_monitor(const std::string& peer, Dealer& d) {
     int32_t value;
     std::memcpy(&id, event.data(), sizeof id);
     std::memcpy(&value, static_cast<const uint8_t*>(event.data()) + sizeof id, sizeof value);
+    if (id == ZMQ_EVENT_DISCONNECTED) {
+      if (opts_.on_forwarder_closed) opts_.on_forwarder_closed(peer);
+      continue;
+    }
     std::string why = security::describe_handshake_failure(id, value, opts_.security.curve);
     if (why.empty()) continue;
     // A failure without detail may be a peer that died mid-handshake: definitive only when it

@@ -47,6 +47,10 @@ class Transport {
     // failures in a row before `peer` ever answered (it holds another cluster key). `why` says
     // which.
     std::function<void(const std::string& peer, const std::string& why)> on_handshake_failed;
+    // Called on the I/O thread when the connection of a DEALER for "HOST:PORT/NODE" (calls the
+    // head at HOST:PORT forwards to NODE) closes: the head died or restarted, and with it the
+    // table that would have sent the answers of the calls it was forwarding back here.
+    std::function<void(const std::string& peer)> on_forwarder_closed;
     // Connections the ROUTER holds from any one address (security/source_limit.hpp); 0: no
     // bound.
     size_t max_connections_per_source = security::kMaxConnectionsPerSource;
@@ -97,7 +101,7 @@ class Transport {
   struct Dealer {
     explicit Dealer(zmq::context_t& ctx) : socket(ctx, zmq::socket_type::dealer) {}
     zmq::socket_t socket;
-    std::optional<zmq::socket_t> monitor;  // handshake failures
+    std::optional<zmq::socket_t> monitor;  // handshake failures; a forwarder's disconnection
     bool answered = false;                 // a message came from the peer
     int failures = 0;                      // handshakes that failed without detail
     ~Dealer();
