@@ -154,6 +154,7 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
             : source_of(size_t(std::find(live.begin(), live.end(), i) - live.begin()));
     Slot& s = slots[size_t(i)];
     if (!done[k]) {
+      if (!source.empty() && !errors[k].gone) copy_failed = true;
       note_waiting(i, errors[k].message);
       continue;
     }
@@ -373,6 +374,16 @@ bool OuterAggregator::State::reconcile(int64_t r) {
     deal_shards();  // also after members left outside a reduce (evaluation, checkpoint)
     const int have = int(active().size());
     if (have >= std::max(1, cfg.workers.min) || stop) return true;
+    // Too few, and the joiners cannot copy the state from those left: waiting does not help
+    // (the soak bench waited out workers.wait_s and failed the job); the checkpoint does.
+    if (const std::string broken = std::exchange(copy_failed, false) ? held_state_broken(r) : "";
+        !broken.empty()) {
+      log("round " + std::to_string(r + 1) + ": " + std::to_string(have) +
+          " workers, below workers.min = " + std::to_string(cfg.workers.min) +
+          ", and the joiners cannot copy the outer state from them (" + broken +
+          "); going back to " + (resume_from.empty() ? std::string("the start") : resume_from));
+      return false;
+    }
     std::string why;
     for (int i = 0; i < target; ++i)
       if (!slots[size_t(i)].active && !slots[size_t(i)].waiting.empty())
@@ -389,6 +400,16 @@ bool OuterAggregator::State::reconcile(int64_t r) {
     said_waiting = true;
     pause(kClusterPoll);
   }
+}
+
+std::string OuterAggregator::State::held_state_broken(int64_t r) {
+  const std::vector<int> members = active();
+  if (members.empty()) return "";
+  auto size = worker(members[0]).call(&InnerWorker::join_state_size, r);
+  std::vector<Future<int64_t>> asked{size};
+  std::vector<Failure> errors;
+  (void)gather(asked, errors, kStateCopyCall);
+  return errors[0].gone ? std::string() : errors[0].message;
 }
 
 // join_mid_round's admission of slot `s` into round c: the fragment boundary it joins at,

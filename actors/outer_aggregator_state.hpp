@@ -112,6 +112,9 @@ struct OuterAggregator::State {
   // The job (re)starts from resume_from, and no round has completed since: every slot that
   // comes back reads the checkpoint and its own inner state, even after others did.
   bool resuming = false;
+  // A joiner's copy from a live member failed in the last acquire(): reconcile() then asks a
+  // live member whether it can hand out the outer state at all (held_state_broken).
+  bool copy_failed = false;
   std::deque<std::function<void()>> outbox;  // reports not yet accepted by the head
   bool outbox_stuck = false;
   uint64_t last_op_id = 0;
@@ -277,6 +280,9 @@ struct OuterAggregator::State {
   void note_waiting(int i, const std::string& why);
   bool spawn_slot(int i);
   std::vector<int> acquire(const std::vector<int>& want, int64_t r);
+  // Why the live members cannot hand out round r's outer state (a fragment's all-reduce failed
+  // in flight, so none holds a consistent one): "" when one can, or when it is gone.
+  std::string held_state_broken(int64_t r);
   // sync.mode streaming: a slot that can join does so while round c runs, at a fragment
   // boundary, its stream() call added to c (see the definition).
   void join_mid_round(StreamCalls& c);
