@@ -150,7 +150,12 @@ void JobRecords::drop_after(int64_t round) {
   for (const std::string& l : read_json_lines(metrics_path_)) {
     const json j = parse(l);
     const int64_t r = int_field(j, key(&schema::MetricsLine::round), -1);
-    if (r > round || r < 0) continue;
+    if (r > round || r < 0) {
+      const auto c = j.find(key(&schema::MetricsLine::cluster));
+      if (c != j.end() && c->is_array())
+        for (const json& e : *c) carried_cluster_.push_back(e.dump());
+      continue;
+    }
     kept += l + "\n";
     bytes_ = uint64_t(int_field(j, key(&schema::MetricsLine::bytes_per_worker)));
     seconds_ = double_field(j, key(&schema::MetricsLine::seconds));
@@ -226,7 +231,17 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
     l.steps.emplace();
     for (const StepFigures& s : f.steps) l.steps->push_back(step_report(s));
   }
-  const std::string line = schema::to_json<json>(l).dump();
+  json out = schema::to_json<json>(l);
+  if (!carried_cluster_.empty()) {
+    json all = json::array();
+    for (const std::string& e : carried_cluster_) all.push_back(json::parse(e));
+    const auto c = out.find(key(&schema::MetricsLine::cluster));
+    if (c != out.end() && c->is_array())
+      for (const json& e : *c) all.push_back(e);
+    out[key(&schema::MetricsLine::cluster)] = std::move(all);
+    carried_cluster_.clear();
+  }
+  const std::string line = out.dump();
   append(metrics_path_, line);
   attempts_ = failed_ = 0;
   ok_bytes_ = 0;

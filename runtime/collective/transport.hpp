@@ -42,8 +42,9 @@ struct Message {
 enum class Channel : uint8_t { data, control };
 
 // What happened to our connections to a peer since the last look. relay_lost: the relay that
-// carries our messages to and from it closed its connection or refused one (it was killed or
-// restarted): what it held of either's messages is gone, though the peer may well be alive.
+// carries our messages to and from it closed its connection (it was killed or restarted): what
+// it held of either's messages is gone, though the peer may well be alive. (A relay that refuses
+// connections is down: nothing is lost yet, and the peers' liveness judges.)
 enum class PeerEvent : uint8_t { none, closed, refused, relay_lost };
 
 class Transport {

@@ -649,7 +649,11 @@ void ZmqTransport::drain_relay_events() {
   drain_monitor(relay_->control);
   const PeerEvent a = std::exchange(relay_->data.seen, PeerEvent::none);
   const PeerEvent b = std::exchange(relay_->control.seen, PeerEvent::none);
-  if (a == PeerEvent::none && b == PeerEvent::none) return;
+  // Refused: the relay is down (restarting); what this operation sends waits in our queue until
+  // it is back, and the peers' windows judge a relay that stays away. Closed: the relay lost
+  // what it held. (Failing on a refusal failed each redo of a round at once while the relay was
+  // down for 2 s, using up the round's redos: the soak bench.)
+  if (a != PeerEvent::closed && b != PeerEvent::closed) return;
   // The relay's connection carries every relayed peer: what happens to it happens to them all.
   // Not that they are gone: the relay lost what it held for them and from them.
   for (auto& [ep, info] : info_) {

@@ -163,6 +163,32 @@ TEST_F(JobRecordsTest, GoingBackRemovesTheUndoneRoundsAndMarksTheRedoneOnes) {
   EXPECT_EQ(num(lines(rec.attempts_path()).back(), "attempt"), 1);
 }
 
+// What the cluster went through (the head's restart, in round 2's line) is not undone with
+// the rounds a go_back removes: it goes into the next line written, before that round's own.
+TEST_F(JobRecordsTest, GoingBackKeepsTheClusterNotesOfTheUndoneRoundsInTheNextLine) {
+  JobRecords rec(dir_, -1);
+  rec.round(round(0), figures(0));
+  for (int r = 1; r <= 3; ++r) {
+    diloco::RoundMetrics m = round(r);
+    if (r == 2)
+      m.cluster = std::vector<diloco::schema::ClusterLine>{{1000, "head", "the head started"}};
+    rec.attempt(ok(r, {0, 1}, 100));
+    rec.round(m, figures(1));
+  }
+  rec.go_back(1);
+  diloco::RoundMetrics again = round(2);
+  again.cluster = std::vector<diloco::schema::ClusterLine>{{2000, "redis", "Redis is back"}};
+  rec.attempt(ok(2, {0, 1}, 100));
+  const std::string l2 = rec.round(again, figures(1));
+  const auto head = l2.find("the head started"), redis = l2.find("Redis is back");
+  ASSERT_NE(head, std::string::npos) << l2;
+  ASSERT_NE(redis, std::string::npos) << l2;
+  EXPECT_LT(head, redis) << l2;
+  rec.attempt(ok(3, {0, 1}, 100));
+  const std::string l3 = rec.round(round(3), figures(1));
+  EXPECT_EQ(l3.find("the head started"), std::string::npos) << "carried once: " << l3;
+}
+
 TEST_F(JobRecordsTest, ARestartedAggregatorGoesBackAndCarriesTheTotalsOn) {
   {
     JobRecords rec(dir_, -1);
