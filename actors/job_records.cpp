@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
 
 #include "diloco/data/bounded_file.hpp"
 #include "diloco/data/bounded_json.hpp"
@@ -151,9 +152,8 @@ void JobRecords::drop_after(int64_t round) {
     const json j = parse(l);
     const int64_t r = int_field(j, key(&schema::MetricsLine::round), -1);
     if (r > round || r < 0) {
-      const auto c = j.find(key(&schema::MetricsLine::cluster));
-      if (c != j.end() && c->is_array())
-        for (const json& e : *c) carried_cluster_.push_back(e.dump());
+      if (auto c = schema::from_json<schema::MetricsLine>(j).cluster)
+        carried_cluster_.insert(carried_cluster_.end(), c->begin(), c->end());
       continue;
     }
     kept += l + "\n";
@@ -210,6 +210,11 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
   seconds_ += round_time;
   m.bytes_per_worker = bytes_;
   m.seconds = seconds_;
+  if (!carried_cluster_.empty()) {  // the undone rounds' notes first, then this round's
+    if (m.cluster)
+      carried_cluster_.insert(carried_cluster_.end(), m.cluster->begin(), m.cluster->end());
+    m.cluster = std::exchange(carried_cluster_, {});
+  }
   // The simulator's fields (the same as `loco train` writes), then the job's.
   schema::JobMetricsLine l;
   static_cast<schema::MetricsLine&>(l) = m;
@@ -231,17 +236,7 @@ std::string JobRecords::round(diloco::RoundMetrics m, const RoundFigures& f) {
     l.steps.emplace();
     for (const StepFigures& s : f.steps) l.steps->push_back(step_report(s));
   }
-  json out = schema::to_json<json>(l);
-  if (!carried_cluster_.empty()) {
-    json all = json::array();
-    for (const std::string& e : carried_cluster_) all.push_back(json::parse(e));
-    const auto c = out.find(key(&schema::MetricsLine::cluster));
-    if (c != out.end() && c->is_array())
-      for (const json& e : *c) all.push_back(e);
-    out[key(&schema::MetricsLine::cluster)] = std::move(all);
-    carried_cluster_.clear();
-  }
-  const std::string line = out.dump();
+  const std::string line = schema::to_json<json>(l).dump();
   append(metrics_path_, line);
   attempts_ = failed_ = 0;
   ok_bytes_ = 0;

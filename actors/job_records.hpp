@@ -21,8 +21,9 @@
 //                       so that every round number stays once: a redone round's
 //                       line comes again, with a higher "redo" than any line
 //                       before (the removed lines' "cluster" entries go into the
-//                       next line written: what the cluster went through stays). The undone rounds'
-//                       cost stays in attempts.jsonl and in job_*.
+//                       next line written: what the cluster went through stays).
+//                       The undone rounds' cost stays in attempts.jsonl and in
+//                       job_*.
 //     "job_bytes"       bytes sent per member over every all-reduce attempt of
 //                       the job so far: failed ones (as far as known, see
 //                       below) and undone rounds included
@@ -131,9 +132,9 @@ class JobRecords {
   uint64_t job_bytes_ = 0;
   int attempts_ = 0, failed_ = 0;  // of the round in progress
   uint64_t ok_bytes_ = 0;          // bytes_per_worker of its successful attempt
-  // The "cluster" entries of the lines a go_back removed (JSON, oldest first): what happened to
-  // the cluster is not undone with the rounds, and goes into the next line written.
-  std::vector<std::string> carried_cluster_;
+  // The "cluster" entries of the lines a go_back removed, oldest first: what happened to the
+  // cluster is not undone with the rounds, and goes into the next line written.
+  std::vector<diloco::schema::ClusterLine> carried_cluster_;
 };
 
 // Step i of a round over the members that did a step i (with inner.budget: time they may do

@@ -603,17 +603,9 @@ void Core::on_tick(int64_t now) {
       it = now - it->second > 60000 ? dead_peers_.erase(it) : std::next(it);
   }
   for (auto& [st, silent] : died) {
-    std::string node;
-    {
-      std::lock_guard<std::mutex> lock(st->ref->mu);
-      node = st->ref->node_id.empty() ? st->peer : st->ref->node_id + " (" + st->peer + ")";
-    }
-    std::string who = !st->ref->fixed          ? st->ref->describe() + " on node " + node
-                      : st->ref->id == "@head" ? "the head at " + st->peer
-                                               : "node " + node;
     finish(st, "ActorDiedError",
-           who + " died or is unreachable: no answer to heartbeats for " + human_ms(silent) +
-               " (call " + st->what() + ")",
+           callee(*st) + " died or is unreachable: no answer to heartbeats for " +
+               human_ms(silent) + " (call " + st->what() + ")",
            {});
   }
   for (const std::string& peer : dead) transport_->drop_peer(peer);
@@ -685,20 +677,25 @@ void Core::on_handshake_failed(const std::string& peer, const std::string& why) 
   transport_->drop_peer(peer);
 }
 
+std::string Core::callee(const CallState& st) {
+  std::string node;
+  {
+    std::lock_guard<std::mutex> lock(st.ref->mu);
+    node = st.ref->node_id.empty() ? st.peer : st.ref->node_id + " (" + st.peer + ")";
+  }
+  return !st.ref->fixed          ? st.ref->describe() + " on node " + node
+         : st.ref->id == "@head" ? "the head at " + st.peer
+                                 : "node " + node;
+}
+
 void Core::on_forwarder_closed(const std::string& peer) {
   // Not in dead_peers_: the node may well be alive, and the next call's resolve must not wait
   // for the head to declare it dead.
   std::vector<std::shared_ptr<CallState>> lost = take_pending_on(peer);
   const std::string head = peer.substr(0, peer.find('/'));
   for (auto& st : lost) {
-    std::string who;
-    {
-      std::lock_guard<std::mutex> lock(st->ref->mu);
-      who =
-          st->ref->describe() + " on node " + (st->ref->node_id.empty() ? peer : st->ref->node_id);
-    }
     finish(st, "ActorDiedError",
-           who + " is unreachable: the head at " + head +
+           callee(*st) + " is unreachable: the head at " + head +
                " that forwarded the call closed its connection (it died or restarted), and "
                "the answer is lost with it (call " +
                st->what() + ")",

@@ -197,6 +197,9 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   // method of another job's actor.
   std::string refusal(const Mailbox& box, const Envelope& env, const security::Identity& who,
                       bool internal) const;
+  // Whom call `st` went to, for its error: "ACTOR on node N (PEER)", "the head at PEER" or
+  // "node N (PEER)".
+  static std::string callee(const CallState& st);
   // Takes the calls pending on `peer` out of the table (their caller finishes them).
   std::vector<std::shared_ptr<CallState>> take_pending_on(const std::string& peer);
   // Fails the calls pending on `peer` with ClusterError: retrying will not make it accept us.
