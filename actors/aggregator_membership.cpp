@@ -175,7 +175,10 @@ std::vector<int> OuterAggregator::State::acquire(const std::vector<int>& want, i
                   : source.empty() ? ("from " + resume_from).c_str()
                                    : ("copied from " + source).c_str(),
                   done[k]->copy_seconds, now_s() - t0[i]);
-    if (!fresh || r > 0) log(line);
+    if (!fresh)
+      log_join(i, r + 1, line);
+    else
+      slots[size_t(i)].placed = worker(i).address();
     if (cfg.device != dl::DeviceKind::cpu || cfg.ranks_per_worker(false) > 1)
       log("worker " + std::to_string(i) + " trains on " + done[k]->device);
   }
@@ -281,6 +284,7 @@ void OuterAggregator::State::deal_shards() {
 void OuterAggregator::State::stop_slot(int i) {
   Slot& s = slots[size_t(i)];
   s.active = false;
+  s.left = true;
   try {
     if (s.handle) rt.kill(s.handle->id());
   } catch (const std::exception& e) {
@@ -293,7 +297,8 @@ void OuterAggregator::State::stop_slot(int i) {
 // The slot leaves the round's members; its actor stays (the head may restart it).
 void OuterAggregator::State::release(int i, const std::string& why) {
   slots[size_t(i)].active = false;
-  log("worker " + std::to_string(i) + " left: " + why);
+  slots[size_t(i)].left = true;
+  log_left("worker " + std::to_string(i) + " left: " + why);
 }
 
 void OuterAggregator::State::note_left_out(int64_t r, const std::vector<LeftOutNote>& notes,
@@ -328,7 +333,7 @@ void OuterAggregator::State::evict_left_out(int64_t r, const std::vector<int>& m
                 " rounds in a row, the last round " + std::to_string(r + 1) + " (rule " +
                 it->second + "; guard.evict_after = " + std::to_string(cfg.guard.evict_after) + ")";
     stop_slot(m);
-    log("worker " + std::to_string(m) + " removed from the job: " + s.removed);
+    log_left("worker " + std::to_string(m) + " removed from the job: " + s.removed);
   }
 }
 
@@ -340,7 +345,8 @@ bool OuterAggregator::State::reconcile(int64_t r) {
   std::vector<int> members = active();
   for (size_t k = members.size(); k-- > size_t(target);) {
     stop_slot(members[k]);
-    log("worker " + std::to_string(members[k]) + " left: scaled down to " + std::to_string(target));
+    log_left("worker " + std::to_string(members[k]) + " left: scaled down to " +
+             std::to_string(target));
   }
   const double deadline = now_s() + cfg.workers.wait_s;
   bool said_waiting = false;
@@ -490,8 +496,7 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
     for (int j = 0; j < target && i < 0; ++j) {
       if (size_t(j) >= slots.size()) slots.resize(size_t(j) + 1);
       Slot& s = slots[size_t(j)];
-      if (!s.active && !s.late &&
-          std::find(c.members.begin(), c.members.end(), j) == c.members.end())
+      if (s.may_join() && std::find(c.members.begin(), c.members.end(), j) == c.members.end())
         i = j;
     }
     if (i < 0) return;
@@ -556,7 +561,7 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
                   worker(i).address().c_str(), double(copied.state_bytes) / 1e6,
                   static_cast<long long>(copied.snapshot_step), wi.source.c_str(),
                   copied.copy_seconds, now_s() - t0);
-    log(line);
+    log_join(i, r + 1, line);
   } catch (const std::exception& e) {
     log(why_not + e.what());
   }

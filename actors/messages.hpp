@@ -244,6 +244,13 @@ struct CodecRecord {
   MSGPACK_DEFINE(text, round)
 };
 
+// A worker joined the job after its start (event kind kJoinRecord, a CodecRecord's form): the
+// log's line and the round it joined; the dashboard's timeline shows it.
+inline constexpr const char* kJoinRecord = diloco::schema::record::kJoin;
+using JoinRecord = CodecRecord;
+// A worker left the job (event kind kLeftRecord, the same form): the log's line and the round.
+inline constexpr const char* kLeftRecord = diloco::schema::record::kLeft;
+
 // What a job's actor does first. It exists only inside the job the head created it for: the
 // job id its constructor is given must be the one the head bound to it (this_actor().job),
 // never a spawner's word; throws PermissionError naming the class otherwise. And from then on

@@ -151,14 +151,31 @@ std::string OuterAggregator::State::plan_codec(int64_t r, int members) {
   if (d.changed()) {
     const std::string text = d.from.name() + " → " + d.to.name() + ": " + d.reason;
     log("round " + std::to_string(r + 1) + ": " + text);
-    // The dashboard's timeline: a [text, round] record, as a checkpoint's.
-    msgpack::sbuffer b;
-    msgpack::pack(b, CodecRecord{text, r + 1});
-    publish([this, data = std::string(b.data(), b.size())] {
-      rt.job_record(job_id, kCodecRecord, data);
-    });
+    record_line(kCodecRecord, text, r + 1);  // the dashboard's timeline
   }
   return d.to.name();
+}
+
+void OuterAggregator::State::log_join(int i, int64_t r, const std::string& line) {
+  log(line);
+  Slot& s = slots[size_t(i)];
+  const std::string where = s.handle ? s.handle->address() : std::string();
+  const bool same = !s.left && !s.placed.empty() && s.placed == where;
+  s.placed = where;
+  s.left = false;
+  if (!same) record_line(kJoinRecord, line, r);
+}
+
+void OuterAggregator::State::log_left(const std::string& line) {
+  log(line);
+  record_line(kLeftRecord, line, round + 1);
+}
+
+void OuterAggregator::State::record_line(const char* kind, const std::string& line, int64_t r) {
+  msgpack::sbuffer b;
+  msgpack::pack(b, JoinRecord{line, r});
+  publish(
+      [this, kind, data = std::string(b.data(), b.size())] { rt.job_record(job_id, kind, data); });
 }
 
 void OuterAggregator::State::note_link(const std::vector<std::pair<uint64_t, double>>& exchanges,

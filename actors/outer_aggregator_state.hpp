@@ -62,6 +62,15 @@ struct Slot {
   // why; it never comes back. Empty: it may.
   std::string removed;
   int left_out_streak = 0;  // rounds in a row the guard left it out of
+  // Where its actor was when it last joined (ActorHandle::address; "": never joined), and
+  // whether it left the members since: a join that is not the same actor reloading the state
+  // on the same node (a rewind) goes on the dashboard's timeline (kJoinRecord).
+  std::string placed;
+  bool left = false;
+
+  // It may be brought into the job: not a member, not busy with a late round's steps, and not
+  // removed by the guard.
+  bool may_join() const { return !active && !late && removed.empty(); }
 };
 
 // One round's stream() calls (sync.mode streaming or eager), sent to its members.
@@ -242,6 +251,15 @@ struct OuterAggregator::State {
   // Waits `d`, or less once the aggregator is stopped: between two looks at the cluster.
   void pause(Millis d);
   void log(const std::string& line);
+  // Slot i joined round `r` (1-based) after the job's start, as `line` says: the log, and unless
+  // it is a rewind reloading the same actor on the same node, the dashboard's timeline (a
+  // kJoinRecord).
+  void log_join(int i, int64_t r, const std::string& line);
+  // A worker left the job in the current round, as `line` says: the log and the dashboard's
+  // timeline (a kLeftRecord).
+  void log_left(const std::string& line);
+  // A [text, round] record of `kind` (kCodecRecord, kJoinRecord, kLeftRecord) into the job's log.
+  void record_line(const char* kind, const std::string& line, int64_t r);
   double job_time() const;
   std::vector<loco::diloco::schema::ClusterLine> cluster_notes();
   void report(int64_t r, double loss, std::optional<double> val, double tok_s, double util,

@@ -12,16 +12,19 @@
 # Faults, at seeded times (SEED) spread over the run, each written to $OUT/faults.tsv as it
 # happens (unix seconds, name, what):
 #   corrupt      the worker on one node sends Δ × 100 for 3 rounds (tests' fault plugin); the
-#   head         head is killed and started again as the guard leaves that worker out
+#   head         head is killed and started again as the guard leaves that worker out; once
+#                the guard removed it, the operator stops its host (so that the node fault's
+#                worker waits for the new node rather than taking the freed one)
 #   uplink       site C's uplink down for 90 s (SOAK_MINUTES < 30: 6 % of the run), then back
 #   relay        the relay killed and started again
 #   redis        Redis restarted (SIGTERM, its append-only file kept)
-#   node         a node of site B killed; later a new node joins behind the same NAT, and
+#   node         a node of site B with a worker killed; later a new node joins behind the
+#                same NAT, its worker placed there, and
 #   join-relay   the relay is restarted while that joiner copies its state
 #   scale        `loco scale` down by 2 workers, later back up
 #
 #   SOAK_MINUTES=120 bench/soak/run.sh                    # the record (docs/benchmarks.md)
-#   SOAK_MINUTES=5 bench/soak/run.sh                      # the smoke (not in ctest yet: 0054)
+#   SOAK_MINUTES=5 bench/soak/run.sh                      # the smoke (ctest soak_smoke)
 #
 # Environment: SOAK_MINUTES (120), SEED (1), OUT (results: runs/soak-UTC), MODEL (llama: the
 # llama-tiny of examples/ on data/kjv-bpe, which scripts/prepare-data makes; gpt: a byte-level
@@ -235,7 +238,7 @@ d = sorted(b - a for a, b in zip(t[2:], t[3:]))
 print(max(0.5, d[len(d) // 2]))
 EOF
 )
-ROUNDS=$(awk -v m="$SOAK_MINUTES" -v s="$round_s" 'BEGIN {r = int(m * 60 / s * 0.85); print (r < 8 ? 8 : r)}')
+ROUNDS=$(awk -v m="$SOAK_MINUTES" -v s="$round_s" 'BEGIN {r = int(m * 60 / s); print (r < 8 ? 8 : r)}')
 say "a round takes $round_s s fault-free: the soak job runs $ROUNDS rounds"
 job_file soak "$ROUNDS"
 T0=$(date +%s)
@@ -259,7 +262,7 @@ TIMELINE_PID=$!
 PIDS+=($TIMELINE_PID)
 
 # --- the schedule ---
-rounds_done() { grep -c '"round"' "$METRICS" 2>/dev/null || echo 0; }
+rounds_done() { local n; n=$(grep -c '"round"' "$METRICS" 2>/dev/null) || true; echo "${n:-0}"; }
 job_log() { "$LOCO_BIN/loco" logs "$SOAK_JOB" --address "$HEAD" 2>/dev/null || true; }
 job_over() {
   case "$("$LOCO_BIN/loco" jobs --address "$HEAD" 2>/dev/null | grep "$SOAK_JOB" || true)" in
@@ -267,8 +270,29 @@ job_over() {
   esac
   return 1
 }
-until_s() {  # SECONDS since the job's start (or the job's end, whichever comes first)
-  while [ $(( $(date +%s) - T0 )) -lt "$1" ]; do job_over && return 1; sleep 1; done
+# The hosts whose nodes hold a worker of the job (alive, pending or restarting): `loco status`
+# names each actor's node, and each node's log its id.
+worker_hosts() {
+  local placed h n
+  placed=$("$LOCO_BIN/loco" status --address "$HEAD" 2>/dev/null |
+    awk -v j="$SOAK_JOB.worker" 'index($2, j) == 1 && $5 != "dead" {print $4}') || true
+  for h in 2 3 4 5 6 7 8 10; do
+    for n in $placed; do
+      if grep -q "node $n" "$WORK/node$h.log" 2>/dev/null; then echo "$h"; break; fi
+    done
+  done
+  return 0
+}
+# A fault's moment: SECONDS since the job's start, or as many rounds done as that share of the
+# run holds, whichever comes first (a job faster than its calibration still meets every fault
+# before its end); false once the job has ended.
+until_at() {  # SECONDS
+  local rounds=$(( $1 * ROUNDS / T ))
+  while [ $(( $(date +%s) - T0 )) -lt "$1" ] && [ "$(rounds_done)" -lt "$rounds" ]; do
+    job_over && return 1
+    sleep 1
+  done
+  ! job_over
 }
 until_log() {  # PATTERN SECS: until the job's log has PATTERN
   local end=$(( $(date +%s) + $2 ))
@@ -289,7 +313,7 @@ printf 'offsets (s from the job start): corrupt+head %s, uplink %s, relay %s, re
   "$AT_CORRUPT" "$AT_UPLINK" "$AT_RELAY" "$AT_REDIS" "$AT_NODE" "$AT_JOIN" "$AT_SCALE_DOWN" "$AT_SCALE_UP" | tee "$OUT/schedule.txt"
 
 schedule() {
-  until_s "$AT_CORRUPT" || return 0
+  until_at "$AT_CORRUPT" || return 0
   r=$(( $(rounds_done) + 1 ))
   echo "$r" >"$CORRUPT_ROUND"
   fault corrupt begin "worker 1 sends Δ × 100 in rounds $r to $((r + 2))"
@@ -300,8 +324,20 @@ schedule() {
     start_head
     fault head end "head started again (pid $HEAD_PID)"
   fi
+  # The operator takes the evicted worker's host out of the cluster: its slot never comes back,
+  # and a free node would take the node fault's worker before the new node on h10 joins.
+  if until_log "worker 1 removed from the job" $((T / 4)); then
+    local busy h
+    busy=" $(worker_hosts | tr '\n' ' ')"
+    for h in 2 3 4 5 6 7 8; do
+      case "$busy" in *" $h "*) continue ;; esac
+      kill -9 "${NODE_PID[$h]}"
+      fault corrupt end "worker 1 removed by the guard; its host h$h stopped (pid ${NODE_PID[$h]})"
+      break
+    done
+  fi
 
-  until_s "$AT_UPLINK" || return 0
+  until_at "$AT_UPLINK" || return 0
   fault uplink begin "site C's uplink down for $DOWN s"
   ip -n "${TAG}r2" link set wan down
   sleep "$DOWN"
@@ -309,14 +345,14 @@ schedule() {
   shape "${TAG}r2" wan 5mbit
   fault uplink end "site C's uplink back"
 
-  until_s "$AT_RELAY" || return 0
+  until_at "$AT_RELAY" || return 0
   fault relay begin "relay killed (pid $RELAY_PID)"
   kill -9 "$RELAY_PID"
   sleep 2
   start_relay
   fault relay end "relay started again (pid $RELAY_PID)"
 
-  until_s "$AT_REDIS" || return 0
+  until_at "$AT_REDIS" || return 0
   fault redis begin "Redis stopped (pid $REDIS_PID; SIGTERM, its append-only file kept)"
   kill -TERM "$REDIS_PID"
   wait "$REDIS_PID" 2>/dev/null || true
@@ -324,34 +360,40 @@ schedule() {
   start_redis
   fault redis end "Redis started again (pid $REDIS_PID)"
 
-  until_s "$AT_NODE" || return 0
-  fault node begin "site B's node on h6 killed (pid ${NODE_PID[6]})"
-  kill -9 "${NODE_PID[6]}"
+  until_at "$AT_NODE" || return 0
+  # Site B's node with a worker (h6, or h5 if the operator stopped h6).
+  local victim=6
+  case " $(worker_hosts | tr '\n' ' ')" in *" 6 "*) ;; *" 5 "*) victim=5 ;; esac
+  fault node begin "site B's node on h$victim killed (pid ${NODE_PID[$victim]})"
+  kill -9 "${NODE_PID[$victim]}"
 
-  until_s "$AT_JOIN" || return 0
+  until_at "$AT_JOIN" || return 0
   local joined
   joined=$(job_log | grep -c ' joined ' || true)
   fault join begin "a new node starts on h10, behind site B's NAT"
   start_node 10
   # The relay goes down as soon as a worker of the job is placed on the new node, before its
   # state has arrived.
-  local placed n
-  for _ in $(seq 1 600); do
+  local placed n seen="not seen placed there in 120 s"
+  local end=$(( $(date +%s) + 120 ))
+  while [ "$(date +%s)" -lt "$end" ] && ! job_over; do
     placed=$("$LOCO_BIN/loco" status --address "$HEAD" 2>/dev/null |
-      awk -v j="$SOAK_JOB.worker" 'index($2, j) == 1 {print $4}')
-    for n in $placed; do grep -q "node $n" "$WORK/node10.log" 2>/dev/null && break 2; done
+      awk -v j="$SOAK_JOB.worker" 'index($2, j) == 1 {print $4}') || true
+    for n in $placed; do
+      grep -q "node $n" "$WORK/node10.log" 2>/dev/null && { seen="placed on $n"; break 2; }
+    done
     sleep 0.2
   done
-  fault join-relay begin "relay killed (pid $RELAY_PID) while the joiner on h10 copies its state ($(( $(job_log | grep -c ' joined ' || true) - joined )) joined since)"
+  fault join-relay begin "relay killed (pid $RELAY_PID) while the joiner on h10 copies its state ($seen; $(( $(job_log | grep -c ' joined ' || true) - joined )) joined since)"
   kill -9 "$RELAY_PID"
   sleep 2
   start_relay
   fault join-relay end "relay started again (pid $RELAY_PID)"
 
-  until_s "$AT_SCALE_DOWN" || return 0
+  until_at "$AT_SCALE_DOWN" || return 0
   fault scale-down begin "loco scale to 5 workers"
   "$LOCO_BIN/loco" scale "$SOAK_JOB" --workers 5 --address "$HEAD" >>"$OUT/scale.log" 2>&1 || true
-  until_s "$AT_SCALE_UP" || return 0
+  until_at "$AT_SCALE_UP" || return 0
   # Up once the job went down (a round stalled by an earlier fault may hold it back).
   until_log "scaled down to 5" $((T / 4)) || true
   fault scale-up begin "loco scale to 7 workers"

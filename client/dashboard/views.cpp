@@ -127,11 +127,11 @@ void JobHistory::add_report(const JobProgress& p, int64_t at) {
   const int workers = r.workers;
   if (before) {
     const int had = before->report.workers;
-    if (workers > had)
+    if (workers > had && !joins_recorded_)
       note({at, p.step, "join",
             std::to_string(workers - had) + " joined: " + std::to_string(had) + " -> " +
                 std::to_string(workers)});
-    if (workers < had)
+    if (workers < had && !lefts_recorded_)
       note({at, p.step, "left",
             std::to_string(had - workers) + " left: " + std::to_string(had) + " -> " +
                 std::to_string(workers)});
@@ -146,6 +146,7 @@ void JobHistory::add_report(const JobProgress& p, int64_t at) {
     note({at, p.step, "left_out",
           std::to_string(out) + " member(s) left out of the average by the guard"});
   rounds_[p.step] = RoundPoint{p, r, at};
+  joins_recorded_ = lefts_recorded_ = false;
 }
 
 void JobHistory::add(const JobEvent& e) {
@@ -192,6 +193,8 @@ void JobHistory::add(const JobEvent& e) {
     } catch (const std::exception&) {
       // Not one we can read: the kind alone.
     }
+    joins_recorded_ = joins_recorded_ || e.kind == schema::record::kJoin;
+    lefts_recorded_ = lefts_recorded_ || e.kind == schema::record::kLeft;
     note(std::move(t));
   }
   while (lines_.size() > kMaxLines) lines_.pop_front();

@@ -57,6 +57,9 @@ class JobHistory {
   std::map<int64_t, diloco::schema::Step> steps_;
   std::deque<TimelineEntry> timeline_;
   std::deque<std::pair<int64_t, std::string>> lines_;
+  // Join and left records (schema::record::kJoin, kLeft) since the last report: they name who
+  // joined or left, so the report does not note its rise or fall in workers again.
+  bool joins_recorded_ = false, lefts_recorded_ = false;
 };
 
 // Fields of job_json's "rounds_done" rows that the views derive, beside the report's own

@@ -38,6 +38,12 @@ inline constexpr char kSteps[] = "steps";
 inline constexpr char kCheckpoint[] = "checkpoint";
 // compression auto's change of codec: msgpack [text, round] (actors/messages.hpp CodecRecord).
 inline constexpr char kCodec[] = "codec";
+// A worker joined after the job's start (not a rewind's reload on the same node): msgpack
+// [text, round] (actors/messages.hpp JoinRecord).
+inline constexpr char kJoin[] = "join";
+// A worker left the job (lost, failed, scaled down or removed by the guard): msgpack
+// [text, round], as kJoin's.
+inline constexpr char kLeft[] = "left";
 }  // namespace record
 
 // JobProgress::metrics (runtime/core/cluster_types.hpp, which diloco/ does not include; the

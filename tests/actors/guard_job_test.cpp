@@ -105,7 +105,12 @@ TEST_F(Guard, AWorkerRemovedAsACheckpointAndAnEvaluationAreDueIsNotAskedForItsPa
       << f.log;
   EXPECT_TRUE(contains(f.log, "ckpt-round-3.pt (round 3)")) << f.log;
   EXPECT_FALSE(contains(f.log, "has no actor")) << f.log;
+  // A removed worker never comes back, not even at a fragment boundary mid-round (the soak
+  // bench's log: "worker 1 does not join round N mid-round" every round after the removal).
+  EXPECT_FALSE(contains(f.log, "worker 1 does not join")) << f.log;
+  EXPECT_FALSE(contains(f.log, "worker 1 joined")) << f.log;
   ASSERT_EQ(f.metrics.size(), 6u);
+  EXPECT_EQ(f.metrics.at(4)["workers"], 2) << f.metrics.at(4);
   EXPECT_EQ(f.metrics.at(5)["workers"], 2) << f.metrics.at(5);
   EXPECT_TRUE(std::isfinite(f.metrics.at(5)["val_loss"].get<double>())) << f.metrics.at(5);
 }

@@ -73,6 +73,38 @@ TEST(DashboardViews, ACheckpointRecordIsOnTheTimelineWithItsRound) {
   EXPECT_EQ(h.timeline()[1].text, "");
 }
 
+// A worker lost and back on another node as the job went back to a checkpoint: the rounds'
+// worker counts do not change, and the aggregator's left and join records are what put it on the
+// timeline. A record and a change in the count for the same worker are one entry, the record's,
+// that names it.
+TEST(DashboardViews, JoinAndLeftRecordsAreOnTheTimelineOnceWhetherOrNotTheCountChanges) {
+  auto record = [](int64_t ms, const std::string& kind, const std::string& text, int64_t round) {
+    msgpack::sbuffer buf;
+    msgpack::pack(buf, std::make_tuple(text, round));
+    return JobEvent{std::to_string(ms) + "-0", kind, std::string(buf.data(), buf.size())};
+  };
+  JobHistory h;
+  h.add(report(1000, 5, {{"loss", 5}, {"workers", 4}}));
+  h.add(record(1200, "left", "worker 3 left: lost", 6));
+  h.add(record(1500, "join", "worker 3 joined at round 5 on h10", 5));
+  h.add(report(2000, 5, {{"loss", 4.9}, {"workers", 4}, {"redo", 1}}));
+  h.add(report(3000, 6, {{"loss", 4.8}, {"workers", 3}}));
+  h.add(record(3500, "join", "worker 2 joined at round 7 on h11", 7));
+  h.add(report(4000, 7, {{"loss", 4.7}, {"workers", 4}}));
+  h.add(report(5000, 8, {{"loss", 4.6}, {"workers", 5}}));
+  h.add(record(5500, "left", "worker 4 left: scaled down to 4", 9));
+  h.add(report(6000, 9, {{"loss", 4.5}, {"workers", 4}}));
+  std::vector<std::pair<std::string, std::string>> got;
+  for (const TimelineEntry& t : h.timeline()) got.emplace_back(t.kind, t.text);
+  EXPECT_EQ(got, (std::vector<std::pair<std::string, std::string>>{
+                     {"left", "round 6: worker 3 left: lost"},
+                     {"join", "round 5: worker 3 joined at round 5 on h10"},
+                     {"left", "1 left: 4 -> 3"},
+                     {"join", "round 7: worker 2 joined at round 7 on h11"},
+                     {"join", "1 joined: 4 -> 5"},
+                     {"left", "round 9: worker 4 left: scaled down to 4"}}));
+}
+
 JobEvent steps_record(int64_t ms, int64_t first, int n) {
   std::vector<JobProgress> steps;
   for (int i = 0; i < n; ++i) {
