@@ -480,6 +480,7 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
     for (const auto& call : c.calls) watched.push_back(&call);
     size_t ended = 0;
     while (!f.ready()) {
+      (void)tell_gone(c);
       if (round_over() || stop) return false;
       // Until f or one more of the round's calls ends, or a stop.
       ended = loco::wait(watched, ended + 1, Millis::max(), wake.get_token()).size();
@@ -505,6 +506,7 @@ void OuterAggregator::State::join_mid_round(StreamCalls& c) {
     t0 = now_s();
     if (spawn_slot(i)) break;
     (void)loco::wait(c.calls, c.calls.size(), kClusterPoll, wake.get_token());
+    (void)tell_gone(c);
     if (round_over() || stop) return;
   }
   Slot& s = slots[size_t(i)];

@@ -195,11 +195,66 @@ void OuterAggregator::State::settle_checkpoint() {
   record_checkpoint(*path, pc.round);
 }
 
+size_t OuterAggregator::State::tell_gone(StreamCalls& c) {
+  c.seen.resize(c.calls.size(), false);
+  size_t ended = 0;
+  for (size_t i = 0; i < c.calls.size(); ++i) {
+    if (!c.calls[i].ready()) continue;
+    ++ended;
+    if (c.seen[i]) continue;
+    c.seen[i] = true;
+    std::string why;
+    try {
+      (void)c.calls[i].get(kEndedCall);
+      continue;
+    } catch (const ActorDiedError& e) {
+      why = e.what();
+    } catch (const ActorNotFoundError& e) {
+      why = e.what();
+    } catch (const std::exception&) {
+      continue;  // it answered: it is alive, and its group knows what it did
+    }
+    // Died, or only its answer lost with a head that restarted (the actor still runs its round,
+    // and its peers must not drop it): the head's record of the actor tells.
+    const Slot& s = slots[size_t(c.members[i])];
+    try {
+      const ActorInfo info = rt.lookup(s.name);
+      if (info.state == ActorState::alive && s.handle && info.id == s.handle->id()) continue;
+    } catch (const ActorNotFoundError&) {
+    } catch (const std::exception&) {
+      continue;  // the head cannot tell now: the members' own windows judge
+    }
+    const MemberGone note{s.endpoints, "its actor died: " + why.substr(0, 300)};
+    for (size_t j = 0; j < c.calls.size(); ++j) {
+      if (j == i || c.calls[j].ready()) continue;
+      try {
+        worker(c.members[j]).tell(&InnerWorker::member_gone, note);
+      } catch (const std::exception& e) {
+        log_warn(job_id + ": telling worker " + std::to_string(c.members[j]) + " that worker " +
+                 std::to_string(c.members[i]) + " is gone: " + e.what());
+      }
+    }
+  }
+  return ended;
+}
+
+void OuterAggregator::State::await_stream(StreamCalls& c) {
+  std::vector<const FutureBase*> watched;
+  for (const auto& f : c.calls) watched.push_back(&f);
+  for (;;) {
+    const size_t ended = tell_gone(c);
+    if (ended == c.calls.size() || stop) return;
+    // Until one more ends, or a stop; past kInnerPhase, gather's own wait ends the round.
+    if (loco::wait(watched, ended + 1, kInnerPhase, wake.get_token()).size() <= ended) return;
+  }
+}
+
 OuterAggregator::State::RoundOutcome OuterAggregator::State::finish_stream(StreamCalls& c,
                                                                            double started) {
   const int64_t r = c.round;
   const std::vector<int>& members = c.members;
   join_mid_round(c);
+  await_stream(c);
   std::vector<Failure> errors;
   auto res = gather(c.calls, errors, kInnerPhase);
   const double seconds = now_s() - std::max(c.sent, started);

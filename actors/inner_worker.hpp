@@ -61,6 +61,11 @@ class InnerWorker {
   // ended (held up to kExchangeHold; `done` false when it has not). Concurrent.
   ExchangeFigures exchanged(uint64_t op);
   bool admit(AdmitRequest req);
+  // A member of this worker's groups is gone (its actor died: the aggregator heard it from the
+  // head): its endpoints, why. Every operation with it, the one in progress too, fails at once
+  // naming it, so that a streaming round goes on without it (collective::Communicator::
+  // peer_gone). Concurrent.
+  void member_gone(MemberGone gone);
   // The checkpoint a stream() call was asked for (StreamRequest::checkpoint, inner_state), of
   // the state after `round` rounds: waits (at most 300 s) until its files are written and
   // returns the outer checkpoint's path ("" when this member wrote its inner state only); fails

@@ -376,6 +376,15 @@ int64_t InnerWorker::progress(int64_t round) {
   return s_->desk.round == round ? s_->desk.reached : -1;
 }
 
+void InnerWorker::member_gone(MemberGone gone) {
+  if (gone.endpoints.size() > 64)
+    throw std::invalid_argument("member_gone: " + std::to_string(gone.endpoints.size()) +
+                                " endpoints, more than a member has ranks (64 at most)");
+  // The ranks and their communicators are made once, by the constructor.
+  for (Rank& k : s_->ranks)
+    for (const std::string& ep : gone.endpoints) k.comm->peer_gone(ep, gone.reason);
+}
+
 bool InnerWorker::admit(AdmitRequest req) {
   JoinDesk& d = s_->desk;
   std::lock_guard<std::mutex> lock(d.mu);

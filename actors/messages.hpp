@@ -82,6 +82,15 @@ struct AdmitRequest {
   MSGPACK_DEFINE(phase, round, step, name, endpoint)
 };
 
+// Aggregator -> the other members of a streaming round: a member's actor died (its call
+// failed with ActorDiedError: the head declared its node dead). Its endpoints (one per local
+// rank, as InnerWorker::endpoints gave them) and why.
+struct MemberGone {
+  std::vector<std::string> endpoints;
+  std::string reason;
+  MSGPACK_DEFINE(endpoints, reason)
+};
+
 // One inner step of a worker, as it went: for metrics.jsonl's "steps" and the dashboard.
 struct StepFigures {
   double loss = 0;       // the step's training loss (mean over the worker's ranks)

@@ -84,6 +84,7 @@ struct StreamCalls {
   // part's `member` is a slot. None: not asked.
   std::vector<EvalPart> eval;
   std::vector<Future<StreamResult>> calls;
+  std::vector<bool> seen;  // calls whose end tell_gone has looked at
   double sent = 0;  // now_s() when they went out
 };
 
@@ -304,6 +305,13 @@ struct OuterAggregator::State {
   // sync.mode streaming: a slot that can join does so while round c runs, at a fragment
   // boundary, its stream() call added to c (see the definition).
   void join_mid_round(StreamCalls& c);
+  // The round's calls that have ended. Each new one that failed because its actor died (the
+  // head restarts it or has dropped it: not a call whose answer a restarting head lost) is
+  // named to the members still in the round (InnerWorker::member_gone), so that they go on
+  // without it at once instead of waiting out an operation's entry window for it.
+  size_t tell_gone(StreamCalls& c);
+  // Until the round's calls have all ended (or kInnerPhase passes), telling as tell_gone does.
+  void await_stream(StreamCalls& c);
   std::optional<int64_t> admit_mid_round(const StreamCalls& c, const Slot& s,
                                          const std::string& why_not);
   Resources worker_resources();

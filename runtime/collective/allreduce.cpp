@@ -139,6 +139,10 @@ void Communicator::leave(const std::string& reason) {
 
 bool Communicator::has_left() const { return impl_->ws.leaving.load(std::memory_order_acquire); }
 
+void Communicator::peer_gone(const std::string& endpoint, const std::string& reason) {
+  impl_->ws.note_gone(endpoint, reason);
+}
+
 void Communicator::allreduce(const Group& group, std::span<float> data) {
   float* out = impl_->result_buffer(data.size());
   impl_->run(group, data.data(), out, data.size());

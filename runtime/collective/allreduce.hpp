@@ -131,6 +131,15 @@ class Communicator {
   // the operation's. Only the first call's reason is kept.
   void leave(const std::string& reason);
   bool has_left() const;
+  // The member at `endpoint` is gone for good, as one who knows says (a job's aggregator, told
+  // by the cluster's head that the member's node died): an operation that has it as a member
+  // fails within its poll interval with PeerLostError naming it, the one in progress too,
+  // instead of waiting out its entry window. A member behind NAT that dies before it enters an
+  // operation closes no connection of ours (its connection was to the relay), and its peers
+  // waited the whole window (60 s: the soak bench, issue 25). By endpoint, not name: a member
+  // that comes back under its name has a new one. Thread-safe, as leave(); the newest 1,024
+  // are kept.
+  void peer_gone(const std::string& endpoint, const std::string& reason);
 
  private:
   std::unique_ptr<detail::CommunicatorImpl> impl_;

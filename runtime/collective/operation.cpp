@@ -106,11 +106,19 @@ void Operation::keep_gaps() {
 }
 
 void Operation::check_leaving() const {
-  if (!ws_.leaving.load(std::memory_order_acquire)) return;
-  throw OpFailure{AbortKind::peer_lost, g_.members[me_].name,
-                  "member " + who(me_) + " left in round " + std::to_string(g_.round_id) + ": " +
-                      ws_.leave_reason,
-                  true};
+  if (ws_.leaving.load(std::memory_order_acquire))
+    throw OpFailure{AbortKind::peer_lost, g_.members[me_].name,
+                    "member " + who(me_) + " left in round " + std::to_string(g_.round_id) + ": " +
+                        ws_.leave_reason,
+                    true};
+  // A member said gone by Communicator::peer_gone: lost now, whatever its connections show.
+  for (int p = 0; p < k_; ++p) {
+    if (p == me_) continue;
+    if (auto why = ws_.gone_reason(ep(p)))
+      throw OpFailure{
+          AbortKind::peer_lost, g_.members[p].name,
+          "lost member " + who(p) + " in round " + std::to_string(g_.round_id) + ": " + *why, true};
+  }
 }
 
 void Operation::enqueue(int peer, const Header& h, Buffer payload, bool urgent) {
@@ -665,6 +673,22 @@ void Workspace::drop(const Message& m, const std::string& why) {
                escape_remote(m.sender), m.header.round_id, m.payload.size, why,
                held ? " (" + std::to_string(held) + " more dropped since the last such line)"
                     : std::string());
+}
+
+void Workspace::note_gone(const std::string& endpoint, const std::string& reason) {
+  std::lock_guard lock(gone_mu);
+  std::erase_if(gone, [&](const auto& g) { return g.first == endpoint; });
+  gone.emplace_back(endpoint, reason);
+  while (gone.size() > kMaxGonePeers) gone.pop_front();
+  any_gone.store(true, std::memory_order_release);
+}
+
+std::optional<std::string> Workspace::gone_reason(const std::string& endpoint) {
+  if (!any_gone.load(std::memory_order_acquire)) return std::nullopt;
+  std::lock_guard lock(gone_mu);
+  for (const auto& [ep, why] : gone)
+    if (ep == endpoint) return why;
+  return std::nullopt;
 }
 
 std::shared_ptr<Bytes> Workspace::send_buffer(size_t size) {

@@ -68,6 +68,8 @@ std::string seconds_str(Clock::duration d);
 // Bounds on the early messages a member keeps (Workspace::stash). kMaxStashBytes is the hard
 // cap, and the bound when Options::max_floats is not known; with it, held_bytes_bound().
 inline constexpr size_t kMaxStashBytes = size_t(1) << 30;
+// Communicator::peer_gone's endpoints kept (the newest).
+inline constexpr size_t kMaxGonePeers = 1024;
 inline constexpr size_t kMinStashBytes = size_t(16) << 20;
 inline constexpr size_t kMaxStashMessages = size_t(1) << 16;
 inline constexpr size_t kMaxStrangerStashBytes = size_t(64) << 20;
@@ -149,6 +151,13 @@ struct Workspace {
   // names this member lost to its peers. The reason is written before the flag.
   std::atomic<bool> leaving{false};
   std::string leave_reason;
+  // Communicator::peer_gone(): endpoints of members gone for good, with why, from any thread
+  // (the newest kMaxGonePeers). `any_gone` lets operations skip the lock until there is one.
+  void note_gone(const std::string& endpoint, const std::string& reason);
+  std::optional<std::string> gone_reason(const std::string& endpoint);
+  std::mutex gone_mu;
+  std::deque<std::pair<std::string, std::string>> gone;
+  std::atomic<bool> any_gone{false};
 };
 
 // Thrown inside an operation; carries what the other members should be told.
@@ -249,7 +258,8 @@ class Operation {
   void handle_abort(const Message& m);
   void check_liveness(Clock::time_point now);
   // This member has left (Communicator::leave): the operation fails, and its peers are told
-  // that this member is lost, so that they go on without it at once.
+  // that this member is lost, so that they go on without it at once. So does a member said
+  // gone (Communicator::peer_gone), naming that one.
   void check_leaving() const;
   std::chrono::milliseconds poll_budget(Clock::time_point now);
   bool done() const;

@@ -475,26 +475,70 @@ TEST(CollectiveLeave, AMemberThatLeavesMidOperationIsNamedLostByTheOthersAtOnce)
   EXPECT_THROW(m.comms[3]->allreduce(m.group({3}, 72, 0), std::span<float>(alone)), PeerLostError);
 }
 
+// Ready once `c` has sent its first message of an operation (its after_send hook).
+std::future<void> first_send(Communicator& c) {
+  auto sending = std::make_shared<std::promise<void>>();
+  auto once = std::make_shared<std::atomic<bool>>(false);
+  c.hooks().after_send = [sending, once](uint64_t) {
+    if (!once->exchange(true)) sending->set_value();
+  };
+  return sending->get_future();
+}
+
 TEST(CollectiveLeave, LeavingFromAnotherThreadEndsAWaitOnAnAbsentMember) {
   Members m(3, Transport::tcp, patient());
   std::vector<std::vector<float>> data;
   for (int r = 0; r < 2; ++r) data.push_back(make_data(6, r, 30000));
   // w2 is in the group but never calls; w1 leaves from this thread once its operation sends.
-  std::promise<void> sending;
-  std::atomic<bool> once{false};
-  m.comms[1]->hooks().after_send = [&](uint64_t) {
-    if (!once.exchange(true)) sending.set_value();
-  };
+  std::future<void> sending = first_send(*m.comms[1]);
   std::vector<std::exception_ptr> errors;
   std::vector<std::thread> threads = m.start_some(iota(3), 2, 80, data, errors);
-  const bool sent =
-      sending.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  const bool sent = sending.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
   m.comms[1]->leave("stopping");  // ends both operations, whatever happened
   for (auto& t : threads) t.join();
   ASSERT_TRUE(sent) << "w1 sent nothing in 30 s";
   // w0 learns it from w1's notice, not from w2's silence (60 s away).
   expect_error_naming<PeerLostError>(errors[0], "w1", "left in round 80: stopping");
   expect_error_naming<PeerLostError>(errors[1], "w1", "left in round 80: stopping");
+}
+
+// Communicator::peer_gone (the job's aggregator, told by the head that a member's node died):
+// the members waiting for one that never enters the operation (behind a relay, it closes no
+// connection of theirs) fail at once naming it, not after its 60 s entry window, and go on
+// without it. A member said gone by an endpoint it no longer has (it came back with a new one)
+// is not lost.
+TEST(CollectiveLeave, AMemberSaidGoneEndsTheOthersWaitForItAtOnce) {
+  Members m(3, Transport::tcp, patient());
+  std::vector<std::vector<float>> data;
+  for (int r = 0; r < 2; ++r) data.push_back(make_data(7, r, 30000));
+  // w2 is in the group but never calls.
+  std::future<void> sending = first_send(*m.comms[0]);
+  std::vector<std::exception_ptr> errors;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads = m.start_some(iota(3), 2, 90, data, errors);
+  const bool sent = sending.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  for (int r = 0; r < 2; ++r) m.comms[r]->peer_gone(m.comms[2]->endpoint(), "its node died");
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(sent) << "w0 sent nothing in 30 s";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  for (int r = 0; r < 2; ++r) expect_error_naming<PeerLostError>(errors[r], "w2", "its node died");
+  // The two go on as a group of two; an operation naming w2 at its old endpoint fails at once.
+  auto in = data;
+  rethrow_any(m.run({0, 1}, 91, data));
+  expect_mean(in, data, 4 * 1.2e-7);
+  m.comms[0]->hooks().after_send = nullptr;
+  errors.clear();
+  for (auto& t : m.start_some(iota(3), 2, 92, data, errors)) t.join();
+  for (int r = 0; r < 2; ++r)
+    expect_error_naming<PeerLostError>(errors[r], "w2", "in round 92: its node died");
+  // Said gone by an endpoint that is not w2's: the three finish.
+  Members n(3, Transport::tcp, patient());
+  for (int r = 0; r < 3; ++r) n.comms[r]->peer_gone("tcp://127.0.0.1:1", "another member");
+  std::vector<std::vector<float>> three;
+  for (int r = 0; r < 3; ++r) three.push_back(make_data(8, r, 30000));
+  auto three_in = three;
+  rethrow_any(n.run(iota(3), 93, three));
+  expect_mean(three_in, three, 4 * 1.2e-7);
 }
 
 TEST(AllreduceErrors, GroupWithoutThisCommunicatorIsRejected) {
