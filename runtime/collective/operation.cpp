@@ -112,6 +112,10 @@ void Operation::check_leaving() const {
                         ws_.leave_reason,
                     true};
   // A member said gone by Communicator::peer_gone: lost now, whatever its connections show.
+  // Looked up at the start and after each new call only (this runs every poll).
+  const uint64_t generation = ws_.gone_generation.load(std::memory_order_acquire);
+  if (generation == gone_seen_) return;
+  gone_seen_ = generation;
   for (int p = 0; p < k_; ++p) {
     if (p == me_) continue;
     if (auto why = ws_.gone_reason(ep(p)))
@@ -680,11 +684,10 @@ void Workspace::note_gone(const std::string& endpoint, const std::string& reason
   std::erase_if(gone, [&](const auto& g) { return g.first == endpoint; });
   gone.emplace_back(endpoint, reason);
   while (gone.size() > kMaxGonePeers) gone.pop_front();
-  any_gone.store(true, std::memory_order_release);
+  gone_generation.fetch_add(1, std::memory_order_release);
 }
 
 std::optional<std::string> Workspace::gone_reason(const std::string& endpoint) {
-  if (!any_gone.load(std::memory_order_acquire)) return std::nullopt;
   std::lock_guard lock(gone_mu);
   for (const auto& [ep, why] : gone)
     if (ep == endpoint) return why;

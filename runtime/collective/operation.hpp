@@ -152,12 +152,13 @@ struct Workspace {
   std::atomic<bool> leaving{false};
   std::string leave_reason;
   // Communicator::peer_gone(): endpoints of members gone for good, with why, from any thread
-  // (the newest kMaxGonePeers). `any_gone` lets operations skip the lock until there is one.
+  // (the newest kMaxGonePeers). `gone_generation` counts the calls, so that an operation looks
+  // its peers up again only after a new one.
   void note_gone(const std::string& endpoint, const std::string& reason);
   std::optional<std::string> gone_reason(const std::string& endpoint);
   std::mutex gone_mu;
   std::deque<std::pair<std::string, std::string>> gone;
-  std::atomic<bool> any_gone{false};
+  std::atomic<uint64_t> gone_generation{0};
 };
 
 // Thrown inside an operation; carries what the other members should be told.
@@ -261,6 +262,7 @@ class Operation {
   // that this member is lost, so that they go on without it at once. So does a member said
   // gone (Communicator::peer_gone), naming that one.
   void check_leaving() const;
+  mutable uint64_t gone_seen_ = 0;  // Workspace::gone_generation at check_leaving's last look
   std::chrono::milliseconds poll_budget(Clock::time_point now);
   bool done() const;
 
