@@ -4,6 +4,7 @@
 // next round's inner steps (settle_checkpoint).
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "actors/outer_aggregator_state.hpp"
 
@@ -41,6 +42,8 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::stream_round(
   if (o.kind != RoundOutcome::Kind::completed) {
     log("round " + std::to_string(r + 1) +
         " failed with synchronizations in flight; the job goes back to " + resume_point());
+    give_up_sent(calls, "round " + std::to_string(r + 1) + " failed (" + o.why.substr(0, 300) +
+                            "); the job goes back to " + resume_point());
     return o;
   }
   ahead_since = o.results_in;  // a round sent ahead began on the members then
@@ -211,8 +214,13 @@ size_t OuterAggregator::State::tell_gone(StreamCalls& c) {
       why = e.what();
     } catch (const ActorNotFoundError& e) {
       why = e.what();
-    } catch (const std::exception&) {
-      continue;  // it answered: it is alive, and its group knows what it did
+    } catch (const std::exception& e) {
+      // It answered: it is alive, and its group knows what it did. Holding a θ of its own, it
+      // sends the job back (after_overlapped_round), whatever the others do now.
+      if (!c.failed)
+        c.failed = "worker " + std::to_string(c.members[i]) + " failed round " +
+                   std::to_string(c.round + 1) + ": " + std::string(e.what()).substr(0, 300);
+      continue;
     }
     // Died, or only its answer lost with a head that restarted (the actor still runs its round,
     // and its peers must not drop it): the head's record of the actor tells.
@@ -238,11 +246,46 @@ size_t OuterAggregator::State::tell_gone(StreamCalls& c) {
   return ended;
 }
 
+void OuterAggregator::State::give_up_sent(StreamCalls& failed, const std::string& why) {
+  if (std::exchange(failed.given_up, true)) {
+    ahead.reset();
+    return;
+  }
+  const RoundsGivenUp note{last_op_id + 1, why};
+  std::vector<int> told;
+  auto tell = [&](const StreamCalls& c) {
+    for (size_t i = 0; i < c.calls.size(); ++i) {
+      const int m = c.members[i];
+      if (c.calls[i].ready() || std::find(told.begin(), told.end(), m) != told.end()) continue;
+      told.push_back(m);
+      try {
+        worker(m).tell(&InnerWorker::give_up, note);
+      } catch (const std::exception& e) {
+        log_warn(job_id + ": telling worker " + std::to_string(m) + " to give up round " +
+                 std::to_string(c.round + 1) + ": " + e.what());
+      }
+    }
+  };
+  tell(failed);
+  if (ahead) tell(*ahead);
+  if (!told.empty()) {
+    std::sort(told.begin(), told.end());
+    std::string who;
+    for (int m : told) who += (who.empty() ? "" : ", ") + std::to_string(m);
+    log("round " + std::to_string(failed.round + 1) +
+        (ahead ? " and round " + std::to_string(ahead->round + 1) + " (sent ahead)" : "") +
+        " given up on workers " + who + ", who end them at once: " + why);
+  }
+  ahead.reset();
+}
+
 void OuterAggregator::State::await_stream(StreamCalls& c) {
   std::vector<const FutureBase*> watched;
   for (const auto& f : c.calls) watched.push_back(&f);
   for (;;) {
     const size_t ended = tell_gone(c);
+    if (c.failed && !c.given_up)
+      give_up_sent(c, *c.failed + "; the job goes back to " + resume_point());
     if (ended == c.calls.size() || stop) return;
     // Until one more ends, or a stop; past kInnerPhase, gather's own wait ends the round.
     if (loco::wait(watched, ended + 1, kInnerPhase, wake.get_token()).size() <= ended) return;

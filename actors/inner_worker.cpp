@@ -626,6 +626,7 @@ LOCO_REGISTER(InnerWorker,
                   .concurrent_method("exchanged", &InnerWorker::exchanged)
                   .concurrent_method("admit", &InnerWorker::admit)
                   .concurrent_method("member_gone", &InnerWorker::member_gone)
+                  .concurrent_method("give_up", &InnerWorker::give_up)
                   .concurrent_method("checkpoint_written", &InnerWorker::checkpoint_written)
                   .concurrent_method("evaluation", &InnerWorker::evaluation));
 

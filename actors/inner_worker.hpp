@@ -66,6 +66,12 @@ class InnerWorker {
   // naming it, so that a streaming round goes on without it (collective::Communicator::
   // peer_gone). Concurrent.
   void member_gone(MemberGone gone);
+  // The aggregator gave up the rounds it had sent this worker whose operations are below
+  // `below_op` (it sends the job back to a checkpoint): each of their operations, the one in
+  // progress too, fails at once, so that a stream() call of such a round ends within its next
+  // synchronization instead of waiting out the entry window of a member that had failed the
+  // round before (collective::Communicator::give_up_below). Concurrent.
+  void give_up(RoundsGivenUp given_up);
   // The checkpoint a stream() call was asked for (StreamRequest::checkpoint, inner_state), of
   // the state after `round` rounds: waits (at most 300 s) until its files are written and
   // returns the outer checkpoint's path ("" when this member wrote its inner state only); fails

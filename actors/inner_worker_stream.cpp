@@ -1,6 +1,7 @@
-#include "actors/inner_worker_state.hpp"
-
 #include <chrono>
+
+#include "actors/inner_worker_state.hpp"
+#include "runtime/core/remote_input.hpp"
 
 namespace loco::actors {
 
@@ -383,6 +384,16 @@ void InnerWorker::member_gone(MemberGone gone) {
   // The ranks and their communicators are made once, by the constructor.
   for (Rank& k : s_->ranks)
     for (const std::string& ep : gone.endpoints) k.comm->peer_gone(ep, gone.reason);
+}
+
+void InnerWorker::give_up(RoundsGivenUp given_up) {
+  // Operation ids are the aggregator's microsecond clock: far below 2^62, whose collective
+  // round ids (2 op, 2 op + 1) do not wrap.
+  if (given_up.below_op > (uint64_t(1) << 62))
+    throw std::invalid_argument("give_up: operation id " + std::to_string(given_up.below_op) +
+                                " is out of range");
+  const std::string why = escape_remote(given_up.reason, 500);
+  for (Rank& k : s_->ranks) k.comm->give_up_below(dl::summary_round(given_up.below_op), why);
 }
 
 bool InnerWorker::admit(AdmitRequest req) {

@@ -91,6 +91,15 @@ struct MemberGone {
   MSGPACK_DEFINE(endpoints, reason)
 };
 
+// Aggregator -> the members of a streaming job it sends back to a checkpoint while they still
+// run rounds it had sent them (one sent ahead, or one whose calls outlived the round's wait):
+// every operation of those rounds, which are all below `below_op`, is given up, and why.
+struct RoundsGivenUp {
+  uint64_t below_op = 0;
+  std::string reason;
+  MSGPACK_DEFINE(below_op, reason)
+};
+
 // One inner step of a worker, as it went: for metrics.jsonl's "steps" and the dashboard.
 struct StepFigures {
   double loss = 0;       // the step's training loss (mean over the worker's ranks)

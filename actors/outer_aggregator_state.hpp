@@ -85,6 +85,11 @@ struct StreamCalls {
   std::vector<EvalPart> eval;
   std::vector<Future<StreamResult>> calls;
   std::vector<bool> seen;  // calls whose end tell_gone has looked at
+  // The first member that answered with an error (alive, so the round goes back: round_
+  // decisions' after_overlapped_round), as tell_gone saw it; and whether the members still
+  // running were told to give the round up (give_up_sent).
+  std::optional<std::string> failed;
+  bool given_up = false;
   double sent = 0;  // now_s() when they went out
 };
 
@@ -308,10 +313,17 @@ struct OuterAggregator::State {
   // The round's calls that have ended. Each new one that failed because its actor died (the
   // head restarts it or has dropped it: not a call whose answer a restarting head lost) is
   // named to the members still in the round (InnerWorker::member_gone), so that they go on
-  // without it at once instead of waiting out an operation's entry window for it.
+  // without it at once instead of waiting out an operation's entry window for it. The first
+  // that answered with an error is kept (StreamCalls::failed).
   size_t tell_gone(StreamCalls& c);
   // Until the round's calls have all ended (or kInnerPhase passes), telling as tell_gone does.
   void await_stream(StreamCalls& c);
+  // A streaming round failed, or will (a member answered with an error): the job goes back.
+  // The members still running it, or the round sent ahead behind it, are told to give them up
+  // (InnerWorker::give_up), once, and the round sent ahead is dropped. Without it they went on
+  // with the round, then the one sent ahead, and each operation waited out the entry window
+  // of the member that had failed, before the aggregator could reach them (minutes).
+  void give_up_sent(StreamCalls& failed, const std::string& why);
   std::optional<int64_t> admit_mid_round(const StreamCalls& c, const Slot& s,
                                          const std::string& why_not);
   Resources worker_resources();

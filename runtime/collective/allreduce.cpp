@@ -143,6 +143,10 @@ void Communicator::peer_gone(const std::string& endpoint, const std::string& rea
   impl_->ws.note_gone(endpoint, reason);
 }
 
+void Communicator::give_up_below(uint64_t round_id, const std::string& reason) {
+  impl_->ws.give_up_below(round_id, reason);
+}
+
 void Communicator::allreduce(const Group& group, std::span<float> data) {
   float* out = impl_->result_buffer(data.size());
   impl_->run(group, data.data(), out, data.size());

@@ -140,6 +140,14 @@ class Communicator {
   // that comes back under its name has a new one. Thread-safe, as leave(); the newest 1,024
   // are kept.
   void peer_gone(const std::string& endpoint, const std::string& reason);
+  // Every operation whose round id is below `round_id` is given up, as whoever planned them
+  // says (a job's aggregator that sends its job back to a checkpoint while the members still
+  // run a round it sent ahead): the one in progress fails within its poll interval, and one
+  // begun later at once, with CollectiveError naming `reason`; later round ids are not
+  // touched. Without it, members that went on into a round that some member had already
+  // failed waited out that member's entry window in each of the round's operations (minutes:
+  // the soak bench's calibration, 2026-11-29). Thread-safe, as leave(); the bound only rises.
+  void give_up_below(uint64_t round_id, const std::string& reason);
 
  private:
   std::unique_ptr<detail::CommunicatorImpl> impl_;

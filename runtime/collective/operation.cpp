@@ -111,6 +111,15 @@ void Operation::check_leaving() const {
                     "member " + who(me_) + " left in round " + std::to_string(g_.round_id) + ": " +
                         ws_.leave_reason,
                     true};
+  if (g_.round_id < ws_.given_up_below.load(std::memory_order_acquire)) {
+    std::string why;
+    {
+      std::lock_guard lock(ws_.gone_mu);
+      why = ws_.given_up_reason;
+    }
+    throw OpFailure{AbortKind::error, "",
+                    "round " + std::to_string(g_.round_id) + " was given up: " + why, true};
+  }
   // A member said gone by Communicator::peer_gone: lost now, whatever its connections show.
   // Looked up at the start and after each new call only (this runs every poll).
   const uint64_t generation = ws_.gone_generation.load(std::memory_order_acquire);
@@ -685,6 +694,13 @@ void Workspace::note_gone(const std::string& endpoint, const std::string& reason
   gone.emplace_back(endpoint, reason);
   while (gone.size() > kMaxGonePeers) gone.pop_front();
   gone_generation.fetch_add(1, std::memory_order_release);
+}
+
+void Workspace::give_up_below(uint64_t round_id, const std::string& reason) {
+  std::lock_guard lock(gone_mu);
+  if (round_id <= given_up_below.load(std::memory_order_relaxed)) return;
+  given_up_reason = reason;
+  given_up_below.store(round_id, std::memory_order_release);
 }
 
 std::optional<std::string> Workspace::gone_reason(const std::string& endpoint) {

@@ -159,6 +159,11 @@ struct Workspace {
   std::mutex gone_mu;
   std::deque<std::pair<std::string, std::string>> gone;
   std::atomic<uint64_t> gone_generation{0};
+  // Communicator::give_up_below(): operations below this round id fail (0: none), with why
+  // (under gone_mu).
+  void give_up_below(uint64_t round_id, const std::string& reason);
+  std::atomic<uint64_t> given_up_below{0};
+  std::string given_up_reason;
 };
 
 // Thrown inside an operation; carries what the other members should be told.
@@ -260,7 +265,8 @@ class Operation {
   void check_liveness(Clock::time_point now);
   // This member has left (Communicator::leave): the operation fails, and its peers are told
   // that this member is lost, so that they go on without it at once. So does a member said
-  // gone (Communicator::peer_gone), naming that one.
+  // gone (Communicator::peer_gone), naming that one; and one whose round was given up
+  // (Communicator::give_up_below).
   void check_leaving() const;
   mutable uint64_t gone_seen_ = 0;  // Workspace::gone_generation at check_leaving's last look
   std::chrono::milliseconds poll_budget(Clock::time_point now);

@@ -394,6 +394,46 @@ TEST_F(Elastic, StreamingNodeSigtermedMidRoundItsWorkerLeavesAndTheSurvivorsFini
   survivors_finish_the_fragments(job(3, 2, 5), dir_, "worker=1,round=3,at=stream,signal=term");
 }
 
+// Streaming: a worker fails round 3 alive (its stream() throws as it starts fragment 1's
+// average), while the others run that fragment and have round 4 waiting behind it (sent
+// ahead). Its error sends the job back to round 2's checkpoint whatever the others do, so the
+// aggregator tells them at once to give both rounds up (InnerWorker::give_up). Before, they
+// waited for the failed member through fragment 1's entry window, then through each fragment
+// of round 4, before the aggregator could reach them: with the window at 120 s, minutes (the
+// soak bench's calibration stalled so, 2026-11-29). The job's wait here is shorter than one
+// window.
+TEST_F(Elastic, StreamingWorkerThatFailsARoundAliveTheOthersGiveItAndTheRoundSentAheadUpAtOnce) {
+  TestJob j = job(3, 3, 5);
+  j.checkpoint_every = 2;
+  j.eval_every = 1000;  // so that round 4 is sent ahead, behind round 3
+  j.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  const std::string fault_log = dir_ + "/fault.log";
+  ScopedEnv env("LOCO_FAULT", "worker=1,round=3,at=fragment_fail");
+  ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
+  LocalCluster c(with_fault_injection(one_worker_per_node(3)));
+  Client client(c.head_address());
+  JobHandle handle =
+      client.submit(JobSpec::from_yaml(j.yaml() + "allreduce: {entry_timeout_s: 120}\n"));
+  JobInfo end = handle.wait(Millis(100000));
+  const std::string log = log_text(handle);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  EXPECT_TRUE(fs::exists(fault_log)) << "the fault was not injected";
+  EXPECT_TRUE(contains(log, "round 2: sent right behind round 1")) << log;
+  EXPECT_FALSE(contains(log, "round 4: not sent ahead")) << log;
+  // Worker 1 too when its own call of round 4 had not ended yet (it fails at once anyway).
+  EXPECT_TRUE(std::regex_search(log, std::regex("round 3 and round 4 \\(sent ahead\\) given up on "
+                                                "workers 0, (1, )?2, who end them at once: "
+                                                "worker 1 failed round 3: ")))
+      << log;
+  EXPECT_TRUE(contains(log, "injected fault: worker 1 fails fragment 1 of round 3")) << log;
+  EXPECT_TRUE(contains(log, "; the job goes back to its")) << log;
+  // Each round once in metrics.jsonl, the redone ones with all three workers.
+  const std::string folder = dir_ + "/ckpt/" + handle.id();
+  EXPECT_EQ(expect_each_round_once(folder + "/metrics.jsonl"), 5);
+  for (const std::string& l : jsonl(folder + "/metrics.jsonl"))
+    EXPECT_EQ(actors::json_field(l, "workers"), "3") << l;
+}
+
 // A worker that stops making progress while its node still answers heartbeats (an injected
 // 12 s stall in round 3): with workers.grace_max_s the round closes once the other two have
 // reported and the grace window has passed, the job goes on without it, and when its stall

@@ -13,6 +13,10 @@
 //                                steps, its node still answering heartbeats (stuck, not dead)
 //   worker=I,round=R,at=after_allreduce     worker I's reduce of round R throws once after
 //                                its all-reduce returned (the others took their outer step)
+//   worker=I,round=R,at=fragment_fail   worker I's stream() of round R throws once as it
+//                                starts fragment 1's average, fragment 0's still in flight: a
+//                                member that fails a streaming round alive, the others in it
+//                                and in the round sent ahead behind it
 //   worker=I,delay_ms=D          worker I sleeps D ms after each of its inner steps, in every
 //                                round (a slower worker); no `at` needed
 //   worker=I,round=R,at=diverge  worker I's inner loss reads NaN at step H/2 of round R (as a
@@ -145,6 +149,12 @@ class FaultInjection : public actors::RoundHooks {
                                    std::to_string(c.round + 1));
         return;
       case RoundPoint::pseudo_gradient:
+        if (c.step == 1 && std::string_view(c.method) == "stream" && hits(c, "fragment_fail") &&
+            !fired_.exchange(true)) {
+          log_moment();
+          throw std::runtime_error("injected fault: worker " + std::to_string(c.worker) +
+                                   " fails fragment 1 of round " + std::to_string(c.round + 1));
+        }
         if (plan_.corrupt && corrupts(c.round + 1))
           diloco::guard::corrupt(c.delta, *plan_.corrupt,
                                  (uint64_t(c.round) << 32) ^ (uint64_t(c.step) << 16) ^
@@ -170,7 +180,7 @@ class FaultInjection : public actors::RoundHooks {
   }
 
   const FaultPlan plan_;
-  std::atomic<bool> fired_{false};  // at=after_allreduce throws once per process
+  std::atomic<bool> fired_{false};  // at=after_allreduce, fragment_fail: once per process
 };
 
 [[maybe_unused]] const bool installed = [] {
