@@ -253,20 +253,17 @@ struct CheckpointRecord {
   MSGPACK_DEFINE(path, round, codec, tokens)
 };
 
-// compression auto changed the codec (event kind kCodecRecord): what the log says, and the round
-// (1-based) it is for; the dashboard's timeline shows it.
-inline constexpr const char* kCodecRecord = diloco::schema::record::kCodec;
-struct CodecRecord {
+// A line of the job's log that the dashboard's timeline shows, with the round (1-based) it is
+// for, recorded under one of these event kinds: compression auto changed the codec
+// (kCodecRecord); a worker joined after the job's start (kJoinRecord; not a rewind's reload on
+// the same node); a worker left the job (kLeftRecord).
+struct LineRecord {
   std::string text;
   int64_t round = 0;
   MSGPACK_DEFINE(text, round)
 };
-
-// A worker joined the job after its start (event kind kJoinRecord, a CodecRecord's form): the
-// log's line and the round it joined; the dashboard's timeline shows it.
+inline constexpr const char* kCodecRecord = diloco::schema::record::kCodec;
 inline constexpr const char* kJoinRecord = diloco::schema::record::kJoin;
-using JoinRecord = CodecRecord;
-// A worker left the job (event kind kLeftRecord, the same form): the log's line and the round.
 inline constexpr const char* kLeftRecord = diloco::schema::record::kLeft;
 
 // What a job's actor does first. It exists only inside the job the head created it for: the

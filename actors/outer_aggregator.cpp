@@ -173,7 +173,7 @@ void OuterAggregator::State::log_left(const std::string& line) {
 
 void OuterAggregator::State::record_line(const char* kind, const std::string& line, int64_t r) {
   msgpack::sbuffer b;
-  msgpack::pack(b, JoinRecord{line, r});
+  msgpack::pack(b, LineRecord{line, r});
   publish(
       [this, kind, data = std::string(b.data(), b.size())] { rt.job_record(job_id, kind, data); });
 }

@@ -36,10 +36,10 @@ namespace record {
 inline constexpr char kSteps[] = "steps";
 // A checkpoint the job wrote: msgpack of [path, round].
 inline constexpr char kCheckpoint[] = "checkpoint";
-// compression auto's change of codec: msgpack [text, round] (actors/messages.hpp CodecRecord).
+// compression auto's change of codec: msgpack [text, round] (actors/messages.hpp LineRecord).
 inline constexpr char kCodec[] = "codec";
 // A worker joined after the job's start (not a rewind's reload on the same node): msgpack
-// [text, round] (actors/messages.hpp JoinRecord).
+// [text, round], as kCodec's.
 inline constexpr char kJoin[] = "join";
 // A worker left the job (lost, failed, scaled down or removed by the guard): msgpack
 // [text, round], as kJoin's.

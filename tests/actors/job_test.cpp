@@ -293,7 +293,7 @@ TEST_P(AutoCodecParity, TheSimulatorReplaysTheJobsCodecsBitForBit) {
   for (size_t i = 1; i < codecs.size(); ++i) changes += codecs[i] != codecs[i - 1];
   for (const JobEvent& e : client.runtime().job_events(handle.id(), "", 1000).events)
     if (e.kind == actors::kCodecRecord) {
-      const auto rec = unpack_checked<actors::CodecRecord>(e.data, "a codec record");
+      const auto rec = unpack_checked<actors::LineRecord>(e.data, "a codec record");
       EXPECT_NE(rec.text.find(" → "), std::string::npos) << rec.text;
       EXPECT_GE(rec.round, 2);
       ++records;
