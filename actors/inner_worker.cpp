@@ -155,6 +155,12 @@ InitResult InnerWorker::init(WorkerInit init) {
   InitResult out;
   s_->drain();  // fragments of a round that is being redone or rewound
   s_->engine.reset();  // over the ranks' trainers and outer states, which are made anew
+  // The state a joiner copies (join_state) is kept per round number; once the job went back,
+  // the same round number comes again with another θ. Served from before the rewind, it gave
+  // a joiner the undone rounds' θ (the 30-minute soak, 2026-11-29: "round 8: worker 5 holds a
+  // different θ", its donor's copy made for round 8 before a rewind to round 4).
+  s_->shared_state.reset();
+  s_->shared_state_round = -1;
   s_->index = init.index;
   // A job resumed from a checkpoint continues each worker from its own inner
   // state (exactly); a worker that joins a live job takes a new data stream and

@@ -117,7 +117,8 @@ struct InnerWorker::State {
   std::atomic<bool> stopping{false};
   InnerResult last_inner;
   uint64_t stream = 0;
-  std::shared_ptr<const std::string> shared_state;  // see join_state()
+  // See join_state(): of the outer state at shared_state_round; init() drops it.
+  std::shared_ptr<const std::string> shared_state;
   int64_t shared_state_round = -1;
   torch::Tensor val_windows;
   dl::DeviceChoice device;  // from the job's `device` and the GPUs the head gave this actor
