@@ -247,34 +247,29 @@ size_t OuterAggregator::State::tell_gone(StreamCalls& c) {
 }
 
 void OuterAggregator::State::give_up_sent(StreamCalls& failed, const std::string& why) {
-  if (std::exchange(failed.given_up, true)) {
-    ahead.reset();
-    return;
-  }
-  const RoundsGivenUp note{last_op_id + 1, why};
-  std::vector<int> told;
-  auto tell = [&](const StreamCalls& c) {
-    for (size_t i = 0; i < c.calls.size(); ++i) {
-      const int m = c.members[i];
-      if (c.calls[i].ready() || std::find(told.begin(), told.end(), m) != told.end()) continue;
-      told.push_back(m);
-      try {
-        worker(m).tell(&InnerWorker::give_up, note);
-      } catch (const std::exception& e) {
-        log_warn(job_id + ": telling worker " + std::to_string(m) + " to give up round " +
-                 std::to_string(c.round + 1) + ": " + e.what());
+  if (!std::exchange(failed.given_up, true)) {
+    const RoundsGivenUp note{last_op_id + 1, why};
+    std::vector<int> told;
+    auto tell = [&](const StreamCalls& c) {
+      for (size_t i = 0; i < c.calls.size(); ++i) {
+        const int m = c.members[i];
+        if (c.calls[i].ready() || std::find(told.begin(), told.end(), m) != told.end()) continue;
+        told.push_back(m);
+        try {
+          worker(m).tell(&InnerWorker::give_up, note);
+        } catch (const std::exception& e) {
+          log_warn(job_id + ": telling worker " + std::to_string(m) + " to give up round " +
+                   std::to_string(c.round + 1) + ": " + e.what());
+        }
       }
-    }
-  };
-  tell(failed);
-  if (ahead) tell(*ahead);
-  if (!told.empty()) {
+    };
+    tell(failed);
+    if (ahead) tell(*ahead);
     std::sort(told.begin(), told.end());
-    std::string who;
-    for (int m : told) who += (who.empty() ? "" : ", ") + std::to_string(m);
-    log("round " + std::to_string(failed.round + 1) +
-        (ahead ? " and round " + std::to_string(ahead->round + 1) + " (sent ahead)" : "") +
-        " given up on workers " + who + ", who end them at once: " + why);
+    if (!told.empty())
+      log("round " + std::to_string(failed.round + 1) +
+          (ahead ? " and round " + std::to_string(ahead->round + 1) + " (sent ahead)" : "") +
+          " given up on workers " + join_ints(told) + ", who end them at once: " + why);
   }
   ahead.reset();
 }

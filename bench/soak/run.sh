@@ -187,8 +187,9 @@ for h in 2 3 4 5 6 7 8; do start_node "$h"; done
 for _ in $(seq 1 300); do [ "$(alive_nodes)" -ge 7 ] && break; sleep 0.2; done
 [ "$(alive_nodes)" -ge 7 ] || fail "7 nodes did not join: $("$LOCO_BIN/loco" status --address "$HEAD" | head -12)"
 # The straggler: the record's h8 at a third of the others' quota. Not in the smoke, whose five
-# minutes it would spend on a few rounds (a throttled node's worker runs 10 to 50 times slower
-# than the others, not 3: decision 0054).
+# minutes it would spend on a few rounds (with the smoke's tiny GPT, whose messaging weighs as
+# much as its steps, a throttled node's worker runs 10 to 50 times slower than the others; with
+# the llama 3.5 times: decision 0054).
 if [ "$STRAGGLER" = 1 ]; then
   quota 8 "$(awk -v f="$FAST" 'BEGIN {print f / 3}')"
   say "7 nodes alive (h8 now at a third of the others' CPU):"
