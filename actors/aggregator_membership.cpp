@@ -298,6 +298,7 @@ void OuterAggregator::State::stop_slot(int i) {
 void OuterAggregator::State::release(int i, const std::string& why) {
   slots[size_t(i)].active = false;
   slots[size_t(i)].left = true;
+  leave_dropped(i);
   log_left("worker " + std::to_string(i) + " left: " + why);
 }
 

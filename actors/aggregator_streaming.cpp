@@ -215,6 +215,8 @@ size_t OuterAggregator::State::tell_gone(StreamCalls& c) {
     } catch (const ActorNotFoundError& e) {
       why = e.what();
     } catch (const std::exception& e) {
+      // Dropped from the round, it left it as told: no news.
+      if (dropped_in(c, c.members[i])) continue;
       // It answered: it is alive, and its group knows what it did. Holding a θ of its own, it
       // sends the job back (after_overlapped_round), whatever the others do now.
       if (!c.failed)
@@ -222,28 +224,66 @@ size_t OuterAggregator::State::tell_gone(StreamCalls& c) {
                    std::to_string(c.round + 1) + ": " + std::string(e.what()).substr(0, 300);
       continue;
     }
-    // Died, or only its answer lost with a head that restarted (the actor still runs its round,
-    // and its peers must not drop it): the head's record of the actor tells.
-    const Slot& s = slots[size_t(c.members[i])];
-    try {
-      const ActorInfo info = rt.lookup(s.name);
-      if (info.state == ActorState::alive && s.handle && info.id == s.handle->id()) continue;
-    } catch (const ActorNotFoundError&) {
-    } catch (const std::exception&) {
-      continue;  // the head cannot tell now: the members' own windows judge
-    }
-    const MemberGone note{s.endpoints, "its actor died: " + why.substr(0, 300)};
-    for (size_t j = 0; j < c.calls.size(); ++j) {
-      if (j == i || c.calls[j].ready()) continue;
-      try {
-        worker(c.members[j]).tell(&InnerWorker::member_gone, note);
-      } catch (const std::exception& e) {
-        log_warn(job_id + ": telling worker " + std::to_string(c.members[j]) + " that worker " +
-                 std::to_string(c.members[i]) + " is gone: " + e.what());
-      }
-    }
+    drop_from_sent(c, i, why.substr(0, 300));
   }
   return ended;
+}
+
+void OuterAggregator::State::drop_from_sent(StreamCalls& c, size_t i, const std::string& why) {
+  const int w = c.members[i];
+  Slot& s = slots[size_t(w)];
+  const uint64_t below = last_op_id + 1;
+  if (s.dropped_below_op >= below) return;
+  s.dropped_below_op = below;
+  // Died, or only its answer lost with a head that restarted (its actor still runs): the
+  // head's record of the actor tells, where the head can be asked now.
+  std::string state = "the head cannot tell whether its actor still runs";
+  try {
+    const ActorInfo info = rt.lookup(s.name);
+    state = info.state == ActorState::alive && s.handle && info.id == s.handle->id()
+                ? "its actor still runs (the call's answer was lost)"
+                : "its actor died";
+  } catch (const ActorNotFoundError&) {
+    state = "its actor died";
+  } catch (const std::exception&) {
+  }
+  const std::string reason = state + ": " + why;
+  const MemberGone note{s.endpoints, reason, below};
+  std::vector<int> told;
+  auto tell = [&](const StreamCalls& calls) {
+    for (size_t j = 0; j < calls.calls.size(); ++j) {
+      const int m = calls.members[j];
+      if (m == w || calls.calls[j].ready() || std::find(told.begin(), told.end(), m) != told.end())
+        continue;
+      told.push_back(m);
+      try {
+        worker(m).tell(&InnerWorker::member_gone, note);
+      } catch (const std::exception& e) {
+        log_warn(job_id + ": telling worker " + std::to_string(m) + " that worker " +
+                 std::to_string(w) + " is gone: " + e.what());
+      }
+    }
+  };
+  tell(c);
+  if (ahead && ahead->round != c.round) tell(*ahead);
+  leave_dropped(w);
+  std::sort(told.begin(), told.end());
+  log("worker " + std::to_string(w) + " dropped from round " + std::to_string(c.round + 1) +
+      (ahead && ahead->round != c.round
+           ? " and round " + std::to_string(ahead->round + 1) + " (sent ahead)"
+           : "") +
+      (told.empty() ? "" : "; workers " + join_ints(told) + " finish without it") + ": " + reason);
+}
+
+void OuterAggregator::State::leave_dropped(int w) {
+  const Slot& s = slots[size_t(w)];
+  if (s.dropped_below_op == 0 || !s.handle) return;
+  try {
+    s.handle->tell(&InnerWorker::give_up,
+                   RoundsGivenUp{s.dropped_below_op, "the aggregator lost its answer", true});
+  } catch (const std::exception&) {
+    // Not reachable now (a head restarting): told again as the round ends (release).
+  }
 }
 
 void OuterAggregator::State::give_up_sent(StreamCalls& failed, const std::string& why) {
@@ -295,6 +335,17 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::finish_stream(Strea
   await_stream(c);
   std::vector<Failure> errors;
   auto res = gather(c.calls, errors, kInnerPhase);
+  // A member dropped from the round is lost to it, whatever it answered (the others were told
+  // to finish without it).
+  for (size_t i = 0; i < members.size(); ++i)
+    if (dropped_in(c, members[i])) {
+      if (res[i] || !errors[i].gone)
+        errors[i] = Failure{
+            "dropped from the round: " +
+                (res[i] ? std::string("its answer came after the drop") : errors[i].message),
+            true};
+      res[i].reset();
+    }
   const double seconds = now_s() - std::max(c.sent, started);
   std::vector<MemberOutcome> outcomes;
   for (size_t i = 0; i < members.size(); ++i) {

@@ -61,16 +61,17 @@ class InnerWorker {
   // ended (held up to kExchangeHold; `done` false when it has not). Concurrent.
   ExchangeFigures exchanged(uint64_t op);
   bool admit(AdmitRequest req);
-  // A member of this worker's groups is gone (its actor died: the aggregator heard it from the
-  // head): its endpoints, why. Every operation with it, the one in progress too, fails at once
-  // naming it, so that a streaming round goes on without it (collective::Communicator::
-  // peer_gone). Concurrent.
+  // A member of this worker's groups is gone (its actor died, or the aggregator lost its
+  // call's answer): its endpoints, why, and from which operations (below `below_op`; 0: all).
+  // Every such operation with it, the one in progress too, fails at once naming it, so that a
+  // streaming round goes on without it (collective::Communicator::peer_gone). Concurrent.
   void member_gone(MemberGone gone);
   // The aggregator gave up the rounds it had sent this worker whose operations are below
   // `below_op` (it sends the job back to a checkpoint): each of their operations, the one in
   // progress too, fails at once, so that a stream() call of such a round ends within its next
   // synchronization instead of waiting out the entry window of a member that had failed the
-  // round before (collective::Communicator::give_up_below). Concurrent.
+  // round before (collective::Communicator::give_up_below). With `as_lost` this member leaves
+  // them as lost, and the others finish them without it. Concurrent.
   void give_up(RoundsGivenUp given_up);
   // The checkpoint a stream() call was asked for (StreamRequest::checkpoint, inner_state), of
   // the state after `round` rounds: waits (at most 300 s) until its files are written and

@@ -381,9 +381,14 @@ void InnerWorker::member_gone(MemberGone gone) {
   if (gone.endpoints.size() > 64)
     throw std::invalid_argument("member_gone: " + std::to_string(gone.endpoints.size()) +
                                 " endpoints, more than a member has ranks (64 at most)");
+  if (gone.below_op > (uint64_t(1) << 62))
+    throw std::invalid_argument("member_gone: operation id " + std::to_string(gone.below_op) +
+                                " is out of range");
+  const uint64_t below = gone.below_op ? dl::summary_round(gone.below_op) : 0;
+  const std::string why = escape_remote(gone.reason, 500);
   // The ranks and their communicators are made once, by the constructor.
   for (Rank& k : s_->ranks)
-    for (const std::string& ep : gone.endpoints) k.comm->peer_gone(ep, gone.reason);
+    for (const std::string& ep : gone.endpoints) k.comm->peer_gone(ep, why, below);
 }
 
 void InnerWorker::give_up(RoundsGivenUp given_up) {
@@ -393,7 +398,8 @@ void InnerWorker::give_up(RoundsGivenUp given_up) {
     throw std::invalid_argument("give_up: operation id " + std::to_string(given_up.below_op) +
                                 " is out of range");
   const std::string why = escape_remote(given_up.reason, 500);
-  for (Rank& k : s_->ranks) k.comm->give_up_below(dl::summary_round(given_up.below_op), why);
+  for (Rank& k : s_->ranks)
+    k.comm->give_up_below(dl::summary_round(given_up.below_op), why, given_up.as_lost);
 }
 
 bool InnerWorker::admit(AdmitRequest req) {

@@ -82,22 +82,27 @@ struct AdmitRequest {
   MSGPACK_DEFINE(phase, round, step, name, endpoint)
 };
 
-// Aggregator -> the other members of a streaming round: a member's actor died (its call
-// failed with ActorDiedError: the head declared its node dead). Its endpoints (one per local
-// rank, as InnerWorker::endpoints gave them) and why.
+// Aggregator -> the other members of a streaming round: a member's call failed with
+// ActorDiedError (its actor died, or the head that forwarded the call restarted and its answer
+// is lost). Its endpoints (one per local rank, as InnerWorker::endpoints gave them), why, and
+// the operations it is gone from: those below `below_op` (the rounds sent so far; 0: all).
 struct MemberGone {
   std::vector<std::string> endpoints;
   std::string reason;
-  MSGPACK_DEFINE(endpoints, reason)
+  uint64_t below_op = 0;
+  MSGPACK_DEFINE(endpoints, reason, below_op)
 };
 
 // Aggregator -> the members of a streaming job it sends back to a checkpoint while they still
 // run rounds it had sent them (one sent ahead, or one whose calls outlived the round's wait):
 // every operation of those rounds, which are all below `below_op`, is given up, and why.
+// `as_lost`: only this member leaves them (its call's answer was lost, so the aggregator no
+// longer counts it in them); the others are told it is lost and finish them without it.
 struct RoundsGivenUp {
   uint64_t below_op = 0;
   std::string reason;
-  MSGPACK_DEFINE(below_op, reason)
+  bool as_lost = false;
+  MSGPACK_DEFINE(below_op, reason, as_lost)
 };
 
 // One inner step of a worker, as it went: for metrics.jsonl's "steps" and the dashboard.

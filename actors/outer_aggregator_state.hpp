@@ -67,6 +67,10 @@ struct Slot {
   // on the same node (a rewind) goes on the dashboard's timeline (kJoinRecord).
   std::string placed;
   bool left = false;
+  // Out of every operation below this id (0: none): a stream() call of it failed as gone while
+  // its actor may still run the rounds sent to it (a restarting head lost the answer), so the
+  // others were told to finish those rounds without it and it to leave them (drop_from_sent).
+  uint64_t dropped_below_op = 0;
 
   // It may be brought into the job: not a member, not busy with a late round's steps, and not
   // removed by the guard.
@@ -310,12 +314,26 @@ struct OuterAggregator::State {
   // sync.mode streaming: a slot that can join does so while round c runs, at a fragment
   // boundary, its stream() call added to c (see the definition).
   void join_mid_round(StreamCalls& c);
-  // The round's calls that have ended. Each new one that failed because its actor died (the
-  // head restarts it or has dropped it: not a call whose answer a restarting head lost) is
-  // named to the members still in the round (InnerWorker::member_gone), so that they go on
-  // without it at once instead of waiting out an operation's entry window for it. The first
-  // that answered with an error is kept (StreamCalls::failed).
+  // The round's calls that have ended. Each new one that failed as gone (its actor died, or a
+  // restarting head lost its answer) is dropped from the rounds sent (drop_from_sent). The
+  // first that answered with an error is kept (StreamCalls::failed), unless that member was
+  // dropped from the round.
   size_t tell_gone(StreamCalls& c);
+  // Member c.members[i], whose call failed as gone, is out of every round sent so far: this
+  // aggregator has no answer of it for them. The others still running them are told to finish
+  // them without it (InnerWorker::member_gone, for the operations below the next id), and it,
+  // should it still run, to leave them as lost (InnerWorker::give_up with as_lost); it may
+  // join a later round as before. Without it a worker whose answer the head lost when it
+  // restarted went on in the round sent ahead, which the others finished as a group that
+  // disagreed about it, and the job went back to its start (the 30-minute soak, 2026-11-29).
+  void drop_from_sent(StreamCalls& c, size_t i, const std::string& why);
+  // Tells slot w, dropped from the rounds sent (drop_from_sent), to leave them as lost: best
+  // effort, again as it is released (its actor may have been out of reach the first time).
+  void leave_dropped(int w);
+  // Whether member m of round c was dropped from it (drop_from_sent).
+  bool dropped_in(const StreamCalls& c, int m) const {
+    return slots[size_t(m)].dropped_below_op > c.op_id;
+  }
   // Until the round's calls have all ended (or kInnerPhase passes), telling as tell_gone does.
   void await_stream(StreamCalls& c);
   // A streaming round failed, or will (a member answered with an error): the job goes back.

@@ -139,12 +139,13 @@ void Communicator::leave(const std::string& reason) {
 
 bool Communicator::has_left() const { return impl_->ws.leaving.load(std::memory_order_acquire); }
 
-void Communicator::peer_gone(const std::string& endpoint, const std::string& reason) {
-  impl_->ws.note_gone(endpoint, reason);
+void Communicator::peer_gone(const std::string& endpoint, const std::string& reason,
+                             uint64_t below_round_id) {
+  impl_->ws.note_gone(endpoint, reason, below_round_id);
 }
 
-void Communicator::give_up_below(uint64_t round_id, const std::string& reason) {
-  impl_->ws.give_up_below(round_id, reason);
+void Communicator::give_up_below(uint64_t round_id, const std::string& reason, bool as_lost) {
+  impl_->ws.give_up_below(round_id, reason, as_lost);
 }
 
 void Communicator::allreduce(const Group& group, std::span<float> data) {

@@ -138,8 +138,11 @@ class Communicator {
   // operation closes no connection of ours (its connection was to the relay), and its peers
   // waited the whole window (60 s: the soak bench, issue 25). By endpoint, not name: a member
   // that comes back under its name has a new one. Thread-safe, as leave(); the newest 1,024
-  // are kept.
-  void peer_gone(const std::string& endpoint, const std::string& reason);
+  // are kept. With `below_round_id` (not 0) only the operations whose round id is below it:
+  // the member is out of the rounds planned so far (its planner lost its answer) but may
+  // come back, under the same endpoint, in a later one.
+  void peer_gone(const std::string& endpoint, const std::string& reason,
+                 uint64_t below_round_id = 0);
   // Every operation whose round id is below `round_id` is given up, as whoever planned them
   // says (a job's aggregator that sends its job back to a checkpoint while the members still
   // run a round it sent ahead): the one in progress fails within its poll interval, and one
@@ -147,7 +150,10 @@ class Communicator {
   // touched. Without it, members that went on into a round that some member had already
   // failed waited out that member's entry window in each of the round's operations (minutes:
   // the soak bench's calibration, 2026-11-29). Thread-safe, as leave(); the bound only rises.
-  void give_up_below(uint64_t round_id, const std::string& reason);
+  // `as_lost`: this member leaves those operations as leave() does (the others are told it is
+  // lost, and finish them without it) instead of failing them for everyone: its planner no
+  // longer counts it in those rounds.
+  void give_up_below(uint64_t round_id, const std::string& reason, bool as_lost = false);
 
  private:
   std::unique_ptr<detail::CommunicatorImpl> impl_;

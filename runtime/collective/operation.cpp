@@ -113,10 +113,16 @@ void Operation::check_leaving() const {
                     true};
   if (g_.round_id < ws_.given_up_below.load(std::memory_order_acquire)) {
     std::string why;
+    bool as_lost = false;
     {
       std::lock_guard lock(ws_.gone_mu);
       why = ws_.given_up_reason;
+      as_lost = ws_.given_up_as_lost;
     }
+    if (as_lost)  // as leave() does: the others are told this member is lost
+      throw OpFailure{
+          AbortKind::peer_lost, g_.members[me_].name,
+          "member " + who(me_) + " left round " + std::to_string(g_.round_id) + ": " + why, true};
     throw OpFailure{AbortKind::error, "",
                     "round " + std::to_string(g_.round_id) + " was given up: " + why, true};
   }
@@ -127,7 +133,7 @@ void Operation::check_leaving() const {
   gone_seen_ = generation;
   for (int p = 0; p < k_; ++p) {
     if (p == me_) continue;
-    if (auto why = ws_.gone_reason(ep(p)))
+    if (auto why = ws_.gone_reason(ep(p), g_.round_id))
       throw OpFailure{
           AbortKind::peer_lost, g_.members[p].name,
           "lost member " + who(p) + " in round " + std::to_string(g_.round_id) + ": " + *why, true};
@@ -688,25 +694,26 @@ void Workspace::drop(const Message& m, const std::string& why) {
                     : std::string());
 }
 
-void Workspace::note_gone(const std::string& endpoint, const std::string& reason) {
+void Workspace::note_gone(const std::string& endpoint, const std::string& reason, uint64_t below) {
   std::lock_guard lock(gone_mu);
-  std::erase_if(gone, [&](const auto& g) { return g.first == endpoint; });
-  gone.emplace_back(endpoint, reason);
+  std::erase_if(gone, [&](const Gone& g) { return g.endpoint == endpoint; });
+  gone.push_back(Gone{endpoint, reason, below});
   while (gone.size() > kMaxGonePeers) gone.pop_front();
   gone_generation.fetch_add(1, std::memory_order_release);
 }
 
-void Workspace::give_up_below(uint64_t round_id, const std::string& reason) {
+void Workspace::give_up_below(uint64_t round_id, const std::string& reason, bool as_lost) {
   std::lock_guard lock(gone_mu);
   if (round_id <= given_up_below.load(std::memory_order_relaxed)) return;
   given_up_reason = reason;
+  given_up_as_lost = as_lost;
   given_up_below.store(round_id, std::memory_order_release);
 }
 
-std::optional<std::string> Workspace::gone_reason(const std::string& endpoint) {
+std::optional<std::string> Workspace::gone_reason(const std::string& endpoint, uint64_t round_id) {
   std::lock_guard lock(gone_mu);
-  for (const auto& [ep, why] : gone)
-    if (ep == endpoint) return why;
+  for (const Gone& g : gone)
+    if (g.endpoint == endpoint && (g.below == 0 || round_id < g.below)) return g.reason;
   return std::nullopt;
 }
 

@@ -154,16 +154,22 @@ struct Workspace {
   // Communicator::peer_gone(): endpoints of members gone for good, with why, from any thread
   // (the newest kMaxGonePeers). `gone_generation` counts the calls, so that an operation looks
   // its peers up again only after a new one.
-  void note_gone(const std::string& endpoint, const std::string& reason);
-  std::optional<std::string> gone_reason(const std::string& endpoint);
+  // An entry with `below` (not 0) holds for round ids below it only.
+  struct Gone {
+    std::string endpoint, reason;
+    uint64_t below = 0;
+  };
+  void note_gone(const std::string& endpoint, const std::string& reason, uint64_t below);
+  std::optional<std::string> gone_reason(const std::string& endpoint, uint64_t round_id);
   std::mutex gone_mu;
-  std::deque<std::pair<std::string, std::string>> gone;
+  std::deque<Gone> gone;
   std::atomic<uint64_t> gone_generation{0};
   // Communicator::give_up_below(): operations below this round id fail (0: none), with why
   // (under gone_mu).
-  void give_up_below(uint64_t round_id, const std::string& reason);
+  void give_up_below(uint64_t round_id, const std::string& reason, bool as_lost);
   std::atomic<uint64_t> given_up_below{0};
   std::string given_up_reason;
+  bool given_up_as_lost = false;  // left as lost (Communicator::give_up_below's as_lost)
 };
 
 // Thrown inside an operation; carries what the other members should be told.

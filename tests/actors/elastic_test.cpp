@@ -434,6 +434,59 @@ TEST_F(Elastic, StreamingWorkerThatFailsARoundAliveTheOthersGiveItAndTheRoundSen
     EXPECT_EQ(actors::json_field(l, "workers"), "3") << l;
 }
 
+// The head restarts while a streaming round waits for a worker behind NAT (stalled 10 s before
+// a fragment's average, its node answering): the calls the old head forwarded to it fail, its
+// actor still runs. The aggregator drops it from the rounds it has sent (round 3 and round 4,
+// sent ahead): the two direct workers finish them without it at once, it leaves them as lost,
+// and it joins a later round with a copy of the state. Before, the aggregator let it run, then
+// released it as lost while it still ran the round sent ahead, which the others and it
+// finished as groups that disagreed about it: the 30-minute soak of 2026-11-29 went back to
+// its start so. Without the drop, the others waited for the stalled worker here and finished
+// the fragment with it.
+TEST_F(Elastic, AWorkerWhoseAnswerARestartingHeadLostIsDroppedFromTheRoundsSentAndRejoins) {
+  TestJob j = job(3, 2, 7);
+  j.eval_every = 1000;  // so that round 4 is sent ahead, behind round 3
+  j.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  const std::string fault_log = dir_ + "/fault.log";
+  ScopedEnv env("LOCO_FAULT", "worker=2,round=3,at=stream_stall,stall_s=10");
+  ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
+  ClusterOptions o = with_fault_injection(one_worker_per_node(2));
+  o.detect_ms = 5000;  // the head's restart is over well within it
+  LocalCluster c(o);
+  c.add_node({"--no-listen"});
+  ASSERT_TRUE(c.wait_alive_nodes(3));
+  Client client(c.head_address());
+  JobHandle handle = client.submit(JobSpec::from_yaml(j.yaml()));
+  ASSERT_TRUE(eventually([&] { return fs::exists(fault_log); }, Millis(120000)))
+      << "worker 2 never stalled\n"
+      << log_text(handle);
+  // Worker 2 is the one behind NAT: its calls cross the head.
+  ASSERT_EQ(client.runtime().lookup(handle.id() + ".worker-2").address.rfind(kThroughHead, 0), 0u);
+  c.kill_head();
+  c.start_head();
+  Client again(c.head_address());
+  JobHandle job_again = again.job(handle.id());
+  JobInfo end = job_again.wait(Millis(150000));
+  const std::string log = log_text(job_again);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  EXPECT_TRUE(std::regex_search(
+      log, std::regex("worker 2 dropped from round 3 and round 4 \\(sent ahead\\); workers 0, 1 "
+                      "finish without it: ")))
+      << log;
+  EXPECT_TRUE(std::regex_search(log, std::regex("worker 2 joined at round ([5-7])"))) << log;
+  // The direct workers went on without it at once: the stall had not ended.
+  int finished_without = 0;
+  for (int n = 0; n < 2; ++n)
+    finished_without += contains(read_file(c.log_dir() + "/node-" + std::to_string(n) + ".log"),
+                                 ".worker-2 lost; the others finish it without it");
+  EXPECT_EQ(finished_without, 2) << "the direct workers did not finish a fragment without worker 2";
+  // Worker 2's own log: it left the rounds it was dropped from.
+  EXPECT_TRUE(contains(read_file(c.log_dir() + "/node-2.log"), "left round"))
+      << read_file(c.log_dir() + "/node-2.log");
+  EXPECT_FALSE(contains(log, "goes back to")) << log;
+  EXPECT_EQ(expect_each_round_once(dir_ + "/ckpt/" + handle.id() + "/metrics.jsonl"), 7);
+}
+
 // A worker that stops making progress while its node still answers heartbeats (an injected
 // 12 s stall in round 3): with workers.grace_max_s the round closes once the other two have
 // reported and the grace window has passed, the job goes on without it, and when its stall

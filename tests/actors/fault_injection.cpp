@@ -11,6 +11,10 @@
 //                                (at most 30 s) until the node asks the worker to stop
 //   worker=I,round=R,at=stall[,stall_s=S]   worker I sleeps S s (20) before round R's inner
 //                                steps, its node still answering heartbeats (stuck, not dead)
+//   worker=I,round=R,at=stream_stall[,stall_s=S]   worker I's stream() of round R sleeps S s
+//                                (20) halfway through the round, before a fragment's average,
+//                                its node still answering: the others wait for it in that
+//                                fragment's operation
 //   worker=I,round=R,at=after_allreduce     worker I's reduce of round R throws once after
 //                                its all-reduce returned (the others took their outer step)
 //   worker=I,round=R,at=fragment_fail   worker I's stream() of round R throws once as it
@@ -131,6 +135,11 @@ class FaultInjection : public actors::RoundHooks {
           die();
         return;
       case RoundPoint::stream_events:
+        if (c.step >= c.steps_per_round / 2 && hits(c, "stream_stall") && !fired_.exchange(true)) {
+          log_moment();
+          std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(plan_.stall_s * 1000)));
+          return;
+        }
         if (c.step < c.steps_per_round / 2 || !hits(c, "stream")) return;
         if (!plan_.sigterm) die();
         log_moment();
@@ -180,7 +189,8 @@ class FaultInjection : public actors::RoundHooks {
   }
 
   const FaultPlan plan_;
-  std::atomic<bool> fired_{false};  // at=after_allreduce, fragment_fail: once per process
+  // at=after_allreduce, fragment_fail, stream_stall: once per process
+  std::atomic<bool> fired_{false};
 };
 
 [[maybe_unused]] const bool installed = [] {
