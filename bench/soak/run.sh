@@ -338,14 +338,19 @@ schedule() {
   fi
   # The operator takes the evicted worker's host out of the cluster: its slot never comes back,
   # and a free node would take the node fault's worker before the new node on h10 joins.
+  # Its actor is stopped right after the removal is logged: until then every host looks busy.
   if until_log "worker 1 removed from the job" $((T / 4)); then
-    local busy h
-    busy="$(worker_hosts)"
-    for h in 2 3 4 5 6 7 8; do
-      case "$busy" in *" $h "*) continue ;; esac
-      kill -9 "${NODE_PID[$h]}"
-      fault corrupt end "worker 1 removed by the guard; its host h$h stopped (pid ${NODE_PID[$h]})"
-      break
+    local busy h stopped="" end=$(( $(date +%s) + 60 ))
+    while [ -z "$stopped" ] && [ "$(date +%s)" -lt "$end" ]; do
+      busy="$(worker_hosts)"
+      for h in 2 3 4 5 6 7 8; do
+        case "$busy" in *" $h "*) continue ;; esac
+        kill -9 "${NODE_PID[$h]}"
+        fault corrupt end "worker 1 removed by the guard; its host h$h stopped (pid ${NODE_PID[$h]})"
+        stopped=$h
+        break
+      done
+      [ -n "$stopped" ] || sleep 1
     done
   fi
 
@@ -374,9 +379,19 @@ schedule() {
 
   until_at "$AT_NODE" || return 0
   # Site B's node with a worker (h6, or h5 if the operator stopped h6).
-  local victim=6
-  case "$(worker_hosts)" in *" 6 "*) ;; *" 5 "*) victim=5 ;; esac
-  fault node begin "site B's node on h$victim killed (pid ${NODE_PID[$victim]})"
+  local victim=6 busy h idle=""
+  busy="$(worker_hosts)"
+  case "$busy" in *" 6 "*) ;; *" 5 "*) victim=5 ;; esac
+  # Nodes that host no worker (one that came back after the uplink's outage under a new id, say)
+  # are taken out first, as an operator retires idle machines: the lost worker then waits for the
+  # new node on h10, which the join and the relay's kill during its copy are about.
+  for h in 2 3 4 5 6 7 8; do
+    case "$busy" in *" $h "*) continue ;; esac
+    kill -0 "${NODE_PID[$h]}" 2>/dev/null || continue
+    kill -9 "${NODE_PID[$h]}"
+    idle+=" h$h"
+  done
+  fault node begin "site B's node on h$victim killed (pid ${NODE_PID[$victim]})${idle:+; idle nodes stopped first:$idle}"
   kill -9 "${NODE_PID[$victim]}"
 
   until_at "$AT_JOIN" || return 0

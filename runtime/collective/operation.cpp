@@ -268,9 +268,15 @@ void Operation::handle(Message& m) {
         // streaming member whose fragment failed fails its round; a blocking one tries the one
         // it gave up again). Without this the round waited out the member's entry window. (A
         // notice of an operation both gave up says nothing of the kind.)
+        // One that left (it stopped: scaled down, say, with its last fragment still in flight;
+        // or it was dropped from the round) is lost to this operation too: the others finish it
+        // without it, as they would have the one it gave up, rather than fail their round.
         const auto abort = decode_abort(m.payload.bytes());
-        throw OpFailure{AbortKind::error, m.sender,
-                        "member " + who(s) + " gave up round " + std::to_string(h.round_id) +
+        const bool left =
+            abort && abort->kind == AbortKind::peer_lost && abort->culprit == m.sender;
+        throw OpFailure{left ? AbortKind::peer_lost : AbortKind::error, m.sender,
+                        "member " + who(s) + (left ? " left after" : " gave up") + " round " +
+                            std::to_string(h.round_id) +
                             ", which this member finished, and sends nothing for round " +
                             std::to_string(g_.round_id) + ": " +
                             (abort ? escape_remote(abort->message, 1000) : std::string("?")),
