@@ -249,30 +249,33 @@ void OuterAggregator::State::drop_from_sent(StreamCalls& c, size_t i, const std:
   }
   const std::string reason = state + ": " + why;
   const MemberGone note{s.endpoints, reason, below};
-  std::vector<int> told;
-  auto tell = [&](const StreamCalls& calls) {
-    for (size_t j = 0; j < calls.calls.size(); ++j) {
-      const int m = calls.members[j];
-      if (m == w || calls.calls[j].ready() || std::find(told.begin(), told.end(), m) != told.end())
-        continue;
-      told.push_back(m);
-      try {
-        worker(m).tell(&InnerWorker::member_gone, note);
-      } catch (const std::exception& e) {
-        log_warn(job_id + ": telling worker " + std::to_string(m) + " that worker " +
-                 std::to_string(w) + " is gone: " + e.what());
-      }
+  const std::vector<int> told = still_running(c, w);
+  for (int m : told) {
+    try {
+      worker(m).tell(&InnerWorker::member_gone, note);
+    } catch (const std::exception& e) {
+      log_warn(job_id + ": telling worker " + std::to_string(m) + " that worker " +
+               std::to_string(w) + " is gone: " + e.what());
     }
-  };
-  tell(c);
-  if (ahead && ahead->round != c.round) tell(*ahead);
+  }
   leave_dropped(w);
-  std::sort(told.begin(), told.end());
+  const bool with_ahead = ahead && ahead->round != c.round;
   log("worker " + std::to_string(w) + " dropped from round " + std::to_string(c.round + 1) +
-      (ahead && ahead->round != c.round
-           ? " and round " + std::to_string(ahead->round + 1) + " (sent ahead)"
-           : "") +
+      (with_ahead ? " and round " + std::to_string(ahead->round + 1) + " (sent ahead)" : "") +
       (told.empty() ? "" : "; workers " + join_ints(told) + " finish without it") + ": " + reason);
+}
+
+std::vector<int> OuterAggregator::State::still_running(const StreamCalls& c, int except) const {
+  std::vector<int> out;
+  auto add = [&](const StreamCalls& calls) {
+    for (size_t j = 0; j < calls.calls.size(); ++j)
+      if (calls.members[j] != except && !calls.calls[j].ready()) out.push_back(calls.members[j]);
+  };
+  add(c);
+  if (ahead && ahead->round != c.round) add(*ahead);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 void OuterAggregator::State::leave_dropped(int w) {
@@ -289,23 +292,15 @@ void OuterAggregator::State::leave_dropped(int w) {
 void OuterAggregator::State::give_up_sent(StreamCalls& failed, const std::string& why) {
   if (!std::exchange(failed.given_up, true)) {
     const RoundsGivenUp note{last_op_id + 1, why};
-    std::vector<int> told;
-    auto tell = [&](const StreamCalls& c) {
-      for (size_t i = 0; i < c.calls.size(); ++i) {
-        const int m = c.members[i];
-        if (c.calls[i].ready() || std::find(told.begin(), told.end(), m) != told.end()) continue;
-        told.push_back(m);
-        try {
-          worker(m).tell(&InnerWorker::give_up, note);
-        } catch (const std::exception& e) {
-          log_warn(job_id + ": telling worker " + std::to_string(m) + " to give up round " +
-                   std::to_string(c.round + 1) + ": " + e.what());
-        }
+    const std::vector<int> told = still_running(failed);
+    for (int m : told) {
+      try {
+        worker(m).tell(&InnerWorker::give_up, note);
+      } catch (const std::exception& e) {
+        log_warn(job_id + ": telling worker " + std::to_string(m) + " to give up round " +
+                 std::to_string(failed.round + 1) + ": " + e.what());
       }
-    };
-    tell(failed);
-    if (ahead) tell(*ahead);
-    std::sort(told.begin(), told.end());
+    }
     if (!told.empty())
       log("round " + std::to_string(failed.round + 1) +
           (ahead ? " and round " + std::to_string(ahead->round + 1) + " (sent ahead)" : "") +

@@ -327,6 +327,9 @@ struct OuterAggregator::State {
   // restarted went on in the round sent ahead, which the others finished as a group that
   // disagreed about it, and the job went back to its start (the 30-minute soak, 2026-11-29).
   void drop_from_sent(StreamCalls& c, size_t i, const std::string& why);
+  // The members whose calls of round c, or of the round sent ahead behind it, have not ended,
+  // in slot order, each once, without `except`: those a decision about those rounds must reach.
+  std::vector<int> still_running(const StreamCalls& c, int except = -1) const;
   // Tells slot w, dropped from the rounds sent (drop_from_sent), to leave them as lost: best
   // effort, again as it is released (its actor may have been out of reach the first time).
   void leave_dropped(int w);

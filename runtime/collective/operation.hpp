@@ -151,10 +151,10 @@ struct Workspace {
   // names this member lost to its peers. The reason is written before the flag.
   std::atomic<bool> leaving{false};
   std::string leave_reason;
-  // Communicator::peer_gone(): endpoints of members gone for good, with why, from any thread
-  // (the newest kMaxGonePeers). `gone_generation` counts the calls, so that an operation looks
-  // its peers up again only after a new one.
-  // An entry with `below` (not 0) holds for round ids below it only.
+  // Communicator::peer_gone(): endpoints of members gone, with why, from any thread (the newest
+  // kMaxGonePeers): for good, or with `below` (not 0) for round ids below it only.
+  // `gone_generation` counts the calls, so that an operation looks its peers up again only
+  // after a new one.
   struct Gone {
     std::string endpoint, reason;
     uint64_t below = 0;

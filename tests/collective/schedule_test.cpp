@@ -537,59 +537,59 @@ TEST(Hostile, ALaterRoundInAMembersNameFromAnotherConnectionDoesNotAbortTheRound
 // without it: the record's soak (2026-11-29) went back to its checkpoint when a worker scaled
 // down left with its last fragment in flight, and the others took its notice for a failure.
 TEST(Schedule, AMemberThatGaveUpTheOperationWeFinishedEndsOurWaitForItInTheNext) {
-  for (const bool left : {false, true})
-    for (bool same_operation : {true, false}) {
-      if (left && !same_operation) continue;
-      Options o;
-      o.peer_timeout = std::chrono::milliseconds(same_operation ? 60000 : 500);
-      o.entry_timeout = std::chrono::milliseconds(same_operation ? 60000 : 500);
-      MemoryGroup g(3, o);
-      std::vector<std::vector<float>> in{make_data(3, 0, 1000), make_data(3, 1, 1000),
-                                         make_data(3, 2, 1000)},
-          out;
-      expect_ok(g.run(iota(3), 90, in, out));
-      // w2's notice that it gave up round 90 (inproc has no connection ids: the name is all a
-      // member knows of its sender, as for any abort notice).
-      Header h;
-      h.type = MsgType::abort;
-      h.round_id = 90;
-      h.group_fp = same_operation ? fingerprint(g.group(iota(3), 0, 90))
-                                  : fingerprint(g.group({0, 2}, 0, 90));
-      h.sender_rank = 2;
-      auto body = std::make_shared<std::string>(
-          encode_abort(left ? Abort{AbortKind::peer_lost, "w2", "w2 is stopping"}
-                            : Abort{AbortKind::error, "", "its stream failed"}));
-      MemoryTransport w2(g.hub, "mem://w2-notice");
-      for (int to : {0, 1}) {
-        Buffer b{reinterpret_cast<const uint8_t*>(body->data()), body->size(), body};
-        ASSERT_TRUE(w2.try_send(g.transports[to]->endpoint(), Channel::control, h, "w2", b));
+  // (left, same operation): a notice of a failure, of another group's operation, of leaving.
+  for (const auto& [left, same_operation] :
+       std::initializer_list<std::pair<bool, bool>>{{false, true}, {false, false}, {true, true}}) {
+    Options o;
+    o.peer_timeout = std::chrono::milliseconds(same_operation ? 60000 : 500);
+    o.entry_timeout = std::chrono::milliseconds(same_operation ? 60000 : 500);
+    MemoryGroup g(3, o);
+    std::vector<std::vector<float>> in{make_data(3, 0, 1000), make_data(3, 1, 1000),
+                                       make_data(3, 2, 1000)},
+        out;
+    expect_ok(g.run(iota(3), 90, in, out));
+    // w2's notice that it gave up round 90 (inproc has no connection ids: the name is all a
+    // member knows of its sender, as for any abort notice).
+    Header h;
+    h.type = MsgType::abort;
+    h.round_id = 90;
+    h.group_fp =
+        same_operation ? fingerprint(g.group(iota(3), 0, 90)) : fingerprint(g.group({0, 2}, 0, 90));
+    h.sender_rank = 2;
+    auto body = std::make_shared<std::string>(
+        encode_abort(left ? Abort{AbortKind::peer_lost, "w2", "w2 is stopping"}
+                          : Abort{AbortKind::error, "", "its stream failed"}));
+    MemoryTransport w2(g.hub, "mem://w2-notice");
+    for (int to : {0, 1}) {
+      Buffer b{reinterpret_cast<const uint8_t*>(body->data()), body->size(), body};
+      ASSERT_TRUE(w2.try_send(g.transports[to]->endpoint(), Channel::control, h, "w2", b));
+    }
+    // Round 91 of the three, which w2 never begins.
+    std::vector<std::vector<float>> two(2, std::vector<float>(1000));
+    const auto start = Clock::now();
+    auto errors = collective::testing::on_threads(2, [&](size_t i) {
+      butterfly_allreduce(*g.transports[i], *g.workspaces[i], o,
+                          g.group(iota(3), static_cast<int>(i), 91), in[i].data(), two[i].data(),
+                          in[i].size());
+    });
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(errors[r]) << "member " << r;
+      if (left) {
+        expect_named<PeerLostError>({errors[r]}, "w2", "left after round 90");
+        continue;
       }
-      // Round 91 of the three, which w2 never begins.
-      std::vector<std::vector<float>> two(2, std::vector<float>(1000));
-      const auto start = Clock::now();
-      auto errors = collective::testing::on_threads(2, [&](size_t i) {
-        butterfly_allreduce(*g.transports[i], *g.workspaces[i], o,
-                            g.group(iota(3), static_cast<int>(i), 91), in[i].data(), two[i].data(),
-                            in[i].size());
-      });
-      EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
-      for (int r = 0; r < 2; ++r) {
-        ASSERT_TRUE(errors[r]) << "member " << r;
-        if (left) {
-          expect_named<PeerLostError>({errors[r]}, "w2", "left after round 90");
-          continue;
-        }
-        try {
-          std::rethrow_exception(errors[r]);
-        } catch (const PeerLostError& e) {
-          ADD_FAILURE() << "a member that gave up is not lost: " << e.what();
-        } catch (const CollectiveError& e) {
-          EXPECT_EQ(e.member(), "w2") << e.what();
-          const bool gave_up = std::string(e.what()).find("gave up round 90") != std::string::npos;
-          EXPECT_EQ(gave_up, same_operation) << e.what();
-        }
+      try {
+        std::rethrow_exception(errors[r]);
+      } catch (const PeerLostError& e) {
+        ADD_FAILURE() << "a member that gave up is not lost: " << e.what();
+      } catch (const CollectiveError& e) {
+        EXPECT_EQ(e.member(), "w2") << e.what();
+        const bool gave_up = std::string(e.what()).find("gave up round 90") != std::string::npos;
+        EXPECT_EQ(gave_up, same_operation) << e.what();
       }
     }
+  }
 }
 
 // Every member computes the same mask (it is in the fingerprint), so a contribution in the name
