@@ -6,12 +6,16 @@ size on disk (a folder: the sum of its files). One JSON line per sample to --out
 Redis that is gone reads as null, so restarts show as gaps, not as errors.
 
   bench/soak/sample.py --out samples.jsonl --every 30 --proc head=PID --proc node1=@PIDFILE \\
-      --tree --redis redis=127.0.0.1:6379 --path logs=DIR --path checkpoints=DIR
+      --tree --actor-log node1=node1.log --redis redis=127.0.0.1:6379 --path logs=DIR \\
+      --path checkpoints=DIR
   bench/soak/sample.py --report samples.jsonl --last-minutes 100
 
 --report fits a least-squares line to each quantity over the last --last-minutes and prints its
 slope per hour, its first and last value, and the bound it is held to (--bound NAME=PER_HOUR,
-or the defaults below); it exits 1 when a slope is over its bound. With --faults (the soak's
+or the defaults below); it exits 1 when a slope is over its bound, or a quantity named with
+--cap NAME=MAX went above MAX in the window. A folder's slope is that of its tops (the largest
+size in each --envelope-minutes): checkpoints are written and pruned, a sawtooth, and what
+`checkpoint.keep` bounds is how many rounds it holds (rounds_held, from the files' names). With --faults (the soak's
 faults.tsv) the slope is the one within the stretches between faults: each stretch has its own
 level (a node that gains or loses a worker steps its memory up or down, a restarted peer's
 reconnection adds descriptors once) and the stretches share one slope, fitted after leaving
@@ -23,6 +27,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -33,7 +38,8 @@ import time
 # job's (events are trimmed), so less than one key and 1 MB an hour; logs and checkpoints grow
 # with rounds by design and are bounded by checkpoint.keep and the log's rotation, so their
 # bound is set per run (--bound).
-DEFAULT_BOUNDS = {"rss_mb": 1.0, "fds": 1.0, "threads": 1.0, "keys": 1.0, "redis_mb": 1.0}
+DEFAULT_BOUNDS = {"rss_mb": 1.0, "fds": 1.0, "threads": 1.0, "keys": 1.0, "redis_mb": 1.0,
+                  "checkpoints.rounds_held": 1.0}
 
 
 def one_proc(pid):
@@ -82,10 +88,15 @@ def proc_sample(value, tree):
     if s is None:
         return None
     if tree:
+        own, kids = dict(s), {}
         for kid in descendants(int(pid)):
             k = one_proc(kid)
-            for q in k or {}:
+            if k is None:
+                continue
+            kids[str(kid)] = k
+            for q in k:
                 s[q] += k[q]
+        s["self"], s["kids"] = own, kids
     s["pid"] = int(pid)
     return s
 
@@ -105,6 +116,19 @@ def redis_sample(address):
     return {"keys": int(keys.stdout.strip()), "redis_mb": used / 1e6}
 
 
+ROUND_FILE = re.compile(r"round-(\d+)")
+
+
+def path_rounds(path):
+    """The distinct rounds whose checkpoints a folder holds (files named ...round-N...)."""
+    if "*" in path or not os.path.isdir(path):
+        return None
+    held = set()
+    for _, _, files in os.walk(path):
+        held.update(m.group(1) for m in map(ROUND_FILE.search, files) if m)
+    return len(held)
+
+
 def path_mb(path):
     if "*" in path:  # the files a pattern names (a folder's logs, not its checkpoints)
         return sum(path_mb(p) for p in glob.glob(path))
@@ -120,6 +144,16 @@ def path_mb(path):
     return total / 1e6
 
 
+def actor_changes(path):
+    """How many actors a node's log says it created or killed so far: a node's memory steps
+    when it takes a worker in or lets one go, so each count begins a new life of the node."""
+    try:
+        with open(path, errors="replace") as f:
+            return sum(1 for line in f if ": created " in line or ": killed actor " in line)
+    except OSError:
+        return None
+
+
 def named(pairs, what):
     out = {}
     for p in pairs:
@@ -132,14 +166,19 @@ def named(pairs, what):
 
 def sample(a):
     procs, stores, paths = named(a.proc, "proc"), named(a.redis, "redis"), named(a.path, "path")
+    logs = named(a.actor_log, "actor-log")
     t0 = time.monotonic()
     n = 0
     with open(a.out, "a") as out:
         while a.count <= 0 or n < a.count:
             line = {"t": round(time.monotonic() - t0, 3), "unix": time.time()}
             line["procs"] = {k: proc_sample(v, a.tree) for k, v in procs.items()}
+            for k, path in logs.items():
+                if line["procs"].get(k) is not None:
+                    line["procs"][k]["changes"] = actor_changes(path)
             line["redis"] = {k: redis_sample(v) for k, v in stores.items()}
             line["paths"] = {k: path_mb(v) for k, v in paths.items()}
+            line["rounds_held"] = {k: path_rounds(v) for k, v in paths.items()}
             out.write(json.dumps(line) + "\n")
             out.flush()
             n += 1
@@ -159,15 +198,19 @@ def slope_per_hour(points):
     return 3600.0 * sum((t - mt) * (v - mv) for t, v in points) / var
 
 
-def within_slope_per_hour(points, cuts, settle):
-    """The slope shared by the stretches between the cuts (fixed effects: each stretch its own
-    level), per hour, leaving out the points within settle seconds after a cut; None when no
-    stretch has 2 points at different times."""
+def within_slope_per_hour(lives, cuts, settle):
+    """The slope shared by every life's stretches between the cuts (fixed effects: each life
+    and stretch its own level), per hour, leaving out the points within settle seconds after a
+    cut or a life's start; None when no stretch has 2 points at different times. A life is a
+    process's (a PID: a restarted head, a node's worker process from its start to its end), so
+    a worker that moves from one node to another is two lives, not a step in a node's memory."""
     stretches = {}
-    for t, v in points:
-        if any(c <= t < c + settle for c in cuts):
-            continue
-        stretches.setdefault(sum(c <= t for c in cuts), []).append((t, v))
+    for life, points in lives.items():
+        born = points[0][0] if points else 0.0
+        for t, v in points:
+            if t < born + settle or any(c <= t < c + settle for c in cuts):
+                continue
+            stretches.setdefault((life, sum(c <= t for c in cuts)), []).append((t, v))
     num = den = 0.0
     for pts in stretches.values():
         if len(pts) < 2:
@@ -191,17 +234,53 @@ def fault_cuts(path, first_unix, first_t):
 
 def series(lines):
     """{(kind, name, quantity): {life: [(t, value)]}} from the samples, nulls left out; a
-    process's lives are its PIDs (a restart begins a new one), a store's and a path's one."""
+    process's lives are its PIDs (a restart begins a new one), a store's and a path's one. A
+    process sampled with its tree is two series: itself ("node3"), and its descendants ("node3
+    workers"), each descendant a life of its own."""
     out = {}
+
+    def add(key, life, t, v):
+        out.setdefault(key, {}).setdefault(life, []).append((t, v))
+
     for l in lines:
+        t = l["t"]
         for kind in ("procs", "redis"):
             for name, s in l.get(kind, {}).items():
-                life = (s or {}).get("pid", 0)
-                for q, v in (s or {}).items():
-                    if q != "pid":
-                        out.setdefault((kind, name, q), {}).setdefault(life, []).append((l["t"], v))
+                s = s or {}
+                # A process's life: its PID, and for a node, the actors it has had so far.
+                life = (s.get("pid", 0), s.get("changes"))
+                if "self" in s:
+                    for q, v in s["self"].items():
+                        add((kind, name, q), life, t, v)
+                    for kid, k in s.get("kids", {}).items():
+                        for q, v in k.items():
+                            add((kind, name + " workers", q), kid, t, v)
+                    continue
+                for q, v in s.items():
+                    if q not in ("pid", "changes"):
+                        add((kind, name, q), life, t, v)
         for name, v in l.get("paths", {}).items():
-            out.setdefault(("paths", name, "mb"), {}).setdefault(0, []).append((l["t"], v))
+            add(("paths", name, "mb"), 0, t, v)
+        for name, v in (l.get("rounds_held") or {}).items():
+            if v is not None:
+                add(("paths", name, "rounds_held"), 0, t, v)
+    return out
+
+
+def envelope(points, window):
+    """The largest value in each window-long span: a folder that fills and is pruned (the
+    checkpoints, `checkpoint.keep`) is flat when its tops are."""
+    if not points:
+        return []
+    out, t0 = [], points[0][0]
+    span = []
+    for t, v in points:
+        if t >= t0 + window and span:
+            out.append(max(span, key=lambda p: p[1]))
+            span, t0 = [], t
+        span.append((t, v))
+    if span:
+        out.append(max(span, key=lambda p: p[1]))
     return out
 
 
@@ -213,6 +292,7 @@ def report(a):
     bounds = dict(DEFAULT_BOUNDS)
     for k, v in named(a.bound, "bound").items():
         bounds[k] = float(v)
+    caps = {k: float(v) for k, v in named(a.cap, "cap").items()}
     cuts = fault_cuts(a.faults, lines[0]["unix"], lines[0]["t"]) if a.faults else []
     over = 0
     nan = float("nan")
@@ -220,18 +300,31 @@ def report(a):
     print(f"{'what':32} {'first':>10} {'last':>10} {'net':>9} {'slope/h':>9} {head:>9} "
           f"{'bound/h':>8}")
     for (kind, name, q), lives in sorted(series(lines).items()):
-        # The longest life within the window: a restart's fresh start is not a slope.
-        pts = max(([p for p in life if p[0] >= start] for life in lives.values()), key=len)
+        lives = {k: [p for p in v if p[0] >= start] for k, v in lives.items()}
+        lives = {k: v for k, v in lives.items() if v}
+        if not lives:
+            continue
+        # first, last, net and the raw slope: of the longest life in the window.
+        pts = max(lives.values(), key=len)
         raw = slope_per_hour(pts)
-        s = within_slope_per_hour(pts, cuts, a.settle) if cuts else raw
-        key = name if kind == "paths" else q
+        if kind == "paths":
+            # A folder's size and rounds held are a sawtooth (written, then pruned): the slope
+            # of its tops, not cut at faults.
+            s = slope_per_hour(envelope(pts, a.envelope_minutes * 60.0))
+        else:
+            s = within_slope_per_hour(lives, cuts, a.settle) if cuts else raw
+        key = f"{name}.{q}" if kind == "paths" and q != "mb" else (name if kind == "paths" else q)
         bound = bounds.get(key)
         bad = s is not None and bound is not None and s > bound
-        over += bad
+        cap = caps.get(key)
+        top = max(v for life in lives.values() for _, v in life)
+        capped = cap is not None and top > cap
+        over += bad or capped
         first, last = (pts[0][1], pts[-1][1]) if pts else (nan, nan)
         print(f"{kind + ' ' + name + ' ' + q:32} {first:10.3f} {last:10.3f} {last - first:9.3f} "
               f"{raw if raw is not None else nan:9.3f} {s if s is not None else nan:9.3f} "
-              f"{bound if bound is not None else nan:8.2f}{'  OVER' if bad else ''}")
+              f"{bound if bound is not None else nan:8.2f}{'  OVER' if bad else ''}"
+              f"{f'  max {top:g} > cap {cap:g}' if capped else ''}")
     return 1 if over else 0
 
 
@@ -242,12 +335,19 @@ def main():
     ap.add_argument("--count", type=int, default=0, help="samples to take (0: until killed)")
     ap.add_argument("--proc", action="append", default=[], help="NAME=PID or NAME=@PIDFILE")
     ap.add_argument("--tree", action="store_true", help="each process with its descendants")
+    ap.add_argument("--actor-log", action="append", default=[],
+                    help="NAME=LOG: process NAME's log, whose actor creations and kills begin "
+                    "new lives of it in the report")
     ap.add_argument("--redis", action="append", default=[], help="NAME=HOST:PORT")
     ap.add_argument("--path", action="append", default=[], help="NAME=FILE_OR_FOLDER")
     ap.add_argument("--report", help="a samples file to fit instead")
     ap.add_argument("--last-minutes", type=float, default=100.0)
     ap.add_argument("--bound", action="append", default=[], help="QUANTITY_OR_PATH_NAME=PER_HOUR")
     ap.add_argument("--faults", help="faults.tsv: fit the slope within the stretches between them")
+    ap.add_argument("--cap", action="append", default=[],
+                    help="QUANTITY_OR_PATH_NAME=MAX: over when any sample in the window is above")
+    ap.add_argument("--envelope-minutes", type=float, default=20.0,
+                    help="a folder's slope is its largest size in each span this long")
     ap.add_argument("--settle", type=float, default=120.0,
                     help="seconds after each fault's moment left out of the fit")
     a = ap.parse_args()

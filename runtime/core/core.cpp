@@ -311,18 +311,23 @@ std::shared_ptr<CallState> Core::send_call(std::shared_ptr<CallState> st,
   env.target = ref->id;
   env.method = method;
   env.via = via_of(addr);
-  if (!oneway) {
+  {
     std::lock_guard<std::mutex> lock(calls_mu_);
-    env.corr = st->corr = next_corr_++;
-    pending_.emplace(env.corr, st);
-    if (done) on_done_.emplace(env.corr, std::move(done));
     PeerState& ps = peers_[addr];
-    // Silence is measured from the moment we start waiting on a peer.
-    if (ps.pending++ == 0) ps.last_heard = ps.last_ping = now_ms();
-  } else {
-    st->done = true;
+    ps.last_used = now_ms();
+    if (!oneway) {
+      env.corr = st->corr = next_corr_++;
+      pending_.emplace(env.corr, st);
+      if (done) on_done_.emplace(env.corr, std::move(done));
+      // Silence is measured from the moment we start waiting on a peer.
+      if (ps.pending++ == 0) ps.last_heard = ps.last_ping = ps.last_used;
+    } else {
+      st->done = true;
+    }
+    // Queued before the lock is let go: on_tick closes an idle connection under it, so the
+    // close is queued before this message (which opens it again) or not at all.
+    transport_->send_to_peer(addr, encode(env, std::move(args)));
   }
-  transport_->send_to_peer(addr, encode(env, std::move(args)));
   return st;
 }
 
@@ -506,7 +511,7 @@ void Core::on_reply(const std::string& peer, std::vector<zmq::message_t>&& frame
   {
     std::lock_guard<std::mutex> lock(calls_mu_);
     PeerState& ps = peers_[peer];
-    ps.last_heard = now;
+    ps.last_heard = ps.last_used = now;
     dead_peers_.erase(peer);
     if (d.env.k() == Kind::Pong) {
       // The head's answer to an attach names the node it forwards to now.
@@ -601,6 +606,18 @@ void Core::on_tick(int64_t now) {
     }
     for (auto it = dead_peers_.begin(); it != dead_peers_.end();)
       it = now - it->second > 60000 ? dead_peers_.erase(it) : std::next(it);
+    // Connections idle for idle_close_ms are closed while the lock is held (see call()). The
+    // head's is kept: it carries our attach and, behind NAT, the calls the head forwards.
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      const PeerState& ps = it->second;
+      if (ps.pending == 0 && now - ps.last_used >= opts_.idle_close_ms &&
+          it->first != opts_.head_address) {
+        transport_->drop_peer(it->first);
+        it = peers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
   for (auto& [st, silent] : died) {
     finish(st, "ActorDiedError",

@@ -38,6 +38,10 @@ struct CoreOptions {
   std::string self_name;       // "driver", "node n-..", "head": the sender of our messages
   int64_t detect_ms = 2000;    // a peer silent this long while we wait on it is dead
   int64_t heartbeat_ms = 400;  // ping a peer we wait on after this much silence
+  // A connection we opened that carried nothing for this long, with no call waiting on it, is
+  // closed (the next call opens it again): the peers of a long run come and go, and each one
+  // kept would hold its socket and file descriptors for the life of the process.
+  int64_t idle_close_ms = 120000;
   size_t max_message_bytes = size_t(1) << 30;
   // Connections its port holds from any one address (security/source_limit.hpp); 0: no bound.
   size_t max_connections_per_source = 256;
@@ -99,6 +103,8 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
   uint64_t inbound_messages() const { return inbound_messages_.load(); }
   uint64_t handshakes_admitted() const { return transport_->handshakes_admitted(); }
   uint64_t handshakes_refused() const { return transport_->handshakes_refused(); }
+  // Connections to peers open now (CoreOptions::idle_close_ms closes the idle ones).
+  size_t open_connections() const { return transport_->connections(); }
 
   // Hosting (nodes and the head).
   // Its methods see `context` as this_actor().
@@ -165,6 +171,7 @@ class Core final : public Caller, public std::enable_shared_from_this<Core> {
     int pending = 0;
     int64_t last_heard = 0;
     int64_t last_ping = 0;
+    int64_t last_used = 0;  // a message sent to it or heard from it
   };
 
   // Decodes, checks the caller's rights (a client may not call an internal method) and queues.

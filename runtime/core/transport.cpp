@@ -77,6 +77,7 @@ void Transport::stop() {
   [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
   if (thread_.joinable()) thread_.join();
   dealers_.clear();
+  connections_ = 0;
   source_limit_.reset();
   router_.reset();
   zap_.reset();
@@ -159,7 +160,9 @@ zmq::socket_t& Transport::dealer_for(const std::string& peer) {
   // "HOST:PORT/NODE": a connection of its own to HOST:PORT, the head that forwards to NODE.
   s.connect("tcp://" + peer.substr(0, peer.find('/')));
   dealers_changed_ = true;
-  return dealers_.emplace(peer, std::move(d)).first->second->socket;
+  zmq::socket_t& made = dealers_.emplace(peer, std::move(d)).first->second->socket;
+  connections_ = dealers_.size();
+  return made;
 }
 
 void Transport::drain_monitor(const std::string& peer, Dealer& d) {
@@ -212,6 +215,7 @@ void Transport::flush_outgoing() {
         }
         case Outgoing::Op::Drop:
           if (dealers_.erase(out.peer)) dealers_changed_ = true;
+          connections_ = dealers_.size();
           break;
       }
     } catch (const zmq::error_t& e) {

@@ -73,6 +73,8 @@ class Transport {
   void reply(zmq::message_t&& routing_id, std::vector<zmq::message_t>&& frames);
   // Thread-safe. Closes the DEALER to `peer`, discarding what it still queues.
   void drop_peer(const std::string& peer);
+  // Thread-safe. The DEALERs open now (one per peer we sent to and did not drop).
+  size_t connections() const { return connections_.load(); }
 
   void stop();
 
@@ -128,6 +130,7 @@ class Transport {
   std::mutex mu_;
   std::deque<Outgoing> queue_;
   std::atomic<bool> stop_{false};
+  std::atomic<size_t> connections_{0};  // dealers_.size(), for other threads
   std::thread thread_;
 };
 

@@ -784,6 +784,44 @@ TEST(DeferredReply, AMethodAnswersLaterFromAnotherThreadAndAnAnswerDroppedIsAnEr
   host->shutdown();
 }
 
+// A runtime that called peers which then went quiet closes its connections to them once idle
+// (the head of a two-hour soak held one per node a worker ever ran on, five descriptors each),
+// and a later call opens one again.
+TEST(IdleConnections, AreClosedAfterTheIdleTimeAndOpenedAgainByTheNextCall) {
+  std::vector<std::shared_ptr<detail::Core>> hosts;
+  std::vector<ActorHandle<testing::Counter>> counters;
+  detail::CoreOptions caller_opts;
+  caller_opts.self_name = "caller";
+  caller_opts.idle_close_ms = 300;
+  auto caller = std::make_shared<detail::Core>(caller_opts);
+  for (int i = 0; i < 3; ++i) {
+    detail::CoreOptions node;
+    node.bind = "tcp://127.0.0.1:0";
+    node.self_name = "node " + std::to_string(i);
+    hosts.push_back(std::make_shared<detail::Core>(node));
+    hosts.back()->host("a-counter", detail::class_entry<testing::Counter>(),
+                       std::make_shared<testing::Counter>(0));
+    auto ref = std::make_shared<detail::ActorRef>();
+    ref->id = "a-counter";
+    ref->class_name = "test.Counter";
+    ref->address = hosts.back()->address();
+    counters.emplace_back(caller, ref);
+  }
+  for (auto& c : counters) c.call(&testing::Counter::record, 1).get(Millis(10000));
+  EXPECT_EQ(caller->open_connections(), 3u);
+  auto wait_for = [&](size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (caller->open_connections() != n && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return caller->open_connections();
+  };
+  ASSERT_EQ(wait_for(0), 0u) << "idle connections were kept";
+  EXPECT_EQ(counters[1].call(&testing::Counter::log).get(Millis(10000)), std::vector<int>{1});
+  EXPECT_EQ(caller->open_connections(), 1u);
+  caller->shutdown();
+  for (auto& h : hosts) h->shutdown();
+}
+
 // An actor whose concurrent method waits until the test opens it, counting the calls that run
 // at once.
 class Gate {
