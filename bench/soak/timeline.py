@@ -13,6 +13,7 @@ import argparse
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 ENDED = ("succeeded", "failed", "cancelled")
@@ -34,11 +35,16 @@ def main():
     a = ap.parse_args()
     seen = set()
     ended = False
+    cursor = ""
     with open(a.out, "a") as out:
         while True:
             try:
                 token = open(a.token_file).read().strip()
-                j = poll(f"{a.url}/api/jobs/{a.job}", token)
+                # Only what came after the last answer (the dashboard's cursor), as its page
+                # polls: a whole history each time would cost the head's dashboard that much.
+                since = f"?since={urllib.parse.quote(cursor)}" if cursor else ""
+                j = poll(f"{a.url}/api/jobs/{a.job}{since}", token)
+                cursor = j.get("cursor", "")
             except (OSError, urllib.error.URLError, ValueError):
                 time.sleep(a.every)
                 continue

@@ -248,13 +248,27 @@ function renderJob(job) {
   log.textContent = job.log.slice(-300).map(l => l.line).join('\n');
 }
 
+// What the page holds of the selected job: each poll asks only for what came after the last
+// answer's cursor, and a whole history comes again only when the job redid rounds ("full").
+let held = null;
+function merge(id, ans) {
+  if (!held || held.id !== id || ans.full) held = {id, rounds_done: [], steps: [], timeline: [], log: []};
+  const keep = {rounds_done: 10000, steps: 20000, timeline: 5000, log: 2000};
+  for (const k in keep) held[k] = held[k].concat(ans[k]).slice(-keep[k]);
+  held.cursor = ans.cursor;
+  return Object.assign({}, ans, {rounds_done: held.rounds_done, steps: held.steps, timeline: held.timeline, log: held.log});
+}
+
 async function poll() {
   const err = document.getElementById('error');
   try {
     const [cluster, jobs] = await Promise.all([get('/api/cluster'), get('/api/jobs')]);
     renderCluster(cluster);
     renderJobs(jobs);
-    if (selected) renderJob(await get('/api/jobs/' + encodeURIComponent(selected)));
+    if (selected) {
+      const since = held && held.id === selected ? '?since=' + encodeURIComponent(held.cursor) : '';
+      renderJob(merge(selected, await get('/api/jobs/' + encodeURIComponent(selected) + since)));
+    }
     err.textContent = '';
     document.getElementById('updated').textContent = 'updated ' + new Date().toLocaleTimeString();
     document.body.setAttribute('data-loaded', 'yes');

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -129,7 +130,14 @@ struct Server::Impl {
   // page a 503), an admin's or the cluster key's every job.
   std::vector<JobInfo> refresh_jobs() {
     std::vector<JobInfo> readable;
-    for (const JobInfo& j : runtime().list_jobs()) {
+    const std::vector<JobInfo> listed = runtime().list_jobs();
+    // Jobs the head no longer lists (expired after `job_retention_ms`): their histories go.
+    std::erase_if(histories, [&](const auto& kv) {
+      return std::none_of(listed.begin(), listed.end(),
+                          [&](const JobInfo& j) { return j.id == kv.first; });
+    });
+    std::erase_if(complete, [&](const auto& kv) { return !histories.count(kv.first); });
+    for (const JobInfo& j : listed) {
       try {
         refresh(j);
       } catch (const PermissionError&) {
@@ -232,10 +240,22 @@ struct Server::Impl {
              [this](const httplib::Request& req, httplib::Response& res) {
                answer(res, [&] {
                  const std::string id = req.matches[1];
+                 std::optional<Since> since;
+                 if (req.has_param("since")) {
+                   since = Since::parse(req.get_param_value("since"));
+                   if (!since) {
+                     res.status = 400;
+                     json_reply(res, {{"error",
+                                       "since: expected the cursor of an earlier answer "
+                                       "(REVISION:ROUND:STEP:LINES:TIMELINE, at most 100 "
+                                       "bytes)"}});
+                     return;
+                   }
+                 }
                  for (const JobInfo& j : runtime().list_jobs())
                    if (j.id == id) {
                      refresh(j);
-                     json_reply(res, job_json(j, histories[id]));
+                     json_reply(res, job_json(j, histories[id], since));
                      return;
                    }
                  res.status = 404;

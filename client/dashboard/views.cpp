@@ -1,5 +1,6 @@
 #include "client/dashboard/views.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -110,6 +111,7 @@ class PromWriter {
 
 void JobHistory::note(TimelineEntry e) {
   timeline_.push_back(std::move(e));
+  ++timeline_added_;
   while (timeline_.size() > kMaxTimeline) timeline_.pop_front();
 }
 
@@ -118,6 +120,7 @@ void JobHistory::add_report(const JobProgress& p, int64_t at) {
   // The round before this one, as the job's history now stands, to tell what changed.
   auto redone = rounds_.lower_bound(p.step);
   if (redone != rounds_.end()) {
+    ++revision_;
     rounds_.erase(redone, rounds_.end());
     // The steps of the undone rounds go too: those after the last round kept.
     const int64_t kept = last() ? last()->report.inner_step : 0;
@@ -146,11 +149,13 @@ void JobHistory::add_report(const JobProgress& p, int64_t at) {
     note({at, p.step, "left_out",
           std::to_string(out) + " member(s) left out of the average by the guard"});
   rounds_[p.step] = RoundPoint{p, r, at};
+  while (rounds_.size() > kMaxRounds) rounds_.erase(rounds_.begin());
   joins_recorded_ = lefts_recorded_ = false;
 }
 
 void JobHistory::add(const JobEvent& e) {
   cursor = e.id;
+  const size_t lines_before = lines_.size();
   const int64_t at = event_unix_ms(e.id);
   if (e.kind == "report") {
     // Written only by the job's own actors (the head checks), but decoded like network input.
@@ -166,8 +171,11 @@ void JobHistory::add(const JobEvent& e) {
     // A round's per-step figures: msgpack of std::vector<JobProgress> (step = inner step).
     try {
       auto steps = unpack_checked<std::vector<JobProgress>>(e.data, "a job's step figures");
-      for (const JobProgress& s : steps)
-        steps_[s.step] = schema::from_metrics<schema::Step>(s.metrics);
+      for (const JobProgress& s : steps) {
+        auto [it, fresh] =
+            steps_.insert_or_assign(s.step, schema::from_metrics<schema::Step>(s.metrics));
+        if (!fresh) ++revision_;  // figures of a step already held: a poller's copy is stale
+      }
       while (steps_.size() > kMaxSteps) steps_.erase(steps_.begin());
     } catch (const std::exception& ex) {
       lines_.emplace_back(at, "skipped malformed step figures: " + escape_remote(ex.what(), 200));
@@ -197,6 +205,7 @@ void JobHistory::add(const JobEvent& e) {
     lefts_recorded_ = lefts_recorded_ || e.kind == schema::record::kLeft;
     note(std::move(t));
   }
+  lines_added_ += lines_.size() - lines_before;
   while (lines_.size() > kMaxLines) lines_.pop_front();
 }
 
@@ -280,12 +289,56 @@ json jobs_json(const std::vector<JobInfo>& jobs,
   return out;
 }
 
-json job_json(const JobInfo& j, const JobHistory& h) {
+std::string Since::text() const {
+  return std::to_string(revision) + ":" + std::to_string(round) + ":" + std::to_string(step) + ":" +
+         std::to_string(lines) + ":" + std::to_string(timeline);
+}
+
+std::optional<Since> Since::parse(std::string_view text) {
+  if (text.empty() || text.size() > 100) return std::nullopt;
+  std::vector<std::string_view> parts;
+  size_t from = 0;
+  for (size_t i = 0; i <= text.size(); ++i)
+    if (i == text.size() || text[i] == ':') {
+      parts.push_back(text.substr(from, i - from));
+      from = i + 1;
+    }
+  if (parts.size() != 5) return std::nullopt;
+  int64_t v[5];
+  for (size_t k = 0; k < 5; ++k) {
+    std::string_view d = parts[k];
+    const bool negative = !d.empty() && d[0] == '-';  // round and step: -1 for none yet
+    if (negative) d.remove_prefix(1);
+    if (d.empty() || d.size() > 18 || (negative && (k == 0 || k > 2))) return std::nullopt;
+    int64_t n = 0;
+    for (char c : d) {
+      if (c < '0' || c > '9') return std::nullopt;
+      n = n * 10 + (c - '0');
+    }
+    v[k] = negative ? -n : n;
+  }
+  return Since{uint64_t(v[0]), v[1], v[2], uint64_t(v[3]), uint64_t(v[4])};
+}
+
+json job_json(const JobInfo& j, const JobHistory& h, const std::optional<Since>& since_asked) {
   json out = job_info_json(j, &h);
+  // An answer since a cursor of another revision (the job redid rounds since) is a whole one.
+  const bool part = since_asked && since_asked->revision == h.revision();
+  const Since since = part ? *since_asked : Since{};
+  Since next{h.revision(), h.last() ? h.last()->progress.step : -1,
+             h.steps().empty() ? -1 : h.steps().rbegin()->first, h.lines_added(),
+             h.timeline_added()};
+  out["cursor"] = next.text();
+  out["full"] = !part;
   json rounds = json::array();
   double bytes_before = 0, tokens = 0;
   for (const auto& [r, point] : h.rounds()) {
     const JobProgress& p = point.progress;
+    if (part && r <= since.round) {  // held by the poller: only what the next rows derive
+      bytes_before = double(point.report.bytes_per_worker);
+      if (const auto t = schema::find(p.metrics, &Report::round_tokens)) tokens += *t;
+      continue;
+    }
     json row = {{"round", r}, {"unix_ms", point.unix_ms}, {"note", p.note}};
     // Every figure of the report, those of other entry actors' reports too.
     for (const auto& [k, v] : p.metrics) row[k] = number(v);
@@ -308,19 +361,31 @@ json job_json(const JobInfo& j, const JobHistory& h) {
   }
   out["rounds_done"] = rounds;
   json steps = json::array();
-  for (const auto& [step, figures] : h.steps()) {
+  for (auto it = part ? h.steps().upper_bound(since.step) : h.steps().begin();
+       it != h.steps().end(); ++it) {
+    const auto& [step, figures] = *it;
     json row = {{"step", step}};
     for (const auto& [k, v] : schema::to_metrics(figures)) row[k] = number(v);
     steps.push_back(std::move(row));
   }
   out["steps"] = steps;
+  // Of the held entries, those numbered at or past the poller's count.
+  const auto newer = [](const auto& held, uint64_t added, uint64_t seen) {
+    const uint64_t first = added - held.size();
+    return held.begin() +
+           std::ptrdiff_t(std::min<uint64_t>(held.size(), seen > first ? seen - first : 0));
+  };
   json timeline = json::array();
-  for (const TimelineEntry& t : h.timeline())
+  for (auto it = part ? newer(h.timeline(), h.timeline_added(), since.timeline)
+                      : h.timeline().begin();
+       it != h.timeline().end(); ++it)
     timeline.push_back(
-        {{"unix_ms", t.unix_ms}, {"round", t.round}, {"kind", t.kind}, {"text", t.text}});
+        {{"unix_ms", it->unix_ms}, {"round", it->round}, {"kind", it->kind}, {"text", it->text}});
   out["timeline"] = timeline;
   json lines = json::array();
-  for (const auto& [at, line] : h.lines()) lines.push_back({{"unix_ms", at}, {"line", line}});
+  for (auto it = part ? newer(h.lines(), h.lines_added(), since.lines) : h.lines().begin();
+       it != h.lines().end(); ++it)
+    lines.push_back({{"unix_ms", it->first}, {"line", it->second}});
   out["log"] = lines;
   return out;
 }

@@ -5,7 +5,9 @@
 #include <deque>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "diloco/job/job_schema.hpp"
@@ -36,6 +38,7 @@ class JobHistory {
   static constexpr size_t kMaxLines = 2000;     // log lines kept (the newest)
   static constexpr size_t kMaxTimeline = 5000;  // timeline entries kept (the newest)
   static constexpr size_t kMaxSteps = 20000;    // per-step figures kept (the newest)
+  static constexpr size_t kMaxRounds = 10000;   // rounds kept (the newest)
 
   // Folds in one event of the job's log. A report of a round already held (the job went back
   // to a checkpoint and redid it) replaces that round and drops the rounds after it.
@@ -48,6 +51,13 @@ class JobHistory {
   const std::map<int64_t, diloco::schema::Step>& steps() const { return steps_; }
   // The newest report, if any.
   const RoundPoint* last() const { return rounds_.empty() ? nullptr : &rounds_.rbegin()->second; }
+  // Bumped whenever rounds or steps held are replaced (the job went back and redid them): an
+  // answer since an older revision is the whole history again.
+  uint64_t revision() const { return revision_; }
+  // Log lines and timeline entries ever folded in: the held ones are the newest of them, so
+  // the first held has number lines_added() - lines().size().
+  uint64_t lines_added() const { return lines_added_; }
+  uint64_t timeline_added() const { return timeline_added_; }
   std::string cursor;  // the id of the last event folded in
 
  private:
@@ -60,6 +70,19 @@ class JobHistory {
   // Join and left records (schema::record::kJoin, kLeft) since the last report: they name who
   // joined or left, so the report does not note its rise or fall in workers again.
   bool joins_recorded_ = false, lefts_recorded_ = false;
+  uint64_t revision_ = 0, lines_added_ = 0, timeline_added_ = 0;
+};
+
+// What a poller already holds of a job (the "cursor" of job_json's last answer, which it sends
+// back as `?since=`): the history's revision, the last round and inner step, and how many log
+// lines and timeline entries it has seen. Text "REVISION:ROUND:STEP:LINES:TIMELINE".
+struct Since {
+  uint64_t revision = 0;
+  int64_t round = -1, step = -1;
+  uint64_t lines = 0, timeline = 0;
+  std::string text() const;
+  // nullopt for text that is not five numbers so (at most 100 bytes).
+  static std::optional<Since> parse(std::string_view text);
 };
 
 // Fields of job_json's "rounds_done" rows that the views derive, beside the report's own
@@ -80,8 +103,12 @@ nlohmann::json job_info_json(const JobInfo& j, const JobHistory* h);
 nlohmann::json jobs_json(const std::vector<JobInfo>& jobs,
                          const std::map<std::string, JobHistory>& histories);
 // One job: its record, every round's figures (bytes per round from the cumulative counts), the
-// timeline and the newest log lines.
-nlohmann::json job_json(const JobInfo& j, const JobHistory& h);
+// timeline and the newest log lines, and a "cursor" for the next poll. With `since` (of the same
+// revision), only what came after it ("full": false): a poller that sends its cursor back costs
+// the dashboard what is new, not the job's whole history on every poll (which made the soak's
+// head grow with its job: decision 0054).
+nlohmann::json job_json(const JobInfo& j, const JobHistory& h,
+                        const std::optional<Since>& since = std::nullopt);
 
 // /metrics in Prometheus' text exposition format (version 0.0.4).
 std::string prometheus_text(const ClusterStatus& st, const std::vector<JobInfo>& jobs,
