@@ -38,7 +38,7 @@ import time
 # job's (events are trimmed), so less than one key and 1 MB an hour; logs and checkpoints grow
 # with rounds by design and are bounded by checkpoint.keep and the log's rotation, so their
 # bound is set per run (--bound).
-DEFAULT_BOUNDS = {"rss_mb": 1.0, "fds": 1.0, "threads": 1.0, "keys": 1.0, "redis_mb": 1.0,
+DEFAULT_BOUNDS = {"rss_mb": 1.0, "anon_mb": 1.0, "fds": 1.0, "threads": 1.0, "keys": 1.0, "redis_mb": 1.0,
                   "checkpoints.rounds_held": 1.0}
 
 
@@ -49,8 +49,11 @@ def one_proc(pid):
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    rss_kb = int(fields.get("VmRSS", "0 kB").split()[0])
-    return {"rss_mb": rss_kb / 1024.0, "fds": fds, "threads": int(fields.get("Threads", "0"))}
+    kb = lambda k: int(fields.get(k, "0 kB").split()[0])
+    # RSS, and its anonymous part: the pages of mapped libraries (LibTorch's are hundreds of MB)
+    # count in RSS as code paths are first run, while what a process allocates is anonymous.
+    return {"rss_mb": kb("VmRSS") / 1024.0, "anon_mb": kb("RssAnon") / 1024.0, "fds": fds,
+            "threads": int(fields.get("Threads", "0"))}
 
 
 def descendants(pid):
