@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include "runtime/core/run_after.hpp"
+
 namespace loco::actors {
 
 Blob bytes_of(const std::shared_ptr<const std::string>& state, int64_t offset, int64_t length,
@@ -85,11 +87,9 @@ void InnerWorker::State::start_evaluation(int64_t begin, int64_t end) {
   const torch::Tensor theta = lead().outer->theta().clone();
   const torch::Tensor windows = val_windows.slice(0, begin, end);
   dl::Evaluator* e = evaluator.get();
-  std::shared_future<double> before = last_evaluation;
-  last_evaluation = std::async(std::launch::async, [e, theta, windows, before] {
-                      if (before.valid()) before.wait();  // one at a time on the model
-                      return e->evaluate(theta, windows);
-                    }).share();
+  // One at a time on the model; each holds its θ copy, not the evaluations before it.
+  last_evaluation = loco::run_after(last_evaluation, false,
+                                    [e, theta, windows] { return e->evaluate(theta, windows); });
   std::lock_guard<std::mutex> lock(checkpoints_mu);
   while (evaluations.size() >= 4) evaluations.erase(evaluations.begin());  // nobody asked
   evaluations[lead().outer->round()] = last_evaluation;

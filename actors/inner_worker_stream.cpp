@@ -2,6 +2,7 @@
 
 #include "actors/inner_worker_state.hpp"
 #include "runtime/core/remote_input.hpp"
+#include "runtime/core/run_after.hpp"
 
 namespace loco::actors {
 
@@ -55,54 +56,54 @@ class GroupAverager final : public dl::FragmentAverager {
     const bool guard_on = s_.guard.on;
     dl::GuardLog* log = &s_.log;
     ExchangeDesk* exchanges = &s_.exchanges;
-    s_.last_op = std::async(std::launch::async, [comm, group = group_, op, in, out,
-                                                 before = s_.last_op, sent, policy, fragment,
-                                                 guard_on, log, copy, exchanges] {
-                   if (before.valid()) before.get();
-                   uint64_t bytes = 0;
-                   // Its time, start to mean, and its figures as it ends however it ends.
-                   struct Timed {
-                     ExchangeDesk* desk;
-                     uint64_t op;
-                     const uint64_t& bytes;
-                     bool ok = false;
-                     std::chrono::steady_clock::time_point began = std::chrono::steady_clock::now();
-                     ~Timed() {
-                       const std::chrono::duration<double> took =
-                           std::chrono::steady_clock::now() - began;
-                       desk->put(op, ExchangeFigures{true, ok, bytes, took.count()});
-                     }
-                   } timed{exchanges, op, bytes};
-                   for (;;) {
-                     collective::Group g = group->at(op);
-                     CommMembers members(*comm, g);
-                     try {
-                       const auto judged = policy.judge(members, op, fragment, *sent);
-                       bytes += judged.guard_bytes + judged.code_bytes;
-                       log->add_seconds(judged.guard_seconds);
-                       if (!judged.verdicts.empty()) g.left_out = judged.left_out();
-                       // A joiner's first fragment (its Δ zero): left out with the guard on (the
-                       // others' mean, exactly); else its zero counted and the mean corrected.
-                       float correction = 1.0f;
-                       if (guard_on)
-                         group->leave_out_zero(g, op);
-                       else
-                         correction = group->weight_correction(g);
-                       bytes += policy.reduce(members, op, fragment, judged, g.left_out, {&in, 1},
-                                              {&out, 1});
-                       if (correction != 1.0f)
-                         for (float& x : out) x *= correction;
-                       log->add(fragment, names_of(g), judged.verdicts);
-                       timed.ok = true;
-                       return bytes;
-                     } catch (const collective::PeerLostError& e) {
-                       bytes += comm->last_stats().bytes_sent;
-                       if (!group->drop(e.peer(), g)) throw;
-                       log_warn("fragment all-reduce " + std::to_string(op) + ": " + e.peer() +
-                                " lost; the others finish it without it");
-                     }
-                   }
-                 }).share();
+    // After the operation before (its failure is this one's), holding it only until then.
+    s_.last_op = loco::run_after(
+        s_.last_op, true,
+        [comm, group = group_, op, in, out, sent, policy, fragment, guard_on, log, copy,
+         exchanges]() -> uint64_t {
+          uint64_t bytes = 0;
+          // Its time, start to mean, and its figures as it ends however it ends.
+          struct Timed {
+            ExchangeDesk* desk;
+            uint64_t op;
+            const uint64_t& bytes;
+            bool ok = false;
+            std::chrono::steady_clock::time_point began = std::chrono::steady_clock::now();
+            ~Timed() {
+              const std::chrono::duration<double> took = std::chrono::steady_clock::now() - began;
+              desk->put(op, ExchangeFigures{true, ok, bytes, took.count()});
+            }
+          } timed{exchanges, op, bytes};
+          for (;;) {
+            collective::Group g = group->at(op);
+            CommMembers members(*comm, g);
+            try {
+              const auto judged = policy.judge(members, op, fragment, *sent);
+              bytes += judged.guard_bytes + judged.code_bytes;
+              log->add_seconds(judged.guard_seconds);
+              if (!judged.verdicts.empty()) g.left_out = judged.left_out();
+              // A joiner's first fragment (its Δ zero): left out with the guard on (the
+              // others' mean, exactly); else its zero counted and the mean corrected.
+              float correction = 1.0f;
+              if (guard_on)
+                group->leave_out_zero(g, op);
+              else
+                correction = group->weight_correction(g);
+              bytes +=
+                  policy.reduce(members, op, fragment, judged, g.left_out, {&in, 1}, {&out, 1});
+              if (correction != 1.0f)
+                for (float& x : out) x *= correction;
+              log->add(fragment, names_of(g), judged.verdicts);
+              timed.ok = true;
+              return bytes;
+            } catch (const collective::PeerLostError& e) {
+              bytes += comm->last_stats().bytes_sent;
+              if (!group->drop(e.peer(), g)) throw;
+              log_warn("fragment all-reduce " + std::to_string(op) + ": " + e.peer() +
+                       " lost; the others finish it without it");
+            }
+          }
+        });
     return s_.last_op;
   }
 
