@@ -91,15 +91,10 @@ def proc_sample(value, tree):
     if s is None:
         return None
     if tree:
-        own, kids = dict(s), {}
         for kid in descendants(int(pid)):
             k = one_proc(kid)
-            if k is None:
-                continue
-            kids[str(kid)] = k
-            for q in k:
+            for q in k or {}:
                 s[q] += k[q]
-        s["self"], s["kids"] = own, kids
     s["pid"] = int(pid)
     return s
 
@@ -205,8 +200,9 @@ def within_slope_per_hour(lives, cuts, settle):
     """The slope shared by every life's stretches between the cuts (fixed effects: each life
     and stretch its own level), per hour, leaving out the points within settle seconds after a
     cut or a life's start; None when no stretch has 2 points at different times. A life is a
-    process's (a PID: a restarted head, a node's worker process from its start to its end), so
-    a worker that moves from one node to another is two lives, not a step in a node's memory."""
+    process's PID (a restarted head is two) and, for a node, the actors it has had so far
+    (--actor-log): a worker that moves from one node to another begins a life of each, not a
+    step in a node's memory."""
     stretches = {}
     for life, points in lives.items():
         born = points[0][0] if points else 0.0
@@ -237,9 +233,8 @@ def fault_cuts(path, first_unix, first_t):
 
 def series(lines):
     """{(kind, name, quantity): {life: [(t, value)]}} from the samples, nulls left out; a
-    process's lives are its PIDs (a restart begins a new one), a store's and a path's one. A
-    process sampled with its tree is two series: itself ("node3"), and its descendants ("node3
-    workers"), each descendant a life of its own."""
+    process's lives are its PIDs (a restart begins a new one) and, for a node, its actor
+    changes; a store's and a path's one."""
     out = {}
 
     def add(key, life, t, v):
@@ -252,15 +247,10 @@ def series(lines):
                 s = s or {}
                 # A process's life: its PID, and for a node, the actors it has had so far.
                 life = (s.get("pid", 0), s.get("changes"))
-                if "self" in s:
-                    for q, v in s["self"].items():
-                        add((kind, name, q), life, t, v)
-                    for kid, k in s.get("kids", {}).items():
-                        for q, v in k.items():
-                            add((kind, name + " workers", q), kid, t, v)
-                    continue
                 for q, v in s.items():
-                    if q not in ("pid", "changes"):
+                    # ("self" and "kids": a node's own figures and its children's, in samples
+                    # of 2026-11-29; the totals beside them are what counts.)
+                    if q not in ("pid", "changes", "self", "kids"):
                         add((kind, name, q), life, t, v)
         for name, v in l.get("paths", {}).items():
             add(("paths", name, "mb"), 0, t, v)

@@ -21,8 +21,8 @@ auto run_after(std::shared_future<T> before, bool rethrow, F task)
   return std::async(std::launch::async,
                     [before = std::move(before), rethrow, task = std::move(task)]() mutable {
                       if (before.valid()) {
+                        // Moved out: the capture no longer holds the task before.
                         const std::shared_future<T> earlier = std::move(before);
-                        before = {};
                         if (rethrow)
                           earlier.get();
                         else
