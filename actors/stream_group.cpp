@@ -4,13 +4,25 @@ namespace loco::actors {
 
 std::vector<std::string> CommMembers::names() const { return names_of(group_); }
 
+namespace {
+
+// `group` under `round_id`, one of the two exchanges of its operation.
+collective::Group with_phases(const collective::Group& group, std::uint64_t round_id) {
+  collective::Group g = group;
+  g.round_id = round_id;
+  g.first_phase = diloco::summary_round(diloco::op_of_round(round_id));
+  g.last_phase = diloco::data_round(diloco::op_of_round(round_id));
+  return g;
+}
+
+}  // namespace
+
 std::uint64_t CommMembers::allgather(std::uint64_t round_id,
                                      std::span<const std::vector<std::uint8_t>> mine,
                                      std::size_t max_bytes,
                                      std::vector<std::vector<std::uint8_t>>& all) {
   if (mine.size() != 1) throw std::logic_error("CommMembers: one local member per worker");
-  collective::Group g = group_;
-  g.round_id = round_id;
+  collective::Group g = with_phases(group_, round_id);
   comm_.options().codec = collective::Codec::fp32;
   all = comm_.allgather(g, mine[0], max_bytes);
   return comm_.last_stats().bytes_sent;
@@ -22,8 +34,7 @@ std::uint64_t CommMembers::allreduce(std::uint64_t round_id, collective::Codec c
                                      std::span<const std::uint8_t> left_out) {
   if (in.size() != 1 || out.size() != 1)
     throw std::logic_error("CommMembers: one local member per worker");
-  collective::Group g = group_;
-  g.round_id = round_id;
+  collective::Group g = with_phases(group_, round_id);
   g.left_out.assign(left_out.begin(), left_out.end());
   comm_.options().codec = codec;
   if (in[0].data() == out[0].data())

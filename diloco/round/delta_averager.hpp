@@ -59,6 +59,10 @@ class AveragingGroup {
 // the data), then the data. Ids of their own, in that order (collective/allreduce.hpp).
 inline std::uint64_t summary_round(std::uint64_t op) { return 2 * op; }
 inline std::uint64_t data_round(std::uint64_t op) { return 2 * op + 1; }
+// The operation whose exchange `round_id` is. A worker that loses a member in either exchange
+// runs both again without it, from the summaries: they are the phases of one operation to the
+// collective (collective::Group::first_phase).
+inline std::uint64_t op_of_round(std::uint64_t round_id) { return round_id / 2; }
 
 class DeltaAverager {
  public:

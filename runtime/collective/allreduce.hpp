@@ -24,7 +24,8 @@
 // - Messages of different operations are told apart by (round_id, members): data of a later
 //   operation that arrives early is kept for it, data of an earlier one is dropped. So retrying
 //   a failed operation with the same members needs a new round_id (fold an attempt counter in);
-//   the usual retry, without the lost member, may keep the round id.
+//   the usual retry, without the lost member, may keep the round id. An operation of several
+//   exchanges retried from its first (Group::first_phase) keeps its other exchanges' data too.
 // - One operation at a time per Communicator; it is not thread-safe (but for leave()). Between
 //   operations a thread of its own takes what arrives, bounded (butterfly.hpp's
 //   receive_between_operations).

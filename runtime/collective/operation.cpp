@@ -51,9 +51,20 @@ void check_group(const Transport& t, const Group& group, std::string_view what) 
   } catch (const CollectiveError& e) {
     throw CollectiveError(std::string(what) + ": " + e.what());
   }
+  if ((group.first_phase || group.last_phase) &&
+      !(group.first_phase <= group.round_id && group.round_id <= group.last_phase)) {
+    throw CollectiveError(std::string(what) + ": round " + std::to_string(group.round_id) +
+                          " is not among its operation's rounds " +
+                          std::to_string(group.first_phase) + " to " +
+                          std::to_string(group.last_phase));
+  }
 }
 
 }  // namespace
+
+bool in_phases(const Group& g, uint64_t round_id) {
+  return g.last_phase > g.first_phase && g.first_phase <= round_id && round_id <= g.last_phase;
+}
 
 std::string seconds_str(Clock::duration d) {
   std::ostringstream s;
@@ -261,6 +272,10 @@ void Operation::handle(Message& m) {
   if (!current) {
     const int s = rank_of(m.sender);
     const bool member = s >= 0 && s != me_;
+    if (h.round_id != g_.round_id && in_phases(g_, h.round_id)) {
+      handle_other_phase(m, s, member);
+      return;
+    }
     if (h.round_id < g_.round_id) {  // left over from an earlier operation
       if (member && h.type == MsgType::abort && expecting(s) &&
           ws_.finished == std::make_pair(h.round_id, h.group_fp)) {
@@ -342,6 +357,31 @@ void Operation::handle(Message& m) {
   if (h.type == MsgType::abort) handle_abort(m);
   ws_.stats.bytes_received += sizeof(Header) + m.sender.size() + m.payload.size;
   handle_data(s, m);
+}
+
+// Another exchange of this operation (Group::first_phase..last_phase): see types.hpp.
+void Operation::handle_other_phase(Message& m, int s, bool member) {
+  const Header& h = m.header;
+  if (member) {
+    if (m.link != 0) ws_.links[ep(s)].insert(m.link);
+    note_alive(peers_[s], Clock::now());
+  }
+  if (member && h.type == MsgType::abort && h.round_id < g_.round_id && h.group_fp == fp_ &&
+      expecting(s)) {
+    // It gave up an earlier exchange of this attempt, which this member finished: it will not
+    // come to this one, and goes back to the first without the member it lost there (or fails
+    // its round): so does this one, blaming whom it blamed.
+    const auto abort = decode_abort(m.payload.bytes());
+    throw OpFailure{abort ? abort->kind : AbortKind::error, abort ? abort->culprit : m.sender,
+                    "member " + who(s) + " gave up round " + std::to_string(h.round_id) +
+                        " of this operation, which this member finished, and sends nothing for "
+                        "round " +
+                        std::to_string(g_.round_id) + ": " +
+                        (abort ? escape_remote(abort->message, 1000) : std::string("?")),
+                    true};
+  }
+  if (h.type != MsgType::keepalive)
+    ws_.stash_message(std::move(m), g_.round_id, s < 0, Clock::now());
 }
 
 bool Operation::done() const {
@@ -440,7 +480,7 @@ void Operation::run() {
   check_leaving();
   // Messages of this operation that arrived during an earlier one.
   for (Workspace::Early& e : ws_.take_stash(Clock::now())) {
-    if (e.m.header.round_id < g_.round_id) continue;
+    if (e.m.header.round_id < g_.round_id && !in_phases(g_, e.m.header.round_id)) continue;
     handle(e.m);
   }
 
@@ -600,7 +640,7 @@ void Workspace::stash_message(Message&& m, uint64_t round_id, bool stranger,
                 "Options::max_floats floats)");
     return;
   }
-  if (m.header.round_id - round_id > kMaxRoundsAhead) {
+  if (m.header.round_id > round_id && m.header.round_id - round_id > kMaxRoundsAhead) {
     drop(m, "round " + std::to_string(m.header.round_id) + " is implausibly far ahead of round " +
                 std::to_string(round_id));
     return;
@@ -668,8 +708,10 @@ size_t receive_between_operations(Transport& t, Workspace& ws, const Options& op
          ws.stash.size() < kMaxStashMessages && t.try_receive(m)) {
     ++taken;
     const Header& h = m.header;
-    const bool past = ws.begun && (h.round_id < ws.last_round ||
-                                   (h.round_id == ws.last_round && h.group_fp == ws.last_fp));
+    // An earlier exchange of the last operation is not past (Group::first_phase).
+    const bool past =
+        ws.begun && ((h.round_id < ws.last_round && h.round_id < ws.last_first_phase) ||
+                     (h.round_id == ws.last_round && h.group_fp == ws.last_fp));
     if (m.forged) {
       ws.drop(m, "it failed to authenticate");
     } else if (std::string bad = check_message(h, m.sender.size(), m.payload.size);
@@ -751,6 +793,7 @@ void begin_operation(Transport& t, Workspace& ws, const Options& options, const 
   ws.begun = true;
   ws.last_round = group.round_id;
   ws.last_fp = fingerprint(group);
+  ws.last_first_phase = in_phases(group, group.round_id) ? group.first_phase : group.round_id;
   ws.last_members.clear();
   for (const Member& m : group.members) ws.last_members.push_back(m.name);
   // Peers that left the group: let what is queued for them drain, then close.

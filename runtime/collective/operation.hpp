@@ -65,6 +65,9 @@ inline Buffer shared_slice(const std::shared_ptr<Bytes>& bytes, size_t offset, s
 // "3.0 s", for messages.
 std::string seconds_str(Clock::duration d);
 
+// Whether `round_id` is one of the exchanges of g's operation (Group::first_phase).
+bool in_phases(const Group& g, uint64_t round_id);
+
 // Bounds on the early messages a member keeps (Workspace::stash). kMaxStashBytes is the hard
 // cap, and the bound when Options::max_floats is not known; with it, held_bytes_bound().
 inline constexpr size_t kMaxStashBytes = size_t(1) << 30;
@@ -123,6 +126,7 @@ struct Workspace {
   bool begun = false;
   uint64_t last_round = 0;
   uint64_t last_fp = 0;
+  uint64_t last_first_phase = 0;  // its Group::first_phase, or its round when it has none
   std::vector<std::string> last_members;
   // Messages dropped without blaming anyone (malformed, claiming another member's rank, too
   // far ahead, over the stash's bounds), counted and logged at most once per 10 s.
@@ -268,6 +272,7 @@ class Operation {
   void sample_bytes(int p, Clock::time_point now);
   void handle(Message& m);
   void handle_abort(const Message& m);
+  void handle_other_phase(Message& m, int sender_rank, bool member);
   void check_liveness(Clock::time_point now);
   // This member has left (Communicator::leave): the operation fails, and its peers are told
   // that this member is lost, so that they go on without it at once. So does a member said

@@ -78,6 +78,18 @@ struct Group {
   // Where two unreachable members (Member::reachable false) exchange; needed only when the
   // group has two of them. Not part of the group's fingerprint.
   RelayEndpoint relay;
+  // One operation of several exchanges, each under a round id of its own, in order (DiLoCo's
+  // guard: the summaries' all-gather, then the data's all-reduce), which its members, when one
+  // is lost in any of them, run again from the first without it: its round ids are
+  // [first_phase, last_phase], round_id among them (both 0: round_id alone). A member's message
+  // of another of them is then neither a leftover (an earlier exchange's: its sender went back
+  // to the first) nor proof that it moved on (a later one's: it is still in the attempt before,
+  // and will come back when it learns of the loss): it is kept for the exchange it belongs to,
+  // and says its sender is alive. Its notice that it gave up an earlier exchange of this same
+  // group fails this one as it failed there (a member lost there is lost here). The same on
+  // every member; not part of the fingerprint.
+  uint64_t first_phase = 0;
+  uint64_t last_phase = 0;
 };
 
 struct Options {

@@ -205,11 +205,26 @@ void FailureDetector::grace(int64_t now) {
   for (auto& [_, s] : seen_) s.changed_at = now;
 }
 
+int64_t FailureDetector::window_of(const Seen& s) const {
+  return std::clamp(2 * s.longest_ms, timeout_ms_, 4 * timeout_ms_);
+}
+
+int64_t FailureDetector::window_ms(const std::string& node) const {
+  auto it = seen_.find(node);
+  return it == seen_.end() ? timeout_ms_ : window_of(it->second);
+}
+
 std::vector<FailureDetector::Verdict> FailureDetector::dead(int64_t now) const {
   std::vector<Verdict> out;
   for (auto& [node, s] : seen_) {
-    int64_t silent = now - s.changed_at;
-    if (silent >= timeout_ms_) out.push_back({node, "missed heartbeats for " + human_ms(silent)});
+    const int64_t silent = now - s.changed_at;
+    const int64_t window = window_of(s);
+    if (silent < window) continue;
+    std::string reason = "missed heartbeats for " + human_ms(silent);
+    if (window > timeout_ms_)
+      reason += " (its window " + human_ms(window) + ": it came back from " +
+                human_ms(s.longest_ms) + " before)";
+    out.push_back({node, reason});
   }
   return out;
 }
@@ -217,7 +232,7 @@ std::vector<FailureDetector::Verdict> FailureDetector::dead(int64_t now) const {
 std::set<std::string> FailureDetector::suspects(int64_t now) const {
   std::set<std::string> out;
   for (auto& [node, s] : seen_)
-    if (now - s.changed_at >= timeout_ms_ / 2) out.insert(node);
+    if (now - s.changed_at >= window_of(s) / 2) out.insert(node);
   return out;
 }
 

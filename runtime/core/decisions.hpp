@@ -120,8 +120,13 @@ class SubmissionLimits {
 
 // Decides which nodes are dead from what the head reads in the store: each
 // node's heartbeat key (a counter the node bumps, with a TTL). A node is dead
-// when its heartbeat has not changed for `timeout_ms` of the head's own clock,
-// so clock skew between hosts does not matter.
+// when its heartbeat has not changed for its window of the head's own clock,
+// so clock skew between hosts does not matter. The window is `timeout_ms`,
+// widened to twice the longest silence the node came back from, at most four
+// times `timeout_ms`: the collective's rule for its peers (liveness.hpp). A node
+// whose uplink a job's data fills (a 5 Mbit/s site behind NAT sending fp32
+// fragments) shows its heartbeats stalling by seconds before it is ever taken for
+// dead; a node that never stalled is still found within `timeout_ms`.
 class FailureDetector {
  public:
   explicit FailureDetector(int64_t timeout_ms) : timeout_ms_(timeout_ms) {}
@@ -150,6 +155,8 @@ class FailureDetector {
   std::optional<Health> health(const std::string& node, int64_t now) const;
 
   int64_t timeout_ms() const { return timeout_ms_; }
+  // The silence after which `node` is dead (timeout_ms for a node not watched).
+  int64_t window_ms(const std::string& node) const;
 
  private:
   struct Seen {
@@ -158,6 +165,7 @@ class FailureDetector {
     int64_t late = 0;
     int64_t longest_ms = 0;
   };
+  int64_t window_of(const Seen& s) const;
   int64_t timeout_ms_;
   std::map<std::string, Seen> seen_;
 };
