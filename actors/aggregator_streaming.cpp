@@ -94,7 +94,13 @@ Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& m
   for (int m : members)
     if (slots[size_t(m)].active) staying.push_back(m);
   next.members = int(staying.size());
-  next.target = target;
+  // A slot the guard removed is never filled again: the members it leaves are the whole job.
+  // (Counted in the target, it held every later round back from being sent ahead: the soak's
+  // record ran 60 rounds so after an eviction.)
+  int removed = 0;
+  for (int i = 0; i < target && size_t(i) < slots.size(); ++i)
+    removed += slots[size_t(i)].removed.empty() ? 0 : 1;
+  next.target = target - removed;
   next.min = cfg.workers.min;
   const Pipeline p = pipeline_next(next);
   // Whether rounds are sent ahead, and why not, said when it changes.

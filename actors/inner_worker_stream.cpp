@@ -222,8 +222,10 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       out.wait_seconds += s.admit_at(req, group, now);
     }
     void landed(dl::InFlightFragment& f, int64_t now) override {
+      last_landed = std::max(last_landed, f.op);
       s.log_landing(f.fragment, f.mean[0], now);
     }
+    uint64_t last_landed = 0;  // the newest operation that landed in the call
   } worker(*s_, req, *group, out, start);
   const int64_t round_of_call = req.round;
   GroupAverager averager(
@@ -242,13 +244,14 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   round.from_step = req.from_step;
   round.op_base = req.op_id;
   const dl::StreamingRound::Result r = s_->engine->run(round, averager, worker);
+  s_->hook(RoundPoint::stream_end, req.round, s_->cfg.inner.steps, "stream");
   out.wait_seconds += r.wait_seconds;
   out.bytes_sent += r.bytes_sent;
   out.inner.round = req.round;
   // Over the steps it took: a worker that joined mid-round took fewer than H.
   out.inner.mean_loss = out.inner.steps > 0 ? worker.loss / out.inner.steps : 0.0;
   out.theta_hash = k.outer->theta_hash();
-  out.group = group->names();
+  out.group = group->names_as_landed(worker.last_landed);
   out.left_out = notes_of(s_->guard_log.take());
   out.guard_seconds = s_->guard_log.take_seconds();
   out.exchange_seconds = s_->exchanges.take_seconds();

@@ -28,6 +28,9 @@ enum class RoundPoint {
   before_allreduce,
   // reduce(): the all-reduce returned, before the outer step. A throw fails the call.
   after_allreduce,
+  // stream(): the round's events done (its last synchronizations sent, its landings applied),
+  // before the call returns its result (fragments may still be in flight).
+  stream_end,
   // Δ is written, before it is summarized and averaged: `delta` is it (blocking: all of the
   // worker's, once per round; streaming and eager: fragment `step`'s, a copy), which a hook may
   // change (a test's broken or hostile worker).

@@ -107,6 +107,14 @@ float StreamGroup::weight_correction(const collective::Group& g) {
   return 1.0f;
 }
 
+std::vector<std::string> StreamGroup::names_as_landed(uint64_t last_landed) {
+  std::vector<std::string> out = names();
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [name, op] : dropped)
+    if (op > last_landed) out.push_back(name);
+  return out;
+}
+
 bool StreamGroup::drop(const std::string& lost, const collective::Group& tried) {
   std::lock_guard<std::mutex> lock(mu);
   if (lost.empty() || lost == self) return false;
@@ -114,6 +122,7 @@ bool StreamGroup::drop(const std::string& lost, const collective::Group& tried) 
     if (members[i].name == lost) {
       members.erase(members.begin() + std::ptrdiff_t(i));
       from_op.erase(from_op.begin() + std::ptrdiff_t(i));
+      dropped.emplace_back(lost, tried.round_id);
       break;
     }
   size_t now = 0;

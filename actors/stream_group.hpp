@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/exchange_desk.hpp"
@@ -59,6 +60,7 @@ struct StreamGroup {
   std::string self;
   std::string zero_member;  // whose Δ counts with weight zero in operation `zero_op`
   uint64_t zero_op = 0;
+  std::vector<std::pair<std::string, uint64_t>> dropped;  // each with the operation it left
 
   // The group of a stream() call, `first` the operation a joiner takes part from (its Δ of
   // weight zero).
@@ -67,6 +69,13 @@ struct StreamGroup {
   // The group of operation `op`: the members that take part in it, this worker's rank.
   collective::Group at(uint64_t op);
   std::vector<std::string> names();
+  // What a stream() call reports as its group (StreamResult::group): names(), with the members
+  // back that an operation after `last_landed` dropped. Such an operation is still in flight as
+  // the call returns, and it may have dropped a member on this worker and not yet on another
+  // that returned first: every member reports the group its landed operations ended with. (The
+  // soak's record, 2026-11-30: survivors of a head restart returned before and after dropping
+  // the workers behind NAT, and the job went back to its checkpoint.)
+  std::vector<std::string> names_as_landed(uint64_t last_landed);
   void add(const std::string& name, const std::string& endpoint, uint64_t op);
   // With the guard on: the joiner's zero Δ in operation `op` is left out of g's mean (the
   // others' mean, exactly), instead of weight_correction's factor.

@@ -167,8 +167,8 @@ void StreamingRound::start_average(InFlightFragment& f, const Round& r,
     deltas.emplace_back(f.delta[i]);
     means.emplace_back(f.mean[i]);
   }
-  f.done = averager.start(r.op_base + static_cast<std::uint64_t>(f.fragment), f.fragment, deltas,
-                          means);
+  f.op = r.op_base + static_cast<std::uint64_t>(f.fragment);
+  f.done = averager.start(f.op, f.fragment, deltas, means);
 }
 
 void StreamingRound::synchronize(int fragment, const Round& r, std::int64_t now,

@@ -79,6 +79,7 @@ struct InFlightFragment {
   int fragment = 0;
   std::int64_t synced = 0;  // the inner step count after which it synchronized
   std::int64_t lands = 0;   // the inner step count after which it lands
+  std::uint64_t op = 0;     // its average's operation (Round::op_base + fragment; 0: read back)
   std::vector<std::vector<float>> delta;    // per replica: its Δ, range after range
   std::vector<std::vector<float>> mean;     // per replica: the average, once `done` is ready
   std::vector<torch::Tensor> provisional;   // eager, per replica: the θ it went on from

@@ -87,6 +87,18 @@ std::vector<std::string> attempts_of_round(const std::string& folder, const std:
   return out;
 }
 
+// Kills the cluster's head, starts it again, and waits (at most `limit`) for job `id` to end:
+// how it ended, and its log.
+std::pair<JobInfo, std::string> restart_head_and_wait(LocalCluster& c, const std::string& id,
+                                                      Millis limit) {
+  c.kill_head();
+  c.start_head();
+  Client again(c.head_address());
+  JobHandle job = again.job(id);
+  JobInfo end = job.wait(limit);
+  return {end, log_text(job)};
+}
+
 using Elastic = DilocoJob;
 
 TEST_F(Elastic, ScaleUpNewWorkerCopiesTheOuterStateThenScaleDown) {
@@ -462,12 +474,7 @@ TEST_F(Elastic, AWorkerWhoseAnswerARestartingHeadLostIsDroppedFromTheRoundsSentA
       << log_text(handle);
   // Worker 2 is the one behind NAT: its calls cross the head.
   ASSERT_EQ(client.runtime().lookup(handle.id() + ".worker-2").address.rfind(kThroughHead, 0), 0u);
-  c.kill_head();
-  c.start_head();
-  Client again(c.head_address());
-  JobHandle job_again = again.job(handle.id());
-  JobInfo end = job_again.wait(Millis(150000));
-  const std::string log = log_text(job_again);
+  const auto [end, log] = restart_head_and_wait(c, handle.id(), Millis(150000));
   ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
   EXPECT_TRUE(std::regex_search(
       log, std::regex("worker 2 dropped from round 3 and round 4 \\(sent ahead\\); workers 0, 1 "
@@ -485,6 +492,47 @@ TEST_F(Elastic, AWorkerWhoseAnswerARestartingHeadLostIsDroppedFromTheRoundsSentA
       << read_file(c.log_dir() + "/node-2.log");
   EXPECT_FALSE(contains(log, "goes back to")) << log;
   EXPECT_EQ(expect_each_round_once(dir_ + "/ckpt/" + handle.id() + "/metrics.jsonl"), 7);
+}
+
+// The record's soak (2026-11-30, round 6): the head restarted with the workers behind NAT in a
+// round, and the aggregator dropped them; one survivor had returned the round before the drop
+// reached the fragment still in flight, another after, and each reported its group as it was
+// when it returned: {all} and {the survivors}. The aggregator took that for members that did
+// not end the round in one group, and the job went back to its checkpoint. A call now reports
+// the group as the operations that landed in it left it, the same on every member. Here worker 0
+// returns round 3 at once (it marks the moment), worker 2 (behind NAT) holds round 3's last
+// fragment in flight, and worker 1 returns 30 s late; the head is restarted as worker 0 has
+// returned, so the drop comes between the two returns.
+TEST_F(Elastic, SurvivorsThatReturnBeforeAndAfterADropInAFragmentInFlightEndTheRoundInOneGroup) {
+  TestJob j = job(3, 2, 6);
+  j.eval_every = 1000;
+  j.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  const std::string fault_log = dir_ + "/survivors-fault.log";
+  for (const char* plan : {"", ".0", ".1", ".2"}) fs::remove(fault_log + plan);  // a run before
+  ScopedEnv env("LOCO_FAULT",
+                "worker=0,round=3,at=mark;worker=1,round=3,at=return_stall,stall_s=30;"
+                "worker=2,round=3,at=end_stall,stall_s=30");
+  ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
+  ClusterOptions o = with_fault_injection(one_worker_per_node(2));
+  o.detect_ms = 5000;  // the head's restart is over well within it
+  LocalCluster c(o);
+  c.add_node({"--no-listen"});
+  ASSERT_TRUE(c.wait_alive_nodes(3));
+  Client client(c.head_address());
+  JobHandle handle = client.submit(JobSpec::from_yaml(j.yaml()));
+  // Worker 0 has ended round 3, and worker 2 holds its last fragment (either comes first).
+  ASSERT_TRUE(eventually(
+      [&] { return fs::exists(fault_log + ".0") && fs::exists(fault_log + ".2"); }, Millis(120000)))
+      << "worker 0 never ended round 3, or worker 2 never held its last fragment\n"
+      << log_text(handle);
+  ASSERT_EQ(client.runtime().lookup(handle.id() + ".worker-2").address.rfind(kThroughHead, 0), 0u);
+  const auto [end, log] = restart_head_and_wait(c, handle.id(), Millis(180000));
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  ASSERT_TRUE(fs::exists(fault_log + ".1")) << "worker 1 did not return late";
+  EXPECT_TRUE(std::regex_search(log, std::regex("worker 2 dropped from round 3"))) << log;
+  EXPECT_FALSE(contains(log, "did not end it in one group")) << log;
+  EXPECT_FALSE(contains(log, "goes back to")) << log;
+  EXPECT_EQ(expect_each_round_once(dir_ + "/ckpt/" + handle.id() + "/metrics.jsonl"), 6);
 }
 
 // A worker that stops making progress while its node still answers heartbeats (an injected

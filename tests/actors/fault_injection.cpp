@@ -21,6 +21,13 @@
 //                                starts fragment 1's average, fragment 0's still in flight: a
 //                                member that fails a streaming round alive, the others in it
 //                                and in the round sent ahead behind it
+//   worker=I,round=R,at=end_stall[,stall_s=S]   worker I's stream() of round R sleeps S s (20)
+//                                at the round's end, before its last fragment's average: the
+//                                others hold that fragment in flight, waiting for it
+//   worker=I,round=R,at=return_stall[,stall_s=S]   worker I's stream() of round R sleeps S s
+//                                (20) once its events are done, before it returns: its last
+//                                fragment's average goes on meanwhile
+//   worker=I,round=R,at=mark     worker I's stream() of round R appends the moment as it ends
 //   worker=I,delay_ms=D          worker I sleeps D ms after each of its inner steps, in every
 //                                round (a slower worker); no `at` needed
 //   worker=I,round=R,at=diverge  worker I's inner loss reads NaN at step H/2 of round R (as a
@@ -32,9 +39,11 @@
 //                                is the number PATH holds once it exists (the soak bench
 //                                writes it when its schedule says so)
 //
-// A kill, stall or SIGTERM appends the moment (unix ms) to $LOCO_FAULT_LOG, so that a test can
-// time the detection; with $LOCO_FAULT_LOG set, a fault fires once in the whole test (not
-// again in the worker that replaces the victim, should the job redo that round).
+// Several faults: their plans joined by ';' (each as above). A kill, stall, mark or SIGTERM
+// appends the moment (unix ms) to $LOCO_FAULT_LOG and to $LOCO_FAULT_LOG.N (N: the plan's
+// place, from 0), so that a test can time the detection or wait for one fault; with
+// $LOCO_FAULT_LOG set, a fault fires once in the whole test (not again in the worker that
+// replaces the victim, should the job redo that round).
 #include <signal.h>
 #include <unistd.h>
 
@@ -45,11 +54,13 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "actors/round_hooks.hpp"
 #include "diloco/round/guard.hpp"
@@ -98,28 +109,42 @@ struct FaultPlan {
   }
 };
 
-void log_moment() {
-  if (const char* log = std::getenv("LOCO_FAULT_LOG"))
-    std::ofstream(log, std::ios::app) << unix_ms() << "\n";
+// $LOCO_FAULT_LOG's file for plan `index` (empty: none).
+std::string plan_log(size_t index) {
+  const char* log = std::getenv("LOCO_FAULT_LOG");
+  return log ? std::string(log) + "." + std::to_string(index) : std::string();
 }
 
-[[noreturn]] void die() {
-  log_moment();
+void log_moment(size_t index) {
+  const char* log = std::getenv("LOCO_FAULT_LOG");
+  if (!log) return;
+  const int64_t now = unix_ms();
+  std::ofstream(log, std::ios::app) << now << "\n";
+  std::ofstream(plan_log(index), std::ios::app) << now << "\n";
+}
+
+[[noreturn]] void die(size_t index) {
+  log_moment(index);
   ::kill(::getpid(), SIGKILL);
   std::abort();
 }
 
-class FaultInjection : public actors::RoundHooks {
- public:
-  explicit FaultInjection(FaultPlan plan) : plan_(std::move(plan)) {}
+void stall(double seconds) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(seconds * 1000)));
+}
 
-  void at(RoundPoint point, const RoundContext& c) override {
+// One plan's hooks.
+class Fault {
+ public:
+  Fault(FaultPlan plan, size_t index) : plan_(std::move(plan)), index_(index) {}
+
+  void at(RoundPoint point, const RoundContext& c) {
     if (c.worker != plan_.worker) return;
     switch (point) {
       case RoundPoint::before_inner_steps:
         if (!hits(c, "stall")) return;
-        log_moment();
-        std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(plan_.stall_s * 1000)));
+        log_moment(index_);
+        stall(plan_.stall_s);
         return;
       case RoundPoint::after_inner_step:
         if (c.step_loss && c.step == std::max(1, c.steps_per_round / 2) && hits(c, "diverge")) {
@@ -132,25 +157,37 @@ class FaultInjection : public actors::RoundHooks {
         }
         if (std::string_view(c.method) == "inner" && c.step == std::max(1, c.steps_per_round / 2) &&
             hits(c, "inner"))
-          die();
+          die(index_);
         return;
       case RoundPoint::stream_events:
         if (c.step >= c.steps_per_round / 2 && hits(c, "stream_stall") && !fired_.exchange(true)) {
-          log_moment();
-          std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(plan_.stall_s * 1000)));
+          log_moment(index_);
+          stall(plan_.stall_s);
+          return;
+        }
+        if (c.step == c.steps_per_round && hits(c, "end_stall") && !fired_.exchange(true)) {
+          log_moment(index_);
+          stall(plan_.stall_s);
           return;
         }
         if (c.step < c.steps_per_round / 2 || !hits(c, "stream")) return;
-        if (!plan_.sigterm) die();
-        log_moment();
+        if (!plan_.sigterm) die(index_);
+        log_moment(index_);
         ::kill(::getpid(), SIGTERM);
         // The node's stop reaches this worker within its next poll; a tiny test model could
         // otherwise finish the round first.
         for (int i = 0; i < 3000 && !c.stopping->load(); ++i)
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
         return;
+      case RoundPoint::stream_end:
+        if (hits(c, "mark") && !fired_.exchange(true)) log_moment(index_);
+        if (hits(c, "return_stall") && !fired_.exchange(true)) {
+          log_moment(index_);
+          stall(plan_.stall_s);
+        }
+        return;
       case RoundPoint::before_allreduce:
-        if (hits(c, "reduce")) c.collective->after_send = [](uint64_t) { die(); };
+        if (hits(c, "reduce")) c.collective->after_send = [i = index_](uint64_t) { die(i); };
         return;
       case RoundPoint::after_allreduce:
         if (hits(c, "after_allreduce") && !fired_.exchange(true))
@@ -160,7 +197,7 @@ class FaultInjection : public actors::RoundHooks {
       case RoundPoint::pseudo_gradient:
         if (c.step == 1 && std::string_view(c.method) == "stream" && hits(c, "fragment_fail") &&
             !fired_.exchange(true)) {
-          log_moment();
+          log_moment(index_);
           throw std::runtime_error("injected fault: worker " + std::to_string(c.worker) +
                                    " fails fragment 1 of round " + std::to_string(c.round + 1));
         }
@@ -184,19 +221,38 @@ class FaultInjection : public actors::RoundHooks {
 
   bool hits(const RoundContext& c, const char* where) const {
     if (plan_.round != c.round + 1 || plan_.at != where) return false;
-    const char* log = std::getenv("LOCO_FAULT_LOG");
-    return !(log && std::filesystem::exists(log));
+    const std::string log = plan_log(index_);
+    return log.empty() || !std::filesystem::exists(log);
   }
 
   const FaultPlan plan_;
-  // at=after_allreduce, fragment_fail, stream_stall: once per process
+  const size_t index_;
+  // at=after_allreduce, fragment_fail, stream_stall, end_stall, return_stall, mark: once per
+  // process
   std::atomic<bool> fired_{false};
+};
+
+class FaultInjection : public actors::RoundHooks {
+ public:
+  explicit FaultInjection(const std::string& plans) {
+    for (size_t at = 0, i = 0; at <= plans.size(); ++i) {
+      const size_t end = std::min(plans.find(';', at), plans.size());
+      faults_.push_back(std::make_unique<Fault>(FaultPlan::parse(plans.substr(at, end - at)), i));
+      at = end + 1;
+    }
+  }
+  void at(RoundPoint point, const RoundContext& c) override {
+    for (auto& f : faults_) f->at(point, c);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Fault>> faults_;
 };
 
 [[maybe_unused]] const bool installed = [] {
   const char* v = std::getenv("LOCO_FAULT");
   if (!v || !*v) return false;
-  static FaultInjection hooks(FaultPlan::parse(v));
+  static FaultInjection hooks(v);
   actors::install_round_hooks(&hooks);
   log_info(std::string("fault injection installed: LOCO_FAULT=") + v);
   return true;

@@ -115,6 +115,28 @@ TEST_F(Guard, AWorkerRemovedAsACheckpointAndAnEvaluationAreDueIsNotAskedForItsPa
   EXPECT_TRUE(std::isfinite(f.metrics.at(5)["val_loss"].get<double>())) << f.metrics.at(5);
 }
 
+// A streaming job whose guard removed a worker sends its rounds ahead again: the removed slot
+// is never filled, so the two left are the whole job. Before, the removed slot still counted in
+// the job's target, and every later round waited at its start for members that could not come
+// ("round N: not sent ahead: the members may change"): the soak's record of 2026-11-30 ran its
+// last 60 rounds so.
+TEST_F(Guard, AfterTheGuardRemovedAWorkerTheRoundsAreSentAheadAgain) {
+  TestJob t = job(3, 1, 7);
+  t.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  t.guard = "{evict_after: 2}";
+  t.eval_every = 1000;  // an evaluation due also keeps a round from being sent ahead
+  const Finished f = run_with_fault("worker=1,round=2,corrupt=scale", t);
+  ASSERT_TRUE(f.succeeded) << f.why;
+  const size_t removed = f.log.find("worker 1 removed from the job");
+  ASSERT_NE(removed, std::string::npos) << f.log;
+  // Said when it changes: sent ahead from round 2 on, and never held back after the removal.
+  EXPECT_NE(f.log.find("round 2: sent right behind round 1"), std::string::npos) << f.log;
+  EXPECT_EQ(f.log.find("not sent ahead: the members may change", removed), std::string::npos)
+      << f.log;
+  ASSERT_EQ(f.metrics.size(), 8u);
+  EXPECT_EQ(f.metrics.at(7)["workers"], 2) << f.metrics.at(7);
+}
+
 // Streaming (2 fragments): worker 2 of 3 flips the sign of its Δ from round 2 on. The
 // fragments' averages leave it out (rule direction) where the honest workers' updates agree
 // (docs/decisions/0039-robust-averaging.md), nobody else is ever left out, it is never removed
