@@ -530,6 +530,22 @@ TEST(Hostile, ALaterRoundInAMembersNameFromAnotherConnectionDoesNotAbortTheRound
   EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0);
 }
 
+// Queues `sender`'s (rank `rank` of `group`) abort notice `a` at member `to` of g, as if sent
+// in group's round (inproc has no connection ids: the name is all a member knows of its sender).
+void send_notice(MemoryGroup& g, int to, const std::string& sender, uint32_t rank,
+                 const Group& group, const Abort& a) {
+  Header h;
+  h.type = MsgType::abort;
+  h.round_id = group.round_id;
+  h.group_fp = fingerprint(group);
+  h.sender_rank = rank;
+  auto body = std::make_shared<std::string>(encode_abort(a));
+  MemoryTransport notice(g.hub, "mem://" + sender + "-notice");
+  ASSERT_TRUE(
+      notice.try_send(g.transports[to]->endpoint(), Channel::control, h, sender,
+                      Buffer{reinterpret_cast<const uint8_t*>(body->data()), body->size(), body}));
+}
+
 // A member that gave up the operation this member finished last (its abort notice of that
 // operation arrives while we wait for it in the next) will not come to the next one: the wait
 // ends at once, naming it, instead of after its entry window (a streaming member whose fragment
@@ -550,22 +566,12 @@ TEST(Schedule, AMemberThatGaveUpTheOperationWeFinishedEndsOurWaitForItInTheNext)
                                        make_data(3, 2, 1000)},
         out;
     expect_ok(g.run(iota(3), 90, in, out));
-    // w2's notice that it gave up round 90 (inproc has no connection ids: the name is all a
-    // member knows of its sender, as for any abort notice).
-    Header h;
-    h.type = MsgType::abort;
-    h.round_id = 90;
-    h.group_fp =
-        same_operation ? fingerprint(g.group(iota(3), 0, 90)) : fingerprint(g.group({0, 2}, 0, 90));
-    h.sender_rank = 2;
-    auto body = std::make_shared<std::string>(
-        encode_abort(left ? Abort{AbortKind::peer_lost, "w2", "w2 is stopping"}
-                          : Abort{AbortKind::error, "", "its stream failed"}));
-    MemoryTransport w2(g.hub, "mem://w2-notice");
-    for (int to : {0, 1}) {
-      Buffer b{reinterpret_cast<const uint8_t*>(body->data()), body->size(), body};
-      ASSERT_TRUE(w2.try_send(g.transports[to]->endpoint(), Channel::control, h, "w2", b));
-    }
+    // w2's notice that it gave up round 90.
+    const Abort notice = left ? Abort{AbortKind::peer_lost, "w2", "w2 is stopping"}
+                              : Abort{AbortKind::error, "", "its stream failed"};
+    for (int to : {0, 1})
+      send_notice(g, to, "w2", 2, same_operation ? g.group(iota(3), 0, 90) : g.group({0, 2}, 0, 90),
+                  notice);
     // Round 91 of the three, which w2 never begins.
     std::vector<std::vector<float>> two(2, std::vector<float>(1000));
     const auto start = Clock::now();
@@ -609,22 +615,6 @@ Group phased(const MemoryGroup& g, const std::vector<int>& ranks, int me, uint64
   gr.first_phase = first;
   gr.last_phase = first + 1;
   return gr;
-}
-
-// Queues `sender`'s (rank `rank` of `group`) abort notice `a` at member `to` of g, as if sent
-// in group's round (inproc has no connection ids: the name is all a member knows of its sender).
-void send_notice(MemoryGroup& g, int to, const std::string& sender, uint32_t rank,
-                 const Group& group, const Abort& a) {
-  Header h;
-  h.type = MsgType::abort;
-  h.round_id = group.round_id;
-  h.group_fp = fingerprint(group);
-  h.sender_rank = rank;
-  auto body = std::make_shared<std::string>(encode_abort(a));
-  MemoryTransport notice(g.hub, "mem://" + sender + "-notice");
-  ASSERT_TRUE(
-      notice.try_send(g.transports[to]->endpoint(), Channel::control, h, sender,
-                      Buffer{reinterpret_cast<const uint8_t*>(body->data()), body->size(), body}));
 }
 
 // An operation of two exchanges (the guard's summaries under round 200, then the data under
