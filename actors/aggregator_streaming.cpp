@@ -79,6 +79,7 @@ void OuterAggregator::State::measure_first_fragment(const StreamCalls& calls) {
 Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& members,
                                             const StreamCalls& calls, bool calls_sent_ahead) {
   read_target();
+  end_by_time(r + 1);  // before round r + 1 is sent, with its `last`
   PipelineInput next;
   next.round = r;
   next.rounds = total_rounds;

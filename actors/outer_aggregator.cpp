@@ -519,6 +519,7 @@ void OuterAggregator::State::run() {
       continue;
     }
     const std::vector<int> members = sent_ahead ? ahead->members : active();
+    if (!sent_ahead) end_by_time(r);
     round_members.clear();
     round_late.clear();
     round_left_out.clear();
@@ -726,6 +727,21 @@ void OuterAggregator::State::count_tokens(int64_t r, const std::vector<int>& gro
                                 last_by_tokens == r - 1, sum)
                      ? int(r)
                      : rounds_estimate(r, remaining, sum, dl::kMaxRounds);
+  total_rounds = std::min(total_rounds, time_cap);
+}
+
+void OuterAggregator::State::end_by_time(int64_t next) {
+  if (cfg.time_limit_minutes <= 0 || next + 1 >= total_rounds) return;
+  const double minutes = job_time() / 60.0;
+  if (minutes < cfg.time_limit_minutes) return;
+  time_cap = int(next + 1);
+  total_rounds = time_cap;
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "round %lld is the last: %.1f minutes since the job's submission, its "
+                "time_limit_minutes %g",
+                static_cast<long long>(next + 1), minutes, cfg.time_limit_minutes);
+  log(line);
 }
 
 // Every member re-reads the checkpoint, and the rounds after it are redone, their records

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -159,6 +160,11 @@ struct OuterAggregator::State {
   // After round r (counted from 1) completed with group `group`: counts its tokens, and sets
   // total_rounds to r when the job has them, else to the estimate.
   void count_tokens(int64_t r, const std::vector<int>& group);
+  // time_limit_minutes: the rounds the job ends at once the limit passed (none before).
+  int time_cap = std::numeric_limits<int>::max();
+  // Called as round `next` (counted from 0) is about to be sent: past the time limit, it is
+  // the job's last (total_rounds and time_cap to next + 1), said in the log once.
+  void end_by_time(int64_t next);
   // Rounds that failed and are done again, counted until they complete (round_decisions.hpp).
   RoundRedos redos;
   std::optional<JobRecords> records;

@@ -362,6 +362,10 @@ struct JobConfig {
   GuardConfig guard;
   int rounds = 0;                 // number of outer rounds; 0: derived from token_budget
   std::int64_t token_budget = 0;  // tokens per worker; used when rounds is 0
+  // 0: none. Otherwise the round the aggregator plans once this many minutes have passed since
+  // the job's submission is its last (a round already sent ahead runs too): the job ends as at
+  // its rounds, evaluated and checkpointed, and succeeds. Its rounds stay the upper bound.
+  double time_limit_minutes = 0;
   CheckpointConfig checkpoint;
   EvalConfig eval;
   // Where θ starts: "" (the model's initialisation from `seed`), or "hf:DIR", a Hugging Face

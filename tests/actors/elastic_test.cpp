@@ -414,6 +414,30 @@ TEST_F(Elastic, StreamingNodeSigtermedMidRoundItsWorkerLeavesAndTheSurvivorsFini
 // of round 4, before the aggregator could reach them: with the window at 120 s, minutes (the
 // soak bench's calibration stalled so, 2026-11-29). The job's wait here is shorter than one
 // window.
+// `loco scale` down in streaming with the guard on (both the soak's): the worker scaled down
+// leaves as the round it was not sent begins, while the last fragment of the round before is in
+// flight with it (its landing is τ steps into the new round). The others finish that fragment
+// without it and go on: the job ends on its own, succeeded, every round once. (The soak's smoke
+// of 2026-11-30 hung there, every member waiting, for minutes.)
+TEST_F(Elastic, StreamingScaledDownWithTheGuardOnTheOthersFinishTheFragmentInFlightAndGoOn) {
+  LocalCluster c(one_worker_per_node(3));
+  Client client(c.head_address());
+  TestJob spec = job(3, 2, 8);
+  spec.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  spec.guard = "{on: true}";
+  JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
+  const std::string metrics = dir_ + "/ckpt/" + j.id() + "/metrics.jsonl";
+  ASSERT_TRUE(eventually([&] { return round_counts(metrics).size() >= 3 || j.info().finished(); },
+                         Millis(120000), Millis(50)));
+  ASSERT_FALSE(j.info().finished()) << log_text(j);
+  EXPECT_EQ(j.scale(2).scale, 2);
+  JobInfo end = j.wait(Millis(180000));
+  const std::string log = log_text(j);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  EXPECT_TRUE(contains(log, "worker 2 left: scaled down to 2")) << log;
+  EXPECT_EQ(expect_each_round_once(metrics), 8);
+}
+
 TEST_F(Elastic, StreamingWorkerThatFailsARoundAliveTheOthersGiveItAndTheRoundSentAheadUpAtOnce) {
   TestJob j = job(3, 3, 5);
   j.checkpoint_every = 2;

@@ -355,6 +355,39 @@ TEST_F(DilocoJob, StreamingRoundsAreSentAheadThroughEvaluations) {
       val_losses(dir_ + "/ckpt/" + handle.id() + "/metrics.jsonl"), expected));
 }
 
+// time_limit_minutes: a job of far more rounds than its minutes hold ends with the round planned
+// once they passed (in streaming, the round already sent ahead runs too), and ends as at its
+// rounds: θ evaluated, final.pt written, the job succeeded; its log says why it ended there.
+class TimeLimit : public DilocoJob, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(TimeLimit, TheJobEndsWithTheRoundPlannedOnceItsMinutesPassedAndSucceeds) {
+  TestJob j = job(2, 2, 100000);
+  if (std::string(GetParam()) == "streaming")
+    j.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  j.eval_every = 40 * j.steps;
+  j.time_limit_minutes = 0.1;  // 6 s
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  JobHandle handle = client.submit(JobSpec::from_yaml(j.yaml()));
+  JobInfo end = handle.wait(Millis(180000));
+  const std::string log = log_text(handle);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  const size_t at = log.find(" is the last: ");
+  ASSERT_NE(at, std::string::npos) << log;
+  EXPECT_NE(log.find("its time_limit_minutes 0.1", at), std::string::npos) << log;
+  const int last = std::stoi(log.substr(log.rfind("round ", at) + 6));
+  const std::string folder = dir_ + "/ckpt/" + handle.id();
+  // Every round up to the last once, none after it; θ evaluated at the end.
+  EXPECT_EQ(expect_each_round_once(folder + "/metrics.jsonl"), last);
+  EXPECT_GT(last, 1);
+  EXPECT_LT(last, 100000);
+  EXPECT_EQ(val_losses(folder + "/metrics.jsonl").count(last), 1u);
+  EXPECT_TRUE(std::filesystem::exists(folder + "/final.pt"));
+  EXPECT_NE(log.find("after " + std::to_string(last) + " rounds"), std::string::npos) << log;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sync, TimeLimit, ::testing::Values("blocking", "streaming"));
+
 // The eager outer step on a cluster: each round's average lands 2 inner steps into the next
 // round, the workers going on meanwhile from their own Δ stepped. θ equals the simulator's
 // round for round, bit for bit; a checkpoint is taken with an average in flight.

@@ -36,6 +36,7 @@ struct TestJob {
   double grace_max_s = 0;  // workers.grace_max_s; 0: not in the file (wait for every member)
   std::string budget;      // inner.budget ("steps" or "time"); "": not in the file
   int64_t token_budget = 0;  // > 0: `rounds: 0` and this token_budget (tokens per worker)
+  double time_limit_minutes = 0;   // > 0: in the file
   std::string tokenizer = "byte";  // data.tokenizer: byte | bpe | a tokenizer.json
   int vocab = 0;                   // model.vocab; 0: not in the file (from the tokenizer)
   std::string lr = "0.003";        // inner.lr, as written in the file
@@ -68,6 +69,8 @@ struct TestJob {
            "compression: " +
            compression + "\nrounds: " + std::to_string(token_budget > 0 ? 0 : rounds) +
            (token_budget > 0 ? "\ntoken_budget: " + std::to_string(token_budget) : "") +
+           (time_limit_minutes > 0 ? "\ntime_limit_minutes: " + std::to_string(time_limit_minutes)
+                                   : "") +
            "\n"
            "checkpoint: {every: " +
            std::to_string(checkpoint_every) + ", dir: " + ckpt +
