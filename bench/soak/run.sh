@@ -300,10 +300,12 @@ job_over() {
 # each node's log its id, at the start of the node's own lines ("[time] [level] node ID: ..."):
 # its peers' ids appear in it too, further on (matched anywhere, the seventh record's hosts all
 # looked busy, no idle node was stopped, and the killed worker went to one, not to the joiner).
+# With an argument, the hosts of the job's actors whose names begin so (`worker_hosts
+# aggregator`; `worker_hosts ""`: every actor of the job).
 worker_hosts() {
   local placed h n line=" "
   placed=$("$LOCO_BIN/loco" status --address "$HEAD" 2>/dev/null |
-    awk -v j="$SOAK_JOB.worker" 'index($2, j) == 1 && $5 != "dead" {print $4}') || true
+    awk -v j="$SOAK_JOB.${1-worker}" 'index($2, j) == 1 && $5 != "dead" {print $4}') || true
   for h in 2 3 4 5 6 7 8 10; do
     for n in $placed; do
       if grep -qE "^\[[^]]*\] \[[a-z]+\] node $n[: ]" "$WORK/node$h.log" 2>/dev/null; then
@@ -361,7 +363,7 @@ schedule() {
   if until_log "worker 1 removed from the job" $((T / 4)); then
     local busy h stopped="" end=$(( $(date +%s) + 60 ))
     while [ -z "$stopped" ] && [ "$(date +%s)" -lt "$end" ]; do
-      busy="$(worker_hosts)"
+      busy="$(worker_hosts "")"  # not the aggregator's either
       for h in 2 3 4 5 6 7 8; do
         case "$busy" in *" $h "*) continue ;; esac
         kill -9 "${NODE_PID[$h]}"
@@ -397,10 +399,13 @@ schedule() {
   fault redis end "Redis started again (pid $REDIS_PID)"
 
   until_at "$AT_NODE" || return 0
-  # Site B's node with a worker (h6, or h5 if the operator stopped h6).
-  local victim=6 busy h idle=""
-  busy="$(worker_hosts)"
-  case "$busy" in *" 6 "*) ;; *" 5 "*) victim=5 ;; esac
+  # Site B's node with a worker (h6, or h5 if the operator stopped h6, or h6 holds the job's
+  # aggregator, the entry actor: its loss is the head-and-aggregator test's, not this fault's).
+  local victim=6 busy h idle="" entry
+  busy="$(worker_hosts "")"
+  entry="$(worker_hosts entry)"
+  case "$(worker_hosts)" in *" 6 "*) ;; *" 5 "*) victim=5 ;; esac
+  case "$entry" in *" $victim "*) victim=$((11 - victim)) ;; esac
   # Nodes that host no worker (one that came back after the uplink's outage under a new id, say)
   # are taken out first, as an operator retires idle machines: the lost worker then waits for the
   # new node on h10, which the join and the relay's kill during its copy are about.

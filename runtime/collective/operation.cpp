@@ -362,7 +362,13 @@ void Operation::handle(Message& m) {
 // Another exchange of this operation (Group::first_phase..last_phase): see types.hpp.
 void Operation::handle_other_phase(Message& m, int s, bool member) {
   const Header& h = m.header;
-  if (member) {
+  // Of an earlier exchange: it went back to it (it lost a member we have not heard of yet), or
+  // it is still there: alive, and on its way. Of a later one: it finished this one, or is in an
+  // attempt before ours, which it leaves as soon as it learns of the loss (our notice): proof of
+  // nothing here. Counted as hearing from it, a member whose data of this exchange was lost on
+  // the way kept us waiting for ever, while our messages of this exchange kept it waiting for our
+  // data of the next (the soak's smoke, 2026-11-30): now its silence here tells.
+  if (member && h.round_id < g_.round_id) {
     if (m.link != 0) ws_.links[ep(s)].insert(m.link);
     note_alive(peers_[s], Clock::now());
   }

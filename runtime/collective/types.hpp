@@ -84,8 +84,10 @@ struct Group {
   // [first_phase, last_phase], round_id among them (both 0: round_id alone). A member's message
   // of another of them is then neither a leftover (an earlier exchange's: its sender went back
   // to the first) nor proof that it moved on (a later one's: it is still in the attempt before,
-  // and will come back when it learns of the loss): it is kept for the exchange it belongs to,
-  // and says its sender is alive. Its notice that it gave up an earlier exchange of this same
+  // and will come back when it learns of the loss): it is kept for the exchange it belongs to.
+  // An earlier exchange's says its sender is alive; a later one's says nothing (it may have
+  // finished this one, what it sent here lost on the way: its silence here must tell, or each
+  // waits for the other for ever). Its notice that it gave up an earlier exchange of this same
   // group fails this one as it failed there (a member lost there is lost here). The same on
   // every member; not part of the fingerprint.
   uint64_t first_phase = 0;

@@ -715,6 +715,65 @@ TEST(Schedule, ANoticeOfAnEarlierExchangeGivenUpFailsThisOneAsItFailedThere) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
 }
 
+// An exchange of an operation whose data from a member never comes (lost on the way: the soak's
+// smoke, 2026-11-30, after site C's uplink came back) while that member went on to the next
+// exchange of the same operation. Each then waits for the other, both alive: w0 in round 400 for
+// w1's summary, w1 in round 401 for w0's data. Counted as hearing from w1, its messages of round
+// 401 kept w0 waiting for ever (and w0's of round 400 kept w1): the smoke's members sat silent
+// until the job was cut off. A later exchange's messages no longer say a member is alive in this
+// one: w0 loses w1 after its silence window, and w1 ends round 401 too (told that w0 gave up
+// round 400 of this operation, or losing w0 itself).
+TEST(Schedule, AMemberInALaterExchangeOfTheOperationDoesNotKeepUsWaitingForWhatItSentHere) {
+  Options o;
+  o.peer_timeout = std::chrono::milliseconds(300);
+  o.entry_timeout = std::chrono::milliseconds(300);
+  MemoryGroup g(2, o);
+  auto at = [&](int me, uint64_t round) { return phased(g, iota(2), me, round, 400); };
+  const std::vector<float> x1 = make_data(8, 1, 1000);
+  std::vector<float> mean1(x1.size());
+  std::vector<std::vector<uint8_t>> got0;
+  std::exception_ptr error0, error1;
+  const auto start = Clock::now();
+  std::thread w0([&] {
+    try {
+      got0 = gather_blobs(*g.transports[0], *g.workspaces[0], o, at(0, 400), make_blob(4, 0, 300),
+                          1000);
+    } catch (...) {
+      error0 = std::current_exception();
+    }
+  });
+  std::thread w1([&] {  // its summary of round 400 was lost: it is in round 401 already
+    try {
+      butterfly_allreduce(*g.transports[1], *g.workspaces[1], o, at(1, 401), x1.data(),
+                          mean1.data(), x1.size());
+    } catch (...) {
+      error1 = std::current_exception();
+    }
+  });
+  // Bounded: past 20 s (some 60 windows), both are told to leave.
+  std::thread watchdog([&, done = start + std::chrono::seconds(20)] {
+    while (Clock::now() < done && !(error0 && error1)) std::this_thread::sleep_for(10ms);
+    g.workspaces[0]->leaving = true;
+    g.workspaces[1]->leaving = true;
+  });
+  w0.join();
+  w1.join();
+  watchdog.join();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(15));
+  expect_named<PeerLostError>({error0}, "w1", "no data");
+  // w1: by w0's notice, or by w0's own silence in round 401 (the same window; whichever first).
+  ASSERT_TRUE(error1);
+  try {
+    std::rethrow_exception(error1);
+  } catch (const CollectiveError& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("gave up round 400 of this operation") != std::string::npos ||
+                what.find("lost member w0") != std::string::npos)
+        << what;
+    EXPECT_EQ(what.find("left in round"), std::string::npos) << what;  // not the watchdog
+  }
+}
+
 // Every member computes the same mask (it is in the fingerprint), so a contribution in the name
 // of a member that the group leaves out comes from a broken sender: the round fails naming it,
 // as for a chunk off the grid, and never mixes it into the mean.
