@@ -239,6 +239,28 @@ void OuterAggregator::State::require_resume_file() const {
 }
 
 // The last checkpoint this job recorded, when the aggregator was restarted.
+void OuterAggregator::State::note_removed(const std::string& data) {
+  LineRecord rec;
+  try {
+    rec = unpack_checked<LineRecord>(data, "a departure record");
+  } catch (const std::exception&) {
+    return;  // not one of ours: nothing to keep
+  }
+  const std::string head = "worker ", tail = " removed from the job: ";
+  const size_t end = rec.text.find(tail);
+  if (rec.text.rfind(head, 0) != 0 || end == std::string::npos || end <= head.size() ||
+      end - head.size() > 4)
+    return;
+  int slot = 0;
+  for (size_t i = head.size(); i < end; ++i) {
+    if (rec.text[i] < '0' || rec.text[i] > '9') return;
+    slot = slot * 10 + (rec.text[i] - '0');
+  }
+  if (slot >= dl::kMaxWorkers) return;
+  if (slots.size() <= size_t(slot)) slots.resize(size_t(slot) + 1);
+  slots[size_t(slot)].removed = rec.text.substr(end + tail.size(), 400);
+}
+
 void OuterAggregator::State::find_checkpoint() {
   std::string cursor;
   for (;;) {
@@ -248,6 +270,7 @@ void OuterAggregator::State::find_checkpoint() {
     for (const JobEvent& e : ev.events) {
       // The cluster records after the last round reported go in the next one's metrics.
       if (e.kind == "report") events_cursor = e.id;
+      if (e.kind == kLeftRecord) note_removed(e.data);
       if (e.kind != kCheckpointRecord) continue;
       CheckpointRecord rec;
       try {
@@ -557,6 +580,10 @@ bool OuterAggregator::State::start() {
   total_steps = int64_t(total_rounds) * cfg.inner.steps;
   fs::create_directories(folder);
   find_checkpoint();
+  // Restarted (its node died): the slots the guard removed before stay removed.
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (!slots[i].removed.empty())
+      log("worker " + std::to_string(i) + " stays removed from the job: " + slots[i].removed);
   if (resume_from.empty() && !cfg.checkpoint.resume.empty())
     take_resume(cfg.ends_at_tokens() ? dl::kMaxRounds : total_rounds);
   if (cfg.ends_at_tokens()) {

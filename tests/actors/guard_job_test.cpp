@@ -6,10 +6,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "tests/actors/job_util.hpp"
+#include "tests/support/eventually.hpp"
 
 namespace loco::testing {
 namespace {
@@ -135,6 +135,38 @@ TEST_F(Guard, AfterTheGuardRemovedAWorkerTheRoundsAreSentAheadAgain) {
       << f.log;
   ASSERT_EQ(f.metrics.size(), 8u);
   EXPECT_EQ(f.metrics.at(7)["workers"], 2) << f.metrics.at(7);
+}
+
+// A worker the guard removed stays removed when the job's aggregator is restarted (its node
+// killed): the restarted aggregator resumes from its checkpoint and reads the removal from the
+// job's departure records. Before, it filled the removed slot again (the soak's smoke,
+// 2026-11-30: "worker 1 joined at round 49", 39 rounds after the guard had removed it).
+TEST_F(Guard, AWorkerTheGuardRemovedStaysRemovedWhenTheAggregatorIsRestarted) {
+  TestJob t = job(3, 1, 10);
+  t.guard = "{evict_after: 2}";
+  t.checkpoint_every = 2;
+  ScopedEnv env("LOCO_FAULT", "worker=1,round=2,corrupt=scale");
+  LocalCluster c(with_fault_injection(one_worker_per_node(4)));
+  Client client(c.head_address());
+  JobHandle j = client.submit(JobSpec::from_yaml(t.yaml()));
+  const std::string folder = t.ckpt + "/" + j.id();
+  ASSERT_TRUE(eventually([&] { return metrics_by_round(folder).count(5) || j.info().finished(); },
+                         Millis(120000), Millis(50)));
+  ASSERT_FALSE(j.info().finished()) << log_text(j);
+  ASSERT_TRUE(contains(log_text(j), "worker 1 removed from the job")) << log_text(j);
+  c.node(client.runtime().lookup(j.id() + ".entry").address).kill();
+  const JobInfo end = j.wait(Millis(300000));
+  const std::string log = log_text(j);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  const size_t resumed = log.find("resuming from ");
+  ASSERT_NE(resumed, std::string::npos) << log;
+  // Said by the restarted aggregator as it starts, before "resuming from".
+  EXPECT_NE(log.find("worker 1 stays removed from the job: the guard left it out of 2 rounds"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("worker 1 joined", resumed), std::string::npos) << log;
+  EXPECT_EQ(log.find("worker 1 cannot join", resumed), std::string::npos) << log;
+  EXPECT_EQ(metrics_by_round(folder).at(10)["workers"], 2) << metrics_by_round(folder).at(10);
 }
 
 // Streaming (2 fragments): worker 2 of 3 flips the sign of its Δ from round 2 on. The
