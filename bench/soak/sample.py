@@ -190,7 +190,8 @@ def sample(a):
     with open(a.out, "a") as out:
         while a.count <= 0 or n < a.count:
             line = {"t": round(time.monotonic() - t0, 3), "unix": time.time()}
-            line["procs"] = procs_floor(procs, a.tree, a.reads, a.spread)
+            reads = a.reads if a.reads > 0 else max(1, int(0.9 * a.every / a.spread))
+            line["procs"] = procs_floor(procs, a.tree, reads, a.spread)
             for k, path in logs.items():
                 if line["procs"].get(k) is not None:
                     line["procs"][k]["changes"] = actor_changes(path)
@@ -345,8 +346,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", help="where the samples go (JSON lines, appended)")
     ap.add_argument("--every", type=float, default=30.0, help="seconds between samples")
-    ap.add_argument("--reads", type=int, default=10,
-                    help="reads of each process per sample, its least values kept (procs_floor)")
+    ap.add_argument("--reads", type=int, default=0,
+                    help="reads of each process per sample, its least values kept (procs_floor); "
+                         "0: as many as fit in --every, the floor over the whole interval (the "
+                         "llama's inner step takes seconds: ten reads in 5 s still landed inside "
+                         "steps, and the floors swung by 200 MB in the rehearsal of 2026-11-30)")
     ap.add_argument("--spread", type=float, default=0.5, help="seconds between those reads")
     ap.add_argument("--count", type=int, default=0, help="samples to take (0: until killed)")
     ap.add_argument("--proc", action="append", default=[], help="NAME=PID or NAME=@PIDFILE")
