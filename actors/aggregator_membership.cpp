@@ -334,7 +334,7 @@ void OuterAggregator::State::evict_left_out(int64_t r, const std::vector<int>& m
                 " rounds in a row, the last round " + std::to_string(r + 1) + " (rule " +
                 it->second + "; guard.evict_after = " + std::to_string(cfg.guard.evict_after) + ")";
     stop_slot(m);
-    log_left("worker " + std::to_string(m) + " removed from the job: " + s.removed);
+    log_left("worker " + std::to_string(m) + kRemovedLine + s.removed);
   }
 }
 

@@ -238,7 +238,6 @@ void OuterAggregator::State::require_resume_file() const {
     throw std::invalid_argument("checkpoint.resume: there is no checkpoint file " + resume_file);
 }
 
-// The last checkpoint this job recorded, when the aggregator was restarted.
 void OuterAggregator::State::note_removed(const std::string& data) {
   LineRecord rec;
   try {
@@ -246,7 +245,7 @@ void OuterAggregator::State::note_removed(const std::string& data) {
   } catch (const std::exception&) {
     return;  // not one of ours: nothing to keep
   }
-  const std::string head = "worker ", tail = " removed from the job: ";
+  const std::string head = "worker ", tail = kRemovedLine;
   const size_t end = rec.text.find(tail);
   if (rec.text.rfind(head, 0) != 0 || end == std::string::npos || end <= head.size() ||
       end - head.size() > 4)
@@ -261,6 +260,8 @@ void OuterAggregator::State::note_removed(const std::string& data) {
   slots[size_t(slot)].removed = rec.text.substr(end + tail.size(), 400);
 }
 
+// The last checkpoint this job recorded, when the aggregator was restarted; and the slots the
+// guard removed before (note_removed).
 void OuterAggregator::State::find_checkpoint() {
   std::string cursor;
   for (;;) {

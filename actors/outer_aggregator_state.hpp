@@ -293,10 +293,12 @@ struct OuterAggregator::State {
   void record_checkpoint(const std::string& path, int64_t r);
   void require_resume_file() const;
   void find_checkpoint();
-  // A departure record (kLeftRecord) that says the guard removed a slot ("worker N removed from
-  // the job: why"): that slot stays removed after a restart (Slot::removed), and is not filled
-  // again. Anything else, or a malformed record, is ignored.
+  // A departure record (kLeftRecord) that says the guard removed a slot (kRemovedLine, which
+  // evict_left_out writes): that slot stays removed after a restart (Slot::removed), and is not
+  // filled again. Anything else, or a malformed record, is ignored.
   void note_removed(const std::string& data);
+  // "worker N" + kRemovedLine + why: the line, and departure record, of a slot the guard removed.
+  static constexpr const char* kRemovedLine = " removed from the job: ";
   void take_resume(int rounds);
   void prune_checkpoints();
   // Whether the checkpoint of round `r` (or `what`, "final.pt") may be written: the job's

@@ -10,11 +10,12 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
+#include <stdexcept>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "tests/actors/job_util.hpp"
 #include "tests/support/eventually.hpp"
@@ -97,6 +98,18 @@ std::pair<JobInfo, std::string> restart_head_and_wait(LocalCluster& c, const std
   JobHandle job = again.job(id);
   JobInfo end = job.wait(limit);
   return {end, log_text(job)};
+}
+
+// Two direct nodes and one behind NAT (--no-listen: its actors' calls cross the head), loading
+// the fault plugin (set $LOCO_FAULT first), for the head-restart tests: the head's failure
+// detection is slower than its restart.
+std::unique_ptr<LocalCluster> two_direct_one_behind_nat() {
+  ClusterOptions o = with_fault_injection(one_worker_per_node(2));
+  o.detect_ms = 5000;  // the head's restart is over well within it
+  auto c = std::make_unique<LocalCluster>(o);
+  c->add_node({"--no-listen"});
+  if (!c->wait_alive_nodes(3)) throw std::runtime_error("3 nodes (one behind NAT) did not come up");
+  return c;
 }
 
 using Elastic = DilocoJob;
@@ -486,11 +499,8 @@ TEST_F(Elastic, AWorkerWhoseAnswerARestartingHeadLostIsDroppedFromTheRoundsSentA
   const std::string fault_log = dir_ + "/fault.log";
   ScopedEnv env("LOCO_FAULT", "worker=2,round=3,at=stream_stall,stall_s=10");
   ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
-  ClusterOptions o = with_fault_injection(one_worker_per_node(2));
-  o.detect_ms = 5000;  // the head's restart is over well within it
-  LocalCluster c(o);
-  c.add_node({"--no-listen"});
-  ASSERT_TRUE(c.wait_alive_nodes(3));
+  const std::unique_ptr<LocalCluster> cluster = two_direct_one_behind_nat();
+  LocalCluster& c = *cluster;
   Client client(c.head_address());
   JobHandle handle = client.submit(JobSpec::from_yaml(j.yaml()));
   ASSERT_TRUE(eventually([&] { return fs::exists(fault_log); }, Millis(120000)))
@@ -537,11 +547,8 @@ TEST_F(Elastic, SurvivorsThatReturnBeforeAndAfterADropInAFragmentInFlightEndTheR
                 "worker=0,round=3,at=mark;worker=1,round=3,at=return_stall,stall_s=30;"
                 "worker=2,round=3,at=end_stall,stall_s=30");
   ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
-  ClusterOptions o = with_fault_injection(one_worker_per_node(2));
-  o.detect_ms = 5000;  // the head's restart is over well within it
-  LocalCluster c(o);
-  c.add_node({"--no-listen"});
-  ASSERT_TRUE(c.wait_alive_nodes(3));
+  const std::unique_ptr<LocalCluster> cluster = two_direct_one_behind_nat();
+  LocalCluster& c = *cluster;
   Client client(c.head_address());
   JobHandle handle = client.submit(JobSpec::from_yaml(j.yaml()));
   // Worker 0 has ended round 3, and worker 2 holds its last fragment (either comes first).
