@@ -10,20 +10,22 @@
 // Only what proves a peer gone counts:
 // - its connection closed, or a new one was refused (its process or communicator is gone; a
 //   grace period lets an abort notice sent just before it exited arrive and say why);
-// - it fell silent: no message at all, keepalive or data, and no bytes on its connections,
-//   for its silence window. Bytes count because on a slow link one chunk may take longer than
-//   the window to arrive whole, and a saturated link drops the small keepalives as readily as
-//   data. Bytes are sampled when a keepalive is due and before a verdict, and prove the peer
-//   alive at the previous sample (not later: they may have come at any time since). A member
-//   in a later round cannot keep this one waiting by its bytes: its data connection opens
-//   each operation with a hello, and a hello or data of a later round from a member we still
-//   expect data from fails the operation (butterfly.cpp, handle()). Keepalives
-//   go every peer_timeout / 4 to every peer on a connection of their own, so a data stream
-//   that is merely slow (a shaped link, TCP recovering from a loss) never delays them; a
-//   member that only waits on a slower one keeps sending them too. The window is
-//   peer_timeout, widened for a peer whose messages have arrived with longer gaps before
-//   (twice the longest gap seen, at most kMaxWidening x peer_timeout): a link where TCP stalls
-//   for seconds widens its own window, loopback keeps the configured one.
+// - it fell silent: no message of this operation at all, keepalive or data, and no bytes on
+//   its data connections, for its silence window. Bytes count because on a slow link one chunk
+//   may take longer than the window to arrive whole, and a saturated link drops the small
+//   keepalives as readily as data. Not those of its control connection: a member in another
+//   operation (another attempt at the round, a later exchange) keeps sending keepalives there,
+//   and two members that waited on each other stayed alive by them for ever. Bytes are sampled when
+//   a keepalive is due and before a verdict, and prove the peer alive at the previous sample (not
+//   later: they may have come at any time since). A member in a later round cannot keep this one
+//   waiting by its bytes: its data connection opens each operation with a hello, and a hello or
+//   data of a later round from a member we still expect data from fails the operation
+//   (butterfly.cpp, handle()). Keepalives go every peer_timeout / 4 to every peer on a connection
+//   of their own, so a data stream that is merely slow (a shaped link, TCP recovering from a loss)
+//   never delays them; a member that only waits on a slower one keeps sending them too. The window
+//   is peer_timeout, widened for a peer whose messages have arrived with longer gaps before (twice
+//   the longest gap seen, at most kMaxWidening x peer_timeout): a link where TCP stalls for seconds
+//   widens its own window, loopback keeps the configured one.
 // Slow progress of data is not a sign of death: a live member may wait on a slower one for
 // the whole operation. A peer the operation no longer waits on is never judged.
 #pragma once

@@ -19,6 +19,15 @@ bool on_data_connection(MsgType t) {
          t == MsgType::hello;
 }
 
+// Notes the connection m came on as one of member `endpoint`'s data connections, whose bytes
+// are evidence of its life (sample_bytes). Not its control connection: a member in another
+// operation keeps sending keepalives on it, and their bytes kept two members that waited on
+// each other alive for ever (the soak's rehearsal, 2026-11-30). A keepalive counts as a whole
+// message of this operation, or not at all.
+void note_data_link(Workspace& ws, const std::string& endpoint, const Message& m) {
+  if (m.link != 0 && on_data_connection(m.header.type)) ws.links[endpoint].insert(m.link);
+}
+
 void check_group(const Transport& t, const Group& group, std::string_view what) {
   const int k = static_cast<int>(group.members.size());
   if (k == 0 || group.rank < 0 || group.rank >= k) {
@@ -300,7 +309,7 @@ void Operation::handle(Message& m) {
       if (member) {
         // Still finishing that one, on its way here: alive. (Its earlier operation is bounded
         // like ours, so this cannot keep us waiting for long.)
-        if (m.link != 0) ws_.links[ep(s)].insert(m.link);
+        note_data_link(ws_, ep(s), m);
         note_alive(peers_[s], Clock::now());  // alive, but not yet in this operation
         stale_round_[s] = h.round_id;
       }
@@ -352,7 +361,7 @@ void Operation::handle(Message& m) {
     return;
   }
   note_heard(peers_[s], Clock::now());
-  if (m.link != 0) ws_.links[ep(s)].insert(m.link);
+  note_data_link(ws_, ep(s), m);
   if (h.type == MsgType::keepalive || h.type == MsgType::hello) return;
   if (h.type == MsgType::abort) handle_abort(m);
   ws_.stats.bytes_received += sizeof(Header) + m.sender.size() + m.payload.size;
@@ -369,7 +378,7 @@ void Operation::handle_other_phase(Message& m, int s, bool member) {
   // the way kept us waiting for ever, while our messages of this exchange kept it waiting for our
   // data of the next (the soak's smoke, 2026-11-30): now its silence here tells.
   if (member && h.round_id < g_.round_id) {
-    if (m.link != 0) ws_.links[ep(s)].insert(m.link);
+    note_data_link(ws_, ep(s), m);
     note_alive(peers_[s], Clock::now());
   }
   if (member && h.type == MsgType::abort && h.round_id < g_.round_id && h.group_fp == fp_ &&
@@ -388,6 +397,30 @@ void Operation::handle_other_phase(Message& m, int s, bool member) {
   }
   if (h.type != MsgType::keepalive)
     ws_.stash_message(std::move(m), g_.round_id, s < 0, Clock::now());
+}
+
+void Operation::report_wait(Clock::time_point now) {
+  next_report_ = now + kWaitReports * rules_.peer_timeout;
+  auto ago = [&](Clock::time_point t) { return seconds_str(now - t) + " ago"; };
+  std::string waits, owes;
+  for (int p = 0; p < k_; ++p) {
+    if (p == me_) continue;
+    const PeerState& peer = peers_[p];
+    if (expecting(p)) {
+      waits += (waits.empty() ? "" : "; ") + g_.members[p].name + " (alive " + ago(peer.heard) +
+               (peer.heard_in_op ? "" : ", nothing of this operation yet") + ", its window " +
+               seconds_str(silence_window(rules_, peer)) +
+               (stale_round_[p] ? ", data of round " + std::to_string(*stale_round_[p]) : "") +
+               (other_group_[p] ? ", in another group of this round" : "") + ")";
+    }
+    if (backlog(p)) {
+      owes += (owes.empty() ? "" : ", ") + g_.members[p].name + " (" +
+              std::to_string(urgent_[p].size() + outbox_[p].size()) + " queued)";
+    }
+  }
+  spdlog::warn("collective: round {} (group {:016x}, {} members) has run {}: waiting for {}{}",
+               g_.round_id, fp_, k_, seconds_str(now - start_), waits.empty() ? "none" : waits,
+               owes.empty() ? std::string() : "; owing " + owes);
 }
 
 bool Operation::done() const {
@@ -472,6 +505,7 @@ void Operation::run() {
   }
   stale_round_.assign(k_, std::nullopt);
   other_group_.assign(k_, false);
+  next_report_ = start_ + kWaitReports * rules_.peer_timeout;
   begin();
   for (int p = 0; p < k_; ++p)
     if (p != me_) (void)t_.take_event(ep(p));  // forget drops before this operation
@@ -516,6 +550,7 @@ void Operation::run() {
     }
     check_liveness(now);
     check_leaving();
+    if (now >= next_report_) report_wait(now);
     if (progressed) continue;
     writable_.clear();
     for (int p = 0; p < k_; ++p)

@@ -274,6 +274,13 @@ class Operation {
   void handle_abort(const Message& m);
   void handle_other_phase(Message& m, int sender_rank, bool member);
   void check_liveness(Clock::time_point now);
+  // A line in the log every kWaitReports x peer_timeout (a minute by default) an operation
+  // runs: whom it waits for and what it last heard of each, whom it still owes data. Liveness
+  // bounds a dead member's wait; a live one may wait on a slower one for long, and this says
+  // who holds the round.
+  static constexpr int kWaitReports = 20;
+  void report_wait(Clock::time_point now);
+  Clock::time_point next_report_{};
   // This member has left (Communicator::leave): the operation fails, and its peers are told
   // that this member is lost, so that they go on without it at once. So does a member said
   // gone (Communicator::peer_gone), naming that one; and one whose round was given up

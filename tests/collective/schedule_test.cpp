@@ -1,6 +1,8 @@
 // The butterfly schedule without sockets (MemoryTransport), and the liveness rules as pure
 // functions of an injected clock.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <cstring>
@@ -722,12 +724,17 @@ TEST(Schedule, ANoticeOfAnEarlierExchangeGivenUpFailsThisOneAsItFailedThere) {
 // 401 kept w0 waiting for ever (and w0's of round 400 kept w1): the smoke's members sat silent
 // until the job was cut off. A later exchange's messages no longer say a member is alive in this
 // one: w0 loses w1 after its silence window, and w1 ends round 401 too (told that w0 gave up
-// round 400 of this operation, or losing w0 itself).
-TEST(Schedule, AMemberInALaterExchangeOfTheOperationDoesNotKeepUsWaitingForWhatItSentHere) {
+// round 400 of this operation, or losing w0 itself). `together_before`: the two ran an operation
+// together first, so that each knows the other's connections.
+void a_member_in_a_later_exchange_does_not_keep_us_waiting(bool together_before) {
   Options o;
   o.peer_timeout = std::chrono::milliseconds(300);
   o.entry_timeout = std::chrono::milliseconds(300);
   MemoryGroup g(2, o);
+  if (together_before) {
+    std::vector<std::vector<float>> in{make_data(8, 0, 1000), make_data(8, 1, 1000)}, out;
+    expect_ok(g.run(iota(2), 300, in, out));
+  }
   auto at = [&](int me, uint64_t round) { return phased(g, iota(2), me, round, 400); };
   const std::vector<float> x1 = make_data(8, 1, 1000);
   std::vector<float> mean1(x1.size());
@@ -772,6 +779,72 @@ TEST(Schedule, AMemberInALaterExchangeOfTheOperationDoesNotKeepUsWaitingForWhatI
         << what;
     EXPECT_EQ(what.find("left in round"), std::string::npos) << what;  // not the watchdog
   }
+}
+
+TEST(Schedule, AMemberInALaterExchangeOfTheOperationDoesNotKeepUsWaitingForWhatItSentHere) {
+  a_member_in_a_later_exchange_does_not_keep_us_waiting(false);
+}
+
+// The same between members that ran operations together before: each knew the other's
+// connections, and the keepalives of the later exchange, on the connection that carried the
+// earlier operations' keepalives, were bytes on a known connection of that member, which proved
+// it alive here: the two waited for ever (the soak's rehearsal, 2026-11-30, 21 minutes after a
+// `loco scale` down). Only bytes on a data connection are evidence now; a keepalive counts as a
+// whole message of this operation or not at all.
+TEST(Schedule, ItsKeepalivesOnAConnectionWeKnowDoNotKeepUsWaitingEither) {
+  a_member_in_a_later_exchange_does_not_keep_us_waiting(true);
+}
+
+// An operation that waits long says in the log whom it waits for and what it last heard of
+// each: a live member may hold a round for long (a slower one, or one whose data was lost while
+// its keepalives come), and the line names it. Here w1 comes 20 windows late (its entry window
+// is patient): w0's line names it before it comes, and the round then ends as usual.
+TEST(Schedule, AnOperationThatWaitsLongSaysWhomItWaitsFor) {
+  Options o;
+  o.peer_timeout = std::chrono::milliseconds(100);
+  o.entry_timeout = std::chrono::milliseconds(60000);
+  MemoryGroup g(2, o);
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  spdlog::default_logger()->sinks().push_back(sink);
+  auto logged = [&] {
+    for (const std::string& l : sink->last_formatted())
+      if (l.find("has run") != std::string::npos) return l;
+    return std::string();
+  };
+  std::vector<std::vector<float>> in{make_data(8, 0, 1000), make_data(8, 1, 1000)};
+  std::vector<float> out0(1000), out1(1000);
+  std::exception_ptr error0, error1;
+  std::thread w0([&] {
+    try {
+      butterfly_allreduce(*g.transports[0], *g.workspaces[0], o, g.group(iota(2), 0, 9),
+                          in[0].data(), out0.data(), 1000);
+    } catch (...) {
+      error0 = std::current_exception();
+    }
+  });
+  bool said = false;  // bounded: past 20 s (200 windows) w1 comes all the same
+  for (const auto until = Clock::now() + std::chrono::seconds(20); !said && Clock::now() < until;)
+    if (!(said = !logged().empty())) std::this_thread::sleep_for(10ms);
+  std::thread w1([&] {
+    try {
+      butterfly_allreduce(*g.transports[1], *g.workspaces[1], o, g.group(iota(2), 1, 9),
+                          in[1].data(), out1.data(), 1000);
+    } catch (...) {
+      error1 = std::current_exception();
+    }
+  });
+  w0.join();
+  w1.join();
+  spdlog::default_logger()->sinks().pop_back();
+  ASSERT_TRUE(said) << "no line while w0 waited";
+  const std::string line = logged();
+  EXPECT_NE(line.find("round 9"), std::string::npos) << line;
+  EXPECT_NE(line.find("waiting for w1 (alive"), std::string::npos) << line;
+  EXPECT_NE(line.find("nothing of this operation yet, its window 60.0 s"), std::string::npos)
+      << line;
+  EXPECT_FALSE(error0);
+  EXPECT_FALSE(error1);
+  EXPECT_EQ(out0, out1);
 }
 
 // Every member computes the same mask (it is in the fingerprint), so a contribution in the name
