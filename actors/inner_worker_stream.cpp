@@ -404,6 +404,10 @@ void InnerWorker::give_up(RoundsGivenUp given_up) {
   const std::string why = escape_remote(given_up.reason, 500);
   for (Rank& k : s_->ranks)
     k.comm->give_up_below(dl::summary_round(given_up.below_op), why, given_up.as_lost);
+  // In this node's log: a worker dropped from its rounds (as_lost) leaves them at its next
+  // operation, which may be long after (it stalls, say).
+  log_info("rounds before operation " + std::to_string(given_up.below_op) + " given up" +
+           (given_up.as_lost ? ", this worker leaving them" : "") + ": " + why);
 }
 
 bool InnerWorker::admit(AdmitRequest req) {

@@ -27,6 +27,8 @@
 //   worker=I,round=R,at=return_stall[,stall_s=S]   worker I's stream() of round R sleeps S s
 //                                (20) once its events are done, before it returns: its last
 //                                fragment's average goes on meanwhile
+//   ...,until_file=PATH          any stall above ends early once PATH exists (a test releases
+//                                it when what the stall was for has happened)
 //   worker=I,round=R,at=mark     worker I's stream() of round R appends the moment as it ends
 //   worker=I,delay_ms=D          worker I sleeps D ms after each of its inner steps, in every
 //                                round (a slower worker); no `at` needed
@@ -83,6 +85,7 @@ struct FaultPlan {
   std::optional<diloco::guard::Fault> corrupt;
   int64_t rounds = 0;  // corrupt: in this many rounds from `round` (0: every one)
   std::string round_file;
+  std::string until_file;
 
   static FaultPlan parse(const std::string& s) {
     FaultPlan p;
@@ -101,6 +104,7 @@ struct FaultPlan {
         if (k == "corrupt") p.corrupt = diloco::guard::parse_fault(val);
         if (k == "rounds") p.rounds = std::stoll(val);
         if (k == "round_file") p.round_file = val;
+        if (k == "until_file") p.until_file = val;
       }
       if (end == std::string::npos) break;
       at = end + 1;
@@ -129,8 +133,15 @@ void log_moment(size_t index) {
   std::abort();
 }
 
-void stall(double seconds) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(seconds * 1000)));
+// Sleeps `seconds`, or less once `until_file` (when not empty) exists.
+void stall(double seconds, const std::string& until_file) {
+  const auto end =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(seconds * 1000));
+  while (std::chrono::steady_clock::now() < end) {
+    if (!until_file.empty() && std::filesystem::exists(until_file)) return;
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(50), end - std::chrono::steady_clock::now()));
+  }
 }
 
 // One plan's hooks.
@@ -144,7 +155,7 @@ class Fault {
       case RoundPoint::before_inner_steps:
         if (!hits(c, "stall")) return;
         log_moment(index_);
-        stall(plan_.stall_s);
+        stall(plan_.stall_s, plan_.until_file);
         return;
       case RoundPoint::after_inner_step:
         if (c.step_loss && c.step == std::max(1, c.steps_per_round / 2) && hits(c, "diverge")) {
@@ -162,12 +173,12 @@ class Fault {
       case RoundPoint::stream_events:
         if (c.step >= c.steps_per_round / 2 && hits(c, "stream_stall") && !fired_.exchange(true)) {
           log_moment(index_);
-          stall(plan_.stall_s);
+          stall(plan_.stall_s, plan_.until_file);
           return;
         }
         if (c.step == c.steps_per_round && hits(c, "end_stall") && !fired_.exchange(true)) {
           log_moment(index_);
-          stall(plan_.stall_s);
+          stall(plan_.stall_s, plan_.until_file);
           return;
         }
         if (c.step < c.steps_per_round / 2 || !hits(c, "stream")) return;
@@ -183,7 +194,7 @@ class Fault {
         if (hits(c, "mark") && !fired_.exchange(true)) log_moment(index_);
         if (hits(c, "return_stall") && !fired_.exchange(true)) {
           log_moment(index_);
-          stall(plan_.stall_s);
+          stall(plan_.stall_s, plan_.until_file);
         }
         return;
       case RoundPoint::before_allreduce:
