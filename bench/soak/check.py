@@ -52,6 +52,32 @@ EVIDENCE = {
 }
 
 
+# Faults whose trace in the metrics is members lost: when a later fault sent the job back past
+# the rounds they fell in, metrics.jsonl no longer has those rounds' lines (each round once),
+# and their failed attempts stay in attempts.jsonl (never removed), which has no clock.
+LOST_FAULTS = ("uplink", "relay", "join-relay")
+
+
+def undone_attempts(metrics, attempts, t, round_at):
+    """The failed attempts of rounds undone after the fault at unix time t: of the rounds after
+    the last line that survives from before t, at that line's redo count, whose round came again
+    with a higher one."""
+    before = [m for m in metrics if round_at(m) <= t]
+    last = max(before, key=round_at) if before else {"round": 0, "redo": 0}
+    r0, redo0 = int(last["round"]), int(last.get("redo") or 0)
+    redone = {int(m["round"]) for m in metrics if int(m.get("redo") or 0) > redo0}
+    return [x for x in attempts
+            if int(x.get("redo") or 0) == redo0 and int(x["round"]) > r0
+            and int(x["round"]) in redone
+            and (x.get("outcome") == "failed" or any(e.get("lost") for e in x.get("errors") or []))]
+
+
+def attempt_text(x):
+    lost = [str(e["worker"]) for e in x.get("errors") or [] if e.get("lost")]
+    return (f"round {x['round']} (redo {x.get('redo', 0)}) {x.get('outcome')}"
+            + (f": workers {', '.join(lost)} lost" if lost else ""))
+
+
 def read_jsonl(path):
     try:
         return [json.loads(l) for l in open(path) if l.strip()]
@@ -68,6 +94,9 @@ def main():
     ap.add_argument("--start", type=float, default=0.0,
                     help="unix seconds of the job's submission (default: its first log line)")
     ap.add_argument("--window", type=float, default=180.0, help="seconds a fault's trace may take")
+    ap.add_argument("--attempts", default="",
+                    help="the job's attempts.jsonl: where rounds a later rewind undid keep their "
+                         "failed attempts (metrics.jsonl removes those rounds' lines)")
     a = ap.parse_args()
     bad = 0
 
@@ -86,6 +115,7 @@ def main():
     timeline = [(r["unix_ms"] / 1000.0, r["kind"], r["text"]) for r in rows
                 if r["source"] == "timeline"]
     metrics = read_jsonl(a.metrics)
+    attempts = read_jsonl(a.attempts) if a.attempts else []
     diverged = [t for _, t in log if "holds a different θ" in t]
     verdict(not diverged, f"members' θ hashes agreed in every round ({len(diverged)} disagreements)")
 
@@ -128,12 +158,19 @@ def main():
         in_log = [x for x in log if t - 2 <= x[0] <= t + a.window and re.search(pattern, x[1])]
         in_tl = [x for x in timeline if t - 2 <= x[0] <= t + a.window and x[1] in kinds]
         in_m = [m for m in metrics if t - 2 <= round_at(m) <= t + a.window + 60 and test(m)]
+        in_m_text = f"round {in_m[0]['round']}" if in_m else "nothing"
+        if not in_m and name in LOST_FAULTS:
+            undone = undone_attempts(metrics, attempts, t, round_at)
+            if undone:
+                in_m = undone
+                in_m_text = "undone by a later rewind; attempts.jsonl " + "; ".join(
+                    attempt_text(x) for x in undone[:2])
         ok = bool(in_log and in_tl and in_m)
         first = in_log[0] if in_log else None
         verdict(ok, f"{name} at +{t - t0:.0f} s ({what}): log "
                     f"{'+%.1f s: %s' % (first[0] - t, first[1][:90]) if first else 'nothing'}; "
                     f"timeline {sorted({x[1] for x in in_tl}) or 'nothing'}; "
-                    f"metrics {'round %s' % in_m[0]['round'] if in_m else 'nothing'}")
+                    f"metrics {in_m_text}")
     return 1 if bad else 0
 
 

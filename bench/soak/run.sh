@@ -454,6 +454,7 @@ SAMPLER_PID=""
 T1=$(date +%s)
 job_log >"$OUT/job.log"
 cp "$METRICS" "$OUT/metrics.jsonl" 2>/dev/null || true
+cp "$(dirname "$METRICS")/attempts.jsonl" "$OUT/attempts.jsonl" 2>/dev/null || true
 # The poller's last look (it stops once it finds nothing new after the job's end).
 for _ in $(seq 1 60); do kill -0 "$TIMELINE_PID" 2>/dev/null || break; sleep 0.5; done
 say "job $SOAK_JOB: $STATE after $((T1 - T0)) s"
@@ -465,7 +466,8 @@ check=0
 # after it, longer than the default 180 s once a round takes over a minute (the llama: 123 s).
 WINDOW=$(awk -v s="$round_s" 'BEGIN {w = 3 * s; printf "%.0f\n", (w < 180 ? 180 : w)}')
 "$PY" "$LOCO_ROOT/bench/soak/check.py" --faults "$OUT/faults.tsv" --timeline "$OUT/timeline.jsonl" \
-  --metrics "$OUT/metrics.jsonl" --state "$STATE" --start "$T0" --window "$WINDOW" | tee "$OUT/check.txt" || check=$?
+  --metrics "$OUT/metrics.jsonl" --attempts "$OUT/attempts.jsonl" --state "$STATE" --start "$T0" \
+  --window "$WINDOW" | tee "$OUT/check.txt" || check=$?
 if [ "$SMOKE" = 0 ]; then
   growth=0
   "$PY" "$LOCO_ROOT/bench/soak/sample.py" --report "$OUT/samples.jsonl" --last-minutes 100 \
