@@ -54,8 +54,13 @@ void ensure_cluster_key() {
   }
   const std::string path = fs::absolute(security::default_key_path()).string();
   if (!fs::exists(path)) {
-    security::write_key_file(path, security::generate_key_pair());
-    std::cout << "made a cluster key at " << path << std::endl;
+    try {
+      security::write_key_file(path, security::generate_key_pair());
+      std::cout << "made a cluster key at " << path << std::endl;
+    } catch (const security::KeyError&) {
+      // Another `loco up` made it at the same moment (write_key_file never overwrites): use it.
+      if (!fs::exists(path)) throw;
+    }
   }
   ::setenv("LOCO_KEY", path.c_str(), 1);
   (void)security::resolve("", false);  // a malformed file: stop here, naming it

@@ -1,9 +1,11 @@
 #include "runtime/security/keys.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -113,20 +115,29 @@ Settings read_key_file(const std::string& path) {
 namespace {
 
 // Writes `text` to `path` through a temporary file created with mode 0600 before anything is
-// written: a secret is never world-readable, and a reader never sees half a file.
+// written: a secret is never world-readable, and a reader never sees half a file. The temporary
+// file is this call's own, and without `overwrite` the file appears by link(2), which fails when
+// `path` exists: of two processes making the same key at once (two `loco up` on a fresh
+// machine, ctest -j), one writes it and the other is told that it exists, instead of both
+// renaming over each other (each then held another key) or one removing the other's temporary
+// file.
 void write_private(const std::string& path, const std::string& text, bool overwrite) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!overwrite && fs::exists(path, ec))
-    throw KeyError("key file " + path +
-                   " exists; not overwriting it (--force replaces it, and "
-                   "every member of the cluster then needs the new file)");
+  auto exists = [&] {
+    return KeyError("key file " + path +
+                    " exists; not overwriting it (--force replaces it, and "
+                    "every member of the cluster then needs the new file)");
+  };
+  if (!overwrite && fs::exists(path, ec)) throw exists();
   fs::path p(path);
   if (p.has_parent_path()) {
     fs::create_directories(p.parent_path(), ec);
     if (ec) throw KeyError("cannot make " + p.parent_path().string() + ": " + ec.message());
   }
-  const std::string tmp = path + ".tmp";
+  static std::atomic<uint64_t> calls{0};
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
+                          std::to_string(calls.fetch_add(1, std::memory_order_relaxed));
   fs::remove(tmp, ec);
   {
     mode_t old = ::umask(077);
@@ -134,11 +145,27 @@ void write_private(const std::string& path, const std::string& text, bool overwr
     ::umask(old);
     if (!f) throw KeyError("cannot write " + tmp + ": " + std::strerror(errno));
     f << text;
-    if (!f.flush()) throw KeyError("cannot write " + tmp + ": " + std::strerror(errno));
+    if (!f.flush()) {
+      const int err = errno;
+      fs::remove(tmp, ec);
+      throw KeyError("cannot write " + tmp + ": " + std::strerror(err));
+    }
   }
   ::chmod(tmp.c_str(), 0600);
-  fs::rename(tmp, path, ec);
-  if (ec) throw KeyError("cannot write " + path + ": " + ec.message());
+  if (overwrite) {
+    fs::rename(tmp, path, ec);
+    if (ec) {
+      fs::remove(tmp, ec);
+      throw KeyError("cannot write " + path + ": " + ec.message());
+    }
+    return;
+  }
+  const int linked = ::link(tmp.c_str(), path.c_str());
+  const int err = errno;
+  fs::remove(tmp, ec);
+  if (linked == 0) return;
+  if (err == EEXIST) throw exists();
+  throw KeyError("cannot write " + path + ": " + std::strerror(err));
 }
 
 }  // namespace

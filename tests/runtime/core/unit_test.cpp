@@ -1288,6 +1288,47 @@ TEST(Keys, AKeyFileRoundTripsAndIsPrivate) {
   std::filesystem::remove_all(dir);
 }
 
+// Two `loco up` on a fresh machine make the same key at once (ctest -j did: one failed at once).
+// Of several writers racing for one path, exactly one writes it, the file holds that writer's
+// key whole, the others are told that it exists, and no temporary file is left. Before, they
+// shared one temporary file and renamed over each other: some failed ("cannot write"), or two
+// succeeded, each left believing in another key.
+TEST(Keys, OfWritersRacingForOneKeyFileExactlyOneWinsAndTheFileIsItsKey) {
+  const std::string dir = temp_dir();
+  constexpr int kWriters = 8;
+  for (int round = 0; round < 50; ++round) {
+    const std::string path = dir + "/cluster-" + std::to_string(round) + ".key";
+    std::vector<security::KeyPair> keys;
+    for (int i = 0; i < kWriters; ++i) keys.push_back(security::generate_key_pair());
+    std::atomic<int> ready{0}, wins{0}, winner{-1}, exists{0};
+    std::vector<std::thread> writers;
+    for (int i = 0; i < kWriters; ++i) {
+      writers.emplace_back([&, i] {
+        ready.fetch_add(1);
+        while (ready.load() < kWriters) std::this_thread::yield();  // all at once
+        try {
+          security::write_key_file(path, keys[i]);
+          wins.fetch_add(1);
+          winner = i;
+        } catch (const security::KeyError& e) {
+          if (std::string(e.what()).find("exists") != std::string::npos) exists.fetch_add(1);
+        }
+      });
+    }
+    for (auto& t : writers) t.join();
+    ASSERT_EQ(wins.load(), 1) << "round " << round;
+    EXPECT_EQ(exists.load(), kWriters - 1) << "round " << round;
+    EXPECT_EQ(security::read_key_file(path).cluster.public_key, keys[winner].public_key);
+  }
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+    ++files;
+  }
+  EXPECT_EQ(files, 50);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Keys, BadOrMissingKeyFilesAreClearErrors) {
   const std::string dir = temp_dir();
   EXPECT_NE(message_of([&] { security::read_key_file(dir + "/none.key"); }).find("loco keygen"),
