@@ -198,6 +198,8 @@ class Operation {
   uint64_t round_id() const { return g_.round_id; }
   uint64_t group_fingerprint() const { return fp_; }
   bool is_member(const std::string& name) const { return rank_of(name) >= 0; }
+  // Whether `round_id` is one of this operation's exchanges (Group::first_phase..last_phase).
+  bool has_phase(uint64_t round_id) const { return in_phases(g_, round_id); }
   // Runs the operation until this member has sent all it sends and received all it expects.
   // Throws OpFailure.
   void run();

@@ -626,7 +626,9 @@ Group phased(const MemoryGroup& g, const std::vector<int>& ranks, int me, uint64
 // when it went back too, w1's data of round 201 (after w0's summary) failed the round for all
 // ("sent data for round 201 while round 200 expects more data from it"). Here w0 keeps the
 // summary for round 200, and w1, in round 200, is not failed by w0's messages of round 201.
-TEST(Schedule, AMemberThatWentBackToAnEarlierExchangeIsNeitherALeftoverNorAheadOfTheOthers) {
+// `notice_first`: w2's notice is ahead of w1's summary in w0's queue, so that w0's round 201
+// fails before it reads the summary, and the summary is among what abandon() drains.
+void a_member_that_went_back_is_neither_a_leftover_nor_ahead(bool notice_first) {
   const Options o = patient_options();
   MemoryGroup g(3, o);
   auto at = [&](const std::vector<int>& ranks, int me, uint64_t round) {
@@ -638,6 +640,9 @@ TEST(Schedule, AMemberThatWentBackToAnEarlierExchangeIsNeitherALeftoverNorAheadO
     gather_blobs(*g.transports[i], *g.workspaces[i], o, at(iota(3), int(i), 200), blobs[i], 1000);
   });
   expect_ok(all);
+  if (notice_first)
+    send_notice(g, 0, "w2", 2, at(iota(3), 0, 201),
+                Abort{AbortKind::peer_lost, "w2", "w2 is stopping"});
   // w1 goes back to round 200 without w2, and sends w0 its summary before w0 reads anything of
   // round 201.
   auto sent = std::make_shared<std::promise<void>>();
@@ -659,9 +664,10 @@ TEST(Schedule, AMemberThatWentBackToAnEarlierExchangeIsNeitherALeftoverNorAheadO
     }
   });
   ASSERT_EQ(sent->get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
-  // Then w2's notice that it left in round 201, behind w1's summary in w0's queue.
-  send_notice(g, 0, "w2", 2, at(iota(3), 0, 201),
-              Abort{AbortKind::peer_lost, "w2", "w2 is stopping"});
+  // Else w2's notice that it left in round 201 now, behind w1's summary in w0's queue.
+  if (!notice_first)
+    send_notice(g, 0, "w2", 2, at(iota(3), 0, 201),
+                Abort{AbortKind::peer_lost, "w2", "w2 is stopping"});
   // w0: round 201 of the three fails naming w2; it goes back to round 200 without it.
   std::vector<float> mean0(x0.size());
   std::vector<std::vector<uint8_t>> got0;
@@ -689,6 +695,19 @@ TEST(Schedule, AMemberThatWentBackToAnEarlierExchangeIsNeitherALeftoverNorAheadO
   EXPECT_EQ(got1, two);
   EXPECT_EQ(mean0, mean1);
   EXPECT_FLOAT_EQ(mean0[7], (x0[7] + x1[7]) / 2);
+}
+
+TEST(Schedule, AMemberThatWentBackToAnEarlierExchangeIsNeitherALeftoverNorAheadOfTheOthers) {
+  a_member_that_went_back_is_neither_a_leftover_nor_ahead(false);
+}
+
+// The same with w2's notice ahead of w1's summary: w0's round 201 fails on the notice, and the
+// summary is still in its queue as it abandons the round. abandon() kept only later rounds and
+// other attempts at this one, and dropped it as a leftover: w0 then waited in round 200 for a
+// summary that never came, and lost w1 for silence (the 40-minute rehearsal, 2026-11-30: the
+// `loco scale` down's rewind). It keeps every exchange of the operation now.
+TEST(Schedule, ASummaryBehindTheNoticeThatFailsTheLaterExchangeIsKeptForTheRetry) {
+  a_member_that_went_back_is_neither_a_leftover_nor_ahead(true);
 }
 
 // A member that gave up an earlier exchange of this operation (w1 lost w2 in round 200, which
