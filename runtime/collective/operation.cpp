@@ -625,11 +625,11 @@ void abandon(Transport& t, Workspace& ws, Operation& op) {
     // that went back to its first exchange without the lost member: its summary, queued behind
     // the notice that failed this exchange, is what our retry waits for; dropped, the retry lost
     // that peer for silence and the round failed: the soak's rehearsal, 2026-11-30).
-    const bool later =
+    const bool kept =
         m.header.round_id > op.round_id() ||
         (m.header.round_id == op.round_id() && m.header.group_fp != op.group_fingerprint()) ||
         (m.header.round_id != op.round_id() && op.has_phase(m.header.round_id));
-    if (later && !m.forged && m.header.type != MsgType::keepalive &&
+    if (kept && !m.forged && m.header.type != MsgType::keepalive &&
         check_message(m.header, m.sender.size(), m.payload.size).empty())
       ws.stash_message(std::move(m), op.round_id(), !op.is_member(m.sender), Clock::now());
     m = Message{};

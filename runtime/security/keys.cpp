@@ -155,8 +155,9 @@ void write_private(const std::string& path, const std::string& text, bool overwr
   if (overwrite) {
     fs::rename(tmp, path, ec);
     if (ec) {
+      const std::string why = ec.message();  // before remove() reuses ec
       fs::remove(tmp, ec);
-      throw KeyError("cannot write " + path + ": " + ec.message());
+      throw KeyError("cannot write " + path + ": " + why);
     }
     return;
   }

@@ -640,9 +640,12 @@ void a_member_that_went_back_is_neither_a_leftover_nor_ahead(bool notice_first) 
     gather_blobs(*g.transports[i], *g.workspaces[i], o, at(iota(3), int(i), 200), blobs[i], 1000);
   });
   expect_ok(all);
-  if (notice_first)
+  // w2's notice that it left in round 201, in w0's queue.
+  auto w2_left = [&] {
     send_notice(g, 0, "w2", 2, at(iota(3), 0, 201),
                 Abort{AbortKind::peer_lost, "w2", "w2 is stopping"});
+  };
+  if (notice_first) w2_left();
   // w1 goes back to round 200 without w2, and sends w0 its summary before w0 reads anything of
   // round 201.
   auto sent = std::make_shared<std::promise<void>>();
@@ -664,10 +667,7 @@ void a_member_that_went_back_is_neither_a_leftover_nor_ahead(bool notice_first) 
     }
   });
   ASSERT_EQ(sent->get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
-  // Else w2's notice that it left in round 201 now, behind w1's summary in w0's queue.
-  if (!notice_first)
-    send_notice(g, 0, "w2", 2, at(iota(3), 0, 201),
-                Abort{AbortKind::peer_lost, "w2", "w2 is stopping"});
+  if (!notice_first) w2_left();  // behind w1's summary
   // w0: round 201 of the three fails naming w2; it goes back to round 200 without it.
   std::vector<float> mean0(x0.size());
   std::vector<std::vector<uint8_t>> got0;
@@ -831,27 +831,21 @@ TEST(Schedule, AnOperationThatWaitsLongSaysWhomItWaitsFor) {
     return std::string();
   };
   std::vector<std::vector<float>> in{make_data(8, 0, 1000), make_data(8, 1, 1000)};
-  std::vector<float> out0(1000), out1(1000);
-  std::exception_ptr error0, error1;
-  std::thread w0([&] {
+  std::vector<std::vector<float>> out(2, std::vector<float>(1000));
+  std::exception_ptr errors[2];
+  auto member = [&](int i) {
     try {
-      butterfly_allreduce(*g.transports[0], *g.workspaces[0], o, g.group(iota(2), 0, 9),
-                          in[0].data(), out0.data(), 1000);
+      butterfly_allreduce(*g.transports[i], *g.workspaces[i], o, g.group(iota(2), i, 9),
+                          in[i].data(), out[i].data(), 1000);
     } catch (...) {
-      error0 = std::current_exception();
+      errors[i] = std::current_exception();
     }
-  });
+  };
+  std::thread w0(member, 0);
   bool said = false;  // bounded: past 20 s (200 windows) w1 comes all the same
   for (const auto until = Clock::now() + std::chrono::seconds(20); !said && Clock::now() < until;)
     if (!(said = !logged().empty())) std::this_thread::sleep_for(10ms);
-  std::thread w1([&] {
-    try {
-      butterfly_allreduce(*g.transports[1], *g.workspaces[1], o, g.group(iota(2), 1, 9),
-                          in[1].data(), out1.data(), 1000);
-    } catch (...) {
-      error1 = std::current_exception();
-    }
-  });
+  std::thread w1(member, 1);
   w0.join();
   w1.join();
   spdlog::default_logger()->sinks().pop_back();
@@ -861,9 +855,9 @@ TEST(Schedule, AnOperationThatWaitsLongSaysWhomItWaitsFor) {
   EXPECT_NE(line.find("waiting for w1 (alive"), std::string::npos) << line;
   EXPECT_NE(line.find("nothing of this operation yet, its window 60.0 s"), std::string::npos)
       << line;
-  EXPECT_FALSE(error0);
-  EXPECT_FALSE(error1);
-  EXPECT_EQ(out0, out1);
+  EXPECT_FALSE(errors[0]);
+  EXPECT_FALSE(errors[1]);
+  EXPECT_EQ(out[0], out[1]);
 }
 
 // Every member computes the same mask (it is in the fingerprint), so a contribution in the name
