@@ -36,7 +36,9 @@ def main():
     ap.add_argument("--loco-train", required=True)
     ap.add_argument("--out", help="the reference's folder (default SOAK/reference)")
     ap.add_argument("--data", help="the job's data folder, if not where soak.yaml says")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads a worker")
+    ap.add_argument("--parallel", type=int, default=os.cpu_count() or 1,
+                    help="workers stepping at once (default: one a core)")
     ap.add_argument("--bound", type=float, default=0.01)
     ap.add_argument("--workers", type=int, default=7, help="the soak's workers.count")
     a = ap.parse_args()
@@ -44,7 +46,7 @@ def main():
     last = max(r for r, m in soak.items() if m.get("val_loss") is not None)
     out = a.out or os.path.join(a.soak, "reference")
     cmd = [a.loco_train, "train", os.path.join(a.soak, "soak.yaml"), "--simulate", str(a.workers),
-           "--threads", str(a.threads), "--rounds", str(last), "--out", out,
+           "--threads", str(a.threads), "--parallel", str(a.parallel), "--rounds", str(last), "--out", out,
            "--codec-trace", os.path.join(a.soak, "metrics.jsonl"),
            "--set", f"eval.every={soak[last]['inner_steps'] // max(1, last)}"]
     if a.data:

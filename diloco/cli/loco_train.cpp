@@ -41,7 +41,7 @@ JobConfig load_job(const std::string& job, const std::vector<std::string>& sets)
 int train(const std::string& job, int k, const std::string& baseline, int rounds, std::string out,
           int threads, const std::string& resume, std::string init, int local_ranks,
           const std::vector<std::string>& sets, const std::vector<std::string>& fresh_feedback,
-          const std::vector<std::string>& corrupt, const std::string& codec_trace) {
+          const std::vector<std::string>& corrupt, const std::string& codec_trace, int parallel) {
   // --fresh-feedback R:K: worker K's error feedback zeroed after round R.
   std::vector<std::pair<int, int>> fresh;
   for (const std::string& f : fresh_feedback) {
@@ -76,6 +76,7 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
   opt.workers = k;
   opt.rounds = rounds;
   opt.corrupt = corruptions;
+  opt.parallel = parallel;
   if (!codec_trace.empty()) {
     std::ifstream f(codec_trace, std::ios::binary);
     std::string text(16u << 20, '\0');  // a trace, or a job's metrics.jsonl: at most 16 MiB
@@ -99,9 +100,11 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
             << (opt.local_ranks > 1 ? " of " + std::to_string(opt.local_ranks) + " local ranks"
                                     : "")
             << ", H=" << cfg.inner.steps << ", " << sim.rounds() << " rounds, compression "
-            << cfg.compression_name() << ", " << at::get_num_threads()
-            << " threads" << (init.empty() ? "" : ", from " + init) << " -> " << out
-            << "/metrics.jsonl\n";
+            << cfg.compression_name() << ", " << at::get_num_threads() << " threads"
+            << (opt.parallel > 1 && opt.local_ranks == 1
+                    ? " a worker, " + std::to_string(opt.parallel) + " workers at once"
+                    : "")
+            << (init.empty() ? "" : ", from " + init) << " -> " << out << "/metrics.jsonl\n";
   const fs::path ckpt_dir = fs::path(cfg.checkpoint.dir).is_absolute()
                                 ? fs::path(cfg.checkpoint.dir)
                                 : fs::path(out) / cfg.checkpoint.dir;
@@ -240,7 +243,7 @@ int main(int argc, char** argv) {
       app.add_subcommand("train", "train a job; --simulate K runs K workers in this process");
   std::string job, baseline, out, resume, init, codec_trace;
   std::vector<std::string> sets, fresh_feedback, corrupt;
-  int k = 0, rounds = 0, threads = 0, local_ranks = 0;
+  int k = 0, rounds = 0, threads = 0, local_ranks = 0, parallel = 1;
   tr->add_option("job", job, "job file (YAML)")->required()->check(CLI::ExistingFile);
   tr->add_option("--simulate", k, "number of simulated workers K")
       ->required()
@@ -253,6 +256,10 @@ int main(int argc, char** argv) {
                  "PATH=VALUE: set a field of the job file, e.g. --set inner.lr=3e-4 (repeatable)")
       ->allow_extra_args(false);  // one value a --set: the job file after it stays the job file
   tr->add_option("--threads", threads, "torch threads (default: the job's `threads`)");
+  tr->add_option("--parallel", parallel,
+                 "P: the simulated workers' inner steps P at a time, each on --threads torch "
+                 "threads (default 1: one after another; the same result either way)")
+      ->check(CLI::Range(1, 256));
   tr->add_option("--fresh-feedback", fresh_feedback,
                  "ROUND:WORKER: compression topk: that worker's error feedback set to zero after "
                  "that round, as a worker that joins starts it (repeatable)")
@@ -334,7 +341,7 @@ int main(int argc, char** argv) {
   try {
     if (tr->parsed())
       return train(job, k, baseline, rounds, out, threads, resume, init, local_ranks, sets,
-                   fresh_feedback, corrupt, codec_trace);
+                   fresh_feedback, corrupt, codec_trace, parallel);
     if (ex->parsed()) return export_model(ex_checkpoint, ex_out, ex_dtype, ex_force);
     if (lo->parsed()) {
       if (lo_checkpoint.empty() && lo_job.empty())

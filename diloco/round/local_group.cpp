@@ -9,6 +9,7 @@
 #define USE_C10D_GLOO
 #endif
 #include <algorithm>
+#include <atomic>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -58,20 +59,28 @@ Slice local_slice(std::int64_t n, int rank, int size) {
   return {std::min(n, c * rank), std::min(n, c * (rank + 1))};
 }
 
-void on_ranks(std::size_t n, const std::function<void(std::size_t)>& fn) {
-  if (n == 1) return fn(0);
+void on_ranks(std::size_t n, const std::function<void(std::size_t)>& fn) { in_parallel(n, n, fn); }
+
+void in_parallel(std::size_t n, std::size_t width, const std::function<void(std::size_t)>& fn) {
+  if (width <= 1 || n <= 1) {
+    for (std::size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
   std::vector<std::thread> threads;
   std::mutex mu;
   std::exception_ptr first;
+  std::atomic<std::size_t> next{0};
   const int torch_threads = at::get_num_threads();
-  for (std::size_t i = 0; i < n; ++i)
-    threads.emplace_back([&, i] {
+  for (std::size_t t = 0; t < std::min(width, n); ++t)
+    threads.emplace_back([&] {
       at::set_num_threads(torch_threads);  // OpenMP's thread count is the calling thread's
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!first) first = std::current_exception();
+      for (std::size_t i = next++; i < n; i = next++) {
+        try {
+          fn(i);
+        } catch (...) {
+          std::lock_guard lock(mu);
+          if (!first) first = std::current_exception();
+        }
       }
     });
   for (auto& t : threads) t.join();

@@ -51,6 +51,12 @@ enum class LocalBackend { gloo, nccl };
 // timeout, so a rank that fails cannot hold the others here for longer than that.
 void on_ranks(std::size_t n, const std::function<void(std::size_t)>& fn);
 
+// Runs fn(0), …, fn(n − 1), at most `width` at a time on threads of their own (each with the
+// caller's torch thread count), in no set order; waits for all and rethrows the first
+// exception any threw. width ≤ 1 runs them in order on the caller's thread. For calls that do
+// not wait on each other (the simulator's workers' inner steps: `loco-train --parallel`).
+void in_parallel(std::size_t n, std::size_t width, const std::function<void(std::size_t)>& fn);
+
 // Whether this build can make NCCL groups (torch's ProcessGroupNCCL and nccl.h at
 // compile time); whether there is a GPU is a separate question.
 bool nccl_compiled();

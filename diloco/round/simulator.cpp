@@ -150,12 +150,21 @@ bool Simulator::corrupts() const {
   return !opt_.corrupt.empty() || std::find(diverged_.begin(), diverged_.end(), true) != diverged_.end();
 }
 
-double Simulator::steps_of(std::size_t k, int n) {
-  if (diverged_.size() != trainers_.size()) diverged_.assign(trainers_.size(), false);
-  if (diverged_[k]) return 0;
-  const InnerStats st = trainers_[k]->run_inner_steps(n);
-  if (st.diverged) diverged_[k] = true;
-  return st.mean_loss;
+std::vector<double> Simulator::steps_of_all(int n) {
+  const std::size_t k = trainers_.size();
+  if (diverged_.size() != k) diverged_.assign(k, false);
+  std::vector<InnerStats> st(k);
+  const std::vector<bool> skip = diverged_;  // vector<bool>: written only after the threads
+  in_parallel(k, static_cast<std::size_t>(opt_.parallel), [&](std::size_t i) {
+    if (!skip[i]) st[i] = trainers_[i]->run_inner_steps(n);
+  });
+  std::vector<double> loss(k, 0.0);
+  for (std::size_t i = 0; i < k; ++i) {
+    if (skip[i]) continue;
+    if (st[i].diverged) diverged_[i] = true;
+    loss[i] = st[i].mean_loss;
+  }
+  return loss;
 }
 
 void Simulator::corrupt(std::size_t k, int fragment, std::span<float> delta) const {
@@ -200,8 +209,10 @@ double Simulator::run_streaming_round() {
         sim.on_ranks([&](std::size_t i) {
           rank_loss[i] = sim.trainers_[i]->run_inner_steps(n).mean_loss;
         });
+      else
+        rank_loss = sim.steps_of_all(n);
       for (std::size_t k = 0; k < weighted.size(); ++k) {
-        last[k] = gs > 1 ? rank_loss[k * gs] : sim.steps_of(k, n);
+        last[k] = rank_loss[k * gs];
         weighted[k] += last[k] * n;
         ++calls[k];
       }

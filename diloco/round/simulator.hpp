@@ -47,6 +47,10 @@ struct SimulateOptions {
   // (a CodecChoice's name), rounds past its end the last. Empty: the job's compression (with
   // auto: its start). A distributed job's metrics.jsonl "codec"s replayed give its θ.
   std::vector<std::string> codec_trace;
+  // How many workers take their inner steps at once (`loco-train --parallel`), each on the
+  // process's torch threads; 1: one after another. The same θ either way: a worker's steps
+  // read only its own model, optimizer and data, and a model's forward draws no random numbers.
+  int parallel = 1;
 };
 
 class Simulator {
@@ -124,8 +128,9 @@ class Simulator {
   // guard off, this throws, as the collective refuses NaN).
   void corrupt(std::size_t k, int fragment, std::span<float> delta) const;
   bool corrupts() const;
-  // n inner steps of worker k, unless it diverged in this round (then none: 0); their mean loss.
-  double steps_of(std::size_t k, int n);
+  // n inner steps of every worker (opt_.parallel at once), but those that diverged in this
+  // round (none: 0); each one's mean loss.
+  std::vector<double> steps_of_all(int n);
   // A streaming round; returns the mean training loss.
   double run_streaming_round();
   double start_seconds_ = 0;

@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
@@ -323,6 +327,68 @@ TEST_F(LocalGroupTest, SimulatorWithTwoLocalRanksEqualsOneRankWithTwoMicroBatche
   EXPECT_EQ(last.theta_hash, ranked.theta_hash());
   EXPECT_THROW(Simulator(c, {.workers = 2, .mode = Mode::ddp, .local_ranks = 2}),
                std::invalid_argument);
+}
+
+// in_parallel (loco-train --parallel): every index once, never more than `width` at once and
+// `width` at once when there is work for them (each call waits, at most 10 s, for a second to
+// be running while indices remain to start), and the first exception rethrown after all ran.
+TEST(InParallel, RunsEachIndexOnceAtMostWidthAtATime) {
+  constexpr std::size_t kN = 6;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t running = 0, most = 0, started = 0;
+  std::vector<int> seen(kN, 0);
+  EXPECT_THROW(in_parallel(kN, 2,
+                           [&](std::size_t i) {
+                             std::unique_lock lock(mu);
+                             ++seen[i];
+                             ++started;
+                             most = std::max(most, ++running);
+                             cv.notify_all();
+                             cv.wait_for(lock, std::chrono::seconds(10),
+                                         [&] { return running >= 2 || started == kN; });
+                             --running;
+                             cv.notify_all();
+                             if (i == 3) throw std::runtime_error("index 3");
+                           }),
+               std::runtime_error);
+  EXPECT_EQ(seen, std::vector<int>(kN, 1));
+  EXPECT_EQ(most, 2u);
+  // Width 1: in order, on the caller's thread.
+  std::vector<std::size_t> order;
+  const auto caller = std::this_thread::get_id();
+  in_parallel(4, 1, [&](std::size_t i) {
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+    order.push_back(i);
+  });
+  EXPECT_EQ(order, (std::vector<std::size_t>{0, 1, 2, 3}));
+}
+
+// The simulator's workers stepping two at a time compute, round after round, the θ and the
+// losses they compute one after another, bit for bit, with error feedback and with fragments.
+TEST_F(LocalGroupTest, SimulatorWorkersInParallelEqualThemOneAfterAnother) {
+  auto c = small_job();
+  c.eval.every = 100;
+  c.eval.batches = 1;
+  auto sparse = c;
+  sparse.sync.mode = SyncMode::streaming;
+  sparse.inner.steps = 4;
+  sparse.sync.fragments = 2;
+  sparse.sync.overlap_steps = 1;
+  sparse.sync.mix = 0.5;
+  sparse.topk.on = true;
+  sparse.topk.chunk = 256;
+  sparse.topk.k = 16;
+  sparse.validate();
+  for (const JobConfig& job : {c, sparse}) {
+    Simulator serial(job, {.workers = 3, .mode = Mode::diloco, .rounds = 3});
+    Simulator parallel(job, {.workers = 3, .mode = Mode::diloco, .rounds = 3, .parallel = 2});
+    for (int round = 0; round < 3; ++round) {
+      const auto a = parallel.run_round(), b = serial.run_round();
+      EXPECT_EQ(a.theta_hash, b.theta_hash) << job.compression_name() << ", round " << round + 1;
+      EXPECT_EQ(a.train_loss, b.train_loss) << job.compression_name() << ", round " << round + 1;
+    }
+  }
 }
 
 }  // namespace
