@@ -229,9 +229,11 @@ void Operation::broadcast_abort(const OpFailure& f) {
   auto body = std::make_shared<std::string>(encode_abort({f.kind, f.culprit, f.message}));
   Buffer payload{reinterpret_cast<const uint8_t*>(body->data()), body->size(), body};
   for (int p = 0; p < k_; ++p) {
-    const bool gone = (f.kind == AbortKind::peer_lost && g_.members[p].name == f.culprit) ||
-                      (p < static_cast<int>(peers_.size()) && peers_[p].dropped);
-    if (p == me_ || gone) continue;
+    // The member blamed as lost is told too: one that is alive (slow, or late to enter) learns
+    // that the others go on without it and leaves the operation (handle_abort), instead of
+    // waiting for them and failing a later operation of theirs with what it then receives.
+    const bool dropped = p < static_cast<int>(peers_.size()) && peers_[p].dropped;
+    if (p == me_ || dropped) continue;
     // Best effort: a peer that cannot take it times out anyway.
     (void)t_.try_send(ep(p), Channel::control, header(MsgType::abort), g_.members[me_].name,
                       payload);
@@ -251,10 +253,23 @@ void Operation::handle_abort(const Message& m) {
                         ", in round " + std::to_string(g_.round_id),
                     false};
   }
+  if (abort->kind == AbortKind::peer_lost && abort->culprit == g_.members[me_].name)
+    throw lost_to_the_others(m.sender, g_.round_id, abort->message);
   throw OpFailure{abort->kind, abort->culprit,
                   "round " + std::to_string(g_.round_id) + " aborted by " + m.sender + ": " +
                       escape_remote(abort->message, 1000),
                   false};
+}
+
+OpFailure Operation::lost_to_the_others(const std::string& sender, uint64_t round,
+                                        const std::string& why) const {
+  // It leaves as one that stops does: its notice (peer_lost, itself the culprit) makes it a
+  // lost member of whatever operation the others are in, which they finish without it.
+  return OpFailure{AbortKind::peer_lost, g_.members[me_].name,
+                   "member " + who(me_) + " was lost to " + escape_remote(sender) + " in round " +
+                       std::to_string(round) + " (" + escape_remote(why, 1000) +
+                       "); it leaves round " + std::to_string(g_.round_id),
+                   true};
 }
 
 void Operation::handle(Message& m) {
@@ -296,6 +311,10 @@ void Operation::handle(Message& m) {
         // or it was dropped from the round) is lost to this operation too: the others finish it
         // without it, as they would have the one it gave up, rather than fail their round.
         const auto abort = decode_abort(m.payload.bytes());
+        // It lost this member there, which finished that operation with it: what this member
+        // holds of it is not what the others hold, and they go on without it.
+        if (abort && abort->kind == AbortKind::peer_lost && abort->culprit == g_.members[me_].name)
+          throw lost_to_the_others(m.sender, h.round_id, abort->message);
         const bool left =
             abort && abort->kind == AbortKind::peer_lost && abort->culprit == m.sender;
         throw OpFailure{left ? AbortKind::peer_lost : AbortKind::error, m.sender,

@@ -274,6 +274,10 @@ class Operation {
   void sample_bytes(int p, Clock::time_point now);
   void handle(Message& m);
   void handle_abort(const Message& m);
+  // This member, blamed as lost by `sender` in `round` (its notice's `why`), leaves this
+  // operation: the failure it throws.
+  OpFailure lost_to_the_others(const std::string& sender, uint64_t round,
+                               const std::string& why) const;
   void handle_other_phase(Message& m, int sender_rank, bool member);
   void check_liveness(Clock::time_point now);
   // A line in the log every kWaitReports x peer_timeout (a minute by default) an operation

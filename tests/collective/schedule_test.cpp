@@ -610,6 +610,47 @@ Options patient_options() {
   return o;
 }
 
+// The others lose w2 (it enters after their window) and tell it so: w2, alive, leaves the
+// operation as soon as it enters, naming itself, instead of waiting out its own window (60 s
+// here) and then blaming one of them. The rehearsal's scale-down (2026-11-30): a member the
+// others had lost was never told, went on, and failed their next round with what it received.
+TEST(Schedule, AMemberTheOthersLostIsToldAndLeaves) {
+  Options quick;
+  quick.peer_timeout = 300ms;
+  quick.entry_timeout = 300ms;
+  MemoryGroup g(3, quick);
+  std::vector<std::vector<float>> in{make_data(3, 0, 1000), make_data(3, 1, 1000),
+                                     make_data(3, 2, 1000)};
+  std::vector<std::vector<float>> out(3, std::vector<float>(1000));
+  auto one = [&](size_t i, const Options& o) {
+    butterfly_allreduce(*g.transports[i], *g.workspaces[i], o, g.group(iota(3), int(i), 40),
+                        in[i].data(), out[i].data(), 1000);
+  };
+  expect_lost(collective::testing::on_threads(2, [&](size_t i) { one(i, quick); }), "w2",
+              "lost member");
+  const auto start = Clock::now();
+  expect_lost(collective::testing::on_threads(1, [&](size_t) { one(2, patient_options()); }), "w2",
+              "was lost to w");
+  EXPECT_LT(Clock::now() - start, 10s);
+}
+
+// w2 finished round 50 with the others, but w0 had lost it there (its notice comes late): in
+// round 51 w2 leaves, naming itself, since what it holds of round 50 is not what the others
+// hold; its notice makes it a lost member of round 51 for the others, who go on without it.
+TEST(Schedule, AMemberLostInAnOperationItFinishedLeavesTheNextAndTheOthersLoseIt) {
+  const Options o = patient_options();
+  MemoryGroup g(3, o);
+  std::vector<std::vector<float>> in{make_data(3, 0, 1000), make_data(3, 1, 1000),
+                                     make_data(3, 2, 1000)},
+      out;
+  expect_ok(g.run(iota(3), 50, in, out));
+  send_notice(g, 2, "w0", 0, g.group(iota(3), 0, 50),
+              Abort{AbortKind::peer_lost, "w2", "lost member w2: no data for 10.0 s in round 50"});
+  const auto start = Clock::now();
+  expect_lost(g.run(iota(3), 51, in, out), "w2", "was lost to w0 in round 50");
+  EXPECT_LT(Clock::now() - start, 10s);
+}
+
 // g's group of `ranks` under `round`, one of the exchanges [first, first + 1] of an operation.
 Group phased(const MemoryGroup& g, const std::vector<int>& ranks, int me, uint64_t round,
              uint64_t first) {
