@@ -472,6 +472,7 @@ if [ "$SMOKE" = 0 ]; then
   growth=0
   "$PY" "$LOCO_ROOT/bench/soak/sample.py" --report "$OUT/samples.jsonl" --last-minutes 100 \
     --faults "$OUT/faults.tsv" --bound logs=50 --bound checkpoints=150 \
+    --pool nodes=node --bound nodes.rss_mb=60 --bound nodes.anon_mb=60 \
     --cap "checkpoints.rounds_held=$((CKPT_KEEP + 1))" | tee "$OUT/growth.txt" ||
     growth=$?
   "$PY" "$LOCO_ROOT/bench/soak/plot.py" --samples "$OUT/samples.jsonl" --faults "$OUT/faults.tsv" \

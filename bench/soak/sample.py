@@ -21,7 +21,10 @@ level (a node that gains or loses a worker steps its memory up or down, a restar
 reconnection adds descriptors once) and the stretches share one slope, fitted after leaving
 out --settle seconds after each fault's moment. A step is not growth; what grows between the
 faults, round after round, is. The net change over the window is printed beside it, so that a
-fault that leaves something behind each time shows too.
+fault that leaves something behind each time shows too. --pool NAME=PREFIX judges the processes
+whose names begin with PREFIX together: one slope over all their stretches, with its standard
+error, against NAME.QUANTITY's bound (the soak's training nodes, whose single slopes are lost in
+the swings of their rounds).
 """
 import argparse
 import glob
@@ -217,6 +220,38 @@ def slope_per_hour(points):
     return 3600.0 * sum((t - mt) * (v - mv) for t, v in points) / var
 
 
+def within_fit(lives, cuts, settle):
+    """within_slope_per_hour's fit: (slope per hour, its standard error per hour, the points'
+    spread about their stretch's line), or None when no stretch has 2 points at different
+    times."""
+    stretches = {}
+    for life, points in lives.items():
+        born = points[0][0] if points else 0.0
+        for t, v in points:
+            if t < born + settle or any(c <= t < c + settle for c in cuts):
+                continue
+            stretches.setdefault((life, sum(c <= t for c in cuts)), []).append((t, v))
+    fitted = [pts for pts in stretches.values() if len(pts) >= 2]
+    num = den = 0.0
+    for pts in fitted:
+        mt = sum(t for t, _ in pts) / len(pts)
+        mv = sum(v for _, v in pts) / len(pts)
+        num += sum((t - mt) * (v - mv) for t, v in pts)
+        den += sum((t - mt) ** 2 for t, _ in pts)
+    if den <= 0:
+        return None
+    b = num / den
+    rss, n = 0.0, 0
+    for pts in fitted:
+        mt = sum(t for t, _ in pts) / len(pts)
+        mv = sum(v for _, v in pts) / len(pts)
+        rss += sum(((v - mv) - b * (t - mt)) ** 2 for t, v in pts)
+        n += len(pts)
+    dof = n - len(fitted) - 1
+    spread = (rss / dof) ** 0.5 if dof > 0 else float("nan")
+    return 3600.0 * b, 3600.0 * spread / den ** 0.5, spread
+
+
 def within_slope_per_hour(lives, cuts, settle):
     """The slope shared by every life's stretches between the cuts (fixed effects: each life
     and stretch its own level), per hour, leaving out the points within settle seconds after a
@@ -313,11 +348,18 @@ def report(a):
     head = "within/h" if cuts else "slope/h"
     print(f"{'what':32} {'first':>10} {'last':>10} {'net':>9} {'slope/h':>9} {head:>9} "
           f"{'bound/h':>8}")
+    pools = named(a.pool, "pool")
+    pooled = {}  # (pool, quantity): {(process, life): points}
     for (kind, name, q), lives in sorted(series(lines).items()):
         lives = {k: [p for p in v if p[0] >= start] for k, v in lives.items()}
         lives = {k: v for k, v in lives.items() if v}
         if not lives:
             continue
+        pool = next((n for n, prefix in pools.items() if kind == "procs" and name.startswith(prefix)),
+                    None)
+        if pool is not None:
+            for life, pts in lives.items():
+                pooled.setdefault((pool, q), {})[(name, life)] = pts
         # first, last, net and the raw slope: of the longest life in the window.
         pts = max(lives.values(), key=len)
         raw = slope_per_hour(pts)
@@ -328,7 +370,8 @@ def report(a):
         else:
             s = within_slope_per_hour(lives, cuts, a.settle) if cuts else raw
         key = f"{name}.{q}" if kind == "paths" and q != "mb" else (name if kind == "paths" else q)
-        bound = bounds.get(key)
+        # A process of a pool is judged with the others of its pool (below), not alone.
+        bound = None if pool is not None else bounds.get(key)
         bad = s is not None and bound is not None and s > bound
         cap = caps.get(key)
         top = max(v for life in lives.values() for _, v in life)
@@ -338,7 +381,22 @@ def report(a):
         print(f"{kind + ' ' + name + ' ' + q:32} {first:10.3f} {last:10.3f} {last - first:9.3f} "
               f"{raw if raw is not None else nan:9.3f} {s if s is not None else nan:9.3f} "
               f"{bound if bound is not None else nan:8.2f}{'  OVER' if bad else ''}"
-              f"{f'  max {top:g} > cap {cap:g}' if capped else ''}")
+              f"{f'  max {top:g} > cap {cap:g}' if capped else ''}"
+              f"{f'  (judged in pool {pool})' if pool is not None else ''}")
+    # A pool: processes that run the same code under the same load (the training nodes), whose
+    # single slopes are lost in their swings; their stretches fitted together share one slope,
+    # judged against the pool's bound (NAME.QUANTITY, else QUANTITY's), its standard error beside.
+    for (pool, q), lives in sorted(pooled.items()):
+        fit = within_fit(lives, cuts, a.settle) if cuts else within_fit(lives, [], 0.0)
+        if fit is None:
+            continue
+        slope, se, spread = fit
+        bound = bounds.get(f"{pool}.{q}", bounds.get(q))
+        bad = bound is not None and slope > bound
+        over += bad
+        print(f"{'pool ' + pool + ' ' + q:32} {len(lives):>4} lives, spread {spread:8.3f}, slope "
+              f"{slope:9.3f} ± {se:7.3f} (standard error) {bound if bound is not None else nan:8.2f}"
+              f"{'  OVER' if bad else ''}")
     return 1 if over else 0
 
 
@@ -364,6 +422,10 @@ def main():
     ap.add_argument("--last-minutes", type=float, default=100.0)
     ap.add_argument("--bound", action="append", default=[], help="QUANTITY_OR_PATH_NAME=PER_HOUR")
     ap.add_argument("--faults", help="faults.tsv: fit the slope within the stretches between them")
+    ap.add_argument("--pool", action="append", default=[],
+                    help="NAME=PREFIX: the processes whose name begins with PREFIX are judged "
+                         "together (one slope over all their stretches), against NAME.QUANTITY's "
+                         "bound, else QUANTITY's")
     ap.add_argument("--cap", action="append", default=[],
                     help="QUANTITY_OR_PATH_NAME=MAX: over when any sample in the window is above")
     ap.add_argument("--envelope-minutes", type=float, default=20.0,
