@@ -221,9 +221,13 @@ def slope_per_hour(points):
 
 
 def within_fit(lives, cuts, settle):
-    """within_slope_per_hour's fit: (slope per hour, its standard error per hour, the points'
-    spread about their stretch's line), or None when no stretch has 2 points at different
-    times."""
+    """The slope shared by every life's stretches between the cuts (fixed effects: each life
+    and stretch its own level), per hour, leaving out the points within settle seconds after a
+    cut or a life's start, with its standard error per hour and the points' spread about their
+    stretch's line; None when no stretch has 2 points at different times. A life is a
+    process's PID (a restarted head is two) and, for a node, the actors it has had so far
+    (--actor-log): a worker that moves from one node to another begins a life of each, not a
+    step in a node's memory."""
     stretches = {}
     for life, points in lives.items():
         born = points[0][0] if points else 0.0
@@ -253,28 +257,9 @@ def within_fit(lives, cuts, settle):
 
 
 def within_slope_per_hour(lives, cuts, settle):
-    """The slope shared by every life's stretches between the cuts (fixed effects: each life
-    and stretch its own level), per hour, leaving out the points within settle seconds after a
-    cut or a life's start; None when no stretch has 2 points at different times. A life is a
-    process's PID (a restarted head is two) and, for a node, the actors it has had so far
-    (--actor-log): a worker that moves from one node to another begins a life of each, not a
-    step in a node's memory."""
-    stretches = {}
-    for life, points in lives.items():
-        born = points[0][0] if points else 0.0
-        for t, v in points:
-            if t < born + settle or any(c <= t < c + settle for c in cuts):
-                continue
-            stretches.setdefault((life, sum(c <= t for c in cuts)), []).append((t, v))
-    num = den = 0.0
-    for pts in stretches.values():
-        if len(pts) < 2:
-            continue
-        mt = sum(t for t, _ in pts) / len(pts)
-        mv = sum(v for _, v in pts) / len(pts)
-        num += sum((t - mt) * (v - mv) for t, v in pts)
-        den += sum((t - mt) ** 2 for t, _ in pts)
-    return 3600.0 * num / den if den > 0 else None
+    """within_fit's slope alone."""
+    fit = within_fit(lives, cuts, settle)
+    return fit[0] if fit else None
 
 
 def fault_cuts(path, first_unix, first_t):
