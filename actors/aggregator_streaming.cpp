@@ -36,7 +36,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::stream_round(
   std::vector<int> asked_checkpoint;
   if (!calls.checkpoint.empty()) asked_checkpoint = calls.members;
   ahead.reset();
-  const Pipeline p = send_ahead(r, members, calls, sent_ahead);
+  const Pipeline p = send_ahead(r, members);
   RoundOutcome o = finish_stream(calls, t_round);
   if (o.kind == RoundOutcome::Kind::diverged) return o;
   if (o.kind != RoundOutcome::Kind::completed) {
@@ -58,26 +58,7 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::stream_round(
   return o;
 }
 
-void OuterAggregator::State::measure_first_fragment(const StreamCalls& calls) {
-  const int h = int(cfg.inner.steps), f = cfg.sync.fragments;
-  if (!planner || cfg.sync.mode != diloco::SyncMode::streaming || f < 2 ||
-      h / f + cfg.sync.overlap_steps >= h)
-    return;
-  std::vector<Future<ExchangeFigures>> asked;
-  for (int m : calls.members) asked.push_back(worker(m).call(&InnerWorker::exchanged, calls.op_id));
-  std::vector<Failure> errors;
-  std::vector<std::pair<uint64_t, double>> exchanges;
-  std::vector<double> step_secs;
-  for (const auto& got : gather(asked, errors, kExchangeCall)) {
-    if (!got || !got->done || !got->ok) continue;
-    exchanges.emplace_back(got->bytes, got->seconds);
-    step_secs.push_back(got->step_seconds);
-  }
-  note_link(exchanges, step_secs, "round " + std::to_string(calls.round + 1) + "'s first fragment");
-}
-
-Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& members,
-                                            const StreamCalls& calls, bool calls_sent_ahead) {
+Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& members) {
   read_target();
   end_by_time(r + 1);  // before round r + 1 is sent, with its `last`
   PipelineInput next;
@@ -120,11 +101,6 @@ Pipeline OuterAggregator::State::send_ahead(int64_t r, const std::vector<int>& m
   // interval; the collective's entry window lets a member be behind without being lost).
   say(p);
   if (p == Pipeline::ahead) {
-    // Round r + 1's codec from round r's first fragment when it can be had (one round after a
-    // change of the link, not two); otherwise from round r - 1, measured as it ended. Not from
-    // a round that was not sent ahead (the job's first, the first after its members changed):
-    // its first operation also opens the members' connections, which a link's rate is not.
-    if (calls_sent_ahead && !decisions.count(r + 1)) measure_first_fragment(calls);
     try {
       ahead = send_stream(r + 1, r + 2 == total_rounds,
                           checkpoint_due(r + 2, cfg.checkpoint.every, total_rounds) &&
@@ -444,6 +420,9 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::finish_stream(Strea
     round_steps.push_back(in.per_step);
   }
   note_link(exchanges, std::move(step_secs), "round " + std::to_string(r + 1));
+  std::vector<const StreamResult*> reports;
+  for (const auto& got : res) reports.push_back(got ? &*got : nullptr);
+  fragment_codec_notes(reports);
   o.loss = losses > 0 ? o.loss / losses : std::numeric_limits<double>::quiet_NaN();
   o.theta_hash = d.theta_hash;
   o.ready = o.group = o.members = d.finished;

@@ -30,6 +30,8 @@ class ExchangeDesk {
   // The call's inner steps so far (their mean goes with each operation's figures).
   void add_steps(double seconds, int n);
   void put(uint64_t op, ExchangeFigures f);
+  // The mean inner step of the call so far (none yet: of the call before; 0: none ever).
+  double step_seconds();
   // The seconds of the operations that ended since the last take (StreamResult::
   // exchange_seconds: those that ended during a stream() call), and a new count.
   double take_seconds();
@@ -49,11 +51,13 @@ class ExchangeDesk {
   uint64_t closed_upto_ = 0;  // the last operation of the stream() calls that ended
   double step_seconds_ = 0;
   int steps_ = 0;
+  double last_step_seconds_ = 0;  // the mean of the last call that took steps
   double ended_seconds_ = 0;  // of the operations put since the last take_seconds
 };
 
 inline ExchangeDesk::Open ExchangeDesk::open(uint64_t last_op) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (steps_ > 0) last_step_seconds_ = step_seconds_ / steps_;
   step_seconds_ = 0;
   steps_ = 0;
   return Open{*this, last_op};
@@ -75,6 +79,11 @@ inline void ExchangeDesk::add_steps(double seconds, int n) {
   std::lock_guard<std::mutex> lock(mu_);
   step_seconds_ += seconds;
   steps_ += n;
+}
+
+inline double ExchangeDesk::step_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return steps_ > 0 ? step_seconds_ / steps_ : last_step_seconds_;
 }
 
 inline double ExchangeDesk::take_seconds() {

@@ -60,6 +60,10 @@ void InnerWorker::State::inner_state_archive(torch::serialize::OutputArchive& ar
   ar.write("stream", c10::IValue(int64_t(stream)));
   ar.write("round", c10::IValue(lead().outer->round()));
   lead().trainer->save(ar, "worker.", copy);
+  // The operations in flight make their codes as they begin (plans_codecs): the copy waits for
+  // the newest to have made its own (the ones before it have ended), so that the buffer holds
+  // every Δ the round synchronized, as it does when the codes are made at synchronization.
+  if (feedback && last_prepared.valid()) last_prepared.wait();
   if (feedback) feedback->save(ar, "error_feedback.", 0);  // a copy, made here
   // Eager: this worker's own provisional θ for each average in flight (the outer checkpoint
   // holds its writer's), which a worker resumed from the checkpoint corrects with. Never
@@ -134,6 +138,15 @@ void InnerWorker::State::make_feedback() {
   feedback.reset();
   coded_round = -1;
   choice = dl::fixed_choice(cfg);
+  codecs.reset();
+  last_prepared = {};
+  if (plans_codecs()) {
+    int64_t largest = 0;
+    for (int f = 0; f < engine->schedule().fragments(); ++f)
+      largest = std::max(largest, engine->fragment_size(f));
+    codecs = std::make_shared<FragmentCodecs>();
+    codecs->planner = std::make_unique<dl::FragmentCodecPlanner>(cfg, size_t(largest));
+  }
   if (!cfg.keeps_feedback()) return;
   std::vector<size_t> sizes;
   for (int f = 0; f < engine->schedule().fragments(); ++f)

@@ -3,8 +3,6 @@
 // way in mid-round); the State's methods are in inner_worker_state.cpp, its stream() group and
 // join desk in stream_group.hpp. Private to actors/.
 #pragma once
-#include "actors/inner_worker.hpp"
-
 #include <torch/torch.h>
 
 #include <atomic>
@@ -14,10 +12,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "actors/inner_worker.hpp"
 #include "actors/round_decisions.hpp"
 #include "actors/round_hooks.hpp"
 #include "actors/stream_group.hpp"
@@ -69,6 +69,17 @@ struct Rank {
 // The guard's left-outs as a worker reports them to the aggregator.
 std::vector<LeftOutNote> notes_of(const std::vector<dl::LeftOut>& left);
 
+// sync.mode streaming and eager with compression auto: each fragment's operation runs the codec
+// its members agree on as it begins, from each one's proposal (diloco/round/codec_plan.hpp), and
+// makes its code then, on its own thread. Used by a worker's operations (one at a time) and by
+// stream() as it ends, under `mu`.
+struct FragmentCodecs {
+  std::mutex mu;
+  std::unique_ptr<dl::FragmentCodecPlanner> planner;
+  std::set<std::string> met;             // endpoints an operation of this worker has run with
+  std::string last;                      // the codec the last operation agreed on
+  std::vector<FragmentCodecNote> notes;  // agreed since the last take (StreamResult::codecs)
+};
 
 struct InnerWorker::State {
   std::string job_id;
@@ -106,6 +117,13 @@ struct InnerWorker::State {
   dl::CodecChoice choice;
   // streaming: the fragments' exchanges as each ends (exchanged(), and their time for stream())
   ExchangeDesk exchanges;
+  // sync.mode streaming and eager with compression auto (plans_codecs): the codecs the
+  // fragments' operations agree on (FragmentCodecs); made by make_feedback.
+  std::shared_ptr<FragmentCodecs> codecs;
+  // The newest operation's code made (the error feedback then holds its Δ): what a copy of the
+  // feedback waits for (inner_state_archive) when the operations make their codes.
+  std::shared_future<void> last_prepared;
+  bool plans_codecs() const { return cfg.autocodec.on && overlapped(); }
   // Sets `choice` from a request's codec ("": the job's own); throws std::invalid_argument for a
   // name that is not a rung this job's workers can run.
   void choose(const std::string& codec, const char* method);

@@ -29,6 +29,11 @@ class GroupAverager final : public dl::FragmentAverager {
     dl::CodecChoice choice;  // the round's codec
     bool flush = true;       // compression auto: what a dense average does with the feedback
     ExchangeDesk& exchanges;  // each operation puts its figures there as it ends
+    // compression auto in streaming and eager: each operation's codec agreed as it begins
+    // (null: the round's), its code made then; the newest one's code made.
+    std::shared_ptr<FragmentCodecs> codecs;
+    std::shared_future<void>& last_prepared;
+    int64_t round = 0;  // the round whose fragments it starts
   };
   GroupAverager(Worker w, std::shared_ptr<StreamGroup> group)
       : s_(std::move(w)), group_(std::move(group)) {}
@@ -47,19 +52,23 @@ class GroupAverager final : public dl::FragmentAverager {
       s_.hook(fragment, *copy);
       in = *copy;
     }
-    // Made here on the stepping thread (the error feedback is this thread's): what the policy
-    // sends of the fragment (topk: its code; with the guard: its summary). A worker whose inner
-    // steps diverged this round abstains: an empty code, an abstaining summary.
-    dl::DeltaAverager policy(s_.guard, s_.feedback, s_.choice, s_.flush);
-    auto sent = std::make_shared<const dl::DeltaAverager::Sent>(
-        policy.prepare(fragment, {&in, 1}, s_.abstaining()));
+    // What the policy sends of the fragment (topk: its code; with the guard: its summary). A
+    // worker whose inner steps diverged this round abstains: an empty code, an abstaining
+    // summary. Made here on the stepping thread with the round's codec; with codecs agreed per
+    // operation, by the operation once its codec is agreed (the ones before it have ended, and
+    // the fragment's feedback is touched by its own operations only).
+    auto op_state = std::make_shared<Op>(s_, fragment, s_.abstaining());
+    if (!s_.codecs)
+      op_state->sent = op_state->policy->prepare(fragment, {&in, 1}, op_state->abstain);
+    auto prepared = std::make_shared<std::promise<void>>();
+    if (s_.codecs) s_.last_prepared = prepared->get_future().share();
     const bool guard_on = s_.guard.on;
     dl::GuardLog* log = &s_.log;
     ExchangeDesk* exchanges = &s_.exchanges;
     // After the operation before (its failure is this one's), holding it only until then.
     s_.last_op = loco::run_after(
         s_.last_op, true,
-        [comm, group = group_, op, in, out, sent, policy, fragment, guard_on, log, copy,
+        [comm, group = group_, op, in, out, op_state, prepared, fragment, guard_on, log, copy,
          exchanges]() -> uint64_t {
           uint64_t bytes = 0;
           // Its time, start to mean, and its figures as it ends however it ends.
@@ -69,16 +78,26 @@ class GroupAverager final : public dl::FragmentAverager {
             const uint64_t& bytes;
             bool ok = false;
             std::chrono::steady_clock::time_point began = std::chrono::steady_clock::now();
-            ~Timed() {
-              const std::chrono::duration<double> took = std::chrono::steady_clock::now() - began;
-              desk->put(op, ExchangeFigures{true, ok, bytes, took.count()});
+            double seconds() const {
+              return std::chrono::duration<double>(std::chrono::steady_clock::now() - began)
+                  .count();
             }
+            ~Timed() { desk->put(op, ExchangeFigures{true, ok, bytes, seconds()}); }
           } timed{exchanges, op, bytes};
+          bool fresh = false;  // a member this worker had not run an operation with
           for (;;) {
             collective::Group g = group->at(op);
             CommMembers members(*comm, g);
             try {
-              const auto judged = policy.judge(members, op, fragment, *sent);
+              if (op_state->codecs) {
+                fresh = op_state->plan(members, g, op, bytes) || fresh;
+                if (!op_state->sent) {
+                  op_state->sent = op_state->policy->prepare(fragment, {&in, 1}, op_state->abstain);
+                  prepared->set_value();
+                }
+              }
+              const dl::DeltaAverager& policy = *op_state->policy;
+              const auto judged = policy.judge(members, op, fragment, *op_state->sent);
               bytes += judged.guard_bytes + judged.code_bytes;
               log->add_seconds(judged.guard_seconds);
               if (!judged.verdicts.empty()) g.left_out = judged.left_out();
@@ -95,6 +114,7 @@ class GroupAverager final : public dl::FragmentAverager {
                 for (float& x : out) x *= correction;
               log->add(fragment, names_of(g), judged.verdicts);
               timed.ok = true;
+              if (op_state->codecs) op_state->measured(g, bytes, timed.seconds(), fresh);
               return bytes;
             } catch (const collective::PeerLostError& e) {
               bytes += comm->last_stats().bytes_sent;
@@ -108,6 +128,98 @@ class GroupAverager final : public dl::FragmentAverager {
   }
 
  private:
+  // One operation's policy and what it sends; with codecs agreed per operation, its plan.
+  struct Op {
+    std::shared_ptr<FragmentCodecs> codecs;
+    double step_seconds = 0;
+    int64_t round = 0;
+    int fragment = 0;
+    bool abstain = false;
+    std::optional<dl::DeltaAverager> policy;
+    std::optional<dl::DeltaAverager::Sent> sent;
+    std::optional<int> agreed;  // the rung agreed, once it was
+    dl::GuardConfig guard;
+    dl::ErrorFeedback* feedback = nullptr;
+    bool flush = true;
+    Op(const Worker& w, int f, bool abstaining)
+        : codecs(w.codecs),
+          step_seconds(w.codecs ? w.exchanges.step_seconds() : 0.0),
+          round(w.round),
+          fragment(f),
+          abstain(abstaining),
+          guard(w.guard),
+          feedback(w.feedback),
+          flush(w.flush) {
+      if (!codecs) policy.emplace(w.guard, w.feedback, w.choice, w.flush);
+    }
+    // The plan exchange: this worker's proposal (or, on a retry, what it agreed on before)
+    // all-gathered, the least lossy taken (agree_codec). True when the group holds a member no
+    // operation of this worker ran with before: its time is not the link's (new connections).
+    bool plan(CommMembers& members, const collective::Group& g, uint64_t op, uint64_t& bytes) {
+      std::unique_lock<std::mutex> lock(codecs->mu);
+      dl::FragmentCodecPlanner& planner = *codecs->planner;
+      const auto& ladder = planner.planner().ladder();
+      bool fresh = false;
+      for (const auto& m : g.members) fresh |= !codecs->met.count(m.endpoint);
+      dl::CodecProposal mine;
+      if (agreed)
+        mine.rung = mine.current = uint8_t(*agreed);
+      else
+        mine = planner.propose(int(g.members.size()), step_seconds);
+      lock.unlock();  // the exchange waits for the others
+      std::vector<std::vector<uint8_t>> all;
+      if (g.members.size() >= 2)
+        bytes += members.allgather(dl::plan_round(op), {{dl::encode_proposal(mine)}},
+                                   dl::kProposalBytes, all);
+      else
+        all = {dl::encode_proposal(mine)};
+      const dl::CodecAgreement a = dl::agree_codec(all, ladder.size());
+      if (agreed && a.rung != *agreed)
+        throw std::runtime_error("fragment " + std::to_string(fragment) + "'s operation " +
+                                 std::to_string(op) + ": retried without a lost member, its " +
+                                 "members agreed on " + ladder[size_t(a.rung)].name() +
+                                 ", not the " + ladder[size_t(*agreed)].name() +
+                                 " its code was made with");
+      if (agreed) return fresh;
+      agreed = a.rung;
+      const dl::CodecChoice& c = ladder[size_t(a.rung)];
+      policy.emplace(guard, feedback, c, flush);
+      lock.lock();
+      planner.agreed(a.rung);
+      FragmentCodecNote note;
+      note.round = round;
+      note.fragment = fragment;
+      note.codec = c.name();
+      note.changed = !codecs->last.empty() && codecs->last != note.codec;
+      const int members_n = int(g.members.size());
+      const int was = note.changed ? std::max(0, rung_of(ladder, codecs->last)) : a.rung;
+      if (a.proposer < 0)
+        note.reason = "no member measured its link: the least lossy codec they stood at";
+      else
+        note.reason =
+            planner.planner().reading(a.rung > was ? was : a.rung, a.reading.rate, a.reading.window,
+                                      members_n, a.rung > was ? "would take" : "takes") +
+            " (" + g.members[size_t(a.proposer)].name + "'s reading)";
+      codecs->last = note.codec;
+      codecs->notes.push_back(std::move(note));
+      while (codecs->notes.size() > 256) codecs->notes.erase(codecs->notes.begin());
+      return fresh;
+    }
+    // The operation ended: its bytes and seconds are the next proposal's reading, unless its
+    // group was new to this worker.
+    void measured(const collective::Group& g, uint64_t bytes, double seconds, bool fresh) {
+      std::lock_guard<std::mutex> lock(codecs->mu);
+      for (const auto& m : g.members) codecs->met.insert(m.endpoint);
+      while (codecs->met.size() > 1024) codecs->met.erase(codecs->met.begin());
+      if (!fresh) codecs->planner->measured(bytes, seconds);
+    }
+    static int rung_of(const std::vector<dl::CodecChoice>& ladder, const std::string& name) {
+      for (size_t i = 0; i < ladder.size(); ++i)
+        if (ladder[i].name() == name) return int(i);
+      return -1;
+    }
+  };
+
   Worker s_;
   std::shared_ptr<StreamGroup> group_;
 };
@@ -150,6 +262,12 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                                 std::to_string(req.eval_end) + "), not inside its " +
                                 std::to_string(s_->val_windows.size(0)));
   s_->choose(req.codec, "stream");
+  // compression auto: the round's codec is where this worker's planner stands until it has
+  // measured an operation of its own.
+  if (s_->codecs) {
+    std::lock_guard<std::mutex> lock(s_->codecs->mu);
+    s_->codecs->planner->seed(s_->choice);
+  }
   Rank& k = s_->lead();
   if (k.outer->round() != req.round)
     throw std::invalid_argument("InnerWorker " + std::to_string(s_->index) + ": stream of round " +
@@ -235,7 +353,8 @@ StreamResult InnerWorker::stream(StreamRequest req) {
                               s_->hook(RoundPoint::pseudo_gradient, round_of_call, fragment,
                                        "stream", nullptr, delta);
                             },
-                            s_->choice, s_->cfg.autocodec.flush, s_->exchanges},
+                            s_->choice, s_->cfg.autocodec.flush, s_->exchanges, s_->codecs,
+                            s_->last_prepared, req.round},
       group);
 
   dl::StreamingRound::Round round;
@@ -255,6 +374,10 @@ StreamResult InnerWorker::stream(StreamRequest req) {
   out.left_out = notes_of(s_->guard_log.take());
   out.guard_seconds = s_->guard_log.take_seconds();
   out.exchange_seconds = s_->exchanges.take_seconds();
+  if (s_->codecs) {
+    std::lock_guard<std::mutex> lock(s_->codecs->mu);
+    out.codecs = std::exchange(s_->codecs->notes, {});
+  }
   if (!checkpoint_file.empty() || !inner_file.empty())
     s_->start_checkpoint(checkpoint_file, inner_file);
   if (req.eval_end > req.eval_begin) s_->start_evaluation(req.eval_begin, req.eval_end);
@@ -388,7 +511,7 @@ void InnerWorker::member_gone(MemberGone gone) {
   if (gone.below_op > (uint64_t(1) << 62))
     throw std::invalid_argument("member_gone: operation id " + std::to_string(gone.below_op) +
                                 " is out of range");
-  const uint64_t below = gone.below_op ? dl::summary_round(gone.below_op) : 0;
+  const uint64_t below = gone.below_op ? dl::plan_round(gone.below_op) : 0;
   const std::string why = escape_remote(gone.reason, 500);
   // The ranks and their communicators are made once, by the constructor.
   for (Rank& k : s_->ranks)
@@ -397,13 +520,13 @@ void InnerWorker::member_gone(MemberGone gone) {
 
 void InnerWorker::give_up(RoundsGivenUp given_up) {
   // Operation ids are the aggregator's microsecond clock: far below 2^62, whose collective
-  // round ids (2 op, 2 op + 1) do not wrap.
+  // round ids (3 op to 3 op + 2) do not wrap.
   if (given_up.below_op > (uint64_t(1) << 62))
     throw std::invalid_argument("give_up: operation id " + std::to_string(given_up.below_op) +
                                 " is out of range");
   const std::string why = escape_remote(given_up.reason, 500);
   for (Rank& k : s_->ranks)
-    k.comm->give_up_below(dl::summary_round(given_up.below_op), why, given_up.as_lost);
+    k.comm->give_up_below(dl::plan_round(given_up.below_op), why, given_up.as_lost);
   // In this node's log: a worker dropped from its rounds (as_lost) leaves them at its next
   // operation, which may be long after (it stalls, say).
   log_info("rounds before operation " + std::to_string(given_up.below_op) + " given up" +

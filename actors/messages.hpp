@@ -219,6 +219,17 @@ struct StreamRequest {
                  inner_state, eval_begin, eval_end, codec)
 };
 
+// sync.mode streaming and eager with compression auto: the codec a fragment's operation ran,
+// as its members agreed on it when it began (diloco/round/codec_plan.hpp: agree_codec).
+struct FragmentCodecNote {
+  int64_t round = 0;  // the round it synchronized in (0-based)
+  int fragment = 0;
+  std::string codec;
+  std::string reason;    // the proposer's reading: "2.1 MB at 4.8 Mbit/s takes 0.4 s, ..."
+  bool changed = false;  // another codec than the operation before it on this worker
+  MSGPACK_DEFINE(round, fragment, codec, reason, changed)
+};
+
 struct StreamResult {
   InnerResult inner;        // its seconds: in inner steps only
   uint64_t theta_hash = 0;  // of θ_global once the round's landings are applied
@@ -233,8 +244,10 @@ struct StreamResult {
   // Seconds of the fragments' exchanges that ended during the call, each from its start on the
   // communicator to its mean: with bytes_sent, what the link gave (compression auto).
   double exchange_seconds = 0;
+  // compression auto: the codecs of the fragments' operations agreed since the call before.
+  std::vector<FragmentCodecNote> codecs;
   MSGPACK_DEFINE(inner, theta_hash, bytes_sent, wait_seconds, seconds, group, left_out,
-                 guard_seconds, exchange_seconds)
+                 guard_seconds, exchange_seconds, codecs)
 };
 
 // InnerWorker::exchanged: one fragment operation's exchange on one member, as it ended.

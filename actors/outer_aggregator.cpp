@@ -144,6 +144,18 @@ void OuterAggregator::State::log(const std::string& line) {
 std::string OuterAggregator::State::plan_codec(int64_t r, int members) {
   if (!planner) return "";
   if (auto it = decisions.find(r); it != decisions.end()) return it->second.to.name();
+  if (cfg.sync.mode != dl::SyncMode::blocking) {
+    // Each fragment's operation agrees on its own codec as it begins: the round carries where
+    // the members' planners start, the codec the last operation agreed on.
+    dl::CodecDecision d;
+    d.round = int(r + 1);
+    const auto now = dl::parse_choice(fragment_codec);
+    d.from = d.to = now ? *now : planner->current();
+    d.reason = "each fragment's codec is agreed by its members as its operation begins";
+    decisions[r] = d;
+    while (decisions.size() > 16) decisions.erase(decisions.begin());
+    return d.to.name();
+  }
   dl::CodecDecision d = planner->decide(r, link, members);
   if (link && r > 0) d.reason += " (measured in " + link_from + ")";
   decisions[r] = d;
@@ -154,6 +166,38 @@ std::string OuterAggregator::State::plan_codec(int64_t r, int members) {
     record_line(kCodecRecord, text, r + 1);  // the dashboard's timeline
   }
   return d.to.name();
+}
+
+void OuterAggregator::State::fragment_codec_notes(const std::vector<const StreamResult*>& results) {
+  if (!planner || cfg.sync.mode == dl::SyncMode::blocking) return;
+  // Each operation once, the first member's report of it; at most a few rounds' worth from each
+  // member (the rest is not what a worker sends).
+  std::map<std::pair<int64_t, int>, const FragmentCodecNote*> got;
+  const size_t most = 4 * size_t(std::max(1, cfg.sync.fragments)) + 8;
+  for (const StreamResult* res : results) {
+    if (!res) continue;
+    for (size_t i = 0; i < res->codecs.size() && i < most; ++i) {
+      const FragmentCodecNote& n = res->codecs[i];
+      if (n.fragment < 0 || n.fragment >= std::max(1, cfg.sync.fragments) || n.round < 0 ||
+          n.round > round + 1 || !dl::parse_choice(n.codec))
+        continue;
+      got.emplace(std::make_pair(n.round, n.fragment), &n);
+    }
+  }
+  for (const auto& [at, n] : got) {
+    if (!fragment_codecs_seen.insert(at).second) continue;
+    while (fragment_codecs_seen.size() > 64)
+      fragment_codecs_seen.erase(fragment_codecs_seen.begin());
+    round_fragment_codecs.push_back({int(at.first + 1), at.second, n->codec});
+    if (!fragment_codec.empty() && fragment_codec != n->codec) {
+      const std::string text = "round " + std::to_string(at.first + 1) + " fragment " +
+                               std::to_string(at.second) + ": " + fragment_codec + " → " +
+                               n->codec + ": " + escape_remote(n->reason, 300);
+      log(text);
+      record_line(kCodecRecord, text, at.first + 1);  // the dashboard's timeline
+    }
+    fragment_codec = n->codec;
+  }
 }
 
 void OuterAggregator::State::log_join(int i, int64_t r, const std::string& line) {
@@ -698,6 +742,7 @@ void OuterAggregator::State::report(int64_t r, double loss, std::optional<double
     m.codec = d->second.to.name();
     m.codec_reason = d->second.reason;
   }
+  if (!round_fragment_codecs.empty()) m.fragment_codecs = std::exchange(round_fragment_codecs, {});
   const int failed = records->failed_attempts();
   const double job_seconds = job_time();
   const std::vector<StepFigures> steps = per_step_means(round_steps);

@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
@@ -185,8 +186,17 @@ struct OuterAggregator::State {
   std::optional<loco::diloco::LinkSample> link;
   std::map<int64_t, loco::diloco::CodecDecision> decisions;
   std::string resume_codec;  // the codec of the checkpoint's round (CheckpointRecord::codec)
-  // Round r's codec as requests carry it ("": the job's own compression).
+  // Round r's codec as requests carry it ("": the job's own compression). Streaming and eager:
+  // where the members' planners stand until they have measured (the codec the last operation
+  // agreed on), each fragment's operation agreeing on its own (fragment_codec_notes).
   std::string plan_codec(int64_t r, int members);
+  // Streaming and eager with compression auto: the codecs the members' operations agreed on, as
+  // their results report them (each member's, an operation once): each change said in the log
+  // and the timeline, each one into the round's line of metrics.jsonl.
+  void fragment_codec_notes(const std::vector<const StreamResult*>& results);
+  std::string fragment_codec;  // the codec the last operation reported agreed on
+  std::set<std::pair<int64_t, int>> fragment_codecs_seen;  // the newest 64 (round, fragment)
+  std::vector<loco::diloco::schema::FragmentCodecLine> round_fragment_codecs;
   // The round's exchanges as the members measured them (bytes and seconds each, 0 bytes: none):
   // the fastest member's (the others' include waits for it), with the round's median seconds
   // per step, for the next decision.
@@ -389,15 +399,8 @@ struct OuterAggregator::State {
   // ---- sync.mode streaming or eager (aggregator_streaming.cpp) -----------------------------
   RoundOutcome stream_round(int64_t r, const std::vector<int>& members, double t_round,
                             bool sent_ahead);
-  // Streaming: whether round r + 1 goes out right behind round r (said when it changes);
-  // `calls` are round r's, sent ahead themselves or not.
-  Pipeline send_ahead(int64_t r, const std::vector<int>& members, const StreamCalls& calls,
-                      bool calls_sent_ahead);
-  // compression auto, streaming with a fragment that lands inside the round: the link as round
-  // r's first fragment measured it (InnerWorker::exchanged), for the codec of round r + 1, which
-  // goes out after it; the members need it only as they end round r, after that fragment
-  // landed. Nothing in another layout, or when no member answered (the last sample stands).
-  void measure_first_fragment(const StreamCalls& calls);
+  // Streaming: whether round r + 1 goes out right behind round r (said when it changes).
+  Pipeline send_ahead(int64_t r, const std::vector<int>& members);
   // Round r as one stream() call per member. `checkpoint`: the members write a checkpoint of
   // the round's end (StreamRequest::checkpoint), the first member the outer state, each its
   // inner state.

@@ -6,11 +6,11 @@ std::vector<std::string> CommMembers::names() const { return names_of(group_); }
 
 namespace {
 
-// `group` under `round_id`, one of the two exchanges of its operation.
+// `group` under `round_id`, one of the exchanges of its operation.
 collective::Group with_phases(const collective::Group& group, std::uint64_t round_id) {
   collective::Group g = group;
   g.round_id = round_id;
-  g.first_phase = diloco::summary_round(diloco::op_of_round(round_id));
+  g.first_phase = diloco::plan_round(diloco::op_of_round(round_id));
   g.last_phase = diloco::data_round(diloco::op_of_round(round_id));
   return g;
 }

@@ -37,8 +37,8 @@
 # the others write final.pt only): what checkpoints cost a round, side by side with MODE.
 # MODE-int8, MODE-bf16, MODE-topk and MODE-auto run MODE with compression int8, bf16, TOPK
 # (default the sparse codec's defaults, {kind: topk}) or AUTO (default auto: the codec chosen
-# each round for the link, docs/decisions/0052); the others fp32. Each mode's rounds' codecs
-# (metrics.jsonl "codec") and utilizations are printed round by round.
+# for the link, docs/decisions/0052); the others fp32. Each mode's rounds' codecs (metrics.jsonl
+# "codec", or its fragments' "fragment_codecs") and utilizations are printed round by round.
 #
 # LINK_SCHEDULE="4:5mbit 8:100mbit" changes every host's egress rate (tc change) once the job
 # has ended round 3 (so round 4 runs at 5 Mbit/s), and again after round 7; each mode starts
@@ -171,12 +171,26 @@ run_mode() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION GUARD
   # where none ran (guard off, or topk: judged on the gathered codes, nothing extra sent).
   GTIME[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | { grep -o '"guard_time":[0-9.e-]*' || true; } |
     cut -d: -f2 | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else printf "%.4f", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
-  # Round by round: "R:CODEC:UTIL%" (the codec "-" where the job fixes it).
-  CODECS[$mode]=$(grep -v '"round":0,' "$folder/metrics.jsonl" | awk '{
-    r = $0; sub(/.*"round":/, "", r); sub(/,.*/, "", r)
-    c = "-"; if (match($0, /"codec":"[^"]*"/)) c = substr($0, RSTART + 9, RLENGTH - 10)
-    u = $0; sub(/.*"utilization":/, "", u); sub(/[,}].*/, "", u)
-    printf "%s%s:%s:%.1f", (NR > 1 ? " " : ""), r, c, 100 * u }')
+  # Round by round: "R:CODEC:UTIL%" (the codec "-" where the job fixes it; with codecs agreed
+  # per fragment operation, the round's fragments' as "fp32/int8/topk:64/topk:64").
+  CODECS[$mode]=$(python3 - "$folder/metrics.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+frag = {}
+for l in lines:
+    for e in l.get("fragment_codecs", []):
+        frag[(e["round"], e["fragment"])] = e["codec"]
+out = []
+for l in lines:
+    r = l["round"]
+    if r == 0:
+        continue
+    mine = [c for (rr, f), c in sorted(frag.items()) if rr == r]
+    c = "/".join(mine) if mine else l.get("codec", "-")
+    out.append("%d:%s:%.1f" % (r, c, 100 * l.get("utilization", 0)))
+print(" ".join(out))
+PY
+)
   if [ -n "$LINK_SCHEDULE" ]; then
     # Median utilization of each phase's rounds: [1, first change), [change, next), ...
     PHASES[$mode]=$(awk -v sched="$LINK_SCHEDULE" -v rounds="${CODECS[$mode]}" 'BEGIN {

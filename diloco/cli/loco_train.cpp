@@ -85,6 +85,7 @@ int train(const std::string& job, int k, const std::string& baseline, int rounds
       throw std::invalid_argument("--codec-trace: " + codec_trace + " is larger than 16 MiB");
     text.resize(size_t(f.gcount()));
     opt.codec_trace = read_codec_trace(text);
+    opt.fragment_codec_trace = read_fragment_codec_trace(text);
   }
   opt.mode = baseline.empty() ? Mode::diloco : baseline == "single" ? Mode::single : Mode::ddp;
   // The job file's workers.local_ranks, as a cluster runs it, unless --local-ranks says.

@@ -177,6 +177,23 @@ struct ClusterLine {
   }
 };
 
+// The codec a fragment's operation ran (sync.mode streaming and eager, compression auto: its
+// members agreed on it as it began; diloco/round/codec_plan.hpp).
+struct FragmentCodecLine {
+  int round = 0;  // the round it synchronized in, as logs count
+  int fragment = 0;
+  std::string codec;
+
+  friend bool operator==(const FragmentCodecLine&, const FragmentCodecLine&) = default;
+
+  template <class F>
+  static constexpr void fields(F&& f) {
+    f("round", &FragmentCodecLine::round);
+    f("fragment", &FragmentCodecLine::fragment);
+    f("codec", &FragmentCodecLine::codec);
+  }
+};
+
 struct MetricsLine {
   int round = 0;            // rounds done (baselines: H-step segments done)
   int64_t inner_steps = 0;  // per worker
@@ -195,6 +212,9 @@ struct MetricsLine {
   // "topk:64") and why it was chosen. The simulator replays a job's "codec"s.
   std::optional<std::string> codec;
   std::optional<std::string> codec_reason;
+  // sync.mode streaming and eager: the codecs of the operations agreed since the line before
+  // (an operation in flight as a round ends is in the next line). The simulator replays them.
+  std::optional<std::vector<FragmentCodecLine>> fragment_codecs;
   std::optional<std::vector<ClusterLine>> cluster;  // a job's: what the cluster went through
 
   friend bool operator==(const MetricsLine&, const MetricsLine&) = default;
@@ -215,6 +235,7 @@ struct MetricsLine {
     f("guard_agreement", &MetricsLine::guard_agreement, Form::omitted);
     f("codec", &MetricsLine::codec, Form::omitted);
     f("codec_reason", &MetricsLine::codec_reason, Form::omitted);
+    f("fragment_codecs", &MetricsLine::fragment_codecs, Form::omitted);
     f("cluster", &MetricsLine::cluster, Form::omitted);
   }
   // {"round":..,"inner_steps":..,"tokens":..,"tokens_total":..,"train_loss":..,

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <utility>
-
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #include "diloco/round/averager.hpp"
 #include "runtime/collective/sparse.hpp"
@@ -136,6 +136,22 @@ double CodecPlanner::window(double step_seconds) const {
   return std::max(1, steps) * step_seconds;
 }
 
+std::string CodecPlanner::reading(int rung, double rate, double window, int members,
+                                  const char* verb) const {
+  const double b =
+      double(choice_bytes(ladder_[static_cast<std::size_t>(rung)], n_, members, cfg_.topk));
+  return megabytes(b) + " at " + fixed(rate * 8 / 1e6, 1) + " Mbit/s " + verb + " " +
+         fixed(rate > 0 ? b / rate : 0.0, 2) + " s, the window is " + fixed(window, 2) + " s";
+}
+
+void CodecPlanner::adopt(int rung) {
+  rung = std::clamp(rung, 0, static_cast<int>(ladder_.size()) - 1);
+  if (rung == rung_) return;
+  rung_ = rung;
+  fits_above_ = 0;
+  probing_ = false;
+}
+
 CodecDecision CodecPlanner::decide(std::int64_t round, const std::optional<LinkSample>& last,
                                    int members) {
   CodecDecision d;
@@ -154,10 +170,7 @@ CodecDecision CodecPlanner::decide(std::int64_t round, const std::optional<LinkS
            rate;
   };
   const auto why = [&](int rung, const char* verb) {
-    const double b = double(choice_bytes(ladder_[static_cast<std::size_t>(rung)], n_, members,
-                                         cfg_.topk));
-    return megabytes(b) + " at " + fixed(rate * 8 / 1e6, 1) + " Mbit/s " + verb + " " +
-           fixed(b / rate, 2) + " s, the window is " + fixed(win, 2) + " s";
+    return reading(rung, rate, win, members, verb);
   };
   const int top = static_cast<int>(ladder_.size()) - 1;
   // A small exchange's rate is a lower bound (latency): it cannot show that a rung sending more
@@ -225,6 +238,133 @@ CodecDecision CodecPlanner::decide(std::int64_t round, const std::optional<LinkS
   d.to = current();
   d.reason = why(rung_, "takes");
   return d;
+}
+
+FragmentCodecTrace read_fragment_codec_trace(const std::string& text) {
+  constexpr std::int64_t kMaxRounds = 1 << 20;
+  constexpr int kMaxFragments = 1 << 12;
+  FragmentCodecTrace trace;
+  std::istringstream in(text);
+  std::string line;
+  for (int no = 1; std::getline(in, line); ++no) {
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line[first] != '{' ||
+        line.find("\"fragment_codecs\"") == std::string::npos)
+      continue;
+    const auto bad = [&](const std::string& why) {
+      return std::invalid_argument("codec trace, line " + std::to_string(no) + ": " + why);
+    };
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
+    const auto f = j.find("fragment_codecs");
+    if (f == j.end()) continue;
+    if (!f->is_array()) throw bad("\"fragment_codecs\" must be an array");
+    for (const auto& e : *f) {
+      const auto r = e.is_object() ? e.find("round") : e.end();
+      const auto g = e.is_object() ? e.find("fragment") : e.end();
+      const auto c = e.is_object() ? e.find("codec") : e.end();
+      if (r == e.end() || g == e.end() || c == e.end() || !r->is_number_integer() ||
+          !g->is_number_integer() || !c->is_string())
+        throw bad("each of \"fragment_codecs\" must be {round, fragment, codec}");
+      const auto round = r->get<std::int64_t>();
+      const auto fragment = g->get<std::int64_t>();
+      const auto name = c->get<std::string>();
+      if (round < 1 || round > kMaxRounds || fragment < 0 || fragment >= kMaxFragments)
+        throw bad("round " + std::to_string(round) + " fragment " + std::to_string(fragment) +
+                  " out of range");
+      if (!parse_choice(name))
+        throw bad("'" + name.substr(0, 24) +
+                  "' is not a codec (fp32|fp16|bf16|int8|topk:K[qB][-noef])");
+      trace[{round - 1, static_cast<int>(fragment)}] = name;
+    }
+  }
+  return trace;
+}
+
+std::vector<std::uint8_t> encode_proposal(const CodecProposal& p) {
+  std::vector<std::uint8_t> out(kProposalBytes);
+  out[0] = p.rung;
+  out[1] = p.current;
+  std::memcpy(out.data() + 2, &p.rate, 4);
+  std::memcpy(out.data() + 6, &p.window, 4);
+  return out;
+}
+
+std::optional<CodecProposal> decode_proposal(std::span<const std::uint8_t> bytes,
+                                             std::size_t rungs) {
+  if (bytes.size() != kProposalBytes) return std::nullopt;
+  CodecProposal p;
+  p.rung = bytes[0];
+  p.current = bytes[1];
+  std::memcpy(&p.rate, bytes.data() + 2, 4);
+  std::memcpy(&p.window, bytes.data() + 6, 4);
+  const auto fine = [](float x) { return std::isfinite(x) && x >= 0; };
+  if ((p.rung != CodecProposal::kAbstain && p.rung >= rungs) || p.current >= rungs ||
+      !fine(p.rate) || !fine(p.window))
+    return std::nullopt;
+  return p;
+}
+
+CodecAgreement agree_codec(std::span<const std::vector<std::uint8_t>> payloads, std::size_t rungs) {
+  std::optional<CodecAgreement> proposed, standing;
+  for (std::size_t i = 0; i < payloads.size(); ++i) {
+    const auto p = decode_proposal(payloads[i], rungs);
+    if (!p) continue;
+    if (p->rung != CodecProposal::kAbstain && (!proposed || p->rung < proposed->rung))
+      proposed = CodecAgreement{p->rung, static_cast<int>(i), *p};
+    if (!standing || p->current < standing->rung) standing = CodecAgreement{p->current, -1, {}};
+  }
+  if (proposed) return *proposed;
+  if (standing) return *standing;
+  throw std::invalid_argument("codec plan: none of the " + std::to_string(payloads.size()) +
+                              " members sent a proposal (" + std::to_string(kProposalBytes) +
+                              " bytes, a rung of " + std::to_string(rungs) + ")");
+}
+
+namespace {
+
+// The rule's patience counted in operations: `fragments` of them to a round.
+JobConfig per_operation(JobConfig cfg) {
+  cfg.autocodec.patience =
+      std::max(1, cfg.autocodec.patience) *
+      (cfg.sync.mode == SyncMode::streaming ? std::max(1, cfg.sync.fragments) : 1);
+  return cfg;
+}
+
+}  // namespace
+
+FragmentCodecPlanner::FragmentCodecPlanner(const JobConfig& cfg, std::size_t n)
+    : planner_(per_operation(cfg), n) {}
+
+void FragmentCodecPlanner::seed(const CodecChoice& c) {
+  if (seeded_by_measure_) return;
+  const auto& ladder = planner_.ladder();
+  const auto it = std::find(ladder.begin(), ladder.end(), c);
+  if (it != ladder.end())
+    planner_.adopt(static_cast<int>(it - ladder.begin()));
+  else
+    planner_.resume(c);
+}
+
+CodecProposal FragmentCodecPlanner::propose(int members, double step_seconds) {
+  CodecProposal p;
+  p.current = static_cast<std::uint8_t>(planner_.rung());
+  // Each reading is used once: an operation that measured nothing (its group new) abstains.
+  const std::optional<LinkSample> last = std::exchange(last_, std::nullopt);
+  if (!last || members < 2 || !(step_seconds > 0)) return p;
+  LinkSample s = *last;
+  s.step_seconds = step_seconds;
+  planner_.decide(ops_++, s, members);
+  p.rung = p.current = static_cast<std::uint8_t>(planner_.rung());
+  p.rate = static_cast<float>(double(s.bytes) / s.seconds);
+  p.window = static_cast<float>(planner_.window(step_seconds));
+  return p;
+}
+
+void FragmentCodecPlanner::measured(std::uint64_t bytes, double seconds) {
+  if (bytes == 0 || !(seconds > 0)) return;
+  last_ = LinkSample{bytes, seconds, 0};
+  seeded_by_measure_ = true;
 }
 
 }  // namespace loco::diloco

@@ -24,8 +24,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "diloco/job/codec_choice.hpp"
@@ -52,6 +55,13 @@ std::uint64_t choice_bytes(const CodecChoice& c, std::size_t n, int k, const Top
 // skipped) or one name a line, round 0 first. Every name is checked (parse_choice); a round a
 // metrics file leaves out takes the one before's. Throws std::invalid_argument naming the line.
 std::vector<std::string> read_codec_trace(const std::string& text);
+
+// The codecs a job's fragment operations agreed on (sync.mode streaming and eager, compression
+// auto): (round, fragment) → name, both 0-based, from the metrics.jsonl lines' "fragment_codecs"
+// ({"round" as logs count it, "fragment", "codec"} each; a later line's wins). Every name is
+// checked; throws std::invalid_argument naming the line. Empty for a trace with none.
+using FragmentCodecTrace = std::map<std::pair<std::int64_t, int>, std::string>;
+FragmentCodecTrace read_fragment_codec_trace(const std::string& text);
 
 // What one round measured, for the next round's decision.
 struct LinkSample {
@@ -80,6 +90,14 @@ class CodecPlanner {
   void resume(const CodecChoice& c);
   // The window the rule compares with, in seconds, for a round whose steps take `step_seconds`.
   double window(double step_seconds) const;
+  const std::vector<CodecChoice>& ladder() const { return ladder_; }
+  int rung() const { return rung_; }
+  // The rung the members agreed on (a fragment's operation, agree_codec): the planner stands
+  // there; a climb it was waiting for starts again.
+  void adopt(int rung);
+  // "2.1 MB at 4.8 Mbit/s would take 3.5 s, the window is 1.9 s": `rung`'s exchange among
+  // `members` at `rate` bytes a second against `window` seconds.
+  std::string reading(int rung, double rate, double window, int members, const char* verb) const;
 
  private:
   JobConfig cfg_;
@@ -90,6 +108,66 @@ class CodecPlanner {
   int small_rounds_ = 0;  // rounds in a row measured on fewer than kProbeBytes
   int probe_wait_ = 1;    // such rounds before a probe: patience, doubled by each failed probe
   bool probing_ = false;  // the current rung is a probe's
+};
+
+// sync.mode streaming and eager with compression auto: each fragment's operation runs the codec
+// its members agree on as it begins (decision 0052), not the round's. A codec decided per round
+// is decided a round ahead (streaming sends rounds ahead), so a link that drops carried two
+// rounds of the old codec's fragments, queued one behind another; an operation begins only once
+// the one before it has ended, so its members have measured that one, on every link.
+//
+// Each member proposes a rung from its own last operation (a FragmentCodecPlanner: the rule
+// and hysteresis of CodecPlanner, its patience counted in operations, `fragments` to a round);
+// the proposals are all-gathered in the operation's plan exchange (plan_round) and the least
+// lossy is taken, which is the fastest member's reading, as in the aggregator's rule for
+// blocking rounds. A member that measured nothing of its own (its first operation, or one whose
+// group it had not met: new connections are not the link) abstains; when all do, the least
+// lossy rung any of them stands at is taken. A member retrying an operation without a lost
+// member proposes what it agreed on before: every proposal was at least as lossy, so the
+// survivors agree on the same codec again when any of them had agreed.
+struct CodecProposal {
+  static constexpr std::uint8_t kAbstain = 255;
+  std::uint8_t rung = kAbstain;  // the proposal, a rung of the ladder (kAbstain: none)
+  std::uint8_t current = 0;      // the rung the member's planner stands at
+  float rate = 0;                // bytes a second its last operation measured
+  float window = 0;              // seconds: the window it compared with
+};
+inline constexpr std::size_t kProposalBytes = 10;
+std::vector<std::uint8_t> encode_proposal(const CodecProposal& p);
+// nullopt unless `bytes` is one proposal for a ladder of `rungs`: kProposalBytes, a rung of it
+// (or kAbstain), finite non-negative figures (the bytes come from the network).
+std::optional<CodecProposal> decode_proposal(std::span<const std::uint8_t> bytes,
+                                             std::size_t rungs);
+
+struct CodecAgreement {
+  int rung = 0;
+  int proposer = -1;  // the member whose proposal it is; -1: none proposed (every one abstained)
+  CodecProposal reading;  // the proposer's
+};
+// The rung every member takes: the least lossy proposal, else the least lossy rung the members
+// stand at. A payload that is not a proposal (decode_proposal) counts as abstaining; throws
+// std::invalid_argument when none is one.
+CodecAgreement agree_codec(std::span<const std::vector<std::uint8_t>> payloads, std::size_t rungs);
+
+class FragmentCodecPlanner {
+ public:
+  // `n`: the values of the largest fragment.
+  FragmentCodecPlanner(const JobConfig& cfg, std::size_t n);
+  // The codec the round's plan carries: where the planner stands while it has measured nothing.
+  void seed(const CodecChoice& c);
+  // This member's proposal for an operation among `members`, its steps taking `step_seconds`.
+  CodecProposal propose(int members, double step_seconds);
+  // The operation agreed on `rung`.
+  void agreed(int rung) { planner_.adopt(rung); }
+  // This member's last operation: its bytes and seconds, the next proposal's reading.
+  void measured(std::uint64_t bytes, double seconds);
+  const CodecPlanner& planner() const { return planner_; }
+
+ private:
+  CodecPlanner planner_;
+  std::optional<LinkSample> last_;
+  bool seeded_by_measure_ = false;  // measured once: seeds no longer move it
+  std::int64_t ops_ = 0;
 };
 
 }  // namespace loco::diloco

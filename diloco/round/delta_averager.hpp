@@ -55,14 +55,17 @@ class AveragingGroup {
                                   std::span<const std::uint8_t> left_out) = 0;
 };
 
-// The round ids of operation `op`'s two exchanges: the guard's summaries (or topk's codes are
-// the data), then the data. Ids of their own, in that order (collective/allreduce.hpp).
-inline std::uint64_t summary_round(std::uint64_t op) { return 2 * op; }
-inline std::uint64_t data_round(std::uint64_t op) { return 2 * op + 1; }
-// The operation whose exchange `round_id` is. A worker that loses a member in either exchange
-// runs both again without it, from the summaries: they are the phases of one operation to the
+// The round ids of operation `op`'s three exchanges: compression auto's plan (the members'
+// codec proposals, sync.mode streaming and eager: codec_plan.hpp's agree_codec), the guard's
+// summaries (or topk's codes are the data), then the data. Ids of their own, in that order
+// (collective/allreduce.hpp); an exchange an operation does not make costs nothing.
+inline std::uint64_t plan_round(std::uint64_t op) { return 3 * op; }
+inline std::uint64_t summary_round(std::uint64_t op) { return 3 * op + 1; }
+inline std::uint64_t data_round(std::uint64_t op) { return 3 * op + 2; }
+// The operation whose exchange `round_id` is. A worker that loses a member in any exchange runs
+// them all again without it, from the plan: they are the phases of one operation to the
 // collective (collective::Group::first_phase).
-inline std::uint64_t op_of_round(std::uint64_t round_id) { return round_id / 2; }
+inline std::uint64_t op_of_round(std::uint64_t round_id) { return round_id / 3; }
 
 class DeltaAverager {
  public:

@@ -106,7 +106,9 @@ Simulator::Simulator(const JobConfig& cfg, SimulateOptions opt)
       throw std::invalid_argument("--corrupt: worker " + std::to_string(c.worker) + " of " +
                                   std::to_string(opt_.workers) + " from round " +
                                   std::to_string(c.from_round) + " (one local rank per worker)");
-  for (const std::string& c : opt_.codec_trace) {
+  std::vector<std::string> traced = opt_.codec_trace;
+  for (const auto& [at, c] : opt_.fragment_codec_trace) traced.push_back(c);
+  for (const std::string& c : traced) {
     const auto choice = parse_choice(c);
     if (!choice || (choice->sparse() && !cfg_.keeps_feedback()))
       throw std::invalid_argument("--codec-trace: '" + c.substr(0, 24) + "' is not a codec " +
@@ -284,7 +286,23 @@ double Simulator::run_streaming_round() {
     sparse->choose(choice(), cfg_.autocodec.flush);
   }
   averager_.set_codec(choice().dense);
-  Corrupted corrupted(sparse ? static_cast<FragmentAverager&>(*sparse) : averager_, *this);
+  // Each fragment's operation with its own codec (fragment_codec_trace: what a job's members
+  // agreed on as it began), chosen as it starts.
+  struct Chosen final : FragmentAverager {
+    Simulator& sim;
+    LocalSparseAverager* sparse;
+    Chosen(Simulator& s, LocalSparseAverager* sp) : sim(s), sparse(sp) {}
+    std::shared_future<std::uint64_t> start(std::uint64_t op, int fragment,
+                                            std::span<const std::span<const float>> deltas,
+                                            std::span<const std::span<float>> means) override {
+      const CodecChoice c = sim.choice(fragment);
+      sim.averager_.set_codec(c.dense);
+      if (!sparse) return sim.averager_.start(op, fragment, deltas, means);
+      sparse->choose(c, sim.cfg_.autocodec.flush);
+      return sparse->start(op, fragment, deltas, means);
+    }
+  } chosen(*this, sparse ? &*sparse : nullptr);
+  Corrupted corrupted(chosen, *this);
   Sliced sliced(averager_, opt_.local_ranks);
   Counted averager(opt_.local_ranks > 1 ? static_cast<FragmentAverager&>(sliced) : corrupted,
                    bytes_);
@@ -335,6 +353,12 @@ CodecChoice Simulator::choice() const {
   if (cfg_.autocodec.on)
     if (auto c = parse_choice(cfg_.autocodec.start); c && (!c->sparse() || feedback_)) return *c;
   return fixed_choice(cfg_);
+}
+
+CodecChoice Simulator::choice(int fragment) const {
+  const auto it = opt_.fragment_codec_trace.find({round_, fragment});
+  if (it != opt_.fragment_codec_trace.end()) return *parse_choice(it->second);  // checked
+  return choice();
 }
 
 RoundMetrics Simulator::run_round() {

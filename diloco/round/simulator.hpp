@@ -14,6 +14,7 @@
 #include "diloco/job/config.hpp"
 #include "diloco/job/metrics.hpp"
 #include "diloco/round/averager.hpp"
+#include "diloco/round/codec_plan.hpp"
 #include "diloco/round/error_feedback.hpp"
 #include "diloco/round/streaming_round.hpp"
 #include "diloco/round/trainer.hpp"
@@ -47,6 +48,9 @@ struct SimulateOptions {
   // (a CodecChoice's name), rounds past its end the last. Empty: the job's compression (with
   // auto: its start). A distributed job's metrics.jsonl "codec"s replayed give its θ.
   std::vector<std::string> codec_trace;
+  // sync.mode streaming and eager: the codec each fragment's operation agreed on, by (round,
+  // fragment) from 0 (a job's metrics.jsonl "fragment_codecs"), ahead of codec_trace.
+  FragmentCodecTrace fragment_codec_trace;
   // How many workers take their inner steps at once (`loco-train --parallel`), each on the
   // process's torch threads; 1: one after another. The same θ either way: a worker's steps
   // read only its own model, optimizer and data, and a model's forward draws no random numbers.
@@ -106,8 +110,10 @@ class Simulator {
   // take no more steps in it and abstain from its averages (guard off: the round fails).
   std::vector<bool> diverged_;
   LocalAverager averager_;
-  // The codec of the round running (codec_trace, or the job's).
+  // The codec of the round running (codec_trace, or the job's); of its fragment `fragment`'s
+  // operation (fragment_codec_trace, else the round's).
   CodecChoice choice() const;
+  CodecChoice choice(int fragment) const;
   torch::Tensor val_windows_;
   int rounds_ = 0;
   int round_ = 0;

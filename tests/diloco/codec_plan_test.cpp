@@ -288,6 +288,124 @@ TEST(CodecTrace, ReadsAJobsMetricsOrOneNameALineAndNamesABadLine) {
   EXPECT_THROW(read_codec_trace("\n\n"), std::invalid_argument);
 }
 
+TEST(CodecTrace, ReadsTheFragmentsCodecsOfAJobsMetricsALaterLineWinning) {
+  const std::string metrics =
+      R"({"round":0,"val_loss":5.1})"
+      "\n"
+      R"({"round":1,"codec":"fp32","fragment_codecs":[{"round":1,"fragment":0,"codec":"fp32"},)"
+      R"({"round":1,"fragment":1,"codec":"int8"}]})"
+      "\n"
+      R"({"round":2,"codec":"fp32","fragment_codecs":[{"round":1,"fragment":1,"codec":"bf16"},)"
+      R"({"round":2,"fragment":0,"codec":"topk:64"}]})"
+      "\n";
+  const FragmentCodecTrace t = read_fragment_codec_trace(metrics);
+  EXPECT_EQ(t, (FragmentCodecTrace{{{0, 0}, "fp32"}, {{0, 1}, "bf16"}, {{1, 0}, "topk:64"}}));
+  EXPECT_TRUE(read_fragment_codec_trace("fp32\nint8\n").empty());
+  for (const char* bad :
+       {R"({"round":1,"fragment_codecs":[{"round":1,"fragment":-1,"codec":"fp32"}]})",
+        R"({"round":1,"fragment_codecs":[{"round":0,"fragment":0,"codec":"fp32"}]})",
+        R"({"round":1,"fragment_codecs":[{"round":1,"fragment":0,"codec":"int4"}]})",
+        R"({"round":1,"fragment_codecs":[[1,0,"fp32"]]})",
+        R"({"round":1,"fragment_codecs":{"round":1}})", R"({"fragment_codecs": [)"}) {
+    try {
+      read_fragment_codec_trace(std::string("{\"round\":0}\n") + bad);
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
+    }
+  }
+}
+
+std::vector<std::uint8_t> proposal(std::uint8_t rung, std::uint8_t current, float rate) {
+  CodecProposal p;
+  p.rung = rung;
+  p.current = current;
+  p.rate = rate;
+  p.window = 3;
+  return encode_proposal(p);
+}
+
+TEST(FragmentCodecs, TheMembersAgreeOnTheLeastLossyProposalAndAHostileOneAbstains) {
+  constexpr std::size_t kRungs = 5;
+  constexpr std::uint8_t kNone = CodecProposal::kAbstain;
+  const auto back = decode_proposal(proposal(3, 2, 6.25e5f), kRungs);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->rung, 3);
+  EXPECT_EQ(back->current, 2);
+  EXPECT_FLOAT_EQ(back->rate, 6.25e5f);
+  EXPECT_FLOAT_EQ(back->window, 3.0f);
+  // The least lossy proposal, with its proposer's reading; one that measured nothing abstains.
+  std::vector<std::vector<std::uint8_t>> all = {proposal(3, 3, 6e5f), proposal(1, 1, 2e6f),
+                                                proposal(kNone, 0, 0)};
+  CodecAgreement a = agree_codec(all, kRungs);
+  EXPECT_EQ(a.rung, 1);
+  EXPECT_EQ(a.proposer, 1);
+  EXPECT_FLOAT_EQ(a.reading.rate, 2e6f);
+  // Nobody proposes: the least lossy rung any of them stands at.
+  a = agree_codec(
+      std::vector<std::vector<std::uint8_t>>{proposal(kNone, 4, 0), proposal(kNone, 2, 0)}, kRungs);
+  EXPECT_EQ(a.rung, 2);
+  EXPECT_EQ(a.proposer, -1);
+  // Bytes that are not a proposal count as abstaining: too short, a rung past the ladder, a rung
+  // they stand at past it, a rate that is not a number or negative.
+  const std::vector<std::vector<std::uint8_t>> hostile = {
+      {1, 2, 3},          proposal(7, 0, 1),
+      proposal(0, 9, 1),  proposal(0, 0, std::nanf("")),
+      proposal(0, 0, -1), std::vector<std::uint8_t>(64, 0)};
+  for (const auto& h : hostile) EXPECT_FALSE(decode_proposal(h, kRungs));
+  all = hostile;
+  all.push_back(proposal(4, 4, 1e5f));
+  a = agree_codec(all, kRungs);
+  EXPECT_EQ(a.rung, 4);
+  EXPECT_EQ(a.proposer, int(hostile.size()));
+  EXPECT_THROW(agree_codec(hostile, kRungs), std::invalid_argument);
+  // A retry without a lost member: a survivor that agreed proposes that rung, one that never
+  // heard every proposal its own, which was no less lossy: they agree on the same rung again.
+  all = {proposal(2, 2, 1e6f), proposal(1, 1, 2e6f), proposal(3, 3, 5e5f)};
+  ASSERT_EQ(agree_codec(all, kRungs).rung, 1);
+  const std::vector<std::vector<std::uint8_t>> retry = {proposal(1, 1, 0), proposal(3, 3, 5e5f)};
+  EXPECT_EQ(agree_codec(retry, kRungs).rung, 1);
+}
+
+TEST(FragmentCodecPlanner, ProposesFromItsLastOperationOnceAndClimbsAfterARoundsWorth) {
+  // Four fragments of 1.6 M values, a 2-step window of 1.5 s steps (3 s), patience 1 round.
+  const JobConfig cfg = job("{kind: auto, start: fp32, margin: 0.7, patience: 1}",
+                            "{mode: streaming, fragments: 4, overlap_steps: 2, mix: 0.5}");
+  FragmentCodecPlanner p(cfg, 1'600'000);
+  const auto& ladder = p.planner().ladder();
+  // Nothing measured: it abstains, standing at the start.
+  CodecProposal q = p.propose(4, 1.5);
+  EXPECT_EQ(q.rung, CodecProposal::kAbstain);
+  EXPECT_EQ(q.current, 0);
+  // fp32's 9.6 MB at 5 Mbit/s took 15.4 s: down at once, to a sparse rung (int8's 2.4 MB
+  // would take 3.8 s).
+  p.measured(9'600'000, 9.6e6 * 8 / 5e6);
+  q = p.propose(4, 1.5);
+  ASSERT_NE(q.rung, CodecProposal::kAbstain);
+  EXPECT_TRUE(ladder[q.rung].sparse()) << ladder[q.rung].name();
+  EXPECT_NEAR(q.rate, 625'000, 1);
+  EXPECT_FLOAT_EQ(q.window, 3.0f);
+  const std::uint8_t low = q.rung;
+  p.agreed(low);
+  // A reading is used once.
+  EXPECT_EQ(p.propose(4, 1.5).rung, CodecProposal::kAbstain);
+  // The link back at 1 Gbit/s (2 MB in 16 ms): fp32 fits, taken after four operations in a row
+  // (a round's worth of fragments), not at the first.
+  for (int i = 0; i < 3; ++i) {
+    p.measured(2'000'000, 0.016);
+    EXPECT_EQ(p.propose(4, 1.5).rung, low) << "operation " << i;
+  }
+  p.measured(2'000'000, 0.016);
+  EXPECT_EQ(p.propose(4, 1.5).rung, 0);
+  // Agreed elsewhere: it stands there, and a seed no longer moves a planner that measured.
+  p.agreed(2);
+  p.seed(*parse_choice("fp32"));
+  EXPECT_EQ(p.planner().rung(), 2);
+  FragmentCodecPlanner fresh(cfg, 1'600'000);
+  fresh.seed(*parse_choice("int8"));
+  EXPECT_EQ(fresh.propose(4, 1.5).current, 2);
+}
+
 TEST(Config, AutoCompressionParsesValidatesAndRoundTrips) {
   const JobConfig a = job("auto");
   EXPECT_TRUE(a.autocodec.on);
