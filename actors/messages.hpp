@@ -214,6 +214,8 @@ struct StreamRequest {
   int64_t eval_begin = 0;
   int64_t eval_end = 0;
   // The codec of the averages of the fragments that synchronize in this round (ReduceRequest's).
+  // compression auto: where the members' planners stand until they have measured; each
+  // fragment's operation agrees on its own (StreamResult::codecs).
   std::string codec;
   MSGPACK_DEFINE(round, names, endpoints, rank, op_id, last, from_step, source, checkpoint,
                  inner_state, eval_begin, eval_end, codec)
