@@ -190,9 +190,9 @@ class GroupAverager final : public dl::FragmentAverager {
       note.round = round;
       note.fragment = fragment;
       note.codec = c.name();
-      note.changed = !codecs->last.empty() && codecs->last != note.codec;
+      const bool changed = !codecs->last.empty() && codecs->last != note.codec;
       const int members_n = int(g.members.size());
-      const int was = note.changed ? std::max(0, rung_of(ladder, codecs->last)) : a.rung;
+      const int was = changed ? std::max(0, rung_of(ladder, codecs->last)) : a.rung;
       if (a.proposer < 0)
         note.reason = "no member measured its link: the least lossy codec they stood at";
       else

@@ -227,9 +227,8 @@ struct FragmentCodecNote {
   int64_t round = 0;  // the round it synchronized in (0-based)
   int fragment = 0;
   std::string codec;
-  std::string reason;    // the proposer's reading: "2.1 MB at 4.8 Mbit/s takes 0.4 s, ..."
-  bool changed = false;  // another codec than the operation before it on this worker
-  MSGPACK_DEFINE(round, fragment, codec, reason, changed)
+  std::string reason;  // the proposer's reading: "2.1 MB at 4.8 Mbit/s takes 0.4 s, ..."
+  MSGPACK_DEFINE(round, fragment, codec, reason)
 };
 
 struct StreamResult {

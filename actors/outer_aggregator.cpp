@@ -188,11 +188,13 @@ void OuterAggregator::State::fragment_codec_notes(const std::vector<const Stream
     if (!fragment_codecs_seen.insert(at).second) continue;
     while (fragment_codecs_seen.size() > 64)
       fragment_codecs_seen.erase(fragment_codecs_seen.begin());
-    round_fragment_codecs.push_back({int(at.first + 1), at.second, n->codec});
+    round_fragment_codecs.push_back({int(at.first + 1), at.second, n->codec, std::nullopt});
     if (!fragment_codec.empty() && fragment_codec != n->codec) {
+      const std::string why = escape_remote(n->reason, 300);
       const std::string text = "round " + std::to_string(at.first + 1) + " fragment " +
                                std::to_string(at.second) + ": " + fragment_codec + " → " +
-                               n->codec + ": " + escape_remote(n->reason, 300);
+                               n->codec + ": " + why;
+      round_fragment_codecs.back().reason = why;
       log(text);
       record_line(kCodecRecord, text, at.first + 1);  // the dashboard's timeline
     }

@@ -183,6 +183,7 @@ struct FragmentCodecLine {
   int round = 0;  // the round it synchronized in, as logs count
   int fragment = 0;
   std::string codec;
+  std::optional<std::string> reason;  // where it is another codec than the operation before
 
   friend bool operator==(const FragmentCodecLine&, const FragmentCodecLine&) = default;
 
@@ -191,6 +192,7 @@ struct FragmentCodecLine {
     f("round", &FragmentCodecLine::round);
     f("fragment", &FragmentCodecLine::fragment);
     f("codec", &FragmentCodecLine::codec);
+    f("reason", &FragmentCodecLine::reason, Form::omitted);
   }
 };
 

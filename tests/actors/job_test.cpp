@@ -299,6 +299,11 @@ TEST_P(AutoCodecParity, TheSimulatorReplaysTheJobsCodecsBitForBit) {
     EXPECT_EQ(ran.front(), "topk:64");
     for (std::string& name : ran) name = "\"" + name + "\"";
     EXPECT_NE(log.find("'s reading)"), std::string::npos) << log;
+    // Each change's reason in metrics.jsonl too, beside the codec.
+    bool reasons = false;
+    for (const std::string& line : jsonl(metrics))
+      reasons |= line.find("\"reason\":\"") != std::string::npos;
+    EXPECT_TRUE(reasons);
     std::string joined;
     for (const std::string& name : ran) joined += name + " ";
     std::cout << "the operations' codecs: " << joined << "\n";
