@@ -195,6 +195,12 @@ class GroupAverager final : public dl::FragmentAverager {
       const int was = changed ? std::max(0, rung_of(ladder, codecs->last)) : a.rung;
       if (a.proposer < 0)
         note.reason = "no member measured its link: the least lossy codec they stood at";
+      else if (a.reading.probe)
+        note.reason = "a probe: " +
+                      planner.planner().reading(a.rung, a.reading.rate, a.reading.window, members_n,
+                                                "takes") +
+                      " on a small exchange, which says little of the link (" +
+                      g.members[size_t(a.proposer)].name + "'s reading)";
       else
         note.reason =
             planner.planner().reading(a.rung > was ? was : a.rung, a.reading.rate, a.reading.window,

@@ -102,8 +102,8 @@ std::vector<std::string> read_codec_trace(const std::string& text) {
   return trace;
 }
 
-CodecPlanner::CodecPlanner(const JobConfig& cfg, std::size_t n)
-    : cfg_(cfg), n_(n), ladder_(codec_ladder(cfg)) {
+CodecPlanner::CodecPlanner(const JobConfig& cfg, std::size_t n, int per_round)
+    : cfg_(cfg), n_(n), ladder_(codec_ladder(cfg)), probe_cap_(16 * std::max(1, per_round)) {
   const auto start = parse_choice(cfg.autocodec.start);
   resume(start ? *start : ladder_.front());
 }
@@ -200,7 +200,7 @@ CodecDecision CodecPlanner::decide(std::int64_t round, const std::optional<LinkS
     rung_ = first_fit(win);
     fits_above_ = 0;
     // A probe that did not fit: the next one waits twice as long (at most 16 rounds).
-    if (std::exchange(probing_, false)) probe_wait_ = std::min(16, 2 * probe_wait_);
+    if (std::exchange(probing_, false)) probe_wait_ = std::min(probe_cap_, 2 * probe_wait_);
     d.to = current();
     d.reason = why(was, "would take") + (takes(rung_) > win ? "; none fits: the lossiest" : "");
     return d;
@@ -287,6 +287,7 @@ std::vector<std::uint8_t> encode_proposal(const CodecProposal& p) {
   out[1] = p.current;
   std::memcpy(out.data() + 2, &p.rate, 4);
   std::memcpy(out.data() + 6, &p.window, 4);
+  out[10] = p.probe ? 1 : 0;
   return out;
 }
 
@@ -298,6 +299,8 @@ std::optional<CodecProposal> decode_proposal(std::span<const std::uint8_t> bytes
   p.current = bytes[1];
   std::memcpy(&p.rate, bytes.data() + 2, 4);
   std::memcpy(&p.window, bytes.data() + 6, 4);
+  if (bytes[10] > 1) return std::nullopt;
+  p.probe = bytes[10] == 1;
   const auto fine = [](float x) { return std::isfinite(x) && x >= 0; };
   if ((p.rung != CodecProposal::kAbstain && p.rung >= rungs) || p.current >= rungs ||
       !fine(p.rate) || !fine(p.window))
@@ -323,18 +326,21 @@ CodecAgreement agree_codec(std::span<const std::vector<std::uint8_t>> payloads, 
 
 namespace {
 
-// The rule's patience counted in operations: `fragments` of them to a round.
+// Operations a round: streaming's fragments, eager's one.
+int operations(const JobConfig& cfg) {
+  return cfg.sync.mode == SyncMode::streaming ? std::max(1, cfg.sync.fragments) : 1;
+}
+
+// The rule's patience counted in operations.
 JobConfig per_operation(JobConfig cfg) {
-  cfg.autocodec.patience =
-      std::max(1, cfg.autocodec.patience) *
-      (cfg.sync.mode == SyncMode::streaming ? std::max(1, cfg.sync.fragments) : 1);
+  cfg.autocodec.patience = std::max(1, cfg.autocodec.patience) * operations(cfg);
   return cfg;
 }
 
 }  // namespace
 
 FragmentCodecPlanner::FragmentCodecPlanner(const JobConfig& cfg, std::size_t n)
-    : planner_(per_operation(cfg), n) {}
+    : planner_(per_operation(cfg), n, operations(cfg)) {}
 
 void FragmentCodecPlanner::seed(const CodecChoice& c) {
   if (seeded_by_measure_) return;
@@ -356,6 +362,7 @@ CodecProposal FragmentCodecPlanner::propose(int members, double step_seconds) {
   s.step_seconds = step_seconds;
   planner_.decide(ops_++, s, members);
   p.rung = p.current = static_cast<std::uint8_t>(planner_.rung());
+  p.probe = planner_.probing();
   p.rate = static_cast<float>(double(s.bytes) / s.seconds);
   p.window = static_cast<float>(planner_.window(step_seconds));
   return p;

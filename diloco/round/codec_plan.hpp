@@ -81,11 +81,14 @@ class CodecPlanner {
  public:
   static constexpr std::uint64_t kProbeBytes = 1'000'000;
   // `n`: the values one average carries (blocking: θ; streaming: the largest fragment).
-  CodecPlanner(const JobConfig& cfg, std::size_t n);
+  // `per_round`: decisions a round (a FragmentCodecPlanner's: the round's operations), which
+  // the longest wait between probes, 16 rounds, is counted in.
+  CodecPlanner(const JobConfig& cfg, std::size_t n, int per_round = 1);
   // Round `round`'s codec (0-based), from the round before's sample among `members` members
   // (none: keep the current codec).
   CodecDecision decide(std::int64_t round, const std::optional<LinkSample>& last, int members);
   const CodecChoice& current() const { return ladder_[static_cast<std::size_t>(rung_)]; }
+  bool probing() const { return probing_; }  // the current rung is a probe's
   // A resumed job's: the codec its checkpoint's round ran (the ladder's nearest rung).
   void resume(const CodecChoice& c);
   // The window the rule compares with, in seconds, for a round whose steps take `step_seconds`.
@@ -106,6 +109,7 @@ class CodecPlanner {
   int rung_ = 0;
   int fits_above_ = 0;    // rounds in a row the rung above fitted within the margin
   int small_rounds_ = 0;  // rounds in a row measured on fewer than kProbeBytes
+  int probe_cap_ = 16;    // the longest wait between probes: 16 rounds
   int probe_wait_ = 1;    // such rounds before a probe: patience, doubled by each failed probe
   bool probing_ = false;  // the current rung is a probe's
 };
@@ -131,8 +135,9 @@ struct CodecProposal {
   std::uint8_t current = 0;      // the rung the member's planner stands at
   float rate = 0;                // bytes a second its last operation measured
   float window = 0;              // seconds: the window it compared with
+  bool probe = false;            // the proposal is a probe's (CodecPlanner: a small exchange)
 };
-inline constexpr std::size_t kProposalBytes = 10;
+inline constexpr std::size_t kProposalBytes = 11;
 std::vector<std::uint8_t> encode_proposal(const CodecProposal& p);
 // nullopt unless `bytes` is one proposal for a ladder of `rungs`: kProposalBytes, a rung of it
 // (or kAbstain), finite non-negative figures (the bytes come from the network).

@@ -353,6 +353,9 @@ TEST(FragmentCodecs, TheMembersAgreeOnTheLeastLossyProposalAndAHostileOneAbstain
       proposal(0, 9, 1),  proposal(0, 0, std::nanf("")),
       proposal(0, 0, -1), std::vector<std::uint8_t>(64, 0)};
   for (const auto& h : hostile) EXPECT_FALSE(decode_proposal(h, kRungs));
+  std::vector<std::uint8_t> flag = proposal(0, 0, 1);
+  flag[kProposalBytes - 1] = 2;  // the probe byte is 0 or 1
+  EXPECT_FALSE(decode_proposal(flag, kRungs));
   all = hostile;
   all.push_back(proposal(4, 4, 1e5f));
   a = agree_codec(all, kRungs);
@@ -404,6 +407,20 @@ TEST(FragmentCodecPlanner, ProposesFromItsLastOperationOnceAndClimbsAfterARounds
   FragmentCodecPlanner fresh(cfg, 1'600'000);
   fresh.seed(*parse_choice("int8"));
   EXPECT_EQ(fresh.propose(4, 1.5).current, 2);
+  // Small exchanges (under 1 MB) say little of the link: int8's 150 kB in 2 s fits the 3 s
+  // window and bf16's predicted 4 s does not, so the planner stays, and after a round's worth
+  // of operations it probes bf16, saying so in its proposal.
+  FragmentCodecPlanner small(cfg, 100'000);
+  small.seed(*parse_choice("int8"));
+  std::vector<CodecProposal> seen;
+  for (int i = 0; i < 4; ++i) {
+    small.measured(150'000, 2.0);
+    seen.push_back(small.propose(4, 1.5));
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(seen[i].rung, 2) << "operation " << i;
+  EXPECT_EQ(seen[3].rung, 1);
+  EXPECT_TRUE(seen[3].probe);
+  EXPECT_FALSE(seen[2].probe);
 }
 
 TEST(Config, AutoCompressionParsesValidatesAndRoundTrips) {
