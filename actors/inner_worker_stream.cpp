@@ -189,6 +189,7 @@ class GroupAverager final : public dl::FragmentAverager {
       FragmentCodecNote note;
       note.round = round;
       note.fragment = fragment;
+      note.op = op;
       note.codec = c.name();
       const bool changed = !codecs->last.empty() && codecs->last != note.codec;
       const int members_n = int(g.members.size());

@@ -226,9 +226,10 @@ struct StreamRequest {
 struct FragmentCodecNote {
   int64_t round = 0;  // the round it synchronized in (0-based)
   int fragment = 0;
+  uint64_t op = 0;  // its operation id (a round redone runs its fragments under higher ones)
   std::string codec;
   std::string reason;  // the proposer's reading: "2.1 MB at 4.8 Mbit/s takes 0.4 s, ..."
-  MSGPACK_DEFINE(round, fragment, codec, reason)
+  MSGPACK_DEFINE(round, fragment, op, codec, reason)
 };
 
 struct StreamResult {

@@ -170,24 +170,30 @@ std::string OuterAggregator::State::plan_codec(int64_t r, int members) {
 
 void OuterAggregator::State::fragment_codec_notes(const std::vector<const StreamResult*>& results) {
   if (!planner || cfg.sync.mode == dl::SyncMode::blocking) return;
-  // Each operation once, the first member's report of it; at most a few rounds' worth from each
-  // member (the rest is not what a worker sends).
+  // Each operation's newest report: a worker reports what its operations agreed since its last
+  // call that succeeded (a failed attempt's too), and a round redone runs its fragments again
+  // under higher operation ids. The last few rounds' worth of each member's reports (the rest
+  // is not what a worker sends).
   std::map<std::pair<int64_t, int>, const FragmentCodecNote*> got;
   const size_t most = 4 * size_t(std::max(1, cfg.sync.fragments)) + 8;
   for (const StreamResult* res : results) {
     if (!res) continue;
-    for (size_t i = 0; i < res->codecs.size() && i < most; ++i) {
+    const size_t from = res->codecs.size() > most ? res->codecs.size() - most : 0;
+    for (size_t i = from; i < res->codecs.size(); ++i) {
       const FragmentCodecNote& n = res->codecs[i];
       if (n.fragment < 0 || n.fragment >= std::max(1, cfg.sync.fragments) || n.round < 0 ||
           n.round > round + 1 || !dl::parse_choice(n.codec))
         continue;
-      got.emplace(std::make_pair(n.round, n.fragment), &n);
+      const FragmentCodecNote*& newest = got[{n.round, n.fragment}];
+      if (!newest || n.op > newest->op) newest = &n;
     }
   }
   for (const auto& [at, n] : got) {
-    if (!fragment_codecs_seen.insert(at).second) continue;
-    while (fragment_codecs_seen.size() > 64)
-      fragment_codecs_seen.erase(fragment_codecs_seen.begin());
+    const auto was = fragment_codec_ops.find(at);
+    if (was != fragment_codec_ops.end() && was->second >= n->op) continue;
+    fragment_codec_ops[at] = n->op;
+    while (fragment_codec_ops.size() > 4 * most)
+      fragment_codec_ops.erase(fragment_codec_ops.begin());
     round_fragment_codecs.push_back({int(at.first + 1), at.second, n->codec, std::nullopt});
     if (!fragment_codec.empty() && fragment_codec != n->codec) {
       const std::string why = escape_remote(n->reason, 300);
@@ -829,6 +835,10 @@ int64_t OuterAggregator::State::go_back() {
   round = r;
   resuming = true;
   records->go_back(r);
+  // The undone rounds' operations run again, agreeing on codecs of their own (their reports
+  // come under higher operation ids; those of the undone ones went with the workers' state).
+  fragment_codec_ops.clear();
+  round_fragment_codecs.clear();
   for (Slot& s : slots) s.active = false;
   (void)reconcile(r);
   return r;

@@ -195,7 +195,8 @@ struct OuterAggregator::State {
   // and the timeline, each one into the round's line of metrics.jsonl.
   void fragment_codec_notes(const std::vector<const StreamResult*>& results);
   std::string fragment_codec;  // the codec the last operation reported agreed on
-  std::set<std::pair<int64_t, int>> fragment_codecs_seen;  // the newest 64 (round, fragment)
+  // The operation each (round, fragment) was last reported of, for the newest rounds.
+  std::map<std::pair<int64_t, int>, uint64_t> fragment_codec_ops;
   std::vector<loco::diloco::schema::FragmentCodecLine> round_fragment_codecs;
   // The round's exchanges as the members measured them (bytes and seconds each, 0 bytes: none):
   // the fastest member's (the others' include waits for it), with the round's median seconds

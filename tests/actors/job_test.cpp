@@ -358,6 +358,56 @@ TEST_P(AutoCodecParity, TheSimulatorReplaysTheJobsCodecsBitForBit) {
   }
 }
 
+// compression auto in streaming, every worker killed mid-job: the rounds in flight are redone
+// (or, with no member left, the job goes back to its start), and the redone operations agree
+// on codecs of their own. Every operation of every round is in metrics.jsonl once the job
+// ends: the aggregator takes each operation's newest report (by operation id), not the first
+// it saw of its round and fragment.
+TEST_F(DilocoJob, AfterARewindEveryRedoneOperationReportsItsCodec) {
+  TestJob j = job(2, 2, 8);  // killed at round 2: six rounds of room, each about a second
+  j.compression = "{kind: auto, chunk: 256, start: topk:64, share: 0.9, margin: 1.0, patience: 1}";
+  j.steps = 40;
+  j.sync = "{mode: streaming, fragments: 2, overlap_steps: 19, mix: 0.5}";
+  j.eval_every = 1000;
+  LocalCluster c(one_worker_per_node(2));
+  Client client(c.head_address());
+  JobHandle handle = client.submit(JobSpec::from_yaml(j.yaml()));
+  bool killed = false;
+  for (const RoundReport& r : handle.watch()) {
+    if (killed || r.round < 2) continue;
+    killed = true;
+    for (auto& a : client.runtime().status().actors)
+      if (a.name.rfind(handle.id() + ".worker-", 0) == 0 && a.state == ActorState::alive)
+        client.runtime().kill(a.id);
+  }
+  JobInfo end = handle.wait(Millis(300000));
+  ASSERT_TRUE(killed);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log_text(handle);
+  const std::string log = log_text(handle);
+  const std::string metrics = dir_ + "/ckpt/" + handle.id() + "/metrics.jsonl";
+  std::set<std::pair<int, int>> reported;
+  int lines = 0, redone = 0;
+  for (const std::string& line : jsonl(metrics)) {
+    const auto m = nlohmann::json::parse(line);
+    redone += m.value("redo", 0) > 0;
+    ++lines;
+    if (!m.contains("fragment_codecs")) continue;
+    for (const auto& e : m["fragment_codecs"])
+      reported.insert({e["round"].get<int>(), e["fragment"].get<int>()});
+  }
+  EXPECT_EQ(lines, 9) << "rounds 0 to 8, each once";
+  EXPECT_GT(redone, 0) << log;
+  std::set<std::pair<int, int>> every;
+  for (int r = 1; r <= 8; ++r)
+    for (int f = 0; f < 2; ++f) every.insert({r, f});
+  EXPECT_EQ(reported, every) << log;
+  // And each with the codec it ran: the simulator given the job's metrics holds its θ.
+  const std::string file = dir_ + "/job.yaml";
+  std::ofstream(file) << j.yaml();
+  ASSERT_TRUE(simulate(dir_, file, 2, "sim", {"--codec-trace", metrics}));
+  EXPECT_EQ(theta_hashes(metrics), theta_hashes(dir_ + "/sim/metrics.jsonl")) << log;
+}
+
 INSTANTIATE_TEST_SUITE_P(Sync, AutoCodecParity, ::testing::Values("blocking", "streaming"));
 
 // θ evaluated every round does not hold the next round back: each member evaluates its share
