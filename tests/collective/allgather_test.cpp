@@ -155,13 +155,35 @@ TEST(Allgather, ABlobOverMaxBytesIsRefusedNamingItsMember) {
   // be the same on every member.)
   auto errors = m.gather(iota(k), 2, blobs, {999, 5000, 999}, results);
   expect_refused({errors[0], errors[2]}, "w1", "a blob of 1000 bytes");
-  // The same communicators, at once: blobs within the bound go through.
-  rethrow_any(m.gather(iota(k), 3, blobs, 1000, results));
+  // The same communicators, at once: blobs within the bound go through. When w1 finished
+  // round 2, the others' notice that they gave it up may reach it as round 3 runs, and round 3
+  // fails as the collective fails an operation after one that a member finished and the others
+  // did not ("gave up round 2, which this member finished"; scripts/test, 2026-11-30, once in
+  // 661 tests; under load about one run in ten). That can repeat once more for round 3; the
+  // next round goes through.
+  uint64_t next = 3;
+  auto within = m.gather(iota(k), next++, blobs, 1000, results);
+  const auto failed = [](const std::vector<std::exception_ptr>& es) {
+    return std::any_of(es.begin(), es.end(), [](const auto& e) { return bool(e); });
+  };
+  for (int retry = 0; retry < 3 && !errors[1] && failed(within); ++retry) {
+    for (const auto& e : within) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const CollectiveError& err) {
+        EXPECT_NE(std::string(err.what()).find("which this member finished"), std::string::npos)
+            << err.what();
+      }
+    }
+    within = m.gather(iota(k), next++, blobs, 1000, results);
+  }
+  rethrow_any(within);
   expect_all_blobs(blobs, results);
   // A member alone refuses its own blob too.
   const std::vector<uint8_t> alone(11);
   try {
-    (void)m.comms[2]->allgather(m.group({2}, 4, 0), alone, 10);
+    (void)m.comms[2]->allgather(m.group({2}, next, 0), alone, 10);
     ADD_FAILURE() << "a blob of 11 bytes passed max_bytes 10";
   } catch (const CollectiveError& e) {
     EXPECT_EQ(e.member(), "w2") << e.what();
