@@ -77,7 +77,7 @@ struct FragmentCodecs {
   std::mutex mu;
   std::unique_ptr<dl::FragmentCodecPlanner> planner;
   std::set<std::string> met;             // endpoints an operation of this worker has run with
-  std::string last;                      // the codec the last operation agreed on
+  int last = -1;                         // the rung the last operation agreed on (-1: none yet)
   std::vector<FragmentCodecNote> notes;  // agreed since the last take (StreamResult::codecs)
 };
 

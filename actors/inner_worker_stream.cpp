@@ -191,9 +191,8 @@ class GroupAverager final : public dl::FragmentAverager {
       note.fragment = fragment;
       note.op = op;
       note.codec = c.name();
-      const bool changed = !codecs->last.empty() && codecs->last != note.codec;
       const int members_n = int(g.members.size());
-      const int was = changed ? std::max(0, rung_of(ladder, codecs->last)) : a.rung;
+      const int was = codecs->last < 0 ? a.rung : codecs->last;
       if (a.proposer < 0)
         note.reason = "no member measured its link: the least lossy codec they stood at";
       else if (a.reading.probe)
@@ -207,7 +206,7 @@ class GroupAverager final : public dl::FragmentAverager {
             planner.planner().reading(a.rung > was ? was : a.rung, a.reading.rate, a.reading.window,
                                       members_n, a.rung > was ? "would take" : "takes") +
             " (" + g.members[size_t(a.proposer)].name + "'s reading)";
-      codecs->last = note.codec;
+      codecs->last = a.rung;
       codecs->notes.push_back(std::move(note));
       while (codecs->notes.size() > 256) codecs->notes.erase(codecs->notes.begin());
       return fresh;
@@ -219,11 +218,6 @@ class GroupAverager final : public dl::FragmentAverager {
       for (const auto& m : g.members) codecs->met.insert(m.endpoint);
       while (codecs->met.size() > 1024) codecs->met.erase(codecs->met.begin());
       if (!fresh) codecs->planner->measured(bytes, seconds);
-    }
-    static int rung_of(const std::vector<dl::CodecChoice>& ladder, const std::string& name) {
-      for (size_t i = 0; i < ladder.size(); ++i)
-        if (ladder[i].name() == name) return int(i);
-      return -1;
     }
   };
 

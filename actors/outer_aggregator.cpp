@@ -144,20 +144,18 @@ void OuterAggregator::State::log(const std::string& line) {
 std::string OuterAggregator::State::plan_codec(int64_t r, int members) {
   if (!planner) return "";
   if (auto it = decisions.find(r); it != decisions.end()) return it->second.to.name();
+  dl::CodecDecision d;
   if (cfg.sync.mode != dl::SyncMode::blocking) {
     // Each fragment's operation agrees on its own codec as it begins: the round carries where
     // the members' planners start, the codec the last operation agreed on.
-    dl::CodecDecision d;
     d.round = int(r + 1);
     const auto now = dl::parse_choice(fragment_codec);
     d.from = d.to = now ? *now : planner->current();
     d.reason = "each fragment's codec is agreed by its members as its operation begins";
-    decisions[r] = d;
-    while (decisions.size() > 16) decisions.erase(decisions.begin());
-    return d.to.name();
+  } else {
+    d = planner->decide(r, link, members);
+    if (link && r > 0) d.reason += " (measured in " + link_from + ")";
   }
-  dl::CodecDecision d = planner->decide(r, link, members);
-  if (link && r > 0) d.reason += " (measured in " + link_from + ")";
   decisions[r] = d;
   while (decisions.size() > 16) decisions.erase(decisions.begin());
   if (d.changed()) {

@@ -64,24 +64,37 @@ std::uint64_t choice_bytes(const CodecChoice& c, std::size_t n, int k, const Top
          collective::sparse::encoded_bytes(n, sparse_params(topk, c));
 }
 
-std::vector<std::string> read_codec_trace(const std::string& text) {
-  constexpr int kMaxRounds = 1 << 20;
-  std::vector<std::string> trace;
+namespace {
+
+// fn(line, first, bad) for each line of a codec trace that is not blank: `first` its first
+// character that is not a space, bad(why) the error naming the line.
+template <class Fn>
+void for_each_trace_line(const std::string& text, Fn fn) {
   std::istringstream in(text);
   std::string line;
   for (int no = 1; std::getline(in, line); ++no) {
     const auto first = line.find_first_not_of(" \t\r");
     if (first == std::string::npos) continue;
-    const auto bad = [&](const std::string& why) {
+    const auto bad = [no](const std::string& why) {
       return std::invalid_argument("codec trace, line " + std::to_string(no) + ": " + why);
     };
+    fn(line, first, bad);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> read_codec_trace(const std::string& text) {
+  constexpr int kMaxRounds = 1 << 20;
+  std::vector<std::string> trace;
+  for_each_trace_line(text, [&](const std::string& line, std::size_t first, const auto& bad) {
     std::string name;
     std::int64_t round = static_cast<std::int64_t>(trace.size()) + 1;
     if (line[first] == '{') {
       const auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
       const auto c = j.find("codec");
-      if (c == j.end()) continue;  // round 0's line, or a job without compression auto
+      if (c == j.end()) return;  // round 0's line, or a job without compression auto
       const auto r = j.find("round");
       if (!c->is_string() || r == j.end() || !r->is_number_integer())
         throw bad("\"codec\" must be a string and \"round\" an integer");
@@ -91,13 +104,15 @@ std::vector<std::string> read_codec_trace(const std::string& text) {
       const auto last = line.find_last_not_of(" \t\r");
       name = line.substr(first, last - first + 1);
     }
-    if (!parse_choice(name)) throw bad("'" + name.substr(0, 24) + "' is not a codec (fp32|fp16|bf16|int8|topk:K[qB][-noef])");
+    if (!parse_choice(name))
+      throw bad("'" + name.substr(0, 24) +
+                "' is not a codec (fp32|fp16|bf16|int8|topk:K[qB][-noef])");
     if (round < 1 || round > kMaxRounds)
       throw bad("round " + std::to_string(round) + " out of [1, " + std::to_string(kMaxRounds) + "]");
     const auto at = static_cast<std::size_t>(round - 1);
     if (trace.size() <= at) trace.resize(at + 1, trace.empty() ? name : trace.back());
     trace[at] = name;
-  }
+  });
   if (trace.empty()) throw std::invalid_argument("codec trace: no codec in it");
   return trace;
 }
@@ -244,20 +259,12 @@ FragmentCodecTrace read_fragment_codec_trace(const std::string& text) {
   constexpr std::int64_t kMaxRounds = 1 << 20;
   constexpr int kMaxFragments = 1 << 12;
   FragmentCodecTrace trace;
-  std::istringstream in(text);
-  std::string line;
-  for (int no = 1; std::getline(in, line); ++no) {
-    const auto first = line.find_first_not_of(" \t\r");
-    if (first == std::string::npos || line[first] != '{' ||
-        line.find("\"fragment_codecs\"") == std::string::npos)
-      continue;
-    const auto bad = [&](const std::string& why) {
-      return std::invalid_argument("codec trace, line " + std::to_string(no) + ": " + why);
-    };
+  for_each_trace_line(text, [&](const std::string& line, std::size_t first, const auto& bad) {
+    if (line[first] != '{' || line.find("\"fragment_codecs\"") == std::string::npos) return;
     const auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
     const auto f = j.find("fragment_codecs");
-    if (f == j.end()) continue;
+    if (f == j.end()) return;
     if (!f->is_array()) throw bad("\"fragment_codecs\" must be an array");
     for (const auto& e : *f) {
       const auto r = e.is_object() ? e.find("round") : e.end();
@@ -277,7 +284,7 @@ FragmentCodecTrace read_fragment_codec_trace(const std::string& text) {
                   "' is not a codec (fp32|fp16|bf16|int8|topk:K[qB][-noef])");
       trace[{round - 1, static_cast<int>(fragment)}] = name;
     }
-  }
+  });
   return trace;
 }
 
@@ -343,13 +350,8 @@ FragmentCodecPlanner::FragmentCodecPlanner(const JobConfig& cfg, std::size_t n)
     : planner_(per_operation(cfg), n, operations(cfg)) {}
 
 void FragmentCodecPlanner::seed(const CodecChoice& c) {
-  if (seeded_by_measure_) return;
-  const auto& ladder = planner_.ladder();
-  const auto it = std::find(ladder.begin(), ladder.end(), c);
-  if (it != ladder.end())
-    planner_.adopt(static_cast<int>(it - ladder.begin()));
-  else
-    planner_.resume(c);
+  // Before any measurement the hysteresis holds nothing that resuming would lose.
+  if (!seeded_by_measure_) planner_.resume(c);
 }
 
 CodecProposal FragmentCodecPlanner::propose(int members, double step_seconds) {
