@@ -1,8 +1,14 @@
 # Helpers shared by every part of loco.
 
-# Warnings as errors in loco's own code.
+# Warnings as errors in loco's own code, with the compiler CI checks it with (Debian 12's GCC
+# 12). Another compiler brings warnings of its own (GCC 13 finds an array-bounds one inside fmt
+# 9's headers): -DLOCO_WERROR=OFF keeps them warnings there.
+option(LOCO_WERROR "treat warnings in loco's own code as errors" ON)
 function(loco_target_defaults target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra -Werror -Wno-missing-field-initializers)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-missing-field-initializers)
+  if(LOCO_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
   # In the tree its sources are found from the top; installed, loco's targets carry
   # include/ of the prefix instead (cmake/install.cmake).
   target_include_directories(${target} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)
