@@ -46,6 +46,9 @@
 #   RATE=100mbit ROUNDS=12 LINK_SCHEDULE="4:5mbit 8:100mbit" TORCHFT_MODES= \
 #     MODES="streaming streaming-int8 streaming-topk streaming-auto" bench/overlap/netns.sh
 #
+# SEED (default 1): the job's seed (its initial θ and its data order), for a comparison over
+# several: SEED=2 RATE=100mbit ROUNDS=12 LINK_SCHEDULE=... bench/overlap/netns.sh
+#
 # TOGETHER=1 runs each torchft mode at the same time as loco's mode of the same name (8
 # workers on the 4 hosts), instead of after all of loco's: on a machine whose other load comes
 # and goes, one after the other compares two different machines; side by side both see the
@@ -53,6 +56,7 @@
 set -uo pipefail
 RATE=${RATE:-20mbit}
 ROUNDS=${ROUNDS:-4}
+SEED=${SEED:-1}
 H=${H:-12}
 STREAMING=${STREAMING:-"{mode: streaming, fragments: 4, overlap_steps: 3, mix: 0.5}"}
 EAGER=${EAGER:-"{mode: eager, overlap_steps: 8}"}
@@ -93,7 +97,7 @@ cluster_corpus
 job_file() {  # MODE SYNC CHECKPOINT_EVERY COMPRESSION GUARD
   cat <<JOB
 name: overlap-$1
-seed: 1
+seed: $SEED
 threads: 1
 model: {layers: 8, width: 256, heads: 4, context: 64, tied_embeddings: true}
 data: {dir: data, tokenizer: byte, shards: 16, val_fraction: 0.05}
