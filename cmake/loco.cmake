@@ -5,9 +5,10 @@
 # 9's headers): -DLOCO_WERROR=OFF keeps them warnings there.
 option(LOCO_WERROR "treat warnings in loco's own code as errors" ON)
 function(loco_target_defaults target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-missing-field-initializers)
   if(LOCO_WERROR)
-    target_compile_options(${target} PRIVATE -Werror)
+    target_compile_options(${target} PRIVATE -Wall -Wextra -Werror -Wno-missing-field-initializers)
+  else()
+    target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-missing-field-initializers)
   endif()
   # In the tree its sources are found from the top; installed, loco's targets carry
   # include/ of the prefix instead (cmake/install.cmake).
