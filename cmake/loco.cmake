@@ -5,11 +5,9 @@
 # 9's headers): -DLOCO_WERROR=OFF keeps them warnings there.
 option(LOCO_WERROR "treat warnings in loco's own code as errors" ON)
 function(loco_target_defaults target)
-  if(LOCO_WERROR)
-    target_compile_options(${target} PRIVATE -Wall -Wextra -Werror -Wno-missing-field-initializers)
-  else()
-    target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-missing-field-initializers)
-  endif()
+  # -Werror in its old place, so that an existing build's command lines stay the same.
+  target_compile_options(${target} PRIVATE -Wall -Wextra $<$<BOOL:${LOCO_WERROR}>:-Werror>
+                                           -Wno-missing-field-initializers)
   # In the tree its sources are found from the top; installed, loco's targets carry
   # include/ of the prefix instead (cmake/install.cmake).
   target_include_directories(${target} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)
