@@ -140,7 +140,6 @@ InnerWorker::~InnerWorker() = default;
 
 void InnerWorker::stop() {
   s_->stopping.store(true);
-  s_->exchanges.stop();
   // The ranks and their communicators exist from construction on, and leave() is thread-safe.
   for (Rank& k : s_->ranks) k.comm->leave("worker " + std::to_string(s_->index) + " is stopping");
 }
@@ -629,7 +628,6 @@ LOCO_REGISTER(InnerWorker,
                   .concurrent_method("landed", &InnerWorker::landed)
                   .concurrent_method("landed_mean", &InnerWorker::landed_mean)
                   .concurrent_method("progress", &InnerWorker::progress)
-                  .concurrent_method("exchanged", &InnerWorker::exchanged)
                   .concurrent_method("admit", &InnerWorker::admit)
                   .concurrent_method("member_gone", &InnerWorker::member_gone)
                   .concurrent_method("give_up", &InnerWorker::give_up)

@@ -57,9 +57,6 @@ class InnerWorker {
   LandedList landed(int64_t round, int64_t since, int64_t upto);
   Blob landed_mean(int64_t round, int64_t since, int64_t index);
   int64_t progress(int64_t round);
-  // sync.mode streaming: the exchange of fragment operation `op` on this member, once it has
-  // ended (held up to kExchangeHold; `done` false when it has not). Concurrent.
-  ExchangeFigures exchanged(uint64_t op);
   bool admit(AdmitRequest req);
   // A member of this worker's groups is gone (its actor died, or the aggregator lost its
   // call's answer): its endpoints, why, and from which operations (below `below_op`; 0: all).

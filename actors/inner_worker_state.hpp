@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/exchange_desk.hpp"
 #include "actors/inner_worker.hpp"
 #include "actors/round_decisions.hpp"
 #include "actors/round_hooks.hpp"
@@ -115,7 +116,7 @@ struct InnerWorker::State {
   // The codec of the averages of the round the worker was last asked to average (the round's
   // plan: ReduceRequest::codec, StreamRequest::codec; compression auto changes it by rounds).
   dl::CodecChoice choice;
-  // streaming: the fragments' exchanges as each ends (exchanged(), and their time for stream())
+  // streaming: the fragments' exchange times and the call's inner step times
   ExchangeDesk exchanges;
   // sync.mode streaming and eager with compression auto (plans_codecs): the codecs the
   // fragments' operations agree on (FragmentCodecs); made by make_feedback.

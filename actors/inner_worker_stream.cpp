@@ -71,19 +71,16 @@ class GroupAverager final : public dl::FragmentAverager {
         [comm, group = group_, op, in, out, op_state, prepared, fragment, guard_on, log, copy,
          exchanges]() -> uint64_t {
           uint64_t bytes = 0;
-          // Its time, start to mean, and its figures as it ends however it ends.
+          // Its time, start to mean, goes to the desk as it ends, however it ends.
           struct Timed {
             ExchangeDesk* desk;
-            uint64_t op;
-            const uint64_t& bytes;
-            bool ok = false;
             std::chrono::steady_clock::time_point began = std::chrono::steady_clock::now();
             double seconds() const {
               return std::chrono::duration<double>(std::chrono::steady_clock::now() - began)
                   .count();
             }
-            ~Timed() { desk->put(op, ExchangeFigures{true, ok, bytes, seconds()}); }
-          } timed{exchanges, op, bytes};
+            ~Timed() { desk->put(seconds()); }
+          } timed{exchanges};
           bool fresh = false;  // a member this worker had not run an operation with
           for (;;) {
             collective::Group g = group->at(op);
@@ -113,7 +110,6 @@ class GroupAverager final : public dl::FragmentAverager {
               if (correction != 1.0f)
                 for (float& x : out) x *= correction;
               log->add(fragment, names_of(g), judged.verdicts);
-              timed.ok = true;
               if (op_state->codecs) op_state->measured(g, bytes, timed.seconds(), fresh);
               return bytes;
             } catch (const collective::PeerLostError& e) {
@@ -291,8 +287,7 @@ StreamResult InnerWorker::stream(StreamRequest req) {
       req, joining ? std::optional<uint64_t>(req.op_id + uint64_t(*first)) : std::nullopt,
       s_->relay);
   const JoinDesk::Open desk = s_->desk.open(req.round, joining ? req.from_step : start);
-  const ExchangeDesk::Open exchange_desk =
-      s_->exchanges.open(req.op_id + uint64_t(std::max(1, s_->cfg.sync.fragments)) - 1);
+  s_->exchanges.open();
 
   StreamResult out;
   if (joining) catch_up(req);
@@ -494,10 +489,6 @@ Blob InnerWorker::landed_mean(int64_t round, int64_t since, int64_t index) {
                                 std::to_string(since) + " of round " + std::to_string(round + 1));
   const auto& mean = d.landed[size_t(index)].mean;
   return Blob(mean, reinterpret_cast<const uint8_t*>(mean->data()), mean->size() * sizeof(float));
-}
-
-ExchangeFigures InnerWorker::exchanged(uint64_t op) {
-  return s_->exchanges.wait(op, kExchangeHold);
 }
 
 int64_t InnerWorker::progress(int64_t round) {

@@ -252,16 +252,6 @@ struct StreamResult {
                  guard_seconds, exchange_seconds, codecs)
 };
 
-// InnerWorker::exchanged: one fragment operation's exchange on one member, as it ended.
-struct ExchangeFigures {
-  bool done = false;        // false: it had not ended when the call's hold ran out
-  bool ok = false;          // it ended with its mean (else it failed)
-  uint64_t bytes = 0;       // what this member sent in it
-  double seconds = 0;       // from its start on the communicator to its mean
-  double step_seconds = 0;  // this member's mean inner step in the round so far (0: none yet)
-  MSGPACK_DEFINE(done, ok, bytes, seconds, step_seconds)
-};
-
 // A checkpoint the job wrote (event kind kCheckpointRecord in its event log): what a restarted
 // aggregator resumes from.
 inline constexpr const char* kCheckpointRecord = diloco::schema::record::kCheckpoint;

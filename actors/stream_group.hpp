@@ -10,7 +10,6 @@
 #include <utility>
 #include <vector>
 
-#include "actors/exchange_desk.hpp"
 #include "actors/messages.hpp"
 #include "diloco/round/delta_averager.hpp"
 #include "runtime/collective/allreduce.hpp"

@@ -78,11 +78,6 @@ inline constexpr std::chrono::seconds kLandedHold{1};
 // A mid-round joiner waits this long in all for its donor to reach the boundary it joins at:
 // up to a fragment interval of inner steps.
 inline constexpr std::chrono::seconds kCatchUp{600};
-// exchanged(): a member holds the call this long for the operation to end. Normally it ends
-// well within its round; a longer wait means the round is stuck, and the aggregator decides
-// without it (from the round before).
-inline constexpr std::chrono::seconds kExchangeHold{120};
-inline constexpr std::chrono::seconds kExchangeCall = kExchangeHold + std::chrono::seconds(10);
 // A member at an admission's boundary waits this long for the commit or abort: normally the
 // decision came long before.
 inline constexpr std::chrono::seconds kAdmitDecision{30};

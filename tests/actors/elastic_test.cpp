@@ -435,7 +435,9 @@ TEST_F(Elastic, StreamingNodeSigtermedMidRoundItsWorkerLeavesAndTheSurvivorsFini
 TEST_F(Elastic, StreamingScaledDownWithTheGuardOnTheOthersFinishTheFragmentInFlightAndGoOn) {
   LocalCluster c(one_worker_per_node(3));
   Client client(c.head_address());
-  TestJob spec = job(3, 2, 8);
+  // 16 rounds: the scale-down comes after round 3, well before the end on a loaded machine (with
+  // 8, one run of the suite's actors tests at -j2 failed in 1.6 s, 2026-12-01).
+  TestJob spec = job(3, 2, 16);
   spec.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
   spec.guard = "{on: true}";
   JobHandle j = client.submit(JobSpec::from_yaml(spec.yaml()));
@@ -448,7 +450,7 @@ TEST_F(Elastic, StreamingScaledDownWithTheGuardOnTheOthersFinishTheFragmentInFli
   const std::string log = log_text(j);
   ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
   EXPECT_TRUE(contains(log, "worker 2 left: scaled down to 2")) << log;
-  EXPECT_EQ(expect_each_round_once(metrics), 8);
+  EXPECT_EQ(expect_each_round_once(metrics), 16);
 }
 
 TEST_F(Elastic, StreamingWorkerThatFailsARoundAliveTheOthersGiveItAndTheRoundSentAheadUpAtOnce) {
@@ -481,6 +483,51 @@ TEST_F(Elastic, StreamingWorkerThatFailsARoundAliveTheOthersGiveItAndTheRoundSen
   EXPECT_EQ(expect_each_round_once(folder + "/metrics.jsonl"), 5);
   for (const std::string& l : jsonl(folder + "/metrics.jsonl"))
     EXPECT_EQ(actors::json_field(l, "workers"), "3") << l;
+}
+
+// A donor keeps the state a joiner copies (InnerWorker::join_state) by round number. Once the
+// job went back past a join, that round number comes again with another θ; a donor that served
+// the copy it made before gave the next joiner the undone rounds' θ (the 30-minute soak,
+// 2026-11-29: "round 8: worker 5 holds a different θ"). Here worker 1 is killed in round 3 and
+// its replacement joins round 5 with a copy of worker 0's state; worker 2 fails round 5 alive,
+// and the job goes back to its start; in the redone round 3 worker 2 is killed, so the redone
+// rounds 3 and 4 average another pair than before, and its replacement joins round 5 with a
+// copy of worker 0's state again. The aggregator fails the job when a member's θ differs.
+TEST_F(Elastic, AJoinAfterTheJobWentBackPastAnEarlierOneCopiesTheRedoneState) {
+  TestJob j = job(3, 2, 6);
+  j.eval_every = 1000;  // rounds sent ahead, as in the soak
+  j.sync = "{mode: streaming, fragments: 2, overlap_steps: 1, mix: 0.5}";
+  const std::string fault_log = dir_ + "/fault.log";
+  const std::string arm = dir_ + "/second-kill-round";
+  ScopedEnv env("LOCO_FAULT",
+                "worker=1,round=3,at=stream;worker=2,round=5,at=fragment_fail;"
+                "worker=2,at=stream,round_file=" +
+                    arm);
+  ScopedEnv flog("LOCO_FAULT_LOG", fault_log);
+  LocalCluster c(with_fault_injection(one_worker_per_node(5)));  // two spares
+  Client client(c.head_address());
+  JobHandle handle =
+      client.submit(JobSpec::from_yaml(j.yaml() + "allreduce: {entry_timeout_s: 120}\n"));
+  // Armed once round 4 has ended: the second kill comes in round 3 as it is redone.
+  for (const RoundReport& r : handle.watch())
+    if (r.round >= 4 && !fs::exists(arm)) std::ofstream(arm) << "3\n";
+  JobInfo end = handle.wait(Millis(300000));
+  const std::string log = log_text(handle);
+  ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
+  for (const char* plan : {".0", ".1", ".2"})
+    EXPECT_TRUE(fs::exists(fault_log + plan)) << "fault " << plan << " was not injected\n" << log;
+  EXPECT_TRUE(contains(log, "injected fault: worker 2 fails fragment 1 of round 5")) << log;
+  EXPECT_TRUE(contains(log, "the job goes back to its start")) << log;
+  // Both joins at the same round, between rounds (join_state, not a mid-round snapshot), from
+  // the same donor: the second is the one a kept copy would have gone wrong.
+  for (const char* w : {"worker 1", "worker 2"})
+    EXPECT_TRUE(std::regex_search(log, std::regex(std::string(w) +
+                                                  " joined at round 5 on \\S+: [0-9.]+ MB "
+                                                  "of state copied from " +
+                                                  handle.id() + "\\.worker-0 in ")))
+        << w << "\n"
+        << log;
+  EXPECT_FALSE(contains(log, "holds a different")) << log;
 }
 
 // The head restarts while a streaming round waits for a worker behind NAT (stalled 10 s before

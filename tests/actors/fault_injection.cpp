@@ -37,9 +37,10 @@
 //   worker=I,round=R,corrupt=KIND   worker I's Δ corrupted (diloco::guard::corrupt: nan, scale,
 //                                flip, noise) in every average from round R on: a broken or
 //                                hostile worker, for the guard's tests; with rounds=N only in
-//                                rounds R..R+N-1; with round_file=PATH (instead of round=R) R
-//                                is the number PATH holds once it exists (the soak bench
-//                                writes it when its schedule says so)
+//                                rounds R..R+N-1
+//   ...,round_file=PATH          instead of round=R, in any plan above: R is the number PATH
+//                                holds once it exists (the soak bench writes it when its
+//                                schedule says so; a test arms a fault for a round redone)
 //
 // Several faults: their plans joined by ';' (each as above). A kill, stall, mark or SIGTERM
 // appends the moment (unix ms) to $LOCO_FAULT_LOG and to $LOCO_FAULT_LOG.N (N: the plan's
@@ -221,17 +222,22 @@ class Fault {
   }
 
  private:
+  // The plan's round (from 1): `round`, or the number round_file holds once it exists (-1:
+  // not yet written).
+  int64_t armed_round() const {
+    if (plan_.round_file.empty()) return plan_.round;
+    std::ifstream in(plan_.round_file);
+    int64_t from = -1;
+    return in >> from ? from : -1;
+  }
+
   bool corrupts(int64_t round) const {
-    int64_t from = plan_.round;
-    if (!plan_.round_file.empty()) {
-      std::ifstream in(plan_.round_file);
-      if (!(in >> from)) return false;  // not yet written
-    }
+    const int64_t from = armed_round();
     return from > 0 && round >= from && (plan_.rounds <= 0 || round < from + plan_.rounds);
   }
 
   bool hits(const RoundContext& c, const char* where) const {
-    if (plan_.round != c.round + 1 || plan_.at != where) return false;
+    if (armed_round() != c.round + 1 || plan_.at != where) return false;
     const std::string log = plan_log(index_);
     return log.empty() || !std::filesystem::exists(log);
   }

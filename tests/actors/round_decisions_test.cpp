@@ -3,8 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <future>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -368,45 +366,28 @@ TEST(Stragglers, TokenWeightsAreExactlyOneWhenEqual) {
   EXPECT_THROW(member_scale(t, 0, std::vector<uint8_t>{0, 1}), std::invalid_argument);
 }
 
-// InnerWorker::exchanged's desk: a fragment operation's figures once it ended; a wait for one
-// that never will (its stream() call ended without it) or on a stopping worker ends at once
-// instead of holding the call, and the actor's end, for its whole hold (120 s in a job).
-TEST(ExchangeDesk, AWaitEndsWithTheOperationItsCallOrTheWorkersStop) {
-  using std::chrono::milliseconds;
-  using std::chrono::seconds;
+// The desk's figures: the mean inner step of the stream() call so far, or of the call before
+// until the new one takes a step (FragmentCodecs plans a round's first fragment from it), and
+// the seconds of the operations that ended since the last take (StreamResult::exchange_seconds).
+TEST(ExchangeDesk, KeepsTheCallsMeanStepAndTheOperationsSecondsUntilTaken) {
   ExchangeDesk desk;
-  std::future<ExchangeFigures> second;
-  {
-    const ExchangeDesk::Open call = desk.open(11);  // operations 10 and 11
-    desk.add_steps(3.0, 6);
-    auto first = std::async(std::launch::async, [&] { return desk.wait(10, seconds(60)); });
-    ExchangeFigures f;
-    f.ok = true;
-    f.bytes = 4096;
-    f.seconds = 2.5;
-    desk.put(10, f);
-    const ExchangeFigures got = first.get();
-    EXPECT_TRUE(got.done);
-    EXPECT_TRUE(got.ok);
-    EXPECT_EQ(got.bytes, 4096u);
-    EXPECT_DOUBLE_EQ(got.seconds, 2.5);
-    EXPECT_DOUBLE_EQ(got.step_seconds, 0.5);  // the call's inner steps so far
-    EXPECT_DOUBLE_EQ(desk.take_seconds(), 2.5);  // StreamResult::exchange_seconds
-    EXPECT_DOUBLE_EQ(desk.take_seconds(), 0.0);
-    // Operation 11 is in flight as the call ends without it (its round failed).
-    second = std::async(std::launch::async, [&] { return desk.wait(11, seconds(60)); });
-    EXPECT_EQ(second.wait_for(milliseconds(200)), std::future_status::timeout);
-  }
-  // The call's guard has gone: the wait for 11 ends without it.
-  ASSERT_EQ(second.wait_for(seconds(30)), std::future_status::ready);
-  EXPECT_FALSE(second.get().done);
-  // A later operation waits for its own call; a stopping worker ends that wait.
-  auto later = std::async(std::launch::async, [&] { return desk.wait(12, seconds(60)); });
-  EXPECT_EQ(later.wait_for(milliseconds(200)), std::future_status::timeout);
-  desk.stop();
-  ASSERT_EQ(later.wait_for(seconds(30)), std::future_status::ready);
-  EXPECT_FALSE(later.get().done);
-  EXPECT_FALSE(desk.wait(13, seconds(60)).done);  // at once, once stopped
+  EXPECT_DOUBLE_EQ(desk.step_seconds(), 0.0);  // none ever
+  desk.open();
+  desk.add_steps(3.0, 6);
+  EXPECT_DOUBLE_EQ(desk.step_seconds(), 0.5);
+  desk.add_steps(1.0, 4);
+  EXPECT_DOUBLE_EQ(desk.step_seconds(), 0.4);
+  desk.put(2.5);
+  desk.put(0.5);
+  EXPECT_DOUBLE_EQ(desk.take_seconds(), 3.0);
+  EXPECT_DOUBLE_EQ(desk.take_seconds(), 0.0);
+  desk.open();  // the next call: the last one's mean until it steps
+  EXPECT_DOUBLE_EQ(desk.step_seconds(), 0.4);
+  desk.add_steps(2.0, 1);
+  EXPECT_DOUBLE_EQ(desk.step_seconds(), 2.0);
+  desk.open();
+  desk.open();  // a call that took no step leaves the mean of the one before
+  EXPECT_DOUBLE_EQ(desk.step_seconds(), 2.0);
 }
 
 }  // namespace
