@@ -237,7 +237,8 @@ class Fault {
   }
 
   bool hits(const RoundContext& c, const char* where) const {
-    if (armed_round() != c.round + 1 || plan_.at != where) return false;
+    // The point first: round_file is read only at the plan's own point.
+    if (plan_.at != where || armed_round() != c.round + 1) return false;
     const std::string log = plan_log(index_);
     return log.empty() || !std::filesystem::exists(log);
   }
