@@ -154,6 +154,9 @@ InitResult InnerWorker::init(WorkerInit init) {
   InitResult out;
   s_->drain();  // fragments of a round that is being redone or rewound
   s_->engine.reset();  // over the ranks' trainers and outer states, which are made anew
+  // A new attempt: a peer's late notice that it gave up an operation of the last one is not a
+  // sign that it will miss this one's (Communicator::new_attempt).
+  for (Rank& k : s_->ranks) k.comm->new_attempt();
   // The state a joiner copies (join_state) is kept per round number; once the job went back,
   // the same round number comes again with another θ. Served from before the rewind, it gave
   // a joiner the undone rounds' θ (the 30-minute soak, 2026-11-29: "round 8: worker 5 holds a

@@ -148,6 +148,8 @@ void Communicator::give_up_below(uint64_t round_id, const std::string& reason, b
   impl_->ws.give_up_below(round_id, reason, as_lost);
 }
 
+void Communicator::new_attempt() { impl_->ws.attempt_begun.store(true, std::memory_order_release); }
+
 void Communicator::allreduce(const Group& group, std::span<float> data) {
   float* out = impl_->result_buffer(data.size());
   impl_->run(group, data.data(), out, data.size());

@@ -155,6 +155,14 @@ class Communicator {
   // lost, and finish them without it) instead of failing them for everyone: its planner no
   // longer counts it in those rounds.
   void give_up_below(uint64_t round_id, const std::string& reason, bool as_lost = false);
+  // The caller starts its work anew (a job that went back to a checkpoint): what it finished
+  // before says nothing of its peers from now on. A peer's notice that it gave up the last
+  // operation this member finished, arriving in a later one, otherwise means that the peer
+  // will not come to it, and fails it at once; after a rewind the peer does come, and that
+  // notice (late, through a relay that was down) failed the redone round too: one fault, two
+  // rewinds (the soak's smoke, 2026-12-01). Thread-safe, as leave(): the next operation to
+  // begin forgets it, one in progress is not touched.
+  void new_attempt();
 
  private:
   std::unique_ptr<detail::CommunicatorImpl> impl_;

@@ -855,6 +855,7 @@ void begin_operation(Transport& t, Workspace& ws, const Options& options, const 
   check_group(t, group, what);
   ws.configure(options);
   ws.begun = true;
+  if (ws.attempt_begun.exchange(false, std::memory_order_acq_rel)) ws.finished.reset();
   ws.last_round = group.round_id;
   ws.last_fp = fingerprint(group);
   ws.last_first_phase = in_phases(group, group.round_id) ? group.first_phase : group.round_id;

@@ -151,6 +151,10 @@ struct Workspace {
   // The round id and group fingerprint of the last operation that succeeded: a member's abort
   // notice of that operation, arriving in a later one, says that it gave up what we finished.
   std::optional<std::pair<uint64_t, uint64_t>> finished;
+  // Communicator::new_attempt(), from any thread: the next operation to begin forgets
+  // `finished`. Across an attempt that rule is false: a member that gave up an operation of the
+  // attempt before comes to the operations of this one.
+  std::atomic<bool> attempt_begun{false};
   // Communicator::leave(): set once, from any thread; every operation from then on fails and
   // names this member lost to its peers. The reason is written before the flag.
   std::atomic<bool> leaving{false};

@@ -610,6 +610,42 @@ Options patient_options() {
   return o;
 }
 
+// The same notice after this member began a new attempt (Communicator::new_attempt: its job
+// went back to a checkpoint) says nothing of the next operation, to which w2 comes: the three
+// finish it. The soak's smoke (2026-12-01): a relay killed during a redone round held a
+// member's notice of the operation it gave up there; it arrived in the next attempt's first
+// operation, which failed for it too, and one fault cost two rewinds.
+TEST(Schedule, AGiveUpOfTheOperationWeFinishedFromBeforeANewAttemptDoesNotFailTheNext) {
+  MemoryGroup g(3, patient_options());
+  std::vector<std::vector<float>> in{make_data(4, 0, 1000), make_data(4, 1, 1000),
+                                     make_data(4, 2, 1000)},
+      out;
+  expect_ok(g.run(iota(3), 160, in, out));
+  for (int r = 0; r < 3; ++r) g.workspaces[r]->attempt_begun.store(true);
+  for (int to : {0, 1})
+    send_notice(g, to, "w2", 2, g.group(iota(3), 0, 160),
+                Abort{AbortKind::error, "", "the relay closed its connection"});
+  const auto start = Clock::now();
+  expect_ok(g.run(iota(3), 306, in, out));
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+  for (int r = 1; r < 3; ++r)
+    EXPECT_EQ(std::memcmp(out[0].data(), out[r].data(), out[0].size() * sizeof(float)), 0);
+  // Within the attempt the rule holds: w2's notice of round 306, which w0 and w1 finished, ends
+  // their wait for it in round 307 at once.
+  for (int to : {0, 1})
+    send_notice(g, to, "w2", 2, g.group(iota(3), 0, 306),
+                Abort{AbortKind::error, "", "its stream failed"});
+  std::vector<std::vector<float>> two(2, std::vector<float>(1000));
+  const auto t307 = Clock::now();
+  auto errors = collective::testing::on_threads(2, [&](size_t i) {
+    butterfly_allreduce(*g.transports[i], *g.workspaces[i], g.options,
+                        g.group(iota(3), static_cast<int>(i), 307), in[i].data(), two[i].data(),
+                        in[i].size());
+  });
+  EXPECT_LT(Clock::now() - t307, std::chrono::seconds(30));
+  expect_named<CollectiveError>(errors, "w2", "gave up round 306");
+}
+
 // The others lose w2 (it enters after their window) and tell it so: w2, alive, leaves the
 // operation as soon as it enters, naming itself, instead of waiting out its own window (60 s
 // here) and then blaming one of them. The rehearsal's scale-down (2026-11-30): a member the
