@@ -46,10 +46,21 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
       log(line);
     }
   }
+  // Each member's share of the remaining tokens bounds its steps (token_caps).
+  std::vector<int64_t> caps(members.size(), 0);
+  if (budget > 0 && cfg.ends_at_tokens()) {
+    std::vector<double> speeds;
+    for (int m : members) {
+      const auto it = step_seconds_of.find(m);
+      speeds.push_back(it == step_seconds_of.end() ? 0.0 : it->second);
+    }
+    caps = token_caps(cfg.token_target() - tokens_done(), cfg.tokens_per_inner_step(), speeds);
+  }
   std::vector<Future<InnerResult>> inner;
-  for (int m : members)
-    inner.push_back(budget > 0 ? worker(m).call(&InnerWorker::inner_timed, r, budget)
-                               : worker(m).call(&InnerWorker::inner, r));
+  for (size_t i = 0; i < members.size(); ++i)
+    inner.push_back(budget > 0
+                        ? worker(members[i]).call(&InnerWorker::inner_timed, r, budget, caps[i])
+                        : worker(members[i]).call(&InnerWorker::inner, r));
   std::vector<Failure> errors;
   std::vector<bool> late;
   double window = 0;

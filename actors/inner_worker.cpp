@@ -366,7 +366,7 @@ InnerResult InnerWorker::inner(int64_t round) {
   return r;
 }
 
-InnerResult InnerWorker::inner_timed(int64_t round, double seconds) {
+InnerResult InnerWorker::inner_timed(int64_t round, double seconds, int64_t max_steps) {
   if (!s_->lead().trainer) throw std::logic_error("InnerWorker: inner_timed() before init()");
   if (s_->ranks.size() != 1)
     throw dl::ConfigError("inner.budget: time runs one local rank per worker for now");
@@ -378,7 +378,7 @@ InnerResult InnerWorker::inner_timed(int64_t round, double seconds) {
   const int64_t t0 = loco::now_ms();
   s_->hook(RoundPoint::before_inner_steps, round, 0, "inner_timed");
   InnerResult r;
-  BlockingSteps steps([&] { r = s_->timed_steps(round, seconds, t0); });
+  BlockingSteps steps([&] { r = s_->timed_steps(round, seconds, t0, max_steps); });
   s_->engine->step_half(blocking_round(round), steps);
   s_->delta_round = round;
   return r;

@@ -35,9 +35,10 @@ class InnerWorker {
   // H inner steps, then the pseudo-gradient Δ = θ_global − θ_local, kept until
   // the round's reduce succeeds.
   InnerResult inner(int64_t round);
-  // inner.budget: time: inner steps until `seconds` are spent (at least one, at most 4·H),
-  // then Δ as inner() does; the result says how many steps and tokens.
-  InnerResult inner_timed(int64_t round, double seconds);
+  // inner.budget: time: inner steps until `seconds` are spent (at least one, at most 4·H and,
+  // if `max_steps` is not 0, at most that: its share of a job's remaining tokens), then Δ as
+  // inner() does; the result says how many steps and tokens.
+  InnerResult inner_timed(int64_t round, double seconds, int64_t max_steps);
   // Averages Δ with the group, applies the outer step, loads θ; returns θ's hash.
   ReduceResult reduce(ReduceRequest req);
   // sync.mode streaming: a whole round, H inner steps with the fragments synchronized and

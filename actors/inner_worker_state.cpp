@@ -251,10 +251,12 @@ void InnerWorker::State::note_diverged(int64_t round, int64_t step, const StepFi
            ": it stops its steps there and sends nothing more in that round");
 }
 
-InnerResult InnerWorker::State::timed_steps(int64_t round, double seconds, int64_t t0) {
+InnerResult InnerWorker::State::timed_steps(int64_t round, double seconds, int64_t t0,
+                                            int64_t max_steps) {
   Rank& k = lead();
   const int h = cfg.inner.steps;
-  const int cap = seconds > 0 ? 4 * h : h;
+  int cap = seconds > 0 ? 4 * h : h;
+  if (max_steps > 0 && max_steps < cap) cap = int(max_steps);
   int steps = 0;
   double loss = 0;
   double stepping = 0;

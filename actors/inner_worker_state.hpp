@@ -220,7 +220,7 @@ struct InnerWorker::State {
 
   // Inner steps one at a time until `seconds` are spent since `t0` (at least one step, at most
   // 4·H; with seconds 0, exactly H). One rank.
-  InnerResult timed_steps(int64_t round, double seconds, int64_t t0);
+  InnerResult timed_steps(int64_t round, double seconds, int64_t t0, int64_t max_steps = 0);
   bool eager() const { return cfg.sync.mode == dl::SyncMode::eager; }
 
   State(std::string job, const std::string& spec, int idx);

@@ -240,6 +240,21 @@ TokenRound token_round(double seconds, int64_t remaining, double tokens_per_seco
   return {need, true};
 }
 
+std::vector<int64_t> token_caps(int64_t remaining, int64_t tokens_per_step,
+                                const std::vector<double>& step_seconds) {
+  std::vector<int64_t> caps(step_seconds.size(), 0);
+  double speed = 0;  // steps a second, every member's together
+  for (double s : step_seconds) {
+    if (!(s > 0) || !std::isfinite(s)) return caps;
+    speed += 1 / s;
+  }
+  if (tokens_per_step <= 0 || !(speed > 0)) return caps;
+  const double steps = double(std::max<int64_t>(0, remaining)) / double(tokens_per_step);
+  for (size_t i = 0; i < caps.size(); ++i)
+    caps[i] = std::max<int64_t>(1, int64_t(std::ceil(steps * (1 / step_seconds[i]) / speed)));
+  return caps;
+}
+
 bool tokens_reached(int64_t remaining, int64_t tokens_per_step, int members, bool planned_last,
                     int64_t round_tokens) {
   if (remaining < tokens_per_step * std::max(1, members)) return true;

@@ -207,6 +207,16 @@ struct TokenRound {
   bool last = false;
 };
 TokenRound token_round(double seconds, int64_t remaining, double tokens_per_second);
+// The most inner steps each member may take in a time-budgeted round of a job that ends at its
+// tokens: its share of the `remaining` tokens at the speeds of the last round (`step_seconds`,
+// one per member; a faster member takes more), rounded up, at least one. A round's budget is
+// seconds, sized from the last round's speed; a machine that steps 2.5 times faster in this
+// round than in the last took 2.5 times the steps, and a job ended a round's tokens past its
+// own (Elastic.ATimeBudgetedJobEndsAtItsTokens under load, 2026-12-01: 32,256 tokens of 30,720).
+// Capped, no round runs past the tokens by more than a step a member. 0 for every member (no
+// cap) when a speed is unknown or no tokens are set.
+std::vector<int64_t> token_caps(int64_t remaining, int64_t tokens_per_step,
+                                const std::vector<double>& step_seconds);
 // Whether the job has its tokens after a round that added `round_tokens`: fewer remain than
 // one inner step of each member (the steps are whole; a time budget ends within a step of its
 // seconds), or the round was the one token_round sized as the last (`planned_last`) and fell

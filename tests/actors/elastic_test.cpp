@@ -719,9 +719,11 @@ TEST_F(Elastic, WithATimeBudgetASlowerWorkerDoesFewerStepsAndTheRoundsAgree) {
 
 // inner.budget: time with token_budget and rounds 0 (decision 0053): the first round's budget
 // comes from the steps timed at init; the job ends once the tokens averaged reach token_budget
-// × workers, its last round sized to what remained, and no round runs past them. Without the
-// token end the job would stop at the nominal 4 rounds, short of its tokens; without the sizing
-// it would end a round's tokens past them.
+// × workers, its last round sized to what remained (token_round) and each member's steps
+// bounded by its share of it (token_caps), and no round runs past them. Without the token end
+// the job would stop at the nominal 4 rounds, short of its tokens; without the sizing and the
+// caps it would end up to a round's tokens past them. (Whether the sizing or a cap ended it
+// depends on how the machine's speed moved between rounds: not asserted.)
 TEST_F(Elastic, ATimeBudgetedJobEndsAtItsTokens) {
   TestJob spec = job(3, 3, 0);
   const int64_t per_step = 8 * 32;                // batch 8, context 32
@@ -731,7 +733,6 @@ TEST_F(Elastic, ATimeBudgetedJobEndsAtItsTokens) {
   ASSERT_EQ(end.state, JobState::succeeded) << end.message << "\n" << log;
   EXPECT_TRUE(contains(log, "inner.budget: time: round 1's budget from the steps timed at init"))
       << log;
-  EXPECT_TRUE(contains(log, " is the last: ")) << log;
   std::vector<int64_t> rounds;  // the tokens of every round
   for (size_t at = log.find("inner steps per worker"); at != std::string::npos;
        at = log.find("inner steps per worker", at + 1)) {
@@ -746,6 +747,10 @@ TEST_F(Elastic, ATimeBudgetedJobEndsAtItsTokens) {
               static_cast<long long>(target));
   EXPECT_LT(total - rounds.back(), target) << "a round ran past the tokens\n" << log;
   EXPECT_GE(total, target - std::max<int64_t>(rounds.back() / 10, 3 * per_step)) << log;
+  // Nor did the last: each member stepped at most its share of what remained (token_caps),
+  // however its speed changed from the round before (a busy machine's 0.1 s rounds moved by
+  // 2.5 times, and the job ended 6 steps past its tokens without the caps).
+  EXPECT_LE(total, target + 3 * per_step) << "the last round ran past the tokens\n" << log;
   EXPECT_FALSE(contains(log, "holds a different")) << log;
 }
 

@@ -304,6 +304,26 @@ TEST(Stragglers, AJobThatEndsAtItsTokensSizesItsLastRoundToThem) {
   EXPECT_FALSE(token_round(10, 3000, 0).last);
 }
 
+// Each member's steps are bounded by its share of the remaining tokens at the last round's
+// speeds, rounded up: however much faster the machine steps in this round than in the last,
+// the round ends within a step a member of the tokens.
+TEST(Stragglers, EachMembersStepsAreBoundedByItsShareOfTheRemainingTokens) {
+  // 120 steps of 100 tokens remain; two members at 1 s a step, one at 3 s: 3/7 of the steps
+  // each for the fast ones (51.4), 1/7 for the slow one (17.1).
+  const auto caps = token_caps(12000, 100, {1.0, 1.0, 3.0});
+  EXPECT_EQ(caps, (std::vector<int64_t>{52, 52, 18}));
+  int64_t sum = 0;
+  for (int64_t c : caps) sum += c;
+  EXPECT_GE(sum * 100, 12000);
+  EXPECT_LE(sum * 100, 12000 + 3 * 100);
+  // Nothing remains: one step each (a round takes at least one).
+  EXPECT_EQ(token_caps(0, 100, {1.0, 2.0}), (std::vector<int64_t>{1, 1}));
+  // A speed not known (a member that joined without timing its steps), or no tokens a step:
+  // no cap, the budget alone decides.
+  EXPECT_EQ(token_caps(12000, 100, {1.0, 0.0}), (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(token_caps(12000, 0, {1.0, 1.0}), (std::vector<int64_t>{0, 0}));
+}
+
 TEST(Stragglers, TokensAreReachedWithinAStepOfEachMemberAndRoundsAreEstimated) {
   EXPECT_TRUE(tokens_reached(0, 1024, 4));
   EXPECT_TRUE(tokens_reached(-5, 1024, 4));
