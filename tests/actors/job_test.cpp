@@ -225,6 +225,11 @@ TEST_P(DilocoParity, StreamingFragmentsHoldTheSimulatorsThetaBitForBit) {
   EXPECT_EQ(log.find("not sent ahead"), std::string::npos) << log;
   EXPECT_NE(log.find("ckpt-round-1.pt (round 1)"), std::string::npos) << log;
   EXPECT_NE(log.find("ckpt-round-2.pt (round 2)"), std::string::npos) << log;
+  // A job that fixes the sparse codec is told at submission what it has cost where loco measured
+  // it (issue 24, item 5), and only such a job.
+  EXPECT_EQ(log.find("compression topk: what sparse pseudo-gradients cost") != std::string::npos,
+            is_topk(GetParam()))
+      << log;
   for (const char* f : {"ckpt-round-2.worker-0.pt", "ckpt-round-2.worker-1.pt"})
     EXPECT_TRUE(fs::exists(folder + "/" + f)) << f << "\n" << log;
   // That checkpoint is of round 2's state with the fragment then in flight: a job resumed from
