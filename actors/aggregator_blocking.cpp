@@ -30,8 +30,11 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
       cfg.inner.budget == dl::InnerBudget::time
           ? inner_budget_seconds(cfg.inner.round_seconds, cfg.inner.steps, step_seconds)
           : 0;
+  // Each member's steps bounded by its share of the remaining tokens (token_caps).
+  std::vector<int64_t> caps(members.size(), 0);
   if (budget > 0 && cfg.ends_at_tokens()) {
     const int64_t remaining = cfg.token_target() - tokens_done();
+    caps = token_caps(remaining, cfg.tokens_per_inner_step(), step_seconds_of_members(members));
     const TokenRound t = token_round(budget, remaining, tokens_per_second);
     if (t.last) {
       budget = std::max(t.seconds, 1e-3);  // at least one step each
@@ -45,16 +48,6 @@ OuterAggregator::State::RoundOutcome OuterAggregator::State::inner_phase(
                     static_cast<long long>(cfg.token_target()), budget, tokens_per_second);
       log(line);
     }
-  }
-  // Each member's share of the remaining tokens bounds its steps (token_caps).
-  std::vector<int64_t> caps(members.size(), 0);
-  if (budget > 0 && cfg.ends_at_tokens()) {
-    std::vector<double> speeds;
-    for (int m : members) {
-      const auto it = step_seconds_of.find(m);
-      speeds.push_back(it == step_seconds_of.end() ? 0.0 : it->second);
-    }
-    caps = token_caps(cfg.token_target() - tokens_done(), cfg.tokens_per_inner_step(), speeds);
   }
   std::vector<Future<InnerResult>> inner;
   for (size_t i = 0; i < members.size(); ++i)

@@ -219,8 +219,8 @@ struct InnerWorker::State {
   void note_diverged(int64_t round, int64_t step, const StepFigures& f);
 
   // Inner steps one at a time until `seconds` are spent since `t0` (at least one step, at most
-  // 4·H; with seconds 0, exactly H). One rank.
-  InnerResult timed_steps(int64_t round, double seconds, int64_t t0, int64_t max_steps = 0);
+  // 4·H and, if `max_steps` is not 0, at most that; with seconds 0, exactly H). One rank.
+  InnerResult timed_steps(int64_t round, double seconds, int64_t t0, int64_t max_steps);
   bool eager() const { return cfg.sync.mode == dl::SyncMode::eager; }
 
   State(std::string job, const std::string& spec, int idx);

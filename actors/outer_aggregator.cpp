@@ -496,10 +496,9 @@ std::optional<double> OuterAggregator::State::evaluate(int64_t windows) {
     // equal share does not hold the round up.
     std::vector<double> speeds;
     if (cfg.inner.budget == dl::InnerBudget::time)
-      for (int m : group) {
-        const auto it = step_seconds_of.find(m);
-        if (it == step_seconds_of.end() || !(it->second > 0)) break;
-        speeds.push_back(1.0 / it->second);
+      for (double s : step_seconds_of_members(group)) {
+        if (!(s > 0)) break;
+        speeds.push_back(1.0 / s);
       }
     const std::vector<EvalPart> split =
         speeds.size() == group.size()

@@ -150,6 +150,15 @@ struct OuterAggregator::State {
   // Each member's seconds per inner step in its last round (inner.budget: time: the
   // evaluation is shared by speed).
   std::map<int, double> step_seconds_of;
+  // step_seconds_of for each of `members`, in order; 0 where a member's is not known.
+  std::vector<double> step_seconds_of_members(const std::vector<int>& members) const {
+    std::vector<double> out;
+    for (int m : members) {
+      const auto it = step_seconds_of.find(m);
+      out.push_back(it == step_seconds_of.end() ? 0.0 : it->second);
+    }
+    return out;
+  }
   // A job that ends at its tokens (cfg.ends_at_tokens()): the tokens its rounds averaged, after
   // each completed round from the one it (re)started at (a rewind drops the rounds past its
   // checkpoint), and its members' rate in the last round, all together.
